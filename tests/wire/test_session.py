@@ -1,0 +1,343 @@
+"""The Trio session adapter over in-memory streams (with the autojump clock) and real TLS sockets."""
+
+from __future__ import annotations
+
+import ssl
+
+import pytest
+import trio
+import trio.testing
+import trustme
+
+from wire.codec import FrameDecoder, encode
+from wire.errors import ErrorCode
+from wire.frames import GoAway, Hello
+from wire.mux import MuxConnection
+from wire.session import (
+    MuxStream,
+    Session,
+    SessionClosedError,
+    StreamRefusedError,
+    StreamResetError,
+    connect_session,
+    open_session,
+)
+from wire.settings import KiB, MiB, Settings
+
+
+async def _session_pair(nursery: trio.Nursery, **kwargs: object) -> tuple[Session, Session]:
+    left, right = trio.testing.memory_stream_pair()
+    results: dict[str, Session] = {}
+
+    async def start(name: str, transport: trio.abc.Stream, client: bool) -> None:
+        results[name] = await connect_session(nursery, transport, client=client, name=name, **kwargs)  # type: ignore[arg-type]
+
+    async with trio.open_nursery() as starter:
+        starter.start_soon(start, "client", left, True)
+        starter.start_soon(start, "server", right, False)
+    return results["client"], results["server"]
+
+
+async def _stream_pair(client: Session, server: Session) -> tuple[MuxStream, MuxStream]:
+    opened = await client.open_stream({"purpose": "test"})
+    accepted = await server.accept_stream()
+    return opened, accepted
+
+
+async def test_check_half_closeable_stream(nursery: trio.Nursery) -> None:
+    async def make() -> tuple[MuxStream, MuxStream]:
+        client, server = await _session_pair(nursery)
+        return await _stream_pair(client, server)
+
+    async def make_clogged() -> tuple[MuxStream, MuxStream]:
+        # A tiny window and no reader: the sender blocks after 1 KiB.
+        client, server = await _session_pair(
+            nursery, settings=Settings(initial_window=1 * KiB, max_window=1 * KiB)
+        )
+        sender, receiver = await _stream_pair(client, server)
+        # Fill both directions' windows (the check flips the pair too).
+        await sender.send_all(b"\0" * KiB)
+        await receiver.send_all(b"\0" * KiB)
+        return sender, receiver
+
+    await trio.testing.check_half_closeable_stream(make, make_clogged)
+
+
+async def test_metadata_round_trip_and_accept_answer(nursery: trio.Nursery) -> None:
+    client, server = await _session_pair(nursery)
+    assert client.peer_metadata == {} and server.peer_metadata == {}
+    opened = await client.open_stream({"method": "GET", "path": "/api/v1/pods", "headers": [["accept", "json"]]})
+    incoming = await server.accept_stream()
+    assert incoming.metadata == {"method": "GET", "path": "/api/v1/pods", "headers": [["accept", "json"]]}
+    await incoming.accept({"status": 200})
+    assert await opened.wait_accepted() == {"status": 200}
+
+
+async def test_refused_stream_raises_for_the_opener(nursery: trio.Nursery) -> None:
+    client, server = await _session_pair(nursery)
+    opened = await client.open_stream({})
+    incoming = await server.accept_stream()
+    await incoming.refuse(0x101, "agent not allowed")
+    with pytest.raises(StreamRefusedError) as info:
+        await opened.wait_accepted()
+    assert info.value.code == 0x101 and "agent not allowed" in str(info.value)
+    with pytest.raises(StreamRefusedError):
+        await opened.receive_some()
+
+
+async def test_reset_reaches_the_peer_with_its_code(nursery: trio.Nursery) -> None:
+    client, server = await _session_pair(nursery)
+    opened, incoming = await _stream_pair(client, server)
+    await incoming.send_all(b"partial")
+    await incoming.reset(0x102, "cluster unreachable")
+    assert await opened.receive_some() == b"partial"
+    with pytest.raises(StreamResetError) as info:
+        await opened.receive_some()
+    assert info.value.code == 0x102 and info.value.remote
+
+
+async def test_both_sides_open_streams_concurrently(nursery: trio.Nursery) -> None:
+    client, server = await _session_pair(nursery)
+    a = await client.open_stream({"from": "client"})
+    b = await server.open_stream({"from": "server"})
+    assert a.stream_id % 2 == 1 and b.stream_id % 2 == 0
+    b_in = await client.accept_stream()
+    a_in = await server.accept_stream()
+    assert a_in.metadata == {"from": "client"} and b_in.metadata == {"from": "server"}
+    await a.send_all(b"to server")
+    await b.send_all(b"to client")
+    assert await a_in.receive_some() == b"to server"
+    assert await b_in.receive_some() == b"to client"
+
+
+async def test_thousand_concurrent_streams(nursery: trio.Nursery) -> None:
+    client, server = await _session_pair(nursery)
+    count = 1000
+    received: dict[int, bytes] = {}
+
+    async def serve_one(stream: MuxStream) -> None:
+        data = b""
+        while chunk := await stream.receive_some():
+            data += chunk
+        await stream.send_all(data[::-1])
+        await stream.aclose()
+
+    async def acceptor() -> None:
+        async with trio.open_nursery() as handlers:
+            for _ in range(count):
+                handlers.start_soon(serve_one, await server.accept_stream())
+
+    async def call(i: int) -> None:
+        stream = await client.open_stream({"i": i})
+        await stream.send_all(f"request {i}".encode())
+        await stream.send_eof()
+        data = b""
+        while chunk := await stream.receive_some():
+            data += chunk
+        received[i] = data
+        await stream.aclose()
+
+    async with trio.open_nursery() as calls:
+        calls.start_soon(acceptor)
+        for i in range(count):
+            calls.start_soon(call, i)
+        await trio.testing.wait_all_tasks_blocked()
+        # All 1000 are open at once on one session before any finishes its exchange.
+        assert client.statistics().local_streams + len(received) == count
+    assert received == {i: f"request {i}".encode()[::-1] for i in range(count)}
+    assert client.statistics().open_streams == 0
+    assert server.statistics().open_streams == 0
+
+
+async def test_stalled_reader_does_not_stop_other_streams(nursery: trio.Nursery) -> None:
+    """One stream's consumer stops reading; another stream still moves 64 MiB on the same session."""
+    client, server = await _session_pair(nursery)
+    stalled_out, stalled_in = await _stream_pair(client, server)
+    busy_out, busy_in = await _stream_pair(client, server)
+
+    stalled_sender_blocked = trio.Event()
+
+    async def fill_stalled() -> None:
+        # Sends until flow control stops it: nobody ever reads stalled_in.
+        with trio.CancelScope() as scope:
+            fill_stalled.scope = scope  # type: ignore[attr-defined]
+            while True:
+                await stalled_out.send_all(b"s" * 64 * KiB)
+                if client.connection.send_window(stalled_out.stream_id) == 0:
+                    stalled_sender_blocked.set()
+
+    total = 64 * MiB
+    block = b"b" * (256 * KiB)
+
+    async def send_bulk() -> None:
+        await stalled_sender_blocked.wait()
+        for _ in range(total // len(block)):
+            await busy_out.send_all(block)
+        await busy_out.send_eof()
+
+    moved = 0
+    async with trio.open_nursery() as inner:
+        inner.start_soon(fill_stalled)
+        inner.start_soon(send_bulk)
+        while chunk := await busy_in.receive_some():
+            moved += len(chunk)
+        fill_stalled.scope.cancel()  # type: ignore[attr-defined]
+    assert moved == total
+    # The stalled stream holds exactly its window — bounded — and is still healthy.
+    info = server.connection.stream_info(stalled_in.stream_id)
+    assert info is not None and 0 < info.buffered <= info.recv_window <= Settings().max_window
+    assert (await stalled_in.receive_some(5)) == b"sssss"
+
+
+async def test_max_concurrent_streams_makes_open_wait(nursery: trio.Nursery) -> None:
+    client, server = await _session_pair(nursery, settings=Settings(max_concurrent_streams=2))
+    first, _ = await _stream_pair(client, server)
+    await _stream_pair(client, server)
+    third_opened = trio.Event()
+
+    async def open_third() -> None:
+        await client.open_stream({})
+        third_opened.set()
+
+    nursery.start_soon(open_third)
+    await trio.testing.wait_all_tasks_blocked()
+    assert not third_opened.is_set()
+    await first.reset()
+    await third_opened.wait()
+
+
+async def test_keepalive_timeout_tears_down_a_dead_session(autojump_clock: trio.abc.Clock) -> None:
+    left, right = trio.testing.memory_stream_pair()
+    # A peer that says HELLO and then freezes: never reads, never writes, never closes.
+    frozen = MuxConnection(client=False)
+    frozen.initiate()
+    await right.send_all(frozen.data_to_send())
+    async with trio.open_nursery() as nursery:
+        client = await connect_session(nursery, left, client=True, keepalive_interval=5, keepalive_timeout=15)
+        stream = await client.open_stream({})
+        other = await client.open_stream({})
+        with pytest.raises(SessionClosedError) as info:
+            await stream.receive_some()
+        assert info.value.code == ErrorCode.KEEPALIVE_TIMEOUT
+        assert "keepalive" in str(info.value)
+        assert 15 <= trio.current_time() < 16
+        # Every stream on the dead session sees the same clear error.
+        with pytest.raises(SessionClosedError):
+            await other.send_all(b"x")
+        assert client.closed
+
+
+async def test_idle_session_with_live_peer_stays_up(nursery: trio.Nursery, autojump_clock: trio.abc.Clock) -> None:
+    client, server = await _session_pair(nursery, keepalive_interval=5, keepalive_timeout=15)
+    await trio.sleep(120)  # virtual time: many keepalive periods with no application traffic
+    assert not client.closed and not server.closed
+    stream, incoming = await _stream_pair(client, server)
+    await stream.send_all(b"still here")
+    assert await incoming.receive_some() == b"still here"
+
+
+async def test_goaway_drains_in_flight_and_refuses_new(nursery: trio.Nursery) -> None:
+    client, server = await _session_pair(nursery)
+    in_flight, incoming = await _stream_pair(client, server)
+    drained = trio.Event()
+
+    async def drain() -> None:
+        await server.drain("shutting down")
+        drained.set()
+
+    nursery.start_soon(drain)
+    await client.wait_goaway()
+    with pytest.raises(StreamRefusedError):
+        await client.open_stream({})
+    # The in-flight stream still completes both ways.
+    await in_flight.send_all(b"request")
+    await in_flight.send_eof()
+    assert await incoming.receive_some() == b"request"
+    await incoming.send_all(b"response")
+    await incoming.aclose()
+    assert await in_flight.receive_some() == b"response"
+    assert await in_flight.receive_some() == b""
+    await in_flight.aclose()
+    await drained.wait()
+
+
+async def test_garbage_from_peer_ends_session_with_goaway(nursery: trio.Nursery) -> None:
+    left, right = trio.testing.memory_stream_pair()
+    client = await _start_client_against_raw(nursery, left, right)
+    stream = await client.open_stream({})
+    await right.send_all(b"\xc1 this is not msgpack")
+    with pytest.raises(SessionClosedError) as info:
+        await stream.receive_some()
+    assert info.value.code == ErrorCode.PROTOCOL_ERROR
+    # The client told the peer why before hanging up: a GOAWAY frame with PROTOCOL_ERROR.
+    decoder = FrameDecoder()
+    frames = []
+    while chunk := await right.receive_some():
+        try:
+            frames += decoder.feed(chunk)
+        except Exception:
+            break
+    goaways = [f for f in frames if isinstance(f, GoAway)]
+    assert goaways and goaways[-1].code == ErrorCode.PROTOCOL_ERROR
+
+
+async def test_unknown_major_version_is_refused_clearly(nursery: trio.Nursery) -> None:
+    left, right = trio.testing.memory_stream_pair()
+    await right.send_all(encode(Hello(major=9, minor=0, settings={}, metadata={})))
+    with pytest.raises(SessionClosedError) as info:
+        await connect_session(nursery, left, client=True)
+    assert info.value.code == ErrorCode.UNSUPPORTED_VERSION
+    assert "9.0" in str(info.value) and "speaks 1." in str(info.value)
+
+
+async def _start_client_against_raw(nursery: trio.Nursery, left: trio.abc.Stream, right: trio.abc.Stream) -> Session:
+    peer = MuxConnection(client=False)
+    peer.initiate()
+    await right.send_all(peer.data_to_send())
+    return await connect_session(nursery, left, client=True)
+
+
+async def test_tls_sockets_on_loopback(nursery: trio.Nursery) -> None:
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(server_ctx)
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    accepted: trio.MemorySendChannel[Session]
+    accepted, sessions = trio.open_memory_channel[Session](1)
+
+    async def handler(stream: trio.SSLStream[trio.SocketStream]) -> None:
+        async with open_session(stream, client=False, metadata={"role": "kasd"}) as session:
+            await accepted.send(session)
+            incoming = await session.accept_stream()
+            while chunk := await incoming.receive_some():
+                await incoming.send_all(chunk.upper())
+            await incoming.aclose()
+            await session.wait_closed()
+
+    listeners = await nursery.start(_serve_tls, handler, server_ctx)
+    port = listeners[0].transport_listener.socket.getsockname()[1]
+    transport = await trio.open_ssl_over_tcp_stream("localhost", port, ssl_context=client_ctx)
+    async with open_session(transport, client=True, metadata={"agent_id": 7}) as session:
+        server_session = await sessions.receive()
+        assert server_session.peer_metadata == {"agent_id": 7}
+        assert session.peer_metadata == {"role": "kasd"}
+        stream = await session.open_stream({})
+        payload = b"hello over tls " * 10000
+        async with trio.open_nursery() as inner:
+            inner.start_soon(_send_and_eof, stream, payload)
+            got = b""
+            while chunk := await stream.receive_some():
+                got += chunk
+        assert got == payload.upper()
+        assert session.statistics().rtt is not None
+
+
+async def _send_and_eof(stream: MuxStream, payload: bytes) -> None:
+    await stream.send_all(payload)
+    await stream.send_eof()
+
+
+async def _serve_tls(handler, ctx, *, task_status=trio.TASK_STATUS_IGNORED):  # type: ignore[no-untyped-def]
+    listeners = await trio.open_ssl_over_tcp_listeners(0, ctx, host="127.0.0.1")
+    await trio.serve_listeners(handler, listeners, task_status=task_status)

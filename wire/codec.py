@@ -1,0 +1,304 @@
+"""msgpack encoding of frames and an incremental decoder with hard limits.
+
+The decoder takes arbitrary chunks. Memory is bounded by the limits: msgpack rejects an oversized
+array or map from its header; any frame whose bytes so far (an oversized string or bin included)
+outgrow ``Limits.max_frame_bytes`` is rejected as soon as one fed slice shows it, so the unpacker's
+buffer holds at most one partial frame plus one slice, under ``2 * max_frame_bytes``. Exceeding any
+limit is ``FRAME_SIZE_ERROR``; anything else malformed is ``PROTOCOL_ERROR``; both are raised as
+``RemoteProtocolError`` and nothing else ever escapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+
+from wire.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
+from wire.frames import (
+    Accept,
+    Data,
+    Frame,
+    FrameKind,
+    GoAway,
+    HalfClose,
+    Hello,
+    Metadata,
+    Open,
+    Ping,
+    Pong,
+    Refuse,
+    Reset,
+    WindowUpdate,
+)
+from wire.settings import Limits
+
+MAX_STREAM_ID = 2**31 - 1
+MAX_OPAQUE = 2**64 - 1
+
+_packb: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+
+def encode(frame: Frame) -> bytes:
+    """The msgpack bytes of one frame."""
+    if type(frame) is Data:
+        return _packb([FrameKind.DATA.value, frame.stream_id, frame.payload])
+    return _packb(_fields(frame))
+
+
+def _fields(frame: Frame) -> list[Any]:
+    match frame:
+        case Hello():
+            return [0, frame.major, frame.minor, frame.settings, frame.metadata]
+        case Open() | Accept():
+            return [frame.kind.value, frame.stream_id, frame.metadata]
+        case Refuse() | Reset():
+            return [frame.kind.value, frame.stream_id, int(frame.code), frame.message]
+        case Data():
+            return [4, frame.stream_id, frame.payload]
+        case WindowUpdate():
+            return [5, frame.stream_id, frame.increment]
+        case HalfClose():
+            return [6, frame.stream_id]
+        case Ping() | Pong():
+            return [frame.kind.value, frame.opaque]
+        case GoAway():
+            return [10, frame.last_stream_id, int(frame.code), frame.message]
+    raise TypeError(f"not a frame: {frame!r}")  # pragma: no cover
+
+
+def encode_checked(frame: Frame, limits: Limits) -> bytes:
+    """Encode a frame, refusing what a peer with ``limits`` would reject as a session error.
+
+    Limits are not exchanged, so a sender holds itself to the same limits it enforces: one oversized
+    request head then fails one ``open_stream`` call instead of the whole session.
+    """
+    try:
+        data = encode(frame)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise LocalProtocolError(f"cannot encode {frame.kind.name}: {exc}") from None
+    try:
+        _validate(_unpackb(data, limits), len(data), limits)
+    except RemoteProtocolError as exc:
+        raise LocalProtocolError(f"{frame.kind.name} frame over the limits: {exc.message}", exc.code) from None
+    return data
+
+
+def _unpack_kwargs(limits: Limits) -> dict[str, Any]:
+    return {
+        "raw": False,
+        "use_list": True,
+        "strict_map_key": True,
+        "max_bin_len": limits.max_frame_payload,
+        "max_str_len": limits.max_string,
+        "max_array_len": max(limits.max_array_items, 5),
+        "max_map_len": limits.max_map_entries,
+        "max_ext_len": 0,
+    }
+
+
+def _unpackb(data: bytes, limits: Limits) -> object:
+    try:
+        return msgpack.unpackb(data, **_unpack_kwargs(limits))
+    except Exception as exc:
+        raise _decode_error(exc) from None
+
+
+def _decode_error(exc: Exception) -> RemoteProtocolError:
+    """Map msgpack's zoo of exceptions (ValueError, FormatError, StackError, …) to one type."""
+    if isinstance(exc, msgpack.StackError):
+        return RemoteProtocolError("msgpack nested too deep", ErrorCode.FRAME_SIZE_ERROR)
+    text = str(exc)
+    # msgpack reports its length limits as ValueError("N exceeds max_..._len(M)"); ext types are not
+    # part of the protocol at all, so an ext of any length is malformed rather than oversized.
+    if isinstance(exc, ValueError) and "exceeds max_" in text and "max_ext_len" not in text:
+        return RemoteProtocolError(f"undecodable frame: {text}", ErrorCode.FRAME_SIZE_ERROR)
+    return RemoteProtocolError(f"undecodable frame: {type(exc).__name__}: {text}")
+
+
+#: most bytes handed to msgpack at once
+_SLICE = 16 * 1024
+
+
+class FrameDecoder:
+    """Feed bytes in any chunking; get whole, validated frames out."""
+
+    def __init__(self, limits: Limits | None = None) -> None:
+        self.limits = limits or Limits()
+        self._slice = min(self.limits.max_frame_bytes, _SLICE)
+        # A partial frame never holds more than max_frame_bytes (see _drain), so it plus one slice
+        # always fits; msgpack allocates the buffer at this size up front and never grows it.
+        self._unpacker = msgpack.Unpacker(
+            max_buffer_size=self.limits.max_frame_bytes + self._slice, **_unpack_kwargs(self.limits)
+        )
+        self._consumed = 0  # stream offset of the end of the last whole frame
+        self._fed = 0  # stream offset of the end of the bytes fed so far
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+        frames: list[Frame] = []
+        view = memoryview(data)
+        # Feed a slice at a time and check the partial frame after each, so the unpacker buffer
+        # (partial frame + slice) stays bounded however large ``data`` is.
+        for start in range(0, len(view), self._slice):
+            piece = view[start : start + self._slice]
+            try:
+                self._unpacker.feed(piece)
+            except msgpack.BufferFull:  # pragma: no cover - the running size check fires first
+                raise RemoteProtocolError(
+                    f"frame larger than {self.limits.max_frame_bytes} bytes", ErrorCode.FRAME_SIZE_ERROR
+                ) from None
+            self._fed += len(piece)
+            self._drain(frames)
+        return frames
+
+    def _drain(self, frames: list[Frame]) -> None:
+        unpacker = self._unpacker
+        while True:
+            try:
+                obj = unpacker.unpack()
+            except msgpack.OutOfData:
+                # Everything fed since the last whole frame belongs to the partial one: once that
+                # outgrows the limit the frame is oversized, whatever its headers claimed. (Parts of it
+                # already parsed have left the buffer, so the buffer cap alone would not bound it.)
+                if self._fed - self._consumed > self.limits.max_frame_bytes:
+                    raise RemoteProtocolError(
+                        f"frame larger than {self.limits.max_frame_bytes} bytes", ErrorCode.FRAME_SIZE_ERROR
+                    ) from None
+                return
+            except Exception as exc:
+                raise _decode_error(exc) from None
+            end = unpacker.tell()
+            size = end - self._consumed
+            self._consumed = end
+            frames.append(_validate(obj, size, self.limits))
+
+
+def _validate(obj: object, size: int, limits: Limits) -> Frame:
+    if type(obj) is not list or not obj or type(obj[0]) is not int:
+        raise RemoteProtocolError("a frame must be a msgpack array starting with its kind")
+    kind = obj[0]
+    if kind != FrameKind.DATA and size > limits.max_control_frame:
+        raise RemoteProtocolError(
+            f"control frame of {size} bytes exceeds {limits.max_control_frame}", ErrorCode.FRAME_SIZE_ERROR
+        )
+    parser = _PARSERS.get(kind)
+    if parser is None:
+        raise RemoteProtocolError(f"unknown frame kind {kind}")
+    arity, parse = parser
+    if len(obj) != arity:
+        raise RemoteProtocolError(f"{FrameKind(kind).name} frame needs {arity - 1} fields, got {len(obj) - 1}")
+    return parse(obj, limits)
+
+
+def _uint(value: object, what: str, maximum: int) -> int:
+    if type(value) is not int or not 0 <= value <= maximum:
+        raise RemoteProtocolError(f"{what} must be an integer in 0..{maximum}, got {value!r:.40}")
+    return value
+
+
+def _stream_id(value: object) -> int:
+    sid = _uint(value, "stream id", MAX_STREAM_ID)
+    if sid == 0:
+        raise RemoteProtocolError("stream id 0 is the session itself")
+    return sid
+
+
+def _text(value: object, what: str) -> str:
+    if type(value) is not str:
+        raise RemoteProtocolError(f"{what} must be a string")
+    return value
+
+
+def _metadata(value: object, limits: Limits) -> Metadata:
+    if type(value) is not dict:
+        raise RemoteProtocolError("metadata must be a map")
+    _check_value(value, limits, 1)
+    return value
+
+
+_SCALARS = (type(None), bool, int, float, str, bytes)
+
+
+def _check_value(value: object, limits: Limits, depth: int) -> None:
+    if type(value) in _SCALARS:
+        return
+    if depth > limits.max_depth:
+        raise RemoteProtocolError(f"metadata nested deeper than {limits.max_depth}", ErrorCode.FRAME_SIZE_ERROR)
+    if type(value) is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                raise RemoteProtocolError("metadata keys must be strings")
+            _check_value(item, limits, depth + 1)
+    elif type(value) is list:
+        # msgpack's own max_array_len must also admit the frame's array (5 items), so a smaller
+        # limit is enforced here
+        if len(value) > limits.max_array_items:
+            raise RemoteProtocolError(
+                f"metadata array of {len(value)} items exceeds {limits.max_array_items}", ErrorCode.FRAME_SIZE_ERROR
+            )
+        for item in value:
+            _check_value(item, limits, depth + 1)
+    else:
+        raise RemoteProtocolError(f"metadata value of unsupported type {type(value).__name__}")
+
+
+def _parse_hello(o: list[Any], limits: Limits) -> Frame:
+    if type(o[3]) is not dict:
+        raise RemoteProtocolError("HELLO settings must be a map")
+    settings = _metadata(o[3], limits)
+    return Hello(
+        major=_uint(o[1], "major version", 2**32),
+        minor=_uint(o[2], "minor version", 2**32),
+        settings=settings,
+        metadata=_metadata(o[4], limits),
+    )
+
+
+def _parse_data(o: list[Any], limits: Limits) -> Frame:
+    payload = o[2]
+    if type(payload) is not bytes:
+        raise RemoteProtocolError("DATA payload must be bin")
+    return Data(stream_id=_stream_id(o[1]), payload=payload)
+
+
+def _parse_window_update(o: list[Any], limits: Limits) -> Frame:
+    increment = _uint(o[2], "window increment", 2**31 - 1)
+    if increment == 0:
+        raise RemoteProtocolError("window increment of 0")
+    return WindowUpdate(stream_id=_stream_id(o[1]), increment=increment)
+
+
+_CODE_MAX = 2**32 - 1
+
+_PARSERS: dict[int, tuple[int, Callable[[list[Any], Limits], Frame]]] = {
+    FrameKind.HELLO: (5, _parse_hello),
+    FrameKind.OPEN: (3, lambda o, lim: Open(stream_id=_stream_id(o[1]), metadata=_metadata(o[2], lim))),
+    FrameKind.ACCEPT: (3, lambda o, lim: Accept(stream_id=_stream_id(o[1]), metadata=_metadata(o[2], lim))),
+    FrameKind.REFUSE: (
+        4,
+        lambda o, lim: Refuse(
+            stream_id=_stream_id(o[1]), code=_uint(o[2], "error code", _CODE_MAX), message=_text(o[3], "message")
+        ),
+    ),
+    FrameKind.DATA: (3, _parse_data),
+    FrameKind.WINDOW_UPDATE: (3, _parse_window_update),
+    FrameKind.HALF_CLOSE: (2, lambda o, lim: HalfClose(stream_id=_stream_id(o[1]))),
+    FrameKind.RESET: (
+        4,
+        lambda o, lim: Reset(
+            stream_id=_stream_id(o[1]), code=_uint(o[2], "error code", _CODE_MAX), message=_text(o[3], "message")
+        ),
+    ),
+    FrameKind.PING: (2, lambda o, lim: Ping(opaque=_uint(o[1], "ping opaque", MAX_OPAQUE))),
+    FrameKind.PONG: (2, lambda o, lim: Pong(opaque=_uint(o[1], "pong opaque", MAX_OPAQUE))),
+    FrameKind.GOAWAY: (
+        4,
+        lambda o, lim: GoAway(
+            last_stream_id=_uint(o[1], "last stream id", MAX_STREAM_ID),
+            code=_uint(o[2], "error code", _CODE_MAX),
+            message=_text(o[3], "message"),
+        ),
+    ),
+}
+

@@ -1,0 +1,704 @@
+"""A Trio session over any ``trio.abc.Stream``: the mux core plus one reader task and one writer task.
+
+Logical streams are ``trio.abc.HalfCloseableStream``s. Nothing here buffers without bound: received
+bytes are bounded by each stream's credit window, outbound bytes by a high-water mark that senders
+(and the reader, for control replies) wait on, and unaccepted incoming streams by a backlog past which
+new ones are refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from wire.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
+from wire.events import (
+    DataReceived,
+    Event,
+    GoAwayReceived,
+    HandshakeCompleted,
+    PongReceived,
+    StreamAccepted,
+    StreamEnded,
+    StreamOpened,
+    StreamRefused,
+    StreamReset,
+    WindowUpdated,
+)
+from wire.frames import Metadata
+from wire.mux import MuxConnection, StreamInfo
+from wire.settings import KiB, Limits, MiB, Settings
+from wire.streamstate import StreamState
+
+log = logging.getLogger("wire.session")
+
+_RECEIVE_SIZE = 256 * KiB
+#: largest slice of one send_all queued before re-checking the outbound high-water mark
+_SEND_CHUNK = 256 * KiB
+_CLOSE_TIMEOUT = 5.0
+
+
+class SessionClosedError(trio.BrokenResourceError):
+    """The session is gone: the peer left, broke the protocol, timed out, or we closed it."""
+
+    def __init__(self, reason: str, code: int = ErrorCode.NO_ERROR) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+
+
+class StreamResetError(trio.BrokenResourceError):
+    def __init__(self, code: int, message: str, *, remote: bool) -> None:
+        who = "peer" if remote else "this side"
+        super().__init__(f"stream reset by {who}: {ErrorCode.describe(code)} {message}".rstrip())
+        self.code = code
+        self.message = message
+        self.remote = remote
+
+
+class StreamRefusedError(trio.BrokenResourceError):
+    """The peer refused the stream (or never processed it before a GOAWAY): safe to retry elsewhere."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"stream refused: {ErrorCode.describe(code)} {message}".rstrip())
+        self.code = code
+        self.message = message
+
+
+@attrs.frozen(kw_only=True)
+class SessionStatistics:
+    open_streams: int
+    local_streams: int
+    remote_streams: int
+    pending_accept: int
+    streams_refused: int
+    bytes_sent: int
+    bytes_received: int
+    outbound_buffered: int
+    rtt: float | None
+    goaway_sent: bool
+    goaway_received: bool
+    closed: bool
+    streams: tuple[StreamInfo, ...]
+
+
+class _Conflict:
+    """Raises BusyResourceError when two tasks use the same direction of a stream at once."""
+
+    __slots__ = ("_busy", "_msg")
+
+    def __init__(self, msg: str) -> None:
+        self._busy = False
+        self._msg = msg
+
+    def __enter__(self) -> None:
+        if self._busy:
+            raise trio.BusyResourceError(self._msg)
+        self._busy = True
+
+    def __exit__(self, *exc: object) -> None:
+        self._busy = False
+
+
+class MuxStream(trio.abc.HalfCloseableStream):
+    """One logical stream of a session."""
+
+    def __init__(self, session: Session, stream_id: int, metadata: Metadata, *, local: bool) -> None:
+        self.session = session
+        self.stream_id = stream_id
+        #: the OPEN frame's metadata (for kasd/agentd: the request head)
+        self.metadata = metadata
+        self.local = local
+        #: the ACCEPT frame's metadata, once accepted
+        self.accept_metadata: Metadata | None = None
+        self._accepted = trio.Event()
+        self._buffer: deque[bytes] = deque()
+        self._eof = False
+        self._recv_error: BaseException | None = None
+        self._send_error: BaseException | None = None
+        self._eof_sent = False
+        self._closed = False
+        self._lot = trio.lowlevel.ParkingLot()
+        self._send_conflict = _Conflict("another task is sending on this stream")
+        self._recv_conflict = _Conflict("another task is receiving on this stream")
+
+    def __repr__(self) -> str:
+        return f"<MuxStream {self.stream_id} {self.session.connection.stream_state(self.stream_id).value}>"
+
+    # ---- accept / refuse (incoming streams) and waiting for accept (outgoing)
+
+    async def accept(self, metadata: Metadata | None = None) -> None:
+        """Accept an incoming stream, answering with ``metadata`` (sent automatically on first send)."""
+        self._accept_now(metadata)
+        await trio.lowlevel.checkpoint()
+
+    def _accept_now(self, metadata: Metadata | None = None) -> None:
+        if self.local or self._accepted.is_set():
+            return
+        self._check_usable()
+        self.session._call(self.session.connection.accept_stream, self.stream_id, metadata)
+        self.accept_metadata = dict(metadata or {})
+        self._accepted.set()
+
+    async def refuse(self, code: int = ErrorCode.REFUSED_STREAM, message: str = "") -> None:
+        if self.local or self._accepted.is_set():
+            raise LocalProtocolError("only an incoming stream not yet accepted can be refused")
+        self._closed = True
+        self.session._call(self.session.connection.refuse_stream, self.stream_id, code, message)
+        self.session._forget(self.stream_id)
+        await trio.lowlevel.checkpoint()
+
+    async def wait_accepted(self) -> Metadata:
+        """For a stream this side opened: the peer's ACCEPT metadata, or StreamRefusedError."""
+        await self._accepted.wait()
+        if self.accept_metadata is None:
+            raise self._recv_error or trio.BrokenResourceError("stream closed before it was accepted")
+        return self.accept_metadata
+
+    # ---- sending
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("stream was closed")
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        with self._send_conflict:
+            self._check_usable()
+            if self._send_error is not None:
+                raise self._send_error
+            if self._eof_sent:
+                raise trio.ClosedResourceError("send_eof was called on this stream")
+            await trio.lowlevel.checkpoint()
+            self._accept_now()
+            view = memoryview(data).cast("B")
+            session = self.session
+            sent_any = False
+            try:
+                while view:
+                    await session._wait_outbound_room()
+                    self._check_usable()
+                    if self._send_error is not None:
+                        raise self._send_error
+                    taken = session._call(session.connection.send_data, self.stream_id, view[:_SEND_CHUNK])
+                    if taken:
+                        sent_any = True
+                        view = view[taken:]
+                        session._wake_writer()
+                    else:
+                        await self._lot.park()
+            except trio.Cancelled:
+                if sent_any:
+                    self._send_error = trio.BrokenResourceError("an earlier send_all was cancelled midway")
+                raise
+
+    async def wait_send_all_might_not_block(self) -> None:
+        with self._send_conflict:
+            self._check_usable()
+            await trio.lowlevel.checkpoint()
+            while (
+                self._send_error is None
+                and not self._closed
+                and self.session.connection.send_window(self.stream_id) == 0
+                and self.session.connection.stream_state(self.stream_id) is not StreamState.CLOSED
+            ):
+                await self._lot.park()
+            self._check_usable()
+
+    async def send_eof(self) -> None:
+        with self._send_conflict:
+            self._check_usable()
+            await trio.lowlevel.checkpoint()
+            if self._eof_sent:
+                return
+            if self._send_error is not None:
+                raise self._send_error
+            self._accept_now()
+            self._eof_sent = True
+            self.session._call(self.session.connection.end_stream, self.stream_id)
+            self.session._after_local_change(self.stream_id)
+
+    # ---- receiving
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if max_bytes is not None:
+            max_bytes = operator.index(max_bytes)
+            if max_bytes < 1:
+                raise ValueError("max_bytes must be >= 1")
+        with self._recv_conflict:
+            self._check_usable()
+            await trio.lowlevel.checkpoint()
+            while not self._buffer and not self._eof and self._recv_error is None:
+                await self._lot.park()
+                self._check_usable()
+            if self._buffer:
+                chunk = self._buffer[0]
+                if max_bytes is None or len(chunk) <= max_bytes:
+                    self._buffer.popleft()
+                else:
+                    self._buffer[0] = chunk[max_bytes:]
+                    chunk = chunk[:max_bytes]
+                self.session._acknowledge(self.stream_id, len(chunk))
+                return chunk
+            if self._eof:
+                return b""
+            assert self._recv_error is not None
+            raise self._recv_error
+
+    # ---- closing
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.session._close_stream(self)
+            self._lot.unpark_all()
+        await trio.lowlevel.checkpoint()
+
+    async def reset(self, code: int = ErrorCode.CANCEL, message: str = "") -> None:
+        """Abort the stream both ways with an error code the peer sees."""
+        if not self._closed:
+            self._closed = True
+            self.session._call_quiet(self.session.connection.reset_stream, self.stream_id, code, message)
+            self.session._after_local_change(self.stream_id)
+            self._lot.unpark_all()
+        await trio.lowlevel.checkpoint()
+
+    # ---- called by the session's reader
+
+    def _on_data(self, data: bytes) -> None:
+        self._buffer.append(data)
+        self._lot.unpark_all()
+
+    def _on_fail(self, error: BaseException) -> None:
+        if self._recv_error is None and not self._eof:
+            self._recv_error = error
+        if self._send_error is None:
+            self._send_error = error
+        if self.accept_metadata is None and not self._accepted.is_set():
+            self._recv_error = self._recv_error or error
+            self._accepted.set()
+        self._lot.unpark_all()
+
+
+class Session(trio.abc.AsyncResource):
+    """A multiplexed session over one byte stream. Start it with ``open_session``/``connect_session``."""
+
+    def __init__(
+        self,
+        transport: trio.abc.Stream,
+        *,
+        client: bool,
+        settings: Settings | None = None,
+        limits: Limits | None = None,
+        metadata: Metadata | None = None,
+        keepalive_interval: float = 15.0,
+        keepalive_timeout: float = 45.0,
+        handshake_timeout: float = 10.0,
+        accept_backlog: int | None = None,
+        outbound_high_water: int = 1 * MiB,
+        name: str = "",
+    ) -> None:
+        self.transport = transport
+        self.connection = MuxConnection(client=client, settings=settings, limits=limits, metadata=metadata)
+        self.keepalive_interval = keepalive_interval
+        self.keepalive_timeout = keepalive_timeout
+        self.handshake_timeout = handshake_timeout
+        self.name = name or ("client" if client else "server")
+        self._high_water = outbound_high_water
+        self._streams: dict[int, MuxStream] = {}
+        # By default every stream the peer may open can wait to be accepted: the concurrency limit,
+        # not a smaller backlog, is what bounds it (a burst of opens is normal for a proxy).
+        backlog = accept_backlog if accept_backlog is not None else self.connection.local_settings.max_concurrent_streams
+        self._accept_send, self._accept_recv = trio.open_memory_channel[MuxStream](backlog)
+        self._writer_wakeup = trio.Event()
+        self._drained = trio.lowlevel.ParkingLot()
+        self._slots = trio.lowlevel.ParkingLot()
+        self._handshake = trio.Event()
+        self._closed_event = trio.Event()
+        self._goaway_event = trio.Event()
+        self._pongs: dict[int, trio.Event] = {}
+        self._last_received = 0.0
+        self._writing = False
+        self._cancel_scope: trio.CancelScope | None = None
+        #: why the session ended (None while alive)
+        self.close_reason: SessionClosedError | None = None
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def peer_metadata(self) -> Metadata:
+        return self.connection.peer_metadata
+
+    @property
+    def closed(self) -> bool:
+        return self.close_reason is not None
+
+    @property
+    def draining(self) -> bool:
+        return self.connection.goaway_received is not None or self.connection.goaway_sent is not None
+
+    async def open_stream(self, metadata: Metadata | None = None) -> MuxStream:
+        """Open a logical stream; waits while the peer's concurrent-stream limit is reached."""
+        await trio.lowlevel.checkpoint()
+        while True:
+            self._raise_if_closed()
+            conn = self.connection
+            if conn.goaway_received is not None or conn.goaway_sent is not None:
+                raise StreamRefusedError(ErrorCode.REFUSED_STREAM, "session is draining (GOAWAY)")
+            if conn.can_open_stream():
+                break
+            await self._slots.park()
+        stream_id = self._call(conn.open_stream, metadata)
+        stream = MuxStream(self, stream_id, dict(metadata or {}), local=True)
+        self._streams[stream_id] = stream
+        self._wake_writer()
+        return stream
+
+    async def accept_stream(self) -> MuxStream:
+        """The next stream the peer opened. Accept it (or just use it), or refuse it."""
+        try:
+            return await self._accept_recv.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise self.close_reason or SessionClosedError("session closed") from None
+
+    async def ping(self) -> float:
+        """Round-trip time to the peer, in seconds."""
+        self._raise_if_closed()
+        opaque = self._call(self.connection.ping, trio.current_time())
+        event = self._pongs[opaque] = trio.Event()
+        self._wake_writer()
+        try:
+            while not event.is_set():
+                await event.wait()
+        finally:
+            self._pongs.pop(opaque, None)
+        self._raise_if_closed()
+        return self.connection.rtt or 0.0
+
+    async def wait_goaway(self) -> None:
+        """Return once the peer sent GOAWAY (or the session ended): time to dial a replacement."""
+        await self._goaway_event.wait()
+
+    async def wait_closed(self) -> None:
+        await self._closed_event.wait()
+
+    async def drain(self, message: str = "draining") -> None:
+        """Send GOAWAY and wait until every stream has finished. Bound it with a cancel scope."""
+        if not self.closed:
+            self._call_quiet(self.connection.goaway, ErrorCode.NO_ERROR, message)
+            self._wake_writer()
+        while self._streams and not self.closed:
+            await self._slots.park()
+        await trio.lowlevel.checkpoint()
+
+    async def aclose(self) -> None:
+        """Close now: GOAWAY, then the transport. Every stream still open sees SessionClosedError."""
+        if not self.closed:
+            self._call_quiet(self.connection.goaway, ErrorCode.NO_ERROR, "session closed")
+            with trio.move_on_after(_CLOSE_TIMEOUT, shield=True):
+                await self._flush()
+            self._shutdown(SessionClosedError("session closed by this side"))
+        with trio.move_on_after(_CLOSE_TIMEOUT, shield=True):
+            await self.transport.aclose()
+        await trio.lowlevel.checkpoint()
+
+    def statistics(self) -> SessionStatistics:
+        conn = self.connection
+        return SessionStatistics(
+            open_streams=len(conn.open_stream_ids),
+            local_streams=conn.local_stream_count,
+            remote_streams=conn.peer_stream_count,
+            pending_accept=self._accept_recv.statistics().current_buffer_used,
+            streams_refused=conn.streams_refused,
+            bytes_sent=conn.bytes_sent,
+            bytes_received=conn.bytes_received,
+            outbound_buffered=conn.outbound_size,
+            rtt=conn.rtt,
+            goaway_sent=conn.goaway_sent is not None,
+            goaway_received=conn.goaway_received is not None,
+            closed=self.closed,
+            streams=tuple(conn.streams()),
+        )
+
+    # ------------------------------------------------------------------ lifetime
+
+    async def run(self, *, task_status: trio.TaskStatus[Session] = trio.TASK_STATUS_IGNORED) -> None:
+        """Handshake, then serve until the session ends. ``started`` fires once the handshake is done.
+
+        Raises SessionClosedError only when the handshake fails; later endings are reported through
+        ``close_reason`` and to every stream, so one dead session never takes its nursery down.
+        """
+        self.connection.initiate()
+        self._last_received = trio.current_time()
+        started = False
+        with trio.CancelScope() as scope:
+            self._cancel_scope = scope
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._writer)
+                    nursery.start_soon(self._reader)
+                    with trio.move_on_after(self.handshake_timeout) as hs:
+                        await self._handshake.wait()
+                    if hs.cancelled_caught:
+                        self._shutdown(SessionClosedError("no HELLO from the peer in time", ErrorCode.PROTOCOL_ERROR))
+                    if not self.closed:
+                        # A first ping gives the flow-control auto-tuning its round-trip time.
+                        self._call_quiet(self.connection.ping, trio.current_time())
+                        self._wake_writer()
+                        nursery.start_soon(self._keepalive)
+                        started = True
+                        task_status.started(self)
+            finally:
+                if not self.closed:
+                    self._shutdown(SessionClosedError("session task cancelled"))
+                with trio.move_on_after(_CLOSE_TIMEOUT, shield=True):
+                    await self.transport.aclose()
+        if not started:
+            # The handshake failed: say why to whoever is waiting in nursery.start().
+            raise self.close_reason or SessionClosedError("session ended before its handshake")
+
+    def _raise_if_closed(self) -> None:
+        if self.close_reason is not None:
+            raise self.close_reason
+
+    def _shutdown(self, reason: SessionClosedError) -> None:
+        """Mark the session dead (idempotent): fail every stream, stop the tasks."""
+        if self.close_reason is not None:
+            return
+        self.close_reason = reason
+        level = logging.INFO if reason.code == ErrorCode.NO_ERROR else logging.WARNING
+        log.log(level, "session closed name=%s code=%s reason=%r", self.name, ErrorCode.describe(reason.code), reason.reason)
+        for stream in list(self._streams.values()):
+            stream._on_fail(reason)
+        self._streams.clear()
+        self._accept_send.close()
+        # Streams handed out but never accepted by the application are closed with the channel.
+        for event in self._pongs.values():
+            event.set()
+        self._handshake.set()
+        self._goaway_event.set()
+        self._closed_event.set()
+        self._drained.unpark_all()
+        self._slots.unpark_all()
+        self._writer_wakeup.set()
+        if self._cancel_scope is not None:
+            self._cancel_scope.cancel()
+
+    # ------------------------------------------------------------------ tasks
+
+    async def _reader(self) -> None:
+        conn = self.connection
+        while True:
+            # Stop reading from a peer that does not read what we owe it (pongs, window updates).
+            await self._wait_outbound_room()
+            try:
+                data = await self.transport.receive_some(_RECEIVE_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                self._shutdown(SessionClosedError(f"transport failed: {exc!r}", ErrorCode.INTERNAL_ERROR))
+                return
+            if not data:
+                reason = "peer closed the connection"
+                if conn.goaway_received is not None:
+                    reason += f" after GOAWAY ({ErrorCode.describe(conn.goaway_received.code)})"
+                self._shutdown(SessionClosedError(reason))
+                return
+            now = trio.current_time()
+            self._last_received = now
+            try:
+                events = conn.receive_data(data, now)
+            except RemoteProtocolError as exc:
+                log.warning("protocol error from peer name=%s code=%s error=%r", self.name, exc.code.name, exc.message)
+                with trio.move_on_after(_CLOSE_TIMEOUT, shield=True):
+                    await self._flush()  # the GOAWAY that names the error
+                self._shutdown(SessionClosedError(f"peer broke the protocol: {exc.message}", exc.code))
+                return
+            for event in events:
+                self._dispatch(event)
+            # Only after the whole batch: a stream may close within it, after events still to deliver.
+            for event in events:
+                stream_id: int | None = getattr(event, "stream_id", None)
+                if stream_id is not None and conn.stream_state(stream_id) is StreamState.CLOSED:
+                    self._forget(stream_id)
+            self._wake_writer()
+
+    async def _writer(self) -> None:
+        conn = self.connection
+        while True:
+            data = conn.data_to_send()
+            if not data:
+                self._drained.unpark_all()
+                await self._writer_wakeup.wait()
+                self._writer_wakeup = trio.Event()
+                continue
+            self._writing = True
+            try:
+                await self.transport.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                self._shutdown(SessionClosedError(f"transport failed: {exc!r}", ErrorCode.INTERNAL_ERROR))
+                return
+            finally:
+                self._writing = False
+            self._drained.unpark_all()
+
+    async def _keepalive(self) -> None:
+        pinged_at: float | None = None
+        while True:
+            now = trio.current_time()
+            idle = now - self._last_received
+            if idle >= self.keepalive_timeout:
+                self._call_quiet(self.connection.goaway, ErrorCode.KEEPALIVE_TIMEOUT, "keepalive timeout")
+                with trio.move_on_after(1.0, shield=True):
+                    await self._flush()
+                self._shutdown(
+                    SessionClosedError(f"no data from peer for {idle:.1f}s (keepalive timeout)", ErrorCode.KEEPALIVE_TIMEOUT)
+                )
+                return
+            if idle >= self.keepalive_interval and (pinged_at is None or pinged_at <= self._last_received):
+                self._call_quiet(self.connection.ping, now)
+                self._wake_writer()
+                pinged_at = now
+            wake = self._last_received + self.keepalive_timeout
+            if pinged_at is None or pinged_at <= self._last_received:
+                wake = min(wake, self._last_received + self.keepalive_interval)
+            await trio.sleep_until(wake)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _dispatch(self, event: Event) -> None:
+        match event:
+            case DataReceived(stream_id=sid, data=data):
+                stream = self._streams.get(sid)
+                if stream is not None:
+                    stream._on_data(data)
+            case StreamOpened(stream_id=sid, metadata=metadata):
+                stream = MuxStream(self, sid, metadata, local=False)
+                try:
+                    self._accept_send.send_nowait(stream)
+                except trio.WouldBlock:
+                    self.connection.refuse_stream(sid, ErrorCode.REFUSED_STREAM, "accept backlog full")
+                    log.warning("refused stream name=%s stream=%d reason=backlog-full", self.name, sid)
+                    return
+                self._streams[sid] = stream
+            case StreamAccepted(stream_id=sid, metadata=metadata):
+                stream = self._streams.get(sid)
+                if stream is not None:
+                    stream.accept_metadata = metadata
+                    stream._accepted.set()
+            case StreamRefused(stream_id=sid, code=code, message=message):
+                stream = self._streams.get(sid)
+                if stream is not None:
+                    stream._on_fail(StreamRefusedError(code, message))
+            case StreamEnded(stream_id=sid):
+                stream = self._streams.get(sid)
+                if stream is not None:
+                    stream._eof = True
+                    stream._lot.unpark_all()
+            case StreamReset(stream_id=sid, code=code, message=message, remote=remote):
+                if not remote:
+                    log.warning("reset stream name=%s stream=%d code=%s reason=%r", self.name, sid, ErrorCode.describe(code), message)
+                stream = self._streams.get(sid)
+                if stream is not None:
+                    stream._on_fail(StreamResetError(code, message, remote=remote))
+            case WindowUpdated(stream_id=sid):
+                stream = self._streams.get(sid)
+                if stream is not None:
+                    stream._lot.unpark_all()
+            case PongReceived(opaque=opaque):
+                pong = self._pongs.get(opaque)
+                if pong is not None:
+                    pong.set()
+            case GoAwayReceived(code=code, message=message):
+                log.info("peer sent GOAWAY name=%s code=%s message=%r", self.name, ErrorCode.describe(code), message)
+                self._goaway_event.set()
+                self._slots.unpark_all()
+            case HandshakeCompleted(version=version):
+                log.debug("handshake done name=%s version=%d.%d", self.name, *version)
+                self._handshake.set()
+
+    def _after_local_change(self, stream_id: int) -> None:
+        self._wake_writer()
+        if self.connection.stream_state(stream_id) is StreamState.CLOSED:
+            self._forget(stream_id)
+
+    def _forget(self, stream_id: int) -> None:
+        if self._streams.pop(stream_id, None) is not None:
+            self._slots.unpark_all()
+        self._wake_writer()
+
+    def _close_stream(self, stream: MuxStream) -> None:
+        conn = self.connection
+        sid = stream.stream_id
+        state = conn.stream_state(sid)
+        if state is StreamState.CLOSED or self.closed:
+            self._forget(sid)
+            return
+        if state in (StreamState.OPEN_RECEIVED, StreamState.OPEN_RECEIVED_REMOTE_CLOSED):
+            conn.refuse_stream(sid, ErrorCode.CANCEL, "closed before it was accepted")
+        else:
+            # Graceful for what we sent (the peer reads it, then EOF); "stop sending" for the rest.
+            if not stream._eof_sent and state in (StreamState.OPEN_SENT, StreamState.OPEN, StreamState.HALF_CLOSED_REMOTE):
+                conn.end_stream(sid)
+            if conn.stream_state(sid) is not StreamState.CLOSED:
+                conn.reset_stream(sid, ErrorCode.CANCEL, "stream closed")
+        self._forget(sid)
+
+    def _acknowledge(self, stream_id: int, size: int) -> None:
+        self.connection.acknowledge_received_data(stream_id, size, trio.current_time())
+        if self.connection.outbound_size:
+            self._wake_writer()
+
+    def _call(self, method: Any, *args: Any) -> Any:
+        """Call into the mux core, turning its errors into the stream errors Trio code expects."""
+        self._raise_if_closed()
+        try:
+            return method(*args)
+        except LocalProtocolError as exc:
+            raise trio.BrokenResourceError(str(exc)) from exc
+
+    def _call_quiet(self, method: Any, *args: Any) -> None:
+        try:
+            method(*args)
+        except LocalProtocolError:
+            pass
+
+    def _wake_writer(self) -> None:
+        self._writer_wakeup.set()
+
+    async def _wait_outbound_room(self) -> None:
+        while self.connection.outbound_size >= self._high_water and not self.closed:
+            self._wake_writer()
+            await self._drained.park()
+        self._raise_if_closed()
+
+    async def _flush(self) -> None:
+        """Wait until everything queued so far has been handed to the transport."""
+        self._wake_writer()
+        while (self.connection.outbound_size or self._writing) and not self.closed:
+            await self._drained.park()
+
+
+async def connect_session(nursery: trio.Nursery, transport: trio.abc.Stream, *, client: bool, **kwargs: Any) -> Session:
+    """Start a session in ``nursery``; returns once the handshake is done (or raises why not)."""
+    session = Session(transport, client=client, **kwargs)
+    started: Session = await nursery.start(session.run)
+    return started
+
+
+@asynccontextmanager
+async def open_session(transport: trio.abc.Stream, *, client: bool, **kwargs: Any) -> AsyncIterator[Session]:
+    """``async with open_session(stream, client=True) as session:`` — closed (GOAWAY) on exit."""
+    async with trio.open_nursery() as nursery:
+        session = await connect_session(nursery, transport, client=client, **kwargs)
+        try:
+            yield session
+        finally:
+            await session.aclose()
+            nursery.cancel_scope.cancel()
+
+
