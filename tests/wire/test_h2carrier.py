@@ -1,0 +1,233 @@
+"""The HTTP/2 carrier on real sockets on 127.0.0.1: h2c and TLS (ALPN h2, trustme certificates)."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.events
+import pytest
+import trio
+import trustme
+
+from wire.h2carrier import (
+    TunnelRejected,
+    TunnelRejectedError,
+    open_h2_session,
+    serve_h2_tunnels,
+    server_ssl_context,
+)
+from wire.session import MuxStream, Session
+
+TOKEN = "agent-token-123"
+
+
+class TunnelServer:
+    def __init__(self) -> None:
+        self.auth_calls: list[tuple[str, dict[str, str]]] = []
+        self.sessions: list[tuple[Session, Any]] = []
+        self.port = 0
+
+    async def authenticate(self, token: str, headers: dict[str, str]) -> Any:
+        self.auth_calls.append((token, headers))
+        if token == "forbidden":
+            raise TunnelRejected(403, "agent 42 is disabled")
+        return {"agent_id": 42} if token == TOKEN else None
+
+    async def handler(self, session: Session, principal: Any) -> None:
+        self.sessions.append((session, principal))
+        async with trio.open_nursery() as nursery:
+            while True:
+                try:
+                    stream = await session.accept_stream()
+                except trio.BrokenResourceError:
+                    return
+                nursery.start_soon(_echo_upper, stream)
+
+
+async def _echo_upper(stream: MuxStream) -> None:
+    while chunk := await stream.receive_some():
+        await stream.send_all(chunk.upper())
+    await stream.aclose()
+
+
+async def _start(nursery: trio.Nursery, ssl_context: ssl.SSLContext | None = None, **kwargs: Any) -> TunnelServer:
+    server = TunnelServer()
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    await nursery.start(
+        lambda task_status: serve_h2_tunnels(
+            server.handler,
+            listeners,
+            authenticate=server.authenticate,
+            ssl_context=ssl_context,
+            task_status=task_status,
+            **kwargs,
+        )
+    )
+    server.port = listeners[0].socket.getsockname()[1]
+    return server
+
+
+async def _exchange(session: Session, payload: bytes) -> bytes:
+    stream = await session.open_stream({"purpose": "echo"})
+
+    async def send() -> None:
+        await stream.send_all(payload)
+        await stream.send_eof()
+
+    got = bytearray()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send)
+        while chunk := await stream.receive_some():
+            got += chunk
+    await stream.aclose()
+    return bytes(got)
+
+
+async def test_h2c_session_round_trip_and_token_reaches_authenticator(nursery: trio.Nursery) -> None:
+    server = await _start(nursery)
+    url = f"http://127.0.0.1:{server.port}/tunnel"
+    async with open_h2_session(url, token=TOKEN, metadata={"agent_id": 42, "pod": "agentd-0"}) as session:
+        payload = bytes(range(256)) * 4096  # 1 MiB
+        assert await _exchange(session, payload) == payload.upper()
+        server_session, principal = server.sessions[0]
+        assert principal == {"agent_id": 42}
+        assert server_session.peer_metadata == {"agent_id": 42, "pod": "agentd-0"}
+    token, headers = server.auth_calls[0]
+    assert token == TOKEN
+    # The authenticator sees the request head, but the credential only as the token argument.
+    assert headers[":path"] == "/tunnel" and "authorization" not in headers
+
+
+async def test_tls_with_alpn_h2(nursery: trio.Nursery) -> None:
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost", "127.0.0.1").configure_cert(server_ctx)
+    server = await _start(nursery, server_ssl_context(server_ctx))
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    async with open_h2_session(f"https://localhost:{server.port}/tunnel", token=TOKEN, ssl_context=client_ctx) as session:
+        assert await _exchange(session, b"secret payload") == b"SECRET PAYLOAD"
+        transport = session.transport
+        assert transport._link.stream.selected_alpn_protocol() == "h2"  # type: ignore[attr-defined]
+        # h2 flow control is opened wide both ways: the mux credits are what limit a stream.
+        conn = transport._link.conn  # type: ignore[attr-defined]
+        assert conn.remote_settings.initial_window_size == 2**31 - 1
+        assert conn.local_settings.initial_window_size == 2**31 - 1
+
+
+async def test_tls_client_that_does_not_trust_the_server_fails_clearly(nursery: trio.Nursery) -> None:
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(server_ctx)
+    server = await _start(nursery, server_ssl_context(server_ctx))
+    with pytest.raises(trio.BrokenResourceError) as info:
+        async with open_h2_session(f"https://localhost:{server.port}/tunnel", token=TOKEN):
+            pass  # pragma: no cover
+    assert "CERTIFICATE_VERIFY_FAILED" in repr(info.value.__cause__)
+
+
+@pytest.mark.parametrize(
+    ("path", "token", "status", "message"),
+    [
+        ("/tunnel", "wrong-token", 401, "invalid token"),
+        ("/tunnel", "forbidden", 403, "agent 42 is disabled"),
+        ("/elsewhere", TOKEN, 404, "no tunnel endpoint at '/elsewhere'"),
+    ],
+)
+async def test_bad_requests_get_http_status_before_any_session(
+    nursery: trio.Nursery, path: str, token: str, status: int, message: str
+) -> None:
+    server = await _start(nursery)
+    with pytest.raises(TunnelRejectedError) as info:
+        async with open_h2_session(f"http://127.0.0.1:{server.port}{path}", token=token):
+            pass  # pragma: no cover
+    assert info.value.status == status
+    assert message in info.value.message
+    assert server.sessions == []
+
+
+async def _raw_h2_request(port: int, headers: list[tuple[str, str]]) -> tuple[dict[str, str], bytes]:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    conn.initiate_connection()
+    conn.send_headers(1, headers, end_stream=True)
+    await stream.send_all(conn.data_to_send())
+    response: dict[str, str] = {}
+    body = b""
+    with trio.fail_after(5):
+        while True:
+            data = await stream.receive_some()
+            if not data:
+                break
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    response = dict(event.headers)  # type: ignore[arg-type]
+                elif isinstance(event, h2.events.DataReceived):
+                    body += event.data
+                elif isinstance(event, h2.events.StreamEnded):
+                    await stream.aclose()
+                    return response, body
+            await stream.send_all(conn.data_to_send())
+    return response, body
+
+
+async def test_wrong_method_and_missing_token(nursery: trio.Nursery) -> None:
+    server = await _start(nursery)
+    base = [(":scheme", "http"), (":authority", "127.0.0.1"), (":path", "/tunnel")]
+    head, body = await _raw_h2_request(server.port, [(":method", "GET"), *base, ("authorization", f"Bearer {TOKEN}")])
+    assert head[":status"] == "405" and head["allow"] == "POST" and b"takes POST" in body
+    head, body = await _raw_h2_request(server.port, [(":method", "POST"), *base])
+    assert head[":status"] == "401" and head["www-authenticate"] == "Bearer" and b"missing bearer token" in body
+
+
+async def test_http1_client_is_told_what_the_port_speaks(nursery: trio.Nursery) -> None:
+    server = await _start(nursery)
+    stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+    await stream.send_all(b"GET /tunnel HTTP/1.1\r\nHost: x\r\n\r\n")
+    reply = b""
+    with trio.fail_after(5):
+        while chunk := await stream.receive_some():
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 505 ")
+    assert b"HTTP/2 only" in reply
+
+
+async def _read_until_closed(stream: trio.abc.Stream) -> bytes:
+    data = b""
+    try:
+        while chunk := await stream.receive_some():
+            data += chunk
+    except trio.BrokenResourceError:
+        pass
+    return data
+
+
+HostileClient = Callable[[int], Awaitable[None]]
+
+
+async def _garbage(port: int) -> None:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\xff" * 64)
+    with trio.fail_after(5):
+        await _read_until_closed(stream)  # the server hangs up (after its GOAWAY)
+
+
+async def _slowloris(port: int) -> None:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(b"PRI * HTTP/2.0\r\n")  # and never finishes the preface
+    with trio.fail_after(5):
+        await _read_until_closed(stream)  # the handshake timeout closes it
+
+
+@pytest.mark.parametrize("hostile", [_garbage, _slowloris], ids=["garbage", "slowloris"])
+async def test_hostile_clients_are_dropped_while_others_are_served(nursery: trio.Nursery, hostile: HostileClient) -> None:
+    server = await _start(nursery, handshake_timeout=0.5)
+    async with open_h2_session(f"http://127.0.0.1:{server.port}/tunnel", token=TOKEN) as session:
+        async with trio.open_nursery() as inner:
+            inner.start_soon(hostile, server.port)
+            assert await _exchange(session, b"still served") == b"STILL SERVED"
+        assert await _exchange(session, b"after") == b"AFTER"
