@@ -117,6 +117,12 @@ def _decode_error(exc: Exception) -> RemoteProtocolError:
     return RemoteProtocolError(f"undecodable frame: {type(exc).__name__}: {text}")
 
 
+def byte_view(data: bytes | bytearray | memoryview) -> memoryview:
+    """``data`` as a flat view of bytes, so that lengths and slices count bytes, not items."""
+    view = memoryview(data)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
 #: most bytes handed to msgpack at once
 _SLICE = 16 * 1024
 
@@ -127,21 +133,31 @@ class FrameDecoder:
     def __init__(self, limits: Limits | None = None) -> None:
         self.limits = limits or Limits()
         self._slice = min(self.limits.max_frame_bytes, _SLICE)
-        # A partial frame never holds more than max_frame_bytes (see _drain), so it plus one slice
-        # always fits; msgpack allocates the buffer at this size up front and never grows it.
-        self._unpacker = msgpack.Unpacker(
-            max_buffer_size=self.limits.max_frame_bytes + self._slice, **_unpack_kwargs(self.limits)
-        )
+        self._max_buffer = self.limits.max_frame_bytes + self._slice
+        # The unpacker exists only while a frame is partly received: msgpack's unpacker costs ~40 KiB
+        # (its parse stack) plus its buffer, and an idle session should cost far less than that.
+        self._unpacker: msgpack.Unpacker | None = None
+        self._base = 0  # stream offset where the current unpacker started
         self._consumed = 0  # stream offset of the end of the last whole frame
         self._fed = 0  # stream offset of the end of the bytes fed so far
 
+    def _new_unpacker(self) -> msgpack.Unpacker:
+        # A partial frame never holds more than max_frame_bytes (see _drain), so it plus one slice
+        # always fits; the buffer starts at one slice and grows on demand up to that cap.
+        self._base = self._consumed
+        return msgpack.Unpacker(
+            max_buffer_size=self._max_buffer, read_size=self._slice, **_unpack_kwargs(self.limits)
+        )
+
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         frames: list[Frame] = []
-        view = memoryview(data)
+        view = byte_view(data)
         # Feed a slice at a time and check the partial frame after each, so the unpacker buffer
         # (partial frame + slice) stays bounded however large ``data`` is.
         for start in range(0, len(view), self._slice):
             piece = view[start : start + self._slice]
+            if self._unpacker is None:
+                self._unpacker = self._new_unpacker()
             try:
                 self._unpacker.feed(piece)
             except msgpack.BufferFull:  # pragma: no cover - the running size check fires first
@@ -149,11 +165,12 @@ class FrameDecoder:
                     f"frame larger than {self.limits.max_frame_bytes} bytes", ErrorCode.FRAME_SIZE_ERROR
                 ) from None
             self._fed += len(piece)
-            self._drain(frames)
+            self._drain(self._unpacker, frames)
+        if self._fed == self._consumed:
+            self._unpacker = None  # nothing partial: let go of the parse stack and buffer
         return frames
 
-    def _drain(self, frames: list[Frame]) -> None:
-        unpacker = self._unpacker
+    def _drain(self, unpacker: msgpack.Unpacker, frames: list[Frame]) -> None:
         while True:
             try:
                 obj = unpacker.unpack()
@@ -168,7 +185,7 @@ class FrameDecoder:
                 return
             except Exception as exc:
                 raise _decode_error(exc) from None
-            end = unpacker.tell()
+            end = self._base + unpacker.tell()
             size = end - self._consumed
             self._consumed = end
             frames.append(_validate(obj, size, self.limits))
@@ -248,8 +265,8 @@ def _parse_hello(o: list[Any], limits: Limits) -> Frame:
         raise RemoteProtocolError("HELLO settings must be a map")
     settings = _metadata(o[3], limits)
     return Hello(
-        major=_uint(o[1], "major version", 2**32),
-        minor=_uint(o[2], "minor version", 2**32),
+        major=_uint(o[1], "major version", _CODE_MAX),
+        minor=_uint(o[2], "minor version", _CODE_MAX),
         settings=settings,
         metadata=_metadata(o[4], limits),
     )

@@ -162,9 +162,16 @@ class MuxConnection:
 
     # ------------------------------------------------------------------ local API
 
+    def _require_hello_sent(self) -> None:
+        # HELLO must be the first frame on the wire; anything queued before it would be a protocol
+        # error at the peer.
+        if not self._hello_sent:
+            raise LocalProtocolError("call initiate() first: HELLO must be the first frame sent")
+
     def _require_open(self) -> Settings:
         if self.state is ConnectionState.FAILED:
             raise LocalProtocolError(f"session failed: {self.error}", ErrorCode.PROTOCOL_ERROR)
+        self._require_hello_sent()
         if self.peer_settings is None:
             raise LocalProtocolError("handshake not complete", ErrorCode.PROTOCOL_ERROR)
         return self.peer_settings
@@ -243,11 +250,11 @@ class MuxConnection:
         """Queue as much of ``data`` as the stream's credit allows; return how many bytes that was."""
         stream, _ = self._local_stream(stream_id, StreamInput.SEND_DATA)
         assert self.peer_settings is not None
-        size = min(len(data), stream.send_window)
+        view = codec.byte_view(data)
+        size = min(len(view), stream.send_window)
         if size == 0:
             return 0
         step = self.peer_settings.max_frame_payload
-        view = memoryview(data)
         for start in range(0, size, step):
             self._queue(Data(stream_id=stream_id, payload=bytes(view[start : min(start + step, size)])))
         stream.send_window -= size
@@ -285,6 +292,7 @@ class MuxConnection:
         """Queue a PING; its PONG reports the round-trip time when ``now`` is given."""
         if self.state is ConnectionState.FAILED:
             raise LocalProtocolError(f"session failed: {self.error}")
+        self._require_hello_sent()
         opaque = self._next_ping
         self._next_ping = (self._next_ping + 1) % codec.MAX_OPAQUE or 1
         if len(self._pings) >= _MAX_OUTSTANDING_PINGS:
@@ -296,6 +304,8 @@ class MuxConnection:
     def goaway(self, code: int = ErrorCode.NO_ERROR, message: str = "") -> None:
         """Start draining: the peer may open no new streams; in-flight ones finish."""
         code = _check_code(code)
+        if self.state is ConnectionState.FAILED:
+            return  # the GOAWAY naming the error is already queued; nothing follows it
         if self.goaway_sent is not None and code == ErrorCode.NO_ERROR:
             return
         frame = GoAway(last_stream_id=self._last_peer_id, code=code, message=_clip(message))
@@ -348,6 +358,7 @@ class MuxConnection:
         """Feed bytes from the peer; return what happened. Raises RemoteProtocolError (sticky)."""
         if self.error is not None:
             raise self.error
+        self._require_hello_sent()  # replies (PONG, REFUSE, RESET) must not precede our HELLO
         self.bytes_received += len(data)
         events: list[Event] = []
         try:

@@ -1,0 +1,451 @@
+"""The frame codec: round-trips under any chunking, hostile bytes only ever raise RemoteProtocolError,
+memory stays bounded, and every limit fails with its documented code."""
+
+from __future__ import annotations
+
+import tracemalloc
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from wire import codec
+from wire.codec import FrameDecoder, encode, encode_checked
+from wire.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
+from wire.frames import (
+    Accept,
+    Data,
+    Frame,
+    FrameKind,
+    GoAway,
+    HalfClose,
+    Hello,
+    Open,
+    Ping,
+    Pong,
+    Refuse,
+    Reset,
+    WindowUpdate,
+)
+from wire.settings import KiB, Limits, MiB
+
+# ---------------------------------------------------------------------------------------------- strategies
+
+stream_ids = st.integers(1, codec.MAX_STREAM_ID)
+codes = st.integers(0, 2**32 - 1)
+messages = st.text(max_size=40)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=30)
+    | st.binary(max_size=30)
+)
+metadata_values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+metadata = st.dictionaries(st.text(max_size=12), metadata_values, max_size=6)
+
+frames: st.SearchStrategy[Frame] = st.one_of(
+    st.builds(
+        Hello,
+        major=st.integers(0, 2**32 - 1),
+        minor=st.integers(0, 2**32 - 1),
+        settings=st.dictionaries(st.text(max_size=20), st.integers(0, 2**32), max_size=5),
+        metadata=metadata,
+    ),
+    st.builds(Open, stream_id=stream_ids, metadata=metadata),
+    st.builds(Accept, stream_id=stream_ids, metadata=metadata),
+    st.builds(Refuse, stream_id=stream_ids, code=codes, message=messages),
+    st.builds(Data, stream_id=stream_ids, payload=st.binary(max_size=300)),
+    st.builds(WindowUpdate, stream_id=stream_ids, increment=st.integers(1, 2**31 - 1)),
+    st.builds(HalfClose, stream_id=stream_ids),
+    st.builds(Reset, stream_id=stream_ids, code=codes, message=messages),
+    st.builds(Ping, opaque=st.integers(0, 2**64 - 1)),
+    st.builds(Pong, opaque=st.integers(0, 2**64 - 1)),
+    st.builds(
+        GoAway, last_stream_id=st.integers(0, codec.MAX_STREAM_ID), code=codes, message=messages
+    ),
+)
+
+
+def feed_in_chunks(decoder: FrameDecoder, data: bytes, cuts: list[int]) -> list[Frame]:
+    out: list[Frame] = []
+    start = 0
+    for cut in [*sorted(cuts), len(data)]:
+        out += decoder.feed(data[start:cut])
+        start = cut
+    return out
+
+
+def decode_error(data: bytes, limits: Limits | None = None) -> RemoteProtocolError:
+    with pytest.raises(RemoteProtocolError) as info:
+        FrameDecoder(limits).feed(data)
+    return info.value
+
+
+def pack(obj: Any) -> bytes:
+    data: bytes = msgpack.packb(obj, use_bin_type=True)
+    return data
+
+
+# ---------------------------------------------------------------------------------------------- round trips
+
+
+@given(frame=frames)
+def test_every_frame_kind_round_trips(frame: Frame) -> None:
+    assert FrameDecoder().feed(encode(frame)) == [frame]
+
+
+def test_the_strategy_covers_every_kind() -> None:
+    seen: set[FrameKind] = set()
+
+    @given(frame=frames)
+    @settings(max_examples=300)
+    def collect(frame: Frame) -> None:
+        seen.add(frame.kind)
+
+    collect()
+    assert seen == set(FrameKind)
+
+
+@given(batch=st.lists(frames, max_size=12), data=st.data())
+@settings(max_examples=300)
+def test_round_trip_under_any_chunking(batch: list[Frame], data: st.DataObject) -> None:
+    stream = b"".join(encode(f) for f in batch)
+    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=40), label="cuts")
+    assert feed_in_chunks(FrameDecoder(), stream, cuts) == batch
+
+
+def test_round_trip_byte_by_byte_and_all_at_once() -> None:
+    batch: list[Frame] = [
+        Hello(major=1, minor=0, settings={"initial_window": 262144}, metadata={"agent": 7}),
+        Open(stream_id=1, metadata={"method": "GET", "headers": [["accept", "*/*"]]}),
+        Data(stream_id=1, payload=b"x" * 70000),
+        HalfClose(stream_id=1),
+    ]
+    stream = b"".join(encode(f) for f in batch)
+    limits = Limits(max_frame_payload=128 * KiB)
+    assert FrameDecoder(limits).feed(stream) == batch
+    decoder = FrameDecoder(limits)
+    out: list[Frame] = []
+    for i in range(len(stream)):
+        out += decoder.feed(stream[i : i + 1])
+    assert out == batch
+
+
+def test_largest_legal_frames_pass_in_one_feed_and_split() -> None:
+    limits = Limits()
+    data = encode(Data(stream_id=codec.MAX_STREAM_ID, payload=b"\xff" * limits.max_frame_payload))
+    # Many largest frames at once: the decoder slices big feeds so its buffer never overflows.
+    assert len(FrameDecoder(limits).feed(data * 5)) == 5
+    decoder = FrameDecoder(limits)
+    assert decoder.feed(data[:-1]) == []
+    assert len(decoder.feed(data[-1:] + data)) == 2
+
+
+# ---------------------------------------------------------------------------------------------- hostile bytes
+
+
+def only_protocol_errors(data: bytes, cuts: list[int], limits: Limits | None = None) -> None:
+    try:
+        feed_in_chunks(FrameDecoder(limits), data, cuts)
+    except RemoteProtocolError as exc:
+        assert exc.code in (ErrorCode.PROTOCOL_ERROR, ErrorCode.FRAME_SIZE_ERROR)
+
+
+@given(junk=st.binary(max_size=400), data=st.data())
+@settings(max_examples=500)
+def test_random_bytes_raise_only_remote_protocol_error(junk: bytes, data: st.DataObject) -> None:
+    cuts = data.draw(st.lists(st.integers(0, len(junk)), max_size=8))
+    only_protocol_errors(junk, cuts)
+
+
+small_limits = Limits(
+    max_frame_payload=64,
+    max_control_frame=160,
+    max_string=32,
+    max_map_entries=4,
+    max_array_items=4,
+    max_depth=3,
+)
+
+
+@st.composite
+def mutated_streams(draw: st.DrawFn) -> bytes:
+    stream = bytearray(b"".join(encode(f) for f in draw(st.lists(frames, min_size=1, max_size=4))))
+    for _ in range(draw(st.integers(1, 4))):
+        how = draw(st.sampled_from(["flip", "truncate", "insert", "delete", "splice", "set"]))
+        pos = draw(st.integers(0, max(len(stream) - 1, 0)))
+        if how == "flip" and stream:
+            stream[pos] ^= 1 << draw(st.integers(0, 7))
+        elif how == "truncate":
+            del stream[pos:]
+        elif how == "insert":
+            stream[pos:pos] = draw(st.binary(min_size=1, max_size=8))
+        elif how == "delete":
+            del stream[pos : pos + draw(st.integers(1, 8))]
+        elif how == "splice":
+            other = encode(draw(frames))
+            stream[pos:pos] = other[draw(st.integers(0, len(other))) :]
+        elif how == "set" and stream:
+            # msgpack type bytes that claim huge sizes or exotic types
+            stream[pos] = draw(
+                st.sampled_from([0xC1, 0xC4, 0xC5, 0xC6, 0xC7, 0xD4, 0xD9, 0xDB, 0xDC, 0xDD, 0xDF])
+            )
+    return bytes(stream)
+
+
+@given(stream=mutated_streams(), data=st.data(), tight=st.booleans())
+@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+def test_mutated_frames_raise_only_remote_protocol_error(
+    stream: bytes, data: st.DataObject, tight: bool
+) -> None:
+    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=6))
+    only_protocol_errors(stream, cuts, small_limits if tight else None)
+
+
+@given(
+    obj=st.recursive(
+        scalars,
+        lambda inner: (
+            st.lists(inner, max_size=6)
+            | st.dictionaries(scalars.filter(lambda v: isinstance(v, str)), inner, max_size=4)
+        ),
+        max_leaves=20,
+    )
+)
+def test_well_formed_msgpack_that_is_no_frame_raises_protocol_error(obj: object) -> None:
+    try:
+        frames_out = FrameDecoder().feed(pack(obj))
+    except RemoteProtocolError as exc:
+        assert exc.code in (ErrorCode.PROTOCOL_ERROR, ErrorCode.FRAME_SIZE_ERROR)
+    else:  # a random object that happens to be a valid frame must re-encode to itself
+        assert [FrameDecoder().feed(encode(f))[0] for f in frames_out] == frames_out
+
+
+@pytest.mark.parametrize(
+    ("name", "data"),
+    [
+        ("not an array", pack({"kind": 4})),
+        ("empty array", pack([])),
+        ("kind not an int", pack(["DATA", 1, b""])),
+        ("kind is a bool", pack([True, 1])),
+        ("unknown kind", pack([11, 1])),
+        ("negative kind", pack([-1, 1])),
+        ("missing field", pack([4, 1])),
+        ("extra field", pack([6, 1, 2])),
+        ("stream id 0", pack([6, 0])),
+        ("stream id past 2**31-1", pack([6, 2**31])),
+        ("negative stream id", pack([6, -1])),
+        ("stream id a float", pack([6, 1.0])),
+        ("payload a str", pack([4, 1, "text"])),
+        ("window increment 0", pack([5, 1, 0])),
+        ("window increment past 2**31-1", pack([5, 1, 2**31])),
+        ("metadata not a map", pack([1, 1, [1, 2]])),
+        ("metadata key bytes", pack([1, 1, {b"k": 1}])),
+        ("metadata key int", b"\x93\x01\x01\x81\x01\x01"),
+        ("nested key int", pack([1, 1, {"a": {"b": 1}}]).replace(b"\xa1b", b"\x07")),
+        ("code negative", pack([7, 1, -1, ""])),
+        ("code past 2**32-1", pack([7, 1, 2**32, ""])),
+        ("message bytes", pack([7, 1, 0, b"m"])),
+        ("goaway last id negative", pack([10, -1, 0, ""])),
+        ("ping opaque negative", pack([8, -1])),
+        ("hello settings not a map", pack([0, 1, 0, [], {}])),
+        ("hello version negative", pack([0, -1, 0, {}, {}])),
+        ("invalid utf-8", b"\x94\x07\x01\x00\xa1\xff"),
+        ("reserved byte 0xc1", b"\x92\x08\xc1"),
+        ("ext type", b"\x92\x08\xd4\x01\x01"),
+        ("empty ext", b"\x92\x08\xc7\x00\x01"),
+        ("timestamp ext", pack([8, msgpack.Timestamp(1, 0)])),
+    ],
+)
+def test_malformed_frames_are_protocol_errors(name: str, data: bytes) -> None:
+    assert decode_error(data).code is ErrorCode.PROTOCOL_ERROR, name
+
+
+def test_decoder_reports_frames_only_when_whole() -> None:
+    data = encode(Ping(opaque=2**64 - 1))
+    decoder = FrameDecoder()
+    assert decoder.feed(data[:3]) == []
+    assert decoder.feed(b"") == []
+    assert decoder.feed(data[3:]) == [Ping(opaque=2**64 - 1)]
+
+
+# ---------------------------------------------------------------------------------------------- limits
+# Exceeding a limit is FRAME_SIZE_ERROR; a malformed frame within the limits is PROTOCOL_ERROR.
+
+LIMITS = Limits(
+    max_frame_payload=100,
+    max_control_frame=200,
+    max_string=50,
+    max_map_entries=4,
+    max_array_items=4,
+    max_depth=3,
+)
+
+
+def check_limit(at_limit: Frame, over_limit: Frame) -> None:
+    assert FrameDecoder(LIMITS).feed(encode(at_limit)) == [at_limit]
+    assert decode_error(encode(over_limit), LIMITS).code is ErrorCode.FRAME_SIZE_ERROR
+    # A sender holds itself to the same limits: nothing over them leaves encode_checked.
+    assert encode_checked(at_limit, LIMITS) == encode(at_limit)
+    with pytest.raises(LocalProtocolError) as info:
+        encode_checked(over_limit, LIMITS)
+    assert info.value.code is ErrorCode.FRAME_SIZE_ERROR
+
+
+def test_limit_frame_payload() -> None:
+    check_limit(Data(stream_id=1, payload=b"p" * 100), Data(stream_id=1, payload=b"p" * 101))
+
+
+def test_limit_string_length_in_metadata_and_messages() -> None:
+    check_limit(
+        Open(stream_id=1, metadata={"k": "s" * 50}), Open(stream_id=1, metadata={"k": "s" * 51})
+    )
+    check_limit(
+        Open(stream_id=1, metadata={"k" * 50: 1}), Open(stream_id=1, metadata={"k" * 51: 1})
+    )
+    check_limit(
+        Reset(stream_id=1, code=1, message="m" * 50), Reset(stream_id=1, code=1, message="m" * 51)
+    )
+    # the limit counts UTF-8 bytes, not characters
+    check_limit(
+        Open(stream_id=1, metadata={"k": "é" * 25}),
+        Open(stream_id=1, metadata={"k": "é" * 25 + "e"}),
+    )
+
+
+def test_limit_map_entries() -> None:
+    four = {str(i): i for i in range(4)}
+    check_limit(Open(stream_id=1, metadata=four), Open(stream_id=1, metadata={**four, "4": 4}))
+    check_limit(
+        Open(stream_id=1, metadata={"m": four}), Open(stream_id=1, metadata={"m": {**four, "4": 4}})
+    )
+
+
+def test_limit_array_items() -> None:
+    check_limit(
+        Accept(stream_id=1, metadata={"a": [1, 2, 3, 4]}),
+        Accept(stream_id=1, metadata={"a": [1, 2, 3, 4, 5]}),
+    )
+
+
+def test_limit_depth_counts_the_metadata_map_itself() -> None:
+    check_limit(
+        Open(stream_id=1, metadata={"a": {"b": {}}}),
+        Open(stream_id=1, metadata={"a": {"b": {"c": {}}}}),
+    )
+    check_limit(Open(stream_id=1, metadata={"a": [[]]}), Open(stream_id=1, metadata={"a": [[[]]]}))
+
+
+def test_limit_depth_far_past_msgpacks_own_stack() -> None:
+    assert (
+        decode_error(b"\x93\x01\x01\x81\xa1a" + b"\x91" * 5000).code is ErrorCode.FRAME_SIZE_ERROR
+    )
+
+
+def test_limit_control_frame_size() -> None:
+    # every string and map is within its own limit; only the frame as a whole is too big
+    def meta(n: int) -> dict[str, Any]:
+        return {"a": "x" * 50, "b": "x" * 50, "c": "x" * 50, "d": "x" * n}
+
+    at = Open(stream_id=1, metadata=meta(0))
+    at = Open(stream_id=1, metadata=meta(200 - len(encode(at))))
+    assert len(encode(at)) == 200
+    check_limit(
+        at, Open(stream_id=1, metadata=meta(201 - len(encode(Open(stream_id=1, metadata=meta(0))))))
+    )
+
+
+def test_limit_control_frame_size_applies_to_hello_too() -> None:
+    big = Hello(major=1, minor=0, settings={}, metadata={str(i): "v" * 45 for i in range(4)})
+    assert len(encode(big)) > 200
+    assert decode_error(encode(big), LIMITS).code is ErrorCode.FRAME_SIZE_ERROR
+
+
+def test_huge_map_and_array_claims_fail_at_their_header() -> None:
+    # a 4-billion-entry map or 4-billion-item array: rejected from a few header bytes
+    assert decode_error(b"\x93\x01\x01\xdf\xff\xff\xff\xff").code is ErrorCode.FRAME_SIZE_ERROR
+    assert (
+        decode_error(b"\x93\x01\x01\x81\xa1k\xdd\xff\xff\xff\xff").code
+        is ErrorCode.FRAME_SIZE_ERROR
+    )
+
+
+@pytest.mark.parametrize("size", [Limits().max_frame_payload + 1, 2**32 - 1])
+def test_bin_claims_fail_once_the_buffered_frame_outgrows_the_limit(size: int) -> None:
+    limits = Limits()
+    decoder = FrameDecoder(limits)
+    assert decoder.feed(b"\x93\x04\x01\xc6" + size.to_bytes(4, "big")) == []
+    fed = 0
+    with pytest.raises(RemoteProtocolError) as info:
+        while fed < 4 * limits.max_frame_bytes:
+            fed += 4096
+            decoder.feed(b"\0" * 4096)
+    assert info.value.code is ErrorCode.FRAME_SIZE_ERROR
+    assert fed <= 2 * limits.max_frame_bytes
+
+
+def test_a_frame_of_many_small_parts_is_stopped_by_its_running_size() -> None:
+    # 256 strings of 16 KiB: each part is legal and leaves the buffer once parsed, so only the
+    # running size of the partial frame can stop it.
+    body = b"".join(pack(f"{i:03}") + pack("s" * (16 * KiB - 1)) for i in range(256))
+    data = b"\x93\x01\x01\xde\x01\x00" + body
+    decoder = FrameDecoder()
+    with pytest.raises(RemoteProtocolError) as info:
+        for i in range(0, len(data), 1000):
+            decoder.feed(data[i : i + 1000])
+    assert info.value.code is ErrorCode.FRAME_SIZE_ERROR
+    assert i < 2 * Limits().max_frame_bytes
+
+
+def test_bounded_memory_under_hostile_claims() -> None:
+    limits = Limits()
+    bound = 2 * limits.max_frame_bytes
+    ten_mib = 10 * MiB
+    attacks = {
+        "10 MiB bin": b"\x93\x04\x01\xc6" + ten_mib.to_bytes(4, "big") + b"\0" * ten_mib,
+        "10 MiB str": b"\x93\x01\x01\x81\xa1k\xdb" + ten_mib.to_bytes(4, "big") + b"s" * ten_mib,
+        "huge map": b"\x93\x01\x01\xdf\xff\xff\xff\xff" + b"\xa1k\x01" * 100_000,
+        "huge array": b"\x93\x01\x01\x81\xa1k\xdd\xff\xff\xff\xff" + b"\x01" * 100_000,
+        "deep maps": b"\x93\x01\x01" + b"\x81\xa1k" * 100_000,
+        "deep arrays": b"\x93\x01\x01\x81\xa1k" + b"\x91" * 100_000,
+        "endless strings": b"\x93\x01\x01\x81\xa1k\xdc\x01\x00"
+        + (b"\xda\x3f\xff" + b"s" * 0x3FFF) * 600,
+    }
+    for name, data in attacks.items():
+        for chunk in (1_000, 64 * KiB, len(data)):
+            tracemalloc.start()
+            try:
+                decoder = FrameDecoder(limits)
+                _, constructed = tracemalloc.get_traced_memory()
+                tracemalloc.reset_peak()
+                view = memoryview(data)
+                with pytest.raises(RemoteProtocolError) as info:
+                    for i in range(0, len(data), chunk):
+                        decoder.feed(view[i : i + chunk])
+                _, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+            assert info.value.code is ErrorCode.FRAME_SIZE_ERROR, name
+            # An idle decoder holds almost nothing; the unpacker (parse stack plus a buffer of at most
+            # one partial frame and one slice) exists only while a frame is partly received, and
+            # hostile bytes never push the decoder's total past twice the frame bound.
+            assert constructed <= 4 * KiB, name
+            assert peak <= 2 * bound, (name, chunk, peak)
+
+
+def test_decoder_counts_bytes_of_any_buffer() -> None:
+    data = encode(Data(stream_id=1, payload=b"abcd")) + b"\x92"  # a frame and the start of a PING
+    assert len(data) == 10
+    decoder = FrameDecoder()
+    assert decoder.feed(memoryview(data).cast("H")) == [Data(stream_id=1, payload=b"abcd")]
+    assert decoder.feed(b"\x08\x01") == [Ping(opaque=1)]
