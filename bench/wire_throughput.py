@@ -1,0 +1,375 @@
+#!/usr/bin/env python3
+"""Tunnel wire throughput and idle-session memory, with baselines measured in the same run.
+
+    python bench/wire_throughput.py            # full run (~1 minute on 2 cores)
+    python bench/wire_throughput.py --mib 64   # quicker, noisier
+
+Each throughput figure moves ``--mib`` MiB from this process to a sink in a second process (so the
+two ends use both cores, as agentd and kasd would), over 127.0.0.1:
+
+  tcp        plain trio TCP, 64 KiB writes                        (baseline: the socket itself)
+  h2         one HTTP/2 stream, no mux (our h2 carrier alone)     (baseline: bare h2 on trio)
+  mux/tcp    a mux session straight over TCP
+  mux/h2c    a mux session over one h2c stream, 1 and 64 streams
+  mux/tls    a mux session over one TLS (ALPN h2) stream, 1 and 64 streams
+
+Memory: tracemalloc over 1,000 idle sessions (handshake done, nothing open): the mux session alone
+(over in-memory streams) and whole h2c tunnels on loopback (client and server ends).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import trio
+import trio.testing
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from wire.h2carrier import dial_h2_tunnel, run_h2_reader, serve_h2_tunnels, server_ssl_context
+from wire.session import Session, connect_session
+
+WRITE = 64 * 1024
+TOKEN = "bench-token"
+
+
+# ----------------------------------------------------------------------------- sink (server side)
+
+
+async def _count_until_eof(stream: trio.abc.ReceiveStream) -> int:
+    total = 0
+    while chunk := await stream.receive_some():
+        total += len(chunk)
+    return total
+
+
+async def _sink_stream(stream: trio.abc.Stream) -> None:
+    total = await _count_until_eof(stream)
+    await stream.send_all(str(total).encode())
+
+
+async def _sink_session(session: Session) -> None:
+    async def one(stream: Any) -> None:
+        total = await _count_until_eof(stream)
+        await stream.send_all(str(total).encode())
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        while True:
+            try:
+                stream = await session.accept_stream()
+            except trio.BrokenResourceError:
+                return
+            nursery.start_soon(one, stream)
+
+
+async def serve(mode: str, port_file: str, cert_dir: str | None) -> None:
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+
+    async def auth(token: str, headers: dict[str, str]) -> Any:
+        return "bench" if token == TOKEN else None
+
+    async def on_session(session: Session, principal: Any) -> None:
+        await _sink_session(session)
+
+    async with trio.open_nursery() as nursery:
+        if mode == "tcp":
+            await nursery.start(trio.serve_listeners, _sink_stream, listeners)
+        elif mode == "mux-tcp":
+
+            async def handler(stream: trio.SocketStream) -> None:
+                async with trio.open_nursery() as inner:
+                    session = await connect_session(inner, stream, client=False)
+                    await _sink_session(session)
+
+            await nursery.start(trio.serve_listeners, handler, listeners)
+        elif mode == "h2":
+            # Bare h2: accept the tunnel request, then use the HTTP/2 stream directly, no mux.
+            from wire import h2carrier
+
+            async def bare(stream: trio.SocketStream) -> None:
+                accepted = await h2carrier._accept_tunnel(stream, authenticate=auth, path="/tunnel", peer="bench")
+                if accepted is None:
+                    return
+                transport, _ = accepted
+                async with trio.open_nursery() as inner:
+                    inner.start_soon(h2carrier._read_forever_server, transport._link)
+                    await _sink_stream(transport)
+                    await trio.sleep(1)
+                    inner.cancel_scope.cancel()
+
+            await nursery.start(trio.serve_listeners, bare, listeners)
+        else:
+            ctx = None
+            if mode == "mux-tls":
+                assert cert_dir
+                ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+                ctx.load_cert_chain(os.path.join(cert_dir, "server.pem"))
+                server_ssl_context(ctx)
+            await nursery.start(
+                lambda task_status: serve_h2_tunnels(
+                    on_session, listeners, authenticate=auth, ssl_context=ctx, task_status=task_status
+                )
+            )
+        await trio.Path(port_file).write_text(str(port))
+
+
+# ----------------------------------------------------------------------------- client side
+
+
+class Sink:
+    """A sink server in a child process."""
+
+    def __init__(self, mode: str, cert_dir: str | None) -> None:
+        self.mode = mode
+        self.port_file = tempfile.mktemp(prefix="wirebench-port-")
+        args = [sys.executable, __file__, "--serve", mode, "--port-file", self.port_file]
+        if cert_dir:
+            args += ["--cert-dir", cert_dir]
+        self.proc = subprocess.Popen(args)
+        deadline = time.monotonic() + 20
+        while not (os.path.exists(self.port_file) and Path(self.port_file).read_text()):
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"sink for {mode} did not start")
+            time.sleep(0.02)
+        self.port = int(Path(self.port_file).read_text())
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+        os.unlink(self.port_file)
+
+
+async def _send_and_confirm(stream: trio.abc.HalfCloseableStream | Any, nbytes: int, eof: Any) -> None:
+    block = b"\x5a" * WRITE
+    sent = 0
+    while sent < nbytes:
+        await stream.send_all(block)
+        sent += len(block)
+    await eof()
+    reply = b""
+    while chunk := await stream.receive_some():
+        reply += chunk
+        if len(reply) >= len(str(nbytes)):
+            break
+    if int(reply) != nbytes:
+        raise RuntimeError(f"sink counted {reply!r}, sent {nbytes}")
+
+
+async def run_tcp(port: int, nbytes: int) -> None:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await _send_and_confirm(stream, nbytes, stream.send_eof)
+    await stream.aclose()
+
+
+async def run_h2(port: int, nbytes: int) -> None:
+    transport = await dial_h2_tunnel(f"http://127.0.0.1:{port}/tunnel", token=TOKEN)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_h2_reader, transport)
+
+        async def eof() -> None:
+            link = transport._link
+            link.conn.end_stream(transport.stream_id)
+            await link.flush()
+
+        await _send_and_confirm(transport, nbytes, eof)
+        await transport.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def _mux_streams(session: Session, nbytes: int, streams: int) -> None:
+    async def one(share: int) -> None:
+        stream = await session.open_stream({})
+        await _send_and_confirm(stream, share, stream.send_eof)
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(streams):
+            nursery.start_soon(one, nbytes // streams)
+
+
+async def run_mux_tcp(port: int, nbytes: int, streams: int) -> None:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with trio.open_nursery() as nursery:
+        session = await connect_session(nursery, stream, client=True)
+        await _mux_streams(session, nbytes, streams)
+        await session.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def run_mux_h2(port: int, nbytes: int, streams: int, ctx: ssl.SSLContext | None) -> None:
+    scheme = "https" if ctx else "http"
+    host = "localhost" if ctx else "127.0.0.1"
+    transport = await dial_h2_tunnel(f"{scheme}://{host}:{port}/tunnel", token=TOKEN, ssl_context=ctx)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_h2_reader, transport)
+        session = await connect_session(nursery, transport, client=True)
+        await _mux_streams(session, nbytes, streams)
+        await session.aclose()
+        nursery.cancel_scope.cancel()
+
+
+def measure(label: str, fn: Any, nbytes: int, repeat: int) -> float:
+    best = 0.0
+    for _ in range(repeat):
+        start = time.perf_counter()
+        trio.run(fn)
+        elapsed = time.perf_counter() - start
+        best = max(best, nbytes / elapsed / 1e6)
+    print(f"  {label:<22} {best:8.1f} MB/s", flush=True)
+    return best
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+async def _start_session(nursery: trio.Nursery, transport: trio.abc.Stream, client: bool) -> None:
+    await connect_session(nursery, transport, client=client)
+
+
+async def _idle_mux_sessions(count: int) -> tuple[int, int]:
+    """Bytes per session for the mux session alone (one end), over in-memory streams."""
+    async with trio.open_nursery() as nursery:
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(count):
+            left, right = trio.testing.memory_stream_pair()
+            async with trio.open_nursery() as pair:
+                pair.start_soon(_start_session, nursery, left, True)
+                pair.start_soon(_start_session, nursery, right, False)
+        await trio.testing.wait_all_tasks_blocked()
+        gc.collect()
+        after = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        nursery.cancel_scope.cancel()
+    total = after - before
+    return total, total // (2 * count)
+
+
+async def _idle_h2c_tunnels(count: int) -> tuple[int, int]:
+    """Bytes per tunnel end for whole h2c tunnels on loopback (client and server in this process)."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1", backlog=count)
+    port = listeners[0].socket.getsockname()[1]
+    ready = trio.Semaphore(0)
+
+    async def auth(token: str, headers: dict[str, str]) -> Any:
+        return "bench"
+
+    async def on_session(session: Session, principal: Any) -> None:
+        ready.release()
+        await session.wait_closed()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(
+            lambda task_status: serve_h2_tunnels(on_session, listeners, authenticate=auth, task_status=task_status)
+        )
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(count):
+            transport = await dial_h2_tunnel(f"http://127.0.0.1:{port}/tunnel", token=TOKEN)
+            nursery.start_soon(run_h2_reader, transport)
+            await connect_session(nursery, transport, client=True)
+            await ready.acquire()
+        await trio.testing.wait_all_tasks_blocked()
+        gc.collect()
+        after = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        nursery.cancel_scope.cancel()
+    total = after - before
+    return total, total // (2 * count)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def describe_machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import h2
+    import msgpack
+
+    return (
+        f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, trio {trio.__version__}, "
+        f"h2 {h2.__version__}, msgpack {'.'.join(map(str, msgpack.version))}, {platform.system()} {platform.release()}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mib", type=int, default=256, help="MiB moved per throughput run (default 256)")
+    parser.add_argument("--repeat", type=int, default=2, help="runs per figure; the best is reported (default 2)")
+    parser.add_argument("--sessions", type=int, default=1000, help="idle sessions for the memory figure")
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
+    parser.add_argument("--port-file", help=argparse.SUPPRESS)
+    parser.add_argument("--cert-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        trio.run(serve, args.serve, args.port_file, args.cert_dir)
+        return
+
+    import trustme
+
+    nbytes = args.mib * 1024 * 1024
+    print(f"machine: {describe_machine()}")
+    print(f"throughput, {args.mib} MiB per run, {WRITE // 1024} KiB writes, best of {args.repeat}:")
+    cert_dir = tempfile.mkdtemp(prefix="wirebench-tls-")
+    ca = trustme.CA()
+    ca.issue_cert("localhost").private_key_and_cert_chain_pem.write_to_path(os.path.join(cert_dir, "server.pem"))
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+
+    results: dict[str, float] = {}
+    plan: list[tuple[str, str, Any]] = [
+        ("tcp", "tcp", lambda p: lambda: run_tcp(p, nbytes)),
+        ("h2", "h2", lambda p: lambda: run_h2(p, nbytes)),
+        ("mux/tcp 1 stream", "mux-tcp", lambda p: lambda: run_mux_tcp(p, nbytes, 1)),
+        ("mux/h2c 1 stream", "mux-h2c", lambda p: lambda: run_mux_h2(p, nbytes, 1, None)),
+        ("mux/h2c 64 streams", "mux-h2c", lambda p: lambda: run_mux_h2(p, nbytes, 64, None)),
+        ("mux/tls 1 stream", "mux-tls", lambda p: lambda: run_mux_h2(p, nbytes, 1, client_ctx)),
+        ("mux/tls 64 streams", "mux-tls", lambda p: lambda: run_mux_h2(p, nbytes, 64, client_ctx)),
+    ]
+    for label, mode, make in plan:
+        sink = Sink(mode, cert_dir)
+        try:
+            results[label] = measure(label, make(sink.port), nbytes, args.repeat)
+        finally:
+            sink.close()
+
+    print("ratios:")
+    for label in ("mux/h2c 1 stream", "mux/h2c 64 streams"):
+        print(f"  {label:<22} {results[label] / results['h2']:.2f} x bare h2   {results[label] / results['tcp']:.2f} x TCP")
+    for label in ("mux/tls 1 stream", "mux/tls 64 streams"):
+        print(f"  {label:<22} {results[label] / results['mux/h2c 1 stream']:.2f} x mux/h2c 1 stream")
+    print(f"  {'mux/tcp 1 stream':<22} {results['mux/tcp 1 stream'] / results['tcp']:.2f} x TCP")
+
+    total, per = trio.run(_idle_mux_sessions, args.sessions)
+    print(f"memory, {args.sessions} idle sessions (tracemalloc):")
+    print(f"  mux session alone      {per / 1024:8.1f} KiB per session end ({total / 2**20:.1f} MiB for {2 * args.sessions} ends)")
+    total, per = trio.run(_idle_h2c_tunnels, args.sessions)
+    print(f"  whole h2c tunnel       {per / 1024:8.1f} KiB per tunnel end ({total / 2**20:.1f} MiB for {2 * args.sessions} ends)")
+    targets_ok = results["mux/h2c 1 stream"] >= 150 and results["mux/h2c 64 streams"] >= 150
+    print(f"targets: h2c >= 150 MB/s for 1 and 64 streams: {'met' if targets_ok else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
