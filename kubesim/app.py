@@ -1,0 +1,500 @@
+"""The ASGI application: routing, content negotiation and the REST verbs over the store."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import time
+from collections.abc import Callable, MutableMapping, MutableSequence
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import parse_qs
+
+import attrs
+
+from kubesim import discovery, errors, fieldcheck, openapi, tables, timefmt
+from kubesim.asgi import (
+    Query,
+    Receive,
+    Reply,
+    Scope,
+    Send,
+    accept_form,
+    flag,
+    json_or_empty,
+    json_reply,
+    one,
+    read_body,
+    refuse_websocket,
+    send_reply,
+)
+from kubesim.controllers import Controllers
+from kubesim.errors import ApiError
+from kubesim.patch import apply_patch
+from kubesim.podio import check_streamable, serve_logs, serve_pod_websocket
+from kubesim.requests import RecordedRequest, header_map, record
+from kubesim.resources import Kind
+from kubesim.routing import Target, parse_target
+from kubesim.selectors import parse_field_selector, parse_label_selector, selector_string
+from kubesim.store import Store
+from kubesim.watchstream import serve_watch
+
+logger = logging.getLogger("kubesim")
+
+PROTOBUF = "application/vnd.kubernetes.protobuf"
+PUBLIC_PATHS = ("/version", "/healthz", "/livez", "/readyz")
+
+
+@attrs.frozen(kw_only=True)
+class ServerVersion:
+    major: str = "1"
+    minor: str = "32"
+    git_version: str = "v1.32.0"
+
+    def document(self) -> dict[str, Any]:
+        return {"major": self.major, "minor": self.minor, "gitVersion": self.git_version,
+                "gitCommit": "70d3cc986aa8221cd1dfb1121852688902d3bf53", "gitTreeState": "clean",
+                "buildDate": "2024-12-11T17:59:15Z", "goVersion": "go1.23.3", "compiler": "gc",
+                "platform": "linux/amd64"}
+
+
+def service_account_token(account: dict[str, Any], audiences: list[str], lifetime: int) -> tuple[str, str]:
+    """A JWT-shaped (unsigned) token with the claims a projected service-account token has."""
+    meta = account["metadata"]
+    issued = int(time.time())
+    claims = {
+        "aud": audiences or ["https://kubernetes.default.svc.cluster.local"],
+        "exp": issued + lifetime, "iat": issued, "nbf": issued,
+        "iss": "https://kubernetes.default.svc.cluster.local",
+        "sub": f"system:serviceaccount:{meta['namespace']}:{meta['name']}",
+        "kubernetes.io": {"namespace": meta["namespace"],
+                          "serviceaccount": {"name": meta["name"], "uid": meta["uid"]}},
+    }
+
+    def part(value: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value, separators=(",", ":")).encode()).rstrip(b"=").decode()
+
+    token = f"{part({'alg': 'none', 'kid': 'kubesim'})}.{part(claims)}.kubesim"
+    return token, timefmt.rfc3339(datetime.fromtimestamp(issued + lifetime, UTC))
+
+
+class KubeApp:
+    def __init__(self, store: Store, controllers: Controllers, *, token: str | None,
+                 requests: MutableSequence[RecordedRequest], server_address: str = "127.0.0.1:6443",
+                 version: ServerVersion | None = None, bookmark_interval: float = 10.0,
+                 on_request: Callable[[RecordedRequest], None] | None = None) -> None:
+        self.store = store
+        self.controllers = controllers
+        self.token = token
+        self.requests = requests
+        self.server_address = server_address
+        self.version = version or ServerVersion()
+        self.bookmark_interval = bookmark_interval
+        self.on_request = on_request
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _authenticate(self, scope: Scope, headers: dict[str, str]) -> None:
+        recorded = record(scope, headers)
+        self.requests.append(recorded)
+        if self.on_request is not None:
+            self.on_request(recorded)
+        if self.token is None:
+            return
+        if recorded.bearer_token == self.token:
+            return
+        if recorded.bearer_token is None and scope.get("path") in PUBLIC_PATHS:
+            return
+        raise errors.unauthorized()
+
+    # -- HTTP ----------------------------------------------------------------------------------
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = header_map(scope)
+        started = False
+
+        async def tracking_send(message: MutableMapping[str, Any]) -> None:
+            nonlocal started
+            started = started or message.get("type") == "http.response.start"
+            await send(message)
+
+        try:
+            self._authenticate(scope, headers)
+            body = await read_body(receive)
+            result = await self._route(scope, headers, body, receive, tracking_send)
+        except ApiError as exc:
+            if started:
+                raise
+            result = json_reply(exc.code, exc.status())
+        except Exception as exc:
+            # A kubesim bug: answer as the API server answers a panic, so the client says why.
+            logger.exception("internal error serving %s %s", scope.get("method"), scope.get("path"))
+            if started:
+                return
+            result = json_reply(500, ApiError(500, "InternalError",
+                                              f"Internal error occurred: {exc!r}").status())
+        if result is None:
+            return  # streamed
+        await send_reply(send, result)
+
+    async def _route(self, scope: Scope, headers: dict[str, str], body: bytes,
+                     receive: Receive, send: Send) -> Reply | None:
+        path = scope["path"].rstrip("/") or "/"
+        method = scope["method"]
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        accept = headers.get("accept", "application/json")
+        if path in ("/healthz", "/livez", "/readyz"):
+            return Reply(status=200, body=b"ok", content_type="text/plain; charset=utf-8")
+        if path == "/version":
+            return json_reply(200, self.version.document())
+        if path == "/":
+            paths = ["/api", "/api/v1", "/apis", "/healthz", "/livez", "/openapi/v2", "/openapi/v3",
+                     "/readyz", "/version"]
+            paths += [f"/apis/{g}" for g, _ in self.store.registry.groups() if g]
+            return json_reply(200, {"paths": sorted(paths)})
+        if path.startswith("/openapi"):
+            return self._openapi(path, accept)
+        parts = path.strip("/").split("/")
+        if parts[0] == "api":
+            if len(parts) == 1:
+                aggregated = discovery.wants_aggregated(accept)
+                if aggregated:
+                    return self._aggregated(core=True, version=aggregated)
+                return json_reply(200, discovery.api_versions(self.server_address))
+            group, version, rest = "", parts[1], parts[2:]
+        elif parts[0] == "apis":
+            if len(parts) == 1:
+                aggregated = discovery.wants_aggregated(accept)
+                if aggregated:
+                    return self._aggregated(core=False, version=aggregated)
+                return json_reply(200, discovery.api_group_list(self.store.registry))
+            if len(parts) == 2:
+                doc = discovery.api_group(self.store.registry, parts[1])
+                if doc is None:
+                    raise errors.page_not_found()
+                return json_reply(200, doc)
+            group, version, rest = parts[1], parts[2], parts[3:]
+        else:
+            raise errors.page_not_found()
+        if not rest:
+            doc = discovery.api_resource_list(self.store.registry, group, version)
+            if doc is None:
+                raise errors.page_not_found()
+            return json_reply(200, doc)
+        watch_path = rest[0] == "watch"
+        if watch_path:
+            rest = rest[1:]
+        target = parse_target(self.store.registry, group, version, rest)
+        if target.subresource in ("exec", "attach", "portforward"):
+            # Not a WebSocket: a SPDY attempt (or a plain request). Report what the kubelet would
+            # refuse first, so a fallback from a refused WebSocket shows the real reason.
+            if target.subresource != "portforward":
+                check_streamable(self.store, self.controllers, target, query)
+            raise errors.bad_request("Upgrade request required")
+        if watch_path or (flag(query, "watch") and method == "GET"):
+            await serve_watch(self.store, target, query, accept, receive, send,
+                              bookmark_interval=self.bookmark_interval)
+            return None
+        if target.subresource == "log":
+            if method != "GET":
+                raise errors.method_not_allowed()
+            await serve_logs(self.store, self.controllers, target, query, receive, send)
+            return None
+        return self._verb(method, target, query, headers, body, accept)
+
+    def _aggregated(self, *, core: bool, version: str) -> Reply:
+        api_version = f"apidiscovery.k8s.io/{version}"
+        doc = discovery.aggregated(self.store.registry, core=core, api_version=api_version)
+        content_type = f"application/json;g=apidiscovery.k8s.io;v={version};as=APIGroupDiscoveryList"
+        return json_reply(200, doc, content_type=content_type)
+
+    def _openapi(self, path: str, accept: str) -> Reply:
+        registry = self.store.registry
+        if path == "/openapi/v2":
+            if "json" not in accept and "*/*" not in accept:
+                return json_reply(406, ApiError(406, "NotAcceptable",
+                                                "only application/json is served for /openapi/v2").status())
+            return json_reply(200, openapi.v2_document(registry))
+        if path == "/openapi/v3":
+            return json_reply(200, openapi.v3_root(registry))
+        if path.startswith("/openapi/v3/"):
+            gv = openapi.v3_path_to_group_version(path[len("/openapi/v3/"):])
+            doc = openapi.v3_document(registry, *gv) if gv else None
+            if doc is None:
+                raise errors.page_not_found()
+            return json_reply(200, doc)
+        raise errors.page_not_found()
+
+    # -- verbs ---------------------------------------------------------------------------------
+
+    def _verb(self, method: str, target: Target, query: Query, headers: dict[str, str],
+              body: bytes, accept: str) -> Reply:
+        kind, ns, name, sub = target.kind, target.namespace, target.name, target.subresource
+        store = self.store
+        dry_run = bool(query.get("dryRun"))
+        if kind.namespaced and name is not None and not ns:
+            raise errors.page_not_found()
+        if name is None:
+            if method == "GET":
+                return self._list(target, query, accept)
+            if method == "POST" and kind.virtual:
+                return json_reply(201, self._review(kind, headers, body))
+            if method == "POST":
+                obj = self._decode(headers, body)
+                warnings = fieldcheck.check(store.registry, kind, obj, one(query, "fieldValidation"))
+                created = store.create(kind, ns, obj, dry_run=dry_run)
+                return json_reply(201, created, warnings=warnings)
+            if method == "DELETE":
+                return self._delete_collection(target, query)
+            raise errors.method_not_allowed()
+        if sub == "scale":
+            return self._scale(method, target, query, headers, body)
+        if sub in ("binding", "eviction", "token", "finalize") and method in ("POST", "PUT"):
+            return self._special(target, headers, body)
+        if method == "GET":
+            obj = store.get(kind, ns, name)
+            return self._renderone(kind, obj, accept)
+        if method == "PUT":
+            obj = self._decode(headers, body)
+            warnings = fieldcheck.check(store.registry, kind, obj, one(query, "fieldValidation"))
+            updated = store.update(kind, ns, name, obj, subresource=sub, dry_run=dry_run)
+            return json_reply(200, updated, warnings=warnings)
+        if method == "PATCH":
+            existing = store.get(kind, ns, name)
+            content_type = headers.get("content-type", "")
+            try:
+                patch_body = json.loads(body or b"null")
+            except ValueError as exc:
+                if content_type.startswith("application/apply-patch"):
+                    patch_body = None
+                else:
+                    raise errors.bad_request(f"error decoding patch: {exc}") from exc
+            patched = apply_patch(content_type, existing, patch_body, custom=kind.custom)
+            if not isinstance(patched, dict):
+                raise errors.bad_request("the patch did not produce an object")
+            warnings = fieldcheck.check(store.registry, kind, patched, one(query, "fieldValidation"))
+            if sub != "status":
+                patched.setdefault("status", existing.get("status"))
+            updated = store.update(kind, ns, name, patched, subresource=sub, dry_run=dry_run)
+            return json_reply(200, updated, warnings=warnings)
+        if method == "DELETE":
+            options = json_or_empty(body)
+            propagation = one(query, "propagationPolicy") or options.get("propagationPolicy")
+            if options.get("orphanDependents") is True:
+                propagation = "Orphan"
+            pre = options.get("preconditions") or {}
+            deleted = store.delete(kind, ns, name, propagation=propagation,
+                                   precondition_uid=pre.get("uid"),
+                                   precondition_rv=pre.get("resourceVersion"), dry_run=dry_run)
+            if kind.plural in ("pods", "namespaces") or kind.custom or deleted["metadata"].get("deletionTimestamp"):
+                return json_reply(200, deleted)
+            details = {"name": name, "kind": kind.plural, "uid": deleted["metadata"].get("uid")}
+            if kind.group:
+                details["group"] = kind.group
+            return json_reply(200, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                    "status": "Success", "details": details})
+        raise errors.method_not_allowed()
+
+    def _decode(self, headers: dict[str, str], body: bytes) -> dict[str, Any]:
+        content_type = headers.get("content-type", "application/json").split(";")[0].strip().lower()
+        if content_type == PROTOBUF:
+            from kubesim import protobuf  # written alongside; imported when first needed
+
+            try:
+                return protobuf.decode_protobuf_object(body)
+            except protobuf.ProtobufDecodeError as exc:
+                if str(exc).startswith("no protobuf decoder for"):
+                    # A kind kubesim cannot decode: say so the way the server refuses a type.
+                    raise errors.unsupported_media_type(
+                        f"{exc}; kubesim decodes protobuf bodies of the kinds kubectl's "
+                        "generators create - send this one as application/json") from exc
+                raise errors.bad_request(f"the body of the request was in an unknown format: {exc}") from exc
+        if content_type in ("application/json", "", "*/*"):
+            try:
+                obj = json.loads(body)
+            except ValueError as exc:
+                raise errors.bad_request(f"the body of the request was in an unknown format: {exc}") from exc
+            if not isinstance(obj, dict):
+                raise errors.bad_request("the body of the request was in an unknown format")
+            return obj
+        raise errors.unsupported_media_type(
+            f"the body of the request was in an unknown format - accepted media types include: "
+            f"application/json, application/yaml, {PROTOBUF}")
+
+    def _review(self, kind: Kind, headers: dict[str, str], body: bytes) -> dict[str, Any]:
+        """Access reviews and whoami: kubesim authorizes everything it authenticates."""
+        try:
+            request = self._decode(headers, body)
+        except ApiError:
+            request = {}  # a protobuf review kubesim cannot decode: the answer does not depend on it
+        request = {k: v for k, v in request.items() if k in ("metadata", "spec")}
+        request.setdefault("metadata", {})
+        if kind.kind == "SelfSubjectAccessReview":
+            status: dict[str, Any] = {"allowed": True, "reason": "kubesim authorizes every request"}
+        elif kind.kind == "SelfSubjectRulesReview":
+            status = {"resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}],
+                      "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+                      "incomplete": False}
+        else:
+            user = headers.get("impersonate-user") or "kubesim-admin"
+            groups = [g.strip() for g in headers.get("impersonate-group", "").split(",") if g.strip()]
+            status = {"userInfo": {"username": user,
+                                   "groups": groups or ["system:masters", "system:authenticated"]}}
+        return {"kind": kind.kind, "apiVersion": kind.api_version, **request, "status": status}
+
+    def _list(self, target: Target, query: Query, accept: str) -> Reply:
+        kind = target.kind
+        labels = parse_label_selector(one(query, "labelSelector"))
+        fields = parse_field_selector(one(query, "fieldSelector"))
+        limit_text = one(query, "limit")
+        limit = int(limit_text) if limit_text and limit_text.isdigit() and int(limit_text) > 0 else None
+        result = self.store.list(
+            kind, target.namespace,
+            predicate=lambda o: labels(o) and fields(o),
+            limit=limit, continue_token=one(query, "continue") or None,
+            exact_selector=not (one(query, "labelSelector") or one(query, "fieldSelector")))
+        form = accept_form(accept)
+        if form == "Table":
+            doc = tables.table(kind, result.items, resource_version=result.resource_version,
+                               continue_token=result.continue_token,
+                               include_object=one(query, "includeObject") or "Metadata")
+            return json_reply(200, doc)
+        items = result.items
+        if not kind.custom:
+            for item in items:
+                item.pop("apiVersion", None)
+                item.pop("kind", None)
+        metadata: dict[str, Any] = {"resourceVersion": result.resource_version}
+        if result.continue_token:
+            metadata["continue"] = result.continue_token
+        if result.remaining is not None:
+            metadata["remainingItemCount"] = result.remaining
+        if form == "PartialObjectMetadata":
+            return json_reply(200, {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
+                                    "metadata": metadata,
+                                    "items": [tables.partial_metadata(i) for i in items]})
+        return json_reply(200, {"kind": kind.list_kind, "apiVersion": kind.api_version,
+                                "metadata": metadata, "items": items})
+
+    def _renderone(self, kind: Kind, obj: dict[str, Any], accept: str) -> Reply:
+        form = accept_form(accept)
+        if form == "Table":
+            return json_reply(200, tables.table(kind, [obj]))
+        if form == "PartialObjectMetadata":
+            return json_reply(200, tables.partial_metadata(obj))
+        return json_reply(200, obj)
+
+    def _delete_collection(self, target: Target, query: Query) -> Reply:
+        kind = target.kind
+        labels = parse_label_selector(one(query, "labelSelector"))
+        fields = parse_field_selector(one(query, "fieldSelector"))
+        result = self.store.list(kind, target.namespace, predicate=lambda o: labels(o) and fields(o))
+        deleted = []
+        for item in result.items:
+            meta = item["metadata"]
+            try:
+                deleted.append(self.store.delete(kind, meta.get("namespace"), meta["name"],
+                                                 propagation=one(query, "propagationPolicy")))
+            except ApiError:
+                continue
+        return json_reply(200, {"kind": kind.list_kind, "apiVersion": kind.api_version,
+                                "metadata": {"resourceVersion": str(self.store.resource_version)},
+                                "items": deleted})
+
+    def _scale(self, method: str, target: Target, query: Query,
+               headers: dict[str, str], body: bytes) -> Reply:
+        kind, ns, name = target.kind, target.namespace, target.name
+        assert name is not None
+        obj = self.store.get(kind, ns, name)
+        scale = _scale_of(obj)
+        if method == "GET":
+            return json_reply(200, scale)
+        if method == "PUT":
+            wanted = self._decode(headers, body)
+        elif method == "PATCH":
+            wanted = apply_patch(headers.get("content-type", ""), scale, json.loads(body or b"null"), custom=False)
+        else:
+            raise errors.method_not_allowed()
+        replicas = (wanted.get("spec") or {}).get("replicas")
+        if not isinstance(replicas, int) or replicas < 0:
+            raise errors.invalid("Scale", "autoscaling", name, [("spec.replicas", f"Invalid value: {replicas}: must be greater than or equal to 0")])
+        rv = (wanted.get("metadata") or {}).get("resourceVersion")
+        if rv and rv != obj["metadata"]["resourceVersion"]:
+            raise errors.conflict(kind.group, kind.plural, name)
+        obj.setdefault("spec", {})["replicas"] = replicas
+        updated = self.store.update(kind, ns, name, obj)
+        return json_reply(200, _scale_of(updated))
+
+    def _special(self, target: Target, headers: dict[str, str], body: bytes) -> Reply:
+        kind, ns, name, sub = target.kind, target.namespace, target.name, target.subresource
+        assert name is not None
+        if sub == "eviction":
+            self.store.delete(kind, ns, name)
+            return json_reply(201, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                    "status": "Success", "code": 201})
+        if sub == "binding":
+            binding = self._decode(headers, body)
+            pod = self.store.get(kind, ns, name)
+            pod.setdefault("spec", {})["nodeName"] = (binding.get("target") or {}).get("name")
+            self.store.update(kind, ns, name, pod)
+            return json_reply(201, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                    "status": "Success", "code": 201})
+        if sub == "token":
+            account = self.store.get(kind, ns, name)
+            request = self._decode(headers, body)
+            spec = request.setdefault("spec", {})
+            lifetime = int(spec.get("expirationSeconds") or 3600)
+            spec["expirationSeconds"] = lifetime
+            token, expires = service_account_token(account, spec.get("audiences") or [], lifetime)
+            return json_reply(201, {**request, "kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
+                                    "status": {"token": token, "expirationTimestamp": expires}})
+        if sub == "finalize":
+            obj = self._decode(headers, body)
+            current = self.store.get(kind, ns, name)
+            current["spec"] = obj.get("spec", current.get("spec"))
+            return json_reply(200, current)
+        raise errors.method_not_allowed()
+
+    # -- WebSocket -----------------------------------------------------------------------------
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = header_map(scope)
+        try:
+            self._authenticate(scope, headers)
+            parts = scope["path"].strip("/").split("/")
+            if len(parts) != 7 or parts[:3] != ["api", "v1", "namespaces"] or parts[4] != "pods":
+                raise errors.page_not_found()
+            target = parse_target(self.store.registry, "", "v1", parts[2:])
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+            await serve_pod_websocket(self.store, self.controllers, target, query, scope, receive, send)
+        except ApiError as exc:
+            await refuse_websocket(scope, send, exc)
+
+
+def _scale_of(obj: dict[str, Any]) -> dict[str, Any]:
+    meta = obj["metadata"]
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    scale_meta = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp") if k in meta}
+    return {"kind": "Scale", "apiVersion": "autoscaling/v1", "metadata": scale_meta,
+            "spec": {"replicas": spec.get("replicas", 0)},
+            "status": {"replicas": status.get("replicas", 0),
+                       "selector": selector_string(spec.get("selector")).replace("<none>", "")}}
+
+
+__all__ = ["KubeApp", "RecordedRequest", "Reply", "ServerVersion", "json_reply"]

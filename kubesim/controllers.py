@@ -1,0 +1,271 @@
+"""Simple controllers that make objects behave: workloads make pods, pods run, statuses fill in.
+
+This module holds the loop and the small controllers (node, namespaces, endpoint slices, HPAs,
+PVCs); `workloads` holds Deployments, ReplicaSets, StatefulSets, DaemonSets and Jobs, and
+`kubelet` the pod lifecycle and container consoles.
+
+`Controllers.run` wakes on every store change (and on a short tick, for things that happen with
+time) and reconciles everything until nothing changes. Pods become Running and Ready at once,
+unless a knob on the pod (usually set through the pod template's annotations) says otherwise:
+
+- `kubesim.io/crash-loop: "true"`: the container keeps exiting with code 1; the pod shows
+  `CrashLoopBackOff` and its restart count grows.
+- `kubesim.io/stall-rollout: "true"`: the pod runs but never becomes Ready, so a rollout of a
+  template carrying it stalls (and hits its progress deadline).
+- `kubesim.io/fail: "true"`: a Job's pod exits with code 1 (the Job then fails).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+import time
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+import trio
+
+from kubesim import kubelet, workloads
+from kubesim.console import ContainerConsole
+from kubesim.errors import ApiError
+from kubesim.kubelet import NODE_IP, NODE_NAME
+from kubesim.objects import owned_by, owner_ref, pod_ready
+from kubesim.resources import Kind
+from kubesim.selectors import selector_from_match_labels
+from kubesim.store import Store
+from kubesim.timefmt import now, rfc3339
+
+_EVENT_IDS = itertools.count(time.time_ns())
+ROOT_CA = "-----BEGIN CERTIFICATE-----\nMIIBkubesimkubesimkubesim\n-----END CERTIFICATE-----\n"
+
+
+class Controllers:
+    """The reconcilers, and the consoles of the containers they started."""
+
+    def __init__(self, store: Store, *, tick: float = 0.5, root_ca: bytes | None = None) -> None:
+        self.store = store
+        self.tick = tick
+        # What every namespace's kube-root-ca.crt ConfigMap carries: the serving CA when known.
+        self.root_ca = root_ca.decode() if root_ca else ROOT_CA
+        self.consoles: dict[tuple[str, str, str], ContainerConsole] = {}
+        # Set by a pass that saw work which happens with time (crash loops, progress deadlines):
+        # only then does `run` wake on the tick as well as on changes.
+        self.timed_work = False
+        self.kinds = {plural: store.kind(group, plural) for group, plural in (
+            ("", "pods"), ("", "namespaces"), ("", "nodes"), ("", "events"), ("", "services"),
+            ("", "serviceaccounts"), ("", "configmaps"), ("apps", "deployments"),
+            ("apps", "replicasets"), ("apps", "statefulsets"), ("apps", "daemonsets"),
+            ("apps", "controllerrevisions"), ("batch", "jobs"), ("batch", "cronjobs"),
+            ("discovery.k8s.io", "endpointslices"), ("autoscaling", "horizontalpodautoscalers"),
+            ("", "persistentvolumeclaims"))}
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.reconcile()
+        task_status.started()
+        seen = self.store.resource_version
+        while True:
+            with trio.move_on_after(self.tick if self.timed_work else math.inf):
+                await self.store.wait_changed(seen)
+            self.reconcile()
+            seen = self.store.resource_version
+            await trio.lowlevel.checkpoint()
+
+    def console(self, namespace: str, pod: str, container: str) -> ContainerConsole | None:
+        return self.consoles.get((namespace, pod, container))
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        self.timed_work = False
+        for _ in range(50):
+            before = self.store.resource_version
+            self._pass()
+            if self.store.resource_version == before:
+                return
+
+    def _pass(self) -> None:
+        self._ensure_node()
+        for plural, step in (
+            ("namespaces", self._namespace), ("deployments", partial(workloads.deployment, self)),
+            ("replicasets", partial(workloads.replicaset, self)),
+            ("statefulsets", partial(workloads.statefulset, self)),
+            ("daemonsets", partial(workloads.daemonset, self)), ("jobs", partial(workloads.job, self)),
+            ("pods", partial(kubelet.pod, self)),
+            ("services", self._service), ("horizontalpodautoscalers", self._hpa),
+            ("persistentvolumeclaims", self._pvc),
+        ):
+            kind = self.kinds[plural]
+            # Steps get the live objects and must copy before changing anything: copying
+            # every object on every pass would make large stores slow.
+            for obj in list(self.store.iter_objects(kind.group, plural)):
+                try:
+                    step(obj)
+                except ApiError:
+                    # Raced with a deletion (a namespace going away, …): the next pass settles it.
+                    continue
+        kubelet.close_stale_consoles(self)
+
+    def objects(self, plural: str, namespace: str) -> Iterator[dict[str, Any]]:
+        kind = self.kinds[plural]
+        # Live objects: read them, copy before changing.
+        yield from list(self.store.iter_objects(kind.group, plural, namespace))
+
+    def set_status(self, plural: str, obj: dict[str, Any], status: dict[str, Any]) -> None:
+        if obj.get("status") == status:
+            return
+        obj = copy.deepcopy(obj)
+        obj["status"] = status
+        obj["metadata"].pop("resourceVersion", None)
+        meta = obj["metadata"]
+        self.store.update(self.kinds[plural], meta.get("namespace"), meta["name"], obj, subresource="status")
+
+    def update(self, plural: str, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        meta.pop("resourceVersion", None)
+        self.store.update(self.kinds[plural], meta.get("namespace"), meta["name"], obj)
+
+    def event(self, involved_kind: Kind, obj: dict[str, Any], reason: str, message: str, *,
+              component: str, type_: str = "Normal", field_path: str = "") -> None:
+        meta = obj["metadata"]
+        stamp = rfc3339(now())
+        involved = {"kind": involved_kind.kind, "namespace": meta.get("namespace", "default"),
+                    "name": meta["name"], "uid": meta.get("uid", ""),
+                    "apiVersion": involved_kind.api_version,
+                    "resourceVersion": meta.get("resourceVersion", "")}
+        if field_path:
+            involved["fieldPath"] = field_path
+        source: dict[str, Any] = {"component": component}
+        if component == "kubelet":
+            source["host"] = NODE_NAME
+        namespace = meta.get("namespace", "default")
+        event: dict[str, Any] = {
+            "metadata": {"name": f"{meta['name']}.{next(_EVENT_IDS):x}",
+                         "namespace": meta.get("namespace", "default")},
+            "involvedObject": involved, "reason": reason, "message": message, "source": source,
+            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1, "type": type_,
+            "eventTime": None, "reportingComponent": component,
+            "reportingInstance": NODE_NAME if component == "kubelet" else "",
+        }
+        try:
+            self.store.create(self.kinds["events"], namespace, event)
+        except ApiError:
+            pass
+
+    # -- cluster furniture ---------------------------------------------------------------------
+
+    def _ensure_node(self) -> None:
+        kind = self.kinds["nodes"]
+        if self.store.exists(kind, None, NODE_NAME):
+            return
+        node = self.store.create(kind, None, {"metadata": {"name": NODE_NAME, "labels": {
+            "kubernetes.io/hostname": NODE_NAME, "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64", "node-role.kubernetes.io/control-plane": ""}},
+            "spec": {"podCIDR": "10.244.0.0/24"}})
+        stamp = rfc3339(now())
+        status = {
+            "capacity": {"cpu": "8", "memory": "16Gi", "pods": "110"},
+            "allocatable": {"cpu": "8", "memory": "16Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "kubelet is posting ready status",
+                            "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}],
+            "addresses": [{"type": "InternalIP", "address": NODE_IP},
+                          {"type": "Hostname", "address": NODE_NAME}],
+            "nodeInfo": {"kubeletVersion": "v1.32.0", "kubeProxyVersion": "v1.32.0",
+                         "osImage": "kubesim", "kernelVersion": "6.0.0-kubesim",
+                         "containerRuntimeVersion": "kubesim://1.0", "operatingSystem": "linux",
+                         "architecture": "amd64"},
+        }
+        self.set_status("nodes", node, status)
+
+    def _namespace(self, ns: dict[str, Any]) -> None:
+        if ns["metadata"].get("deletionTimestamp"):
+            return
+        name = ns["metadata"]["name"]
+        if not self.store.exists(self.kinds["serviceaccounts"], name, "default"):
+            self.store.create(self.kinds["serviceaccounts"], name, {"metadata": {"name": "default"}})
+        if not self.store.exists(self.kinds["configmaps"], name, "kube-root-ca.crt"):
+            self.store.create(self.kinds["configmaps"], name, {
+                "metadata": {"name": "kube-root-ca.crt", "annotations": {
+                    "kubernetes.io/description": "Contains a CA bundle that can be used to verify "
+                    "the kube-apiserver when using internal endpoints such as the internal "
+                    "service IP or kubernetes.default.svc. No other usage is guaranteed across "
+                    "distributions of Kubernetes clusters."}},
+                "data": {"ca.crt": self.root_ca}})
+        if name == "default" and not self.store.exists(self.kinds["services"], "default", "kubernetes"):
+            self.store.create(self.kinds["services"], "default", {
+                "metadata": {"name": "kubernetes", "labels": {"component": "apiserver", "provider": "kubernetes"}},
+                "spec": {"clusterIP": "10.96.0.1", "ports": [
+                    {"name": "https", "port": 443, "protocol": "TCP", "targetPort": 6443}]}})
+
+    # -- services, scaling, storage ------------------------------------------------------------
+
+    def _service(self, svc: dict[str, Any]) -> None:
+        meta, spec = svc["metadata"], svc.get("spec") or {}
+        selector = spec.get("selector")
+        if not selector:
+            return
+        ns = meta["namespace"]
+        eps_kind = self.kinds["endpointslices"]
+        matches = selector_from_match_labels({"matchLabels": selector})
+        endpoints = []
+        for pod in sorted(self.objects("pods", ns), key=lambda p: p["metadata"]["name"]):
+            ip = (pod.get("status") or {}).get("podIP")
+            if not ip or not matches(pod) or pod["metadata"].get("deletionTimestamp"):
+                continue
+            ready = pod_ready(pod)
+            endpoints.append({
+                "addresses": [ip],
+                "conditions": {"ready": ready, "serving": ready, "terminating": False},
+                "nodeName": NODE_NAME,
+                "targetRef": {"kind": "Pod", "name": pod["metadata"]["name"], "namespace": ns,
+                              "uid": pod["metadata"]["uid"]},
+            })
+        ports = []
+        for port in spec.get("ports") or []:
+            target = port.get("targetPort", port.get("port"))
+            entry = {"name": port.get("name", ""), "protocol": port.get("protocol", "TCP"),
+                     "port": target if isinstance(target, int) else port.get("port")}
+            ports.append(entry)
+        existing = next((e for e in self.objects("endpointslices", ns)
+                         if (e["metadata"].get("labels") or {}).get("kubernetes.io/service-name") == meta["name"]
+                         and owned_by(e, meta["uid"])), None)
+        body = {"addressType": "IPv4", "endpoints": endpoints, "ports": ports}
+        if existing is None:
+            self.store.create(eps_kind, ns, {
+                "metadata": {"generateName": f"{meta['name']}-", "labels": {
+                    "kubernetes.io/service-name": meta["name"],
+                    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"},
+                    "ownerReferences": [owner_ref(self.kinds["services"], svc)]},
+                **body})
+        elif any(existing.get(k) != v for k, v in body.items()):
+            existing = {**copy.deepcopy(existing), **body}
+            self.update("endpointslices", existing)
+
+    def _hpa(self, hpa: dict[str, Any]) -> None:
+        spec = hpa.get("spec") or {}
+        ref = spec.get("scaleTargetRef") or {}
+        target = None
+        if ref.get("kind") == "Deployment":
+            target = self.store.find(self.kinds["deployments"], hpa["metadata"]["namespace"], ref.get("name", ""))
+        current = ((target or {}).get("status") or {}).get("replicas", 0)
+        desired = min(max(current, spec.get("minReplicas", 1)), spec.get("maxReplicas", current or 1))
+        status = copy.deepcopy(hpa.get("status") or {})
+        status.update({"currentReplicas": current, "desiredReplicas": desired})
+        self.set_status("horizontalpodautoscalers", hpa, status)
+
+    def _pvc(self, pvc: dict[str, Any]) -> None:
+        status = pvc.get("status") or {}
+        if status.get("phase") == "Bound":
+            return
+        spec = pvc.get("spec") or {}
+        if not spec.get("volumeName"):
+            pvc = copy.deepcopy(pvc)
+            pvc["spec"]["volumeName"] = f"pvc-{pvc['metadata']['uid']}"
+            self.update("persistentvolumeclaims", pvc)
+            pvc = self.store.get(self.kinds["persistentvolumeclaims"], pvc["metadata"]["namespace"], pvc["metadata"]["name"])
+        storage = ((spec.get("resources") or {}).get("requests") or {}).get("storage", "1Gi")
+        self.set_status("persistentvolumeclaims", pvc, {
+            "phase": "Bound", "accessModes": spec.get("accessModes") or ["ReadWriteOnce"],
+            "capacity": {"storage": storage}})

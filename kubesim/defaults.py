@@ -1,0 +1,232 @@
+"""Defaulting and validation on create and update, as the API server's registry strategies do."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import Any
+
+from kubesim.errors import ApiError, invalid
+from kubesim.resources import Kind
+
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_SUBDOMAIN_MESSAGE = (
+    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' "
+    "or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex "
+    "used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+)
+_LABEL_MESSAGE = (
+    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and "
+    "must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex "
+    "used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+)
+_LABEL_NAMED = {"namespaces", "services"}
+
+
+class Allocator:
+    """Cluster IPs and pod IPs handed out in order."""
+
+    def __init__(self) -> None:
+        self._service = itertools.count(10)
+        self._pod = itertools.count(5)
+
+    def cluster_ip(self) -> str:
+        n = next(self._service)
+        return f"10.96.{n // 250}.{n % 250 + 1}"
+
+    def pod_ip(self) -> str:
+        n = next(self._pod)
+        return f"10.244.{n // 250}.{n % 250 + 1}"
+
+
+def validate_name(kind: Kind, name: str) -> None:
+    if kind.plural in _LABEL_NAMED:
+        ok = bool(_LABEL.match(name)) and len(name) <= 63
+        message = _LABEL_MESSAGE
+    else:
+        ok = bool(_SUBDOMAIN.match(name)) and len(name) <= 253
+        message = _SUBDOMAIN_MESSAGE
+    if not ok:
+        raise invalid(kind.kind, kind.group, name,
+                      [("metadata.name", f'Invalid value: "{name}": {message}')])
+
+
+def _image_pull_policy(image: str) -> str:
+    last = image.rsplit("/", 1)[-1]
+    if "@" in last:
+        return "IfNotPresent"
+    if ":" not in last or last.endswith(":latest"):
+        return "Always"
+    return "IfNotPresent"
+
+
+def _default_containers(spec: dict[str, Any]) -> None:
+    for field in ("initContainers", "containers"):
+        for container in spec.get(field) or []:
+            container.setdefault("terminationMessagePath", "/dev/termination-log")
+            container.setdefault("terminationMessagePolicy", "File")
+            container.setdefault("imagePullPolicy", _image_pull_policy(container.get("image", "")))
+            container.setdefault("resources", {})
+            for port in container.get("ports") or []:
+                port.setdefault("protocol", "TCP")
+
+
+def default_pod_spec(spec: dict[str, Any]) -> None:
+    _default_containers(spec)
+    spec.setdefault("restartPolicy", "Always")
+    spec.setdefault("terminationGracePeriodSeconds", 30)
+    spec.setdefault("dnsPolicy", "ClusterFirst")
+    spec.setdefault("securityContext", {})
+    spec.setdefault("schedulerName", "default-scheduler")
+    if "serviceAccountName" in spec or "serviceAccount" not in spec:
+        spec.setdefault("serviceAccountName", "default")
+        spec.setdefault("serviceAccount", spec["serviceAccountName"])
+
+
+def _default_template(spec: dict[str, Any]) -> None:
+    template = spec.setdefault("template", {})
+    template.setdefault("metadata", {})
+    default_pod_spec(template.setdefault("spec", {}))
+
+
+def apply_defaults(kind: Kind, obj: dict[str, Any], allocator: Allocator) -> None:
+    """Fill in the fields a real API server defaults (only what `kubectl` shows or reads)."""
+    if kind.custom or kind.group not in ("", "apps", "batch", "autoscaling", "discovery.k8s.io", "networking.k8s.io"):
+        return
+    spec = obj.setdefault("spec", {}) if kind.plural not in _NO_SPEC else None
+    match kind.plural:
+        case "pods":
+            assert spec is not None
+            default_pod_spec(spec)
+            spec.setdefault("enableServiceLinks", True)
+            spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
+            spec.setdefault("priority", 0)
+            spec.setdefault("tolerations", [
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                 "effect": "NoExecute", "tolerationSeconds": 300},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists",
+                 "effect": "NoExecute", "tolerationSeconds": 300},
+            ])
+            obj.setdefault("status", {}).setdefault("phase", "Pending")
+            obj["status"].setdefault("qosClass", "BestEffort")
+        case "deployments":
+            assert spec is not None
+            spec.setdefault("replicas", 1)
+            spec.setdefault("revisionHistoryLimit", 10)
+            spec.setdefault("progressDeadlineSeconds", 600)
+            strategy = spec.setdefault("strategy", {"type": "RollingUpdate"})
+            if strategy.get("type", "RollingUpdate") == "RollingUpdate":
+                strategy.setdefault("type", "RollingUpdate")
+                rolling = strategy.setdefault("rollingUpdate", {})
+                rolling.setdefault("maxUnavailable", "25%")
+                rolling.setdefault("maxSurge", "25%")
+            _default_template(spec)
+        case "replicasets":
+            assert spec is not None
+            spec.setdefault("replicas", 1)
+            _default_template(spec)
+        case "statefulsets":
+            assert spec is not None
+            spec.setdefault("replicas", 1)
+            spec.setdefault("podManagementPolicy", "OrderedReady")
+            spec.setdefault("revisionHistoryLimit", 10)
+            spec.setdefault("updateStrategy", {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}})
+            spec.setdefault("persistentVolumeClaimRetentionPolicy",
+                            {"whenDeleted": "Retain", "whenScaled": "Retain"})
+            _default_template(spec)
+        case "daemonsets":
+            assert spec is not None
+            spec.setdefault("revisionHistoryLimit", 10)
+            spec.setdefault("updateStrategy", {"type": "RollingUpdate", "rollingUpdate": {
+                "maxUnavailable": 1, "maxSurge": 0}})
+            _default_template(spec)
+        case "jobs":
+            assert spec is not None
+            spec.setdefault("parallelism", 1)
+            spec.setdefault("completions", 1)
+            spec.setdefault("backoffLimit", 6)
+            spec.setdefault("completionMode", "NonIndexed")
+            spec.setdefault("suspend", False)
+            spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
+            spec.setdefault("manualSelector", False)
+            _default_template(spec)
+            spec["template"]["spec"].setdefault("restartPolicy", "Never")
+        case "cronjobs":
+            assert spec is not None
+            spec.setdefault("concurrencyPolicy", "Allow")
+            spec.setdefault("suspend", False)
+            spec.setdefault("successfulJobsHistoryLimit", 3)
+            spec.setdefault("failedJobsHistoryLimit", 1)
+            job_spec = spec.setdefault("jobTemplate", {}).setdefault("spec", {})
+            job_spec.setdefault("template", {}).setdefault("metadata", {})
+            default_pod_spec(job_spec["template"].setdefault("spec", {}))
+        case "services":
+            assert spec is not None
+            spec.setdefault("type", "ClusterIP")
+            spec.setdefault("sessionAffinity", "None")
+            if spec.get("type") != "ExternalName" and spec.get("clusterIP") != "None":
+                spec.setdefault("clusterIP", allocator.cluster_ip())
+            if spec.get("clusterIP"):
+                spec.setdefault("clusterIPs", [spec["clusterIP"]])
+            spec.setdefault("ipFamilies", ["IPv4"])
+            spec.setdefault("ipFamilyPolicy", "SingleStack")
+            spec.setdefault("internalTrafficPolicy", "Cluster")
+            for port in spec.get("ports") or []:
+                port.setdefault("protocol", "TCP")
+                port.setdefault("targetPort", port.get("port"))
+            obj.setdefault("status", {}).setdefault("loadBalancer", {})
+        case "persistentvolumeclaims":
+            assert spec is not None
+            spec.setdefault("volumeMode", "Filesystem")
+            obj.setdefault("status", {}).setdefault("phase", "Pending")
+        case "horizontalpodautoscalers":
+            assert spec is not None
+            spec.setdefault("minReplicas", 1)
+            if not spec.get("metrics"):
+                # autoscaling/v2 defaulting: no metrics means 80% average CPU utilization.
+                spec["metrics"] = [{"type": "Resource", "resource": {
+                    "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}]
+
+
+_NO_SPEC = {"configmaps", "secrets", "events", "serviceaccounts", "endpointslices", "controllerrevisions"}
+
+
+def validate(kind: Kind, obj: dict[str, Any]) -> None:
+    """The handful of semantic checks whose errors a user is likely to meet."""
+    name = obj.get("metadata", {}).get("name", "")
+    spec = obj.get("spec") or {}
+    causes: list[tuple[str, str]] = []
+    if kind.plural == "pods":
+        if not spec.get("containers"):
+            causes.append(("spec.containers", "Required value"))
+        for i, container in enumerate(spec.get("containers") or []):
+            if not container.get("image"):
+                causes.append((f"spec.containers[{i}].image", "Required value"))
+            if not container.get("name"):
+                causes.append((f"spec.containers[{i}].name", "Required value"))
+    if kind.plural in ("deployments", "replicasets", "statefulsets", "daemonsets"):
+        selector = spec.get("selector")
+        labels = (spec.get("template", {}).get("metadata") or {}).get("labels") or {}
+        if not selector:
+            causes.append(("spec.selector", "Required value"))
+        else:
+            wanted = selector.get("matchLabels") or {}
+            if any(labels.get(k) != v for k, v in wanted.items()):
+                causes.append(("spec.template.metadata.labels",
+                               f"Invalid value: {_go_map(labels)}: `selector` does not match template `labels`"))
+        if not (spec.get("template", {}).get("spec") or {}).get("containers"):
+            causes.append(("spec.template.spec.containers", "Required value"))
+    if kind.plural == "configmaps" or kind.plural == "secrets":
+        for key in [*(obj.get("data") or {}), *(obj.get("binaryData") or {})]:
+            if not re.match(r"^[-._a-zA-Z0-9]+$", key):
+                causes.append((f"data[{key}]", f'Invalid value: "{key}": a valid config key must consist of alphanumeric characters, \'-\', \'_\' or \'.\' (e.g. \'key.name\',  or \'KEY_NAME\',  or \'key-name\', regex used for validation is \'[-._a-zA-Z0-9]+\')'))
+    if causes:
+        raise invalid(kind.kind, kind.group, name, causes)
+
+
+def _go_map(labels: dict[str, str]) -> str:
+    return "map[string]string{" + ", ".join(f'"{k}":"{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+__all__ = ["Allocator", "ApiError", "apply_defaults", "default_pod_spec", "validate", "validate_name"]

@@ -1,0 +1,193 @@
+"""The kubelet's part: pods are scheduled to the one node, start, run, crash-loop or complete,
+with the container statuses, conditions and events `kubectl get` and `describe` show, and a
+console (log + stdin) per running container.
+
+Knobs, annotations on a pod (usually through its template):
+
+- `kubesim.io/crash-loop: "true"`: the container keeps exiting with code 1 (`CrashLoopBackOff`).
+- `kubesim.io/stall-rollout: "true"`: the pod runs but never becomes Ready.
+- `kubesim.io/fail: "true"`: a Job's pod exits with code 1.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from typing import TYPE_CHECKING, Any
+
+from kubesim.console import ContainerConsole
+from kubesim.objects import annotation_true
+from kubesim.timefmt import now, parse, rfc3339
+
+if TYPE_CHECKING:
+    from kubesim.controllers import Controllers
+
+NODE_NAME = "kubesim-node"
+NODE_IP = "172.18.0.2"
+CRASH_LOOP = "kubesim.io/crash-loop"
+STALL_ROLLOUT = "kubesim.io/stall-rollout"
+FAIL = "kubesim.io/fail"
+CRASH_RESTART_SECONDS = 5.0
+
+
+def pod(ctl: Controllers, pod: dict[str, Any]) -> None:
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    if meta.get("deletionTimestamp"):
+        return
+    status = pod.get("status") or {}
+    kind = ctl.kinds["pods"]
+    stamp = rfc3339(now())
+    containers = spec.get("containers") or []
+    if not spec.get("nodeName"):
+        pod = copy.deepcopy(pod)
+        pod["spec"]["nodeName"] = NODE_NAME
+        ctl.update("pods", pod)
+        pod = ctl.store.get(kind, meta["namespace"], meta["name"])
+        ctl.event(kind, pod, "Scheduled",
+                   f"Successfully assigned {meta['namespace']}/{meta['name']} to {NODE_NAME}",
+                   component="default-scheduler")
+        ctl.set_status("pods", pod, {
+            "phase": "Pending", "qosClass": status.get("qosClass", "BestEffort"),
+            "conditions": [{"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                            "lastTransitionTime": stamp}],
+            "hostIP": NODE_IP, "hostIPs": [{"ip": NODE_IP}], "startTime": stamp,
+            "containerStatuses": [
+                {"name": c.get("name"), "image": c.get("image"), "imageID": "", "ready": False,
+                 "restartCount": 0, "started": False,
+                 "state": {"waiting": {"reason": "ContainerCreating"}}}
+                for c in containers],
+        })
+        return
+    phase = status.get("phase")
+    if phase == "Pending":
+        start(ctl, pod)
+        return
+    if phase == "Running":
+        running(ctl, pod)
+
+def start(ctl: Controllers, pod: dict[str, Any]) -> None:
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    kind = ctl.kinds["pods"]
+    ns, name = meta["namespace"], meta["name"]
+    stamp = rfc3339(now())
+    ip = (pod.get("status") or {}).get("podIP") or ctl.store.allocator.pod_ip()
+    crash = annotation_true(pod, CRASH_LOOP)
+    stall = annotation_true(pod, STALL_ROLLOUT)
+    statuses = []
+    for container in spec.get("containers") or []:
+        cname = container.get("name", "")
+        image = container.get("image", "")
+        field_path = f"spec.containers{{{cname}}}"
+        ctl.event(kind, pod, "Pulled", f'Container image "{image}" already present on machine',
+                   component="kubelet", field_path=field_path)
+        ctl.event(kind, pod, "Created", f"Created container: {cname}", component="kubelet",
+                   field_path=field_path)
+        ctl.event(kind, pod, "Started", f"Started container {cname}", component="kubelet",
+                   field_path=field_path)
+        key = (ns, name, cname)
+        if key not in ctl.consoles:
+            console = ContainerConsole()
+            console.log(f"kubesim: container {cname} started (image {image})")
+            for line in _startup_lines(container):
+                console.log(line)
+            ctl.consoles[key] = console
+        entry: dict[str, Any] = {
+            "name": cname, "image": image,
+            "imageID": f"docker.io/library/{image.split(':')[0]}@sha256:{hashlib.sha256(image.encode()).hexdigest()}",
+            "containerID": "containerd://" + hashlib.sha256(f"{meta['uid']}/{cname}".encode()).hexdigest(),
+            "restartCount": 0, "started": True, "ready": not (crash or stall),
+            "state": {"running": {"startedAt": stamp}},
+        }
+        if crash:
+            entry.update(_crashed(stamp, 1))
+        statuses.append(entry)
+    all_ready = bool(statuses) and all(s["ready"] for s in statuses)
+    ready_text = "True" if all_ready else "False"
+    conditions = [
+        {"type": "PodReadyToStartContainers", "status": "True", "lastProbeTime": None, "lastTransitionTime": stamp},
+        {"type": "Initialized", "status": "True", "lastProbeTime": None, "lastTransitionTime": stamp},
+        {"type": "Ready", "status": ready_text, "lastProbeTime": None, "lastTransitionTime": stamp},
+        {"type": "ContainersReady", "status": ready_text, "lastProbeTime": None, "lastTransitionTime": stamp},
+        {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": stamp},
+    ]
+    if not all_ready:
+        not_ready = ",".join(s["name"] for s in statuses if not s["ready"])
+        for condition in conditions[2:4]:
+            condition["reason"] = "ContainersNotReady"
+            condition["message"] = f"containers with unready status: [{not_ready}]"
+    status = {**(pod.get("status") or {}), "phase": "Running", "conditions": conditions,
+              "podIP": ip, "podIPs": [{"ip": ip}], "containerStatuses": statuses}
+    ctl.set_status("pods", pod, status)
+
+def running(ctl: Controllers, pod: dict[str, Any]) -> None:
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    owner_kinds = {ref.get("kind") for ref in meta.get("ownerReferences") or []}
+    completes = "Job" in owner_kinds and spec.get("restartPolicy") in ("Never", "OnFailure")
+    crash = annotation_true(pod, CRASH_LOOP)
+    if not (crash or completes):
+        return  # steady state: nothing to do (and nothing to copy)
+    status = copy.deepcopy(pod.get("status") or {})
+    stamp = rfc3339(now())
+    if crash:
+        ctl.timed_work = True
+        changed = False
+        for entry in status.get("containerStatuses") or []:
+            finished = parse(((entry.get("lastState") or {}).get("terminated") or {}).get("finishedAt"))
+            backoff = CRASH_RESTART_SECONDS * min(2 ** entry.get("restartCount", 0), 8)
+            if finished is None or (now() - finished).total_seconds() >= backoff:
+                entry.update(_crashed(stamp, entry.get("restartCount", 0) + 1))
+                ctl.event(ctl.kinds["pods"], pod, "BackOff", "Back-off restarting failed container "
+                           f"{entry['name']} in pod {meta['name']}_{meta['namespace']}({meta['uid']})",
+                           component="kubelet", type_="Warning",
+                           field_path=f"spec.containers{{{entry['name']}}}")
+                changed = True
+        if changed:
+            ctl.set_status("pods", pod, status)
+        return
+    if completes:
+        failing = annotation_true(pod, FAIL)
+        code = 1 if failing else 0
+        for entry in status.get("containerStatuses") or []:
+            started = ((entry.get("state") or {}).get("running") or {}).get("startedAt", stamp)
+            entry["state"] = {"terminated": {"exitCode": code, "reason": "Error" if failing else "Completed",
+                                             "startedAt": started, "finishedAt": stamp,
+                                             "containerID": entry.get("containerID", "")}}
+            entry["ready"] = False
+            entry["started"] = False
+        status["phase"] = "Failed" if failing else "Succeeded"
+        for condition in status.get("conditions") or []:
+            if condition["type"] in ("Ready", "ContainersReady"):
+                condition.update({"status": "False", "reason": "PodCompleted", "lastTransitionTime": stamp})
+                condition.pop("message", None)
+        ctl.set_status("pods", pod, status)
+        for (ns, name, _), console in list(ctl.consoles.items()):
+            if ns == meta["namespace"] and name == meta["name"]:
+                console.log("kubesim: main process exited" + (" with code 1" if failing else ""))
+
+def close_stale_consoles(ctl: Controllers) -> None:
+    pods = ctl.kinds["pods"]
+    for key in list(ctl.consoles):
+        ns, name, _ = key
+        if not ctl.store.exists(pods, ns, name):
+            ctl.consoles.pop(key).close()
+
+
+def _crashed(stamp: str, restarts: int) -> dict[str, Any]:
+    return {
+        "ready": False, "started": False, "restartCount": restarts,
+        "state": {"waiting": {"reason": "CrashLoopBackOff",
+                              "message": "back-off restarting failed container"}},
+        "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": stamp,
+                                     "finishedAt": stamp}},
+    }
+
+
+def _startup_lines(container: dict[str, Any]) -> list[str]:
+    command = [*(container.get("command") or []), *(container.get("args") or [])]
+    lines = []
+    if command:
+        lines.append("kubesim: command: " + " ".join(command))
+    for port in container.get("ports") or []:
+        lines.append(f"kubesim: listening on :{port.get('containerPort')}/{port.get('protocol', 'TCP')}")
+    lines.append("kubesim: ready")
+    return lines

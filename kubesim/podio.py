@@ -1,0 +1,127 @@
+"""A pod's I/O: `pods/log` as a streamed text response and `pods/exec`/`pods/attach` routed to
+the WebSocket handlers (exec_ws), after the checks the kubelet makes (container exists, started).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kubesim import errors
+from kubesim.asgi import Query, Receive, Scope, Send, flag, one, pump, start_stream
+from kubesim.console import ContainerConsole
+from kubesim.controllers import Controllers
+from kubesim.routing import Target
+from kubesim.store import Store
+
+
+def pick_container(store: Store, target: Target, wanted: str | None) -> tuple[dict[str, Any], str]:
+    """The pod and the container a request means (the only one, or the default-container)."""
+    pod = store.get(target.kind, target.namespace, target.name or "")
+    containers = [c.get("name", "") for c in (pod.get("spec") or {}).get("containers") or []]
+    if wanted:
+        init = [c.get("name", "") for c in (pod.get("spec") or {}).get("initContainers") or []]
+        if wanted not in containers and wanted not in init:
+            raise errors.bad_request(f"container {wanted} is not valid for pod {target.name}")
+        return pod, wanted
+    if len(containers) == 1:
+        return pod, containers[0]
+    default = ((pod.get("metadata") or {}).get("annotations") or {}).get("kubectl.kubernetes.io/default-container")
+    if isinstance(default, str) and default in containers:
+        return pod, default
+    raise errors.bad_request(
+        f"a container name must be specified for pod {target.name}, choose one of: [{' '.join(containers)}]")
+
+
+def _waiting_reason(pod: dict[str, Any], container: str) -> str:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == container:
+            waiting = (status.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason"):
+                return str(waiting["reason"])
+    return "ContainerCreating"
+
+
+def _container_status(pod: dict[str, Any], container: str) -> dict[str, Any]:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == container:
+            return dict(status)
+    return {}
+
+
+def running_console(store: Store, controllers: Controllers, target: Target,
+                    wanted: str | None) -> tuple[dict[str, Any], str, ContainerConsole]:
+    pod, container = pick_container(store, target, wanted)
+    console = controllers.console(target.namespace or "", target.name or "", container)
+    if console is None:
+        raise errors.bad_request(
+            f'container "{container}" in pod "{target.name}" is waiting to start: '
+            f"{_waiting_reason(pod, container)}")
+    return pod, container, console
+
+
+def check_streamable(store: Store, controllers: Controllers, target: Target, query: Query) -> None:
+    """The kubelet's checks before exec/attach: the container exists and is running now."""
+    pod, container, _ = running_console(store, controllers, target, one(query, "container"))
+    state = _container_status(pod, container).get("state") or {}
+    if "running" not in state:
+        raise errors.bad_request(f'container not found ("{container}")')
+
+
+def container_env(pod: dict[str, Any], container: str) -> dict[str, str]:
+    """What `env` prints in the container: its literal `env` values and what the kubelet adds."""
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+           "HOSTNAME": pod["metadata"]["name"], "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+           "KUBERNETES_SERVICE_PORT": "443", "KUBERNETES_PORT": "tcp://10.96.0.1:443", "HOME": "/root"}
+    for spec in (pod.get("spec") or {}).get("containers") or []:
+        if spec.get("name") == container:
+            for var in spec.get("env") or []:
+                if "value" in var:
+                    env[var["name"]] = str(var["value"])
+    return env
+
+
+def _int(text: str | None, *, signed: bool = False) -> int | None:
+    if not text:
+        return None
+    digits = text.lstrip("-") if signed else text
+    return int(text) if digits.isdigit() else None
+
+
+async def serve_logs(store: Store, controllers: Controllers, target: Target, query: Query,
+                     receive: Receive, send: Send) -> None:
+    pod, container, console = running_console(store, controllers, target, one(query, "container"))
+    if flag(query, "previous") and not _container_status(pod, container).get("restartCount"):
+        raise errors.bad_request(
+            f'previous terminated container "{container}" in pod "{target.name}" not found')
+    since = _int(one(query, "sinceSeconds"))
+    stream = console.stream_logs(
+        follow=flag(query, "follow"),
+        tail_lines=_int(one(query, "tailLines"), signed=True),
+        timestamps=flag(query, "timestamps"),
+        since_time_ns=None if since is None else time.time_ns() - since * 1_000_000_000,
+        limit_bytes=_int(one(query, "limitBytes")))
+    await start_stream(send, "text/plain")
+    await pump(stream, receive, send)
+
+
+async def serve_pod_websocket(store: Store, controllers: Controllers, target: Target, query: Query,
+                              scope: Scope, receive: Receive, send: Send) -> None:
+    from kubesim import exec_ws
+
+    streams = {name: flag(query, name) for name in ("stdin", "stdout", "stderr", "tty")}
+    if target.subresource in ("exec", "attach"):
+        check_streamable(store, controllers, target, query)
+    if target.subresource == "exec":
+        command = query.get("command") or []
+        if not command:
+            raise errors.bad_request("you must specify at least 1 command")
+        pod, container, _ = running_console(store, controllers, target, one(query, "container"))
+        await exec_ws.serve_exec(scope, receive, send, command=command,
+                                 env=container_env(pod, container), **streams)
+        return
+    if target.subresource == "attach":
+        _, _, console = running_console(store, controllers, target, one(query, "container"))
+        await exec_ws.serve_attach(scope, receive, send, console=console, **streams)
+        return
+    raise errors.bad_request(f"{target.subresource} over WebSocket is not supported by kubesim")

@@ -1,0 +1,58 @@
+"""`python -m kubesim` as the demo starts it: TLS, a token, a kubeconfig, clean SIGTERM."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.kubesim.conftest import KUBECTLS
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def test_help_teaches() -> None:
+    result = await trio.run_process([sys.executable, "-m", "kubesim", "--help"], capture_stdout=True)
+    text = result.stdout.decode()
+    assert "--kubeconfig-out" in text and "kubesim.io/crash-loop" in text and "TLS" in text
+
+
+async def test_serves_kubectl_and_stops_on_sigterm(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    async with trio.open_nursery() as nursery:
+        process = await nursery.start(functools.partial(
+            trio.run_process, [sys.executable, "-m", "kubesim", "--port", "0", "--token", "cli-token", "--self-signed",
+             "--kubeconfig-out", str(kubeconfig), "--log-requests"],
+            stderr=subprocess.PIPE, env=env, check=False))
+        buffer = b""
+        with trio.fail_after(15):
+            while b"kubeconfig_written" not in buffer:
+                chunk = await process.stderr.receive_some()
+                assert chunk, buffer
+                buffer += chunk
+        _, binary = KUBECTLS[0]
+        result = await trio.run_process(
+            [binary, "get", "namespaces", "-o", "name"], capture_stdout=True, capture_stderr=True,
+            env=dict(os.environ, KUBECONFIG=str(kubeconfig), KUBECACHEDIR=str(tmp_path / "cache")))
+        assert "namespace/default" in result.stdout.decode().split()
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(10):
+            while True:
+                chunk = await process.stderr.receive_some()
+                if not chunk:
+                    break
+                buffer += chunk
+            await process.wait()
+    assert process.returncode == 0
+    events = [json.loads(line) for line in buffer.decode().splitlines()]
+    assert events[0]["event"] == "listening" and events[0]["url"].startswith("https://127.0.0.1:")
+    assert any(e["event"] == "request" and e["path"] == "/api/v1/namespaces" for e in events)
+    assert events[-1]["event"] == "stopped"
