@@ -251,6 +251,16 @@ class MuxStream(trio.abc.HalfCloseableStream):
             assert self._recv_error is not None
             raise self._recv_error
 
+    async def wait_broken(self) -> BaseException:
+        """Return (not raise) the error once the peer reset this stream or its session died.
+
+        A stream whose peer already half-closed keeps answering ``receive_some`` with EOF, so a
+        proxy waiting on a long response uses this to learn that its client went away.
+        """
+        while self._send_error is None and not self._closed:
+            await self._lot.park()
+        return self._send_error or trio.ClosedResourceError("stream was closed")
+
     # ---- closing
 
     async def aclose(self) -> None:

@@ -341,3 +341,24 @@ async def _send_and_eof(stream: MuxStream, payload: bytes) -> None:
 async def _serve_tls(handler, ctx, *, task_status=trio.TASK_STATUS_IGNORED):  # type: ignore[no-untyped-def]
     listeners = await trio.open_ssl_over_tcp_listeners(0, ctx, host="127.0.0.1")
     await trio.serve_listeners(handler, listeners, task_status=task_status)
+
+
+async def test_wait_broken_reports_a_reset_after_the_peer_half_closed(nursery: trio.Nursery) -> None:
+    client, server = await _session_pair(nursery)
+    opened, incoming = await _stream_pair(client, server)
+    await opened.send_eof()  # a GET: the request is complete, the response is long (a watch)
+    assert await incoming.receive_some() == b""
+    broken = trio.Event()
+
+    async def watch() -> None:
+        error = await incoming.wait_broken()
+        assert isinstance(error, StreamResetError) and error.code == 0x104
+        broken.set()
+
+    nursery.start_soon(watch)
+    await incoming.send_all(b"event 1")
+    assert await opened.receive_some() == b"event 1"
+    await trio.testing.wait_all_tasks_blocked()
+    assert not broken.is_set()
+    await opened.reset(0x104, "client gone")
+    await broken.wait()
