@@ -1,0 +1,23 @@
+"""agentd: the in-cluster agent. It dials out to kasd, keeps tunnel sessions up, and answers the
+HTTP exchanges kasd opens on them by replaying each against the Kubernetes API server with the
+agent's own credentials plus ``Impersonate-*`` headers.
+
+Modules: ``config`` (file/env/flags → AgentConfig), ``kubeapi`` (how to reach the API server),
+``upstream`` (HTTP/1.1 client with a keep-alive pool), ``proxy`` (one logical stream → one upstream
+exchange), ``connection`` (the tunnel manager: backoff, GOAWAY replacement), ``health``
+(``/liveness``, ``/readiness``), ``agent`` (run_agent wiring it together), ``__main__`` (the
+``agentd`` console script).
+
+May import: ``wire``, the standard library, trio, h11, attrs, yaml. Never ``kasd`` or ``routing``.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata as _metadata
+
+try:
+    __version__ = _metadata.version("kasd")
+except _metadata.PackageNotFoundError:  # running from a source tree without installing
+    __version__ = "0.0.0"
+
+__all__ = ["__version__"]

@@ -1,0 +1,65 @@
+"""``agentd`` (or ``python -m agentd``): run the agent until SIGTERM/SIGINT, then drain and exit 0.
+
+Bad configuration prints ``agentd: error: …`` and exits 2, like argparse. See ``agentd --help`` and
+docs/agentd.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+
+import trio
+
+from agentd.agent import kube_target_for, run_agent
+from agentd.config import AgentConfig, ConfigError, build_parser, load_config
+from agentd.kubeapi import KubeConfigError, KubeTarget
+
+log = logging.getLogger("agentd")
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="time=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+        datefmt="%Y-%m-%dT%H:%M:%S%z",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    environ = os.environ if environ is None else environ
+    try:
+        config = load_config(argv, environ)
+        target = kube_target_for(config)
+    except (ConfigError, KubeConfigError) as exc:
+        build_parser().print_usage(sys.stderr)
+        print(f"agentd: error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(config.log_level)
+    trio.run(_run_with_signals, config, target)
+    return 0
+
+
+async def _run_with_signals(config: AgentConfig, target: KubeTarget) -> None:
+    stop = trio.Event()
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def on_signal() -> None:
+                async for signum in signals:
+                    log.info("signal received signal=%s", signal.Signals(signum).name)
+                    stop.set()
+
+            nursery.start_soon(on_signal)
+            await run_agent(config, kube_target=target, stop_event=stop)
+            nursery.cancel_scope.cancel()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

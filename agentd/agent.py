@@ -1,0 +1,151 @@
+"""``run_agent``: the health port, the upstream pool, the proxy and the tunnel manager, wired together."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import ssl
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from agentd import __version__
+from agentd.config import AgentConfig
+from agentd.connection import ConnectionManager
+from agentd.health import serve_health
+from agentd.kubeapi import KubeTarget, in_cluster_target, kubeconfig_target
+from agentd.proxy import KubeApiProxy
+from agentd.upstream import UpstreamPool
+
+log = logging.getLogger("agentd")
+
+
+@attrs.define(eq=False)
+class RunningAgent:
+    """What ``run_agent`` hands to ``task_status.started``: where it listens and its parts."""
+
+    health_address: tuple[str, int]
+    manager: ConnectionManager
+    pool: UpstreamPool
+    proxy: KubeApiProxy
+    stop_event: trio.Event
+
+    def stop(self) -> None:
+        """Graceful stop: no more dials, in-flight streams finish (bounded), run_agent returns."""
+        self.stop_event.set()
+
+
+def kube_target_for(config: AgentConfig) -> KubeTarget:
+    """The API server as configured (raises KubeConfigError with a message to show)."""
+    if config.kubeconfig is not None:
+        return kubeconfig_target(config.kubeconfig, context=config.kube_context)
+    environ = {
+        "KUBERNETES_SERVICE_HOST": config.kubernetes_service_host or "",
+        "KUBERNETES_SERVICE_PORT": config.kubernetes_service_port or "443",
+    }
+    return in_cluster_target(config.serviceaccount_dir, environ)
+
+
+def kas_ssl_context(config: AgentConfig) -> ssl.SSLContext | None:
+    if not any(url.startswith("https://") for url in config.kas_addresses):
+        return None
+    context = ssl.create_default_context(cafile=str(config.kas_ca_file) if config.kas_ca_file else None)
+    context.set_alpn_protocols(["h2"])
+    return context
+
+
+async def run_agent(
+    config: AgentConfig,
+    *,
+    kube_target: KubeTarget | None = None,
+    stop_event: trio.Event | None = None,
+    manager_kwargs: Mapping[str, Any] | None = None,
+    task_status: trio.TaskStatus[RunningAgent] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run until ``stop_event`` is set (then drain gracefully and return) or cancelled."""
+    target = kube_target or kube_target_for(config)
+    if stop_event is None:
+        stop_event = trio.Event()
+    pool = UpstreamPool(target)
+    proxy = KubeApiProxy(pool)
+    manager = ConnectionManager(
+        config.kas_addresses,
+        token_file=config.token_file,
+        handler=proxy.handle,
+        metadata={"agent_id": config.agent_id, "pod_name": config.pod_name, "pod_uid": config.pod_uid,
+                  "version": __version__},
+        connections=config.connections,
+        shutdown_grace=config.shutdown_grace,
+        kas_ssl_context=kas_ssl_context(config),
+        **dict(manager_kwargs or {}),
+    )
+
+    def readiness() -> str | None:
+        if manager.tunnels_up:
+            return None
+        stats = manager.statistics()
+        return f"no tunnel to kasd is up (dials={stats.dials} failures={stats.failures} rejected={stats.rejected})"
+
+    log.info("agentd starting version=%s kas=%s api=%s connections=%d agent_id=%s pod=%s",
+             __version__, ",".join(config.kas_addresses), target.url, config.connections,
+             config.agent_id or "-", config.pod_name or "-")
+    try:
+        async with trio.open_nursery() as nursery:
+            health = await nursery.start(serve_health, config.health_host, config.health_port, readiness)
+            manager_done = trio.Event()
+
+            async def run_manager(*, task_status: trio.TaskStatus[ConnectionManager] = trio.TASK_STATUS_IGNORED) -> None:
+                try:
+                    await manager.run(task_status=task_status)
+                finally:
+                    manager_done.set()
+
+            await nursery.start(run_manager)
+            running = RunningAgent(health_address=health, manager=manager, pool=pool, proxy=proxy,
+                                   stop_event=stop_event)
+            sd_notify("READY=1")
+            nursery.start_soon(_after_first_tunnel, manager, config.ready_file, health)
+            task_status.started(running)
+            await stop_event.wait()
+            log.info("agentd stopping: no more dials, draining in-flight streams grace=%.1fs", config.shutdown_grace)
+            sd_notify("STOPPING=1")
+            manager.stop()
+            # The manager returns once drained (bounded by its grace); then the rest (health) goes.
+            await manager_done.wait()
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.move_on_after(1, shield=True):
+            await pool.aclose()
+    log.info("agentd stopped")
+
+
+async def _after_first_tunnel(manager: ConnectionManager, ready_file: Path | None, health: tuple[str, int]) -> None:
+    await manager.first_up.wait()
+    if ready_file is not None:
+        host, port = health
+        shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        tmp = ready_file.with_name(ready_file.name + ".tmp")
+        tmp.write_text(json.dumps({"health": f"{shown}:{port}"}))
+        tmp.replace(ready_file)
+    # systemd shows this; tests use it to know the ready file is there.
+    sd_notify("STATUS=connected to kasd")
+
+
+def sd_notify(state: str) -> None:
+    """Tell systemd (Type=notify) about our state, when it asked by setting NOTIFY_SOCKET."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]  # abstract namespace
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.connect(address)
+            sock.sendall(state.encode())
+    except OSError as exc:
+        log.warning("sd_notify failed state=%s error=%r", state, exc)

@@ -1,0 +1,285 @@
+"""The connection manager: keeps ``connections`` tunnels to kasd up and serves the streams on them.
+
+Each slot dials (round-robin over the kasd addresses), serves the session until it ends, and dials
+again. Failures back off exponentially with full jitter (``uniform(0, min(cap, base·2^(n-1)))``); the
+count resets once a tunnel stayed up ``stable_after`` seconds. On GOAWAY the slot dials a replacement
+at once while the old session drains its in-flight streams in the background.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import ssl
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from wire.frames import Metadata
+from wire.h2carrier import TunnelRejectedError, open_h2_session
+from wire.session import MuxStream, Session, SessionClosedError
+
+log = logging.getLogger("agentd.connection")
+
+Dial = Callable[[str, str, Metadata], AbstractAsyncContextManager[Session]]
+StreamHandler = Callable[[MuxStream], Awaitable[None]]
+Sleep = Callable[[float], Awaitable[None]]
+
+#: what a failed dial is expected to raise (anything else is logged with its traceback, then retried)
+_DIAL_ERRORS = (OSError, TunnelRejectedError, SessionClosedError, trio.BrokenResourceError, ssl.SSLError, ValueError)
+
+
+@attrs.frozen(kw_only=True)
+class Backoff:
+    """Exponential backoff with full jitter."""
+
+    base: float = 1.0
+    cap: float = 60.0
+
+    def delay(self, failures: int, rand: random.Random) -> float:
+        if failures <= 0:
+            return 0.0
+        return rand.uniform(0.0, min(self.cap, self.base * 2.0 ** (failures - 1)))
+
+
+@attrs.frozen(kw_only=True)
+class ManagerStatistics:
+    tunnels_up: int
+    tunnels_draining: int
+    dials: int
+    failures: int
+    rejected: int
+    goaways: int
+    streams_active: int
+    streams_handled: int
+
+
+@attrs.define(eq=False)
+class Tunnel:
+    url: str
+    session: Session
+    slot: int
+    started_at: float
+    goaway: bool = False
+    draining: bool = False
+    active: int = 0
+    idle: trio.Event = attrs.field(factory=trio.Event)
+
+
+class ConnectionManager:
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        token_file: Path,
+        handler: StreamHandler,
+        metadata: Metadata,
+        connections: int = 2,
+        backoff: Backoff | None = None,
+        stable_after: float = 30.0,
+        shutdown_grace: float = 10.0,
+        kas_ssl_context: ssl.SSLContext | None = None,
+        rand: random.Random | None = None,
+        sleep: Sleep = trio.sleep,
+        dial: Dial | None = None,
+        session_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        if not urls:
+            raise ValueError("at least one kasd address is needed")
+        self.urls = tuple(urls)
+        self.token_file = token_file
+        self.handler = handler
+        self.metadata = dict(metadata)
+        self.connections = connections
+        self.backoff = backoff or Backoff()
+        self.stable_after = stable_after
+        self.shutdown_grace = shutdown_grace
+        self._kas_ssl = kas_ssl_context
+        self._rand = rand or random.Random()
+        self._sleep = sleep
+        self._dial = dial or self._dial_h2
+        self._session_kwargs = session_kwargs or {}
+        self._next = 0
+        self._tunnels: set[Tunnel] = set()
+        self._dial_scope: trio.CancelScope | None = None
+        self._stopping = False
+        self._dials = 0
+        self._failures = 0
+        self._rejected = 0
+        self._goaways = 0
+        self._handled = 0
+        #: set once the first tunnel is up (readiness, the ready file, sd_notify)
+        self.first_up = trio.Event()
+
+    # ---- introspection
+
+    @property
+    def tunnels_up(self) -> int:
+        return sum(1 for t in self._tunnels if not t.draining)
+
+    def statistics(self) -> ManagerStatistics:
+        return ManagerStatistics(
+            tunnels_up=self.tunnels_up,
+            tunnels_draining=sum(1 for t in self._tunnels if t.draining),
+            dials=self._dials,
+            failures=self._failures,
+            rejected=self._rejected,
+            goaways=self._goaways,
+            streams_active=sum(t.active for t in self._tunnels),
+            streams_handled=self._handled,
+        )
+
+    def sessions(self) -> list[Session]:
+        return [t.session for t in self._tunnels]
+
+    # ---- lifetime
+
+    async def run(self, *, task_status: trio.TaskStatus[ConnectionManager] = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep tunnels up until ``stop()``; then drain in-flight streams (bounded) and return."""
+        async with trio.open_nursery() as tunnels:
+            with trio.CancelScope() as self._dial_scope:
+                if self._stopping:
+                    self._dial_scope.cancel()
+                async with trio.open_nursery() as slots:
+                    for index in range(self.connections):
+                        slots.start_soon(self._slot, index, tunnels)
+                    task_status.started(self)
+            await self._drain_all()
+            tunnels.cancel_scope.cancel()
+
+    def stop(self) -> None:
+        """Stop dialing; ``run`` then drains the tunnels and returns."""
+        self._stopping = True
+        if self._dial_scope is not None:
+            self._dial_scope.cancel()
+
+    async def _drain_all(self) -> None:
+        live = list(self._tunnels)
+        if not live:
+            return
+        log.info("draining tunnels=%d grace=%.1fs", len(live), self.shutdown_grace)
+        with trio.move_on_after(self.shutdown_grace) as scope:
+            async with trio.open_nursery() as nursery:
+                for tunnel in live:
+                    tunnel.draining = True
+                    nursery.start_soon(tunnel.session.drain, "agentd shutting down")
+        if scope.cancelled_caught:
+            log.warning("drain grace ran out streams_left=%d", sum(t.active for t in live))
+
+    # ---- one slot: dial, serve, dial again
+
+    def _next_url(self) -> str:
+        url = self.urls[self._next % len(self.urls)]
+        self._next += 1
+        return url
+
+    async def _slot(self, index: int, tunnels: trio.Nursery) -> None:
+        failures = 0
+        while True:
+            url = self._next_url()
+            self._dials += 1
+            ended = trio.Event()
+            try:
+                tunnel: Tunnel = await tunnels.start(self._run_tunnel, url, index, ended)
+            except Exception as exc:  # a daemon keeps trying; only the unexpected gets a traceback
+                if not isinstance(exc, _DIAL_ERRORS):
+                    log.exception("unexpected dial failure url=%s slot=%d", url, index)
+                failures += 1
+                self._failures += 1
+                delay = self.backoff.delay(failures, self._rand)
+                self._log_dial_failure(url, index, exc, failures, delay)
+                await self._sleep(delay)
+                continue
+            await ended.wait()
+            up_for = trio.current_time() - tunnel.started_at
+            if up_for >= self.stable_after:
+                failures = 0
+            failures += 1
+            if tunnel.goaway:
+                # Replace at once (the old session drains meanwhile); only a kasd that keeps sending
+                # GOAWAY right after connecting (failures piling up) is backed off from.
+                delay = self.backoff.delay(failures - 1, self._rand)
+            else:
+                self._failures += 1
+                delay = self.backoff.delay(failures, self._rand)
+            log.info("redialing slot=%d after=%.2fs up_for=%.1fs reason=%s", index, delay, up_for,
+                     "goaway" if tunnel.goaway else "closed")
+            await self._sleep(delay)
+
+    def _log_dial_failure(self, url: str, index: int, exc: BaseException, failures: int, delay: float) -> None:
+        if isinstance(exc, TunnelRejectedError) and exc.status in (401, 403):
+            self._rejected += 1
+            log.error(
+                "kasd rejected the agent token url=%s slot=%d status=%d reason=%r hint=%r retry_in=%.2fs",
+                url, index, exc.status, exc.message.strip(), "check --token-file / AGENTD_TOKEN_FILE", delay,
+            )
+        else:
+            log.warning("dial failed url=%s slot=%d failures=%d error=%r retry_in=%.2fs",
+                        url, index, failures, str(exc) or type(exc).__name__, delay)
+
+    def _dial_h2(self, url: str, token: str, metadata: Metadata) -> AbstractAsyncContextManager[Session]:
+        ctx = self._kas_ssl if url.startswith("https://") else None
+        return open_h2_session(url, token=token, ssl_context=ctx, metadata=metadata, **self._session_kwargs)
+
+    async def _run_tunnel(self, url: str, index: int, ended: trio.Event, *,
+                          task_status: trio.TaskStatus[Tunnel] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            token = self.token_file.read_text().strip()
+        except OSError as exc:
+            raise OSError(f"cannot read token file {self.token_file}: {exc.strerror or exc}") from None
+        if not token:
+            raise ValueError(f"token file {self.token_file} is empty")
+        tunnel: Tunnel | None = None
+        try:
+            async with self._dial(url, token, self.metadata) as session:
+                tunnel = Tunnel(url=url, session=session, slot=index, started_at=trio.current_time())
+                self._tunnels.add(tunnel)
+                self.first_up.set()
+                log.info("tunnel up url=%s slot=%d tunnels_up=%d", url, index, self.tunnels_up)
+                task_status.started(tunnel)
+                async with trio.open_nursery() as handlers:
+                    handlers.start_soon(self._accept_loop, tunnel, handlers)
+                    await session.wait_goaway()
+                    tunnel.goaway = session.statistics().goaway_received and not session.closed
+                    tunnel.draining = True
+                    if tunnel.goaway:
+                        self._goaways += 1
+                        log.info("tunnel draining after GOAWAY url=%s slot=%d streams=%d", url, index, tunnel.active)
+                    ended.set()
+                    if tunnel.active == 0:
+                        tunnel.idle.set()
+                    await tunnel.idle.wait()
+                    handlers.cancel_scope.cancel()
+        finally:
+            if tunnel is not None:
+                self._tunnels.discard(tunnel)
+                reason = tunnel.session.close_reason
+                log.info("tunnel down url=%s slot=%d reason=%r tunnels_up=%d", url, index,
+                         reason.reason if reason else "drained", self.tunnels_up)
+            ended.set()
+
+    async def _accept_loop(self, tunnel: Tunnel, handlers: trio.Nursery) -> None:
+        while True:
+            try:
+                stream = await tunnel.session.accept_stream()
+            except trio.BrokenResourceError:
+                return
+            tunnel.active += 1
+            handlers.start_soon(self._serve_stream, tunnel, stream)
+
+    async def _serve_stream(self, tunnel: Tunnel, stream: MuxStream) -> None:
+        try:
+            await self.handler(stream)
+        except Exception:  # one stream's failure never takes the tunnel down
+            log.exception("stream handler failed stream=%d", stream.stream_id)
+            with trio.move_on_after(1, shield=True):
+                await stream.reset()
+        finally:
+            tunnel.active -= 1
+            self._handled += 1
+            if tunnel.draining and tunnel.active == 0:
+                tunnel.idle.set()

@@ -1,0 +1,211 @@
+"""One logical stream from kasd → one exchange with the Kubernetes API server.
+
+The stream's OPEN metadata is a ``RequestHead``; the request body follows on the stream. agentd
+answers ACCEPT with the ``ResponseHead`` and streams the body back, or REFUSEs with a ``TunnelCode``
+when it cannot get an answer. A ``101`` makes the stream a raw byte pipe both ways. When kasd resets
+the stream (the client went away) the upstream exchange is cancelled and its connection closed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import attrs
+import trio
+
+from agentd.upstream import (
+    InvalidRequest,
+    RequestAborted,
+    UpstreamLost,
+    UpstreamPool,
+    UpstreamUnreachable,
+)
+from wire.errors import RemoteProtocolError
+from wire.httptunnel import RequestHead, ResponseHead, TunnelCode
+from wire.session import MuxStream
+
+log = logging.getLogger("agentd.proxy")
+
+_CHUNK = 64 * 1024
+KIND_K8S_API = "k8s-api"
+
+
+@attrs.frozen(kw_only=True)
+class RequestRecord:
+    """What one request did (the log line, and a hook for tests)."""
+
+    method: str
+    path: str
+    status: int | None
+    #: ok, refused, client-gone, upstream-lost, error
+    outcome: str
+    bytes_in: int
+    bytes_out: int
+    duration: float
+    request_id: str
+
+
+@attrs.define(eq=False)
+class _Counters:
+    bytes_in: int = 0
+    bytes_out: int = 0
+    status: int | None = None
+    outcome: str = "ok"
+
+
+class KubeApiProxy:
+    """Handles logical streams of kind ``k8s-api`` against one UpstreamPool."""
+
+    def __init__(self, pool: UpstreamPool, *, on_done: Callable[[RequestRecord], None] | None = None) -> None:
+        self.pool = pool
+        self.on_done = on_done
+        self.active = 0
+        self.handled = 0
+
+    async def handle(self, stream: MuxStream) -> None:
+        started = trio.current_time()
+        counters = _Counters()
+        head: RequestHead | None = None
+        self.active += 1
+        try:
+            try:
+                head = RequestHead.from_metadata(stream.metadata)
+            except RemoteProtocolError as exc:
+                counters.outcome = "refused"
+                await _refuse(stream, TunnelCode.BAD_REQUEST, f"bad request head: {exc}")
+                return
+            if head.kind != KIND_K8S_API:
+                counters.outcome = "refused"
+                await _refuse(stream, TunnelCode.UNKNOWN_TARGET, f"agentd has no handler for kind {head.kind!r}")
+                return
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch_reset, stream, counters, nursery.cancel_scope)
+                await self._exchange(stream, head, counters)
+                nursery.cancel_scope.cancel()
+        finally:
+            self.active -= 1
+            self.handled += 1
+            with trio.move_on_after(1, shield=True):
+                await stream.aclose()
+            self._finish(head, stream, counters, trio.current_time() - started)
+
+    async def _watch_reset(self, stream: MuxStream, counters: _Counters, scope: trio.CancelScope) -> None:
+        await stream.wait_broken()
+        counters.outcome = "client-gone"
+        scope.cancel()
+
+    async def _exchange(self, stream: MuxStream, head: RequestHead, counters: _Counters) -> None:
+        body = None if head.wants_upgrade else _CountingReceive(stream, counters)
+        try:
+            async with self.pool.request(head, body) as response:
+                counters.status = response.status
+                try:
+                    await stream.accept(ResponseHead(status=response.status, headers=response.headers).to_metadata())
+                    if response.raw is not None:
+                        await _relay(stream, response.raw, response.trailing, counters)
+                        return
+                    async for chunk in response:
+                        counters.bytes_out += len(chunk)
+                        await stream.send_all(chunk)
+                    await stream.send_eof()
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    counters.outcome = "client-gone"
+        except UpstreamUnreachable as exc:
+            counters.outcome = "refused"
+            await _refuse(stream, TunnelCode.UPSTREAM_UNREACHABLE, str(exc))
+        except InvalidRequest as exc:
+            counters.outcome = "refused"
+            await _refuse(stream, TunnelCode.BAD_REQUEST, str(exc))
+        except UpstreamLost as exc:
+            counters.outcome = "upstream-lost"
+            await _reset(stream, TunnelCode.UPSTREAM_UNREACHABLE, str(exc))
+        except RequestAborted as exc:
+            counters.outcome = "client-gone"
+            await _reset(stream, TunnelCode.CLIENT_GONE, str(exc))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            # Reading the body to choose its framing failed: the kasd side is gone.
+            counters.outcome = "client-gone"
+
+    def _finish(self, head: RequestHead | None, stream: MuxStream, counters: _Counters, duration: float) -> None:
+        record = RequestRecord(
+            method=head.method if head else "?",
+            path=head.target.split("?", 1)[0] if head else "?",
+            status=counters.status,
+            outcome=counters.outcome,
+            bytes_in=counters.bytes_in,
+            bytes_out=counters.bytes_out,
+            duration=duration,
+            request_id=head.request_id if head else "",
+        )
+        log.info(
+            "request method=%s path=%s status=%s outcome=%s bytes_in=%d bytes_out=%d duration=%.3f request_id=%s stream=%d",
+            record.method, record.path, record.status if record.status is not None else "-", record.outcome,
+            record.bytes_in, record.bytes_out, record.duration, record.request_id or "-", stream.stream_id,
+        )
+        if self.on_done is not None:
+            self.on_done(record)
+
+
+class _CountingReceive(trio.abc.ReceiveStream):
+    def __init__(self, stream: MuxStream, counters: _Counters) -> None:
+        self._stream = stream
+        self._counters = counters
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        chunk = await self._stream.receive_some(max_bytes)
+        self._counters.bytes_in += len(chunk)
+        return chunk
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+async def _relay(stream: MuxStream, raw: trio.abc.Stream, trailing: bytes, counters: _Counters) -> None:
+    """After 101: bytes both ways until both sides are done; half-closes pass through."""
+    if trailing:
+        counters.bytes_out += len(trailing)
+        await stream.send_all(trailing)
+
+    async def client_to_upstream() -> None:
+        while chunk := await stream.receive_some(_CHUNK):
+            counters.bytes_in += len(chunk)
+            await raw.send_all(chunk)
+        if isinstance(raw, trio.abc.HalfCloseableStream):
+            await raw.send_eof()
+        # TLS cannot half-close: the upstream side ends the exchange when it is done.
+
+    async def upstream_to_client() -> None:
+        while True:
+            try:
+                chunk = await raw.receive_some(_CHUNK)
+            except trio.BrokenResourceError:
+                chunk = b""  # TLS without close_notify: treat as the end
+            if not chunk:
+                break
+            counters.bytes_out += len(chunk)
+            await stream.send_all(chunk)
+        await stream.send_eof()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client_to_upstream)
+            nursery.start_soon(upstream_to_client)
+    except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        # One side broke off: the pipe is over (the caller closes both ends).
+        counters.outcome = "pipe-broken"
+
+
+async def _refuse(stream: MuxStream, code: int, message: str) -> None:
+    log.warning("refusing stream stream=%d code=%s reason=%r", stream.stream_id, TunnelCode(code).name, message)
+    try:
+        await stream.refuse(code, message)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, RemoteProtocolError):
+        pass
+    except Exception as exc:  # LocalProtocolError: already accepted or gone — nothing left to tell
+        log.debug("refuse failed stream=%d error=%r", stream.stream_id, exc)
+
+
+async def _reset(stream: MuxStream, code: int, message: str) -> None:
+    log.warning("resetting stream stream=%d code=%s reason=%r", stream.stream_id, TunnelCode(code).name, message)
+    await stream.reset(code, message)

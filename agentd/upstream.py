@@ -1,0 +1,395 @@
+"""An HTTP/1.1 client (h11 over trio TCP/TLS) to the Kubernetes API server, with a keep-alive pool.
+
+    async with pool.request(head, body) as response:
+        async for chunk in response: ...          # or response.raw after a 101
+
+Bodies stream both ways and are never buffered whole; nothing but connecting has a timeout, since
+watches and ``logs -f`` last as long as the client wants. A connection goes back to the pool only
+after a complete exchange (both messages DONE); after an upgrade, an error, or a cancelled exchange it
+is closed. The pool adds the agent's own credentials and the ``Impersonate-*`` headers: whatever
+``Authorization`` or ``Impersonate-*`` the head carried is dropped first.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import h11
+import trio
+
+from agentd.kubeapi import KubeTarget
+from wire.httptunnel import Headers, RequestHead, strip_hop_by_hop
+
+log = logging.getLogger("agentd.upstream")
+
+_CHUNK = 64 * 1024
+_MAX_HEAD = 256 * 1024
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+class UpstreamUnreachable(Exception):
+    """No answer could be had from the API server (connect failed, or it closed before answering)."""
+
+
+class UpstreamLost(Exception):
+    """The API server connection broke after the response head (mid-body)."""
+
+
+class RequestAborted(Exception):
+    """The request body source failed (the client went away) or did not match its framing."""
+
+
+class InvalidRequest(Exception):
+    """The request head cannot be sent as HTTP/1.1 (h11 refused it)."""
+
+
+@attrs.frozen(kw_only=True)
+class PoolStatistics:
+    idle: int
+    active: int
+    opened: int
+    reused: int
+    #: connections closed without going back to the pool (upgrade, error, cancelled exchange)
+    discarded: int
+
+
+def _reason(exc: BaseException) -> str:
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(exc, trio.BrokenResourceError) and cause is not None:
+        return _reason(cause)
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = str(exc) or type(exc).__name__
+    if isinstance(cause, OSError) and cause.strerror:
+        text += f" ({cause.strerror})"  # trio's "all attempts to connect … failed" hides why
+    return text
+
+
+class _Connection:
+    """One HTTP/1.1 connection: a byte stream and its h11 state machine."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=_MAX_HEAD)
+        self.idle_since = 0.0
+        self.broken = False
+
+    async def send(self, event: h11.Event) -> None:
+        data = self.h11.send(event)
+        if data:
+            try:
+                await self.stream.send_all(data)
+            except BaseException:
+                self.broken = True
+                raise
+
+    async def next_event(self) -> h11.Event:
+        while True:
+            try:
+                event = self.h11.next_event()
+            except h11.RemoteProtocolError as exc:
+                self.broken = True
+                raise UpstreamLost(f"API server broke HTTP/1.1: {exc}") from exc
+            if event is not h11.NEED_DATA:
+                return event  # type: ignore[return-value]
+            try:
+                data = await self.stream.receive_some(_CHUNK)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                self.broken = True
+                raise UpstreamLost(f"connection to the API server lost: {_reason(exc)}") from exc
+            self.h11.receive_data(bytes(data))
+
+    @property
+    def reusable(self) -> bool:
+        return not self.broken and self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE
+
+    def readable_while_idle(self) -> bool:
+        """An idle keep-alive connection with bytes (or EOF) waiting is one the server gave up on."""
+        stream = self.stream
+        if isinstance(stream, trio.SSLStream):
+            stream = stream.transport_stream
+        sock = getattr(stream, "socket", None)
+        try:
+            poller = select.poll()  # not select(): it cannot take descriptors above 1023
+            poller.register(sock.fileno(), select.POLLIN)  # type: ignore[union-attr]
+            return bool(poller.poll(0))
+        except (OSError, ValueError, AttributeError):
+            return True
+
+    async def aclose(self) -> None:
+        with trio.move_on_after(1, shield=True):
+            await trio.aclose_forcefully(self.stream)
+
+
+@attrs.define(eq=False)
+class UpstreamResponse:
+    """The response head, then its body by ``receive_some`` (``b""`` at the end), or ``raw`` for 101."""
+
+    status: int
+    #: hop-by-hop headers removed (``Connection``/``Upgrade`` kept on a 101)
+    headers: Headers
+    _conn: _Connection
+    #: after 101: the connection as a raw byte pipe, and bytes the server sent right after the head
+    raw: trio.abc.Stream | None = None
+    trailing: bytes = b""
+    #: why the exchange was abandoned (the request body source failed: the client went away)
+    aborted: str | None = None
+    bytes_received: int = 0
+    _done: bool = False
+
+    async def receive_some(self) -> bytes:
+        if self._done or self.raw is not None:
+            return b""
+        event = await self._conn.next_event()
+        if isinstance(event, h11.Data):
+            self.bytes_received += len(event.data)
+            return bytes(event.data)
+        self._done = True
+        if isinstance(event, h11.EndOfMessage):
+            return b""
+        self._conn.broken = True
+        raise UpstreamLost(f"API server closed the connection mid-response ({type(event).__name__})")
+
+    def __aiter__(self) -> UpstreamResponse:
+        return self
+
+    async def __anext__(self) -> bytes:
+        # A plain iterator, not an async generator: nothing is left to finalize if the loop breaks.
+        chunk = await self.receive_some()
+        if not chunk:
+            raise StopAsyncIteration
+        return chunk
+
+
+class UpstreamPool:
+    """Keep-alive HTTP/1.1 connections to one API server."""
+
+    def __init__(self, target: KubeTarget, *, connect_timeout: float = 10.0, max_idle: int = 8,
+                 idle_timeout: float = 50.0) -> None:
+        self.target = target
+        self.connect_timeout = connect_timeout
+        self.max_idle = max_idle
+        self.idle_timeout = idle_timeout
+        self._idle: list[_Connection] = []
+        self._active = 0
+        self._opened = 0
+        self._reused = 0
+        self._discarded = 0
+
+    def statistics(self) -> PoolStatistics:
+        return PoolStatistics(idle=len(self._idle), active=self._active, opened=self._opened,
+                              reused=self._reused, discarded=self._discarded)
+
+    async def aclose(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.aclose()
+
+    # ---- the exchange
+
+    @asynccontextmanager
+    async def request(self, head: RequestHead, body: trio.abc.ReceiveStream | None) -> AsyncIterator[UpstreamResponse]:
+        """Send ``head`` (plus ``body``, streamed) and yield the response once its head arrived.
+
+        Raises UpstreamUnreachable (before yielding) when no response head could be had. ``body`` is
+        None for an upgrade request; otherwise it is read to EOF (kasd half-closes after the body).
+        """
+        headers = self._headers(head)
+        first = b""
+        has_body = False
+        if body is not None and not head.wants_upgrade:
+            if any(k == "content-length" for k, _ in headers):
+                has_body = True
+            else:
+                # No length given: look at the first chunk to choose between no body and chunked.
+                first = bytes(await body.receive_some(_CHUNK))
+                if first:
+                    has_body = True
+                    headers.append(("transfer-encoding", "chunked"))
+                elif head.method in _BODY_METHODS:
+                    headers.append(("content-length", "0"))
+        conn = await self._acquire()
+        self._active += 1
+        try:
+            try:
+                request = h11.Request(method=head.method, target=self.target.path_prefix + head.target,
+                                      headers=headers)
+            except h11.LocalProtocolError as exc:
+                conn.broken = True
+                raise InvalidRequest(f"request cannot be sent as HTTP/1.1: {exc}") from None
+            try:
+                await conn.send(request)
+                if not has_body:
+                    await conn.send(h11.EndOfMessage())
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                raise UpstreamUnreachable(f"cannot reach {self.target.url}: {_reason(exc)}") from exc
+            failure: BaseException | None = None
+            caller_error: BaseException | None = None
+            async with trio.open_nursery() as nursery:
+                state = _BodyState(finished=not has_body)
+                if has_body:
+                    assert body is not None
+                    nursery.start_soon(self._send_body, conn, body, first, state, nursery.cancel_scope)
+                try:
+                    response = await self._response_head(conn)
+                except UpstreamLost as exc:
+                    failure = UpstreamUnreachable(f"cannot reach {self.target.url}: {exc}")
+                    nursery.cancel_scope.cancel()
+                else:
+                    state.response = response
+                    try:
+                        yield response
+                    except BaseException as exc:
+                        caller_error = exc
+                        nursery.cancel_scope.cancel()
+                    else:
+                        if not state.finished:
+                            # The response is done; give a well-behaved body sender a moment to finish
+                            # its last chunk before the exchange is abandoned (and the connection with it).
+                            with trio.move_on_after(1.0 if response._done else 0):
+                                await state.finished_event.wait()
+                            nursery.cancel_scope.cancel()
+            if state.aborted_by_body:
+                # Our own cancel (the body source failed) ended the exchange: say so, not "Cancelled".
+                raise RequestAborted(state.reason or "request aborted")
+            if failure is not None:
+                raise failure
+            if caller_error is not None:
+                raise caller_error
+        finally:
+            self._active -= 1
+            await self._release(conn)
+
+    async def _send_body(self, conn: _Connection, body: trio.abc.ReceiveStream, first: bytes,
+                         state: _BodyState, scope: trio.CancelScope) -> None:
+        chunk = first
+        try:
+            while True:
+                if chunk:
+                    try:
+                        await conn.send(h11.Data(data=chunk))
+                    except h11.LocalProtocolError as exc:  # more bytes than the content-length said
+                        conn.broken = True
+                        state.abort(f"request body does not match its length: {exc}", scope)
+                        return
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        return  # the API server stopped reading; its response says why
+                try:
+                    chunk = bytes(await body.receive_some(_CHUNK))
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    conn.broken = True
+                    state.abort(f"client went away while sending the body: {exc}", scope)
+                    return
+                if not chunk:
+                    break
+            try:
+                await conn.send(h11.EndOfMessage())
+            except h11.LocalProtocolError as exc:  # fewer bytes than the content-length said
+                conn.broken = True
+                state.abort(f"request body ended early: {exc}", scope)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return
+        finally:
+            state.finished = True
+            state.finished_event.set()
+
+    async def _response_head(self, conn: _Connection) -> UpstreamResponse:
+        while True:
+            event = await conn.next_event()
+            if isinstance(event, h11.InformationalResponse):
+                if event.status_code == 101:
+                    trailing, _closed = conn.h11.trailing_data
+                    return UpstreamResponse(101, _response_headers(event.headers, upgrade=True), conn,
+                                            raw=conn.stream, trailing=bytes(trailing))
+                continue  # 100 Continue and friends
+            if isinstance(event, h11.Response):
+                return UpstreamResponse(event.status_code, _response_headers(event.headers, upgrade=False), conn)
+            conn.broken = True
+            raise UpstreamLost("the API server closed the connection before answering")
+
+    def _headers(self, head: RequestHead) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = [("host", self.target.host_header)]
+        for name, value in strip_hop_by_hop(head.headers, keep_upgrade=head.wants_upgrade):
+            if name in ("host", "authorization") or name.startswith("impersonate-"):
+                continue
+            out.append((name, value))
+        authorization = self.target.authorization()
+        if authorization:
+            out.append(("authorization", authorization))
+        if head.impersonate is not None:
+            out.extend(head.impersonate.headers())
+        return out
+
+    # ---- the pool
+
+    async def _acquire(self) -> _Connection:
+        now = trio.current_time()
+        while self._idle:
+            conn = self._idle.pop()
+            if now - conn.idle_since < self.idle_timeout and not conn.readable_while_idle():
+                self._reused += 1
+                return conn
+            self._discarded += 1
+            await conn.aclose()
+        return await self._connect()
+
+    async def _connect(self) -> _Connection:
+        target = self.target
+        tcp: trio.SocketStream | None = None
+        try:
+            with trio.fail_after(self.connect_timeout):
+                tcp = await trio.open_tcp_stream(target.host, target.port)
+                stream: trio.abc.Stream = tcp
+                if target.scheme == "https":
+                    assert target.ssl_context is not None
+                    tls = trio.SSLStream(tcp, target.ssl_context, https_compatible=True,
+                                         server_hostname=target.server_hostname or target.host)
+                    await tls.do_handshake()
+                    stream = tls
+        except trio.TooSlowError:
+            if tcp is not None:
+                await trio.aclose_forcefully(tcp)
+            raise UpstreamUnreachable(f"cannot reach {target.url}: no connection within {self.connect_timeout:g}s") from None
+        except (OSError, ssl.SSLError, trio.BrokenResourceError) as exc:
+            if tcp is not None:
+                await trio.aclose_forcefully(tcp)
+            raise UpstreamUnreachable(f"cannot reach {target.url}: {_reason(exc)}") from exc
+        self._opened += 1
+        return _Connection(stream)
+
+    async def _release(self, conn: _Connection) -> None:
+        if conn.reusable and len(self._idle) < self.max_idle:
+            conn.h11.start_next_cycle()
+            conn.idle_since = trio.current_time()
+            self._idle.append(conn)
+            return
+        self._discarded += 1
+        await conn.aclose()
+
+
+@attrs.define(eq=False)
+class _BodyState:
+    response: UpstreamResponse | None = None
+    finished: bool = False
+    finished_event: trio.Event = attrs.field(factory=trio.Event)
+    aborted_by_body: bool = False
+    reason: str | None = None
+
+    def abort(self, reason: str, scope: trio.CancelScope) -> None:
+        self.aborted_by_body = True
+        self.reason = reason
+        if self.response is not None:
+            self.response.aborted = reason
+        scope.cancel()
+
+
+def _response_headers(raw: Any, *, upgrade: bool) -> Headers:
+    # h11's Headers: a sequence of (name, value) byte pairs, names already lower-cased
+    pairs = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in raw]
+    return strip_hop_by_hop(pairs, keep_upgrade=upgrade)

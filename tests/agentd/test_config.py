@@ -1,0 +1,183 @@
+"""Configuration: file < environment < flags, and errors that say what is wrong (exit code 2)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentd.config import AgentConfig, ConfigError, load_config
+
+pytestmark = pytest.mark.timeout(20)
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> Path:
+    (tmp_path / "token").write_text("secret-agent-token\n")
+    (tmp_path / "kubeconfig").write_text("apiVersion: v1\n")
+    return tmp_path
+
+
+def base_flags(d: Path) -> list[str]:
+    return ["--token-file", str(d / "token"), "--kubeconfig", str(d / "kubeconfig")]
+
+
+def test_defaults(files: Path) -> None:
+    config = load_config(["--kas-address", "http://kas:8150/tunnel", *base_flags(files)], {"POD_NAME": "p-1"})
+    assert config.kas_addresses == ("http://kas:8150/tunnel",)
+    assert config.connections == 2
+    assert config.health_address == "0.0.0.0:8080"
+    assert config.log_level == "info"
+    assert config.pod_name == "p-1"
+    assert not config.in_cluster
+    assert "secret-agent-token" not in repr(config)
+
+
+def test_file_env_flag_precedence(files: Path) -> None:
+    (files / "agentd.yaml").write_text(
+        "kas_address: [https://file-a/tunnel, https://file-b/tunnel]\n"
+        f"token_file: {files / 'token'}\n"
+        f"kubeconfig: {files / 'kubeconfig'}\n"
+        "connections: 5\nhealth_address: 127.0.0.1:9000\nagent_id: from-file\nlog_level: warning\n"
+    )
+    only_file = load_config(["--config", str(files / "agentd.yaml")], {})
+    assert only_file.kas_addresses == ("https://file-a/tunnel", "https://file-b/tunnel")
+    assert (only_file.connections, only_file.health_port, only_file.agent_id) == (5, 9000, "from-file")
+
+    env = {"AGENTD_CONFIG": str(files / "agentd.yaml"), "AGENTD_KAS_ADDRESS": "http://env-1:8150/tunnel,http://env-2",
+           "AGENTD_CONNECTIONS": "3", "AGENTD_AGENT_ID": "from-env", "POD_UID": "u-1"}
+    with_env = load_config([], env)
+    assert with_env.kas_addresses == ("http://env-1:8150/tunnel", "http://env-2/tunnel")
+    assert (with_env.connections, with_env.agent_id, with_env.pod_uid) == (3, "from-env", "u-1")
+    assert with_env.health_port == 9000  # still from the file
+    assert with_env.log_level == "warning"
+
+    with_flags = load_config(["--kas-address", "http://flag/tunnel", "--kas-address", "http://flag2/tunnel",
+                              "--connections", "1", "--health-address", "127.0.0.1:0", "--log-level", "debug"], env)
+    assert with_flags.kas_addresses == ("http://flag/tunnel", "http://flag2/tunnel")
+    assert (with_flags.connections, with_flags.health_port, with_flags.log_level) == (1, 0, "debug")
+    assert with_flags.agent_id == "from-env"
+
+
+def test_later_source_picks_kubeconfig_over_in_cluster(files: Path) -> None:
+    (files / "agentd.yaml").write_text(f"kas_address: http://k/tunnel\ntoken_file: {files / 'token'}\nin_cluster: true\n")
+    config = load_config(["--config", str(files / "agentd.yaml"), "--kubeconfig", str(files / "kubeconfig")], {})
+    assert config.kubeconfig == files / "kubeconfig" and not config.in_cluster
+    config = load_config(["--config", str(files / "agentd.yaml")], {"KUBERNETES_SERVICE_HOST": "h"})
+    assert config.in_cluster and config.kubeconfig is None
+
+
+def test_example_config_file_loads(files: Path) -> None:
+    example = Path(__file__).parents[2] / "examples" / "agentd.yaml"
+    text = example.read_text().replace("/etc/agentd/token", str(files / "token"))
+    text = text.replace("kas_ca_file: /etc/agentd/kas-ca.pem", f"kas_ca_file: {files / 'token'}")
+    (files / "example.yaml").write_text(text)
+    config = load_config(["--config", str(files / "example.yaml")], {"KUBERNETES_SERVICE_HOST": "10.0.0.1"})
+    assert config.kas_addresses == ("https://kas.example.com:8150/tunnel",)
+    assert config.in_cluster and config.connections == 2 and config.agent_id == "42"
+
+
+def test_in_cluster_is_the_default_inside_a_pod(files: Path) -> None:
+    config = load_config(["--kas-address", "http://k/tunnel", "--token-file", str(files / "token")],
+                         {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"})
+    assert config.in_cluster and config.kubernetes_service_host == "10.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "no kasd address"),
+        (["--kas-address", "ftp://kas/tunnel"], "must be http://host:port/tunnel"),
+        (["--kas-address", "http://kas:99999/tunnel"], "bad port"),
+        (["--connections", "many"], "--connections: expected a whole number, got 'many'"),
+        (["--connections", "0"], "--connections: must be between 1 and 64"),
+        (["--health-address", "localhost"], "--health-address: expected HOST:PORT"),
+        (["--log-level", "loud"], "--log-level: must be one of"),
+        (["--kas-ca-file", "/nonexistent/ca.pem"], "CA file /nonexistent/ca.pem does not exist"),
+        (["--in-cluster"], "choose one way to reach the API server"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_errors_name_the_problem(files: Path, args: list[str], message: str) -> None:
+    flags = [] if args == [] else ["--kas-address", "http://kas/tunnel"]
+    with pytest.raises(ConfigError, match=message.replace("?", r"\?")):
+        load_config([*flags, *base_flags(files), *args], {})
+
+
+def test_token_and_kubeconfig_errors(files: Path) -> None:
+    kas = ["--kas-address", "http://kas/tunnel"]
+    with pytest.raises(ConfigError, match="no agent token"):
+        load_config([*kas, "--kubeconfig", str(files / "kubeconfig")], {})
+    with pytest.raises(ConfigError, match=r"token file .*missing does not exist"):
+        load_config([*kas, "--token-file", str(files / "missing"), "--kubeconfig", str(files / "kubeconfig")], {})
+    (files / "empty").write_text("  \n")
+    with pytest.raises(ConfigError, match=r"--token-file: token file .*empty is empty"):
+        load_config([*kas, "--token-file", str(files / "empty"), "--kubeconfig", str(files / "kubeconfig")], {})
+    with pytest.raises(ConfigError, match="no way to reach the Kubernetes API"):
+        load_config([*kas, "--token-file", str(files / "token")], {})
+    with pytest.raises(ConfigError, match=r"kubeconfig file .*nope does not exist"):
+        load_config([*kas, "--token-file", str(files / "token"), "--kubeconfig", str(files / "nope")], {})
+
+
+def test_file_errors(files: Path) -> None:
+    bad = files / "bad.yaml"
+    bad.write_text("kas_adress: http://typo\n")
+    with pytest.raises(ConfigError, match=r"unknown key.*kas_adress"):
+        load_config(["--config", str(bad)], {})
+    bad.write_text("kas_address: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(["--config", str(bad)], {})
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_config(["--config", str(bad)], {})
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(["--config", str(files / "absent.yaml")], {})
+    bad.write_text(f"kas_address: http://k/tunnel\ntoken_file: {files / 'token'}\nin_cluster: maybe\n")
+    with pytest.raises(ConfigError, match=r"in_cluster in .*expected true or false"):
+        load_config(["--config", str(bad)], {})
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agentd", *args], capture_output=True, text=True, timeout=15,
+                          env={"PATH": "/usr/bin:/bin", **(env or {})})
+
+
+def test_cli_bad_input_exits_2_with_a_clear_message(files: Path) -> None:
+    result = run_cli("--kas-address", "http://kas/tunnel", *base_flags(files), "--connections", "lots")
+    assert result.returncode == 2
+    assert "agentd: error: --connections: expected a whole number, got 'lots'" in result.stderr
+    assert "usage: agentd" in result.stderr
+    assert "Traceback" not in result.stderr
+
+    result = run_cli("--kas-address", "http://kas/tunnel", "--token-file", str(files / "nope"),
+                     "--kubeconfig", str(files / "kubeconfig"))
+    assert result.returncode == 2
+    assert "token file" in result.stderr and "does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_bad_kubeconfig_exits_2(files: Path) -> None:
+    (files / "kubeconfig").write_text(
+        "current-context: c\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n"
+        "clusters: [{name: c, cluster: {server: 'https://h'}}]\n"
+        "users: [{name: u, user: {exec: {command: aws}}}]\n")
+    result = run_cli("--kas-address", "http://kas/tunnel", *base_flags(files))
+    assert result.returncode == 2
+    assert "exec credential plugin" in result.stderr
+    assert "secret-agent-token" not in result.stderr + result.stdout
+
+
+def test_cli_help_teaches_with_examples() -> None:
+    result = run_cli("--help")
+    assert result.returncode == 0
+    assert "examples:" in result.stdout
+    assert "--kas-address" in result.stdout and "AGENTD_TOKEN_FILE" in result.stdout
+
+
+def test_config_is_frozen(files: Path) -> None:
+    config = load_config(["--kas-address", "http://k/tunnel", *base_flags(files)], {})
+    assert isinstance(config, AgentConfig)
+    with pytest.raises(AttributeError):
+        config.connections = 3  # type: ignore[misc]

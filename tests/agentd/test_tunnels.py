@@ -1,0 +1,296 @@
+"""agentd's tunnels against a fake kasd: upgrades, GOAWAY replacement, readiness."""
+
+from __future__ import annotations
+
+import functools
+import json
+import ssl
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trustme
+
+from agentd.agent import run_agent
+from agentd.kubeapi import kubeconfig_target
+from kubesim.server import open_kubesim
+from tests.agentd.harness import (
+    SIM_TOKEN,
+    agent_config,
+    exchange,
+    head,
+    open_request,
+    read_all,
+    running_agent,
+    start_fake_kasd,
+)
+from wire.h2carrier import server_ssl_context
+from wire.httptunnel import TunnelCode
+from wire.session import StreamResetError
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def write_kubeconfig(path: Path, server: str, token: str = "upstream-token") -> Path:
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "users": [{"name": "u", "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))
+    return path
+
+
+class SpdyUpstream:
+    """Answers ``101`` to ``Upgrade: SPDY/3.1``, sends a greeting, echoes upper-cased, says bye at EOF."""
+
+    def __init__(self) -> None:
+        self.heads: list[bytes] = []
+        self.port = 0
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        buffer = b""
+        while b"\r\n\r\n" not in buffer:
+            chunk = await stream.receive_some(4096)
+            if not chunk:
+                return
+            buffer += chunk
+        request, _, rest = buffer.partition(b"\r\n\r\n")
+        self.heads.append(request)
+        if b"upgrade: spdy/3.1" not in request.lower():
+            await stream.send_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+            return
+        await stream.send_all(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n"
+                              b"Upgrade: SPDY/3.1\r\n\r\nhello-early")
+        if rest:
+            await stream.send_all(rest.upper())
+        while chunk := await stream.receive_some(4096):
+            await stream.send_all(chunk.upper())
+        await stream.send_all(b"bye")
+        await stream.aclose()
+
+
+async def test_upgrade_becomes_a_raw_pipe_both_ways(nursery: trio.Nursery, tmp_path: Path) -> None:
+    upstream = SpdyUpstream()
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, upstream.handle, 0, host="127.0.0.1"))
+    port = listeners[0].socket.getsockname()[1]
+    write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}")
+    kasd = await start_fake_kasd(nursery)
+    config = agent_config(tmp_path, kasd.url)
+    async with running_agent(nursery, config, kubeconfig_target(config.kubeconfig)):
+        session = await kasd.session()
+        request = head("POST", "/api/v1/namespaces/default/pods/p/exec?command=sh&stdin=true",
+                       headers=(("connection", "Upgrade"), ("upgrade", "SPDY/3.1"),
+                                ("x-stream-protocol-version", "v4.channel.k8s.io")))
+        stream, response = await open_request(session, request, eof=False)
+        assert response.status == 101
+        assert ("upgrade", "SPDY/3.1") in response.headers
+        greeting = b""
+        while len(greeting) < len(b"hello-early"):
+            greeting += await stream.receive_some()
+        assert greeting == b"hello-early"
+        await stream.send_all(b"abc")
+        echoed = b""
+        while len(echoed) < 3:
+            echoed += await stream.receive_some()
+        assert echoed == b"ABC"
+        await stream.send_eof()  # half-close travels upstream; upstream answers and closes
+        assert await read_all(stream) == b"bye"
+    sent = upstream.heads[0].decode().lower()
+    assert "authorization: bearer upstream-token" in sent
+    assert "impersonate-user: alice" in sent
+    assert "connection: upgrade" in sent
+    assert sent.startswith("post /api/v1/namespaces/default/pods/p/exec?command=sh&stdin=true http/1.1")
+
+
+async def test_goaway_dials_replacement_before_old_session_ends(nursery: trio.Nursery, tmp_path: Path) -> None:
+    async with open_kubesim(token=SIM_TOKEN, bookmark_interval=3600) as sim:
+        sim.write_kubeconfig(tmp_path / "kubeconfig")
+        kasd = await start_fake_kasd(nursery)
+        config = agent_config(tmp_path, kasd.url)
+        async with running_agent(nursery, config, kubeconfig_target(config.kubeconfig)) as agent:
+            old = await kasd.session(0)
+            # An in-flight watch keeps the old session draining until the test ends it.
+            watch, response = await open_request(old, head("GET", "/api/v1/namespaces/default/configmaps?watch=1"))
+            assert response.status == 200
+            drained = trio.Event()
+
+            async def drain_old() -> None:
+                await old.drain("kasd restarting")
+                drained.set()
+
+            nursery.start_soon(drain_old)
+            new = await kasd.session(1)
+            assert kasd.events == ["up 0", "up 1"]  # the replacement is up; the old one still drains
+            assert not old.closed and not drained.is_set()
+            response, _ = await exchange(new, head("GET", "/api/v1/namespaces"))
+            assert response.status == 200
+            await watch.reset(TunnelCode.CLIENT_GONE, "done")
+            await drained.wait()
+            await kasd.wait_for(lambda: "closed 0" in kasd.events)
+            assert kasd.events == ["up 0", "up 1", "closed 0"]
+            stats = agent.manager.statistics()
+            assert stats.goaways == 1
+            assert stats.tunnels_up == 1
+
+
+async def http_get(address: tuple[str, int], path: str) -> tuple[int, str]:
+    stream = await trio.open_tcp_stream("127.0.0.1", address[1])
+    async with stream:
+        await stream.send_all(f"GET {path} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+        data = b""
+        while chunk := await stream.receive_some():
+            data += chunk
+    head_text, _, body = data.partition(b"\r\n\r\n")
+    return int(head_text.split()[1]), body.decode()
+
+
+class GatedSleep:
+    """A sleep the test releases by hand, so backoff waits are events, not time."""
+
+    def __init__(self) -> None:
+        self.calls: list[float] = []
+        self.called = trio.Event()
+        self.release = trio.Event()
+
+    async def __call__(self, seconds: float) -> None:
+        self.calls.append(seconds)
+        self.called.set()
+        await self.release.wait()
+
+
+async def test_readiness_flips_once_a_tunnel_is_up(nursery: trio.Nursery, tmp_path: Path) -> None:
+    write_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:1")
+    kasd = await start_fake_kasd(nursery)
+    kasd.reject_status = 401
+    sleep = GatedSleep()
+    config = agent_config(tmp_path, kasd.url, ready_file=tmp_path / "ready.json")
+    async with running_agent(nursery, config, kubeconfig_target(config.kubeconfig),
+                             manager_kwargs={"sleep": sleep}) as agent:
+        assert await http_get(agent.health_address, "/liveness") == (200, "ok\n")
+        await sleep.called.wait()  # the first dial was rejected; the slot now backs off
+        status, reason = await http_get(agent.health_address, "/readiness")
+        assert status == 503
+        assert "no tunnel to kasd is up" in reason and "rejected=1" in reason
+        assert not (tmp_path / "ready.json").exists()
+        kasd.reject_status = None
+        sleep.release.set()
+        await agent.manager.first_up.wait()
+        assert await http_get(agent.health_address, "/readiness") == (200, "ok\n")
+        assert (await http_get(agent.health_address, "/nope"))[0] == 404
+
+
+async def test_rejected_token_is_logged_and_backed_off(nursery: trio.Nursery, tmp_path: Path,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    write_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:1")
+    kasd = await start_fake_kasd(nursery)
+    kasd.reject_status = 403
+    sleep = GatedSleep()
+    config = agent_config(tmp_path, kasd.url)
+    async with running_agent(nursery, config, kubeconfig_target(config.kubeconfig),
+                             manager_kwargs={"sleep": sleep}):
+        await sleep.called.wait()
+        assert len(kasd.tokens) == 1  # one dial, then a backoff wait: no tight loop
+        assert 0.0 <= sleep.calls[0] <= 1.0
+        messages = [r.getMessage() for r in caplog.records if r.name == "agentd.connection"]
+        assert any("kasd rejected the agent token" in m and "status=403" in m for m in messages)
+        assert not any("agent-token-xyz" in r.getMessage() for r in caplog.records)
+
+
+
+async def test_stop_lets_in_flight_streams_finish(nursery: trio.Nursery, tmp_path: Path) -> None:
+    async with open_kubesim(token=SIM_TOKEN, bookmark_interval=3600) as sim:
+        sim.write_kubeconfig(tmp_path / "kubeconfig")
+        kasd = await start_fake_kasd(nursery)
+        config = agent_config(tmp_path, kasd.url, shutdown_grace=15.0)
+        finished = trio.Event()
+
+        async def run(task_status: trio.TaskStatus[Any]) -> None:
+            try:
+                await run_agent(config, kube_target=kubeconfig_target(config.kubeconfig), task_status=task_status)
+            finally:
+                finished.set()
+
+        agent = await nursery.start(run)
+        session = await kasd.session(0)
+        watch, response = await open_request(session, head("GET", "/api/v1/namespaces/default/configmaps?watch=1"))
+        assert response.status == 200
+        agent.stop()
+        await session.wait_goaway()  # agentd tells kasd: no new streams here
+        assert not finished.is_set()
+        store = sim.store
+        store.create(store.kind("", "configmaps"), "default",
+                     {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "late"}})
+        seen = b""
+        while b'"late"' not in seen:
+            chunk = await watch.receive_some()
+            assert chunk
+            seen += chunk
+        assert agent.manager.statistics().dials == 1  # stopped dialing
+        await watch.reset(TunnelCode.CLIENT_GONE, "done")
+        await finished.wait()
+        await kasd.wait_for(lambda: "closed 0" in kasd.events)
+
+
+async def test_stop_grace_bounds_the_drain(nursery: trio.Nursery, tmp_path: Path) -> None:
+    async with open_kubesim(token=SIM_TOKEN, bookmark_interval=3600) as sim:
+        sim.write_kubeconfig(tmp_path / "kubeconfig")
+        kasd = await start_fake_kasd(nursery)
+        config = agent_config(tmp_path, kasd.url, shutdown_grace=0.2)
+        finished = trio.Event()
+
+        async def run(task_status: trio.TaskStatus[Any]) -> None:
+            try:
+                await run_agent(config, kube_target=kubeconfig_target(config.kubeconfig), task_status=task_status)
+            finally:
+                finished.set()
+
+        agent = await nursery.start(run)
+        session = await kasd.session(0)
+        _, response = await open_request(session, head("GET", "/api/v1/namespaces/default/configmaps?watch=1"))
+        assert response.status == 200
+        agent.stop()
+        with trio.fail_after(5):
+            await finished.wait()  # the watch never ends by itself; the grace does
+
+
+async def test_kasd_over_tls_with_ca_file(nursery: trio.Nursery, tmp_path: Path) -> None:
+    ca = trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    ca.cert_pem.write_to_path(str(tmp_path / "kas-ca.pem"))
+    async with open_kubesim(token=SIM_TOKEN) as sim:
+        sim.write_kubeconfig(tmp_path / "kubeconfig")
+        kasd = await start_fake_kasd(nursery, server_ssl_context(server))
+        config = agent_config(tmp_path, kasd.url, kas_ca_file=tmp_path / "kas-ca.pem", connections=2)
+        async with running_agent(nursery, config, kubeconfig_target(config.kubeconfig)) as agent:
+            session = await kasd.session(1)
+            response, _ = await exchange(session, head("GET", "/api/v1/namespaces"))
+            assert response.status == 200
+            await kasd.session(0)
+            assert agent.manager.statistics().dials == 2
+
+
+async def test_upstream_lost_mid_body_resets_the_stream(nursery: trio.Nursery, tmp_path: Path) -> None:
+    async def truncating(stream: trio.SocketStream) -> None:
+        buffer = b""
+        while b"\r\n\r\n" not in buffer:
+            buffer += await stream.receive_some(4096)
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial")
+        await stream.aclose()
+
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, truncating, 0, host="127.0.0.1"))
+    write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}")
+    kasd = await start_fake_kasd(nursery)
+    config = agent_config(tmp_path, kasd.url)
+    async with running_agent(nursery, config, kubeconfig_target(config.kubeconfig)):
+        session = await kasd.session()
+        stream, response = await open_request(session, head("GET", "/api/v1/pods"))
+        assert response.status == 200
+        data = b""
+        with pytest.raises(StreamResetError) as info:
+            while chunk := await stream.receive_some():
+                data += chunk
+        assert data == b"partial"
+        assert info.value.code == TunnelCode.UPSTREAM_UNREACHABLE

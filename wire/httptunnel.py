@@ -1,0 +1,202 @@
+"""How one HTTP exchange rides one logical stream (kasd opens it, agentd answers). Sans-I/O.
+
+OPEN metadata carries the request head (already stripped of the client's credentials and hop-by-hop
+headers) plus who to impersonate and a request id; the request body follows as DATA, then
+HALF_CLOSE. agentd answers ACCEPT with the response head; the body follows as DATA. A ``101``
+answer turns the stream into a raw byte pipe both ways (exec, attach, port-forward over WebSocket or
+SPDY). agentd REFUSEs with one of the application codes below when it cannot reach the cluster.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import attrs
+
+from wire.errors import RemoteProtocolError
+from wire.frames import Metadata
+
+#: version of this convention, inside the stream metadata
+HTTP_TUNNEL_VERSION = 1
+
+Headers = tuple[tuple[str, str], ...]
+
+# RFC 9110 §7.6.1 connection-specific headers, plus the proxy ones; never forwarded.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+
+
+class TunnelCode(enum.IntEnum):
+    """Application error codes (0x100 and up) in REFUSE/RESET frames of HTTP streams."""
+
+    #: agentd could not connect to (or lost) the Kubernetes API server → kasd answers 502
+    UPSTREAM_UNREACHABLE = 0x101
+    #: the OPEN metadata was not a valid request head → 400
+    BAD_REQUEST = 0x102
+    #: agentd has no handler for the requested kind → 404
+    UNKNOWN_TARGET = 0x103
+    #: the client went away; the other side should stop work on this stream
+    CLIENT_GONE = 0x104
+
+
+@attrs.frozen(kw_only=True)
+class Impersonation:
+    user: str
+    groups: tuple[str, ...] = ()
+    uid: str | None = None
+    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def headers(self) -> Headers:
+        """The ``Impersonate-*`` headers agentd adds to the upstream request."""
+        out: list[tuple[str, str]] = [("impersonate-user", self.user)]
+        out += [("impersonate-group", g) for g in self.groups]
+        if self.uid:
+            out.append(("impersonate-uid", self.uid))
+        for key, values in self.extra:
+            out += [(f"impersonate-extra-{_percent_encode(key)}", v) for v in values]
+        return tuple(out)
+
+    def to_metadata(self) -> dict[str, Any]:
+        return {
+            "user": self.user,
+            "groups": list(self.groups),
+            "uid": self.uid,
+            "extra": {k: list(v) for k, v in self.extra},
+        }
+
+    @classmethod
+    def from_metadata(cls, raw: object) -> Impersonation:
+        if not isinstance(raw, dict) or not isinstance(raw.get("user"), str):
+            raise RemoteProtocolError("impersonate must be a map with a string 'user'")
+        groups = raw.get("groups") or []
+        extra = raw.get("extra") or {}
+        uid = raw.get("uid")
+        if not _strings(groups) or not isinstance(extra, dict) or (uid is not None and not isinstance(uid, str)):
+            raise RemoteProtocolError("impersonate groups/extra/uid have the wrong types")
+        pairs = []
+        for key, values in sorted(extra.items()):
+            if not isinstance(key, str) or not _strings(values):
+                raise RemoteProtocolError("impersonate extra must map strings to lists of strings")
+            pairs.append((key, tuple(values)))
+        return cls(user=raw["user"], groups=tuple(groups), uid=uid, extra=tuple(pairs))
+
+
+def _percent_encode(key: str) -> str:
+    # Kubernetes requires extra keys to be percent-encoded in the header name (legal token chars).
+    safe = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-!#$&'*+.^_`|~")
+    return "".join(c if c in safe else "".join(f"%{b:02X}" for b in c.encode()) for c in key)
+
+
+def _strings(values: object) -> bool:
+    return isinstance(values, list) and all(isinstance(v, str) for v in values)
+
+
+@attrs.frozen(kw_only=True)
+class RequestHead:
+    method: str
+    #: path and query exactly as the client sent them, e.g. ``/api/v1/pods?watch=1``
+    target: str
+    headers: Headers
+    #: what the request is for on the agent side: ``k8s-api`` (more kinds later)
+    kind: str = "k8s-api"
+    impersonate: Impersonation | None = None
+    request_id: str = ""
+
+    @property
+    def wants_upgrade(self) -> bool:
+        return any(name == "upgrade" for name, _ in self.headers)
+
+    def to_metadata(self) -> Metadata:
+        return {
+            "v": HTTP_TUNNEL_VERSION,
+            "kind": self.kind,
+            "method": self.method,
+            "target": self.target,
+            "headers": [list(h) for h in self.headers],
+            "impersonate": self.impersonate.to_metadata() if self.impersonate else None,
+            "request_id": self.request_id,
+        }
+
+    @classmethod
+    def from_metadata(cls, raw: Metadata) -> RequestHead:
+        if raw.get("v") != HTTP_TUNNEL_VERSION:
+            raise RemoteProtocolError(f"unsupported HTTP tunnel version {raw.get('v')!r}")
+        method, target, kind = raw.get("method"), raw.get("target"), raw.get("kind", "k8s-api")
+        if not (isinstance(method, str) and method.isalpha() and method.isupper()):
+            raise RemoteProtocolError("method must be an upper-case token")
+        if not (isinstance(target, str) and target.startswith("/")):
+            raise RemoteProtocolError("target must be an origin-form path")
+        if not isinstance(kind, str):
+            raise RemoteProtocolError("kind must be a string")
+        imp = raw.get("impersonate")
+        request_id = raw.get("request_id", "")
+        return cls(
+            method=method,
+            target=target,
+            headers=parse_headers(raw.get("headers")),
+            kind=kind,
+            impersonate=None if imp is None else Impersonation.from_metadata(imp),
+            request_id=request_id if isinstance(request_id, str) else "",
+        )
+
+
+@attrs.frozen(kw_only=True)
+class ResponseHead:
+    status: int
+    headers: Headers
+
+    def to_metadata(self) -> Metadata:
+        return {"status": self.status, "headers": [list(h) for h in self.headers]}
+
+    @classmethod
+    def from_metadata(cls, raw: Metadata) -> ResponseHead:
+        status = raw.get("status")
+        if not isinstance(status, int) or not 100 <= status <= 599:
+            raise RemoteProtocolError(f"bad response status {status!r}")
+        return cls(status=status, headers=parse_headers(raw.get("headers")))
+
+
+def parse_headers(raw: object) -> Headers:
+    if not isinstance(raw, list):
+        raise RemoteProtocolError("headers must be a list of [name, value] pairs")
+    out = []
+    for item in raw:
+        if not (isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item)):
+            raise RemoteProtocolError("each header must be a [name, value] pair of strings")
+        name, value = item
+        if not name or "\n" in value or "\r" in value or "\n" in name or ":" in name.lstrip(":"):
+            raise RemoteProtocolError(f"invalid header {name!r}")
+        out.append((name.lower(), value))
+    return tuple(out)
+
+
+def strip_hop_by_hop(headers: Iterable[tuple[str, str]], *, keep_upgrade: bool = False) -> Headers:
+    """Drop hop-by-hop headers, and any header the ``Connection`` header names.
+
+    With ``keep_upgrade``, ``Connection: Upgrade`` and ``Upgrade`` survive so an upgrade request
+    (exec/attach/port-forward) can be re-issued upstream.
+    """
+    items = [(k.lower(), v) for k, v in headers]
+    named = {t.strip().lower() for k, v in items if k == "connection" for t in v.split(",") if t.strip()}
+    upgrade = keep_upgrade and "upgrade" in named and any(k == "upgrade" for k, _ in items)
+    out = [(k, v) for k, v in items if k not in HOP_BY_HOP and k not in named]
+    if upgrade:
+        out += [("connection", "Upgrade")] + [(k, v) for k, v in items if k == "upgrade"]
+    return tuple(out)
+
+
+def header_values(headers: Sequence[tuple[str, str]], name: str) -> list[str]:
+    return [v for k, v in headers if k == name]
