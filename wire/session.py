@@ -146,6 +146,8 @@ class MuxStream(trio.abc.HalfCloseableStream):
         self.session._call(self.session.connection.accept_stream, self.stream_id, metadata)
         self.accept_metadata = dict(metadata or {})
         self._accepted.set()
+        # The ACCEPT must go out now even if nothing follows it (a 101 waits for the client).
+        self.session._wake_writer()
 
     async def refuse(self, code: int = ErrorCode.REFUSED_STREAM, message: str = "") -> None:
         if self.local or self._accepted.is_set():

@@ -362,3 +362,14 @@ async def test_wait_broken_reports_a_reset_after_the_peer_half_closed(nursery: t
     assert not broken.is_set()
     await opened.reset(0x104, "client gone")
     await broken.wait()
+
+
+async def test_accept_alone_reaches_the_peer_at_once(nursery: trio.Nursery) -> None:
+    # An acceptor that answers and then only listens (a 101 upgrade waiting for the client's first
+    # bytes) must not leave its ACCEPT queued until some later frame happens to flush it.
+    client, server = await _session_pair(nursery)
+    opened = await client.open_stream({"upgrade": True})
+    incoming = await server.accept_stream()
+    await incoming.accept({"status": 101})
+    with trio.fail_after(5):  # far below the 15 s keepalive that would otherwise flush it
+        assert await opened.wait_accepted() == {"status": 101}
