@@ -1,0 +1,95 @@
+"""Agent tunnels: authenticating agentd's token on 8150 and keeping each session in the registry."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+
+from kasd.config import Agent
+from kasd.tokens import token_matches
+from kasd.tunnels import Tunnel, TunnelRegistry
+from wire.httptunnel import TunnelCode
+from wire.session import Session
+
+log = logging.getLogger("kasd.agents")
+
+
+class AgentAuthenticator:
+    """The ``authenticate`` callback of ``serve_h2_tunnels``: token → the agent record, or None (401)."""
+
+    def __init__(self, agents: Sequence[Agent]) -> None:
+        self._agents = tuple(agents)
+
+    async def __call__(self, token: str, headers: dict[str, str]) -> Agent | None:
+        await trio.lowlevel.checkpoint()
+        found: Agent | None = None
+        for agent in self._agents:  # every one, so timing does not tell which matched
+            if token_matches(token, agent.token_sha256) and found is None:
+                found = agent
+        if found is None:
+            log.warning("agent authentication failed reason=unknown-token user_agent=%r", headers.get("user-agent", ""))
+        return found
+
+
+def _hello_text(hello: dict[str, Any], key: str) -> str:
+    value = hello.get(key, "")
+    return value[:256] if isinstance(value, str) else str(value)[:256]
+
+
+class AgentSessions:
+    """The ``handler`` of ``serve_h2_tunnels``: registers the session for as long as it lives."""
+
+    def __init__(self, registry: TunnelRegistry) -> None:
+        self.registry = registry
+
+    async def __call__(self, session: Session, agent: Agent) -> None:
+        hello = dict(session.connection.peer_metadata)
+        # agentd sends its configured id as a string, empty when unset; an int is fine too.
+        claimed = hello.get("agent_id")
+        if claimed not in (None, "") and str(claimed).strip() != str(agent.id):
+            log.error(
+                "agent session rejected agent_id=%d claimed_agent_id=%r reason=hello-contradicts-token pod=%s",
+                agent.id,
+                claimed,
+                _hello_text(hello, "pod_name"),
+            )
+            return  # serve_h2_tunnels closes the session (GOAWAY) when the handler returns
+        tunnel = Tunnel(
+            agent_id=agent.id,
+            session=session,
+            pod_name=_hello_text(hello, "pod_name"),
+            pod_uid=_hello_text(hello, "pod_uid"),
+            version=_hello_text(hello, "version"),
+            connected_at=trio.current_time(),
+        )
+        self.registry.register(tunnel)
+        log.info(
+            "agent connected agent_id=%d agent=%s project=%s pod=%s pod_uid=%s version=%s",
+            agent.id,
+            agent.name,
+            agent.config_project,
+            tunnel.pod_name,
+            tunnel.pod_uid,
+            tunnel.version,
+        )
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._refuse_incoming, session)
+                await session.wait_closed()
+                nursery.cancel_scope.cancel()
+        finally:
+            self.registry.unregister(tunnel)
+            reason = session.close_reason.reason if session.close_reason else "closed by kasd"
+            log.info("agent disconnected agent_id=%d pod=%s reason=%r", agent.id, tunnel.pod_name, reason)
+
+    async def _refuse_incoming(self, session: Session) -> None:
+        # kasd serves nothing to agents yet; say so instead of letting streams wait in the backlog.
+        while True:
+            try:
+                stream = await session.accept_stream()
+            except trio.BrokenResourceError:
+                return
+            await stream.refuse(TunnelCode.UNKNOWN_TARGET, "kasd serves no streams to agents")

@@ -1,0 +1,45 @@
+"""One structured line per proxied request: who, what, which agent, outcome. Never a token."""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+import trio
+
+log = logging.getLogger("kasd.access")
+
+
+@attrs.define(kw_only=True)
+class RequestRecord:
+    request_id: str
+    method: str
+    path: str
+    protocol: str
+    peer: str
+    started: float = attrs.field(factory=trio.current_time)
+    agent_id: int | None = None
+    subject: str = ""
+    status: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    outcome: str = "ok"
+
+    def write(self) -> None:
+        duration = trio.current_time() - self.started
+        # The query string may carry anything; log the path only.
+        log.info(
+            "request id=%s method=%s path=%s proto=%s peer=%s agent=%s subject=%s status=%d bytes_in=%d bytes_out=%d duration=%.3f outcome=%s",
+            self.request_id,
+            self.method,
+            self.path.split("?", 1)[0][:512],
+            self.protocol,
+            self.peer,
+            self.agent_id if self.agent_id is not None else "-",
+            self.subject or "-",
+            self.status,
+            self.bytes_in,
+            self.bytes_out,
+            duration,
+            self.outcome,
+        )

@@ -1,0 +1,113 @@
+"""What HTTP/1.1 and HTTP/2 share: authorize, clean the head, find a session, open the stream,
+and turn the agent's answer (or refusal) into a response head or a ``ProxyError``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import attrs
+import trio
+
+from kasd.access import AccessDenied, Grant, StaticAccess
+from kasd.k8sproxy.status import ProxyError
+from kasd.tunnels import TunnelRegistry
+from wire.errors import RemoteProtocolError
+from wire.httptunnel import RequestHead, ResponseHead, TunnelCode, strip_hop_by_hop
+from wire.session import MuxStream, SessionClosedError, StreamRefusedError, StreamResetError
+
+log = logging.getLogger("kasd.k8sproxy")
+
+#: request headers that never leave kasd, besides the hop-by-hop ones
+_DROPPED = frozenset({"authorization", "cookie", "host", "expect"})
+_DROPPED_PREFIXES = ("impersonate-",)
+
+
+@attrs.frozen(kw_only=True)
+class Plan:
+    grant: Grant
+    head: RequestHead
+
+
+def clean_request_headers(headers: Sequence[tuple[str, str]], *, upgrade: bool) -> tuple[tuple[str, str], ...]:
+    """The client's headers minus its credentials, cookies, Impersonate-* and hop-by-hop headers."""
+    kept = strip_hop_by_hop(headers, keep_upgrade=upgrade)
+    return tuple((k, v) for k, v in kept if k not in _DROPPED and not k.startswith(_DROPPED_PREFIXES))
+
+
+def clean_response_headers(headers: Sequence[tuple[str, str]], *, switching: bool = False) -> list[tuple[str, str]]:
+    return list(strip_hop_by_hop(headers, keep_upgrade=switching))
+
+
+class Forwarder:
+    def __init__(self, access: StaticAccess, registry: TunnelRegistry, *, agent_wait_timeout: float) -> None:
+        self.access = access
+        self.registry = registry
+        self.agent_wait_timeout = agent_wait_timeout
+
+    def plan(
+        self, *, method: str, target: str, headers: Sequence[tuple[str, str]], request_id: str, upgrade: bool
+    ) -> Plan:
+        """Authorize and build the request head; ProxyError 401/403/400 otherwise."""
+        auth = [v for k, v in headers if k == "authorization"]
+        try:
+            if len(auth) > 1:
+                raise AccessDenied(401, "bad token: more than one Authorization header")
+            grant = self.access.authorize(auth[0] if auth else None)
+        except AccessDenied as exc:
+            extra = (("www-authenticate", 'Bearer realm="kasd"'),) if exc.status == 401 else ()
+            raise ProxyError(exc.status, exc.message, extra) from None
+        if not target.startswith("/"):
+            raise ProxyError(400, f"request target must be a path, got {target[:100]!r}")
+        head = RequestHead(
+            method=method,
+            target=target,
+            headers=clean_request_headers(headers, upgrade=upgrade),
+            impersonate=grant.impersonate,
+            request_id=request_id,
+        )
+        return Plan(grant=grant, head=head)
+
+    async def open(self, plan: Plan) -> MuxStream:
+        """A logical stream to the agent, opened on its least-loaded session; 503 after the wait."""
+        agent_id = plan.grant.agent_id
+        metadata = plan.head.to_metadata()
+        found_any = False
+        with trio.move_on_after(self.agent_wait_timeout):
+            while True:
+                session = await self.registry.acquire(agent_id)
+                found_any = True
+                try:
+                    return await session.open_stream(metadata)
+                except (StreamRefusedError, SessionClosedError, trio.BrokenResourceError) as exc:
+                    # It began draining or died between the pick and the open: try another one.
+                    log.info("session unusable, retrying agent_id=%d error=%s", agent_id, exc)
+                    await trio.lowlevel.checkpoint()
+        wait = f"{self.agent_wait_timeout:g}s"
+        if found_any:
+            raise ProxyError(503, f"agent {agent_id} is connected but has no free tunnel stream (waited {wait})")
+        raise ProxyError(503, f"agent {agent_id} is not connected (waited {wait})")
+
+    async def response(self, stream: MuxStream, plan: Plan) -> ResponseHead:
+        agent_id = plan.grant.agent_id
+        try:
+            metadata = await stream.wait_accepted()
+        except StreamRefusedError as exc:
+            raise _refusal(exc, agent_id) from None
+        except (StreamResetError, SessionClosedError, trio.BrokenResourceError) as exc:
+            raise ProxyError(502, f"tunnel to agent {agent_id} failed before the response: {exc}") from None
+        try:
+            return ResponseHead.from_metadata(metadata)
+        except RemoteProtocolError as exc:
+            raise ProxyError(502, f"agent {agent_id} sent an invalid response head: {exc}") from None
+
+
+def _refusal(exc: StreamRefusedError, agent_id: int) -> ProxyError:
+    detail = exc.message or "no detail"
+    if exc.code == TunnelCode.UPSTREAM_UNREACHABLE:
+        return ProxyError(502, f"cluster API unreachable from agent {agent_id}: {detail}")
+    if exc.code == TunnelCode.BAD_REQUEST:
+        return ProxyError(400, f"agent {agent_id} rejected the request: {detail}")
+    if exc.code == TunnelCode.UNKNOWN_TARGET:
+        return ProxyError(404, f"agent {agent_id} cannot serve this request: {detail}")
+    return ProxyError(503, f"agent {agent_id} refused the request: {exc}")

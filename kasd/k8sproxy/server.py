@@ -1,0 +1,137 @@
+"""Accepting proxy connections: TLS (ALPN h2/http1.1) or plain (HTTP/1.1, or h2c prior knowledge),
+the bounds every connection lives under, and the graceful drain."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+
+import trio
+
+from kasd.config import KubernetesAPIListener
+from kasd.k8sproxy.accesslog import RequestRecord
+from kasd.k8sproxy.forward import Forwarder
+from kasd.k8sproxy.http1 import Http1Connection
+from kasd.k8sproxy.http2 import Http2Connection
+from kasd.metrics import Metrics
+
+log = logging.getLogger("kasd.k8sproxy")
+
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def proxy_ssl_context(cert: str, key: str) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    return configure_alpn(ctx)
+
+
+def configure_alpn(ctx: ssl.SSLContext) -> ssl.SSLContext:
+    ctx.set_alpn_protocols(["h2", "http/1.1"])
+    return ctx
+
+
+def _peer_name(stream: trio.abc.Stream) -> str:
+    sock = getattr(stream, "socket", None)
+    try:
+        host, port = sock.getpeername()[:2] if sock is not None else ("?", 0)
+    except OSError:
+        return "?"
+    return f"{host}:{port}"
+
+
+class ProxyServer:
+    """Serves connections handed to ``handle_connection`` (e.g. by ``trio.serve_listeners``)."""
+
+    def __init__(
+        self,
+        forwarder: Forwarder,
+        metrics: Metrics,
+        settings: KubernetesAPIListener,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.forwarder = forwarder
+        self.metrics = metrics
+        self.settings = settings
+        self.ssl_context = ssl_context
+        self.draining = False
+        #: cancel scopes of connections waiting idle for a request; cancelled when draining starts
+        self.idle_scopes: set[trio.CancelScope] = set()
+        self.connections = 0
+        self._no_connections = trio.Event()
+        self._no_connections.set()
+
+    # ------------------------------------------------------------------ lifetime
+
+    def start_drain(self) -> None:
+        """Stop taking requests: idle connections close now, busy ones after their current requests."""
+        self.draining = True
+        for scope in list(self.idle_scopes):
+            scope.cancel()
+
+    async def wait_closed(self) -> None:
+        """Return once no connection is left (bound it with a cancel scope)."""
+        await self._no_connections.wait()
+
+    def finish(self, record: RequestRecord) -> None:
+        record.write()
+        self.metrics.proxy_requests.labels(code=str(record.status)).inc()
+        self.metrics.request_duration.observe(trio.current_time() - record.started)
+
+    def count_rejected(self, status: int) -> None:
+        self.metrics.proxy_requests.labels(code=str(status)).inc()
+
+    # ------------------------------------------------------------------ one connection
+
+    async def handle_connection(self, stream: trio.abc.Stream) -> None:
+        self.connections += 1
+        self._no_connections = trio.Event() if self.connections == 1 else self._no_connections
+        self.metrics.proxy_connections.inc()
+        peer = _peer_name(stream)
+        try:
+            await self._serve(stream, peer)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError) as exc:
+            log.debug("proxy connection ended peer=%s error=%r", peer, exc)
+        except Exception:  # one bad connection must never take the listener down
+            log.exception("proxy connection failed peer=%s", peer)
+        finally:
+            with trio.move_on_after(1, shield=True):
+                await stream.aclose()
+            self.metrics.proxy_connections.dec()
+            self.connections -= 1
+            if self.connections == 0:
+                self._no_connections.set()
+
+    async def _serve(self, stream: trio.abc.Stream, peer: str) -> None:
+        head_deadline = trio.current_time() + self.settings.header_timeout
+        initial = b""
+        use_h2 = False
+        with trio.CancelScope(deadline=head_deadline) as scope:
+            if self.ssl_context is not None:
+                tls = trio.SSLStream(stream, self.ssl_context, server_side=True)
+                try:
+                    await tls.do_handshake()
+                except trio.BrokenResourceError as exc:
+                    log.info("TLS handshake failed peer=%s error=%s", peer, exc.__cause__ or exc)
+                    return
+                stream = tls
+                use_h2 = tls.selected_alpn_protocol() == "h2"
+            else:
+                # Plain text: HTTP/1.1, unless the client starts with the HTTP/2 preface (h2c).
+                while len(initial) < len(H2_PREFACE) and H2_PREFACE.startswith(initial):
+                    data = await stream.receive_some(64 * 1024)
+                    if not data:
+                        break
+                    initial += data
+                use_h2 = initial.startswith(H2_PREFACE)
+        if scope.cancelled_caught and (self.ssl_context is not None or not initial):
+            # Nothing (or no TLS handshake) within the head timeout: just close.
+            log.info("client sent nothing in time peer=%s", peer)
+            self.count_rejected(408)
+            return
+        # A partial plain-text head that timed out falls through: HTTP/1.1 answers it 408.
+        if use_h2:
+            await Http2Connection(stream, self, initial=initial, head_deadline=head_deadline, peer=peer).run()
+        else:
+            await Http1Connection(stream, self, initial=initial, head_deadline=head_deadline, peer=peer).run()

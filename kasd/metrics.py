@@ -1,0 +1,44 @@
+"""Prometheus metrics of one kasd (its own registry, so several can run in one process in tests)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from kasd.tunnels import TunnelRegistry
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    def __init__(self, tunnels: TunnelRegistry) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        Gauge("kasd_connected_agents", "Agents with at least one live tunnel session", registry=r).set_function(
+            lambda: tunnels.statistics().agents
+        )
+        Gauge("kasd_agent_sessions", "Live tunnel sessions (agentd connections)", registry=r).set_function(
+            lambda: tunnels.statistics().sessions
+        )
+        self.proxy_requests = Counter(
+            "kasd_proxy_requests", "Kubernetes API proxy requests by response status", ["code"], registry=r
+        )
+        self.active_streams = Gauge(
+            "kasd_proxy_active_streams", "Proxy requests in flight (open logical streams to agents)", registry=r
+        )
+        self.tunnel_bytes = Counter(
+            "kasd_tunnel_bytes",
+            "Body bytes carried through tunnels by the proxy (to_agent: request bodies and upgraded client bytes)",
+            ["direction"],
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "kasd_proxy_request_duration_seconds",
+            "Proxy request duration, head to last byte",
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 30, 300, 3600),
+            registry=r,
+        )
+        self.proxy_connections = Gauge("kasd_proxy_connections", "Open client connections on the proxy port", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,186 @@
+"""Running kasd: every listener, the registry, and the graceful drain on shutdown.
+
+    runtime = await nursery.start(serve_kasd, config)   # listening once this returns
+    runtime.request_shutdown()                           # what SIGTERM does
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from typing import Any
+
+import attrs
+import trio
+
+from kasd.access import StaticAccess
+from kasd.agents import AgentAuthenticator, AgentSessions
+from kasd.config import Config, ConfigError, Listener
+from kasd.k8sproxy.forward import Forwarder
+from kasd.k8sproxy.server import ProxyServer, configure_alpn
+from kasd.metrics import Metrics
+from kasd.notify import sd_notify, write_ready_file
+from kasd.observability import Health, ObservabilityServer
+from kasd.tunnels import TunnelRegistry
+from wire.h2carrier import serve_h2_tunnels, server_ssl_context
+
+log = logging.getLogger("kasd")
+
+
+@attrs.define(kw_only=True, eq=False)
+class Runtime:
+    """A running kasd: where it listens and what it holds (for tests and the main loop)."""
+
+    config: Config
+    registry: TunnelRegistry
+    metrics: Metrics
+    health: Health
+    proxy: ProxyServer
+    #: "agent", "observability", "kubernetes_api" → "host:port" actually bound
+    addresses: dict[str, str] = attrs.field(factory=dict)
+    _shutdown: trio.Event = attrs.field(factory=trio.Event)
+
+    def request_shutdown(self) -> None:
+        self._shutdown.set()
+
+    @property
+    def shutdown_requested(self) -> bool:
+        return self._shutdown.is_set()
+
+    def port(self, name: str) -> int:
+        return int(self.addresses[name].rsplit(":", 1)[1])
+
+    @property
+    def agent_url(self) -> str:
+        scheme = "https" if self.config.agent.tls else "http"
+        return f"{scheme}://{self.addresses['agent']}{self.config.agent.path}"
+
+
+class StoppableListener(trio.abc.Listener[trio.abc.Stream]):
+    """Stops accepting (and closes the socket) once ``stop`` is set, without failing ``serve_listeners``."""
+
+    def __init__(self, inner: trio.SocketListener, stop: trio.Event) -> None:
+        self.inner = inner
+        self.stop = stop
+
+    @property
+    def socket(self) -> Any:
+        return self.inner.socket
+
+    async def accept(self) -> trio.abc.Stream:
+        async with trio.open_nursery() as nursery:
+            accepted: list[trio.abc.Stream] = []
+
+            async def accept_one() -> None:
+                accepted.append(await self.inner.accept())
+                nursery.cancel_scope.cancel()
+
+            async def wait_stop() -> None:
+                await self.stop.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(accept_one)
+            nursery.start_soon(wait_stop)
+        if accepted:
+            return accepted[0]
+        await self.inner.aclose()
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _ssl_context(listener: Listener, name: str) -> ssl.SSLContext | None:
+    if listener.tls is None:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        ctx.load_cert_chain(str(listener.tls.cert), str(listener.tls.key))
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"listeners.{name}.tls: cannot load certificate/key: {exc}") from None
+    return ctx
+
+
+def _bound(listeners: list[trio.SocketListener]) -> str:
+    host, port = listeners[0].socket.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def serve_kasd(config: Config, *, task_status: trio.TaskStatus[Runtime] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve until ``request_shutdown()``; then drain (bounded by ``shutdown_timeout``) and return."""
+    agent_tls = _ssl_context(config.agent, "agent")
+    proxy_tls = _ssl_context(config.kubernetes_api, "kubernetes_api")
+    registry = TunnelRegistry()
+    metrics = Metrics(registry)
+    health = Health()
+    forwarder = Forwarder(StaticAccess(config.access), registry, agent_wait_timeout=config.agent_wait_timeout)
+    proxy = ProxyServer(
+        forwarder,
+        metrics,
+        config.kubernetes_api,
+        ssl_context=configure_alpn(proxy_tls) if proxy_tls else None,
+    )
+    runtime = Runtime(config=config, registry=registry, metrics=metrics, health=health, proxy=proxy)
+    stop = trio.Event()
+
+    async def listen(listener: Listener) -> list[trio.SocketListener]:
+        try:
+            return await trio.open_tcp_listeners(listener.port, host=listener.host)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot listen on {listener.address}: {exc.strerror or exc}") from None
+
+    agent_sockets = await listen(config.agent)
+    proxy_sockets = await listen(config.kubernetes_api)
+    obs_sockets = await listen(config.observability)
+    runtime.addresses = {
+        "agent": _bound(agent_sockets),
+        "observability": _bound(obs_sockets),
+        "kubernetes_api": _bound(proxy_sockets),
+    }
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(
+            lambda task_status: serve_h2_tunnels(
+                AgentSessions(registry),
+                [StoppableListener(s, stop) for s in agent_sockets],
+                authenticate=AgentAuthenticator(config.agents),
+                path=config.agent.path,
+                ssl_context=server_ssl_context(agent_tls) if agent_tls else None,
+                handshake_timeout=config.agent.handshake_timeout,
+                task_status=task_status,
+            )
+        )
+        await nursery.start(trio.serve_listeners, proxy.handle_connection, [StoppableListener(s, stop) for s in proxy_sockets])
+        observability = ObservabilityServer(health, metrics)
+        await nursery.start(trio.serve_listeners, observability.handle_connection, obs_sockets)
+        health.ready = True
+        if config.ready_file is not None:
+            write_ready_file(config.ready_file, runtime.addresses)
+        sd_notify("READY=1")
+        log.info(
+            "kasd listening agent=%s observability=%s kubernetes_api=%s agents=%d access_entries=%d",
+            runtime.addresses["agent"],
+            runtime.addresses["observability"],
+            runtime.addresses["kubernetes_api"],
+            len(config.agents),
+            len(config.access),
+        )
+        task_status.started(runtime)
+
+        await runtime._shutdown.wait()
+        sd_notify("STOPPING=1")
+        log.info("kasd draining timeout=%gs connections=%d sessions=%d", config.shutdown_timeout, proxy.connections, registry.statistics().sessions)
+        health.start_draining()
+        stop.set()
+        proxy.start_drain()
+        with trio.move_on_after(config.shutdown_timeout) as drain_scope:
+            await proxy.wait_closed()
+            # No proxy request is left: GOAWAY every agent session and let its streams finish.
+            async with trio.open_nursery() as drains:
+                for tunnel in registry.tunnels():
+                    drains.start_soon(tunnel.session.drain, "kasd is shutting down")
+        if drain_scope.cancelled_caught:
+            log.warning("drain timed out; closing what is left connections=%d", proxy.connections)
+        nursery.cancel_scope.cancel()
+    log.info("kasd stopped")

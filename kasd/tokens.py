@@ -1,0 +1,22 @@
+"""Secrets as kasd stores them: sha256 hex digests, compared in constant time. Never logged."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def hash_token(token: str) -> str:
+    """The ``token_sha256`` value for a raw token (what ``kasd hash-token`` prints)."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def is_token_hash(value: object) -> bool:
+    return isinstance(value, str) and _HEX64.match(value) is not None
+
+
+def token_matches(token: str, token_sha256: str) -> bool:
+    return hmac.compare_digest(hash_token(token), token_sha256)

@@ -1,0 +1,1 @@
+"""Tests of kasd: config, agent tunnels, the Kubernetes API proxy (with a fake agent), observability."""

@@ -1,0 +1,151 @@
+"""The ``kasd`` command: configuration errors (exit 2, a message naming the key, no traceback),
+``hash-token``, ``--help``, and a real process that serves, writes its ready file and drains on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+import yaml
+
+from kasd.tokens import hash_token
+from tests.kasd.helpers import AGENT1_TOKEN, CI_SECRET, CI_TOKEN, bearer, http_request
+
+pytestmark = pytest.mark.timeout(20)
+
+GOOD_AGENT = {"id": 1, "name": "prod", "config_project": "g/p", "token_sha256": hash_token(AGENT1_TOKEN)}
+
+
+def _kasd(*args: str, stdin: str = "", env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kasd", *args], input=stdin, capture_output=True, text=True, timeout=15, env=env
+    )
+
+
+def _write(tmp_path: Path, doc: object) -> str:
+    path = tmp_path / "kasd.yaml"
+    path.write_text(doc if isinstance(doc, str) else yaml.safe_dump(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ("agents: [\n", "not valid YAML at line"),
+        ({"agents": [{**GOOD_AGENT, "token_sha256": "secret"}]}, "agents[0].token_sha256: must be 64 lower-case hex characters"),
+        ({"agents": [{**GOOD_AGENT, "id": "one"}]}, "agents[0].id: must be a positive integer"),
+        ({"agents": [GOOD_AGENT, GOOD_AGENT]}, "agents[1].id: agent id 1 is already used by agents[0]"),
+        ({"agnets": []}, "agnets: unknown key"),
+        ({"listeners": {"kubernetes_api": {"address": "8154"}}}, "listeners.kubernetes_api.address: '8154' is not host:port"),
+        ({"listeners": {"agent": {"address": "0.0.0.0:99999"}}}, "listeners.agent.address: port 99999 is out of range"),
+        ({"listeners": {"agent": {"tls": {"cert": "/nonexistent.crt", "key": "/nonexistent.key"}}}}, "listeners.agent.tls.cert: file '/nonexistent.crt' does not exist"),
+        (
+            {"agents": [GOOD_AGENT], "access": [{"kind": "ci", "token_sha256": hash_token("x"), "agents": [9]}]},
+            "access[0].agents[0]: agent 9 is not defined under agents:",
+        ),
+        (
+            {"access": [{"kind": "job", "token_sha256": hash_token("x"), "agents": []}]},
+            "access[0].kind: must be 'ci' or 'pat'",
+        ),
+        ({"agent_wait_timeout": -1}, "agent_wait_timeout: must be greater than 0"),
+        ({"log_level": "loud"}, "log_level: must be one of"),
+    ],
+)
+def test_bad_config_exits_2_naming_the_key(tmp_path: Path, doc: object, message: str) -> None:
+    result = _kasd("--config", _write(tmp_path, doc))
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_config_file_and_bad_env(tmp_path: Path) -> None:
+    result = _kasd("--config", str(tmp_path / "nope.yaml"))
+    assert result.returncode == 2 and "cannot read" in result.stderr and "Traceback" not in result.stderr
+    result = _kasd(env={"KASD_AGENT_WAIT_TIMEOUT": "soon", "PATH": "/usr/bin"})
+    assert result.returncode == 2 and "agent_wait_timeout: 'soon' is not a number of seconds" in result.stderr
+
+
+def test_hash_token_and_help() -> None:
+    result = _kasd("hash-token", stdin="s3cret\n")
+    assert result.returncode == 0 and result.stdout.strip() == hash_token("s3cret")
+    assert _kasd("hash-token", stdin="").returncode == 2
+    help_text = _kasd("--help").stdout
+    for needle in ("hash-token", "--config", "KASD_KUBERNETES_API_ADDRESS", "ci:<agent id>:<job token>", "--ready-file"):
+        assert needle in help_text
+
+
+async def test_process_serves_and_drains_on_sigterm(tmp_path: Path) -> None:
+    ready = tmp_path / "ready.json"
+    config = _write(
+        tmp_path,
+        {
+            "agents": [GOOD_AGENT],
+            "access": [{"kind": "ci", "token_sha256": hash_token(CI_SECRET), "agents": [1]}],
+            "agent_wait_timeout": 0.2,
+        },
+    )
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "KASD_AGENT_ADDRESS": "127.0.0.1:0",
+        "KASD_OBSERVABILITY_ADDRESS": "127.0.0.1:0",
+    }
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "kasd", "--config", config, "--kubernetes-api-address", "127.0.0.1:0", "--ready-file", str(ready)],
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    log = b""
+    try:
+        assert process.stderr is not None
+        with trio.fail_after(10):
+            while b"kasd listening" not in log:
+                chunk = await process.stderr.receive_some(4096)
+                assert chunk, log
+                log += chunk
+        addresses = json.loads(ready.read_text())
+        assert set(addresses) == {"agent", "observability", "kubernetes_api"}
+        port = int(addresses["kubernetes_api"].rsplit(":", 1)[1])
+        reply = await http_request(port, "GET", "/api", [bearer(CI_TOKEN)])
+        assert reply.status == 503 and json.loads(reply.body)["message"] == "agent 1 is not connected (waited 0.2s)"
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(10):
+            while chunk := await process.stderr.receive_some(4096):
+                log += chunk
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    text = log.decode()
+    assert "kasd stopped" in text
+    assert "kasd.access" in text and "status=503" in text
+    assert CI_SECRET not in text
+
+
+def test_example_config_is_valid() -> None:
+    from kasd.config import config_from_mapping
+
+    doc = yaml.safe_load((Path(__file__).parents[2] / "examples" / "kasd.yaml").read_text())
+    for listener in doc["listeners"].values():
+        listener.pop("tls", None)  # the example's certificate paths exist only on a real host
+    config = config_from_mapping(doc)
+    assert [a.id for a in config.agents] == [1, 2]
+    assert config.access[0].impersonate is not None and config.access[1].impersonate is None
+
+
+def test_sd_notify_sends_to_the_notify_socket(tmp_path: Path) -> None:
+    import socket
+
+    from kasd.notify import sd_notify
+
+    path = str(tmp_path / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
+        server.bind(path)
+        assert sd_notify("READY=1", {"NOTIFY_SOCKET": path})
+        assert server.recv(100) == b"READY=1"
+    assert not sd_notify("READY=1", {})

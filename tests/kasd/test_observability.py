@@ -1,0 +1,72 @@
+"""The observability port: liveness, readiness (down while draining) and the metrics counters."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from tests.kasd.helpers import CI_TOKEN, bearer, fake_agent, http_request, running_kasd
+
+pytestmark = pytest.mark.timeout(20)
+
+
+async def test_liveness_readiness_and_metrics() -> None:
+    async with running_kasd() as kasd, fake_agent(kasd):
+        obs = kasd.port("observability")
+        assert (await http_request(obs, "GET", "/liveness")).status == 200
+        assert (await http_request(obs, "GET", "/readiness")).status == 200
+        assert (await http_request(obs, "GET", "/nope")).status == 404
+        api = kasd.port("kubernetes_api")
+        assert (await http_request(api, "GET", "/api", [bearer(CI_TOKEN)], b"")).status == 200
+        assert (await http_request(api, "POST", "/api/v1/namespaces", [bearer(CI_TOKEN)], b"x" * 1000)).status == 200
+        assert (await http_request(api, "GET", "/api", [bearer("ci:1:bad")])).status == 401
+        metrics = await http_request(obs, "GET", "/metrics")
+        assert metrics.status == 200
+        text = metrics.body.decode()
+        for line in (
+            "kasd_connected_agents 1.0",
+            "kasd_agent_sessions 1.0",
+            'kasd_proxy_requests_total{code="200"} 2.0',
+            'kasd_proxy_requests_total{code="401"} 1.0',
+            "kasd_proxy_active_streams 0.0",
+            'kasd_tunnel_bytes_total{direction="to_agent"} 1000.0',
+        ):
+            assert line in text, line
+        assert 'kasd_tunnel_bytes_total{direction="from_agent"}' in text
+
+
+async def test_readiness_fails_while_draining_and_shutdown_finishes_in_flight_requests() -> None:
+    release = trio.Event()
+    arrived = trio.Event()
+
+    async def slow(stream, head, session) -> None:  # type: ignore[no-untyped-def]
+        from tests.kasd.helpers import json_handler
+
+        arrived.set()
+        await release.wait()
+        await json_handler(stream, head, session)
+
+    async with trio.open_nursery() as nursery:
+        from kasd.server import serve_kasd
+        from tests.kasd.helpers import make_config
+
+        kasd = await nursery.start(serve_kasd, make_config())
+        async with fake_agent(kasd, slow):
+            results: list[int] = []
+            done = trio.Event()
+
+            async def call() -> None:
+                results.append((await http_request(kasd.port("kubernetes_api"), "GET", "/api", [bearer(CI_TOKEN)])).status)
+                done.set()
+
+            nursery.start_soon(call)
+            await arrived.wait()
+            kasd.request_shutdown()
+            await kasd.health.drain_started.wait()
+            assert (await http_request(kasd.port("observability"), "GET", "/readiness")).status == 503
+            # New connections are no longer accepted on the proxy port.
+            with pytest.raises(OSError):
+                await trio.open_tcp_stream("127.0.0.1", kasd.port("kubernetes_api"))
+            release.set()
+            await done.wait()
+            assert results == [200]

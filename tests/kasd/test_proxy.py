@@ -1,0 +1,330 @@
+"""The Kubernetes API proxy over HTTP/1.1, with a fake agent on the other end of the tunnel."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import trio
+
+from tests.kasd.helpers import (
+    CI_IMPERSONATION,
+    CI_TOKEN,
+    PAT_TOKEN,
+    H1Client,
+    accept,
+    bearer,
+    fake_agent,
+    http_request,
+    make_config,
+    read_all,
+    reply,
+    running_kasd,
+)
+from wire.httptunnel import Impersonation, RequestHead, ResponseHead, TunnelCode
+from wire.session import MuxStream, Session, StreamResetError
+
+pytestmark = pytest.mark.timeout(20)
+
+
+async def test_get_reaches_agent_with_impersonation_and_without_client_credentials() -> None:
+    async with running_kasd() as kasd, fake_agent(kasd) as agent:
+        reply_ = await http_request(
+            kasd.port("kubernetes_api"),
+            "GET",
+            "/api/v1/namespaces/default/pods?limit=5",
+            [
+                bearer(CI_TOKEN),
+                ("cookie", "session=secret"),
+                ("connection", "keep-alive, x-hop"),
+                ("x-hop", "only-for-this-hop"),
+                ("keep-alive", "timeout=5"),
+                ("te", "trailers"),
+                ("proxy-authorization", "Basic eA=="),
+                ("impersonate-user", "system:admin"),
+                ("impersonate-group", "system:masters"),
+                ("accept", "application/json"),
+                ("user-agent", "kubectl/v1.37"),
+            ],
+        )
+        assert reply_.status == 200, reply_.body
+        assert len(agent.heads) == 1
+        head = agent.heads[0]
+        assert head.method == "GET"
+        assert head.target == "/api/v1/namespaces/default/pods?limit=5"
+        assert head.impersonate == Impersonation(
+            user="gitlab:ci_job:7",
+            groups=("gitlab:ci_job", "gitlab:project:42"),
+            uid="ci-7",
+            extra=(("agent.gitlab.com/job_id", ("7",)),),
+        )
+        names = {k for k, _ in head.headers}
+        for forbidden in ("authorization", "cookie", "connection", "x-hop", "keep-alive", "te", "proxy-authorization", "host"):
+            assert forbidden not in names
+        assert not any(n.startswith("impersonate-") for n in names)
+        assert ("accept", "application/json") in head.headers
+        assert ("user-agent", "kubectl/v1.37") in head.headers
+        # The request id travels in the open frame and comes back to the client.
+        assert head.request_id and reply_.headers["x-request-id"] == head.request_id
+        assert reply_.json()["target"] == "/api/v1/namespaces/default/pods?limit=5"
+        assert CI_IMPERSONATION["user"] == head.impersonate.user
+
+
+async def test_pat_without_impersonation_and_keep_alive() -> None:
+    async with running_kasd() as kasd, fake_agent(kasd) as agent:
+        client = await H1Client.connect(kasd.port("kubernetes_api"))
+        for path in ("/version", "/api"):
+            await client.request("GET", path, [bearer(PAT_TOKEN)])
+            response = await client.response()
+            assert response.status_code == 200
+            assert json.loads(await client.body())["target"] == path
+            client.conn.start_next_cycle()
+        # An error answer keeps the connection too.
+        await client.request("GET", "/api", [bearer("pat:1:wrong")])
+        response = await client.response()
+        assert response.status_code == 401 and (b"connection", b"close") not in response.headers
+        await client.body()
+        client.conn.start_next_cycle()
+        await client.request("GET", "/apis", [bearer(PAT_TOKEN)])
+        assert (await client.response()).status_code == 200
+        await client.body()
+        await client.aclose()
+        assert [h.impersonate for h in agent.heads] == [None, None, None]
+
+
+def _status(reply_: object) -> dict[str, object]:
+    body = reply_.json()  # type: ignore[attr-defined]
+    assert reply_.headers["content-type"] == "application/json"  # type: ignore[attr-defined]
+    assert body["kind"] == "Status" and body["apiVersion"] == "v1" and body["status"] == "Failure"
+    return body  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("headers", "fragment"),
+    [
+        ([], "missing bearer token"),
+        ([("authorization", "Basic dXNlcjpwdw==")], "expected Authorization: Bearer"),
+        ([bearer("ci-1-nope")], "malformed"),
+        ([bearer("ci:x:secret")], "agent id"),
+        ([bearer("ci:1:wrong-secret")], "unknown or invalid ci token"),
+        ([bearer("pat:1:job-secret-7")], "unknown or invalid pat token"),
+    ],
+)
+async def test_bad_tokens_are_401(headers: list[tuple[str, str]], fragment: str) -> None:
+    async with running_kasd() as kasd, fake_agent(kasd) as agent:
+        reply_ = await http_request(kasd.port("kubernetes_api"), "GET", "/api", headers)
+        assert reply_.status == 401
+        body = _status(reply_)
+        assert body["reason"] == "Unauthorized" and body["code"] == 401
+        assert fragment in str(body["message"])
+        assert reply_.headers["www-authenticate"].startswith("Bearer")
+        assert agent.heads == []
+
+
+async def test_agent_not_allowed_is_403() -> None:
+    async with running_kasd() as kasd, fake_agent(kasd):
+        reply_ = await http_request(kasd.port("kubernetes_api"), "GET", "/api", [bearer("pat:2:pat-secret-alice")])
+        assert reply_.status == 403
+        body = _status(reply_)
+        assert body["reason"] == "Forbidden"
+        assert body["message"] == "this pat token is not allowed to use agent 2"
+
+
+async def test_agent_not_connected_is_503_after_bounded_wait() -> None:
+    async with running_kasd(make_config({"agent_wait_timeout": 0.3})) as kasd:
+        started = trio.current_time()
+        reply_ = await http_request(kasd.port("kubernetes_api"), "GET", "/api", [bearer("ci:2:job-secret-7")])
+        assert trio.current_time() - started >= 0.3
+        assert reply_.status == 503
+        body = _status(reply_)
+        assert body["reason"] == "ServiceUnavailable"
+        assert body["message"] == "agent 2 is not connected (waited 0.3s)"
+
+
+async def test_request_waits_for_agent_that_connects_during_the_wait() -> None:
+    async with running_kasd() as kasd, trio.open_nursery() as nursery:
+        done = trio.Event()
+        result: list[int] = []
+
+        async def call() -> None:
+            result.append((await http_request(kasd.port("kubernetes_api"), "GET", "/api", [bearer(CI_TOKEN)])).status)
+            done.set()
+
+        nursery.start_soon(call)
+        while kasd.registry.statistics().waiting < 1:
+            await kasd.registry.wait_changed()
+        async with fake_agent(kasd):
+            await done.wait()
+        assert result == [200]
+
+
+async def test_cluster_unreachable_is_502() -> None:
+    async def unreachable(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        await stream.refuse(TunnelCode.UPSTREAM_UNREACHABLE, "dial tcp 10.0.0.1:443: connect: connection refused")
+
+    async with running_kasd() as kasd, fake_agent(kasd, unreachable):
+        reply_ = await http_request(kasd.port("kubernetes_api"), "GET", "/api", [bearer(CI_TOKEN)])
+        assert reply_.status == 502
+        body = _status(reply_)
+        assert body["reason"] == "BadGateway"
+        assert body["message"] == "cluster API unreachable from agent 1: dial tcp 10.0.0.1:443: connect: connection refused"
+
+
+async def test_five_mib_request_body_streams_through() -> None:
+    payload = bytes(range(256)) * (5 * 1024 * 4)  # 5 MiB
+    assert len(payload) == 5 * 1024 * 1024
+
+    async def digest(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        h = hashlib.sha256()
+        size = 0
+        biggest = 0
+        while chunk := await stream.receive_some():
+            h.update(chunk)
+            size += len(chunk)
+            biggest = max(biggest, len(chunk))
+        body = json.dumps({"size": size, "sha256": h.hexdigest(), "biggest_chunk": biggest}).encode()
+        await reply(stream, 201, body, [("content-type", "application/json")])
+
+    async with running_kasd() as kasd, fake_agent(kasd, digest) as agent:
+        reply_ = await http_request(
+            kasd.port("kubernetes_api"),
+            "POST",
+            "/apis/apps/v1/namespaces/default/deployments",
+            [bearer(CI_TOKEN), ("content-type", "application/yaml")],
+            payload,
+        )
+        assert reply_.status == 201
+        seen = reply_.json()
+        assert seen["size"] == len(payload)
+        assert seen["sha256"] == hashlib.sha256(payload).hexdigest()
+        assert seen["biggest_chunk"] < len(payload)  # it arrived in pieces, never as one buffer
+        assert ("content-length", str(len(payload))) in agent.heads[0].headers
+
+
+async def test_long_response_streams_chunk_by_chunk() -> None:
+    """A watch: each event reaches the client while the response is still open."""
+    go = [trio.Event() for _ in range(3)]
+
+    async def watch(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        await read_all(stream)
+        await accept(stream, ResponseHead(status=200, headers=(("content-type", "application/json"),)))
+        for i, event in enumerate(go):
+            await event.wait()
+            await stream.send_all(json.dumps({"type": "ADDED", "n": i}).encode() + b"\n")
+        await stream.send_eof()
+
+    async with running_kasd() as kasd, fake_agent(kasd, watch):
+        client = await H1Client.connect(kasd.port("kubernetes_api"))
+        await client.request("GET", "/api/v1/pods?watch=1", [bearer(CI_TOKEN)])
+        response = await client.response()
+        assert response.status_code == 200
+        assert (b"transfer-encoding", b"chunked") in response.headers
+        for i, event in enumerate(go):
+            event.set()
+            chunk = await client.chunk()
+            assert chunk is not None and json.loads(chunk) == {"type": "ADDED", "n": i}
+        assert await client.chunk() is None
+        await client.aclose()
+
+
+async def test_client_disconnect_resets_the_stream_and_frees_it() -> None:
+    reset_seen = trio.Event()
+    codes: list[int] = []
+
+    async def endless(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        await read_all(stream)
+        await accept(stream, ResponseHead(status=200, headers=()))
+        try:
+            while True:
+                await stream.send_all(b'{"type":"BOOKMARK"}\n')
+                await trio.sleep(0.01)  # pacing, not synchronisation
+        except StreamResetError as exc:
+            codes.append(exc.code)
+            reset_seen.set()
+
+    async with running_kasd() as kasd, fake_agent(kasd, endless) as agent:
+        client = await H1Client.connect(kasd.port("kubernetes_api"))
+        await client.request("GET", "/api/v1/pods?watch=1", [bearer(CI_TOKEN)])
+        assert (await client.response()).status_code == 200
+        assert await client.chunk()
+        assert agent.session.statistics().open_streams == 1
+        await client.aclose()
+        await reset_seen.wait()
+        assert codes == [TunnelCode.CLIENT_GONE]
+        assert agent.session.statistics().open_streams == 0
+        (tunnel,) = kasd.registry.tunnels(1)
+        assert tunnel.session.statistics().open_streams == 0
+
+
+async def test_upgrade_turns_into_a_raw_pipe_both_ways() -> None:
+    async def exec_(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        assert ("upgrade", "SPDY/3.1") in head.headers
+        assert ("connection", "Upgrade") in head.headers
+        assert ("x-stream-protocol-version", "v4.channel.k8s.io") in head.headers
+        await accept(
+            stream,
+            ResponseHead(
+                status=101,
+                headers=(("connection", "Upgrade"), ("upgrade", "SPDY/3.1"), ("x-stream-protocol-version", "v4.channel.k8s.io")),
+            ),
+        )
+        while chunk := await stream.receive_some():
+            await stream.send_all(chunk.upper())
+        await stream.send_all(b"bye")
+        await stream.send_eof()
+
+    async with running_kasd() as kasd, fake_agent(kasd, exec_):
+        client = await H1Client.connect(kasd.port("kubernetes_api"))
+        await client.request(
+            "POST",
+            "/api/v1/namespaces/default/pods/p/exec?command=sh&stdin=true",
+            [
+                bearer(CI_TOKEN),
+                ("connection", "Upgrade"),
+                ("upgrade", "SPDY/3.1"),
+                ("x-stream-protocol-version", "v4.channel.k8s.io"),
+            ],
+            body=b"",
+        )
+        response = await client.response()
+        assert response.status_code == 101
+        headers = {k.decode(): v.decode() for k, v in response.headers}
+        assert headers["upgrade"] == "SPDY/3.1"
+        early, _ = client.conn.trailing_data
+        assert early == b""
+        sock = client.stream
+        for word in (b"hello", b"world"):
+            await sock.send_all(word)
+            got = b""
+            while len(got) < len(word):
+                got += await sock.receive_some(100)
+            assert got == word.upper()
+        await sock.send_eof()  # type: ignore[attr-defined]
+        rest = b""
+        while data := await sock.receive_some(100):
+            rest += data
+        assert rest == b"bye"
+        await client.aclose()
+
+
+async def test_unauthorized_large_upload_still_gets_its_401() -> None:
+    """kubectl apply -f of 5 MiB with a bad token: the 401 arrives although the body was never read."""
+    async with running_kasd() as kasd, fake_agent(kasd) as agent:
+        client = await H1Client.connect(kasd.port("kubernetes_api"))
+        payload = b"y" * (5 * 1024 * 1024)
+        async with trio.open_nursery() as nursery:
+
+            async def upload() -> None:
+                try:
+                    await client.request("PUT", "/api/v1/namespaces/default/configmaps/big", [bearer("ci:1:bad")], payload)
+                except trio.BrokenResourceError:
+                    pass  # kasd may close once it answered: that is allowed
+
+            nursery.start_soon(upload)
+            response = await client.response()
+            assert response.status_code == 401
+            assert (b"connection", b"close") in response.headers
+            assert b"unknown or invalid ci token" in await client.body()
+        await client.aclose()
+        assert agent.heads == []
