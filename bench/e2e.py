@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""End-to-end request latency, requests/s and bulk throughput: through the tunnel vs direct vs ssh -R.
+
+    python bench/e2e.py                 # ~1-2 minutes on 2 cores
+    python bench/e2e.py --quick         # fewer requests, noisier
+
+Starts the demo stack (kubesim, kasd, agentd as real processes on 127.0.0.1; ``kasctl.stack``) and
+measures, in the same run, three ways to reach the same kubesim:
+
+  direct    HTTPS straight to kubesim (what a cluster-local client would see)
+  tunnel    HTTPS to kasd's Kubernetes API proxy → mux over h2c → agentd → HTTPS to kubesim
+  ssh -R    HTTPS to kubesim through an OpenSSH reverse tunnel (sshd with throwaway keys on
+            loopback; skipped, with the reason, when sshd is not installed)
+
+Small GET: one ~300-byte ConfigMap, at concurrency 1 and 64, keep-alive connections, p50/p99 and
+requests/s. Bulk: a ~64 MiB ConfigMap list. Prints ratios against direct and ssh -R.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import ssl
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import trio
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from httpload import LoadResult, run_load
+from sshtunnel import ReverseTunnel
+from wire_throughput import describe_machine
+
+from kasctl.stack import Stack
+
+SMALL = "/api/v1/namespaces/default/configmaps/bench-small"
+BULK_NS = "bench-bulk"
+BULK = f"/api/v1/namespaces/{BULK_NS}/configmaps"
+
+
+class Target:
+    def __init__(self, name: str, host: str, port: int, ctx: ssl.SSLContext, token: str) -> None:
+        self.name = name
+        self.host = host
+        self.port = port
+        self.ctx = ctx
+        self.headers = [("authorization", f"Bearer {token}"), ("accept", "application/json")]
+
+    def load(self, target: str, concurrency: int, requests: int) -> LoadResult:
+        return trio.run(
+            lambda: run_load(
+                self.host, self.port, target, concurrency=concurrency, requests=requests,
+                headers=self.headers, ssl_context=self.ctx,
+            )
+        )  # fmt: skip
+
+
+def _context(ca_pem: bytes) -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    ctx.load_verify_locations(cadata=ca_pem.decode())
+    ctx.check_hostname = False  # kubesim's throwaway certificate names localhost; we dial 127.0.0.1
+    return ctx
+
+
+def _seed(url: str, ctx: ssl.SSLContext, token: str, bulk_mib: int) -> None:
+    def post(path: str, body: dict[str, object]) -> None:
+        request = urllib.request.Request(
+            url + path, data=json.dumps(body).encode(), method="POST",
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request, context=ctx, timeout=60) as response:
+            response.read()
+
+    post("/api/v1/namespaces/default/configmaps", {"metadata": {"name": "bench-small"}, "data": {"greeting": "hello"}})
+    post("/api/v1/namespaces", {"metadata": {"name": BULK_NS}})
+    for i in range(bulk_mib):
+        post(f"/api/v1/namespaces/{BULK_NS}/configmaps", {"metadata": {"name": f"blob-{i}"}, "data": {"blob": "x" * (1 << 20)}})
+
+
+def _row(name: str, result: LoadResult) -> str:
+    return (
+        f"  {name:<8} p50 {result.percentile(50) * 1e3:7.2f} ms   p99 {result.percentile(99) * 1e3:7.2f} ms"
+        f"   {result.rps:8.0f} req/s"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer requests (noisier figures)")
+    parser.add_argument("--bulk-mib", type=int, default=64, help="size of the bulk list in MiB (default 64)")
+    args = parser.parse_args()
+    n1, n64, bulk_rounds = (200, 1000, 2) if args.quick else (1000, 6400, 4)
+
+    print(f"machine: {describe_machine()}")
+    stack = Stack(Path(tempfile.mkdtemp(prefix="bench-e2e-")))
+    stack.start()
+    tunnel: ReverseTunnel | None = None
+    try:
+        cluster = yaml.safe_load((stack.dir / "cluster.kubeconfig").read_text())["clusters"][0]["cluster"]
+        sim_ctx = _context(base64.b64decode(cluster["certificate-authority-data"]))
+        sim_host, sim_port = cluster["server"].removeprefix("https://").rsplit(":", 1)
+        kas_host, kas_port = stack.addresses["kubernetes_api"].rsplit(":", 1)
+        _seed(cluster["server"], sim_ctx, stack.cluster_token, args.bulk_mib)
+
+        targets = [
+            Target("direct", sim_host, int(sim_port), sim_ctx, stack.cluster_token),
+            Target("tunnel", kas_host, int(kas_port), _context(stack.ca.cert_pem.bytes()), stack.ci_token),
+        ]
+        reason = ReverseTunnel.unavailable_reason()
+        if reason is None:
+            tunnel = ReverseTunnel.start(int(sim_port))
+            targets.append(Target("ssh -R", "127.0.0.1", tunnel.port, sim_ctx, stack.cluster_token))
+        else:
+            print(f"ssh -R baseline skipped: {reason}")
+
+        results: dict[tuple[str, str], LoadResult] = {}
+        for concurrency, count in ((1, n1), (64, n64)):
+            print(f"small GET ({SMALL}), concurrency {concurrency}, {count} requests:", flush=True)
+            for t in targets:
+                results[(t.name, f"c{concurrency}")] = r = t.load(SMALL, concurrency, count)
+                print(_row(t.name, r), flush=True)
+        print(f"bulk GET of a {args.bulk_mib} MiB list, {bulk_rounds} rounds, 1 connection:", flush=True)
+        for t in targets:
+            started = time.perf_counter()
+            r = t.load(BULK, 1, bulk_rounds)
+            results[(t.name, "bulk")] = r
+            print(f"  {t.name:<8} {r.mb_per_s:8.1f} MB/s  ({r.body_bytes / 2**20:.0f} MiB in {time.perf_counter() - started:.1f} s)", flush=True)
+
+        d1, t1 = results[("direct", "c1")], results[("tunnel", "c1")]
+        print("ratios:")
+        print(f"  added p50 latency, concurrency 1: {(t1.percentile(50) - d1.percentile(50)) * 1e3:+.2f} ms (target ≤ 1 ms)")
+        rps = results[("tunnel", "c64")].rps / results[("direct", "c64")].rps
+        print(f"  requests/s at concurrency 64: {rps:.2f} × direct (target ≥ 0.5)")
+        bulk_direct = results[("tunnel", "bulk")].mb_per_s / results[("direct", "bulk")].mb_per_s
+        print(f"  bulk: {bulk_direct:.2f} × direct")
+        if ("ssh -R", "bulk") in results:
+            ratio = results[("tunnel", "bulk")].mb_per_s / results[("ssh -R", "bulk")].mb_per_s
+            print(f"  bulk: {ratio:.2f} × ssh -R (target ≥ 1.0)")
+            print(f"  requests/s at concurrency 64 vs ssh -R: {results[('tunnel', 'c64')].rps / results[('ssh -R', 'c64')].rps:.2f}")
+    finally:
+        if tunnel is not None:
+            tunnel.close()
+        stack.stop()
+
+
+if __name__ == "__main__":
+    main()
