@@ -105,7 +105,7 @@ async def serve(mode: str, port_file: str, cert_dir: str | None) -> None:
                     return
                 transport, _ = accepted
                 async with trio.open_nursery() as inner:
-                    inner.start_soon(h2carrier._read_forever_server, transport._link)
+                    inner.start_soon(h2carrier.run_h2_reader, transport)
                     await _sink_stream(transport)
                     await trio.sleep(1)
                     inner.cancel_scope.cancel()

@@ -348,13 +348,15 @@ async def _await_response(link: _H2Link, stream_id: int) -> tuple[int, str]:
 
 
 async def _read_forever(link: _H2Link) -> None:
+    """The reader task of an established tunnel connection, either side."""
     for event in link.pending:
         link.dispatch(event)
     while not link.closed:
         events = await link.read_events()
         for event in events:
             if isinstance(event, h2.events.RequestReceived):
-                # A server never opens streams to a tunnel client.
+                # One tunnel per connection: no further requests either way (a server never opens
+                # streams to a tunnel client; a client gets one tunnel stream per connection).
                 link.conn.reset_stream(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
             else:
                 link.dispatch(event)
@@ -474,7 +476,7 @@ async def _serve_connection(
             if accepted is None:
                 return
             transport, principal = accepted
-            nursery.start_soon(_read_forever_server, transport._link)
+            nursery.start_soon(run_h2_reader, transport)
             session = await connect_session(nursery, transport, client=False, **session_kwargs)
             try:
                 await handler(session, principal)
@@ -595,21 +597,3 @@ def _reject(
     )
     link.conn.send_data(stream_id, body, end_stream=True)
     return None
-
-
-async def _read_forever_server(link: _H2Link) -> None:
-    for event in link.pending:
-        link.dispatch(event)
-    while not link.closed:
-        events = await link.read_events()
-        for event in events:
-            if isinstance(event, h2.events.RequestReceived):
-                # One tunnel per connection: further requests on it are refused.
-                link.conn.reset_stream(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
-            else:
-                link.dispatch(event)
-        if not link.closed:
-            try:
-                await link.flush()
-            except trio.BrokenResourceError:
-                return
