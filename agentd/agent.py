@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import socket
 import ssl
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +18,7 @@ from agentd.health import serve_health
 from agentd.kubeapi import KubeTarget, in_cluster_target, kubeconfig_target
 from agentd.proxy import KubeApiProxy
 from agentd.upstream import UpstreamPool
+from daemonstatus.notify import sd_notify, write_ready_file
 
 log = logging.getLogger("agentd")
 
@@ -129,23 +127,7 @@ async def _after_first_tunnel(manager: ConnectionManager, ready_file: Path | Non
     if ready_file is not None:
         host, port = health
         shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
-        tmp = ready_file.with_name(ready_file.name + ".tmp")
-        tmp.write_text(json.dumps({"health": f"{shown}:{port}"}))
-        tmp.replace(ready_file)
+        write_ready_file(ready_file, {"health": f"{shown}:{port}"})
     # systemd shows this; tests use it to know the ready file is there.
     sd_notify("STATUS=connected to kasd")
 
-
-def sd_notify(state: str) -> None:
-    """Tell systemd (Type=notify) about our state, when it asked by setting NOTIFY_SOCKET."""
-    address = os.environ.get("NOTIFY_SOCKET")
-    if not address:
-        return
-    if address.startswith("@"):
-        address = "\0" + address[1:]  # abstract namespace
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-            sock.connect(address)
-            sock.sendall(state.encode())
-    except OSError as exc:
-        log.warning("sd_notify failed state=%s error=%r", state, exc)

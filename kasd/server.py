@@ -13,13 +13,13 @@ from typing import Any
 import attrs
 import trio
 
+from daemonstatus.notify import sd_notify, write_ready_file
 from kasd.access import StaticAccess
 from kasd.agents import AgentAuthenticator, AgentSessions
 from kasd.config import Config, ConfigError, Listener
 from kasd.k8sproxy.forward import Forwarder
 from kasd.k8sproxy.server import ProxyServer, configure_alpn
 from kasd.metrics import Metrics
-from kasd.notify import sd_notify, write_ready_file
 from kasd.observability import Health, ObservabilityServer
 from kasd.tunnels import TunnelRegistry
 from wire.h2carrier import serve_h2_tunnels, server_ssl_context

@@ -1,4 +1,4 @@
-"""Telling supervisors kasd is up: systemd's sd_notify, and a JSON ready file (a test hook)."""
+"""systemd's sd_notify, and an atomically written JSON ready file (a test and script hook)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
-log = logging.getLogger("kasd")
+log = logging.getLogger("daemonstatus")
 
 
 def sd_notify(state: str, environ: Mapping[str, str] | None = None) -> bool:
@@ -30,7 +30,7 @@ def sd_notify(state: str, environ: Mapping[str, str] | None = None) -> bool:
 
 
 def write_ready_file(path: Path, addresses: Mapping[str, str]) -> None:
-    """Atomically write ``{"agent": "host:port", ...}`` so a reader never sees half a file."""
+    """Atomically write ``{"name": "host:port", ...}`` so a reader never sees half a file."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(dict(addresses)) + "\n")
     tmp.replace(path)
