@@ -29,6 +29,8 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +237,22 @@ def measure(label: str, fn: Any, nbytes: int, repeat: int) -> float:
 # ----------------------------------------------------------------------------- memory
 
 
+@asynccontextmanager
+async def _traced() -> AsyncIterator[list[int]]:
+    """Bytes the block left allocated once every task it started is idle (tracemalloc)."""
+    grown = [0]
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    try:
+        yield grown
+        await trio.testing.wait_all_tasks_blocked()
+        gc.collect()
+        grown[0] = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+
+
 async def _start_session(nursery: trio.Nursery, transport: trio.abc.Stream, client: bool) -> None:
     await connect_session(nursery, transport, client=client)
 
@@ -242,21 +260,14 @@ async def _start_session(nursery: trio.Nursery, transport: trio.abc.Stream, clie
 async def _idle_mux_sessions(count: int) -> tuple[int, int]:
     """Bytes per session for the mux session alone (one end), over in-memory streams."""
     async with trio.open_nursery() as nursery:
-        gc.collect()
-        tracemalloc.start()
-        before = tracemalloc.get_traced_memory()[0]
-        for _ in range(count):
-            left, right = trio.testing.memory_stream_pair()
-            async with trio.open_nursery() as pair:
-                pair.start_soon(_start_session, nursery, left, True)
-                pair.start_soon(_start_session, nursery, right, False)
-        await trio.testing.wait_all_tasks_blocked()
-        gc.collect()
-        after = tracemalloc.get_traced_memory()[0]
-        tracemalloc.stop()
+        async with _traced() as grown:
+            for _ in range(count):
+                left, right = trio.testing.memory_stream_pair()
+                async with trio.open_nursery() as pair:
+                    pair.start_soon(_start_session, nursery, left, True)
+                    pair.start_soon(_start_session, nursery, right, False)
         nursery.cancel_scope.cancel()
-    total = after - before
-    return total, total // (2 * count)
+    return grown[0], grown[0] // (2 * count)
 
 
 async def _idle_h2c_tunnels(count: int) -> tuple[int, int]:
@@ -276,21 +287,14 @@ async def _idle_h2c_tunnels(count: int) -> tuple[int, int]:
         await nursery.start(
             lambda task_status: serve_h2_tunnels(on_session, listeners, authenticate=auth, task_status=task_status)
         )
-        gc.collect()
-        tracemalloc.start()
-        before = tracemalloc.get_traced_memory()[0]
-        for _ in range(count):
-            transport = await dial_h2_tunnel(f"http://127.0.0.1:{port}/tunnel", token=TOKEN)
-            nursery.start_soon(run_h2_reader, transport)
-            await connect_session(nursery, transport, client=True)
-            await ready.acquire()
-        await trio.testing.wait_all_tasks_blocked()
-        gc.collect()
-        after = tracemalloc.get_traced_memory()[0]
-        tracemalloc.stop()
+        async with _traced() as grown:
+            for _ in range(count):
+                transport = await dial_h2_tunnel(f"http://127.0.0.1:{port}/tunnel", token=TOKEN)
+                nursery.start_soon(run_h2_reader, transport)
+                await connect_session(nursery, transport, client=True)
+                await ready.acquire()
         nursery.cancel_scope.cancel()
-    total = after - before
-    return total, total // (2 * count)
+    return grown[0], grown[0] // (2 * count)
 
 
 # ----------------------------------------------------------------------------- main
