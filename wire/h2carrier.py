@@ -16,6 +16,7 @@ import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -28,7 +29,7 @@ import h2.settings
 import hyperframe.frame
 import trio
 
-from wire.session import Session, SessionClosedError, connect_session
+from wire.session import Session, SessionClosedError, connect_session, open_session
 
 log = logging.getLogger("wire.h2carrier")
 
@@ -382,23 +383,10 @@ async def open_h2_session(
     themselves, before the nursery exists, so callers can catch them plainly.
     """
     transport = await dial_h2_tunnel(url, token=token, ssl_context=ssl_context, headers=headers)
-    session = Session(transport, client=True, **session_kwargs)
-    failure: BaseException | None = None
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(run_h2_reader, transport)
-        try:
-            await nursery.start(session.run)
-        except SessionClosedError as exc:
-            failure = exc
-            nursery.cancel_scope.cancel()
-        if failure is None:
-            try:
-                yield session
-            finally:
-                await session.aclose()
-                nursery.cancel_scope.cancel()
-    if failure is not None:
-        raise failure
+    async with open_session(
+        transport, client=True, transport_task=partial(run_h2_reader, transport), **session_kwargs
+    ) as session:
+        yield session
 
 
 # --------------------------------------------------------------------------- server

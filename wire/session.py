@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import operator
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -703,14 +703,33 @@ async def connect_session(nursery: trio.Nursery, transport: trio.abc.Stream, *, 
 
 
 @asynccontextmanager
-async def open_session(transport: trio.abc.Stream, *, client: bool, **kwargs: Any) -> AsyncIterator[Session]:
-    """``async with open_session(stream, client=True) as session:`` — closed (GOAWAY) on exit."""
+async def open_session(
+    transport: trio.abc.Stream,
+    *,
+    client: bool,
+    transport_task: Callable[[], Awaitable[object]] | None = None,
+    **kwargs: Any,
+) -> AsyncIterator[Session]:
+    """``async with open_session(stream, client=True) as session:`` — closed (GOAWAY) on exit.
+
+    A handshake failure raises SessionClosedError as itself, not wrapped in an exception group.
+    ``transport_task``, if given, runs beside the session for its lifetime (a carrier's reader).
+    """
+    session = Session(transport, client=client, **kwargs)
+    failure: SessionClosedError | None = None
     async with trio.open_nursery() as nursery:
-        session = await connect_session(nursery, transport, client=client, **kwargs)
+        if transport_task is not None:
+            nursery.start_soon(transport_task)
         try:
-            yield session
-        finally:
-            await session.aclose()
+            await nursery.start(session.run)
+        except SessionClosedError as exc:
+            failure = exc
             nursery.cancel_scope.cancel()
-
-
+        if failure is None:
+            try:
+                yield session
+            finally:
+                await session.aclose()
+                nursery.cancel_scope.cancel()
+    if failure is not None:
+        raise failure

@@ -373,3 +373,12 @@ async def test_accept_alone_reaches_the_peer_at_once(nursery: trio.Nursery) -> N
     await incoming.accept({"status": 101})
     with trio.fail_after(5):  # far below the 15 s keepalive that would otherwise flush it
         assert await opened.wait_accepted() == {"status": 101}
+
+
+async def test_open_session_raises_a_failed_handshake_plainly() -> None:
+    left, right = trio.testing.memory_stream_pair()
+    await right.send_all(encode(Hello(major=9, minor=0, settings={}, metadata={})))
+    with pytest.raises(SessionClosedError) as info:  # not an ExceptionGroup around it
+        async with open_session(left, client=True):
+            pass  # pragma: no cover
+    assert info.value.code == ErrorCode.UNSUPPORTED_VERSION
