@@ -24,6 +24,7 @@ import h11
 import trio
 
 from agentd.kubeapi import KubeTarget
+from wire.fastio import FastTLSStream, fast_stream
 from wire.httptunnel import Headers, RequestHead, strip_hop_by_hop
 
 log = logging.getLogger("agentd.upstream")
@@ -112,8 +113,6 @@ class _Connection:
     def readable_while_idle(self) -> bool:
         """An idle keep-alive connection with bytes (or EOF) waiting is one the server gave up on."""
         stream = self.stream
-        if isinstance(stream, trio.SSLStream):
-            stream = stream.transport_stream
         sock = getattr(stream, "socket", None)
         try:
             poller = select.poll()  # not select(): it cannot take descriptors above 1023
@@ -341,14 +340,14 @@ class UpstreamPool:
 
     async def _connect(self) -> _Connection:
         target = self.target
-        tcp: trio.SocketStream | None = None
+        tcp: trio.abc.Stream | None = None
         try:
             with trio.fail_after(self.connect_timeout):
-                tcp = await trio.open_tcp_stream(target.host, target.port)
+                tcp = fast_stream(await trio.open_tcp_stream(target.host, target.port))
                 stream: trio.abc.Stream = tcp
                 if target.scheme == "https":
                     assert target.ssl_context is not None
-                    tls = trio.SSLStream(tcp, target.ssl_context, https_compatible=True,
+                    tls = FastTLSStream(tcp, target.ssl_context, https_compatible=True,
                                          server_hostname=target.server_hostname or target.host)
                     await tls.do_handshake()
                     stream = tls

@@ -29,6 +29,7 @@ import h2.settings
 import hyperframe.frame
 import trio
 
+from wire.fastio import FastTLSStream, fast_stream
 from wire.session import Session, SessionClosedError, connect_session, open_session
 
 log = logging.getLogger("wire.h2carrier")
@@ -39,6 +40,8 @@ _MAX_FRAME = 1 << 20  # fewer, larger DATA frames: per-frame Python overhead dom
 _RECEIVE_SIZE = 256 * 1024
 _HEADER_LIST_LIMIT = 16 * 1024
 _ERROR_BODY_LIMIT = 4096
+#: bytes queued behind a send in progress before a further flush() waits for it
+_FLUSH_HIGH_WATER = 1 << 20
 
 
 class TunnelRejectedError(Exception):
@@ -88,7 +91,10 @@ class _H2Link:
     def __init__(self, stream: trio.abc.Stream, conn: h2.connection.H2Connection) -> None:
         self.stream = stream
         self.conn = conn
-        self._send_lock = trio.StrictFIFOLock()
+        self._queued: list[bytes] = []
+        self._queued_bytes = 0
+        self._sending = False
+        self._drained = trio.lowlevel.ParkingLot()
         self.transports: dict[int, H2StreamTransport] = {}
         self.closed = False
         self.close_reason = ""
@@ -96,15 +102,34 @@ class _H2Link:
         #: events that arrived in the same batch as the tunnel's request/response head
         self.pending: list[h2.events.Event] = []
 
-    async def flush(self) -> None:
-        async with self._send_lock:
-            data = self.conn.data_to_send()
-            if data:
-                try:
-                    await self.stream.send_all(data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    self.fail(f"connection lost while sending: {exc!r}")
-                    raise trio.BrokenResourceError(self.close_reason) from exc
+    async def flush(self, *, wait: bool = False) -> None:
+        """Send what h2 queued. One task at a time moves bytes to the socket and keeps going until
+        none are left, so a second caller's bytes go out after the first's, in order; that caller
+        returns at once unless much is queued (or ``wait``: until everything is sent)."""
+        data = self.conn.data_to_send()
+        if data:
+            self._queued.append(data)
+            self._queued_bytes += len(data)
+        while self._sending:
+            if not wait and self._queued_bytes < _FLUSH_HIGH_WATER:
+                return
+            await self._drained.park()
+        if not self._queued:
+            return
+        self._sending = True
+        try:
+            while self._queued:
+                chunk = b"".join(self._queued) if len(self._queued) > 1 else self._queued[0]
+                self._queued.clear()
+                self._queued_bytes = 0
+                await self.stream.send_all(chunk)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._queued.clear()
+            self.fail(f"connection lost while sending: {exc!r}")
+            raise trio.BrokenResourceError(self.close_reason) from exc
+        finally:
+            self._sending = False
+            self._drained.unpark_all()
 
     def fail(self, reason: str, *, clean: bool = False) -> None:
         """The connection is gone; ``clean`` (an orderly GOAWAY) reads as EOF rather than an error."""
@@ -192,7 +217,7 @@ class H2StreamTransport(trio.abc.Stream):
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         if self._closed:
             raise trio.ClosedResourceError("transport closed")
-        await trio.lowlevel.checkpoint()
+        await trio.lowlevel.checkpoint_if_cancelled()
         while not self._buffer and not self._eof and self._error is None:
             await self._lot.park()
         if self._buffer:
@@ -214,7 +239,7 @@ class H2StreamTransport(trio.abc.Stream):
             raise trio.ClosedResourceError("transport closed")
         link = self._link
         view = memoryview(data).cast("B")
-        await trio.lowlevel.checkpoint()
+        await trio.lowlevel.checkpoint_if_cancelled()
         while view:
             if self._error is not None:
                 raise self._error
@@ -222,6 +247,7 @@ class H2StreamTransport(trio.abc.Stream):
                 raise trio.BrokenResourceError(link.close_reason)
             window = min(link.conn.local_flow_control_window(self.stream_id), link.conn.max_outbound_frame_size)
             if window <= 0:
+                await link.flush()
                 await link.window_lot.park()
                 continue
             chunk, view = view[:window], view[window:]
@@ -229,7 +255,7 @@ class H2StreamTransport(trio.abc.Stream):
                 link.conn.send_data(self.stream_id, chunk.tobytes())
             except h2.exceptions.ProtocolError as exc:
                 raise trio.BrokenResourceError(f"HTTP/2 stream unusable: {exc}") from exc
-            await link.flush()
+        await link.flush()
 
     async def wait_send_all_might_not_block(self) -> None:
         await trio.lowlevel.checkpoint()
@@ -248,7 +274,7 @@ class H2StreamTransport(trio.abc.Stream):
                         link.conn.close_connection()
                     else:
                         link.conn.end_stream(self.stream_id)
-                    await link.flush()
+                    await link.flush(wait=True)
                 except (h2.exceptions.ProtocolError, trio.BrokenResourceError):
                     pass
             if self._owns_connection:
@@ -282,11 +308,10 @@ async def dial_h2_tunnel(
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"tunnel URL must be http:// or https://host[:port]/path, got {url!r}")
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    tcp = await trio.open_tcp_stream(parts.hostname, port)
-    stream: trio.abc.Stream = tcp
+    stream: trio.abc.Stream = fast_stream(await trio.open_tcp_stream(parts.hostname, port))
     try:
         if parts.scheme == "https":
-            tls = trio.SSLStream(tcp, _client_ssl_context(ssl_context), server_hostname=parts.hostname)
+            tls = FastTLSStream(stream, _client_ssl_context(ssl_context), server_hostname=parts.hostname)
             await tls.do_handshake()
             if tls.selected_alpn_protocol() != "h2":
                 raise TunnelRejectedError(0, f"server at {parts.netloc} did not negotiate HTTP/2 (ALPN h2) over TLS")
@@ -448,13 +473,14 @@ async def _serve_connection(
     handshake_timeout: float,
     session_kwargs: dict[str, Any],
 ) -> None:
+    stream = fast_stream(stream)
     peer = _peer_name(stream)
     try:
         async with trio.open_nursery() as nursery:
             accepted = None
             with trio.move_on_after(handshake_timeout) as deadline:
                 if ssl_context is not None:
-                    tls = trio.SSLStream(stream, ssl_context, server_side=True)
+                    tls = FastTLSStream(stream, ssl_context, server_side=True)
                     await tls.do_handshake()
                     stream = tls
                 accepted = await _accept_tunnel(stream, authenticate=authenticate, path=path, peer=peer)
@@ -504,7 +530,7 @@ async def _accept_tunnel(
     stream: trio.abc.Stream, *, authenticate: Authenticate, path: str, peer: str
 ) -> tuple[H2StreamTransport, Any] | None:
     """Speak HTTP/2 until a valid tunnel request arrives; answer bad ones; None if the peer quits."""
-    if isinstance(stream, trio.SSLStream) and stream.selected_alpn_protocol() != "h2":
+    if isinstance(stream, FastTLSStream) and stream.selected_alpn_protocol() != "h2":
         log.warning("tunnel client did not offer ALPN h2 peer=%s", peer)
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
     conn.initiate_connection()

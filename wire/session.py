@@ -32,6 +32,7 @@ from wire.events import (
     StreamReset,
     WindowUpdated,
 )
+from wire.fastio import cancel_point, maybe_yield
 from wire.frames import Metadata
 from wire.mux import MuxConnection, StreamInfo
 from wire.settings import KiB, Limits, MiB, Settings
@@ -136,8 +137,9 @@ class MuxStream(trio.abc.HalfCloseableStream):
 
     async def accept(self, metadata: Metadata | None = None) -> None:
         """Accept an incoming stream, answering with ``metadata`` (sent automatically on first send)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
         self._accept_now(metadata)
-        await trio.lowlevel.checkpoint()
+        await maybe_yield()
 
     def _accept_now(self, metadata: Metadata | None = None) -> None:
         if self.local or self._accepted.is_set():
@@ -152,10 +154,11 @@ class MuxStream(trio.abc.HalfCloseableStream):
     async def refuse(self, code: int = ErrorCode.REFUSED_STREAM, message: str = "") -> None:
         if self.local or self._accepted.is_set():
             raise LocalProtocolError("only an incoming stream not yet accepted can be refused")
+        await trio.lowlevel.checkpoint_if_cancelled()
         self._closed = True
         self.session._call(self.session.connection.refuse_stream, self.stream_id, code, message)
         self.session._forget(self.stream_id)
-        await trio.lowlevel.checkpoint()
+        await maybe_yield()
 
     async def wait_accepted(self) -> Metadata:
         """For a stream this side opened: the peer's ACCEPT metadata, or StreamRefusedError."""
@@ -177,7 +180,7 @@ class MuxStream(trio.abc.HalfCloseableStream):
                 raise self._send_error
             if self._eof_sent:
                 raise trio.ClosedResourceError("send_eof was called on this stream")
-            await trio.lowlevel.checkpoint()
+            await trio.lowlevel.checkpoint_if_cancelled()
             self._accept_now()
             view = memoryview(data).cast("B")
             session = self.session
@@ -199,6 +202,7 @@ class MuxStream(trio.abc.HalfCloseableStream):
                 if sent_any:
                     self._send_error = trio.BrokenResourceError("an earlier send_all was cancelled midway")
                 raise
+            await maybe_yield()
 
     async def wait_send_all_might_not_block(self) -> None:
         with self._send_conflict:
@@ -216,7 +220,7 @@ class MuxStream(trio.abc.HalfCloseableStream):
     async def send_eof(self) -> None:
         with self._send_conflict:
             self._check_usable()
-            await trio.lowlevel.checkpoint()
+            await cancel_point()
             if self._eof_sent:
                 return
             if self._send_error is not None:
@@ -235,7 +239,7 @@ class MuxStream(trio.abc.HalfCloseableStream):
                 raise ValueError("max_bytes must be >= 1")
         with self._recv_conflict:
             self._check_usable()
-            await trio.lowlevel.checkpoint()
+            await cancel_point()
             while not self._buffer and not self._eof and self._recv_error is None:
                 await self._lot.park()
                 self._check_usable()
@@ -270,7 +274,7 @@ class MuxStream(trio.abc.HalfCloseableStream):
             self._closed = True
             self.session._close_stream(self)
             self._lot.unpark_all()
-        await trio.lowlevel.checkpoint()
+        await cancel_point()
 
     async def reset(self, code: int = ErrorCode.CANCEL, message: str = "") -> None:
         """Abort the stream both ways with an error code the peer sees."""
@@ -279,7 +283,7 @@ class MuxStream(trio.abc.HalfCloseableStream):
             self.session._call_quiet(self.session.connection.reset_stream, self.stream_id, code, message)
             self.session._after_local_change(self.stream_id)
             self._lot.unpark_all()
-        await trio.lowlevel.checkpoint()
+        await cancel_point()
 
     # ---- called by the session's reader
 
@@ -357,7 +361,7 @@ class Session(trio.abc.AsyncResource):
 
     async def open_stream(self, metadata: Metadata | None = None) -> MuxStream:
         """Open a logical stream; waits while the peer's concurrent-stream limit is reached."""
-        await trio.lowlevel.checkpoint()
+        await cancel_point()
         while True:
             self._raise_if_closed()
             conn = self.connection
@@ -508,7 +512,10 @@ class Session(trio.abc.AsyncResource):
         conn = self.connection
         while True:
             # Stop reading from a peer that does not read what we owe it (pongs, window updates).
-            await self._wait_outbound_room()
+            try:
+                await self._wait_outbound_room()
+            except SessionClosedError:
+                return  # shut down while this task had nothing to wait for
             try:
                 data = await self.transport.receive_some(_RECEIVE_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:

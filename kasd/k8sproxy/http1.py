@@ -143,7 +143,7 @@ class Http1Connection:
 
     async def _linger_close(self) -> None:
         """Read (and drop) what the client still sends for a moment, so our answer is not lost to a RST."""
-        if isinstance(self.stream, trio.SocketStream):
+        if isinstance(self.stream, trio.abc.HalfCloseableStream):
             try:
                 await self.stream.send_eof()
             except _MUX_ERRORS:

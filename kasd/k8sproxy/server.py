@@ -14,6 +14,7 @@ from kasd.k8sproxy.forward import Forwarder
 from kasd.k8sproxy.http1 import Http1Connection
 from kasd.k8sproxy.http2 import Http2Connection
 from kasd.metrics import Metrics
+from wire.fastio import FastTLSStream, fast_stream
 
 log = logging.getLogger("kasd.k8sproxy")
 
@@ -88,6 +89,7 @@ class ProxyServer:
         self.connections += 1
         self._no_connections = trio.Event() if self.connections == 1 else self._no_connections
         self.metrics.proxy_connections.inc()
+        stream = fast_stream(stream)
         peer = _peer_name(stream)
         try:
             await self._serve(stream, peer)
@@ -109,7 +111,7 @@ class ProxyServer:
         use_h2 = False
         with trio.CancelScope(deadline=head_deadline) as scope:
             if self.ssl_context is not None:
-                tls = trio.SSLStream(stream, self.ssl_context, server_side=True)
+                tls = FastTLSStream(stream, self.ssl_context, server_side=True)
                 try:
                     await tls.do_handshake()
                 except trio.BrokenResourceError as exc:

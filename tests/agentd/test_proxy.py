@@ -105,6 +105,9 @@ async def test_five_mib_body_streams_through(setup: Setup) -> None:
     response, answer = await exchange(session, head("GET", "/api/v1/namespaces/default/configmaps/big"))
     assert response.status == 200
     assert json.loads(answer)["data"]["blob"] == payload
+    # The record is written once agentd has closed the stream, which may be just after kasd saw EOF.
+    while len(setup.records) < 2:
+        await setup.record_event.wait()
     assert setup.records[-2].bytes_in == len(body)
     assert setup.records[-1].bytes_out == len(answer)
 

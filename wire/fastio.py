@@ -1,0 +1,432 @@
+"""Lean byte streams for the hot paths: a TCP stream and a TLS stream that yield only when they wait.
+
+Trio's ``SocketStream`` and ``SSLStream`` make every call a schedule point: a successful ``send``
+still ends in a trip through the scheduler, and ``SSLStream`` adds lock acquisitions that are each
+another trip. A proxied request crosses these streams a dozen times per process, and on a small
+machine each trip costs tens of microseconds (an ``epoll`` call plus the run loop's bookkeeping),
+which was most of kasd's and agentd's per-request CPU.
+
+These classes keep Trio's contracts that callers rely on — every call is a *cancel* point
+(``checkpoint_if_cancelled``), errors are ``BrokenResourceError``/``ClosedResourceError``,
+concurrent use of one direction raises ``BusyResourceError``, ``aclose`` wakes blocked callers —
+but an operation that completes without waiting does not yield. So that a loop that never waits
+cannot starve other tasks, every ``_YIELD_EVERY``-th such operation yields anyway (``maybe_yield``).
+
+``FastTLSStream`` drives an ``ssl.SSLObject`` over memory BIOs, as ``SSLStream`` does, and gathers
+every TLS record already received into one ``receive_some`` answer (``SSLStream`` returns one
+record, at most 16 KiB, per call).
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import trio
+
+__all__ = [
+    "FastSocketStream",
+    "FastTLSStream",
+    "cancel_point",
+    "every_call_yields",
+    "fast_stream",
+    "maybe_yield",
+]
+
+_YIELD_EVERY = 32
+_yield_every = _YIELD_EVERY
+_budget = _YIELD_EVERY
+_DEFAULT_RECEIVE = 256 * 1024
+_TLS_RECEIVE = 256 * 1024
+
+
+async def maybe_yield() -> None:
+    """Yield to the scheduler every so often: call after an operation that did not wait."""
+    global _budget
+    _budget -= 1
+    if _budget <= 0:
+        _budget = _yield_every
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+
+async def cancel_point() -> None:
+    """A cancel point that is a schedule point only every so often (see ``maybe_yield``)."""
+    await trio.lowlevel.checkpoint_if_cancelled()
+    await maybe_yield()
+
+
+def _waited() -> None:
+    global _budget
+    _budget = _yield_every
+
+
+@contextmanager
+def every_call_yields() -> Iterator[None]:
+    """Make every operation a schedule point, as Trio's own streams are (for conformance tests:
+    ``trio.testing.check_*_stream`` asserts that each call yields)."""
+    global _yield_every, _budget
+    saved = _yield_every
+    _yield_every = _budget = 1
+    try:
+        yield
+    finally:
+        _yield_every = _budget = saved
+
+
+class _Conflict:
+    __slots__ = ("_busy", "_msg")
+
+    def __init__(self, msg: str) -> None:
+        self._busy = False
+        self._msg = msg
+
+    def __enter__(self) -> None:
+        if self._busy:
+            raise trio.BusyResourceError(self._msg)
+        self._busy = True
+
+    def __exit__(self, *exc: object) -> None:
+        self._busy = False
+
+
+class FastSocketStream(trio.abc.HalfCloseableStream):
+    """A connected stream socket (TCP or Unix) as a Trio stream; see the module docstring."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        #: the stdlib socket (``getpeername``, ``setsockopt`` …)
+        self.socket = sock
+        self._closed = False
+        self._eof_sent = False
+        self._send_conflict = _Conflict("another task is sending on this stream")
+        self._recv_conflict = _Conflict("another task is receiving on this stream")
+
+    @classmethod
+    def from_trio(cls, stream: trio.SocketStream) -> FastSocketStream:
+        """Take over the socket of a ``trio.SocketStream`` (which must not be used afterwards)."""
+        return cls(socket.socket(fileno=stream.socket.detach()))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("stream was closed")
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        with self._send_conflict:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            self._check_open()
+            if self._eof_sent:
+                raise trio.ClosedResourceError("cannot send data after sending EOF")
+            sock = self.socket
+            view: bytes | memoryview = (
+                data if isinstance(data, bytes) else memoryview(data).cast("B")
+            )
+            waited = False
+            while view:
+                try:
+                    sent = sock.send(view)
+                except BlockingIOError:
+                    waited = True
+                    await self._wait(trio.lowlevel.wait_writable)
+                    continue
+                except OSError as exc:
+                    self._check_open()
+                    raise trio.BrokenResourceError(f"socket send failed: {exc}") from exc
+                if sent < len(view):
+                    view = memoryview(view)[sent:]
+                else:
+                    break
+            if waited:
+                _waited()
+            else:
+                await maybe_yield()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if max_bytes is None:
+            max_bytes = _DEFAULT_RECEIVE
+        elif max_bytes < 1:
+            raise ValueError("max_bytes must be >= 1")
+        with self._recv_conflict:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            sock = self.socket
+            while True:
+                self._check_open()
+                try:
+                    data = sock.recv(max_bytes)
+                except BlockingIOError:
+                    await self._wait(trio.lowlevel.wait_readable)
+                    _waited()
+                    continue
+                except OSError as exc:
+                    self._check_open()
+                    raise trio.BrokenResourceError(f"socket receive failed: {exc}") from exc
+                await maybe_yield()
+                return data
+
+    async def _wait(self, wait: object) -> None:
+        try:
+            await wait(self.socket)  # type: ignore[operator]
+        except trio.ClosedResourceError:
+            raise trio.ClosedResourceError("stream was closed") from None
+
+    async def send_eof(self) -> None:
+        with self._send_conflict:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            self._check_open()
+            self._eof_sent = True
+            try:
+                self.socket.shutdown(socket.SHUT_WR)
+            except OSError as exc:
+                if exc.errno != errno.ENOTCONN:
+                    raise trio.BrokenResourceError(f"socket shutdown failed: {exc}") from exc
+            await maybe_yield()
+
+    async def wait_send_all_might_not_block(self) -> None:
+        with self._send_conflict:
+            self._check_open()
+            await self._wait(trio.lowlevel.wait_writable)
+
+    def setsockopt(self, level: int, option: int, value: int | bytes) -> None:
+        self.socket.setsockopt(level, option, value)
+
+    def getsockopt(self, level: int, option: int) -> int:
+        return self.socket.getsockopt(level, option)
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            trio.lowlevel.notify_closing(self.socket)
+            self.socket.close()
+        await trio.lowlevel.checkpoint()
+
+
+def fast_stream(stream: trio.abc.Stream) -> trio.abc.Stream:
+    """``stream`` as a FastSocketStream when it is a plain ``trio.SocketStream``; otherwise as it is."""
+    if type(stream) is trio.SocketStream:
+        return FastSocketStream.from_trio(stream)
+    return stream
+
+
+class FastTLSStream(trio.abc.Stream):
+    """TLS over a byte stream (normally a FastSocketStream); see the module docstring.
+
+    As with ``trio.SSLStream``: the handshake happens on first use or ``do_handshake()``; errors are
+    ``BrokenResourceError`` with the ``ssl.SSLError`` as ``__cause__``; ``https_compatible`` means no
+    close_notify is sent and an EOF without one reads as a clean end.
+    """
+
+    def __init__(
+        self,
+        transport_stream: trio.abc.Stream,
+        ssl_context: ssl.SSLContext,
+        *,
+        server_side: bool = False,
+        server_hostname: str | None = None,
+        https_compatible: bool = False,
+    ) -> None:
+        self.transport_stream = transport_stream
+        self._incoming = ssl.MemoryBIO()
+        self._outgoing = ssl.MemoryBIO()
+        self._ssl = ssl_context.wrap_bio(
+            self._incoming, self._outgoing, server_side=server_side, server_hostname=server_hostname
+        )
+        self._https_compatible = https_compatible
+        self._handshook = False
+        self._broken: BaseException | None = None
+        self._closed = False
+        self._eof = False
+        self._sending = False
+        self._send_conflict = _Conflict("another task is sending on this stream")
+        self._recv_conflict = _Conflict("another task is receiving on this stream")
+
+    # ---- what SSLStream offers that callers use
+
+    @property
+    def socket(self) -> socket.socket | None:
+        return getattr(self.transport_stream, "socket", None)
+
+    def selected_alpn_protocol(self) -> str | None:
+        return self._ssl.selected_alpn_protocol()
+
+    def getpeercert(self, binary_form: bool = False) -> object:
+        return self._ssl.getpeercert(binary_form)
+
+    def version(self) -> str | None:
+        return self._ssl.version()
+
+    # ---- internals
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("stream was closed")
+        if self._broken is not None:
+            raise trio.BrokenResourceError("TLS stream is broken") from self._broken
+
+    def _break(self, exc: BaseException) -> trio.BrokenResourceError:
+        self._broken = exc
+        return trio.BrokenResourceError(f"TLS failed: {exc}")
+
+    async def _flush(self) -> None:
+        """Hand what the TLS object wrote to the transport; one task at a time moves the bytes, and
+        it keeps going until none are left (so bytes another task added go out in order)."""
+        if self._sending:
+            return
+        self._sending = True
+        try:
+            while self._outgoing.pending:
+                try:
+                    await self.transport_stream.send_all(self._outgoing.read())
+                except trio.BrokenResourceError as exc:
+                    raise self._break(exc) from exc
+        finally:
+            self._sending = False
+
+    async def _read_transport(self) -> None:
+        try:
+            data = await self.transport_stream.receive_some(_TLS_RECEIVE)
+        except trio.BrokenResourceError as exc:
+            raise self._break(exc) from exc
+        if data:
+            self._incoming.write(data)
+        else:
+            self._incoming.write_eof()
+
+    async def do_handshake(self) -> None:
+        self._check_usable()
+        if self._handshook:
+            await trio.lowlevel.checkpoint()
+            return
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            try:
+                self._ssl.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                await self._flush()
+                await self._read_transport()
+            except ssl.SSLError as exc:
+                try:
+                    await self._flush()  # the alert that says why
+                except trio.BrokenResourceError:
+                    pass
+                raise self._break(exc) from exc
+        self._handshook = True
+        await self._flush()
+
+    # ---- the stream
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if max_bytes is None:
+            max_bytes = _DEFAULT_RECEIVE
+        elif max_bytes < 1:
+            raise ValueError("max_bytes must be >= 1")
+        with self._recv_conflict:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            self._check_usable()
+            if not self._handshook:
+                await self.do_handshake()
+            if self._eof:
+                await maybe_yield()
+                return b""
+            read = False
+            while True:
+                data = self._read_available(max_bytes)
+                if data is not None:
+                    break
+                if self._outgoing.pending:
+                    await self._flush()  # post-handshake replies (key update)
+                await self._read_transport()
+                read = True
+            if self._outgoing.pending:
+                await self._flush()
+            elif not read:
+                await maybe_yield()
+            return data
+
+    def _read_available(self, max_bytes: int) -> bytes | None:
+        """Decrypted bytes already here (b"" at the end), or None when more must be read first."""
+        tls = self._ssl
+        try:
+            data = tls.read(max_bytes)
+        except ssl.SSLWantReadError:
+            return None
+        except ssl.SSLZeroReturnError:
+            self._eof = True  # the peer's close_notify
+            return b""
+        except ssl.SSLEOFError as exc:
+            if self._https_compatible:
+                self._eof = True
+                return b""
+            raise self._break(exc) from exc
+        except ssl.SSLError as exc:
+            raise self._break(exc) from exc
+        # Gather the records already here too (each read returns at most one 16 KiB record).
+        if data and len(data) < max_bytes and (tls.pending() or self._incoming.pending):
+            parts = [data]
+            size = len(data)
+            while size < max_bytes:
+                try:
+                    more = tls.read(max_bytes - size)
+                except ssl.SSLError:
+                    break  # want-read, or an end/error that the next call reports
+                if not more:
+                    break
+                parts.append(more)
+                size += len(more)
+            data = b"".join(parts)
+        return data
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        with self._send_conflict:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            self._check_usable()
+            if not self._handshook:
+                await self.do_handshake()
+            if data:
+                try:
+                    self._ssl.write(data)
+                except ssl.SSLError as exc:
+                    raise self._break(exc) from exc
+            if self._outgoing.pending:
+                await self._flush()
+            else:
+                await maybe_yield()
+
+    async def wait_send_all_might_not_block(self) -> None:
+        with self._send_conflict:
+            self._check_usable()
+            await self.transport_stream.wait_send_all_might_not_block()
+
+    async def unwrap(self) -> None:
+        raise NotImplementedError("FastTLSStream does not unwrap")
+
+    async def aclose(self) -> None:
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        try:
+            if (
+                self._handshook
+                and self._broken is None
+                and not self._https_compatible
+                and not self._sending
+            ):
+                # One close_notify, without waiting for the peer's (as trio.SSLStream does).
+                try:
+                    self._ssl.unwrap()
+                except ssl.SSLError:
+                    pass
+                try:
+                    await self._flush()
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+        finally:
+            self._closed = True
+            await self.transport_stream.aclose()
