@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import attrs
 import trio
 
+from wire.fastio import cancel_point
 from wire.session import Session
 
 
@@ -78,7 +79,7 @@ class TunnelRegistry:
         candidates = [t for t in self._tunnels.get(agent_id, ()) if t.usable]
         if not candidates:
             return None
-        best = min(candidates, key=lambda t: (t.session.statistics().open_streams, t.picks))
+        best = min(candidates, key=lambda t: (t.session.active_streams, t.picks))
         best.picks += 1
         return best.session
 
@@ -87,7 +88,7 @@ class TunnelRegistry:
         while True:
             session = self.pick(agent_id)
             if session is not None:
-                await trio.lowlevel.checkpoint()
+                await cancel_point()
                 return session
             self.waiting += 1
             self._notify()

@@ -243,19 +243,31 @@ class MuxStream(trio.abc.HalfCloseableStream):
             while not self._buffer and not self._eof and self._recv_error is None:
                 await self._lot.park()
                 self._check_usable()
-            if self._buffer:
-                chunk = self._buffer[0]
-                if max_bytes is None or len(chunk) <= max_bytes:
-                    self._buffer.popleft()
-                else:
-                    self._buffer[0] = chunk[max_bytes:]
-                    chunk = chunk[:max_bytes]
-                self.session._acknowledge(self.stream_id, len(chunk))
-                return chunk
-            if self._eof:
-                return b""
-            assert self._recv_error is not None
-            raise self._recv_error
+            return self._take(max_bytes)
+
+    def receive_nowait(self, max_bytes: int | None = None) -> bytes:
+        """What ``receive_some`` would return, without waiting: bytes already received, ``b""`` at
+        the end, the stream's error — or ``trio.WouldBlock`` when it would have to wait."""
+        with self._recv_conflict:
+            self._check_usable()
+            if not self._buffer and not self._eof and self._recv_error is None:
+                raise trio.WouldBlock
+            return self._take(max_bytes)
+
+    def _take(self, max_bytes: int | None) -> bytes:
+        if self._buffer:
+            chunk = self._buffer[0]
+            if max_bytes is None or len(chunk) <= max_bytes:
+                self._buffer.popleft()
+            else:
+                self._buffer[0] = chunk[max_bytes:]
+                chunk = chunk[:max_bytes]
+            self.session._acknowledge(self.stream_id, len(chunk))
+            return chunk
+        if self._eof:
+            return b""
+        assert self._recv_error is not None
+        raise self._recv_error
 
     async def wait_broken(self) -> BaseException:
         """Return (not raise) the error once the peer reset this stream or its session died.
@@ -354,6 +366,11 @@ class Session(trio.abc.AsyncResource):
     @property
     def closed(self) -> bool:
         return self.close_reason is not None
+
+    @property
+    def active_streams(self) -> int:
+        """Streams in use (opened or accepted, not yet finished): a cheap load figure."""
+        return len(self._streams)
 
     @property
     def draining(self) -> bool:

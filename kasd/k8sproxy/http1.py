@@ -29,6 +29,14 @@ _MUX_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
 _MIGHT_SWITCH = h11.MIGHT_SWITCH_PROTOCOL  # type: ignore[attr-defined]  # exported, just not in __all__
 
 
+def _has_no_body(headers: list[tuple[str, str]]) -> bool:
+    """A request without Transfer-Encoding or with Content-Length 0 (or none): no body follows."""
+    for name, value in headers:
+        if name == "transfer-encoding" or (name == "content-length" and value.strip() != "0"):
+            return False
+    return True
+
+
 class _ClientGone(Exception):
     """The client closed or broke its connection (or sent something we cannot continue after)."""
 
@@ -162,12 +170,17 @@ class Http1Connection:
     # ------------------------------------------------------------------ client I/O
 
     async def _send(self, event: h11.Event) -> None:
+        await self._write(self._encode(event))
+
+    def _encode(self, event: h11.Event) -> bytes:
         try:
-            data = self.conn.send(event)
+            return self.conn.send(event) or b""
         except h11.LocalProtocolError as exc:
             # e.g. the agent's body does not match its Content-Length: the only honest move is to cut.
             log.warning("response framing error peer=%s error=%s", self.peer, exc)
             raise _ClientGone(str(exc)) from None
+
+    async def _write(self, data: bytes) -> None:
         if data:
             try:
                 await self.stream.send_all(data)
@@ -214,6 +227,10 @@ class Http1Connection:
             )
             record.agent_id, record.subject = plan.grant.agent_id, plan.grant.subject
             stream = await forwarder.open(plan)
+            if not upgrade and _has_no_body(headers):
+                # Say so now: the OPEN and its FIN then leave in one write (the body task's own
+                # send_eof, once h11 reports the empty body's end, does nothing more).
+                await stream.send_eof()
         except ProxyError as exc:
             try:
                 await self._send_status(exc, record)
@@ -348,8 +365,24 @@ class Http1Connection:
         headers = [*clean_response_headers(head.headers), ("x-request-id", record.request_id)]
         if self.server.draining:
             headers.append(("connection", "close"))
-        await self._send(h11.Response(status_code=head.status, headers=headers))
         bytes_from_agent = self.server.metrics.tunnel_bytes.labels(direction="from_agent")
+        # The head, and whatever of the body already arrived (all of a small answer), in one write.
+        out = [self._encode(h11.Response(status_code=head.status, headers=headers))]
+        size = 0
+        while size < _RECEIVE_SIZE:
+            try:
+                data = stream.receive_nowait(_RECEIVE_SIZE)
+            except (trio.WouldBlock, *_MUX_ERRORS):
+                break  # not here yet, or an error the loop below reports
+            if not data:
+                out.append(self._encode(h11.EndOfMessage()))
+                await self._write(b"".join(out))
+                return
+            out.append(self._encode(h11.Data(data=data)))
+            size += len(data)
+            record.bytes_out += len(data)
+            bytes_from_agent.inc(len(data))
+        await self._write(b"".join(out))
         while True:
             try:
                 data = await stream.receive_some(_RECEIVE_SIZE)
