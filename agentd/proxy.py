@@ -27,7 +27,7 @@ from wire.session import MuxStream
 
 log = logging.getLogger("agentd.proxy")
 
-_CHUNK = 64 * 1024
+_CHUNK = 256 * 1024  # per-chunk Python work dominates bulk transfers: fewer, larger chunks
 KIND_K8S_API = "k8s-api"
 
 

@@ -29,7 +29,7 @@ from wire.httptunnel import Headers, RequestHead, strip_hop_by_hop
 
 log = logging.getLogger("agentd.upstream")
 
-_CHUNK = 64 * 1024
+_CHUNK = 256 * 1024  # per-chunk Python work dominates bulk transfers: fewer, larger chunks
 _MAX_HEAD = 256 * 1024
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 

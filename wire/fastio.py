@@ -34,6 +34,7 @@ __all__ = [
     "every_call_yields",
     "fast_stream",
     "maybe_yield",
+    "send_many",
 ]
 
 _YIELD_EVERY = 32
@@ -41,6 +42,7 @@ _yield_every = _YIELD_EVERY
 _budget = _YIELD_EVERY
 _DEFAULT_RECEIVE = 256 * 1024
 _TLS_RECEIVE = 256 * 1024
+_IOV_MAX = 1024  # buffers per sendmsg (Linux's limit)
 
 
 async def maybe_yield() -> None:
@@ -148,6 +150,40 @@ class FastSocketStream(trio.abc.HalfCloseableStream):
             else:
                 await maybe_yield()
 
+    async def send_many(self, buffers: list[bytes]) -> None:
+        """``send_all(b"".join(buffers))`` without the join: one ``sendmsg`` for many buffers."""
+        with self._send_conflict:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            self._check_open()
+            if self._eof_sent:
+                raise trio.ClosedResourceError("cannot send data after sending EOF")
+            sock = self.socket
+            pending: list[bytes | memoryview] = [b for b in buffers if b]
+            start = 0
+            waited = False
+            while start < len(pending):
+                try:
+                    sent = sock.sendmsg(pending[start : start + _IOV_MAX])
+                except BlockingIOError:
+                    waited = True
+                    await self._wait(trio.lowlevel.wait_writable)
+                    continue
+                except OSError as exc:
+                    self._check_open()
+                    raise trio.BrokenResourceError(f"socket send failed: {exc}") from exc
+                while sent:
+                    size = len(pending[start])
+                    if sent >= size:
+                        sent -= size
+                        start += 1
+                    else:
+                        pending[start] = memoryview(pending[start])[sent:]
+                        sent = 0
+            if waited:
+                _waited()
+            else:
+                await maybe_yield()
+
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         if max_bytes is None:
             max_bytes = _DEFAULT_RECEIVE
@@ -205,6 +241,14 @@ class FastSocketStream(trio.abc.HalfCloseableStream):
             trio.lowlevel.notify_closing(self.socket)
             self.socket.close()
         await trio.lowlevel.checkpoint()
+
+
+async def send_many(stream: trio.abc.SendStream, buffers: list[bytes]) -> None:
+    """Send ``buffers`` in order: vectored where the stream can, else joined into one write."""
+    if isinstance(stream, (FastSocketStream, FastTLSStream)):
+        await stream.send_many(buffers)
+    else:
+        await stream.send_all(b"".join(buffers))
 
 
 def fast_stream(stream: trio.abc.Stream) -> trio.abc.Stream:
@@ -394,6 +438,24 @@ class FastTLSStream(trio.abc.Stream):
                     self._ssl.write(data)
                 except ssl.SSLError as exc:
                     raise self._break(exc) from exc
+            if self._outgoing.pending:
+                await self._flush()
+            else:
+                await maybe_yield()
+
+    async def send_many(self, buffers: list[bytes]) -> None:
+        """``send_all`` of the buffers joined, without joining them (TLS copies them anyway)."""
+        with self._send_conflict:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            self._check_usable()
+            if not self._handshook:
+                await self.do_handshake()
+            try:
+                for buffer in buffers:
+                    if buffer:
+                        self._ssl.write(buffer)
+            except ssl.SSLError as exc:
+                raise self._break(exc) from exc
             if self._outgoing.pending:
                 await self._flush()
             else:

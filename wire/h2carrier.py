@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+import struct
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -29,7 +30,7 @@ import h2.settings
 import hyperframe.frame
 import trio
 
-from wire.fastio import FastTLSStream, fast_stream
+from wire.fastio import FastTLSStream, fast_stream, send_many
 from wire.session import Session, SessionClosedError, connect_session, open_session
 
 log = logging.getLogger("wire.h2carrier")
@@ -73,6 +74,60 @@ def _data_frame_body_repr(self: hyperframe.frame.DataFrame) -> str:
 hyperframe.frame.DataFrame._body_repr = _data_frame_body_repr  # type: ignore[method-assign,assignment]
 
 
+_FRAME_HEADER = struct.Struct(">HBBBL")
+
+
+class _LeanH2Connection(h2.connection.H2Connection):
+    """h2, queuing DATA payloads without copying them.
+
+    h2 copies every outgoing DATA payload four times (the frame body, header + body, the join of
+    all frames, the ``bytearray`` they are appended to) and ``data_to_send`` a fifth. A tunnel's
+    bytes are nearly all DATA payload, so here a DATA frame is queued as its 9-byte header plus
+    the payload object itself, and ``data_to_send_chunks`` hands the list to a vectored send.
+    """
+
+    def __init__(self, config: h2.config.H2Configuration) -> None:
+        super().__init__(config)
+        self._chunks: list[bytes] = []
+
+    def _take_bytearray(self) -> None:
+        # h2 writes its connection preamble straight into its buffer: keep it first, in order.
+        if self._data_to_send:
+            self._chunks.append(bytes(self._data_to_send))
+            self._data_to_send = bytearray()
+
+    def _prepare_for_sending(self, frames: list[hyperframe.frame.Frame]) -> None:
+        if not frames:
+            return
+        self._take_bytearray()
+        chunks = self._chunks
+        for frame in frames:
+            if type(frame) is hyperframe.frame.DataFrame and "PADDED" not in frame.flags:
+                size = len(frame.data)
+                frame.body_len = size
+                flags = 0x1 if "END_STREAM" in frame.flags else 0
+                chunks.append(_FRAME_HEADER.pack((size >> 8) & 0xFFFF, size & 0xFF, 0x0, flags, frame.stream_id))
+                if size:
+                    chunks.append(frame.data)
+            else:
+                chunks.append(frame.serialize())
+
+    def data_to_send_chunks(self) -> list[bytes]:
+        """Everything queued, as a list of buffers (in order), and forget it."""
+        self._take_bytearray()
+        chunks, self._chunks = self._chunks, []
+        return chunks
+
+    def data_to_send(self, amount: int | None = None) -> bytes:
+        if amount is not None:
+            raise NotImplementedError("partial data_to_send is not used by the tunnel")
+        return b"".join(self.data_to_send_chunks())
+
+    def clear_outbound_data_buffer(self) -> None:
+        super().clear_outbound_data_buffer()
+        self._chunks = []
+
+
 def _h2_settings(conn: h2.connection.H2Connection, *, server: bool) -> None:
     conn.update_settings(
         {
@@ -88,9 +143,9 @@ def _h2_settings(conn: h2.connection.H2Connection, *, server: bool) -> None:
 class _H2Link:
     """One HTTP/2 connection: a reader task feeding h2, a lock serialising writes, stream buffers."""
 
-    def __init__(self, stream: trio.abc.Stream, conn: h2.connection.H2Connection) -> None:
+    def __init__(self, stream: trio.abc.Stream, conn: _LeanH2Connection) -> None:
         self.stream = stream
-        self.conn = conn
+        self.conn: _LeanH2Connection = conn
         self._queued: list[bytes] = []
         self._queued_bytes = 0
         self._sending = False
@@ -106,10 +161,10 @@ class _H2Link:
         """Send what h2 queued. One task at a time moves bytes to the socket and keeps going until
         none are left, so a second caller's bytes go out after the first's, in order; that caller
         returns at once unless much is queued (or ``wait``: until everything is sent)."""
-        data = self.conn.data_to_send()
-        if data:
-            self._queued.append(data)
-            self._queued_bytes += len(data)
+        chunks = self.conn.data_to_send_chunks()
+        if chunks:
+            self._queued.extend(chunks)
+            self._queued_bytes += sum(map(len, chunks))
         while self._sending:
             if not wait and self._queued_bytes < _FLUSH_HIGH_WATER:
                 return
@@ -119,10 +174,9 @@ class _H2Link:
         self._sending = True
         try:
             while self._queued:
-                chunk = b"".join(self._queued) if len(self._queued) > 1 else self._queued[0]
-                self._queued.clear()
+                chunks, self._queued = self._queued, []
                 self._queued_bytes = 0
-                await self.stream.send_all(chunk)
+                await send_many(self.stream, chunks)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._queued.clear()
             self.fail(f"connection lost while sending: {exc!r}")
@@ -250,9 +304,12 @@ class H2StreamTransport(trio.abc.Stream):
                 await link.flush()
                 await link.window_lot.park()
                 continue
-            chunk, view = view[:window], view[window:]
+            if window >= len(view) and isinstance(data, bytes) and len(view) == len(data):
+                chunk, view = data, view[:0]  # the common case: all of it in one frame, no copy
+            else:
+                chunk, view = view[:window].tobytes(), view[window:]
             try:
-                link.conn.send_data(self.stream_id, chunk.tobytes())
+                link.conn.send_data(self.stream_id, chunk)
             except h2.exceptions.ProtocolError as exc:
                 raise trio.BrokenResourceError(f"HTTP/2 stream unusable: {exc}") from exc
         await link.flush()
@@ -316,7 +373,7 @@ async def dial_h2_tunnel(
             if tls.selected_alpn_protocol() != "h2":
                 raise TunnelRejectedError(0, f"server at {parts.netloc} did not negotiate HTTP/2 (ALPN h2) over TLS")
             stream = tls
-        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+        conn = _LeanH2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
         conn.initiate_connection()
         _h2_settings(conn, server=False)
         link = _H2Link(stream, conn)
@@ -532,7 +589,7 @@ async def _accept_tunnel(
     """Speak HTTP/2 until a valid tunnel request arrives; answer bad ones; None if the peer quits."""
     if isinstance(stream, FastTLSStream) and stream.selected_alpn_protocol() != "h2":
         log.warning("tunnel client did not offer ALPN h2 peer=%s", peer)
-    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
+    conn = _LeanH2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
     conn.initiate_connection()
     _h2_settings(conn, server=True)
     link = _H2Link(stream, conn)

@@ -203,3 +203,24 @@ async def test_aclose_wakes_a_task_blocked_in_receive() -> None:
         await trio.testing.wait_all_tasks_blocked()
         await a.aclose()
     await b.aclose()
+
+
+async def test_send_many_delivers_every_buffer_in_order_across_partial_sends() -> None:
+    # 2,000 buffers (more than one sendmsg takes) and 8 MiB (more than the socket buffers): sendmsg
+    # stops mid-buffer and mid-list, and the rest must follow in order.
+    a, b = await _socket_pair()
+    buffers = [bytes([i % 251]) * (i * 7 % 8191 + 1) for i in range(2000)]
+    buffers.append(b"\1" * (8 << 20))
+    expected = b"".join(buffers)
+    received = bytearray()
+
+    async def read_all() -> None:
+        while len(received) < len(expected):
+            received.extend(await b.receive_some(1 << 20))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read_all)
+        await a.send_many(buffers)
+    assert bytes(received) == expected
+    await a.aclose()
+    await b.aclose()
