@@ -79,21 +79,17 @@ class KubeApiProxy:
                 counters.outcome = "refused"
                 await _refuse(stream, TunnelCode.UNKNOWN_TARGET, f"agentd has no handler for kind {head.kind!r}")
                 return
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._watch_reset, stream, counters, nursery.cancel_scope)
+            with trio.CancelScope() as scope:
+                stream.cancel_when_broken(scope)  # kasd reset the stream: its client went away
                 await self._exchange(stream, head, counters)
-                nursery.cancel_scope.cancel()
+            if scope.cancelled_caught:
+                counters.outcome = "client-gone"
         finally:
             self.active -= 1
             self.handled += 1
             with trio.move_on_after(1, shield=True):
                 await stream.aclose()
             self._finish(head, stream, counters, trio.current_time() - started)
-
-    async def _watch_reset(self, stream: MuxStream, counters: _Counters, scope: trio.CancelScope) -> None:
-        await stream.wait_broken()
-        counters.outcome = "client-gone"
-        scope.cancel()
 
     async def _exchange(self, stream: MuxStream, head: RequestHead, counters: _Counters) -> None:
         body = None if head.wants_upgrade else _CountingReceive(stream, counters)

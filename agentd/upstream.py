@@ -13,7 +13,7 @@ is closed. The pool adds the agent's own credentials and the ``Impersonate-*`` h
 from __future__ import annotations
 
 import logging
-import select
+import socket
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -112,14 +112,16 @@ class _Connection:
 
     def readable_while_idle(self) -> bool:
         """An idle keep-alive connection with bytes (or EOF) waiting is one the server gave up on."""
-        stream = self.stream
-        sock = getattr(stream, "socket", None)
-        try:
-            poller = select.poll()  # not select(): it cannot take descriptors above 1023
-            poller.register(sock.fileno(), select.POLLIN)  # type: ignore[union-attr]
-            return bool(poller.poll(0))
-        except (OSError, ValueError, AttributeError):
+        sock = getattr(self.stream, "socket", None)
+        if sock is None:
             return True
+        try:
+            sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False  # nothing waiting: still a good connection
+        except OSError:
+            pass
+        return True
 
     async def aclose(self) -> None:
         with trio.move_on_after(1, shield=True):

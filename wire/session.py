@@ -129,6 +129,7 @@ class MuxStream(trio.abc.HalfCloseableStream):
         self._lot = trio.lowlevel.ParkingLot()
         self._send_conflict = _Conflict("another task is sending on this stream")
         self._recv_conflict = _Conflict("another task is receiving on this stream")
+        self._break_scopes: list[trio.CancelScope] = []
 
     def __repr__(self) -> str:
         return f"<MuxStream {self.stream_id} {self.session.connection.stream_state(self.stream_id).value}>"
@@ -279,6 +280,14 @@ class MuxStream(trio.abc.HalfCloseableStream):
             await self._lot.park()
         return self._send_error or trio.ClosedResourceError("stream was closed")
 
+    def cancel_when_broken(self, scope: trio.CancelScope) -> None:
+        """Cancel ``scope`` once the peer resets this stream or its session dies: ``wait_broken``
+        without a task to wait in (a proxy cancels its upstream exchange this way)."""
+        if self._send_error is not None:
+            scope.cancel()
+        else:
+            self._break_scopes.append(scope)
+
     # ---- closing
 
     async def aclose(self) -> None:
@@ -312,6 +321,9 @@ class MuxStream(trio.abc.HalfCloseableStream):
             self._recv_error = self._recv_error or error
             self._accepted.set()
         self._lot.unpark_all()
+        scopes, self._break_scopes = self._break_scopes, []
+        for scope in scopes:
+            scope.cancel()
 
 
 class Session(trio.abc.AsyncResource):

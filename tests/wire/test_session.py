@@ -98,6 +98,20 @@ async def test_reset_reaches_the_peer_with_its_code(nursery: trio.Nursery) -> No
     assert info.value.code == 0x102 and info.value.remote
 
 
+async def test_cancel_when_broken_cancels_work_once_the_peer_resets(nursery: trio.Nursery) -> None:
+    client, server = await _session_pair(nursery)
+    opened, incoming = await _stream_pair(client, server)
+    await opened.send_eof()  # the request is complete; the peer now waits on something else
+    with trio.CancelScope() as scope:
+        incoming.cancel_when_broken(scope)
+        nursery.start_soon(opened.reset, 0x104, "client gone")
+        await trio.sleep_forever()  # the upstream exchange, say
+    assert scope.cancelled_caught
+    late = trio.CancelScope()
+    incoming.cancel_when_broken(late)  # already broken: cancelled at once
+    assert late.cancel_called
+
+
 async def test_both_sides_open_streams_concurrently(nursery: trio.Nursery) -> None:
     client, server = await _session_pair(nursery)
     a = await client.open_stream({"from": "client"})
