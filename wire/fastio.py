@@ -37,7 +37,7 @@ __all__ = [
     "send_many",
 ]
 
-_YIELD_EVERY = 32
+_YIELD_EVERY = 16  # wire_throughput: h2c 1 stream ~460-620 MB/s at 32, ~900 at 16; fewer favours latency
 _yield_every = _YIELD_EVERY
 _budget = _YIELD_EVERY
 _DEFAULT_RECEIVE = 256 * 1024
