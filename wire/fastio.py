@@ -22,18 +22,20 @@ from __future__ import annotations
 import errno
 import socket
 import ssl
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import trio
 
 __all__ = [
+    "ConflictDetector",
     "FastSocketStream",
     "FastTLSStream",
     "cancel_point",
     "every_call_yields",
     "fast_stream",
     "maybe_yield",
+    "peer_name",
     "send_many",
 ]
 
@@ -78,7 +80,9 @@ def every_call_yields() -> Iterator[None]:
         _yield_every = _budget = saved
 
 
-class _Conflict:
+class ConflictDetector:
+    """Raises BusyResourceError when two tasks use the same direction of a stream at once."""
+
     __slots__ = ("_busy", "_msg")
 
     def __init__(self, msg: str) -> None:
@@ -108,8 +112,8 @@ class FastSocketStream(trio.abc.HalfCloseableStream):
         self.socket = sock
         self._closed = False
         self._eof_sent = False
-        self._send_conflict = _Conflict("another task is sending on this stream")
-        self._recv_conflict = _Conflict("another task is receiving on this stream")
+        self._send_conflict = ConflictDetector("another task is sending on this stream")
+        self._recv_conflict = ConflictDetector("another task is receiving on this stream")
 
     @classmethod
     def from_trio(cls, stream: trio.SocketStream) -> FastSocketStream:
@@ -121,36 +125,9 @@ class FastSocketStream(trio.abc.HalfCloseableStream):
             raise trio.ClosedResourceError("stream was closed")
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        with self._send_conflict:
-            await trio.lowlevel.checkpoint_if_cancelled()
-            self._check_open()
-            if self._eof_sent:
-                raise trio.ClosedResourceError("cannot send data after sending EOF")
-            sock = self.socket
-            view: bytes | memoryview = (
-                data if isinstance(data, bytes) else memoryview(data).cast("B")
-            )
-            waited = False
-            while view:
-                try:
-                    sent = sock.send(view)
-                except BlockingIOError:
-                    waited = True
-                    await self._wait(trio.lowlevel.wait_writable)
-                    continue
-                except OSError as exc:
-                    self._check_open()
-                    raise trio.BrokenResourceError(f"socket send failed: {exc}") from exc
-                if sent < len(view):
-                    view = memoryview(view)[sent:]
-                else:
-                    break
-            if waited:
-                _waited()
-            else:
-                await maybe_yield()
+        await self.send_many([data if isinstance(data, bytes) else memoryview(data).cast("B")])
 
-    async def send_many(self, buffers: list[bytes]) -> None:
+    async def send_many(self, buffers: Sequence[bytes | bytearray | memoryview]) -> None:
         """``send_all(b"".join(buffers))`` without the join: one ``sendmsg`` for many buffers."""
         with self._send_conflict:
             await trio.lowlevel.checkpoint_if_cancelled()
@@ -158,7 +135,7 @@ class FastSocketStream(trio.abc.HalfCloseableStream):
             if self._eof_sent:
                 raise trio.ClosedResourceError("cannot send data after sending EOF")
             sock = self.socket
-            pending: list[bytes | memoryview] = [b for b in buffers if b]
+            pending: list[bytes | bytearray | memoryview] = [b for b in buffers if b]
             start = 0
             waited = False
             while start < len(pending):
@@ -243,12 +220,22 @@ class FastSocketStream(trio.abc.HalfCloseableStream):
         await trio.lowlevel.checkpoint()
 
 
-async def send_many(stream: trio.abc.SendStream, buffers: list[bytes]) -> None:
+async def send_many(stream: trio.abc.SendStream, buffers: Sequence[bytes | bytearray | memoryview]) -> None:
     """Send ``buffers`` in order: vectored where the stream can, else joined into one write."""
     if isinstance(stream, (FastSocketStream, FastTLSStream)):
         await stream.send_many(buffers)
     else:
         await stream.send_all(b"".join(buffers))
+
+
+def peer_name(stream: trio.abc.Stream) -> str:
+    """``host:port`` of the stream's socket peer (for log lines), or ``?``."""
+    sock = getattr(stream, "socket", None)
+    try:
+        host, port = sock.getpeername()[:2] if sock is not None else ("?", 0)
+    except OSError:
+        return "?"
+    return f"{host}:{port}"
 
 
 def fast_stream(stream: trio.abc.Stream) -> trio.abc.Stream:
@@ -287,8 +274,8 @@ class FastTLSStream(trio.abc.Stream):
         self._closed = False
         self._eof = False
         self._sending = False
-        self._send_conflict = _Conflict("another task is sending on this stream")
-        self._recv_conflict = _Conflict("another task is receiving on this stream")
+        self._send_conflict = ConflictDetector("another task is sending on this stream")
+        self._recv_conflict = ConflictDetector("another task is receiving on this stream")
 
     # ---- what SSLStream offers that callers use
 
@@ -428,22 +415,9 @@ class FastTLSStream(trio.abc.Stream):
         return data
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        with self._send_conflict:
-            await trio.lowlevel.checkpoint_if_cancelled()
-            self._check_usable()
-            if not self._handshook:
-                await self.do_handshake()
-            if data:
-                try:
-                    self._ssl.write(data)
-                except ssl.SSLError as exc:
-                    raise self._break(exc) from exc
-            if self._outgoing.pending:
-                await self._flush()
-            else:
-                await maybe_yield()
+        await self.send_many([data])
 
-    async def send_many(self, buffers: list[bytes]) -> None:
+    async def send_many(self, buffers: Sequence[bytes | bytearray | memoryview]) -> None:
         """``send_all`` of the buffers joined, without joining them (TLS copies them anyway)."""
         with self._send_conflict:
             await trio.lowlevel.checkpoint_if_cancelled()
@@ -465,9 +439,6 @@ class FastTLSStream(trio.abc.Stream):
         with self._send_conflict:
             self._check_usable()
             await self.transport_stream.wait_send_all_might_not_block()
-
-    async def unwrap(self) -> None:
-        raise NotImplementedError("FastTLSStream does not unwrap")
 
     async def aclose(self) -> None:
         if self._closed:

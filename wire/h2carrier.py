@@ -30,7 +30,7 @@ import h2.settings
 import hyperframe.frame
 import trio
 
-from wire.fastio import FastTLSStream, fast_stream, send_many
+from wire.fastio import FastTLSStream, fast_stream, peer_name, send_many
 from wire.session import Session, SessionClosedError, connect_session, open_session
 
 log = logging.getLogger("wire.h2carrier")
@@ -531,7 +531,7 @@ async def _serve_connection(
     session_kwargs: dict[str, Any],
 ) -> None:
     stream = fast_stream(stream)
-    peer = _peer_name(stream)
+    peer = peer_name(stream)
     try:
         async with trio.open_nursery() as nursery:
             accepted = None
@@ -572,15 +572,6 @@ def _headers(raw: Any) -> dict[str, str]:
         (k.decode() if isinstance(k, bytes) else k): (v.decode(errors="replace") if isinstance(v, bytes) else v)
         for k, v in raw
     }
-
-
-def _peer_name(stream: trio.abc.Stream) -> str:
-    sock = getattr(stream, "socket", None)
-    try:
-        host, port = sock.getpeername()[:2] if sock is not None else ("?", 0)
-    except OSError:
-        return "?"
-    return f"{host}:{port}"
 
 
 async def _accept_tunnel(

@@ -32,7 +32,7 @@ from wire.events import (
     StreamReset,
     WindowUpdated,
 )
-from wire.fastio import cancel_point, maybe_yield
+from wire.fastio import ConflictDetector, cancel_point, maybe_yield
 from wire.frames import Metadata
 from wire.mux import MuxConnection, StreamInfo
 from wire.settings import KiB, Limits, MiB, Settings
@@ -90,24 +90,6 @@ class SessionStatistics:
     streams: tuple[StreamInfo, ...]
 
 
-class _Conflict:
-    """Raises BusyResourceError when two tasks use the same direction of a stream at once."""
-
-    __slots__ = ("_busy", "_msg")
-
-    def __init__(self, msg: str) -> None:
-        self._busy = False
-        self._msg = msg
-
-    def __enter__(self) -> None:
-        if self._busy:
-            raise trio.BusyResourceError(self._msg)
-        self._busy = True
-
-    def __exit__(self, *exc: object) -> None:
-        self._busy = False
-
-
 class MuxStream(trio.abc.HalfCloseableStream):
     """One logical stream of a session."""
 
@@ -127,8 +109,8 @@ class MuxStream(trio.abc.HalfCloseableStream):
         self._eof_sent = False
         self._closed = False
         self._lot = trio.lowlevel.ParkingLot()
-        self._send_conflict = _Conflict("another task is sending on this stream")
-        self._recv_conflict = _Conflict("another task is receiving on this stream")
+        self._send_conflict = ConflictDetector("another task is sending on this stream")
+        self._recv_conflict = ConflictDetector("another task is receiving on this stream")
         self._break_scopes: list[trio.CancelScope] = []
 
     def __repr__(self) -> str:

@@ -14,7 +14,7 @@ from kasd.k8sproxy.forward import Forwarder
 from kasd.k8sproxy.http1 import Http1Connection
 from kasd.k8sproxy.http2 import Http2Connection
 from kasd.metrics import Metrics
-from wire.fastio import FastTLSStream, fast_stream
+from wire.fastio import FastTLSStream, fast_stream, peer_name
 
 log = logging.getLogger("kasd.k8sproxy")
 
@@ -30,15 +30,6 @@ def proxy_ssl_context(cert: str, key: str) -> ssl.SSLContext:
 def configure_alpn(ctx: ssl.SSLContext) -> ssl.SSLContext:
     ctx.set_alpn_protocols(["h2", "http/1.1"])
     return ctx
-
-
-def _peer_name(stream: trio.abc.Stream) -> str:
-    sock = getattr(stream, "socket", None)
-    try:
-        host, port = sock.getpeername()[:2] if sock is not None else ("?", 0)
-    except OSError:
-        return "?"
-    return f"{host}:{port}"
 
 
 class ProxyServer:
@@ -90,7 +81,7 @@ class ProxyServer:
         self._no_connections = trio.Event() if self.connections == 1 else self._no_connections
         self.metrics.proxy_connections.inc()
         stream = fast_stream(stream)
-        peer = _peer_name(stream)
+        peer = peer_name(stream)
         try:
             await self._serve(stream, peer)
         except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError) as exc:
