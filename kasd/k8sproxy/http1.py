@@ -13,7 +13,7 @@ import trio
 from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.forward import Plan, clean_response_headers
 from kasd.k8sproxy.status import ProxyError, status_body, status_headers
-from wire.httptunnel import TunnelCode
+from wire.httptunnel import ResponseHead, TunnelCode
 from wire.session import MuxStream
 
 if TYPE_CHECKING:
@@ -23,6 +23,8 @@ log = logging.getLogger("kasd.k8sproxy")
 
 _RECEIVE_SIZE = 256 * 1024  # per-chunk Python work dominates bulk transfers: fewer, larger chunks
 _LINGER_SECONDS = 2.0
+#: a bodiless request whose answer takes longer gets a task watching for the client to leave
+_WATCH_AFTER = 0.05
 _LINGER_BYTES = 64 << 20
 _PHRASES = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 _MUX_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
@@ -41,10 +43,21 @@ class _ClientGone(Exception):
     """The client closed or broke its connection (or sent something we cannot continue after)."""
 
 
-@attrs.define
-class _Outcome:
+@attrs.define(eq=False)
+class _Exchange:
+    """One proxied request: what the connection task and its client reader (if any) share."""
+
+    stream: MuxStream
+    plan: Plan
+    record: RequestRecord
+    #: cancelled when the client goes away mid-exchange
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     client_gone: bool = False
     keep_alive: bool = True
+    #: the task reading from the client (the body, then watching for it to leave); only when needed
+    reader_scope: trio.CancelScope | None = None
+    watch_scope: trio.CancelScope | None = None
+    reader_done: trio.Event | None = None
 
 
 class Http1Connection:
@@ -56,6 +69,7 @@ class Http1Connection:
         self.peer = peer
         self.head_deadline = head_deadline
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=server.settings.max_header_bytes)
+        self._nursery: trio.Nursery  # the connection's, set by run()
         #: the connection became a byte pipe (101); nothing HTTP is left to say on it
         self.switched = False
         if initial:
@@ -64,6 +78,13 @@ class Http1Connection:
     # ------------------------------------------------------------------ connection loop
 
     async def run(self) -> None:
+        # One nursery for the connection's life: a request's body/watch task starts in it only when
+        # the request needs one, so a quick bodiless exchange spawns nothing.
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await self._serve_requests()
+
+    async def _serve_requests(self) -> None:
         first = True
         while True:
             request = await self._read_head(first)
@@ -227,9 +248,9 @@ class Http1Connection:
             )
             record.agent_id, record.subject = plan.grant.agent_id, plan.grant.subject
             stream = await forwarder.open(plan)
-            if not upgrade and _has_no_body(headers):
-                # Say so now: the OPEN and its FIN then leave in one write (the body task's own
-                # send_eof, once h11 reports the empty body's end, does nothing more).
+            bodiless = not upgrade and _has_no_body(headers)
+            if bodiless:
+                # Say so now: the OPEN and its FIN then leave in one write.
                 await stream.send_eof()
         except ProxyError as exc:
             try:
@@ -241,7 +262,7 @@ class Http1Connection:
                 self.server.finish(record)
             return True
         try:
-            return await self._exchange(stream, plan, record)
+            return await self._exchange(_Exchange(stream, plan, record), bodiless=bodiless)
         finally:
             self.server.finish(record)
 
@@ -269,98 +290,122 @@ class Http1Connection:
         await self._send(h11.EndOfMessage())
         record.bytes_out += len(body)
 
-    async def _exchange(self, stream: MuxStream, plan: Plan, record: RequestRecord) -> bool:
-        outcome = _Outcome()
+    async def _exchange(self, ex: _Exchange, *, bodiless: bool) -> bool:
+        """Relay one exchange. A request with a body (or an upgrade) gets a task reading from the
+        client at once; a bodiless one only if its answer is slow or long, to notice the client
+        leaving — a quick small GET runs in this task alone."""
         metrics = self.server.metrics
         metrics.active_streams.inc()
         try:
-            async with trio.open_nursery() as nursery:
-                watcher = trio.CancelScope()
-                watcher_done = trio.Event()
-                nursery.start_soon(self._request_side, stream, record, outcome, nursery.cancel_scope, watcher, watcher_done)
+            if not (bodiless and self._end_of_bodiless_request()):
+                self._start_client_reader(ex, body=True)
+            with ex.scope:
                 try:
-                    await self._response_side(stream, plan, record, outcome, watcher, watcher_done)
+                    await self._response_side(ex)
                 except _ClientGone:
-                    outcome.client_gone = True
-                nursery.cancel_scope.cancel()
+                    ex.client_gone = True
+            if ex.reader_done is not None:
+                assert ex.reader_scope is not None
+                ex.reader_scope.cancel()
+                await ex.reader_done.wait()
         finally:
             metrics.active_streams.dec()
-            if outcome.client_gone:
-                record.outcome = "client-gone"
-                await stream.reset(TunnelCode.CLIENT_GONE, "client went away")
+            if ex.client_gone:
+                ex.record.outcome = "client-gone"
+                await ex.stream.reset(TunnelCode.CLIENT_GONE, "client went away")
             else:
-                await stream.aclose()
-        return outcome.keep_alive and not outcome.client_gone
+                await ex.stream.aclose()
+        return ex.keep_alive and not ex.client_gone
 
-    async def _request_side(
-        self,
-        stream: MuxStream,
-        record: RequestRecord,
-        outcome: _Outcome,
-        scope: trio.CancelScope,
-        watcher: trio.CancelScope,
-        watcher_done: trio.Event,
-    ) -> None:
-        """Stream the request body to the agent, then watch for the client going away."""
-        bytes_to_agent = self.server.metrics.tunnel_bytes.labels(direction="to_agent")
+    def _end_of_bodiless_request(self) -> bool:
+        """Take h11's EndOfMessage for a request without a body; False if it is not there."""
+        if self.conn.they_are_waiting_for_100_continue:
+            return False
         try:
-            try:
-                if self.conn.they_are_waiting_for_100_continue:
-                    await self._send(h11.InformationalResponse(status_code=100, headers=[]))
-                while True:
-                    event = await self._next_body_event()
-                    if isinstance(event, h11.Data):
-                        try:
-                            await stream.send_all(event.data)
-                        except _MUX_ERRORS:
-                            return  # the response side reports what happened to the stream
-                        record.bytes_in += len(event.data)
-                        bytes_to_agent.inc(len(event.data))
-                    elif isinstance(event, h11.EndOfMessage):
-                        if self.conn.their_state is _MIGHT_SWITCH:
-                            break  # an upgrade: after a 101 the stream carries the client's bytes, so no EOF
-                        try:
-                            await stream.send_eof()
-                        except _MUX_ERRORS:
-                            return
-                        break
+            event = self.conn.next_event()
+        except h11.RemoteProtocolError:
+            return False  # the reader task reports it
+        if isinstance(event, h11.EndOfMessage):
+            return True
+        raise AssertionError(f"h11 returned {event!r} for a request without a body")  # pragma: no cover
+
+    def _start_client_reader(self, ex: _Exchange, *, body: bool) -> None:
+        ex.reader_scope = trio.CancelScope()
+        ex.watch_scope = trio.CancelScope()
+        ex.reader_done = trio.Event()
+        self._nursery.start_soon(self._client_reader, ex, body)
+
+    async def _client_reader(self, ex: _Exchange, body: bool) -> None:
+        """Stream the request body to the agent (``body``), then watch for the client going away."""
+        assert ex.reader_scope is not None and ex.watch_scope is not None and ex.reader_done is not None
+        try:
+            with ex.reader_scope:
+                if body and not await self._stream_request_body(ex):
+                    return
                 # The body is in; a read now returns only if the client leaves (or pipelines).
-                with watcher:
+                with ex.watch_scope:
                     data = await self._receive_raw()
                     if not data:
                         raise _ClientGone("client closed the connection")
                     self.conn.receive_data(data)  # early bytes: the next request, or the upgraded stream
-            finally:
-                watcher_done.set()
         except _ClientGone:
-            outcome.client_gone = True
-            scope.cancel()
+            ex.client_gone = True
+            ex.scope.cancel()
+        finally:
+            ex.reader_done.set()
 
-    async def _response_side(
-        self,
-        stream: MuxStream,
-        plan: Plan,
-        record: RequestRecord,
-        outcome: _Outcome,
-        watcher: trio.CancelScope,
-        watcher_done: trio.Event,
-    ) -> None:
+    async def _stream_request_body(self, ex: _Exchange) -> bool:
+        """True once the body is in; False if the agent's stream broke (the response side says why)."""
+        bytes_to_agent = self.server.metrics.tunnel_bytes.labels(direction="to_agent")
+        if self.conn.they_are_waiting_for_100_continue:
+            await self._send(h11.InformationalResponse(status_code=100, headers=[]))
+        while True:
+            event = await self._next_body_event()
+            if isinstance(event, h11.Data):
+                try:
+                    await ex.stream.send_all(event.data)
+                except _MUX_ERRORS:
+                    return False  # the response side reports what happened to the stream
+                ex.record.bytes_in += len(event.data)
+                bytes_to_agent.inc(len(event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                if self.conn.their_state is _MIGHT_SWITCH:
+                    return True  # an upgrade: after a 101 the stream carries the client's bytes, so no EOF
+                try:
+                    await ex.stream.send_eof()
+                except _MUX_ERRORS:
+                    return False
+                return True
+
+    async def _await_head(self, ex: _Exchange) -> ResponseHead:
+        forwarder = self.server.forwarder
+        if ex.reader_done is None:
+            # Most answers come at once; a slow one gets a reader to notice the client leaving.
+            with trio.move_on_after(_WATCH_AFTER):
+                return await forwarder.response(ex.stream, ex.plan)
+            self._start_client_reader(ex, body=False)
+        return await forwarder.response(ex.stream, ex.plan)
+
+    async def _response_side(self, ex: _Exchange) -> None:
+        stream, record = ex.stream, ex.record
+        agent_id = ex.plan.grant.agent_id
         try:
-            head = await self.server.forwarder.response(stream, plan)
+            head = await self._await_head(ex)
             if head.status == 101 and self.conn.their_state is not _MIGHT_SWITCH:
-                raise ProxyError(502, f"agent {plan.grant.agent_id} switched protocols for a request that did not ask to")
+                raise ProxyError(502, f"agent {agent_id} switched protocols for a request that did not ask to")
             if 100 <= head.status < 200 and head.status != 101:
-                raise ProxyError(502, f"agent {plan.grant.agent_id} sent an interim {head.status} response head")
+                raise ProxyError(502, f"agent {agent_id} sent an interim {head.status} response head")
         except ProxyError as exc:
             await self._send_status(exc, record)
-            outcome.keep_alive = not self.server.draining
+            ex.keep_alive = not self.server.draining
             return
         record.status = head.status
         if head.status == 101:
-            outcome.keep_alive = False
-            watcher.cancel()
-            await watcher_done.wait()
-            await self._switch(stream, head.headers, record, outcome)
+            ex.keep_alive = False
+            assert ex.watch_scope is not None and ex.reader_done is not None  # upgrades always have a reader
+            ex.watch_scope.cancel()
+            await ex.reader_done.wait()
+            await self._switch(ex, head.headers)
             return
         headers = [*clean_response_headers(head.headers), ("x-request-id", record.request_id)]
         if self.server.draining:
@@ -383,6 +428,8 @@ class Http1Connection:
             record.bytes_out += len(data)
             bytes_from_agent.inc(len(data))
         await self._write(b"".join(out))
+        if ex.reader_done is None:
+            self._start_client_reader(ex, body=False)  # a long answer (a watch, logs -f): watch the client
         while True:
             try:
                 data = await stream.receive_some(_RECEIVE_SIZE)
@@ -390,7 +437,7 @@ class Http1Connection:
                 # Too late for a Status: cut the connection so the client sees a truncated body.
                 log.warning("agent stream broke mid-response request_id=%s error=%s", record.request_id, exc)
                 record.outcome = "upstream-broken"
-                outcome.keep_alive = False
+                ex.keep_alive = False
                 return
             if not data:
                 break
@@ -399,8 +446,9 @@ class Http1Connection:
             bytes_from_agent.inc(len(data))
         await self._send(h11.EndOfMessage())
 
-    async def _switch(self, stream: MuxStream, raw_headers: tuple[tuple[str, str], ...], record: RequestRecord, outcome: _Outcome) -> None:
+    async def _switch(self, ex: _Exchange, raw_headers: tuple[tuple[str, str], ...]) -> None:
         """``101``: from here on, the client connection and the logical stream are one byte pipe."""
+        stream, record = ex.stream, ex.record
         headers = [*clean_response_headers(raw_headers, switching=True), ("x-request-id", record.request_id)]
         await self._send(h11.InformationalResponse(status_code=101, headers=headers))
         self.switched = True
@@ -423,7 +471,7 @@ class Http1Connection:
                         await stream.send_eof()
                         return
             except _ClientGone:
-                outcome.client_gone = True
+                ex.client_gone = True
                 scope.cancel()
             except _MUX_ERRORS:
                 scope.cancel()
@@ -440,7 +488,7 @@ class Http1Connection:
                 try:
                     await self.stream.send_all(data)
                 except _MUX_ERRORS:
-                    outcome.client_gone = True
+                    ex.client_gone = True
                     scope.cancel()
                     return
                 record.bytes_out += len(data)
