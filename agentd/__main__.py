@@ -17,18 +17,9 @@ import trio
 from agentd.agent import kube_target_for, run_agent
 from agentd.config import AgentConfig, ConfigError, build_parser, load_config
 from agentd.kubeapi import KubeConfigError, KubeTarget
+from daemonstatus.logs import configure_logging
 
 log = logging.getLogger("agentd")
-
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="time=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-        datefmt="%Y-%m-%dT%H:%M:%S%z",
-        stream=sys.stderr,
-        force=True,
-    )
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:

@@ -6,29 +6,16 @@ import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import Sequence
 
 import trio
 
+from daemonstatus.logs import configure_logging
 from kasd.config import Config, ConfigError, load_config
 from kasd.server import Runtime, serve_kasd
 from kasd.tokens import hash_token
 
 log = logging.getLogger("kasd")
-
-
-def _setup_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    formatter = logging.Formatter("%(asctime)s level=%(levelname)s logger=%(name)s %(message)s", "%Y-%m-%dT%H:%M:%SZ")
-    formatter.converter = time.gmtime
-    handler.setFormatter(formatter)
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    # hpack logs decoded headers (Authorization included) at DEBUG: never let tokens reach the log.
-    for noisy in ("hpack", "h2"):
-        logging.getLogger(noisy).setLevel(max(logging.INFO, root.level))
 
 
 def hash_token_command(argv: Sequence[str]) -> int:
@@ -88,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"kasd: configuration error: {exc}", file=sys.stderr)
         return 2
-    _setup_logging(config.log_level)
+    configure_logging(config.log_level)
     code = 0
     try:
         trio.run(_serve, config)

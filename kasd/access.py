@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import attrs
 
 from kasd.config import AccessEntry
-from kasd.tokens import token_matches
+from kasd.tokens import digest_matches, hash_token
 from wire.httptunnel import Impersonation
 
 TOKEN_FORMATS = "ci:<agent id>:<job token> or pat:<agent id>:<token>"
@@ -62,9 +62,10 @@ class StaticAccess:
     def authorize(self, authorization: str | None) -> Grant:
         kind, agent_id, secret = parse_bearer(authorization)
         entry: AccessEntry | None = None
+        digest = hash_token(secret)
         # Compare against every entry so timing does not say how many there are or which matched.
         for candidate in self._entries:
-            if token_matches(secret, candidate.token_sha256) and candidate.kind == kind and entry is None:
+            if digest_matches(digest, candidate.token_sha256) and candidate.kind == kind and entry is None:
                 entry = candidate
         if entry is None:
             raise AccessDenied(401, f"bad token: unknown or invalid {kind} token")

@@ -9,7 +9,7 @@ from typing import Any
 import trio
 
 from kasd.config import Agent
-from kasd.tokens import token_matches
+from kasd.tokens import digest_matches, hash_token
 from kasd.tunnels import Tunnel, TunnelRegistry
 from wire.httptunnel import TunnelCode
 from wire.session import Session
@@ -26,8 +26,9 @@ class AgentAuthenticator:
     async def __call__(self, token: str, headers: dict[str, str]) -> Agent | None:
         await trio.lowlevel.checkpoint()
         found: Agent | None = None
+        digest = hash_token(token)
         for agent in self._agents:  # every one, so timing does not tell which matched
-            if token_matches(token, agent.token_sha256) and found is None:
+            if digest_matches(digest, agent.token_sha256) and found is None:
                 found = agent
         if found is None:
             log.warning("agent authentication failed reason=unknown-token user_agent=%r", headers.get("user-agent", ""))

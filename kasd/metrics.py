@@ -39,6 +39,16 @@ class Metrics:
             registry=r,
         )
         self.proxy_connections = Gauge("kasd_proxy_connections", "Open client connections on the proxy port", registry=r)
+        # Per-request code asks for these children: look them up once (labels() is not free).
+        self.bytes_to_agent = self.tunnel_bytes.labels(direction="to_agent")
+        self.bytes_from_agent = self.tunnel_bytes.labels(direction="from_agent")
+        self._requests_by_code: dict[int, Counter] = {}
+
+    def count_request(self, status: int) -> None:
+        child = self._requests_by_code.get(status)
+        if child is None:
+            child = self._requests_by_code[status] = self.proxy_requests.labels(code=str(status))
+        child.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

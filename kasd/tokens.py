@@ -18,5 +18,6 @@ def is_token_hash(value: object) -> bool:
     return isinstance(value, str) and _HEX64.match(value) is not None
 
 
-def token_matches(token: str, token_sha256: str) -> bool:
-    return hmac.compare_digest(hash_token(token), token_sha256)
+def digest_matches(digest: str, token_sha256: str) -> bool:
+    """A ``hash_token`` result against a stored hash, in constant time (hash once, compare many)."""
+    return hmac.compare_digest(digest, token_sha256)

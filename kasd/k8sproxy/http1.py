@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-import uuid
+import os
 from typing import TYPE_CHECKING
 
 import attrs
@@ -234,7 +234,7 @@ class Http1Connection:
         headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in request.headers]
         target = request.target.decode("latin-1")
         record = RequestRecord(
-            request_id=uuid.uuid4().hex,
+            request_id=os.urandom(16).hex(),
             method=request.method.decode("ascii", "replace"),
             path=target,
             protocol=f"HTTP/{request.http_version.decode()}",
@@ -356,7 +356,7 @@ class Http1Connection:
 
     async def _stream_request_body(self, ex: _Exchange) -> bool:
         """True once the body is in; False if the agent's stream broke (the response side says why)."""
-        bytes_to_agent = self.server.metrics.tunnel_bytes.labels(direction="to_agent")
+        bytes_to_agent = self.server.metrics.bytes_to_agent
         if self.conn.they_are_waiting_for_100_continue:
             await self._send(h11.InformationalResponse(status_code=100, headers=[]))
         while True:
@@ -410,7 +410,7 @@ class Http1Connection:
         headers = [*clean_response_headers(head.headers), ("x-request-id", record.request_id)]
         if self.server.draining:
             headers.append(("connection", "close"))
-        bytes_from_agent = self.server.metrics.tunnel_bytes.labels(direction="from_agent")
+        bytes_from_agent = self.server.metrics.bytes_from_agent
         # The head, and whatever of the body already arrived (all of a small answer), in one write.
         out = [self._encode(h11.Response(status_code=head.status, headers=headers))]
         size = 0
@@ -454,8 +454,8 @@ class Http1Connection:
         self.switched = True
         early, _closed = self.conn.trailing_data
         metrics = self.server.metrics
-        to_agent = metrics.tunnel_bytes.labels(direction="to_agent")
-        from_agent = metrics.tunnel_bytes.labels(direction="from_agent")
+        to_agent = metrics.bytes_to_agent
+        from_agent = metrics.bytes_from_agent
         record.outcome = "upgraded"
 
         async def client_to_agent(scope: trio.CancelScope) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-import uuid
+import os
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -271,7 +271,7 @@ class Http2Connection:
         pseudo = {k: v for k, v in request.headers if k.startswith(":")}
         headers = [(k, v) for k, v in request.headers if not k.startswith(":")]
         record = RequestRecord(
-            request_id=uuid.uuid4().hex,
+            request_id=os.urandom(16).hex(),
             method=pseudo.get(":method", "?"),
             path=pseudo.get(":path", ""),
             protocol="HTTP/2",
@@ -333,7 +333,7 @@ class Http2Connection:
             raise _ClientGone("client went away")
 
     async def _pump_body(self, request: _Request, stream: MuxStream, record: RequestRecord) -> None:
-        to_agent = self.server.metrics.tunnel_bytes.labels(direction="to_agent")
+        to_agent = self.server.metrics.bytes_to_agent
         try:
             while data := await self._receive_body(request):
                 await stream.send_all(data)
@@ -363,7 +363,7 @@ class Http2Connection:
         record.status = head.status
         headers = [(":status", str(head.status)), *clean_response_headers(head.headers), ("x-request-id", record.request_id)]
         await self._send_headers(request, headers)
-        from_agent = self.server.metrics.tunnel_bytes.labels(direction="from_agent")
+        from_agent = self.server.metrics.bytes_from_agent
         while True:
             try:
                 data = await stream.receive_some(_RECEIVE_SIZE)

@@ -68,11 +68,11 @@ class ProxyServer:
 
     def finish(self, record: RequestRecord) -> None:
         record.write()
-        self.metrics.proxy_requests.labels(code=str(record.status)).inc()
+        self.metrics.count_request(record.status)
         self.metrics.request_duration.observe(trio.current_time() - record.started)
 
     def count_rejected(self, status: int) -> None:
-        self.metrics.proxy_requests.labels(code=str(status)).inc()
+        self.metrics.count_request(status)
 
     # ------------------------------------------------------------------ one connection
 
