@@ -134,7 +134,10 @@ class KubeApiProxy:
             duration=duration,
             request_id=head.request_id if head else "",
         )
-        log.info(
+        # kasd writes the audit line for every request; agentd speaks up at INFO only when one fails.
+        level = logging.DEBUG if record.outcome == "ok" else logging.INFO
+        log.log(
+            level,
             "request method=%s path=%s status=%s outcome=%s bytes_in=%d bytes_out=%d duration=%.3f request_id=%s stream=%d",
             record.method, record.path, record.status if record.status is not None else "-", record.outcome,
             record.bytes_in, record.bytes_out, record.duration, record.request_id or "-", stream.stream_id,

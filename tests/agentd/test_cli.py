@@ -37,7 +37,7 @@ async def test_agentd_process_serves_and_drains_on_sigterm(nursery: trio.Nursery
                 [sys.executable, "-m", "agentd", "--kas-address", kasd.url, "--token-file", str(tmp_path / "token"),
                  "--kubeconfig", str(tmp_path / "kubeconfig"), "--connections", "1",
                  "--health-address", "127.0.0.1:0", "--ready-file", str(tmp_path / "ready.json"),
-                 "--agent-id", "42"],
+                 "--agent-id", "42", "--log-level", "debug"],
                 env=env, stdout=subprocess.DEVNULL, stderr=log_file)
         try:
             with trio.fail_after(15):
