@@ -10,6 +10,7 @@ limit is ``FRAME_SIZE_ERROR``; anything else malformed is ``PROTOCOL_ERROR``; bo
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -85,7 +86,9 @@ def encode_checked(frame: Frame, limits: Limits) -> bytes:
     return data
 
 
+@functools.lru_cache(maxsize=16)
 def _unpack_kwargs(limits: Limits) -> dict[str, Any]:
+    """msgpack's own limits for ``limits`` (cached: every OPEN and ACCEPT is checked with them)."""
     return {
         "raw": False,
         "use_list": True,
@@ -238,26 +241,32 @@ _SCALARS = (type(None), bool, int, float, str, bytes)
 
 
 def _check_value(value: object, limits: Limits, depth: int) -> None:
-    if type(value) in _SCALARS:
+    # Scalars are checked in their container's loop: a request head is mostly [name, value] pairs,
+    # and a call per string would cost more than the rest of the check.
+    kind = type(value)
+    if kind in _SCALARS:
         return
     if depth > limits.max_depth:
         raise RemoteProtocolError(f"metadata nested deeper than {limits.max_depth}", ErrorCode.FRAME_SIZE_ERROR)
-    if type(value) is dict:
-        for key, item in value.items():
+    if kind is dict:
+        for key, item in value.items():  # type: ignore[attr-defined]
             if type(key) is not str:
                 raise RemoteProtocolError("metadata keys must be strings")
-            _check_value(item, limits, depth + 1)
-    elif type(value) is list:
+            if type(item) not in _SCALARS:
+                _check_value(item, limits, depth + 1)
+    elif kind is list:
         # msgpack's own max_array_len must also admit the frame's array (5 items), so a smaller
         # limit is enforced here
-        if len(value) > limits.max_array_items:
+        if len(value) > limits.max_array_items:  # type: ignore[arg-type]
             raise RemoteProtocolError(
-                f"metadata array of {len(value)} items exceeds {limits.max_array_items}", ErrorCode.FRAME_SIZE_ERROR
+                f"metadata array of {len(value)} items exceeds {limits.max_array_items}",  # type: ignore[arg-type]
+                ErrorCode.FRAME_SIZE_ERROR,
             )
-        for item in value:
-            _check_value(item, limits, depth + 1)
+        for item in value:  # type: ignore[attr-defined]
+            if type(item) not in _SCALARS:
+                _check_value(item, limits, depth + 1)
     else:
-        raise RemoteProtocolError(f"metadata value of unsupported type {type(value).__name__}")
+        raise RemoteProtocolError(f"metadata value of unsupported type {kind.__name__}")
 
 
 def _parse_hello(o: list[Any], limits: Limits) -> Frame:

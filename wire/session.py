@@ -698,7 +698,8 @@ class Session(trio.abc.AsyncResource):
             pass
 
     def _wake_writer(self) -> None:
-        self._writer_wakeup.set()
+        if self.connection.outbound_size:  # a wakeup with nothing to send costs a task switch
+            self._writer_wakeup.set()
 
     async def _wait_outbound_room(self) -> None:
         while self.connection.outbound_size >= self._high_water and not self.closed:
