@@ -234,13 +234,20 @@ class UpstreamPool:
                     await conn.send(h11.EndOfMessage())
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 raise UpstreamUnreachable(f"cannot reach {self.target.url}: {_reason(exc)}") from exc
+            if not has_body:
+                # Nothing to send beside the response: no body task, no nursery.
+                try:
+                    response = await self._response_head(conn)
+                except UpstreamLost as exc:
+                    raise UpstreamUnreachable(f"cannot reach {self.target.url}: {exc}") from None
+                yield response
+                return
             failure: BaseException | None = None
             caller_error: BaseException | None = None
             async with trio.open_nursery() as nursery:
-                state = _BodyState(finished=not has_body)
-                if has_body:
-                    assert body is not None
-                    nursery.start_soon(self._send_body, conn, body, first, state, nursery.cancel_scope)
+                state = _BodyState(finished=False)
+                assert body is not None
+                nursery.start_soon(self._send_body, conn, body, first, state, nursery.cancel_scope)
                 try:
                     response = await self._response_head(conn)
                 except UpstreamLost as exc:

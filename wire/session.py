@@ -374,13 +374,19 @@ class Session(trio.abc.AsyncResource):
         """Open a logical stream; waits while the peer's concurrent-stream limit is reached."""
         await cancel_point()
         while True:
-            self._raise_if_closed()
-            conn = self.connection
-            if conn.goaway_received is not None or conn.goaway_sent is not None:
-                raise StreamRefusedError(ErrorCode.REFUSED_STREAM, "session is draining (GOAWAY)")
-            if conn.can_open_stream():
-                break
-            await self._slots.park()
+            try:
+                return self.open_stream_nowait(metadata)
+            except trio.WouldBlock:
+                await self._slots.park()
+
+    def open_stream_nowait(self, metadata: Metadata | None = None) -> MuxStream:
+        """``open_stream`` without waiting: ``trio.WouldBlock`` while the peer's limit is reached."""
+        self._raise_if_closed()
+        conn = self.connection
+        if conn.goaway_received is not None or conn.goaway_sent is not None:
+            raise StreamRefusedError(ErrorCode.REFUSED_STREAM, "session is draining (GOAWAY)")
+        if not conn.can_open_stream():
+            raise trio.WouldBlock
         stream_id = self._call(conn.open_stream, metadata)
         stream = MuxStream(self, stream_id, dict(metadata or {}), local=True)
         self._streams[stream_id] = stream

@@ -13,6 +13,7 @@ from kasd.access import AccessDenied, Grant, StaticAccess
 from kasd.k8sproxy.status import ProxyError
 from kasd.tunnels import TunnelRegistry
 from wire.errors import RemoteProtocolError
+from wire.fastio import cancel_point
 from wire.httptunnel import RequestHead, ResponseHead, TunnelCode, strip_hop_by_hop
 from wire.session import MuxStream, SessionClosedError, StreamRefusedError, StreamResetError
 
@@ -72,6 +73,14 @@ class Forwarder:
         """A logical stream to the agent, opened on its least-loaded session; 503 after the wait."""
         agent_id = plan.grant.agent_id
         metadata = plan.head.to_metadata()
+        await cancel_point()
+        # The common case — a session is up and has room — needs no timer.
+        session = self.registry.pick(agent_id)
+        if session is not None:
+            try:
+                return session.open_stream_nowait(metadata)
+            except (trio.WouldBlock, StreamRefusedError, SessionClosedError, trio.BrokenResourceError):
+                pass  # full, draining or dead: wait below, within the bound
         found_any = False
         with trio.move_on_after(self.agent_wait_timeout):
             while True:

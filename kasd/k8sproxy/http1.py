@@ -24,7 +24,7 @@ log = logging.getLogger("kasd.k8sproxy")
 _RECEIVE_SIZE = 256 * 1024  # per-chunk Python work dominates bulk transfers: fewer, larger chunks
 _LINGER_SECONDS = 2.0
 #: a bodiless request whose answer takes longer gets a task watching for the client to leave
-_WATCH_AFTER = 0.05
+_WATCH_AFTER = 1.0
 _LINGER_BYTES = 64 << 20
 _PHRASES = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 _MUX_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
@@ -292,7 +292,7 @@ class Http1Connection:
 
     async def _exchange(self, ex: _Exchange, *, bodiless: bool) -> bool:
         """Relay one exchange. A request with a body (or an upgrade) gets a task reading from the
-        client at once; a bodiless one only if its answer is slow or long, to notice the client
+        client at once; a bodiless one only if its answer is slow (a second) or long, to notice the client
         leaving — a quick small GET runs in this task alone."""
         metrics = self.server.metrics
         metrics.active_streams.inc()

@@ -218,8 +218,24 @@ async def test_max_concurrent_streams_makes_open_wait(nursery: trio.Nursery) -> 
     nursery.start_soon(open_third)
     await trio.testing.wait_all_tasks_blocked()
     assert not third_opened.is_set()
+    with pytest.raises(trio.WouldBlock):
+        client.open_stream_nowait({})  # the same limit, without the wait
     await first.reset()
     await third_opened.wait()
+
+
+async def test_open_stream_nowait_opens_at_once_and_refuses_when_draining(nursery: trio.Nursery) -> None:
+    client, server = await _session_pair(nursery)
+    stream = client.open_stream_nowait({"n": 1})
+    await stream.send_all(b"hi")
+    incoming = await server.accept_stream()
+    assert incoming.metadata == {"n": 1}
+    assert await incoming.receive_some() == b"hi"
+    nursery.start_soon(server.drain)  # GOAWAY: no new streams (drain waits for the open one)
+    with trio.fail_after(5):
+        await client.wait_goaway()
+    with pytest.raises(StreamRefusedError):
+        client.open_stream_nowait({})
 
 
 async def test_keepalive_timeout_tears_down_a_dead_session(autojump_clock: trio.abc.Clock) -> None:
