@@ -155,6 +155,14 @@ class FrameDecoder:
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         frames: list[Frame] = []
         view = byte_view(data)
+        if self._unpacker is None:
+            # Nothing partial: whole DATA frames at the front are cut out directly (bulk transfers
+            # are nearly all DATA); whatever follows takes the general path.
+            taken = _take_data_frames(view, self.limits.max_frame_payload, frames)
+            if taken:
+                self._fed += taken
+                self._consumed += taken
+                view = view[taken:]
         # Feed a slice at a time and check the partial frame after each, so the unpacker buffer
         # (partial frame + slice) stays bounded however large ``data`` is.
         for start in range(0, len(view), self._slice):
@@ -192,6 +200,45 @@ class FrameDecoder:
             size = end - self._consumed
             self._consumed = end
             frames.append(_validate(obj, size, self.limits))
+
+
+_DATA_PREFIX = 0x93, FrameKind.DATA.value  # fixarray of 3, then the kind as a positive fixint
+_BIN_HEADERS = {0xC4: 1, 0xC5: 2, 0xC6: 4}  # bin 8/16/32: bytes of length that follow
+
+
+def _take_data_frames(view: memoryview, max_payload: int, frames: list[Frame]) -> int:
+    """Decode the DATA frames that lie whole at the start of ``view``, as msgpack would but without
+    its buffer copies; returns the bytes consumed. Stops at anything else — another kind, a partial
+    frame, a non-canonical encoding, an oversized payload — for the general decoder to handle (and,
+    if it must, reject), so this path accepts exactly what the general one does."""
+    pos = 0
+    end = len(view)
+    while end - pos >= 4 and view[pos] == _DATA_PREFIX[0] and view[pos + 1] == _DATA_PREFIX[1]:
+        i = pos + 2
+        marker = view[i]
+        if marker <= 0x7F:
+            stream_id = marker
+            i += 1
+        elif marker == 0xCC or marker == 0xCD or marker == 0xCE:
+            width = 1 << (marker - 0xCC)
+            if end - i < 1 + width:
+                break
+            stream_id = int.from_bytes(view[i + 1 : i + 1 + width], "big")
+            i += 1 + width
+        else:
+            break
+        if stream_id == 0 or stream_id > MAX_STREAM_ID or i >= end:
+            break
+        width = _BIN_HEADERS.get(view[i], 0)
+        if not width or end - i < 1 + width:
+            break
+        length = int.from_bytes(view[i + 1 : i + 1 + width], "big")
+        start = i + 1 + width
+        if length > max_payload or end - start < length:
+            break
+        frames.append(Data(stream_id=stream_id, payload=bytes(view[start : start + length])))
+        pos = start + length
+    return pos
 
 
 def _validate(obj: object, size: int, limits: Limits) -> Frame:

@@ -449,3 +449,73 @@ def test_decoder_counts_bytes_of_any_buffer() -> None:
     decoder = FrameDecoder()
     assert decoder.feed(memoryview(data).cast("H")) == [Data(stream_id=1, payload=b"abcd")]
     assert decoder.feed(b"\x08\x01") == [Ping(opaque=1)]
+
+
+# DATA frames take a fast path (cut straight out of the input); it must accept and reject exactly
+# what the general msgpack decoder does, whatever valid encoding the peer chose.
+_INT_ENCODINGS = {
+    "fixint": lambda v: bytes([v]) if v <= 0x7F else None,
+    "uint8": lambda v: b"\xcc" + v.to_bytes(1, "big") if v <= 0xFF else None,
+    "uint16": lambda v: b"\xcd" + v.to_bytes(2, "big") if v <= 0xFFFF else None,
+    "uint32": lambda v: b"\xce" + v.to_bytes(4, "big"),
+    "uint64": lambda v: b"\xcf" + v.to_bytes(8, "big"),
+    "int32": lambda v: b"\xd2" + v.to_bytes(4, "big", signed=True) if v < 2**31 else None,
+    "int64": lambda v: b"\xd3" + v.to_bytes(8, "big", signed=True),
+}
+_BIN_ENCODINGS = {"bin8": (b"\xc4", 1), "bin16": (b"\xc5", 2), "bin32": (b"\xc6", 4)}
+
+
+def _data_frame(stream_id: int, payload: bytes, id_form: str, bin_form: str) -> bytes | None:
+    sid = _INT_ENCODINGS[id_form](stream_id)
+    marker, width = _BIN_ENCODINGS[bin_form]
+    if sid is None or len(payload) >= 1 << (8 * width):
+        return None
+    return b"\x93\x04" + sid + marker + len(payload).to_bytes(width, "big") + payload
+
+
+@given(
+    parts=st.lists(
+        st.tuples(
+            st.integers(0, 2**32 - 1),  # 0 and ids past 2**31-1 are protocol errors
+            st.binary(max_size=140),  # the limit below is 100 bytes
+            st.sampled_from(sorted(_INT_ENCODINGS)),
+            st.sampled_from(sorted(_BIN_ENCODINGS)),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    tail=st.sampled_from([b"", encode(Ping(opaque=7)), encode(HalfClose(stream_id=3))]),
+    split=st.integers(0, 2000),
+)
+@settings(max_examples=400)
+def test_data_fast_path_agrees_with_msgpack(parts: list[tuple[int, bytes, str, str]], tail: bytes, split: int) -> None:
+    stream = b"".join(frame for frame in (_data_frame(*part) for part in parts) if frame is not None) + tail
+
+    def general(data: bytes) -> list[Frame] | ErrorCode:
+        # The reference: msgpack's own streaming unpacker and the same validation, frame by frame.
+        unpacker = msgpack.Unpacker(**codec._unpack_kwargs(LIMITS))
+        unpacker.feed(data)
+        frames: list[Frame] = []
+        try:
+            for obj in unpacker:
+                frames.append(codec._validate(obj, 0, LIMITS))
+        except RemoteProtocolError as exc:
+            return exc.code
+        except ValueError:  # msgpack's max_bin_len
+            return ErrorCode.FRAME_SIZE_ERROR
+        return frames
+
+    def fast(*chunks: bytes) -> list[Frame] | ErrorCode:
+        decoder = FrameDecoder(LIMITS)
+        frames: list[Frame] = []
+        try:
+            for chunk in chunks:
+                frames.extend(decoder.feed(chunk))
+        except RemoteProtocolError as exc:
+            return exc.code
+        return frames
+
+    expected = general(stream)
+    assert fast(stream) == expected
+    cut = split % (len(stream) + 1)
+    assert fast(stream[:cut], stream[cut:]) == expected
