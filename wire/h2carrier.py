@@ -26,7 +26,9 @@ import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
+import h2.frame_buffer
 import h2.settings
+import hyperframe.exceptions
 import hyperframe.frame
 import trio
 
@@ -77,6 +79,33 @@ hyperframe.frame.DataFrame._body_repr = _data_frame_body_repr  # type: ignore[me
 _FRAME_HEADER = struct.Struct(">HBBBL")
 
 
+class _LeanFrameBuffer(h2.frame_buffer.FrameBuffer):
+    """h2's receive buffer, parsing a DATA frame's body in place: h2 first copies the body out of
+    its buffer and then copies it again into the frame (one of those copies is enough)."""
+
+    def __next__(self) -> hyperframe.frame.Frame:
+        data = self._data
+        if len(data) < 9 or data[3] != 0x0 or self._headers_buffer:
+            return super().__next__()  # not a DATA frame (or one the general path must reject)
+        length = int.from_bytes(data[:3], "big")
+        if len(data) < 9 + length:
+            raise StopIteration
+        self._validate_frame_length(length)
+        frame, _ = hyperframe.frame.Frame.parse_frame_header(memoryview(data[:9]))
+        with memoryview(data) as view:
+            body = view[9 : 9 + length]
+            try:
+                frame.parse_body(body)  # takes its payload with .tobytes(): nothing keeps the view
+            except hyperframe.exceptions.InvalidDataError as err:
+                raise h2.exceptions.ProtocolError("Received frame with non-compliant data") from err
+            except hyperframe.exceptions.InvalidFrameError as err:
+                raise h2.exceptions.FrameDataMissingError("Frame data missing or invalid") from err
+            finally:
+                body.release()
+        del data[: 9 + length]
+        return frame
+
+
 class _LeanH2Connection(h2.connection.H2Connection):
     """h2, queuing DATA payloads without copying them.
 
@@ -89,6 +118,9 @@ class _LeanH2Connection(h2.connection.H2Connection):
     def __init__(self, config: h2.config.H2Configuration) -> None:
         super().__init__(config)
         self._chunks: list[bytes] = []
+        lean = _LeanFrameBuffer(server=not config.client_side)
+        lean.max_frame_size = self.incoming_buffer.max_frame_size
+        self.incoming_buffer = lean
 
     def _take_bytearray(self) -> None:
         # h2 writes its connection preamble straight into its buffer: keep it first, in order.

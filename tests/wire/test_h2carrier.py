@@ -9,6 +9,8 @@ from typing import Any
 import h2.config
 import h2.connection
 import h2.events
+import h2.exceptions
+import hyperframe.frame
 import pytest
 import trio
 import trustme
@@ -16,6 +18,7 @@ import trustme
 from wire.h2carrier import (
     TunnelRejected,
     TunnelRejectedError,
+    _LeanH2Connection,
     open_h2_session,
     serve_h2_tunnels,
     server_ssl_context,
@@ -231,3 +234,34 @@ async def test_hostile_clients_are_dropped_while_others_are_served(nursery: trio
             inner.start_soon(hostile, server.port)
             assert await _exchange(session, b"still served") == b"STILL SERVED"
         assert await _exchange(session, b"after") == b"AFTER"
+
+
+def test_lean_receive_buffer_parses_padded_and_split_data_frames() -> None:
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    server = _LeanH2Connection(h2.config.H2Configuration(client_side=False))
+    client.initiate_connection()
+    server.initiate_connection()
+    server.receive_data(client.data_to_send())
+    client.receive_data(server.data_to_send())
+    client.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":authority", "x"), (":path", "/")])
+    client.send_data(1, b"a" * 1000, pad_length=17)
+    client.send_data(1, b"b" * 5000, end_stream=True)
+    wire = client.data_to_send()
+    received, flow, ended = b"", 0, False
+    for start in range(0, len(wire), 7):  # every frame split across many reads
+        for event in server.receive_data(wire[start : start + 7]):
+            if isinstance(event, h2.events.DataReceived):
+                received += event.data
+                flow += event.flow_controlled_length
+            ended = ended or isinstance(event, h2.events.StreamEnded)
+    assert received == b"a" * 1000 + b"b" * 5000
+    assert flow == 1000 + 18 + 5000  # padding counts against flow control
+    assert ended
+    # Padding longer than the frame is a protocol error, as in h2's own buffer.
+    bad = _LeanH2Connection(h2.config.H2Configuration(client_side=False))
+    bad.initiate_connection()
+    preamble = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + hyperframe.frame.SettingsFrame(0).serialize()
+    bad.receive_data(preamble)
+    frame = b"\x00\x00\x02\x00\x08\x00\x00\x00\x01" + b"\x05x"  # DATA, PADDED, pad length 5 > body
+    with pytest.raises(h2.exceptions.ProtocolError):
+        bad.receive_data(frame)
