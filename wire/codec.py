@@ -44,8 +44,28 @@ _packb: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True, autoreset=Tru
 def encode(frame: Frame) -> bytes:
     """The msgpack bytes of one frame."""
     if type(frame) is Data:
-        return _packb([FrameKind.DATA.value, frame.stream_id, frame.payload])
+        return data_header(frame.stream_id, len(frame.payload)) + frame.payload
     return _packb(_fields(frame))
+
+
+def data_header(stream_id: int, size: int) -> bytes:
+    """What precedes a DATA frame's payload of ``size`` bytes: exactly msgpack's encoding of
+    ``[4, stream_id, payload]`` up to the payload, so the payload itself need not be copied."""
+    if stream_id <= 0x7F:
+        sid = bytes((stream_id,))
+    elif stream_id <= 0xFF:
+        sid = bytes((0xCC, stream_id))
+    elif stream_id <= 0xFFFF:
+        sid = b"\xcd" + stream_id.to_bytes(2, "big")
+    else:
+        sid = b"\xce" + stream_id.to_bytes(4, "big")
+    if size <= 0xFF:
+        length = bytes((0xC4, size))
+    elif size <= 0xFFFF:
+        length = b"\xc5" + size.to_bytes(2, "big")
+    else:
+        length = b"\xc6" + size.to_bytes(4, "big")
+    return b"\x93\x04" + sid + length
 
 
 def _fields(frame: Frame) -> list[Any]:

@@ -113,7 +113,7 @@ class MuxConnection:
         self.bytes_received = 0
         self.streams_refused = 0
         self._decoder = codec.FrameDecoder(self.limits)
-        self._outbound: list[bytes] = []
+        self._outbound: list[bytes | memoryview] = []
         self._outbound_size = 0
         self._streams: dict[int, _Stream] = {}
         self._next_local_id = 1 if client else 2
@@ -138,7 +138,8 @@ class MuxConnection:
         """Everything queued so far, and forget it."""
         if not self._outbound:
             return b""
-        data = self._outbound[0] if len(self._outbound) == 1 else b"".join(self._outbound)
+        first = self._outbound[0]
+        data = first if len(self._outbound) == 1 and isinstance(first, bytes) else b"".join(self._outbound)
         self._outbound.clear()
         self._outbound_size = 0
         return data
@@ -155,7 +156,7 @@ class MuxConnection:
         """Queue a frame carrying caller data; LocalProtocolError (nothing queued) if it is invalid."""
         self._queue_bytes(codec.encode_checked(frame, self.limits))
 
-    def _queue_bytes(self, data: bytes) -> None:
+    def _queue_bytes(self, data: bytes | memoryview) -> None:
         self._outbound.append(data)
         self._outbound_size += len(data)
         self.bytes_sent += len(data)
@@ -255,8 +256,13 @@ class MuxConnection:
         if size == 0:
             return 0
         step = self.peer_settings.max_frame_payload
+        # An immutable payload is queued as views into it (one copy, when the output is joined);
+        # a mutable one is copied now, since the caller may reuse its buffer once this returns.
+        source = view if type(view.obj) is bytes else None
         for start in range(0, size, step):
-            self._queue(Data(stream_id=stream_id, payload=bytes(view[start : min(start + step, size)])))
+            stop = min(start + step, size)
+            self._queue_bytes(codec.data_header(stream_id, stop - start))
+            self._queue_bytes(source[start:stop] if source is not None else bytes(view[start:stop]))
         stream.send_window -= size
         stream.bytes_sent += size
         return size

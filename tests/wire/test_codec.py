@@ -519,3 +519,9 @@ def test_data_fast_path_agrees_with_msgpack(parts: list[tuple[int, bytes, str, s
     assert fast(stream) == expected
     cut = split % (len(stream) + 1)
     assert fast(stream[:cut], stream[cut:]) == expected
+
+
+@given(stream_id=st.integers(1, 2**31 - 1), size=st.sampled_from([0, 1, 127, 255, 256, 65535, 65536, 70000]))
+def test_data_header_is_msgpacks_own_encoding(stream_id: int, size: int) -> None:
+    payload = b"x" * size
+    assert codec.data_header(stream_id, size) + payload == msgpack.packb([4, stream_id, payload], use_bin_type=True)

@@ -327,6 +327,18 @@ def test_refuse() -> None:
     assert info.value.code is ErrorCode.STREAM_CLOSED
 
 
+def test_sent_data_is_what_the_caller_passed_even_if_its_buffer_changes_later() -> None:
+    pair = ConnectionPair()
+    sid = open_accepted(pair, pair.client)
+    buffer = bytearray(b"mutable!")
+    immutable = b"i" * 70_000  # more than one frame (64 KiB each): views into it are queued
+    pair.client.send_data(sid, buffer)
+    pair.client.send_data(sid, memoryview(immutable)[1000:])
+    buffer[:] = b"CHANGED!"  # the caller reuses its buffer once send_data returned
+    events = pair.send(pair.client)
+    assert b"".join(e.data for e in events if isinstance(e, DataReceived)) == b"mutable!" + immutable[1000:]
+
+
 def test_half_close_each_way() -> None:
     pair = ConnectionPair()
     sid = open_accepted(pair, pair.client)
