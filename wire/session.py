@@ -238,23 +238,12 @@ class MuxStream(trio.abc.HalfCloseableStream):
             return self._take(max_bytes)
 
     def _take(self, max_bytes: int | None) -> bytes:
-        buffer = self._buffer
-        if buffer:
-            chunk = buffer[0]
+        if self._buffer:
+            chunk = self._buffer[0]
             if max_bytes is None or len(chunk) <= max_bytes:
-                buffer.popleft()
-                if buffer and max_bytes is not None and len(chunk) + len(buffer[0]) <= max_bytes:
-                    # Several frames are waiting: hand them over as one (a relay then makes one
-                    # write of them, not one per frame).
-                    parts = [chunk]
-                    size = len(chunk)
-                    while buffer and size + len(buffer[0]) <= max_bytes:
-                        part = buffer.popleft()
-                        parts.append(part)
-                        size += len(part)
-                    chunk = b"".join(parts)
+                self._buffer.popleft()
             else:
-                buffer[0] = chunk[max_bytes:]
+                self._buffer[0] = chunk[max_bytes:]
                 chunk = chunk[:max_bytes]
             self.session._acknowledge(self.stream_id, len(chunk))
             return chunk

@@ -414,15 +414,3 @@ async def test_open_session_raises_a_failed_handshake_plainly() -> None:
         async with open_session(left, client=True):
             pass  # pragma: no cover
     assert info.value.code == ErrorCode.UNSUPPORTED_VERSION
-
-
-async def test_frames_already_received_come_out_as_one_chunk_up_to_max_bytes(nursery: trio.Nursery) -> None:
-    client, server = await _session_pair(nursery)
-    opened, accepted = await _stream_pair(client, server)
-    for part in (b"a" * 10, b"b" * 10, b"c" * 10):
-        await opened.send_all(part)
-        await trio.testing.wait_all_tasks_blocked()  # each its own DATA frame, all buffered
-    assert await accepted.receive_some(25) == b"a" * 10 + b"b" * 10  # a third would not fit
-    assert await accepted.receive_some(25) == b"c" * 10
-    await opened.send_eof()
-    assert await accepted.receive_some(25) == b""
