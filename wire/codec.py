@@ -51,21 +51,21 @@ def encode(frame: Frame) -> bytes:
 def data_header(stream_id: int, size: int) -> bytes:
     """What precedes a DATA frame's payload of ``size`` bytes: exactly msgpack's encoding of
     ``[4, stream_id, payload]`` up to the payload, so the payload itself need not be copied."""
-    if stream_id <= 0x7F:
-        sid = bytes((stream_id,))
-    elif stream_id <= 0xFF:
-        sid = bytes((0xCC, stream_id))
-    elif stream_id <= 0xFFFF:
-        sid = b"\xcd" + stream_id.to_bytes(2, "big")
-    else:
-        sid = b"\xce" + stream_id.to_bytes(4, "big")
-    if size <= 0xFF:
-        length = bytes((0xC4, size))
-    elif size <= 0xFFFF:
-        length = b"\xc5" + size.to_bytes(2, "big")
-    else:
-        length = b"\xc6" + size.to_bytes(4, "big")
+    sid = bytes((stream_id,)) if stream_id <= 0x7F else _sized(stream_id, _UINT_MARKERS)
+    length = _sized(size, _BIN_MARKERS)
     return b"\x93\x04" + sid + length
+
+
+_UINT_MARKERS = (0xCC, 0xCD, 0xCE)  # uint 8/16/32
+_BIN_MARKERS = (0xC4, 0xC5, 0xC6)  # bin 8/16/32
+
+
+def _sized(value: int, markers: tuple[int, int, int]) -> bytes:
+    """``value`` in the smallest of the 8/16/32-bit forms whose markers are given (msgpack's rule)."""
+    for marker, width in zip(markers, (1, 2, 4), strict=True):
+        if value < 1 << (8 * width):
+            return bytes((marker,)) + value.to_bytes(width, "big")
+    raise OverflowError(f"{value} does not fit in 32 bits")
 
 
 def _fields(frame: Frame) -> list[Any]:
