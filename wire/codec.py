@@ -51,18 +51,20 @@ def encode(frame: Frame) -> bytes:
 def data_header(stream_id: int, size: int) -> bytes:
     """What precedes a DATA frame's payload of ``size`` bytes: exactly msgpack's encoding of
     ``[4, stream_id, payload]`` up to the payload, so the payload itself need not be copied."""
-    sid = bytes((stream_id,)) if stream_id <= 0x7F else _sized(stream_id, _UINT_MARKERS)
-    length = _sized(size, _BIN_MARKERS)
-    return b"\x93\x04" + sid + length
+    sid = bytes((stream_id,)) if stream_id <= 0x7F else _sized(stream_id, _UINT_WIDTHS)
+    return _DATA_PREFIX + sid + _sized(size, _BIN_WIDTHS)
 
 
-_UINT_MARKERS = (0xCC, 0xCD, 0xCE)  # uint 8/16/32
-_BIN_MARKERS = (0xC4, 0xC5, 0xC6)  # bin 8/16/32
+#: msgpack's DATA frame opening (a fixarray of 3, the kind as a positive fixint), and its 8/16/32-bit
+#: forms, marker → bytes of value that follow: what data_header writes and _take_data_frames reads
+_DATA_PREFIX = bytes((0x93, FrameKind.DATA.value))
+_UINT_WIDTHS = {0xCC: 1, 0xCD: 2, 0xCE: 4}
+_BIN_WIDTHS = {0xC4: 1, 0xC5: 2, 0xC6: 4}
 
 
-def _sized(value: int, markers: tuple[int, int, int]) -> bytes:
-    """``value`` in the smallest of the 8/16/32-bit forms whose markers are given (msgpack's rule)."""
-    for marker, width in zip(markers, (1, 2, 4), strict=True):
+def _sized(value: int, widths: dict[int, int]) -> bytes:
+    """``value`` in the smallest of the forms in ``widths`` that holds it (msgpack's rule)."""
+    for marker, width in widths.items():
         if value < 1 << (8 * width):
             return bytes((marker,)) + value.to_bytes(width, "big")
     raise OverflowError(f"{value} does not fit in 32 bits")
@@ -222,10 +224,6 @@ class FrameDecoder:
             frames.append(_validate(obj, size, self.limits))
 
 
-_DATA_PREFIX = 0x93, FrameKind.DATA.value  # fixarray of 3, then the kind as a positive fixint
-_BIN_HEADERS = {0xC4: 1, 0xC5: 2, 0xC6: 4}  # bin 8/16/32: bytes of length that follow
-
-
 def _take_data_frames(view: memoryview, max_payload: int, frames: list[Frame]) -> int:
     """Decode the DATA frames that lie whole at the start of ``view``, as msgpack would but without
     its buffer copies; returns the bytes consumed. Stops at anything else — another kind, a partial
@@ -233,23 +231,21 @@ def _take_data_frames(view: memoryview, max_payload: int, frames: list[Frame]) -
     if it must, reject), so this path accepts exactly what the general one does."""
     pos = 0
     end = len(view)
-    while end - pos >= 4 and view[pos] == _DATA_PREFIX[0] and view[pos + 1] == _DATA_PREFIX[1]:
+    while end - pos >= 4 and view[pos : pos + 2] == _DATA_PREFIX:
         i = pos + 2
         marker = view[i]
         if marker <= 0x7F:
             stream_id = marker
             i += 1
-        elif marker == 0xCC or marker == 0xCD or marker == 0xCE:
-            width = 1 << (marker - 0xCC)
-            if end - i < 1 + width:
+        else:
+            width = _UINT_WIDTHS.get(marker, 0)
+            if not width or end - i < 1 + width:
                 break
             stream_id = int.from_bytes(view[i + 1 : i + 1 + width], "big")
             i += 1 + width
-        else:
-            break
         if stream_id == 0 or stream_id > MAX_STREAM_ID or i >= end:
             break
-        width = _BIN_HEADERS.get(view[i], 0)
+        width = _BIN_WIDTHS.get(view[i], 0)
         if not width or end - i < 1 + width:
             break
         length = int.from_bytes(view[i + 1 : i + 1 + width], "big")
