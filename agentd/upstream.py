@@ -236,22 +236,18 @@ class UpstreamPool:
                 raise UpstreamUnreachable(f"cannot reach {self.target.url}: {_reason(exc)}") from exc
             if not has_body:
                 # Nothing to send beside the response: no body task, no nursery.
-                try:
-                    response = await self._response_head(conn)
-                except UpstreamLost as exc:
-                    raise UpstreamUnreachable(f"cannot reach {self.target.url}: {exc}") from None
-                yield response
+                yield await self._response_head(conn)
                 return
             failure: BaseException | None = None
             caller_error: BaseException | None = None
             async with trio.open_nursery() as nursery:
-                state = _BodyState(finished=False)
+                state = _BodyState()
                 assert body is not None
                 nursery.start_soon(self._send_body, conn, body, first, state, nursery.cancel_scope)
                 try:
                     response = await self._response_head(conn)
-                except UpstreamLost as exc:
-                    failure = UpstreamUnreachable(f"cannot reach {self.target.url}: {exc}")
+                except UpstreamUnreachable as exc:
+                    failure = exc
                     nursery.cancel_scope.cancel()
                 else:
                     state.response = response
@@ -312,6 +308,13 @@ class UpstreamPool:
             state.finished_event.set()
 
     async def _response_head(self, conn: _Connection) -> UpstreamResponse:
+        """The response head (after any 1xx but 101), or UpstreamUnreachable when none came."""
+        try:
+            return await self._read_response_head(conn)
+        except UpstreamLost as exc:
+            raise UpstreamUnreachable(f"cannot reach {self.target.url}: {exc}") from None
+
+    async def _read_response_head(self, conn: _Connection) -> UpstreamResponse:
         while True:
             event = await conn.next_event()
             if isinstance(event, h11.InformationalResponse):
