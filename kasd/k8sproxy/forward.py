@@ -22,6 +22,8 @@ log = logging.getLogger("kasd.k8sproxy")
 #: request headers that never leave kasd, besides the hop-by-hop ones
 _DROPPED = frozenset({"authorization", "cookie", "host", "expect"})
 _DROPPED_PREFIXES = ("impersonate-",)
+#: a session picked for a request that began draining or died before the stream opened
+_SESSION_UNUSABLE = (StreamRefusedError, SessionClosedError, trio.BrokenResourceError)
 
 
 @attrs.frozen(kw_only=True)
@@ -79,7 +81,7 @@ class Forwarder:
         if session is not None:
             try:
                 return session.open_stream_nowait(metadata)
-            except (trio.WouldBlock, StreamRefusedError, SessionClosedError, trio.BrokenResourceError):
+            except (trio.WouldBlock, *_SESSION_UNUSABLE):
                 pass  # full, draining or dead: wait below, within the bound
         found_any = False
         with trio.move_on_after(self.agent_wait_timeout):
@@ -88,7 +90,7 @@ class Forwarder:
                 found_any = True
                 try:
                     return await session.open_stream(metadata)
-                except (StreamRefusedError, SessionClosedError, trio.BrokenResourceError) as exc:
+                except _SESSION_UNUSABLE as exc:
                     # It began draining or died between the pick and the open: try another one.
                     log.info("session unusable, retrying agent_id=%d error=%s", agent_id, exc)
                     await trio.lowlevel.checkpoint()
