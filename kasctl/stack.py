@@ -165,7 +165,8 @@ class Stack:
         self.kubesim = Process(
             "kubesim",
             self._python(
-                "kubesim", "--host", "127.0.0.1", "--port", "0", "--token", self.cluster_token,
+                # "--token=…": a random token may start with "-", which argparse would take for an option
+                "kubesim", "--host", "127.0.0.1", "--port", "0", f"--token={self.cluster_token}",
                 "--self-signed", "--kubeconfig-out", str(cluster_kubeconfig),
             ),
             self.dir / "kubesim.log",
