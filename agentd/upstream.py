@@ -1,4 +1,4 @@
-"""An HTTP/1.1 client (h11 over trio TCP/TLS) to the Kubernetes API server, with a keep-alive pool.
+"""An HTTP/1.1 client (``wire.http11`` over trio TCP/TLS) to the Kubernetes API server, with a keep-alive pool.
 
     async with pool.request(head, body) as response:
         async for chunk in response: ...          # or response.raw after a 101
@@ -17,13 +17,12 @@ import socket
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import attrs
-import h11
 import trio
 
 from agentd.kubeapi import KubeTarget
+from wire import http11
 from wire.fastio import FastTLSStream, fast_stream
 from wire.httptunnel import Headers, RequestHead, strip_hop_by_hop
 
@@ -47,7 +46,7 @@ class RequestAborted(Exception):
 
 
 class InvalidRequest(Exception):
-    """The request head cannot be sent as HTTP/1.1 (h11 refused it)."""
+    """The request head cannot be sent as HTTP/1.1 (an illegal method, target or header)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -73,16 +72,18 @@ def _reason(exc: BaseException) -> str:
 
 
 class _Connection:
-    """One HTTP/1.1 connection: a byte stream and its h11 state machine."""
+    """One HTTP/1.1 connection: a byte stream, its response parser, and how far the exchange got."""
 
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
-        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=_MAX_HEAD)
+        self.parser = http11.ResponseParser(max_head=_MAX_HEAD)
         self.idle_since = 0.0
         self.broken = False
+        #: the request and the response of the current exchange are complete
+        self.request_done = False
+        self.response_done = False
 
-    async def send(self, event: h11.Event) -> None:
-        data = self.h11.send(event)
+    async def send(self, data: bytes) -> None:
         if data:
             try:
                 await self.stream.send_all(data)
@@ -90,25 +91,32 @@ class _Connection:
                 self.broken = True
                 raise
 
-    async def next_event(self) -> h11.Event:
+    async def next_event(self) -> object:
+        parser = self.parser
         while True:
             try:
-                event = self.h11.next_event()
-            except h11.RemoteProtocolError as exc:
+                event = parser.next_event()
+            except http11.ProtocolError as exc:
                 self.broken = True
                 raise UpstreamLost(f"API server broke HTTP/1.1: {exc}") from exc
-            if event is not h11.NEED_DATA:
-                return event  # type: ignore[return-value]
+            if event is not http11.NEED_DATA:
+                if event is http11.END:
+                    self.response_done = True
+                return event
             try:
                 data = await self.stream.receive_some(_CHUNK)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 self.broken = True
                 raise UpstreamLost(f"connection to the API server lost: {_reason(exc)}") from exc
-            self.h11.receive_data(bytes(data))
+            parser.feed(data)
 
     @property
     def reusable(self) -> bool:
-        return not self.broken and self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE
+        return not self.broken and self.request_done and self.response_done and self.parser.keep_alive
+
+    def start_next_cycle(self) -> None:
+        self.request_done = self.response_done = False
+        self.parser.start_next_cycle()
 
     def readable_while_idle(self) -> bool:
         """An idle keep-alive connection with bytes (or EOF) waiting is one the server gave up on."""
@@ -148,14 +156,14 @@ class UpstreamResponse:
         if self._done or self.raw is not None:
             return b""
         event = await self._conn.next_event()
-        if isinstance(event, h11.Data):
-            self.bytes_received += len(event.data)
-            return bytes(event.data)
+        if type(event) is bytes:
+            self.bytes_received += len(event)
+            return event
         self._done = True
-        if isinstance(event, h11.EndOfMessage):
+        if event is http11.END:
             return b""
         self._conn.broken = True
-        raise UpstreamLost(f"API server closed the connection mid-response ({type(event).__name__})")
+        raise UpstreamLost(f"API server closed the connection mid-response ({event!r})")
 
     def __aiter__(self) -> UpstreamResponse:
         return self
@@ -223,15 +231,15 @@ class UpstreamPool:
         self._active += 1
         try:
             try:
-                request = h11.Request(method=head.method, target=self.target.path_prefix + head.target,
-                                      headers=headers)
-            except h11.LocalProtocolError as exc:
+                request = http11.encode_request_head(head.method, self.target.path_prefix + head.target, headers)
+                writer = http11.BodyWriter.for_headers(headers, no_body=not has_body)
+            except http11.FramingError as exc:
                 conn.broken = True
                 raise InvalidRequest(f"request cannot be sent as HTTP/1.1: {exc}") from None
+            conn.parser.expect(head.method)
             try:
                 await conn.send(request)
-                if not has_body:
-                    await conn.send(h11.EndOfMessage())
+                conn.request_done = not has_body
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 raise UpstreamUnreachable(f"cannot reach {self.target.url}: {_reason(exc)}") from exc
             if not has_body:
@@ -243,7 +251,7 @@ class UpstreamPool:
             async with trio.open_nursery() as nursery:
                 state = _BodyState()
                 assert body is not None
-                nursery.start_soon(self._send_body, conn, body, first, state, nursery.cancel_scope)
+                nursery.start_soon(self._send_body, conn, writer, body, first, state, nursery.cancel_scope)
                 try:
                     response = await self._response_head(conn)
                 except UpstreamUnreachable as exc:
@@ -274,15 +282,15 @@ class UpstreamPool:
             self._active -= 1
             await self._release(conn)
 
-    async def _send_body(self, conn: _Connection, body: trio.abc.ReceiveStream, first: bytes,
-                         state: _BodyState, scope: trio.CancelScope) -> None:
+    async def _send_body(self, conn: _Connection, writer: http11.BodyWriter, body: trio.abc.ReceiveStream,
+                         first: bytes, state: _BodyState, scope: trio.CancelScope) -> None:
         chunk = first
         try:
             while True:
                 if chunk:
                     try:
-                        await conn.send(h11.Data(data=chunk))
-                    except h11.LocalProtocolError as exc:  # more bytes than the content-length said
+                        await conn.send(writer.data(chunk))
+                    except http11.FramingError as exc:  # more bytes than the content-length said
                         conn.broken = True
                         state.abort(f"request body does not match its length: {exc}", scope)
                         return
@@ -297,12 +305,13 @@ class UpstreamPool:
                 if not chunk:
                     break
             try:
-                await conn.send(h11.EndOfMessage())
-            except h11.LocalProtocolError as exc:  # fewer bytes than the content-length said
+                await conn.send(writer.end())
+            except http11.FramingError as exc:  # fewer bytes than the content-length said
                 conn.broken = True
                 state.abort(f"request body ended early: {exc}", scope)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 return
+            conn.request_done = True
         finally:
             state.finished = True
             state.finished_event.set()
@@ -315,18 +324,15 @@ class UpstreamPool:
             raise UpstreamUnreachable(f"cannot reach {self.target.url}: {exc}") from None
 
     async def _read_response_head(self, conn: _Connection) -> UpstreamResponse:
-        while True:
-            event = await conn.next_event()
-            if isinstance(event, h11.InformationalResponse):
-                if event.status_code == 101:
-                    trailing, _closed = conn.h11.trailing_data
-                    return UpstreamResponse(101, _response_headers(event.headers, upgrade=True), conn,
-                                            raw=conn.stream, trailing=bytes(trailing))
-                continue  # 100 Continue and friends
-            if isinstance(event, h11.Response):
-                return UpstreamResponse(event.status_code, _response_headers(event.headers, upgrade=False), conn)
-            conn.broken = True
-            raise UpstreamLost("the API server closed the connection before answering")
+        event = await conn.next_event()
+        if type(event) is http11.Response:
+            if event.status == 101:
+                conn.parser.next_event()  # its END, already queued: the parser stopped there
+                return UpstreamResponse(101, strip_hop_by_hop(event.headers, keep_upgrade=True), conn,
+                                        raw=conn.stream, trailing=conn.parser.trailing)
+            return UpstreamResponse(event.status, strip_hop_by_hop(event.headers), conn)
+        conn.broken = True
+        raise UpstreamLost("the API server closed the connection before answering")
 
     def _headers(self, head: RequestHead) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = [("host", self.target.host_header)]
@@ -380,7 +386,7 @@ class UpstreamPool:
 
     async def _release(self, conn: _Connection) -> None:
         if conn.reusable and len(self._idle) < self.max_idle:
-            conn.h11.start_next_cycle()
+            conn.start_next_cycle()
             conn.idle_since = trio.current_time()
             self._idle.append(conn)
             return
@@ -403,8 +409,3 @@ class _BodyState:
             self.response.aborted = reason
         scope.cancel()
 
-
-def _response_headers(raw: Any, *, upgrade: bool) -> Headers:
-    # h11's Headers: a sequence of (name, value) byte pairs, names already lower-cased
-    pairs = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in raw]
-    return strip_hop_by_hop(pairs, keep_upgrade=upgrade)
