@@ -1,4 +1,4 @@
-"""HTTP/1.1 on the proxy port (h11): keep-alive, streamed bodies both ways, ``101`` → raw byte pipe."""
+"""HTTP/1.1 on the proxy port (``wire.http11``): keep-alive, streamed bodies both ways, ``101`` → raw byte pipe."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import os
 from typing import TYPE_CHECKING
 
 import attrs
-import h11
 import trio
 
 from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.forward import Plan, clean_response_headers
 from kasd.k8sproxy.status import ProxyError, status_body, status_headers
+from wire import http11
 from wire.httptunnel import ResponseHead, TunnelCode
 from wire.session import MuxStream
 
@@ -27,16 +27,8 @@ _LINGER_SECONDS = 2.0
 _WATCH_AFTER = 1.0
 _LINGER_BYTES = 64 << 20
 _PHRASES = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _MUX_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
-_MIGHT_SWITCH = h11.MIGHT_SWITCH_PROTOCOL  # type: ignore[attr-defined]  # exported, just not in __all__
-
-
-def _has_no_body(headers: list[tuple[str, str]]) -> bool:
-    """A request without Transfer-Encoding or with Content-Length 0 (or none): no body follows."""
-    for name, value in headers:
-        if name == "transfer-encoding" or (name == "content-length" and value.strip() != "0"):
-            return False
-    return True
 
 
 class _ClientGone(Exception):
@@ -56,6 +48,7 @@ class _ClientReader:
 class _Exchange:
     """One proxied request: what the connection task and its client reader (if any) share."""
 
+    request: http11.Request
     stream: MuxStream
     plan: Plan
     record: RequestRecord
@@ -75,12 +68,16 @@ class Http1Connection:
         self.server = server
         self.peer = peer
         self.head_deadline = head_deadline
-        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=server.settings.max_header_bytes)
+        self.parser = http11.RequestParser(max_head=server.settings.max_header_bytes)
         self._nursery: trio.Nursery  # the connection's, set by run()
         #: the connection became a byte pipe (101); nothing HTTP is left to say on it
         self.switched = False
+        #: the current request's body is all read (its END taken from the parser)
+        self.request_done = False
+        #: the current response is all written
+        self.response_done = False
         if initial:
-            self.conn.receive_data(initial)
+            self.parser.feed(initial)
 
     # ------------------------------------------------------------------ connection loop
 
@@ -98,20 +95,19 @@ class Http1Connection:
             if request is None:
                 return
             first = False
+            self.request_done = self.response_done = False
             keep_alive = await self._handle(request)
             if self.switched:
                 return
-            if not keep_alive or self.conn.our_state is not h11.DONE or self.conn.their_state is not h11.DONE:
+            if not (keep_alive and request.keep_alive and self.request_done and self.response_done):
                 await self._linger_close()
                 return
             if self.server.draining:
                 return
-            try:
-                self.conn.start_next_cycle()
-            except h11.LocalProtocolError:
-                return
+            if request.upgrade:
+                self.parser.start_next_cycle()  # a refused upgrade: HTTP goes on after it
 
-    async def _read_head(self, first: bool) -> h11.Request | None:
+    async def _read_head(self, first: bool) -> http11.Request | None:
         settings = self.server.settings
         # A fresh connection's head clock started at accept; a kept-alive one first idles, and the
         # head clock starts at its first byte.
@@ -119,9 +115,9 @@ class Http1Connection:
         deadline = self.head_deadline if first else trio.current_time() + settings.idle_timeout
         while True:
             try:
-                event = self.conn.next_event()
-            except h11.RemoteProtocolError as exc:
-                status = exc.error_status_hint if exc.error_status_hint in _PHRASES else 400
+                event = self.parser.next_event()
+            except http11.ProtocolError as exc:
+                status = exc.status if exc.status in _PHRASES else 400
                 if status == 431:
                     message = f"request head larger than {settings.max_header_bytes} bytes"
                 else:
@@ -129,7 +125,7 @@ class Http1Connection:
                 log.info("rejected request peer=%s status=%d reason=%r", self.peer, status, message)
                 await self._reject(status, message)
                 return None
-            if event is h11.NEED_DATA:
+            if event is http11.NEED_DATA:
                 if not started and self.server.draining:
                     return None
                 with trio.CancelScope(deadline=deadline) as scope:
@@ -150,21 +146,14 @@ class Http1Connection:
                 if not started:
                     started = True
                     deadline = trio.current_time() + settings.header_timeout
-                self.conn.receive_data(bytes(data))
+                self.parser.feed(data)
                 continue
-            if isinstance(event, h11.Request):
-                # h11 bounds only heads still incomplete; one that arrived whole is measured here.
-                size = len(event.target) + sum(len(k) + len(v) + 4 for k, v in event.headers)
-                if size > settings.max_header_bytes:
-                    message = f"request head larger than {settings.max_header_bytes} bytes"
-                    log.info("rejected request peer=%s status=431 reason=%r", self.peer, message)
-                    await self._reject(431, message)
-                    return None
+            if type(event) is http11.Request:
                 return event
-            return None  # ConnectionClosed
+            return None  # CLOSED (or bytes after a refused upgrade's end)
 
     async def _reject(self, status: int, message: str) -> None:
-        """Answer a request we could not parse (h11 is in an error state) and close."""
+        """Answer a request we could not parse (the parser has stopped) and close."""
         body = status_body(status, message)
         head = b"HTTP/1.1 %d %s\r\n" % (status, _PHRASES[status])
         for name, value in [*status_headers(body), ("connection", "close")]:
@@ -197,16 +186,31 @@ class Http1Connection:
 
     # ------------------------------------------------------------------ client I/O
 
-    async def _send(self, event: h11.Event) -> None:
-        await self._write(self._encode(event))
-
-    def _encode(self, event: h11.Event) -> bytes:
+    def _response_head(self, ex: _Exchange | None, request: http11.Request, status: int,
+                       headers: list[tuple[str, str]], *, close: bool = False) -> tuple[bytes, http11.BodyWriter]:
+        """The head to send, and the framing of the body after it (as the client can take it)."""
+        keep_alive = (request.keep_alive and not close and not self.server.draining
+                      and (ex is None or ex.keep_alive))
+        no_body = request.method == "HEAD" or status in (204, 304)
+        if not no_body and not any(name == "content-length" for name, _ in headers):
+            if request.http_version == "1.1":
+                headers.append(("transfer-encoding", "chunked"))
+            else:
+                keep_alive = False  # HTTP/1.0 has no chunks: the body ends when we close
+        if not keep_alive:
+            headers.append(("connection", "close"))
+            if ex is not None:
+                ex.keep_alive = False
         try:
-            return self.conn.send(event) or b""
-        except h11.LocalProtocolError as exc:
-            # e.g. the agent's body does not match its Content-Length: the only honest move is to cut.
-            log.warning("response framing error peer=%s error=%s", self.peer, exc)
-            raise _ClientGone(str(exc)) from None
+            return (http11.encode_response_head(status, headers),
+                    http11.BodyWriter.for_headers(headers, no_body=no_body))
+        except http11.FramingError as exc:
+            raise self._framing_error(exc) from None
+
+    def _framing_error(self, exc: http11.FramingError) -> _ClientGone:
+        # e.g. the agent's body does not match its Content-Length: the only honest move is to cut.
+        log.warning("response framing error peer=%s error=%s", self.peer, exc)
+        return _ClientGone(str(exc))
 
     async def _write(self, data: bytes) -> None:
         if data:
@@ -221,33 +225,37 @@ class Http1Connection:
         except _MUX_ERRORS as exc:
             raise _ClientGone(str(exc)) from None
 
-    async def _next_body_event(self) -> h11.Event:
+    async def _next_body_event(self) -> object:
+        """Request body data (``bytes``) or ``http11.END``."""
+        parser = self.parser
         while True:
             try:
-                event = self.conn.next_event()
-            except h11.RemoteProtocolError as exc:
+                event = parser.next_event()
+            except http11.ProtocolError as exc:
                 raise _ClientGone(f"bad request body framing: {exc}") from None
-            if event is h11.NEED_DATA:
-                self.conn.receive_data(await self._receive_raw())
+            if event is http11.NEED_DATA:
+                parser.feed(await self._receive_raw())
                 continue
-            if isinstance(event, h11.ConnectionClosed):
+            if event is http11.CLOSED:
                 raise _ClientGone("connection closed")
-            return event  # type: ignore[return-value]
+            if event is http11.END:
+                self.request_done = True
+            return event
 
     # ------------------------------------------------------------------ one request
 
-    async def _handle(self, request: h11.Request) -> bool:
+    async def _handle(self, request: http11.Request) -> bool:
         """Serve one request; True if the connection may carry another."""
-        headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in request.headers]
-        target = request.target.decode("latin-1")
+        headers = request.headers
+        target = request.target
         record = RequestRecord(
             request_id=os.urandom(16).hex(),
-            method=request.method.decode("ascii", "replace"),
+            method=request.method,
             path=target,
-            protocol=f"HTTP/{request.http_version.decode()}",
+            protocol=f"HTTP/{request.http_version}",
             peer=self.peer,
         )
-        upgrade = self.conn.their_state is _MIGHT_SWITCH or any(k == "upgrade" for k, _ in headers)
+        upgrade = request.upgrade
         forwarder = self.server.forwarder
         try:
             plan = forwarder.plan(
@@ -255,13 +263,13 @@ class Http1Connection:
             )
             record.agent_id, record.subject = plan.grant.agent_id, plan.grant.subject
             stream = await forwarder.open(plan)
-            bodiless = not upgrade and _has_no_body(headers)
+            bodiless = not upgrade and not request.has_body
             if bodiless:
                 # Say so now: the OPEN and its FIN then leave in one write.
                 await stream.send_eof()
         except ProxyError as exc:
             try:
-                await self._send_status(exc, record)
+                await self._send_status(None, request, exc, record)
             except _ClientGone:
                 record.outcome = "client-gone"
                 return False
@@ -269,33 +277,37 @@ class Http1Connection:
                 self.server.finish(record)
             return True
         try:
-            return await self._exchange(_Exchange(stream, plan, record), bodiless=bodiless)
+            return await self._exchange(_Exchange(request, stream, plan, record), bodiless=bodiless)
         finally:
             self.server.finish(record)
 
     def _skip_buffered_body(self) -> None:
         """Consume a request body that already arrived whole (a GET's empty one, say), so an error
         answer can keep the connection alive; a body still on the wire closes it instead."""
-        while self.conn.their_state is h11.SEND_BODY:
+        parser = self.parser
+        while not self.request_done:
             try:
-                event = self.conn.next_event()
-            except h11.RemoteProtocolError:
+                event = parser.next_event()
+            except http11.ProtocolError:
                 return
-            if event is h11.NEED_DATA or event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
-                return
+            if event is http11.END:
+                self.request_done = True
+            elif type(event) is not bytes:
+                return  # NEED_DATA or CLOSED
 
-    async def _send_status(self, exc: ProxyError, record: RequestRecord) -> None:
+    async def _send_status(self, ex: _Exchange | None, request: http11.Request, exc: ProxyError,
+                           record: RequestRecord) -> None:
         self._skip_buffered_body()
         body = status_body(exc.status, exc.message)
         headers = [*status_headers(body, exc.headers), ("x-request-id", record.request_id)]
-        if self.conn.their_state not in (h11.DONE, _MIGHT_SWITCH) or self.server.draining:
-            headers.append(("connection", "close"))  # the body is unread: this connection is done
         record.status = exc.status
         record.outcome = "error"
-        await self._send(h11.Response(status_code=exc.status, headers=headers))
-        await self._send(h11.Data(data=body))
-        await self._send(h11.EndOfMessage())
-        record.bytes_out += len(body)
+        # An unread body closes the connection.
+        head, writer = self._response_head(ex, request, exc.status, headers, close=not self.request_done)
+        framed = writer.data(body)
+        await self._write(head + framed + writer.end())
+        self.response_done = True
+        record.bytes_out += len(framed)
 
     async def _exchange(self, ex: _Exchange, *, bodiless: bool) -> bool:
         """Relay one exchange. A request with a body (or an upgrade) gets a task reading from the
@@ -304,7 +316,7 @@ class Http1Connection:
         metrics = self.server.metrics
         metrics.active_streams.inc()
         try:
-            if not (bodiless and self._end_of_bodiless_request()):
+            if not (bodiless and self._end_of_bodiless_request(ex.request)):
                 self._start_client_reader(ex, body=True)
             with ex.scope:
                 try:
@@ -323,13 +335,13 @@ class Http1Connection:
                 await ex.stream.aclose()
         return ex.keep_alive and not ex.client_gone
 
-    def _end_of_bodiless_request(self) -> bool:
-        """Take the (empty) body h11 already has; False if the request is not over (a reader task
-        then takes it from here, and reports any error)."""
-        if self.conn.they_are_waiting_for_100_continue:
+    def _end_of_bodiless_request(self, request: http11.Request) -> bool:
+        """Take the (empty) body the parser already has; False if the request is not over (a reader
+        task then takes it from here, and reports any error)."""
+        if request.expects_continue:
             return False
         self._skip_buffered_body()
-        return self.conn.their_state is h11.DONE
+        return self.request_done
 
     def _start_client_reader(self, ex: _Exchange, *, body: bool) -> None:
         ex.reader = _ClientReader()
@@ -348,7 +360,7 @@ class Http1Connection:
                     data = await self._receive_raw()
                     if not data:
                         raise _ClientGone("client closed the connection")
-                    self.conn.receive_data(data)  # early bytes: the next request, or the upgraded stream
+                    self.parser.feed(data)  # early bytes: the next request, or the upgraded stream
         except _ClientGone:
             ex.client_gone = True
             ex.scope.cancel()
@@ -358,25 +370,25 @@ class Http1Connection:
     async def _stream_request_body(self, ex: _Exchange) -> bool:
         """True once the body is in; False if the agent's stream broke (the response side says why)."""
         bytes_to_agent = self.server.metrics.bytes_to_agent
-        if self.conn.they_are_waiting_for_100_continue:
-            await self._send(h11.InformationalResponse(status_code=100, headers=[]))
+        if ex.request.expects_continue and not self.request_done:
+            await self._write(_CONTINUE)
         while True:
             event = await self._next_body_event()
-            if isinstance(event, h11.Data):
-                try:
-                    await ex.stream.send_all(event.data)
-                except _MUX_ERRORS:
-                    return False  # the response side reports what happened to the stream
-                ex.record.bytes_in += len(event.data)
-                bytes_to_agent.inc(len(event.data))
-            elif isinstance(event, h11.EndOfMessage):
-                if self.conn.their_state is _MIGHT_SWITCH:
+            if event is http11.END:
+                if ex.request.upgrade:
                     return True  # an upgrade: after a 101 the stream carries the client's bytes, so no EOF
                 try:
                     await ex.stream.send_eof()
                 except _MUX_ERRORS:
                     return False
                 return True
+            assert type(event) is bytes
+            try:
+                await ex.stream.send_all(event)
+            except _MUX_ERRORS:
+                return False  # the response side reports what happened to the stream
+            ex.record.bytes_in += len(event)
+            bytes_to_agent.inc(len(event))
 
     async def _await_head(self, ex: _Exchange) -> ResponseHead:
         forwarder = self.server.forwarder
@@ -392,13 +404,12 @@ class Http1Connection:
         agent_id = ex.plan.grant.agent_id
         try:
             head = await self._await_head(ex)
-            if head.status == 101 and self.conn.their_state is not _MIGHT_SWITCH:
+            if head.status == 101 and not ex.request.upgrade:
                 raise ProxyError(502, f"agent {agent_id} switched protocols for a request that did not ask to")
             if 100 <= head.status < 200 and head.status != 101:
                 raise ProxyError(502, f"agent {agent_id} sent an interim {head.status} response head")
         except ProxyError as exc:
-            await self._send_status(exc, record)
-            ex.keep_alive = not self.server.draining
+            await self._send_status(ex, ex.request, exc, record)
             return
         record.status = head.status
         if head.status == 101:
@@ -409,51 +420,58 @@ class Http1Connection:
             await self._switch(ex, head.headers)
             return
         headers = [*clean_response_headers(head.headers), ("x-request-id", record.request_id)]
-        if self.server.draining:
-            headers.append(("connection", "close"))
         bytes_from_agent = self.server.metrics.bytes_from_agent
         # The head, and whatever of the body already arrived (all of a small answer), in one write.
-        out = [self._encode(h11.Response(status_code=head.status, headers=headers))]
+        first, writer = self._response_head(ex, ex.request, head.status, headers)
+        out = [first]
         size = 0
-        while size < _RECEIVE_SIZE:
-            try:
-                data = stream.receive_nowait(_RECEIVE_SIZE)
-            except (trio.WouldBlock, *_MUX_ERRORS):
-                break  # not here yet, or an error the loop below reports
-            if not data:
-                out.append(self._encode(h11.EndOfMessage()))
-                await self._write(b"".join(out))
-                return
-            out.append(self._encode(h11.Data(data=data)))
-            size += len(data)
-            record.bytes_out += len(data)
-            bytes_from_agent.inc(len(data))
-        await self._write(b"".join(out))
-        if ex.reader is None:
-            self._start_client_reader(ex, body=False)  # a long answer (a watch, logs -f): watch the client
-        while True:
-            try:
-                data = await stream.receive_some(_RECEIVE_SIZE)
-            except _MUX_ERRORS as exc:
-                # Too late for a Status: cut the connection so the client sees a truncated body.
-                log.warning("agent stream broke mid-response request_id=%s error=%s", record.request_id, exc)
-                record.outcome = "upstream-broken"
-                ex.keep_alive = False
-                return
-            if not data:
-                break
-            await self._send(h11.Data(data=data))
-            record.bytes_out += len(data)
-            bytes_from_agent.inc(len(data))
-        await self._send(h11.EndOfMessage())
+        try:
+            while size < _RECEIVE_SIZE:
+                try:
+                    data = stream.receive_nowait(_RECEIVE_SIZE)
+                except (trio.WouldBlock, *_MUX_ERRORS):
+                    break  # not here yet, or an error the loop below reports
+                if not data:
+                    out.append(writer.end())
+                    await self._write(b"".join(out))
+                    self.response_done = True
+                    return
+                out.append(writer.data(data))
+                size += len(data)
+                record.bytes_out += len(data)
+                bytes_from_agent.inc(len(data))
+            await self._write(b"".join(out))
+            if ex.reader is None:
+                self._start_client_reader(ex, body=False)  # a long answer (a watch, logs -f): watch the client
+            while True:
+                try:
+                    data = await stream.receive_some(_RECEIVE_SIZE)
+                except _MUX_ERRORS as exc:
+                    # Too late for a Status: cut the connection so the client sees a truncated body.
+                    log.warning("agent stream broke mid-response request_id=%s error=%s", record.request_id, exc)
+                    record.outcome = "upstream-broken"
+                    ex.keep_alive = False
+                    return
+                if not data:
+                    break
+                await self._write(writer.data(data))
+                record.bytes_out += len(data)
+                bytes_from_agent.inc(len(data))
+            await self._write(writer.end())
+        except http11.FramingError as exc:
+            raise self._framing_error(exc) from None
+        self.response_done = True
 
     async def _switch(self, ex: _Exchange, raw_headers: tuple[tuple[str, str], ...]) -> None:
         """``101``: from here on, the client connection and the logical stream are one byte pipe."""
         stream, record = ex.stream, ex.record
         headers = [*clean_response_headers(raw_headers, switching=True), ("x-request-id", record.request_id)]
-        await self._send(h11.InformationalResponse(status_code=101, headers=headers))
+        try:
+            await self._write(http11.encode_response_head(101, headers))
+        except http11.FramingError as exc:
+            raise self._framing_error(exc) from None
         self.switched = True
-        early, _closed = self.conn.trailing_data
+        early = self.parser.trailing
         metrics = self.server.metrics
         to_agent = metrics.bytes_to_agent
         from_agent = metrics.bytes_from_agent

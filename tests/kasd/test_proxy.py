@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 import pytest
 import trio
@@ -327,4 +328,90 @@ async def test_unauthorized_large_upload_still_gets_its_401() -> None:
             assert (b"connection", b"close") in response.headers
             assert b"unknown or invalid ci token" in await client.body()
         await client.aclose()
+        assert agent.heads == []
+
+
+async def _raw_exchange(port: int, data: bytes) -> bytes:
+    """Send ``data`` on a fresh connection, half-close, and read until kasd closes."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(data)
+    out = b""
+    with trio.fail_after(5):
+        while chunk := await stream.receive_some(65536):
+            out += chunk
+    await stream.aclose()
+    return out
+
+
+def _auth_line(token: str = CI_TOKEN) -> bytes:
+    return f"Authorization: Bearer {token}\r\n".encode()
+
+
+async def test_pipelined_requests_are_answered_in_order_on_one_connection() -> None:
+    async with running_kasd() as kasd, fake_agent(kasd) as agent:
+        one = b"GET /api/%d HTTP/1.1\r\nHost: k\r\n" + _auth_line() + b"\r\n"
+        last = b"GET /api/3 HTTP/1.1\r\nHost: k\r\nConnection: close\r\n" + _auth_line() + b"\r\n"
+        raw = await _raw_exchange(kasd.port("kubernetes_api"), one % 1 + one % 2 + last)
+        assert raw.count(b"HTTP/1.1 200 OK\r\n") == 3
+        assert re.findall(rb'"target": "([^"]*)"', raw) == [b"/api/1", b"/api/2", b"/api/3"]
+        assert [h.target for h in agent.heads] == ["/api/1", "/api/2", "/api/3"]
+
+
+async def test_an_http10_client_gets_its_body_without_chunks_ended_by_the_close() -> None:
+    async def unsized(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        await read_all(stream)
+        await accept(stream, ResponseHead(status=200, headers=(("content-type", "text/plain"),)))
+        await stream.send_all(b"no length given")
+        await stream.send_eof()
+
+    async with running_kasd() as kasd, fake_agent(kasd, unsized):
+        raw = await _raw_exchange(kasd.port("kubernetes_api"), b"GET /logs HTTP/1.0\r\n" + _auth_line() + b"\r\n")
+        head, _, body = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert b"transfer-encoding" not in head.lower() and b"connection: close" in head.lower()
+        assert body == b"no length given"
+
+
+async def test_the_answer_to_head_carries_no_body_even_if_the_agent_sends_one() -> None:
+    async with running_kasd() as kasd, fake_agent(kasd):  # json_handler always sends a body
+        req = b"HEAD /api HTTP/1.1\r\nHost: k\r\n" + _auth_line() + b"\r\n"
+        raw = await _raw_exchange(kasd.port("kubernetes_api"), req + req.replace(b"HEAD", b"GET") [:-2] + b"Connection: close\r\n\r\n")
+        first, _, rest = raw.partition(b"\r\n\r\n")
+        assert first.startswith(b"HTTP/1.1 200 OK\r\n") and b"content-length: " in first.lower()
+        assert rest.startswith(b"HTTP/1.1 200 OK\r\n")  # the next answer follows the head directly
+        assert b'"method": "GET"' in rest
+
+
+async def test_a_refused_upgrade_leaves_the_connection_serving_http() -> None:
+    async def refuse(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        if head.method == "GET":
+            await read_all(stream)  # (an upgrade request's stream is not half-closed: its body never ends)
+        await reply(stream, 403, b"no exec for you")
+
+    async with running_kasd() as kasd, fake_agent(kasd, refuse) as agent:
+        upgrade = (b"POST /api/v1/namespaces/default/pods/p/exec HTTP/1.1\r\nHost: k\r\n" + _auth_line()
+                   + b"Connection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\r\n")
+        after = b"GET /api HTTP/1.1\r\nHost: k\r\nConnection: close\r\n" + _auth_line() + b"\r\n"
+        stream = await trio.open_tcp_stream("127.0.0.1", kasd.port("kubernetes_api"))
+        await stream.send_all(upgrade)
+        raw = b""
+        with trio.fail_after(5):
+            while not raw.endswith(b"no exec for you"):
+                raw += await stream.receive_some(65536)
+            assert raw.startswith(b"HTTP/1.1 403 Forbidden\r\n")
+            await stream.send_all(after)
+            raw = b""
+            while chunk := await stream.receive_some(65536):
+                raw += chunk
+        assert raw.startswith(b"HTTP/1.1 403 Forbidden\r\n") and [h.method for h in agent.heads] == ["POST", "GET"]
+
+
+async def test_a_request_llhttp_cannot_parse_gets_a_400_that_says_why() -> None:
+    async with running_kasd() as kasd, fake_agent(kasd) as agent:
+        raw = await _raw_exchange(
+            kasd.port("kubernetes_api"),
+            b"PUT /api HTTP/1.1\r\nHost: k\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n" + _auth_line() + b"\r\n")
+        head, _, body = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+        assert "Transfer-Encoding can't be present with Content-Length" in json.loads(body)["message"]
         assert agent.heads == []
