@@ -198,7 +198,8 @@ class _Parser:
         self._url += piece
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name.decode("latin-1").lower(), value.decode("latin-1")))
+        # llhttp drops the whitespace before a value, not after it; neither is part of the value.
+        self._headers.append((name.decode("latin-1").lower(), value.decode("latin-1").rstrip(" \t")))
 
     def _measured_head(self) -> Headers:
         headers = self._headers

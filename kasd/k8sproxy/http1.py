@@ -150,7 +150,7 @@ class Http1Connection:
                 continue
             if type(event) is http11.Request:
                 return event
-            return None  # CLOSED (or bytes after a refused upgrade's end)
+            return None  # CLOSED: the client left between requests
 
     async def _reject(self, status: int, message: str) -> None:
         """Answer a request we could not parse (the parser has stopped) and close."""

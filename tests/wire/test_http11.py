@@ -63,6 +63,13 @@ def test_a_request_head_is_parsed_with_lower_case_names_and_what_the_server_must
     assert (end, need) == (END, NEED_DATA)
 
 
+def test_whitespace_around_a_header_value_is_not_part_of_it() -> None:
+    # (agentd refuses to send a value with surrounding whitespace: it must not get one from here)
+    head, *_ = request(b"GET / HTTP/1.1\r\nHost: k\r\nX-A:  b c \t\r\nX-B: \r\n\r\n")
+    assert head.headers == [("host", "k"), ("x-a", "b c"), ("x-b", "")]
+    http11.encode_request_head("GET", "/", head.headers)
+
+
 def test_pipelined_requests_come_out_in_order_and_eof_between_them_is_a_clean_close() -> None:
     parser = http11.RequestParser(max_head=8192)
     parser.feed(GET + b"DELETE /x HTTP/1.1\r\nHost: kas\r\nContent-Length: 2\r\n\r\nhi")
