@@ -125,7 +125,9 @@ class _Parser:
     # -- input
 
     def feed(self, data: bytes) -> None:
-        if self._paused or self._error is not None:
+        if self._error is not None:
+            return  # nothing after a malformed message is parsed (or kept)
+        if self._paused:
             self.trailing += data
             return
         if not data:
