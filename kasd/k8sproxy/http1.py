@@ -26,7 +26,8 @@ _LINGER_SECONDS = 2.0
 #: a bodiless request whose answer takes longer gets a task watching for the client to leave
 _WATCH_AFTER = 1.0
 _LINGER_BYTES = 64 << 20
-_PHRASES = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+#: what a request we cannot parse (or that comes too slowly) is answered with
+_REJECT_STATUSES = frozenset({400, 408, 431})
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _MUX_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
 
@@ -117,7 +118,7 @@ class Http1Connection:
             try:
                 event = self.parser.next_event()
             except http11.ProtocolError as exc:
-                status = exc.status if exc.status in _PHRASES else 400
+                status = exc.status if exc.status in _REJECT_STATUSES else 400
                 if status == 431:
                     message = f"request head larger than {settings.max_header_bytes} bytes"
                 else:
@@ -155,13 +156,11 @@ class Http1Connection:
     async def _reject(self, status: int, message: str) -> None:
         """Answer a request we could not parse (the parser has stopped) and close."""
         body = status_body(status, message)
-        head = b"HTTP/1.1 %d %s\r\n" % (status, _PHRASES[status])
-        for name, value in [*status_headers(body), ("connection", "close")]:
-            head += f"{name}: {value}\r\n".encode()
+        head = http11.encode_response_head(status, [*status_headers(body), ("connection", "close")])
         self.server.count_rejected(status)
         with trio.move_on_after(_LINGER_SECONDS):
             try:
-                await self.stream.send_all(head + b"\r\n" + body)
+                await self.stream.send_all(head + body)
             except _MUX_ERRORS:
                 return
         await self._linger_close()
