@@ -155,6 +155,20 @@ async def fake_agent(
 # --------------------------------------------------------------------------- HTTP/1.1 client
 
 
+async def read_until_closed(stream: trio.abc.Stream) -> bytes:
+    """Everything the peer sends until it closes (or resets) the connection, within 5 s."""
+    out = b""
+    with trio.fail_after(5):
+        while True:
+            try:
+                data = await stream.receive_some(65536)
+            except trio.BrokenResourceError:
+                return out
+            if not data:
+                return out
+            out += data
+
+
 class H1Client:
     """A small h11 client over one connection, reading the response incrementally."""
 

@@ -8,22 +8,17 @@ import json
 import pytest
 import trio
 
-from tests.kasd.helpers import CI_TOKEN, bearer, fake_agent, http_request, make_config, running_kasd
+from tests.kasd.helpers import (
+    CI_TOKEN,
+    bearer,
+    fake_agent,
+    http_request,
+    make_config,
+    read_until_closed,
+    running_kasd,
+)
 
 pytestmark = pytest.mark.timeout(20)
-
-
-async def _read_until_closed(stream: trio.abc.Stream) -> bytes:
-    out = b""
-    with trio.fail_after(5):
-        while True:
-            try:
-                data = await stream.receive_some(65536)
-            except trio.BrokenResourceError:
-                return out
-            if not data:
-                return out
-            out += data
 
 
 def _status_of(raw: bytes) -> tuple[int, dict[str, object]]:
@@ -43,30 +38,30 @@ async def test_proxy_port_hostile_clients_get_clear_errors_while_good_ones_are_s
 
         garbage = await trio.open_tcp_stream("127.0.0.1", port)
         await garbage.send_all(b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1garbage\r\n\r\n")
-        status, body = _status_of(await _read_until_closed(garbage))
+        status, body = _status_of(await read_until_closed(garbage))
         assert status == 400 and body["reason"] == "BadRequest"
         assert "malformed HTTP/1.1 request" in str(body["message"])
 
         big = await trio.open_tcp_stream("127.0.0.1", port)
         await big.send_all(b"GET /api HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n")
-        status, body = _status_of(await _read_until_closed(big))
+        status, body = _status_of(await read_until_closed(big))
         assert status == 431 and body["message"] == "request head larger than 8192 bytes"
 
         good = await http_request(port, "GET", "/api", [bearer(CI_TOKEN)])
         assert good.status == 200
 
-        status, body = _status_of(await _read_until_closed(slow))
+        status, body = _status_of(await read_until_closed(slow))
         assert status == 408 and body["reason"] == "Timeout"
         assert body["message"] == "request head not received within 0.5s"
 
         # h2c prior knowledge that stops after the preface is closed at the same bound.
         h2_slow = await trio.open_tcp_stream("127.0.0.1", port)
         await h2_slow.send_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
-        await _read_until_closed(h2_slow)
+        await read_until_closed(h2_slow)
 
         # A connection that never says anything is closed too.
         silent = await trio.open_tcp_stream("127.0.0.1", port)
-        await _read_until_closed(silent)
+        await read_until_closed(silent)
 
         good = await http_request(port, "GET", "/api", [bearer(CI_TOKEN)])
         assert good.status == 200
@@ -88,16 +83,16 @@ async def test_agent_port_hostile_clients_are_closed_while_the_agent_keeps_worki
 
         garbage = await trio.open_tcp_stream("127.0.0.1", port)
         await garbage.send_all(b"\x00\xff" * 64)
-        await _read_until_closed(garbage)
+        await read_until_closed(garbage)
 
         http1 = await trio.open_tcp_stream("127.0.0.1", port)
         await http1.send_all(b"GET /tunnel HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert (await _read_until_closed(http1)).startswith(b"HTTP/1.1 505")
+        assert (await read_until_closed(http1)).startswith(b"HTTP/1.1 505")
 
         good = await http_request(kasd.port("kubernetes_api"), "GET", "/api", [bearer(CI_TOKEN)])
         assert good.status == 200
 
-        await _read_until_closed(slow)  # the handshake timeout closes it
+        await read_until_closed(slow)  # the handshake timeout closes it
         assert kasd.registry.statistics().sessions == 1
         good = await http_request(kasd.port("kubernetes_api"), "GET", "/api", [bearer(CI_TOKEN)])
         assert good.status == 200

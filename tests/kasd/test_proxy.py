@@ -20,6 +20,7 @@ from tests.kasd.helpers import (
     http_request,
     make_config,
     read_all,
+    read_until_closed,
     reply,
     running_kasd,
 )
@@ -332,13 +333,10 @@ async def test_unauthorized_large_upload_still_gets_its_401() -> None:
 
 
 async def _raw_exchange(port: int, data: bytes) -> bytes:
-    """Send ``data`` on a fresh connection, half-close, and read until kasd closes."""
+    """Send ``data`` on a fresh connection and read until kasd closes it."""
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     await stream.send_all(data)
-    out = b""
-    with trio.fail_after(5):
-        while chunk := await stream.receive_some(65536):
-            out += chunk
+    out = await read_until_closed(stream)
     await stream.aclose()
     return out
 
@@ -400,9 +398,7 @@ async def test_a_refused_upgrade_leaves_the_connection_serving_http() -> None:
                 raw += await stream.receive_some(65536)
             assert raw.startswith(b"HTTP/1.1 403 Forbidden\r\n")
             await stream.send_all(after)
-            raw = b""
-            while chunk := await stream.receive_some(65536):
-                raw += chunk
+        raw = await read_until_closed(stream)
         assert raw.startswith(b"HTTP/1.1 403 Forbidden\r\n") and [h.method for h in agent.heads] == ["POST", "GET"]
 
 
