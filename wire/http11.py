@@ -141,7 +141,8 @@ class _Parser:
             return
         except httptools.HttpParserCallbackError as exc:
             cause = exc.__context__
-            self._error = cause if isinstance(cause, ProtocolError) else ProtocolError(str(cause or exc))
+            if not isinstance(cause, _Stop):
+                self._error = cause if isinstance(cause, ProtocolError) else ProtocolError(str(cause or exc))
             return
         except httptools.HttpParserError as exc:
             self._error = ProtocolError(f"malformed HTTP/1.1: {exc}")
@@ -284,7 +285,7 @@ class ResponseParser(_Parser):
             self._in_message = False
             self._paused = True
             self._events.append(END)
-            raise _HeadAnswered
+            raise _Stop
         self._until_eof = status not in (204, 304) and status != 101 and not any(
             name in ("content-length", "transfer-encoding") for name, _ in headers
         )
@@ -298,17 +299,9 @@ class ResponseParser(_Parser):
             return
         super().on_message_complete()
 
-    def feed(self, data: bytes) -> None:
-        super().feed(data)
-        if isinstance(self._error, _HeadAnswered):
-            self._error = None
 
-
-class _HeadAnswered(ProtocolError):
-    """Raised from a callback to stop llhttp after a HEAD answer's head; not an error."""
-
-    def __init__(self) -> None:
-        super().__init__("HEAD answered")
+class _Stop(Exception):
+    """Raised from a callback to stop llhttp on purpose (after a HEAD answer's head); not an error."""
 
 
 # ---------------------------------------------------------------------------------- sending
