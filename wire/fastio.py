@@ -270,6 +270,7 @@ class FastTLSStream(trio.abc.Stream):
         )
         self._https_compatible = https_compatible
         self._handshook = False
+        self._handshaking: trio.Event | None = None
         self._broken: BaseException | None = None
         self._closed = False
         self._eof = False
@@ -334,7 +335,24 @@ class FastTLSStream(trio.abc.Stream):
         if self._handshook:
             await trio.lowlevel.checkpoint()
             return
+        if self._handshaking is not None:
+            # Another task (a relay's other direction) is shaking hands: wait for its outcome.
+            await self._handshaking.wait()
+            self._check_usable()
+            return
         await trio.lowlevel.checkpoint_if_cancelled()
+        self._handshaking = trio.Event()
+        try:
+            await self._handshake()
+        except BaseException as exc:
+            # Half a handshake cannot be resumed (cancelled mid-way included): the stream is broken.
+            if self._broken is None:
+                self._broken = exc
+            raise
+        finally:
+            self._handshaking.set()
+
+    async def _handshake(self) -> None:
         while True:
             try:
                 self._ssl.do_handshake()

@@ -224,3 +224,55 @@ async def test_send_many_delivers_every_buffer_in_order_across_partial_sends() -
     assert bytes(received) == expected
     await a.aclose()
     await b.aclose()
+
+
+async def test_tls_handshake_on_first_use_by_a_reader_and_a_writer_at_once(
+    tls_contexts: tuple[ssl.SSLContext, ssl.SSLContext],
+) -> None:
+    # A relay pumps each direction in its own task, so the first receive and the first send both
+    # find the handshake undone. Both must wait for one handshake, not race over the transport.
+    server_ctx, client_ctx = tls_contexts
+    raw_client, raw_server = await _socket_pair()
+    client = FastTLSStream(raw_client, client_ctx, server_hostname="localhost")
+    server = FastTLSStream(raw_server, server_ctx, server_side=True)
+    received: dict[str, bytes] = {}
+
+    async def send(stream: FastTLSStream, data: bytes) -> None:
+        await stream.send_all(data)
+
+    async def receive(stream: FastTLSStream, name: str) -> None:
+        received[name] = await stream.receive_some()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(receive, client, "client")
+            nursery.start_soon(send, client, b"from client")
+            nursery.start_soon(receive, server, "server")
+            nursery.start_soon(send, server, b"from server")
+    assert received == {"client": b"from server", "server": b"from client"}
+
+
+async def test_a_failed_handshake_fails_every_task_waiting_for_it(
+    tls_contexts: tuple[ssl.SSLContext, ssl.SSLContext],
+) -> None:
+    _, client_ctx = tls_contexts
+    raw_client, raw_server = await _socket_pair()
+    client = FastTLSStream(raw_client, client_ctx, server_hostname="localhost")
+    failures: list[BaseException] = []
+
+    async def use(operation: str) -> None:
+        try:
+            if operation == "send":
+                await client.send_all(b"x")
+            else:
+                await client.receive_some()
+        except trio.BrokenResourceError as exc:
+            failures.append(exc)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(use, "send")
+            nursery.start_soon(use, "receive")
+            await trio.testing.wait_all_tasks_blocked()
+            await raw_server.send_all(b"HTTP/1.1 400 Bad Request\r\n\r\n")  # not TLS
+    assert len(failures) == 2
