@@ -53,13 +53,38 @@ def parse_bearer(authorization: str | None) -> tuple[str, int, str]:
     return kind, int(agent_text), secret
 
 
+#: how many granted ``Authorization`` values StaticAccess remembers
+GRANT_CACHE_SIZE = 1024
+
+
 class StaticAccess:
-    """The ``access:`` list of kasd's config."""
+    """The ``access:`` list of kasd's config.
+
+    A client sends the same token with every request, so the grants of the last
+    ``GRANT_CACHE_SIZE`` distinct ``Authorization`` values are remembered (the list never changes
+    while kasd runs; a reload builds a new StaticAccess). Refusals are not: every bad token costs a
+    full check. A lookup compares the header only on a hash match (SipHash, keyed per process), so
+    its timing says nothing about the tokens it holds.
+    """
 
     def __init__(self, entries: Sequence[AccessEntry]) -> None:
         self._entries = tuple(entries)
+        self._granted: dict[str, Grant] = {}
 
     def authorize(self, authorization: str | None) -> Grant:
+        if authorization is not None:
+            grant = self._granted.get(authorization)
+            if grant is not None:
+                return grant
+        grant = self._check(authorization)
+        assert authorization is not None  # _check refused a missing header
+        granted = self._granted
+        if len(granted) >= GRANT_CACHE_SIZE:
+            del granted[next(iter(granted))]  # the oldest
+        granted[authorization] = grant
+        return grant
+
+    def _check(self, authorization: str | None) -> Grant:
         kind, agent_id, secret = parse_bearer(authorization)
         entry: AccessEntry | None = None
         digest = hash_token(secret)
