@@ -3,9 +3,11 @@ memory stays bounded, and every limit fails with its documented code."""
 
 from __future__ import annotations
 
+import enum
 import tracemalloc
 from typing import Any
 
+import attrs
 import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -525,3 +527,89 @@ def test_data_fast_path_agrees_with_msgpack(parts: list[tuple[int, bytes, str, s
 def test_data_header_is_msgpacks_own_encoding(stream_id: int, size: int) -> None:
     payload = b"x" * size
     assert codec.data_header(stream_id, size) + payload == msgpack.packb([4, stream_id, payload], use_bin_type=True)
+
+
+class _Code(enum.IntEnum):
+    NINE = 9
+
+
+class _Text(str):
+    pass
+
+
+# Frames within LIMITS but for one value at the edge of a limit (just under, at, just over), of the
+# types the decoder returns or of ones it does not that msgpack still packs (an IntEnum as an int,
+# a bytearray as bin, a tuple as an array, a str subclass). One edge per frame, so that no other
+# violation hides the one under test.
+_small = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=5) | st.binary(max_size=5),
+    lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=3), inner, max_size=2),
+    max_leaves=4,
+)
+
+
+def _nested(depth: int, container: str) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = [value] if container == "list" else {"d": value}
+    return value
+
+
+# strings whose UTF-8 bytes are just under, at or over LIMITS.max_string (50)
+_edge_text = st.builds(lambda n, c: c * n, st.sampled_from([12, 13, 25, 26, 49, 50, 51]), st.sampled_from("aé€😀"))
+_edge_value = st.one_of(
+    _edge_text,
+    st.builds(lambda n: b"b" * n, st.sampled_from([99, 100, 101])),
+    st.builds(lambda n: [0] * n, st.sampled_from([4, 5])),
+    st.builds(lambda n: tuple(range(n)), st.sampled_from([4, 5])),
+    st.builds(lambda n: {str(i): i for i in range(n)}, st.sampled_from([4, 5])),
+    st.builds(_nested, st.sampled_from([1, 2, 3]), st.sampled_from(["list", "dict"])),
+    st.sampled_from([_Code.NINE, _Text("t"), bytearray(b"ba"), {b"bin-key": 1}, {7: 1}]),
+    st.builds(lambda n: _Text("x" * n), st.sampled_from([50, 51])),
+)
+
+
+@st.composite
+def _edge_maps(draw: st.DrawFn) -> dict[str, object]:
+    base = draw(st.dictionaries(st.text(max_size=4), _small, max_size=2))
+    key = draw(st.text(max_size=4) | _edge_text)
+    edge = draw(_edge_value)
+    if draw(st.booleans()):
+        base[key] = edge  # at the top
+    else:
+        base[key] = [edge]  # one level down
+    return base
+
+
+_sendable = st.one_of(
+    st.builds(Open, stream_id=st.integers(0, 3) | st.just(codec.MAX_STREAM_ID + 1), metadata=_edge_maps()),
+    st.builds(Accept, stream_id=stream_ids, metadata=_edge_maps()),
+    st.builds(Hello, major=st.integers(0, 3), minor=st.integers(0, 3), settings=_edge_maps(), metadata=st.just({})),
+)
+
+
+#: LIMITS with room for whole frames, so that the per-value limits decide
+ROOMY = attrs.evolve(LIMITS, max_control_frame=4096)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(_sendable, st.sampled_from([ROOMY, LIMITS]))
+def test_encode_checked_refuses_exactly_what_the_peer_would(frame: Frame, limits: Limits) -> None:
+    # encode_checked judges the values without decoding them; the peer decodes. Same verdict.
+    try:
+        data = encode(frame)
+    except (TypeError, ValueError, OverflowError):
+        with pytest.raises(LocalProtocolError):
+            encode_checked(frame, limits)
+        return
+    try:
+        FrameDecoder(limits).feed(data)
+        peer_accepts = True
+    except RemoteProtocolError:
+        peer_accepts = False
+    try:
+        assert encode_checked(frame, limits) == data
+        we_send = True
+    except LocalProtocolError:
+        we_send = False
+    assert we_send == peer_accepts
