@@ -242,7 +242,13 @@ class ConnectionManager:
                 log.info("tunnel up url=%s slot=%d tunnels_up=%d", url, index, self.tunnels_up)
                 task_status.started(tunnel)
                 async with trio.open_nursery() as handlers:
-                    handlers.start_soon(self._accept_loop, tunnel, handlers)
+
+                    def serve(stream: MuxStream) -> None:
+                        # Runs in the session's reader, as each OPEN arrives; a task per stream.
+                        handlers.start_soon(self._serve_stream, tunnel, stream)
+                        tunnel.active += 1
+
+                    session.hand_streams_to(serve)
                     await session.wait_goaway()
                     tunnel.goaway = session.statistics().goaway_received and not session.closed
                     tunnel.draining = True
@@ -261,15 +267,6 @@ class ConnectionManager:
                 log.info("tunnel down url=%s slot=%d reason=%r tunnels_up=%d", url, index,
                          reason.reason if reason else "drained", self.tunnels_up)
             ended.set()
-
-    async def _accept_loop(self, tunnel: Tunnel, handlers: trio.Nursery) -> None:
-        while True:
-            try:
-                stream = await tunnel.session.accept_stream()
-            except trio.BrokenResourceError:
-                return
-            tunnel.active += 1
-            handlers.start_soon(self._serve_stream, tunnel, stream)
 
     async def _serve_stream(self, tunnel: Tunnel, stream: MuxStream) -> None:
         try:

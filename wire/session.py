@@ -338,6 +338,7 @@ class Session(trio.abc.AsyncResource):
         # not a smaller backlog, is what bounds it (a burst of opens is normal for a proxy).
         backlog = accept_backlog if accept_backlog is not None else self.connection.local_settings.max_concurrent_streams
         self._accept_send, self._accept_recv = trio.open_memory_channel[MuxStream](backlog)
+        self._on_stream: Callable[[MuxStream], None] | None = None
         self._writer_wakeup = trio.Event()
         self._drained = trio.lowlevel.ParkingLot()
         self._slots = trio.lowlevel.ParkingLot()
@@ -392,6 +393,36 @@ class Session(trio.abc.AsyncResource):
         self._streams[stream_id] = stream
         self._wake_writer()
         return stream
+
+    def hand_streams_to(self, on_stream: Callable[[MuxStream], None]) -> None:
+        """From now on, call ``on_stream`` with each stream the peer opens, as its OPEN is read,
+        instead of queuing it for ``accept_stream`` (streams already queued go first). A server
+        that starts a task per stream saves the scheduler round of an accept loop this way.
+
+        ``on_stream`` runs in the session's reader and must not block; if it raises, the stream is
+        reset and the session goes on.
+        """
+        self._on_stream = on_stream
+        while True:
+            try:
+                stream = self._accept_recv.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+            self._hand_over(stream)
+
+    def _hand_over(self, stream: MuxStream) -> None:
+        assert self._on_stream is not None
+        sid = stream.stream_id
+        self._streams[sid] = stream  # before the handler runs: this batch may hold its data
+        try:
+            self._on_stream(stream)
+        except Exception as exc:
+            # Not served at all, so the peer may safely retry it elsewhere: refuse, as for a full backlog.
+            log.exception("stream handler could not start name=%s stream=%d", self.name, sid)
+            del self._streams[sid]
+            stream._on_fail(trio.BrokenResourceError(f"refused: stream handler could not start: {exc}"))
+            self._call_quiet(self.connection.refuse_stream, sid, ErrorCode.REFUSED_STREAM, "cannot serve the stream")
+            self._wake_writer()
 
     async def accept_stream(self) -> MuxStream:
         """The next stream the peer opened. Accept it (or just use it), or refuse it."""
@@ -614,6 +645,9 @@ class Session(trio.abc.AsyncResource):
                     stream._on_data(data)
             case StreamOpened(stream_id=sid, metadata=metadata):
                 stream = MuxStream(self, sid, metadata, local=False)
+                if self._on_stream is not None:
+                    self._hand_over(stream)
+                    return
                 try:
                     self._accept_send.send_nowait(stream)
                 except trio.WouldBlock:

@@ -16,7 +16,6 @@ import trio.testing
 
 from agentd.connection import Backoff, ConnectionManager
 from wire.h2carrier import TunnelRejectedError
-from wire.session import SessionClosedError
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -52,9 +51,8 @@ class FakeSession:
     def closed(self) -> bool:
         return self._ended.is_set()
 
-    async def accept_stream(self) -> Any:
-        await self._ended.wait()
-        raise SessionClosedError("closed")
+    def hand_streams_to(self, on_stream: Any) -> None:
+        pass  # the peer never opens a stream here
 
     async def wait_goaway(self) -> None:
         await self._ended.wait()

@@ -414,3 +414,49 @@ async def test_open_session_raises_a_failed_handshake_plainly() -> None:
         async with open_session(left, client=True):
             pass  # pragma: no cover
     assert info.value.code == ErrorCode.UNSUPPORTED_VERSION
+
+
+async def test_streams_handed_to_a_callback_as_they_open(nursery: trio.Nursery) -> None:
+    client, server = await _session_pair(nursery)
+    early = await client.open_stream({"n": 0})
+    await early.send_all(b"queued before the callback")
+    await trio.testing.wait_all_tasks_blocked()
+    handed: list[MuxStream] = []
+    arrived = trio.Event()
+
+    def on_stream(stream: MuxStream) -> None:
+        handed.append(stream)
+        if len(handed) == 3:
+            arrived.set()
+
+    server.hand_streams_to(on_stream)
+    assert [s.metadata for s in handed] == [{"n": 0}]  # the queued one first, at once
+    later = [await client.open_stream({"n": n}) for n in (1, 2)]
+    await later[1].send_all(b"data in the OPEN's batch")
+    await arrived.wait()
+    assert [s.metadata for s in handed] == [{"n": 0}, {"n": 1}, {"n": 2}]
+    assert await handed[0].receive_some() == b"queued before the callback"
+    assert await handed[2].receive_some() == b"data in the OPEN's batch"
+    await handed[1].accept({"status": 200})
+    assert await later[0].wait_accepted() == {"status": 200}
+
+
+async def test_a_stream_the_callback_cannot_take_is_refused_and_the_session_goes_on(nursery: trio.Nursery) -> None:
+    client, server = await _session_pair(nursery)
+    taken: list[MuxStream] = []
+
+    def on_stream(stream: MuxStream) -> None:
+        if stream.metadata.get("poison"):
+            raise RuntimeError("Nursery is closed to new arrivals")
+        taken.append(stream)
+
+    server.hand_streams_to(on_stream)
+    refused = await client.open_stream({"poison": True})
+    with pytest.raises(StreamRefusedError) as info:
+        await refused.wait_accepted()
+    assert info.value.code == ErrorCode.REFUSED_STREAM
+    fine = await client.open_stream({})
+    await trio.testing.wait_all_tasks_blocked()
+    assert len(taken) == 1 and not server.closed
+    await taken[0].accept()
+    assert await fine.wait_accepted() == {}
