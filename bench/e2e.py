@@ -11,6 +11,9 @@ measures, in the same run, three ways to reach the same kubesim:
   tunnel    HTTPS to kasd's Kubernetes API proxy → mux over h2c → agentd → HTTPS to kubesim
   ssh -R    HTTPS to kubesim through an OpenSSH reverse tunnel (sshd with throwaway keys on
             loopback; skipped, with the reason, when sshd is not installed)
+  relay     HTTPS through two bare TLS byte relays in a chain (``bench/relay.py``): the processes,
+            wake-ups and TLS of a two-process tunnel without any protocol work; concurrency 1
+            only, as the floor under the tunnel's added latency on this machine
 
 Small GET: one ~300-byte ConfigMap, at concurrency 1 and 64, keep-alive connections, p50/p99 and
 requests/s. Bulk: a ~64 MiB ConfigMap list. Prints ratios against direct and ssh -R.
@@ -22,6 +25,7 @@ import argparse
 import base64
 import json
 import ssl
+import subprocess
 import sys
 import tempfile
 import time
@@ -91,6 +95,41 @@ def _row(name: str, result: LoadResult) -> str:
     )
 
 
+class RelayChain:
+    """client → relay → relay → kubesim: two ``bench/relay.py`` processes, as kasd and agentd sit."""
+
+    def __init__(self) -> None:
+        self.processes: list[subprocess.Popen[str]] = []
+
+    def start(self, stack: Stack, sim_host: str, sim_port: int, sim_ca: bytes) -> int:
+        cert = stack.ca.issue_cert("127.0.0.1", "localhost")
+        (stack.dir / "relay-cert.pem").write_bytes(b"".join(c.bytes() for c in cert.cert_chain_pems))
+        (stack.dir / "relay-key.pem").write_bytes(cert.private_key_pem.bytes())
+        (stack.dir / "relay-ca.pem").write_bytes(stack.ca.cert_pem.bytes())
+        (stack.dir / "sim-ca.pem").write_bytes(sim_ca)
+        port = self._one(stack.dir, f"{sim_host}:{sim_port}", stack.dir / "sim-ca.pem")  # the "agentd"
+        return self._one(stack.dir, f"127.0.0.1:{port}", stack.dir / "relay-ca.pem")  # the "kasd"
+
+    def _one(self, workdir: Path, upstream: str, upstream_ca: Path) -> int:
+        process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("relay.py")), "--cert", str(workdir / "relay-cert.pem"),
+             "--key", str(workdir / "relay-key.pem"), "--upstream", upstream, "--upstream-ca", str(upstream_ca)],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.processes.append(process)
+        assert process.stdout is not None
+        line = process.stdout.readline()  # "listening on 127.0.0.1:PORT", or "" if it died
+        if not line.startswith("listening on "):
+            raise RuntimeError(f"bench/relay.py did not start (exit code {process.poll()})")
+        return int(line.rsplit(":", 1)[1])
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            process.wait(timeout=10)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer requests (noisier figures)")
@@ -102,6 +141,7 @@ def main() -> None:
     stack = Stack(Path(tempfile.mkdtemp(prefix="bench-e2e-")))
     stack.start()
     tunnel: ReverseTunnel | None = None
+    relays = RelayChain()
     try:
         cluster = yaml.safe_load((stack.dir / "cluster.kubeconfig").read_text())["clusters"][0]["cluster"]
         sim_ctx = _context(base64.b64decode(cluster["certificate-authority-data"]))
@@ -120,10 +160,13 @@ def main() -> None:
         else:
             print(f"ssh -R baseline skipped: {reason}")
 
+        relay_port = relays.start(stack, sim_host, int(sim_port), base64.b64decode(cluster["certificate-authority-data"]))
+        relay = Target("relay", "127.0.0.1", relay_port, _context(stack.ca.cert_pem.bytes()), stack.cluster_token)
+
         results: dict[tuple[str, str], LoadResult] = {}
         for concurrency, count in ((1, n1), (64, n64)):
             print(f"small GET ({SMALL}), concurrency {concurrency}, {count} requests:", flush=True)
-            for t in targets:
+            for t in targets + ([relay] if concurrency == 1 else []):
                 results[(t.name, f"c{concurrency}")] = r = t.load(SMALL, concurrency, count)
                 print(_row(t.name, r), flush=True)
         print(f"bulk GET of a {args.bulk_mib} MiB list, {bulk_rounds} rounds, 1 connection:", flush=True)
@@ -136,6 +179,8 @@ def main() -> None:
         d1, t1 = results[("direct", "c1")], results[("tunnel", "c1")]
         print("ratios:")
         print(f"  added p50 latency, concurrency 1: {(t1.percentile(50) - d1.percentile(50)) * 1e3:+.2f} ms (target ≤ 1 ms)")
+        floor = results[("relay", "c1")].percentile(50) - d1.percentile(50)
+        print(f"    two bare TLS relays in its place add: {floor * 1e3:+.2f} ms (processes, wake-ups, TLS: the floor)")
         rps = results[("tunnel", "c64")].rps / results[("direct", "c64")].rps
         print(f"  requests/s at concurrency 64: {rps:.2f} × direct (target ≥ 0.5)")
         bulk_direct = results[("tunnel", "bulk")].mb_per_s / results[("direct", "bulk")].mb_per_s
@@ -145,6 +190,7 @@ def main() -> None:
             print(f"  bulk: {ratio:.2f} × ssh -R (target ≥ 1.0)")
             print(f"  requests/s at concurrency 64 vs ssh -R: {results[('tunnel', 'c64')].rps / results[('ssh -R', 'c64')].rps:.2f}")
     finally:
+        relays.stop()
         if tunnel is not None:
             tunnel.close()
         stack.stop()
