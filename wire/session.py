@@ -399,8 +399,9 @@ class Session(trio.abc.AsyncResource):
         instead of queuing it for ``accept_stream`` (streams already queued go first). A server
         that starts a task per stream saves the scheduler round of an accept loop this way.
 
-        ``on_stream`` runs in the session's reader and must not block; if it raises, the stream is
-        reset and the session goes on.
+        ``on_stream`` runs in the session's reader and must not block; if it raises (say, its
+        nursery is closing), the stream is refused, so the peer may retry it elsewhere, and the
+        session goes on.
         """
         self._on_stream = on_stream
         while True:
@@ -418,7 +419,7 @@ class Session(trio.abc.AsyncResource):
             self._on_stream(stream)
         except Exception as exc:
             # Not served at all, so the peer may safely retry it elsewhere: refuse, as for a full backlog.
-            log.exception("stream handler could not start name=%s stream=%d", self.name, sid)
+            log.warning("refused stream name=%s stream=%d reason=handler-not-started error=%r", self.name, sid, exc)
             del self._streams[sid]
             stream._on_fail(trio.BrokenResourceError(f"refused: stream handler could not start: {exc}"))
             self._call_quiet(self.connection.refuse_stream, sid, ErrorCode.REFUSED_STREAM, "cannot serve the stream")
