@@ -15,7 +15,7 @@ from kasd.config import Config, config_from_mapping
 from kasd.server import Runtime, serve_kasd
 from kasd.tokens import hash_token
 from wire.h2carrier import open_h2_session
-from wire.httptunnel import RequestHead, ResponseHead
+from wire.httptunnel import RequestHead, ResponseHead, TunnelCode
 from wire.session import MuxStream, Session
 
 AGENT1_TOKEN = "agent-one-token"
@@ -112,6 +112,21 @@ async def json_handler(stream: MuxStream, head: RequestHead, session: Session) -
     body = await read_all(stream)
     seen = {"method": head.method, "target": head.target, "headers": head.headers, "body_bytes": len(body)}
     await reply(stream, 200, json.dumps(seen).encode(), [("content-type", "application/json")])
+
+
+def first_chunk_then_reset(more: trio.Event) -> Handler:
+    """A handler whose answer breaks mid-body: a 200, one chunk, then (once ``more`` is set, so the
+    first chunk is already with the client) a second chunk and a reset of the stream."""
+
+    async def handler(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        await read_all(stream)
+        await accept(stream, ResponseHead(status=200, headers=(("content-type", "application/json"),)))
+        await stream.send_all(b'{"type": "ADDED"}\n')
+        await more.wait()
+        await stream.send_all(b'{"type": "MODIFIED"}\n')
+        await stream.reset(TunnelCode.UPSTREAM_UNREACHABLE, "API server connection lost")
+
+    return handler
 
 
 @asynccontextmanager

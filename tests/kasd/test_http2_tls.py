@@ -13,7 +13,15 @@ import pytest
 import trio
 import trustme
 
-from tests.kasd.helpers import CI_TOKEN, H1Client, bearer, fake_agent, make_config, running_kasd
+from tests.kasd.helpers import (
+    CI_TOKEN,
+    H1Client,
+    bearer,
+    fake_agent,
+    first_chunk_then_reset,
+    make_config,
+    running_kasd,
+)
 from wire.session import StreamResetError
 
 pytestmark = pytest.mark.timeout(20)
@@ -281,3 +289,25 @@ async def test_websocket_style_upgrade_over_tls(tls_files: tuple[trustme.CA, dic
             except trio.BrokenResourceError:
                 pass
         await tls.aclose()
+
+
+async def test_an_agent_stream_that_breaks_mid_response_resets_the_http2_stream() -> None:
+    # Too late for a Status: RST_STREAM tells the client its body is truncated; the connection lives on.
+    more = trio.Event()
+    async with running_kasd() as kasd, fake_agent(kasd, first_chunk_then_reset(more)):
+        tcp = await trio.open_tcp_stream("127.0.0.1", kasd.port("kubernetes_api"))
+        client = H2Client(tcp)
+        sid = await client.request("GET", "/api/v1/pods?watch=1", [bearer(CI_TOKEN)])
+        assert isinstance(await client.next_event(sid), h2.events.ResponseReceived)
+        first = await client.next_event(sid)
+        assert isinstance(first, h2.events.DataReceived) and first.data == b'{"type": "ADDED"}\n'
+        more.set()
+        event = await client.next_event(sid)
+        while isinstance(event, h2.events.DataReceived):
+            event = await client.next_event(sid)
+        assert isinstance(event, h2.events.StreamReset)
+        # The connection lives on: the next request gets its answer (which breaks the same way).
+        again = await client.request("GET", "/api/v1/pods?watch=1", [bearer(CI_TOKEN)])
+        response = await client.next_event(again)
+        assert isinstance(response, h2.events.ResponseReceived) and dict(response.headers)[":status"] == "200"
+        await tcp.aclose()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 
 import pytest
@@ -17,6 +18,7 @@ from tests.kasd.helpers import (
     accept,
     bearer,
     fake_agent,
+    first_chunk_then_reset,
     http_request,
     make_config,
     read_all,
@@ -411,3 +413,22 @@ async def test_a_request_llhttp_cannot_parse_gets_a_400_that_says_why() -> None:
         assert head.startswith(b"HTTP/1.1 400 Bad Request\r\n")
         assert "Transfer-Encoding can't be present with Content-Length" in json.loads(body)["message"]
         assert agent.heads == []
+
+
+async def test_an_agent_stream_that_breaks_mid_response_cuts_the_client_connection(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Too late for a Status: the client must see a truncated body (no final chunk), never a whole one.
+    caplog.set_level(logging.INFO, logger="kasd.access")
+    more = trio.Event()
+    async with running_kasd() as kasd, fake_agent(kasd, first_chunk_then_reset(more)):
+        client = await H1Client.connect(kasd.port("kubernetes_api"))
+        await client.request("GET", "/api/v1/pods?watch=1", [bearer(CI_TOKEN)])
+        assert (await client.response()).status_code == 200
+        assert await client.chunk() == b'{"type": "ADDED"}\n'
+        more.set()
+        rest = await read_until_closed(client.stream)
+        assert not rest.endswith(b"0\r\n\r\n")  # no last chunk: the body is cut, not ended
+        await client.aclose()
+    assert "agent stream broke mid-response" in caplog.text
+    assert "outcome=upstream-broken" in caplog.text
