@@ -4,12 +4,14 @@ and turn the agent's answer (or refusal) into a response head or a ``ProxyError`
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import attrs
 import trio
+from prometheus_client import Counter
 
 from kasd.access import AccessDenied, Grant, StaticAccess
+from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.status import ProxyError
 from kasd.tunnels import TunnelRegistry
 from wire.errors import RemoteProtocolError
@@ -111,6 +113,25 @@ class Forwarder:
             return ResponseHead.from_metadata(metadata)
         except RemoteProtocolError as exc:
             raise ProxyError(502, f"agent {agent_id} sent an invalid response head: {exc}") from None
+
+
+async def relay_answer(stream: MuxStream, record: RequestRecord, from_agent: Counter,
+                       send: Callable[[bytes], Awaitable[object]], *, chunk: int) -> bool:
+    """Pass the rest of the agent's answer to ``send``, chunk by chunk, counting it. True once it
+    has ended; False if the agent's stream broke first (logged, ``record.outcome`` set): too late
+    for a Status, so the caller must show the client a truncated body."""
+    while True:
+        try:
+            data = await stream.receive_some(chunk)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            log.warning("agent stream broke mid-response request_id=%s error=%s", record.request_id, exc)
+            record.outcome = "upstream-broken"
+            return False
+        if not data:
+            return True
+        await send(data)
+        record.bytes_out += len(data)
+        from_agent.inc(len(data))
 
 
 def _refusal(exc: StreamRefusedError, agent_id: int) -> ProxyError:

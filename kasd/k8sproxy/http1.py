@@ -10,7 +10,7 @@ import attrs
 import trio
 
 from kasd.k8sproxy.accesslog import RequestRecord
-from kasd.k8sproxy.forward import Plan, clean_response_headers
+from kasd.k8sproxy.forward import Plan, clean_response_headers, relay_answer
 from kasd.k8sproxy.status import ProxyError, status_body, status_headers
 from wire import http11
 from wire.httptunnel import ResponseHead, TunnelCode
@@ -442,20 +442,10 @@ class Http1Connection:
             await self._write(b"".join(out))
             if ex.reader is None:
                 self._start_client_reader(ex, body=False)  # a long answer (a watch, logs -f): watch the client
-            while True:
-                try:
-                    data = await stream.receive_some(_RECEIVE_SIZE)
-                except _MUX_ERRORS as exc:
-                    # Too late for a Status: cut the connection so the client sees a truncated body.
-                    log.warning("agent stream broke mid-response request_id=%s error=%s", record.request_id, exc)
-                    record.outcome = "upstream-broken"
-                    ex.keep_alive = False
-                    return
-                if not data:
-                    break
-                await self._write(writer.data(data))
-                record.bytes_out += len(data)
-                bytes_from_agent.inc(len(data))
+            if not await relay_answer(stream, record, bytes_from_agent,
+                                      lambda data: self._write(writer.data(data)), chunk=_RECEIVE_SIZE):
+                ex.keep_alive = False  # cut the connection: the client sees a truncated body
+                return
             await self._write(writer.end())
         except http11.FramingError as exc:
             raise self._framing_error(exc) from None

@@ -22,7 +22,7 @@ import h2.settings
 import trio
 
 from kasd.k8sproxy.accesslog import RequestRecord
-from kasd.k8sproxy.forward import Plan, clean_response_headers
+from kasd.k8sproxy.forward import Plan, clean_response_headers, relay_answer
 from kasd.k8sproxy.status import ProxyError, status_body, status_headers
 from wire.httptunnel import TunnelCode
 from wire.session import MuxStream
@@ -363,18 +363,8 @@ class Http2Connection:
         record.status = head.status
         headers = [(":status", str(head.status)), *clean_response_headers(head.headers), ("x-request-id", record.request_id)]
         await self._send_headers(request, headers)
-        from_agent = self.server.metrics.bytes_from_agent
-        while True:
-            try:
-                data = await stream.receive_some(_RECEIVE_SIZE)
-            except _MUX_ERRORS as exc:
-                log.warning("agent stream broke mid-response request_id=%s error=%s", record.request_id, exc)
-                record.outcome = "upstream-broken"
-                request.reset = True  # RST_STREAM tells the client the body is truncated
-                return
-            if not data:
-                break
-            await self._send_data(request, data)
-            record.bytes_out += len(data)
-            from_agent.inc(len(data))
+        if not await relay_answer(stream, record, self.server.metrics.bytes_from_agent,
+                                  lambda data: self._send_data(request, data), chunk=_RECEIVE_SIZE):
+            request.reset = True  # RST_STREAM tells the client the body is truncated
+            return
         await self._send_data(request, b"", end=True)
