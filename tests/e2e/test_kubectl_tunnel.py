@@ -26,6 +26,14 @@ def _ok(result: object) -> str:
     return result.stdout  # type: ignore[attr-defined,no-any-return]
 
 
+def _ready_pod(kubectl_bin: str, stack: Stack, prefix: str) -> str:
+    """A busybox pod made and waited for through the tunnel; its name."""
+    name = f"{prefix}-{_suffix(kubectl_bin)}"
+    _ok(kubectl(kubectl_bin, stack, "run", name, "--image=busybox"))
+    _ok(kubectl(kubectl_bin, stack, "wait", "--for=condition=Ready", f"pod/{name}", "--timeout=15s"))
+    return name
+
+
 def test_create_get_and_rollout(stack: Stack, kubectl_bin: str) -> None:
     name = "web-" + _suffix(kubectl_bin)
     _ok(kubectl(kubectl_bin, stack, "create", "deployment", name, "--image=nginx", "--replicas=2"))
@@ -64,9 +72,7 @@ def test_watch_sees_a_change_while_open(stack: Stack, kubectl_bin: str) -> None:
 
 
 def test_logs_follow_streams(stack: Stack, kubectl_bin: str) -> None:
-    name = "logger-" + _suffix(kubectl_bin)
-    _ok(kubectl(kubectl_bin, stack, "run", name, "--image=busybox"))
-    _ok(kubectl(kubectl_bin, stack, "wait", "--for=condition=Ready", f"pod/{name}", "--timeout=15s"))
+    name = _ready_pod(kubectl_bin, stack, "logger")
     logs = LineReader([kubectl_bin, "--kubeconfig", str(stack.kubeconfig), "logs", "-f", name])
     try:
         logs.wait_for("ready")
@@ -76,9 +82,7 @@ def test_logs_follow_streams(stack: Stack, kubectl_bin: str) -> None:
 
 
 def test_exec_without_and_with_stdin(stack: Stack, kubectl_bin: str) -> None:
-    name = "shell-" + _suffix(kubectl_bin)
-    _ok(kubectl(kubectl_bin, stack, "run", name, "--image=busybox"))
-    _ok(kubectl(kubectl_bin, stack, "wait", "--for=condition=Ready", f"pod/{name}", "--timeout=15s"))
+    name = _ready_pod(kubectl_bin, stack, "shell")
     result = kubectl(kubectl_bin, stack, "exec", name, "--", "sh", "-c", "echo to-stdout; echo to-stderr >&2; exit 3")
     assert result.stdout == "to-stdout\n"
     assert "to-stderr" in result.stderr
