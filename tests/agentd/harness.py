@@ -113,6 +113,18 @@ async def open_request(session: Session, request: RequestHead, body: bytes = b""
     return stream, ResponseHead.from_metadata(meta)
 
 
+async def read_http_head(stream: trio.abc.ReceiveStream, buffer: bytes = b"") -> tuple[bytes, bytes] | None:
+    """The next HTTP/1.1 head from a raw connection, after ``buffer`` (bytes already read from it):
+    (the head without its blank line, the bytes after it), or None if the peer closed first."""
+    while b"\r\n\r\n" not in buffer:
+        data = await stream.receive_some(65536)
+        if not data:
+            return None
+        buffer += data
+    head, _, rest = buffer.partition(b"\r\n\r\n")
+    return head, rest
+
+
 async def read_all(stream: MuxStream) -> bytes:
     chunks = []
     while chunk := await stream.receive_some():

@@ -22,6 +22,7 @@ from tests.agentd.harness import (
     head,
     open_request,
     read_all,
+    read_http_head,
     running_agent,
     start_fake_kasd,
 )
@@ -50,13 +51,10 @@ class SpdyUpstream:
         self.port = 0
 
     async def handle(self, stream: trio.SocketStream) -> None:
-        buffer = b""
-        while b"\r\n\r\n" not in buffer:
-            chunk = await stream.receive_some(4096)
-            if not chunk:
-                return
-            buffer += chunk
-        request, _, rest = buffer.partition(b"\r\n\r\n")
+        read = await read_http_head(stream)
+        if read is None:
+            return
+        request, rest = read
         self.heads.append(request)
         if b"upgrade: spdy/3.1" not in request.lower():
             await stream.send_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
@@ -274,9 +272,7 @@ async def test_kasd_over_tls_with_ca_file(nursery: trio.Nursery, tmp_path: Path)
 
 async def test_upstream_lost_mid_body_resets_the_stream(nursery: trio.Nursery, tmp_path: Path) -> None:
     async def truncating(stream: trio.SocketStream) -> None:
-        buffer = b""
-        while b"\r\n\r\n" not in buffer:
-            buffer += await stream.receive_some(4096)
+        await read_http_head(stream)
         await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial")
         await stream.aclose()
 

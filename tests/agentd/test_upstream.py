@@ -13,7 +13,7 @@ import trio.testing
 
 from agentd.kubeapi import KubeTarget
 from agentd.upstream import InvalidRequest, UpstreamPool, UpstreamUnreachable
-from tests.agentd.harness import head
+from tests.agentd.harness import head, read_http_head
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -30,12 +30,10 @@ async def scripted_server(script: Script) -> AsyncIterator[tuple[KubeTarget, lis
         buffer = b""
         async with stream:
             while True:
-                while b"\r\n\r\n" not in buffer:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        return
-                    buffer += data
-                request, _, buffer = buffer.partition(b"\r\n\r\n")
+                read = await read_http_head(stream, buffer)
+                if read is None:
+                    return
+                request, buffer = read
                 heads.append(request)
                 answer, close = script(request)
                 await stream.send_all(answer)
