@@ -124,7 +124,7 @@ class _Parser:
 
     # -- input
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray) -> None:
         if self._error is not None:
             return  # nothing after a malformed message is parsed (or kept)
         if self._paused:
