@@ -38,7 +38,7 @@ class RequestRecord:
     method: str
     path: str
     status: int | None
-    #: ok, refused, client-gone, upstream-lost, error
+    #: ok, refused, client-gone, upstream-lost
     outcome: str
     bytes_in: int
     bytes_out: int
@@ -161,38 +161,66 @@ class _CountingReceive(trio.abc.ReceiveStream):
 
 
 async def _relay(stream: MuxStream, raw: trio.abc.Stream, trailing: bytes, counters: _Counters) -> None:
-    """After 101: bytes both ways until both sides are done; half-closes pass through."""
-    if trailing:
-        counters.bytes_out += len(trailing)
-        await stream.send_all(trailing)
+    """After 101: bytes both ways until both sides are done; half-closes pass through.
+
+    The upstream closing its side is the normal end of an exec or attach: what breaks after that
+    (kubectl's reply to a WebSocket close frame meeting a closed connection, kasd resetting the
+    stream once its client hangs up) is the pipe winding down, not a failure. Before that, the side
+    that broke names the outcome: ``client-gone`` or ``upstream-lost``.
+    """
+    upstream_ended = False
+
+    def broke(outcome: str) -> None:
+        if not upstream_ended and counters.outcome == "ok":
+            counters.outcome = outcome
+        nursery.cancel_scope.cancel()  # the pipe is over (the caller closes both ends)
 
     async def client_to_upstream() -> None:
-        while chunk := await stream.receive_some(_CHUNK):
+        while True:
+            try:
+                chunk = await stream.receive_some(_CHUNK)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return broke("client-gone")
+            if not chunk:
+                break
             counters.bytes_in += len(chunk)
-            await raw.send_all(chunk)
+            try:
+                await raw.send_all(chunk)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return broke("upstream-lost")
         if isinstance(raw, trio.abc.HalfCloseableStream):
-            await raw.send_eof()
+            try:
+                await raw.send_eof()
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return broke("upstream-lost")
         # TLS cannot half-close: the upstream side ends the exchange when it is done.
 
     async def upstream_to_client() -> None:
+        nonlocal upstream_ended
         while True:
             try:
                 chunk = await raw.receive_some(_CHUNK)
-            except trio.BrokenResourceError:
+            except (trio.BrokenResourceError, OSError):
                 chunk = b""  # TLS without close_notify: treat as the end
             if not chunk:
                 break
             counters.bytes_out += len(chunk)
-            await stream.send_all(chunk)
-        await stream.send_eof()
+            try:
+                await stream.send_all(chunk)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return broke("client-gone")
+        try:
+            await stream.send_eof()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return broke("client-gone")
+        upstream_ended = True
 
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(client_to_upstream)
-            nursery.start_soon(upstream_to_client)
-    except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        # One side broke off: the pipe is over (the caller closes both ends).
-        counters.outcome = "pipe-broken"
+    if trailing:
+        counters.bytes_out += len(trailing)
+        await stream.send_all(trailing)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client_to_upstream)
+        nursery.start_soon(upstream_to_client)
 
 
 async def _refuse(stream: MuxStream, code: int, message: str) -> None:

@@ -14,6 +14,7 @@ import trustme
 
 from agentd.agent import run_agent
 from agentd.kubeapi import kubeconfig_target
+from agentd.proxy import RequestRecord
 from kubesim.server import open_kubesim
 from tests.agentd.harness import (
     SIM_TOKEN,
@@ -290,3 +291,27 @@ async def test_upstream_lost_mid_body_resets_the_stream(nursery: trio.Nursery, t
                 data += chunk
         assert data == b"partial"
         assert info.value.code == TunnelCode.UPSTREAM_UNREACHABLE
+
+
+async def test_client_leaving_an_open_pipe_is_client_gone(nursery: trio.Nursery, tmp_path: Path) -> None:
+    upstream = SpdyUpstream()
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, upstream.handle, 0, host="127.0.0.1"))
+    write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}")
+    kasd = await start_fake_kasd(nursery)
+    config = agent_config(tmp_path, kasd.url)
+    async with running_agent(nursery, config, kubeconfig_target(config.kubeconfig)) as agent:
+        records: list[RequestRecord] = []
+        recorded = trio.Event()
+        agent.proxy.on_done = lambda record: (records.append(record), recorded.set())
+        session = await kasd.session()
+        request = head("POST", "/api/v1/namespaces/default/pods/p/exec?command=sh&stdin=true",
+                       headers=(("connection", "Upgrade"), ("upgrade", "SPDY/3.1")))
+        stream, response = await open_request(session, request, eof=False)
+        assert response.status == 101
+        greeting = b""
+        while len(greeting) < len(b"hello-early"):
+            greeting += await stream.receive_some()
+        await stream.reset(TunnelCode.CLIENT_GONE, "client went away")  # the upstream is still talking
+        with trio.fail_after(5):
+            await recorded.wait()
+    assert [(r.status, r.outcome) for r in records] == [(101, "client-gone")]

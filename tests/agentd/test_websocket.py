@@ -14,6 +14,7 @@ from wsproto.connection import Connection, ConnectionType
 from wsproto.events import BytesMessage, CloseConnection
 
 from agentd.kubeapi import kubeconfig_target
+from agentd.proxy import RequestRecord
 from kubesim.server import open_kubesim
 from tests.agentd.harness import (
     SIM_TOKEN,
@@ -23,6 +24,7 @@ from tests.agentd.harness import (
     running_agent,
     start_fake_kasd,
 )
+from wire.httptunnel import TunnelCode
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -56,7 +58,10 @@ async def test_exec_over_websocket(nursery: trio.Nursery, tmp_path: Path) -> Non
         sim.write_kubeconfig(tmp_path / "kubeconfig")
         kasd = await start_fake_kasd(nursery)
         config = agent_config(tmp_path, kasd.url)
-        async with running_agent(nursery, config, kubeconfig_target(config.kubeconfig)):
+        async with running_agent(nursery, config, kubeconfig_target(config.kubeconfig)) as agent:
+            records: list[RequestRecord] = []
+            recorded = trio.Event()
+            agent.proxy.on_done = lambda record: (records.append(record), recorded.set())
             session = await kasd.session()
             key = base64.b64encode(os.urandom(16)).decode()
             request = head("GET", "/api/v1/namespaces/default/pods/web-0/exec?command=echo&command=hi&stdout=true",
@@ -83,6 +88,13 @@ async def test_exec_over_websocket(nursery: trio.Nursery, tmp_path: Path) -> Non
                         closed = True
             assert frames.get(1) == b"hi\n"
             assert json.loads(frames[3])["status"] == "Success"
-            await stream.aclose()
+            while await stream.receive_some():  # until kubesim's end of the pipe arrives
+                pass
+            # The client hangs up: kasd resets the stream rather than half-closing it.
+            await stream.reset(TunnelCode.CLIENT_GONE, "client went away")
+            with trio.fail_after(5):
+                await recorded.wait()
+        # kubesim ended the exec and closed its side: what broke after that is the pipe winding down.
+        assert [(r.status, r.outcome) for r in records] == [(101, "ok")]
         assert any(r.path.endswith("/exec") and r.bearer_token == SIM_TOKEN
                    and r.impersonate.get("impersonate-user") == "alice" for r in sim.requests)
