@@ -112,6 +112,7 @@ async def run_agent(
             await stop_event.wait()
             log.info("agentd stopping: no more dials, draining in-flight streams grace=%.1fs", config.shutdown_grace)
             sd_notify("STOPPING=1")
+            proxy.drain.begin()
             manager.stop()
             # The manager returns once drained (bounded by its grace); then the rest (health) goes.
             await manager_done.wait()

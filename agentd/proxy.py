@@ -9,7 +9,7 @@ the stream (the client went away) the upstream exchange is cancelled and its con
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 import trio
@@ -21,9 +21,11 @@ from agentd.upstream import (
     UpstreamPool,
     UpstreamUnreachable,
 )
+from wire.drain import Drain
 from wire.errors import RemoteProtocolError
 from wire.httptunnel import RequestHead, ResponseHead, TunnelCode
 from wire.session import MuxStream
+from wire.watchbounds import EventBoundary
 
 log = logging.getLogger("agentd.proxy")
 
@@ -38,7 +40,7 @@ class RequestRecord:
     method: str
     path: str
     status: int | None
-    #: ok, refused, client-gone, upstream-lost
+    #: ok, drained, refused, client-gone, upstream-lost
     outcome: str
     bytes_in: int
     bytes_out: int
@@ -62,6 +64,8 @@ class KubeApiProxy:
         self.on_done = on_done
         self.active = 0
         self.handled = 0
+        #: begun when agentd starts to shut down: watches and followed logs end between two events
+        self.drain = Drain()
 
     async def handle(self, stream: MuxStream) -> None:
         started = trio.current_time()
@@ -101,9 +105,12 @@ class KubeApiProxy:
                     if response.raw is not None:
                         await _relay(stream, response.raw, response.trailing, counters)
                         return
-                    async for chunk in response:
+                    boundary = EventBoundary.for_response(head.target, _content_type(response.headers))
+                    while chunk := await self.drain.next_chunk(response.receive_some, boundary):
                         counters.bytes_out += len(chunk)
                         await stream.send_all(chunk)
+                    if chunk is None:
+                        counters.outcome = "drained"  # a watch or log -f, ended between two events
                     await stream.send_eof()
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     counters.outcome = "client-gone"
@@ -221,6 +228,10 @@ async def _relay(stream: MuxStream, raw: trio.abc.Stream, trailing: bytes, count
     async with trio.open_nursery() as nursery:
         nursery.start_soon(client_to_upstream)
         nursery.start_soon(upstream_to_client)
+
+
+def _content_type(headers: Sequence[tuple[str, str]]) -> str | None:
+    return next((value for name, value in headers if name.lower() == "content-type"), None)
 
 
 async def _refuse(stream: MuxStream, code: int, message: str) -> None:

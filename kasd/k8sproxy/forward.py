@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 
 import attrs
 import trio
@@ -14,10 +15,12 @@ from kasd.access import AccessDenied, Grant, StaticAccess
 from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.status import ProxyError
 from kasd.tunnels import TunnelRegistry
+from wire.drain import Drain
 from wire.errors import RemoteProtocolError
 from wire.fastio import cancel_point
 from wire.httptunnel import RequestHead, ResponseHead, TunnelCode, strip_hop_by_hop
 from wire.session import MuxStream, SessionClosedError, StreamRefusedError, StreamResetError
+from wire.watchbounds import EventBoundary
 
 log = logging.getLogger("kasd.k8sproxy")
 
@@ -116,22 +119,33 @@ class Forwarder:
 
 
 async def relay_answer(stream: MuxStream, record: RequestRecord, from_agent: Counter,
-                       send: Callable[[bytes], Awaitable[object]], *, chunk: int) -> bool:
+                       send: Callable[[bytes], Awaitable[object]], *, chunk: int,
+                       drain: Drain, boundary: EventBoundary | None) -> bool:
     """Pass the rest of the agent's answer to ``send``, chunk by chunk, counting it. True once it
-    has ended; False if the agent's stream broke first (logged, ``record.outcome`` set): too late
+    has ended, or once kasd drains and an endless answer (``boundary``) reached the end of an
+    event; False if the agent's stream broke first (logged, ``record.outcome`` set): too late
     for a Status, so the caller must show the client a truncated body."""
     while True:
         try:
-            data = await stream.receive_some(chunk)
+            data = await drain.next_chunk(partial(stream.receive_some, chunk), boundary)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             log.warning("agent stream broke mid-response request_id=%s error=%s", record.request_id, exc)
             record.outcome = "upstream-broken"
             return False
+        if data is None:
+            record.outcome = "drained"  # a watch or logs -f, ended between two events
+            return True
         if not data:
             return True
         await send(data)
         record.bytes_out += len(data)
         from_agent.inc(len(data))
+
+
+def answer_boundary(plan: Plan, head: ResponseHead) -> EventBoundary | None:
+    """Where a watch or followed log may end when kasd drains; None for an answer that ends."""
+    content_type = next((value for name, value in head.headers if name.lower() == "content-type"), None)
+    return EventBoundary.for_response(plan.head.target, content_type)
 
 
 def _refusal(exc: StreamRefusedError, agent_id: int) -> ProxyError:

@@ -10,7 +10,7 @@ import attrs
 import trio
 
 from kasd.k8sproxy.accesslog import RequestRecord
-from kasd.k8sproxy.forward import Plan, clean_response_headers, relay_answer
+from kasd.k8sproxy.forward import Plan, answer_boundary, clean_response_headers, relay_answer
 from kasd.k8sproxy.status import ProxyError, status_body, status_headers
 from wire import http11
 from wire.httptunnel import ResponseHead, TunnelCode
@@ -422,6 +422,7 @@ class Http1Connection:
         bytes_from_agent = self.server.metrics.bytes_from_agent
         # The head, and whatever of the body already arrived (all of a small answer), in one write.
         first, writer = self._response_head(ex, ex.request, head.status, headers)
+        boundary = answer_boundary(ex.plan, head)
         out = [first]
         size = 0
         try:
@@ -436,14 +437,16 @@ class Http1Connection:
                     self.response_done = True
                     return
                 out.append(writer.data(data))
+                if boundary is not None:
+                    boundary.feed(data)
                 size += len(data)
                 record.bytes_out += len(data)
                 bytes_from_agent.inc(len(data))
             await self._write(b"".join(out))
             if ex.reader is None:
                 self._start_client_reader(ex, body=False)  # a long answer (a watch, logs -f): watch the client
-            if not await relay_answer(stream, record, bytes_from_agent,
-                                      lambda data: self._write(writer.data(data)), chunk=_RECEIVE_SIZE):
+            if not await relay_answer(stream, record, bytes_from_agent, lambda data: self._write(writer.data(data)),
+                                      chunk=_RECEIVE_SIZE, drain=self.server.drain, boundary=boundary):
                 ex.keep_alive = False  # cut the connection: the client sees a truncated body
                 return
             await self._write(writer.end())

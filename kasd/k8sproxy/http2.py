@@ -22,7 +22,7 @@ import h2.settings
 import trio
 
 from kasd.k8sproxy.accesslog import RequestRecord
-from kasd.k8sproxy.forward import Plan, clean_response_headers, relay_answer
+from kasd.k8sproxy.forward import Plan, answer_boundary, clean_response_headers, relay_answer
 from kasd.k8sproxy.status import ProxyError, status_body, status_headers
 from wire.httptunnel import TunnelCode
 from wire.session import MuxStream
@@ -364,7 +364,8 @@ class Http2Connection:
         headers = [(":status", str(head.status)), *clean_response_headers(head.headers), ("x-request-id", record.request_id)]
         await self._send_headers(request, headers)
         if not await relay_answer(stream, record, self.server.metrics.bytes_from_agent,
-                                  lambda data: self._send_data(request, data), chunk=_RECEIVE_SIZE):
+                                  lambda data: self._send_data(request, data), chunk=_RECEIVE_SIZE,
+                                  drain=self.server.drain, boundary=answer_boundary(plan, head)):
             request.reset = True  # RST_STREAM tells the client the body is truncated
             return
         await self._send_data(request, b"", end=True)

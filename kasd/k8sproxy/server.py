@@ -14,6 +14,7 @@ from kasd.k8sproxy.forward import Forwarder
 from kasd.k8sproxy.http1 import Http1Connection
 from kasd.k8sproxy.http2 import Http2Connection
 from kasd.metrics import Metrics
+from wire.drain import Drain
 from wire.fastio import FastTLSStream, fast_stream, peer_name
 
 log = logging.getLogger("kasd.k8sproxy")
@@ -48,6 +49,8 @@ class ProxyServer:
         self.settings = settings
         self.ssl_context = ssl_context
         self.draining = False
+        #: watches and followed logs end between two events once the drain begins
+        self.drain = Drain()
         #: cancel scopes of connections waiting idle for a request; cancelled when draining starts
         self.idle_scopes: set[trio.CancelScope] = set()
         self.connections = 0
@@ -59,6 +62,7 @@ class ProxyServer:
     def start_drain(self) -> None:
         """Stop taking requests: idle connections close now, busy ones after their current requests."""
         self.draining = True
+        self.drain.begin()
         for scope in list(self.idle_scopes):
             scope.cancel()
 

@@ -6,13 +6,13 @@ import functools
 import json
 import ssl
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 import trustme
 
-from agentd.agent import run_agent
+from agentd.agent import RunningAgent, run_agent
+from agentd.config import AgentConfig
 from agentd.kubeapi import kubeconfig_target
 from agentd.proxy import RequestRecord
 from kubesim.server import open_kubesim
@@ -28,7 +28,7 @@ from tests.agentd.harness import (
     start_fake_kasd,
 )
 from wire.h2carrier import server_ssl_context
-from wire.httptunnel import TunnelCode
+from wire.httptunnel import RequestHead, ResponseHead, TunnelCode
 from wire.session import StreamResetError
 
 pytestmark = pytest.mark.timeout(20)
@@ -198,60 +198,87 @@ async def test_rejected_token_is_logged_and_backed_off(nursery: trio.Nursery, tm
 
 
 
-async def test_stop_lets_in_flight_streams_finish(nursery: trio.Nursery, tmp_path: Path) -> None:
-    async with open_kubesim(token=SIM_TOKEN, bookmark_interval=3600) as sim:
+def _configmap_upload(name: str) -> tuple[RequestHead, bytes]:
+    body = json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}}).encode()
+    request = head("POST", "/api/v1/namespaces/default/configmaps",
+                   headers=(("content-type", "application/json"), ("content-length", str(len(body)))))
+    return request, body
+
+
+async def _start_stoppable_agent(nursery: trio.Nursery, config: AgentConfig) -> tuple[RunningAgent, trio.Event]:
+    finished = trio.Event()
+
+    async def run(task_status: trio.TaskStatus[RunningAgent]) -> None:
+        try:
+            await run_agent(config, kube_target=kubeconfig_target(config.kubeconfig), task_status=task_status)
+        finally:
+            finished.set()
+
+    return await nursery.start(run), finished
+
+
+async def test_stop_lets_in_flight_requests_finish(nursery: trio.Nursery, tmp_path: Path) -> None:
+    async with open_kubesim(token=SIM_TOKEN) as sim:
         sim.write_kubeconfig(tmp_path / "kubeconfig")
         kasd = await start_fake_kasd(nursery)
         config = agent_config(tmp_path, kasd.url, shutdown_grace=15.0)
-        finished = trio.Event()
-
-        async def run(task_status: trio.TaskStatus[Any]) -> None:
-            try:
-                await run_agent(config, kube_target=kubeconfig_target(config.kubeconfig), task_status=task_status)
-            finally:
-                finished.set()
-
-        agent = await nursery.start(run)
+        agent, finished = await _start_stoppable_agent(nursery, config)
         session = await kasd.session(0)
-        watch, response = await open_request(session, head("GET", "/api/v1/namespaces/default/configmaps?watch=1"))
-        assert response.status == 200
+        request, body = _configmap_upload("late")
+        upload = await session.open_stream(request.to_metadata())
+        await upload.send_all(body[:10])
         agent.stop()
         await session.wait_goaway()  # agentd tells kasd: no new streams here
         assert not finished.is_set()
-        store = sim.store
-        store.create(store.kind("", "configmaps"), "default",
-                     {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "late"}})
-        seen = b""
-        while b'"late"' not in seen:
-            chunk = await watch.receive_some()
-            assert chunk
-            seen += chunk
+        await upload.send_all(body[10:])  # the upload still goes through, and its answer comes back
+        await upload.send_eof()
+        assert ResponseHead.from_metadata(await upload.wait_accepted()).status == 201
+        assert b'"late"' in await read_all(upload)
         assert agent.manager.statistics().dials == 1  # stopped dialing
-        await watch.reset(TunnelCode.CLIENT_GONE, "done")
-        await finished.wait()
+        with trio.fail_after(5):
+            await finished.wait()
         await kasd.wait_for(lambda: "closed 0" in kasd.events)
 
 
-async def test_stop_grace_bounds_the_drain(nursery: trio.Nursery, tmp_path: Path) -> None:
+async def test_stop_ends_a_watch_between_events(nursery: trio.Nursery, tmp_path: Path) -> None:
     async with open_kubesim(token=SIM_TOKEN, bookmark_interval=3600) as sim:
         sim.write_kubeconfig(tmp_path / "kubeconfig")
         kasd = await start_fake_kasd(nursery)
-        config = agent_config(tmp_path, kasd.url, shutdown_grace=0.2)
-        finished = trio.Event()
-
-        async def run(task_status: trio.TaskStatus[Any]) -> None:
-            try:
-                await run_agent(config, kube_target=kubeconfig_target(config.kubeconfig), task_status=task_status)
-            finally:
-                finished.set()
-
-        agent = await nursery.start(run)
+        config = agent_config(tmp_path, kasd.url, shutdown_grace=30.0)
+        agent, finished = await _start_stoppable_agent(nursery, config)
+        records: list[RequestRecord] = []
+        agent.proxy.on_done = records.append
         session = await kasd.session(0)
-        _, response = await open_request(session, head("GET", "/api/v1/namespaces/default/configmaps?watch=1"))
+        watch, response = await open_request(session, head("GET", "/api/v1/namespaces/default/configmaps?watch=1"))
         assert response.status == 200
+        store = sim.store
+        store.create(store.kind("", "configmaps"), "default",
+                     {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "seen"}})
+        seen = b""
+        while b'"seen"' not in seen:
+            seen += await watch.receive_some()
+        with trio.fail_after(5):  # far inside the grace: the watch does not hold the drain
+            agent.stop()
+            seen += await read_all(watch)  # a clean end of the body, not a reset
+            await finished.wait()
+    events = [json.loads(line) for line in seen.splitlines()]  # every event whole
+    assert seen.endswith(b"\n") and events[-1]["object"]["metadata"]["name"] == "seen"
+    assert [(r.status, r.outcome) for r in records] == [(200, "drained")]
+
+
+async def test_stop_grace_bounds_the_drain(nursery: trio.Nursery, tmp_path: Path) -> None:
+    async with open_kubesim(token=SIM_TOKEN) as sim:
+        sim.write_kubeconfig(tmp_path / "kubeconfig")
+        kasd = await start_fake_kasd(nursery)
+        config = agent_config(tmp_path, kasd.url, shutdown_grace=0.2)
+        agent, finished = await _start_stoppable_agent(nursery, config)
+        session = await kasd.session(0)
+        request, body = _configmap_upload("never")
+        upload = await session.open_stream(request.to_metadata())
+        await upload.send_all(body[:10])  # and never the rest
         agent.stop()
         with trio.fail_after(5):
-            await finished.wait()  # the watch never ends by itself; the grace does
+            await finished.wait()  # the upload never ends by itself; the grace does
 
 
 async def test_kasd_over_tls_with_ca_file(nursery: trio.Nursery, tmp_path: Path) -> None:

@@ -1,0 +1,75 @@
+"""kasd's drain ends watches between two events, over HTTP/1.1 and HTTP/2, long before its timeout."""
+
+from __future__ import annotations
+
+import logging
+
+import h2.events
+import pytest
+import trio
+
+from kasd.server import Runtime
+from tests.kasd.helpers import CI_TOKEN, H1Client, Handler, accept, bearer, fake_agent, running_kasd
+from tests.kasd.test_http2_tls import H2Client
+from wire.httptunnel import RequestHead, ResponseHead
+from wire.session import MuxStream, Session
+
+pytestmark = pytest.mark.timeout(20)
+
+FIRST = b'{"type":"ADDED","object":{"metadata":{"name":"a"}}}\n'
+SECOND = b'{"type":"MODIFIED","object":{"metadata":{"name":"a"}}}\n'
+
+
+def event_and_a_half(rest: trio.Event) -> Handler:
+    """A watch that sends one event and half of the next; the other half once ``rest`` is set (kasd
+    is draining by then); then, like a watch, nothing more, ever."""
+
+    async def handler(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        await accept(stream, ResponseHead(status=200, headers=(("content-type", "application/json"),)))
+        await stream.send_all(FIRST + SECOND[:10])
+        await rest.wait()
+        await stream.send_all(SECOND[10:])
+        await trio.sleep_forever()
+
+    return handler
+
+
+async def _drain(kasd: Runtime, rest: trio.Event) -> None:
+    kasd.request_shutdown()
+    await kasd.health.drain_started.wait()
+    rest.set()
+
+
+async def test_http1_watch_ends_with_its_last_whole_event(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="kasd.access")
+    rest = trio.Event()
+    with trio.fail_after(5):  # kasd's drain timeout is 20 s: the watch does not wait for it
+        async with running_kasd() as kasd, fake_agent(kasd, event_and_a_half(rest)):
+            client = await H1Client.connect(kasd.port("kubernetes_api"))
+            await client.request("GET", "/api/v1/pods?watch=1", [bearer(CI_TOKEN)])
+            assert (await client.response()).status_code == 200
+            body = await client.chunk() or b""
+            await _drain(kasd, rest)
+            body += await client.body()  # ends with the last chunk: a whole body, not a cut one
+            await client.aclose()
+    assert body == FIRST + SECOND
+    assert "outcome=drained" in caplog.text
+
+
+async def test_http2_watch_ends_with_its_last_whole_event() -> None:
+    rest = trio.Event()
+    with trio.fail_after(5):
+        async with running_kasd() as kasd, fake_agent(kasd, event_and_a_half(rest)):
+            tcp = await trio.open_tcp_stream("127.0.0.1", kasd.port("kubernetes_api"))
+            client = H2Client(tcp)
+            sid = await client.request("GET", "/api/v1/pods?watch=true", [bearer(CI_TOKEN)])
+            assert isinstance(await client.next_event(sid), h2.events.ResponseReceived)
+            body = b""
+            while not body.startswith(FIRST):
+                event = await client.next_event(sid)
+                assert isinstance(event, h2.events.DataReceived)
+                body += event.data
+            await _drain(kasd, rest)
+            _, rest_of_body = await client.response(sid)  # END_STREAM, not RST_STREAM
+            await tcp.aclose()
+    assert body + rest_of_body == FIRST + SECOND

@@ -1,0 +1,51 @@
+"""Ending endless responses at an event boundary when a daemon drains (Trio adapter).
+
+Finite responses are left to finish within the drain's grace. A watch or a followed log would only
+hold the drain until its grace ran out and then end in a reset, which clients show as a stream
+error; instead, once the drain begins, each one ends cleanly at its next event boundary
+(``wire.watchbounds``): at once if it is waiting between events, else right after the event that is
+passing through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from wire.watchbounds import EventBoundary
+
+__all__ = ["Drain"]
+
+
+class Drain:
+    def __init__(self) -> None:
+        self.started = False
+        self._waiting: set[trio.CancelScope] = set()
+
+    def begin(self) -> None:
+        """End every endless response at its next boundary (idempotent)."""
+        self.started = True
+        for scope in self._waiting:
+            scope.cancel()
+
+    async def next_chunk(self, receive: Callable[[], Awaitable[bytes]], boundary: EventBoundary | None) -> bytes | None:
+        """``receive()``'s next chunk (``b""`` at the end), or None: the drain began and the body
+        may end here. Without a boundary (a response that ends by itself) this is ``receive()``."""
+        if boundary is None:
+            return await receive()
+        if not boundary.at_boundary:
+            data = await receive()  # mid-event: the rest of it goes out whatever happens
+        elif self.started:
+            return None
+        else:
+            with trio.CancelScope() as scope:
+                self._waiting.add(scope)
+                try:
+                    data = await receive()
+                finally:
+                    self._waiting.discard(scope)
+            if scope.cancelled_caught:
+                return None
+        boundary.feed(data)
+        return data
