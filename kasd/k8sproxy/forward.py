@@ -16,7 +16,7 @@ from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.status import ProxyError
 from kasd.tunnels import TunnelRegistry
 from wire.drain import Drain
-from wire.errors import RemoteProtocolError
+from wire.errors import ErrorCode, RemoteProtocolError
 from wire.fastio import cancel_point
 from wire.httptunnel import RequestHead, ResponseHead, TunnelCode, strip_hop_by_hop
 from wire.session import MuxStream, SessionClosedError, StreamRefusedError, StreamResetError
@@ -29,6 +29,10 @@ _DROPPED = frozenset({"authorization", "cookie", "host", "expect"})
 _DROPPED_PREFIXES = ("impersonate-",)
 #: a session picked for a request that began draining or died before the stream opened
 _SESSION_UNUSABLE = (StreamRefusedError, SessionClosedError, trio.BrokenResourceError)
+#: methods a request may be repeated with when its session died before the agent answered
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+#: further sessions a bodiless request tries after one that did not take it
+_RETRIES = 2
 
 
 @attrs.frozen(kw_only=True)
@@ -104,18 +108,39 @@ class Forwarder:
             raise ProxyError(503, f"agent {agent_id} is connected but has no free tunnel stream (waited {wait})")
         raise ProxyError(503, f"agent {agent_id} is not connected (waited {wait})")
 
-    async def response(self, stream: MuxStream, plan: Plan) -> ResponseHead:
+    async def response(self, stream: MuxStream, plan: Plan, *, bodiless: bool) -> tuple[MuxStream, ResponseHead]:
+        """The agent's response head, and the stream it came on; ProxyError otherwise.
+
+        A bodiless request that the agent never took goes to another session (waiting for one, as
+        ``open`` does): one refused by a session that began draining (``REFUSED_STREAM``: a GOAWAY
+        crossed the request), or, for a method that is safe to repeat, one whose session ended
+        before any answer. Without this, every agentd restart would fail the requests in flight at
+        that instant — even with a replacement already connected.
+        """
         agent_id = plan.grant.agent_id
-        try:
-            metadata = await stream.wait_accepted()
-        except StreamRefusedError as exc:
-            raise _refusal(exc, agent_id) from None
-        except (StreamResetError, SessionClosedError, trio.BrokenResourceError) as exc:
-            raise ProxyError(502, f"tunnel to agent {agent_id} failed before the response: {exc}") from None
-        try:
-            return ResponseHead.from_metadata(metadata)
-        except RemoteProtocolError as exc:
-            raise ProxyError(502, f"agent {agent_id} sent an invalid response head: {exc}") from None
+        for attempt in range(_RETRIES + 1):
+            try:
+                metadata = await stream.wait_accepted()
+            except StreamRefusedError as exc:
+                if not (bodiless and exc.code == ErrorCode.REFUSED_STREAM and attempt < _RETRIES):
+                    raise _refusal(exc, agent_id) from None
+                reason: Exception = exc
+            except (StreamResetError, SessionClosedError, trio.BrokenResourceError) as exc:
+                retry = bodiless and plan.head.method in _SAFE_METHODS and not isinstance(exc, StreamResetError)
+                if not (retry and attempt < _RETRIES):
+                    raise ProxyError(502, f"tunnel to agent {agent_id} failed before the response: {exc}") from None
+                reason = exc
+            else:
+                try:
+                    return stream, ResponseHead.from_metadata(metadata)
+                except RemoteProtocolError as exc:
+                    raise ProxyError(502, f"agent {agent_id} sent an invalid response head: {exc}") from None
+            log.info("agent did not take the request, retrying request_id=%s agent_id=%d error=%s",
+                     plan.head.request_id, agent_id, reason)
+            await stream.aclose()
+            stream = await self.open(plan)
+            await stream.send_eof()
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 async def relay_answer(stream: MuxStream, record: RequestRecord, from_agent: Counter,

@@ -390,16 +390,20 @@ class Http1Connection:
             bytes_to_agent.inc(len(event))
 
     async def _await_head(self, ex: _Exchange) -> ResponseHead:
-        forwarder = self.server.forwarder
         if ex.reader is None:
             # Most answers come at once; a slow one gets a reader to notice the client leaving.
             with trio.move_on_after(_WATCH_AFTER):
-                return await forwarder.response(ex.stream, ex.plan)
+                return await self._response(ex)
             self._start_client_reader(ex, body=False)
-        return await forwarder.response(ex.stream, ex.plan)
+        return await self._response(ex)
+
+    async def _response(self, ex: _Exchange) -> ResponseHead:
+        bodiless = not ex.request.upgrade and not ex.request.has_body
+        ex.stream, head = await self.server.forwarder.response(ex.stream, ex.plan, bodiless=bodiless)
+        return head
 
     async def _response_side(self, ex: _Exchange) -> None:
-        stream, record = ex.stream, ex.record
+        record = ex.record
         agent_id = ex.plan.grant.agent_id
         try:
             head = await self._await_head(ex)
@@ -410,6 +414,7 @@ class Http1Connection:
         except ProxyError as exc:
             await self._send_status(ex, ex.request, exc, record)
             return
+        stream = ex.stream  # the one that answered: not the first, if that agent did not take the request
         record.status = head.status
         if head.status == 101:
             ex.keep_alive = False

@@ -54,6 +54,8 @@ class _Request:
         self.reset = False
         self.lot = trio.lowlevel.ParkingLot()
         self.scope = trio.CancelScope()
+        #: the logical stream to the agent carrying it (another one if the first agent did not take it)
+        self.tunnel: MuxStream | None = None
 
     def on_reset(self) -> None:
         self.reset = True
@@ -308,10 +310,12 @@ class Http2Connection:
                 method=record.method, target=record.path, headers=headers, request_id=record.request_id, upgrade=False
             )
             record.agent_id, record.subject = plan.grant.agent_id, plan.grant.subject
-            stream = await forwarder.open(plan)
+            request.tunnel = await forwarder.open(plan)
         except ProxyError as exc:
             await self._send_status(request, exc, record)
             return
+        stream = request.tunnel
+        bodiless = request.ended and not request.body  # before the body pump takes anything
         metrics = self.server.metrics
         metrics.active_streams.inc()
         gone = False
@@ -319,16 +323,18 @@ class Http2Connection:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._pump_body, request, stream, record)
                 try:
-                    await self._respond(request, stream, plan, record)
+                    await self._respond(request, stream, plan, record, bodiless=bodiless)
                 except _ClientGone:
                     gone = True
                 nursery.cancel_scope.cancel()
         finally:
             metrics.active_streams.dec()
+            tunnel = request.tunnel
+            assert tunnel is not None
             if gone or request.reset:
-                await stream.reset(TunnelCode.CLIENT_GONE, "client went away")
+                await tunnel.reset(TunnelCode.CLIENT_GONE, "client went away")
             else:
-                await stream.aclose()
+                await tunnel.aclose()
         if gone:
             raise _ClientGone("client went away")
 
@@ -352,9 +358,11 @@ class Http2Connection:
         await self._send_data(request, body, end=True)
         record.bytes_out += len(body)
 
-    async def _respond(self, request: _Request, stream: MuxStream, plan: Plan, record: RequestRecord) -> None:
+    async def _respond(self, request: _Request, stream: MuxStream, plan: Plan, record: RequestRecord, *,
+                       bodiless: bool) -> None:
         try:
-            head = await self.server.forwarder.response(stream, plan)
+            request.tunnel, head = await self.server.forwarder.response(stream, plan, bodiless=bodiless)
+            stream = request.tunnel
             if 100 <= head.status < 200:
                 raise ProxyError(502, f"agent {plan.grant.agent_id} answered {head.status}, which HTTP/2 cannot carry here")
         except ProxyError as exc:

@@ -1,7 +1,9 @@
-"""kasd's drain ends watches between two events, over HTTP/1.1 and HTTP/2, long before its timeout."""
+"""Drains and handovers: kasd's drain ends watches between two events, over HTTP/1.1 and HTTP/2, long
+before its timeout; a request that crossed an agentd's GOAWAY goes to another session."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import h2.events
@@ -9,8 +11,19 @@ import pytest
 import trio
 
 from kasd.server import Runtime
-from tests.kasd.helpers import CI_TOKEN, H1Client, Handler, accept, bearer, fake_agent, running_kasd
+from tests.kasd.helpers import (
+    CI_TOKEN,
+    H1Client,
+    Handler,
+    accept,
+    bearer,
+    fake_agent,
+    http_request,
+    json_handler,
+    running_kasd,
+)
 from tests.kasd.test_http2_tls import H2Client
+from wire.errors import ErrorCode
 from wire.httptunnel import RequestHead, ResponseHead
 from wire.session import MuxStream, Session
 
@@ -73,3 +86,47 @@ async def test_http2_watch_ends_with_its_last_whole_event() -> None:
             _, rest_of_body = await client.response(sid)  # END_STREAM, not RST_STREAM
             await tcp.aclose()
     assert body + rest_of_body == FIRST + SECOND
+
+
+def refuse_first_then_answer() -> tuple[Handler, list[str]]:
+    """The first request is refused as a draining agentd refuses what crossed its GOAWAY; later
+    ones are answered. Returns the handler and the methods it saw."""
+    seen: list[str] = []
+
+    async def handler(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        seen.append(head.method)
+        if len(seen) == 1:
+            await stream.refuse(ErrorCode.REFUSED_STREAM, "not processed before GOAWAY")
+            return
+        await json_handler(stream, head, session)
+
+    return handler, seen
+
+
+async def test_a_get_the_agent_did_not_take_goes_to_another_session_http1() -> None:
+    handler, seen = refuse_first_then_answer()
+    async with running_kasd() as kasd, fake_agent(kasd, handler):
+        reply = await http_request(kasd.port("kubernetes_api"), "GET", "/api/v1/pods?watch=1", [bearer(CI_TOKEN)])
+    assert reply.status == 200 and reply.json()["target"] == "/api/v1/pods?watch=1"
+    assert seen == ["GET", "GET"]
+
+
+async def test_a_get_the_agent_did_not_take_goes_to_another_session_http2() -> None:
+    handler, seen = refuse_first_then_answer()
+    async with running_kasd() as kasd, fake_agent(kasd, handler):
+        tcp = await trio.open_tcp_stream("127.0.0.1", kasd.port("kubernetes_api"))
+        client = H2Client(tcp)
+        headers, body = await client.response(await client.request("GET", "/api/v1/pods", [bearer(CI_TOKEN)]))
+        await tcp.aclose()
+    assert headers[":status"] == "200" and json.loads(body)["target"] == "/api/v1/pods"
+    assert seen == ["GET", "GET"]
+
+
+async def test_a_request_with_a_body_is_not_repeated() -> None:
+    # kasd has already passed (part of) the body on: it cannot send it again, so the client is told.
+    handler, seen = refuse_first_then_answer()
+    async with running_kasd() as kasd, fake_agent(kasd, handler):
+        reply = await http_request(kasd.port("kubernetes_api"), "POST", "/api/v1/namespaces/default/configmaps",
+                                   [bearer(CI_TOKEN)], b'{"kind": "ConfigMap"}')
+    assert reply.status == 503 and "not processed before GOAWAY" in reply.json()["message"]
+    assert seen == ["POST"]
