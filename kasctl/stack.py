@@ -29,6 +29,18 @@ CONFIG_PROJECT = "group/demo"
 CONTEXT = f"{CONFIG_PROJECT}:{AGENT_NAME}"
 OFFLINE_AGENT_ID = 2
 
+#: seconds agentd lets in-flight streams (a `kubectl get -w`, an exec) run on after SIGTERM
+AGENTD_SHUTDOWN_GRACE = 10.0
+#: seconds kasd's graceful drain may take after SIGTERM
+KASD_SHUTDOWN_TIMEOUT = 20.0
+#: how much longer than a daemon's own drain bound the stack waits before SIGKILL
+STOP_MARGIN = 5.0
+#: kubesim stops at once on SIGTERM; this only bounds a hang
+KUBESIM_STOP_TIMEOUT = 10.0
+
+#: the demo's manifest (a Deployment and a ConfigMap), when run from a source checkout
+DEMO_MANIFEST = Path(__file__).resolve().parents[1] / "examples" / "manifests" / "hello.yaml"
+
 
 class StackError(RuntimeError):
     """A component failed to start; the message says which and shows the end of its log."""
@@ -36,6 +48,14 @@ class StackError(RuntimeError):
 
 def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def write_secret(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` with mode 0600 from the first byte (never readable by others)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
 
 
 def find_kubectl() -> str | None:
@@ -48,11 +68,16 @@ def find_kubectl() -> str | None:
 
 
 class Process:
-    def __init__(self, name: str, args: Sequence[str], log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, name: str, args: Sequence[str], log: Path, env: dict[str, str] | None = None, *, stop_timeout: float = 10.0
+    ) -> None:
         self.name = name
         self.args = list(args)
         self.log = log
         self.env = env
+        #: how long ``stop()`` waits after SIGTERM before SIGKILL: longer than the process's own
+        #: drain bound, so a clean drain is never cut short
+        self.stop_timeout = stop_timeout
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -76,14 +101,17 @@ class Process:
         except OSError:
             return "(no log)"
 
-    def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM, wait for a graceful exit, SIGKILL past ``timeout``. Returns the exit code."""
+    def stop(self, timeout: float | None = None) -> int | None:
+        """SIGTERM, wait for a graceful exit, SIGKILL past ``timeout`` (default: ``stop_timeout``).
+
+        Returns the exit code. A process that exits at once is not waited on any longer.
+        """
         if self.proc is None:
             return None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(timeout)
+                self.proc.wait(self.stop_timeout if timeout is None else timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
@@ -111,10 +139,20 @@ def _wait_for_file(path: Path, process: Process, timeout: float) -> str:
 class Stack:
     """Everything the demo runs. ``start()``, use ``kubeconfig``, ``stop()``."""
 
-    def __init__(self, workdir: Path, *, python: str = sys.executable, agent_wait_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        python: str = sys.executable,
+        agent_wait_timeout: float = 10.0,
+        agentd_shutdown_grace: float = AGENTD_SHUTDOWN_GRACE,
+        kasd_shutdown_timeout: float = KASD_SHUTDOWN_TIMEOUT,
+    ) -> None:
         self.dir = workdir.resolve()
         self.python = python
         self.agent_wait_timeout = agent_wait_timeout
+        self.agentd_shutdown_grace = agentd_shutdown_grace
+        self.kasd_shutdown_timeout = kasd_shutdown_timeout
         self.agent_token = "glagent-" + secrets.token_urlsafe(32)
         self.job_token = "glcbt-" + secrets.token_urlsafe(24)
         self.personal_token = "glpat-" + secrets.token_urlsafe(20)
@@ -162,14 +200,17 @@ class Stack:
     def _start_kubesim(self, timeout: float) -> None:
         cluster_kubeconfig = self.dir / "cluster.kubeconfig"
         cluster_kubeconfig.unlink(missing_ok=True)
+        # In a file, not on the command line, where `ps` would show it to every local user.
+        token_file = self.dir / "cluster-token"
+        write_secret(token_file, self.cluster_token)
         self.kubesim = Process(
             "kubesim",
             self._python(
-                # "--token=…": a random token may start with "-", which argparse would take for an option
-                "kubesim", "--host", "127.0.0.1", "--port", "0", f"--token={self.cluster_token}",
+                "kubesim", "--host", "127.0.0.1", "--port", "0", "--token-file", str(token_file),
                 "--self-signed", "--kubeconfig-out", str(cluster_kubeconfig),
             ),
             self.dir / "kubesim.log",
+            stop_timeout=KUBESIM_STOP_TIMEOUT,
         )  # fmt: skip
         self.kubesim.start()
         _wait_for_file(cluster_kubeconfig, self.kubesim, timeout)
@@ -221,15 +262,18 @@ class Stack:
             "agent_wait_timeout": self.agent_wait_timeout,
         }
         (self.dir / "kasd.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        token_file = self.dir / "agent-token"
-        token_file.write_text(self.agent_token)
-        os.chmod(token_file, 0o600)
+        write_secret(self.dir / "agent-token", self.agent_token)
+        # agentd's drain bound is a config-file key only (no flag); the rest is given as flags.
+        agentd_config = {"shutdown_grace": self.agentd_shutdown_grace}
+        (self.dir / "agentd.yaml").write_text(yaml.safe_dump(agentd_config, sort_keys=False))
 
     def start_kasd(self, timeout: float = 30.0) -> None:
         ready = self.dir / "kasd-ready.json"
         ready.unlink(missing_ok=True)
         previous = dict(self.addresses)
-        args = ["--config", str(self.dir / "kasd.yaml"), "--ready-file", str(ready)]
+        # A flag, so no KASD_SHUTDOWN_TIMEOUT in the environment can make it longer than stop() waits.
+        args = ["--config", str(self.dir / "kasd.yaml"), "--ready-file", str(ready),
+                "--shutdown-timeout", str(self.kasd_shutdown_timeout)]  # fmt: skip
         if previous:
             # A restart keeps its ports, so agentd and kubeconfigs keep working.
             args += [
@@ -237,7 +281,10 @@ class Stack:
                 "--observability-address", previous["observability"],
                 "--kubernetes-api-address", previous["kubernetes_api"],
             ]  # fmt: skip
-        self.kasd = Process("kasd", self._python("kasd", *args), self.dir / "kasd.log")
+        self.kasd = Process(
+            "kasd", self._python("kasd", *args), self.dir / "kasd.log",
+            stop_timeout=self.kasd_shutdown_timeout + STOP_MARGIN,
+        )  # fmt: skip
         self.kasd.start()
         self.addresses = json.loads(_wait_for_file(ready, self.kasd, timeout))
 
@@ -248,6 +295,7 @@ class Stack:
             "agentd",
             self._python(
                 "agentd",
+                "--config", str(self.dir / "agentd.yaml"),
                 "--kas-address", f"http://{self.addresses['agent']}/tunnel",
                 "--token-file", str(self.dir / "agent-token"),
                 "--kubeconfig", str(self.dir / "cluster.kubeconfig"),
@@ -257,6 +305,7 @@ class Stack:
             ),
             self.dir / "agentd.log",
             env={**os.environ, "POD_NAME": "agentd-demo-0", "POD_UID": "00000000-0000-4000-8000-000000000001"},
+            stop_timeout=self.agentd_shutdown_grace + STOP_MARGIN,
         )  # fmt: skip
         self.agentd.start()
         self.agentd_health = json.loads(_wait_for_file(ready, self.agentd, timeout))["health"]
@@ -279,8 +328,7 @@ class Stack:
             "contexts": [{"name": CONTEXT, "context": {"cluster": CONTEXT, "user": "ci-job"}}],
             "current-context": CONTEXT,
         }
-        self.kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
-        os.chmod(self.kubeconfig, 0o600)
+        write_secret(self.kubeconfig, yaml.safe_dump(config, sort_keys=False))
 
     def processes(self) -> list[Process]:
         return [p for p in (self.agentd, self.kasd, self.kubesim) if p is not None]

@@ -7,6 +7,9 @@ Examples:
 
     # TLS with a bearer token, and a kubeconfig kubectl can use at once
     python -m kubesim --port 6443 --token s3cret --self-signed --kubeconfig-out ./kubeconfig
+
+    # the same, with the token kept out of `ps`
+    python -m kubesim --port 6443 --token-file ./cluster-token --self-signed --kubeconfig-out ./kubeconfig
     KUBECONFIG=./kubeconfig kubectl get pods -A
 """
 
@@ -28,8 +31,8 @@ from kubesim.server import KubeSim, serve_kubesim
 
 EPILOG = """\
 kubectl only sends a bearer token over TLS, so use --self-signed (or --tls-cert/--tls-key) with
---token when kubectl is the client. The written kubeconfig trusts the certificate it was made
-with; with your own certificate pass --tls-ca so the kubeconfig can carry it.
+--token or --token-file when kubectl is the client. The written kubeconfig trusts the certificate
+it was made with; with your own certificate pass --tls-ca so the kubeconfig can carry it.
 
 Knobs: annotate a pod (or a pod template) with
   kubesim.io/crash-loop: "true"     the container keeps crashing (CrashLoopBackOff)
@@ -53,7 +56,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=6443, help="port to listen on; 0 picks a free one (default: 6443)")
-    parser.add_argument("--token", help="bearer token every request must carry (default: none needed)")
+    tokens = parser.add_mutually_exclusive_group()
+    tokens.add_argument("--token", help="bearer token every request must carry (default: none needed); "
+                        "visible in ps: prefer --token-file")
+    tokens.add_argument("--token-file", type=Path, metavar="PATH",
+                        help="read that token from this file (one line; a trailing newline is ignored)")
     parser.add_argument("--tls-cert", type=Path, help="PEM certificate chain to serve TLS with")
     parser.add_argument("--tls-key", type=Path, help="PEM private key for --tls-cert")
     parser.add_argument("--tls-ca", type=Path, help="PEM CA certificate to put in --kubeconfig-out")
@@ -67,6 +74,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--tls-cert and --tls-key go together")
     if args.self_signed and args.tls_cert:
         parser.error("--self-signed and --tls-cert exclude each other")
+    if args.token_file is not None:
+        try:
+            token = args.token_file.read_text().rstrip("\r\n")
+        except OSError as exc:
+            parser.error(f"--token-file: cannot read {args.token_file}: {exc.strerror or exc}")
+        if not token.strip():
+            parser.error(f"--token-file: {args.token_file} is empty")
+        args.token = token
     return args
 
 

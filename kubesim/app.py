@@ -32,7 +32,7 @@ from kubesim.asgi import (
 from kubesim.controllers import Controllers
 from kubesim.errors import ApiError
 from kubesim.patch import apply_patch
-from kubesim.podio import check_streamable, serve_logs, serve_pod_websocket
+from kubesim.podio import check_streamable, serve_logs, serve_pod_websocket, spdy_refused
 from kubesim.requests import RecordedRequest, header_map, record
 from kubesim.resources import Kind
 from kubesim.routing import Target, parse_target
@@ -206,6 +206,8 @@ class KubeApp:
             # refuse first, so a fallback from a refused WebSocket shows the real reason.
             if target.subresource != "portforward":
                 check_streamable(self.store, self.controllers, target, query)
+            if "spdy/" in headers.get("upgrade", "").lower():
+                raise spdy_refused(target.subresource)
             raise errors.bad_request("Upgrade request required")
         if watch_path or (flag(query, "watch") and method == "GET"):
             await serve_watch(self.store, target, query, accept, receive, send,

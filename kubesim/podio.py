@@ -125,3 +125,20 @@ async def serve_pod_websocket(store: Store, controllers: Controllers, target: Ta
         await exec_ws.serve_attach(scope, receive, send, console=console, **streams)
         return
     raise errors.bad_request(f"{target.subresource} over WebSocket is not supported by kubesim")
+
+
+def spdy_refused(subresource: str) -> errors.ApiError:
+    """The answer to an ``Upgrade: SPDY/3.1`` request for exec, attach or portforward.
+
+    kubectl tries SPDY when told to (``KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false``) or when its
+    WebSocket attempt was refused (port-forward always, here), and then shows only the SPDY
+    answer: a Status whose message it prints (``error upgrading connection: <message>``), so it
+    says plainly what kubesim supports.
+    """
+    if subresource == "portforward":
+        return errors.bad_request(
+            "kubesim does not support SPDY, and port-forward is not supported by kubesim at all "
+            "(exec and attach work over WebSocket, kubectl's default since 1.30)")
+    return errors.bad_request(
+        f"kubesim does not support SPDY: {subresource} works over WebSocket only, kubectl's "
+        "default since 1.30 (do not set KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false)")

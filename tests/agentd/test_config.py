@@ -76,7 +76,7 @@ def test_example_config_file_loads(files: Path) -> None:
     (files / "example.yaml").write_text(text)
     config = load_config(["--config", str(files / "example.yaml")], {"KUBERNETES_SERVICE_HOST": "10.0.0.1"})
     assert config.kas_addresses == ("https://kas.example.com:8150/tunnel",)
-    assert config.in_cluster and config.connections == 2 and config.agent_id == "42"
+    assert config.in_cluster and config.connections == 2 and config.agent_id == "1"
 
 
 def test_in_cluster_is_the_default_inside_a_pod(files: Path) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import yaml
 
 from tests.kubesim.conftest import KUBECTLS
 
@@ -24,12 +25,17 @@ async def test_help_teaches() -> None:
     assert "--kubeconfig-out" in text and "kubesim.io/crash-loop" in text and "TLS" in text
 
 
-async def test_serves_kubectl_and_stops_on_sigterm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("token_from", ["flag", "file"])
+async def test_serves_kubectl_and_stops_on_sigterm(tmp_path: Path, token_from: str) -> None:
     kubeconfig = tmp_path / "kubeconfig"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    token_args = ["--token", "cli-token"]
+    if token_from == "file":  # kept out of `ps`, as the demo does; a trailing newline is not the token's
+        (tmp_path / "token").write_text("cli-token\n")
+        token_args = ["--token-file", str(tmp_path / "token")]
     async with trio.open_nursery() as nursery:
         process = await nursery.start(functools.partial(
-            trio.run_process, [sys.executable, "-m", "kubesim", "--port", "0", "--token", "cli-token", "--self-signed",
+            trio.run_process, [sys.executable, "-m", "kubesim", "--port", "0", *token_args, "--self-signed",
              "--kubeconfig-out", str(kubeconfig), "--log-requests"],
             stderr=subprocess.PIPE, env=env, check=False))
         buffer = b""
@@ -43,6 +49,8 @@ async def test_serves_kubectl_and_stops_on_sigterm(tmp_path: Path) -> None:
             [binary, "get", "namespaces", "-o", "name"], capture_stdout=True, capture_stderr=True,
             env=dict(os.environ, KUBECONFIG=str(kubeconfig), KUBECACHEDIR=str(tmp_path / "cache")))
         assert "namespace/default" in result.stdout.decode().split()
+        written = yaml.safe_load(kubeconfig.read_text())
+        assert written["users"][0]["user"]["token"] == "cli-token"
         process.send_signal(signal.SIGTERM)
         with trio.fail_after(10):
             while True:
@@ -56,3 +64,23 @@ async def test_serves_kubectl_and_stops_on_sigterm(tmp_path: Path) -> None:
     assert events[0]["event"] == "listening" and events[0]["url"].startswith("https://127.0.0.1:")
     assert any(e["event"] == "request" and e["path"] == "/api/v1/namespaces" for e in events)
     assert events[-1]["event"] == "stopped"
+
+
+@pytest.mark.parametrize(
+    ("content", "extra", "message"),
+    [
+        ("", [], "is empty"),
+        (None, [], "cannot read"),
+        ("t", ["--token", "t"], "not allowed with argument"),
+    ],
+)
+async def test_a_bad_token_file_is_a_usage_error(tmp_path: Path, content: str | None, extra: list[str], message: str) -> None:
+    token = tmp_path / "token"
+    if content is not None:
+        token.write_text(content)
+    with trio.fail_after(15):
+        result = await trio.run_process(
+            [sys.executable, "-m", "kubesim", "--port", "0", "--token-file", str(token), *extra],
+            capture_stdout=True, capture_stderr=True, check=False)
+    assert result.returncode == 2
+    assert message in result.stderr.decode()

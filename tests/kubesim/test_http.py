@@ -19,8 +19,9 @@ pytestmark = pytest.mark.timeout(20)
 
 
 def fetch(sim: KubeSim, path: str, *, accept: str = "application/json", token: str | None = TOKEN,
-          method: str = "GET", body: Any = None, content_type: str = "application/json") -> tuple[int, dict[str, str], bytes]:
-    request = urllib.request.Request(sim.url + path, method=method, headers={"Accept": accept})
+          method: str = "GET", body: Any = None, content_type: str = "application/json",
+          headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(sim.url + path, method=method, headers={"Accept": accept, **(headers or {})})
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     if body is not None:
@@ -154,6 +155,21 @@ async def test_a_bug_answers_an_internal_error_status(monkeypatch: pytest.Monkey
         assert "simulated bug" in body["message"]
         status, _, _ = await get(sim, "/version")
         assert status == 200
+
+
+async def test_a_spdy_upgrade_gets_a_status_saying_kubesim_does_not_speak_spdy() -> None:
+    spdy = {"Upgrade": "SPDY/3.1", "X-Stream-Protocol-Version": "portforward.k8s.io"}
+    async with open_kubesim(token=TOKEN) as sim:
+        pods = "/api/v1/namespaces/default/pods"
+        status, _, body = await get(sim, f"{pods}/web/portforward", method="POST", headers=spdy)
+        assert status == 400 and body["kind"] == "Status" and body["reason"] == "BadRequest"
+        assert body["message"].startswith("kubesim does not support SPDY, and port-forward is not supported")
+        # exec and attach report what the kubelet would refuse first (here: no such pod) ...
+        status, _, body = await get(sim, f"{pods}/web/exec?command=true", method="POST", headers=spdy)
+        assert status == 404 and body["message"] == 'pods "web" not found'
+        # ... and a request that is no upgrade at all gets the API server's own answer.
+        status, _, body = await get(sim, f"{pods}/web/portforward", method="POST")
+        assert status == 400 and body["message"] == "Upgrade request required"
 
 
 async def test_plain_http2_with_prior_knowledge() -> None:

@@ -406,6 +406,28 @@ async def test_exec_with_and_without_stdin(k: Kubectl) -> None:
     assert "err" in shell.stderr and "command terminated with exit code 3" in shell.stderr
 
 
+async def test_spdy_and_port_forward_say_what_kubesim_supports(k: Kubectl) -> None:
+    # kubectl falls back to SPDY when told to, or (port-forward) when the WebSocket is refused; it
+    # then shows only the SPDY answer, which must say plainly what kubesim does not do.
+    await k("create", "-f", "-", stdin=POD.encode())
+    await k("wait", "--for=condition=Ready", "pod/solo", "--timeout=10s")
+    spdy_env = {**k.server.env(), "KUBECTL_REMOTE_COMMAND_WEBSOCKETS": "false"}
+    for args, env, message in [
+        (["exec", "solo", "--", "echo", "hi"], spdy_env,
+         "kubesim does not support SPDY: exec works over WebSocket only, kubectl's default since 1.30"),
+        (["attach", "solo"], spdy_env, "kubesim does not support SPDY: attach works over WebSocket only"),
+        (["port-forward", "pod/solo", "0:80"], k.server.env(),
+         "kubesim does not support SPDY, and port-forward is not supported by kubesim at all"),
+    ]:
+        with trio.fail_after(15):
+            result = await trio.run_process([k.binary, "-n", k.namespace, *args], env=env, check=False,
+                                            capture_stdout=True, capture_stderr=True)
+        stderr = result.stderr.decode()
+        assert result.returncode == 1, (args, stderr)
+        assert message in stderr, (args, stderr)
+        assert "Upgrade request required" not in stderr
+
+
 async def test_api_resources_and_versions(k: Kubectl) -> None:
     resources = await k.out("api-resources", namespaced=False)
     rows = {row[0]: row for row in table_rows(resources)[1:]}

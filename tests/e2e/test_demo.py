@@ -1,0 +1,115 @@
+"""`kasctl demo` as a user runs it: every command it prints works, with every kubectl found, and
+Ctrl-C stops it cleanly even with the printed `kubectl get pods -w` still open."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import KUBECTL_CAP, LineReader
+
+REPO = Path(__file__).resolve().parents[2]
+MANIFEST = "examples/manifests/hello.yaml"
+
+#: every command the guide prints, in order; a new one must be added here (and exercised below)
+PRINTED = [
+    "kubectl get pods -A",
+    "kubectl get pods -w",
+    "kubectl scale deploy/hello --replicas=3",
+    "kubectl logs -f deploy/hello",
+    "kubectl exec -it deploy/hello -- sh",
+    f"kubectl apply -f {MANIFEST}",
+    f"kubectl delete -f {MANIFEST}",
+]
+
+
+def _commands(guide: list[str]) -> list[str]:
+    """The kubectl commands in the guide, comments included ("in another terminal: kubectl …")."""
+    return [match.group().strip() for line in guide for match in re.finditer(r"\bkubectl\s[^#;]*", line)]
+
+
+@pytest.mark.timeout(150)
+def test_every_printed_command_works_and_ctrl_c_stops_cleanly(tmp_path: Path, kubectl_bin: str) -> None:
+    # Started from the repository root, as scripts/demo.sh does.
+    demo = LineReader([sys.executable, "-m", "kasctl", "demo", "--dir", str(tmp_path / "demo")], cwd=REPO)
+    watch: LineReader | None = None
+    try:
+        demo.wait_for("Press Ctrl-C", timeout=60)
+        guide = list(demo.seen)
+        export = next(line for line in guide if line.strip().startswith("export KUBECONFIG="))
+        env = {**os.environ, "KUBECONFIG": export.strip().removeprefix("export KUBECONFIG=").split()[0]}
+        commands = _commands(guide)
+        assert commands == PRINTED, guide
+
+        def args(printed: str) -> list[str]:
+            words = shlex.split(printed)
+            assert words[0] == "kubectl"
+            return [kubectl_bin, *words[1:]]
+
+        def run(printed: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(args(printed), input=stdin, capture_output=True, text=True,
+                                  timeout=KUBECTL_CAP, env=env, cwd=REPO)  # fmt: skip
+
+        get_all, get_watch, scale, logs, exec_sh, apply, delete = PRINTED
+
+        listed = run(get_all)
+        assert listed.returncode == 0, listed.stderr
+        rows = [line.split() for line in listed.stdout.splitlines()[1:]]
+        assert len(rows) == 2 and all(row[1].startswith("hello-") and row[3] == "Running" for row in rows), rows
+
+        watch = LineReader(args(get_watch), env=env)
+        pods = {watch.wait_for("hello-").split()[0]}
+        scaled = run(scale)
+        assert scaled.returncode == 0 and "deployment.apps/hello scaled" in scaled.stdout, scaled.stderr
+        while len(pods) < 3:  # the watch shows the third pod appear
+            pods.add(watch.wait_for("hello-").split()[0])
+
+        follow = LineReader(args(logs), env=env)
+        try:
+            follow.wait_for("kubesim: ready")
+            assert follow.proc.poll() is None  # still following
+        finally:
+            follow.stop()
+
+        shell = run(exec_sh, stdin="echo $GREETING\nexit 3\n")
+        assert shell.returncode == 3, shell.stderr
+        assert shell.stdout.strip() == "hello from the demo"
+
+        applied = run(apply)
+        assert applied.returncode == 0, applied.stderr
+        # the manifest says 2 replicas again; its ConfigMap is as the demo seeded it
+        assert "deployment.apps/hello configured" in applied.stdout and "configmap/hello unchanged" in applied.stdout
+
+        deleted = run(delete)
+        assert deleted.returncode == 0, deleted.stderr
+        assert 'deployment.apps "hello" deleted' in deleted.stdout and 'configmap "hello" deleted' in deleted.stdout
+
+        for line in guide:
+            url = re.search(r"http://\S+/(metrics|readiness)", line)
+            if url:
+                with urllib.request.urlopen(url.group(), timeout=10) as response:
+                    assert response.status == 200, line
+
+        # Ctrl-C while the printed watch is still open: every daemon drains and exits 0, none is killed.
+        assert watch.proc.poll() is None
+        demo.proc.send_signal(signal.SIGINT)
+        stopped = demo.wait_for("stopped:", timeout=60)
+        assert stopped == "stopped: agentd exit 0, kasd exit 0, kubesim exit 0"
+        assert demo.proc.wait(10) == 0
+    finally:
+        if watch is not None:
+            watch.stop()
+        if demo.proc.poll() is None:
+            demo.proc.send_signal(signal.SIGINT)  # the demo stops its daemons itself
+            try:
+                demo.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                demo.stop()

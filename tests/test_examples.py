@@ -1,0 +1,158 @@
+"""examples/ as an operator uses it: every documented token matches its digest, the two configs fit
+together, and the systemd units start the daemons with arguments their own loaders accept.
+
+The example files are loaded with kasd's and agentd's own configuration loaders; only paths that
+exist only on a real host (TLS files, the token file, the CA) are pointed at temporary files.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import trio
+import trustme
+
+from agentd.config import load_config as load_agentd_config
+from kasd.access import StaticAccess
+from kasd.agents import AgentAuthenticator
+from kasd.config import Config
+from kasd.config import load_config as load_kasd_config
+from kasd.tokens import hash_token
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+DIGEST = re.compile(r"\b[0-9a-f]{64}\b")
+#: how a comment names the token of the digest on the next line
+DOCUMENTED = re.compile(r'#.*\bsha256 of the [\w ]*token "([^"]+)"')
+#: how an access entry's comment says what kubectl sends
+SENDS = re.compile(r"kubectl sends ((?:ci|pat):\d+:\S+)")
+#: how examples/agentd.yaml says what its token file holds
+AGENTD_TOKEN = re.compile(r"printf %s (\S+) > /etc/agentd/token")
+
+
+def _documented_digests(path: Path) -> list[tuple[str, str, str]]:
+    """(token, digest, comment) for every sha256 digest in ``path``; fails for an undocumented one."""
+    found = []
+    lines = path.read_text().splitlines()
+    for number, line in enumerate(lines):
+        for digest in DIGEST.findall(line):
+            comment = lines[number - 1] if number else ""
+            named = DOCUMENTED.search(comment)
+            assert named, f"{path.name}:{number + 1}: digest {digest[:8]}… has no comment naming its token"
+            found.append((named.group(1), digest, comment))
+    return found
+
+
+CA = trustme.CA()
+
+
+def _kasd_example(tmp_path: Path) -> Config:
+    text = (EXAMPLES / "kasd.yaml").read_text()
+    cert = CA.issue_cert("kas.example.com")
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "tls.crt"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "tls.key"))
+    for name in ("tls.crt", "tls.key"):
+        text = text.replace(f"/etc/kasd/tls/{name}", str(tmp_path / name))
+    (tmp_path / "kasd.yaml").write_text(text)
+    return load_kasd_config(["--config", str(tmp_path / "kasd.yaml")], {})
+
+
+def _agentd_token() -> str:
+    found = AGENTD_TOKEN.search((EXAMPLES / "agentd.yaml").read_text())
+    assert found, "examples/agentd.yaml does not say which token its token file holds"
+    return found.group(1)
+
+
+def _agentd_example(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A copy of examples/agentd.yaml whose host-only files exist, and the environment of a pod."""
+    (tmp_path / "token").write_text(_agentd_token() + "\n")
+    CA.cert_pem.write_to_path(str(tmp_path / "kas-ca.pem"))
+    text = (EXAMPLES / "agentd.yaml").read_text()
+    text = text.replace("token_file: /etc/agentd/token", f"token_file: {tmp_path / 'token'}")
+    text = text.replace("kas_ca_file: /etc/agentd/kas-ca.pem", f"kas_ca_file: {tmp_path / 'kas-ca.pem'}")
+    (tmp_path / "agentd.yaml").write_text(text)
+    return tmp_path / "agentd.yaml", {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}
+
+
+@pytest.mark.parametrize("path", sorted(p for p in EXAMPLES.rglob("*") if p.is_file()), ids=lambda p: p.name)
+def test_every_digest_in_examples_is_the_sha256_of_the_token_its_comment_names(path: Path) -> None:
+    for token, digest, comment in _documented_digests(path):
+        assert hash_token(token) == digest, f"{path.name}: {comment.strip()} — sha256({token!r}) is {hash_token(token)}"
+
+
+def test_kasd_example_loads_and_accepts_the_tokens_it_documents(tmp_path: Path) -> None:
+    config = _kasd_example(tmp_path)
+    documented = _documented_digests(EXAMPLES / "kasd.yaml")
+    stored = [agent.token_sha256 for agent in config.agents] + [entry.token_sha256 for entry in config.access]
+    assert [digest for _, digest, _ in documented] == stored  # every digest the loader kept is documented
+
+    # The agent tokens authenticate as their agents, the way kasd's agent port checks them.
+    authenticate = AgentAuthenticator(config.agents)
+    for agent, (token, _, _) in zip(config.agents, documented, strict=False):
+        assert trio.run(authenticate, token, {}) is agent
+
+    # The proxy tokens, as the comments say kubectl sends them, are granted their agents.
+    access = StaticAccess(config.access)
+    sends = [SENDS.search(comment) for _, _, comment in documented[len(config.agents):]]
+    assert all(sends), "every access: entry's comment says what kubectl sends"
+    for entry, sent in zip(config.access, sends, strict=True):
+        assert sent is not None
+        grant = access.authorize(f"Bearer {sent.group(1)}")
+        assert grant.subject == entry.name and grant.agent_id in entry.agents
+
+
+def test_agentd_example_is_an_agent_of_the_kasd_example(tmp_path: Path) -> None:
+    kasd = _kasd_example(tmp_path)
+    config_file, environ = _agentd_example(tmp_path)
+    agentd = load_agentd_config(["--config", str(config_file)], environ)
+    token = agentd.token_file.read_text().strip()  # as agentd reads it at every dial
+    agent = trio.run(AgentAuthenticator(kasd.agents), token, {})
+    assert agent is not None, "kasd's example does not know agentd's example token"
+    # kasd rejects a HELLO whose agent_id names another agent (hello-contradicts-token).
+    assert agentd.agent_id in ("", str(agent.id)), (agentd.agent_id, agent.id)
+    assert agentd.agent_id == "1" and agent.name == "prod"
+
+
+def _exec_start(unit: str) -> list[str]:
+    lines = (EXAMPLES / unit).read_text().splitlines()
+    (line,) = [line for line in lines if line.startswith("ExecStart=")]
+    return shlex.split(line.removeprefix("ExecStart="))
+
+
+def test_agentd_unit_hands_the_secrets_over_as_credentials_agentd_can_read(tmp_path: Path) -> None:
+    unit = (EXAMPLES / "agentd.service").read_text()
+    assert "DynamicUser=yes" in unit and "ConfigurationDirectory=" not in unit
+    credentials = dict(
+        line.removeprefix("LoadCredential=").split(":", 1) for line in unit.splitlines() if line.startswith("LoadCredential=")
+    )
+    assert credentials == {"token": "/etc/agentd/token", "kubeconfig": "/etc/agentd/kubeconfig"}
+    # systemd puts the copies in $CREDENTIALS_DIRECTORY, which %d names in ExecStart.
+    creds = tmp_path / "credentials"
+    creds.mkdir()
+    (creds / "token").write_text(_agentd_token())
+    (creds / "kubeconfig").write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://10.0.0.1:6443'}}]\n"
+        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    config_file, _ = _agentd_example(tmp_path)
+    argv = _exec_start("agentd.service")
+    assert argv[0] == "/usr/local/bin/agentd"
+    argv = [arg.replace("%d", str(creds)).replace("/etc/agentd/agentd.yaml", str(config_file)) for arg in argv[1:]]
+    config = load_agentd_config(argv, {})  # outside a pod: the unit's kubeconfig is the way in
+    assert config.token_file == creds / "token" and config.kubeconfig == creds / "kubeconfig"
+    assert not config.in_cluster
+    assert "Documentation=" not in unit
+
+
+def test_kasd_unit_runs_as_a_user_the_examples_create(tmp_path: Path) -> None:
+    unit = (EXAMPLES / "kasd.service").read_text()
+    assert "User=kasd" in unit.splitlines() and "Group=kasd" in unit.splitlines()
+    sysusers = [line.split() for line in (EXAMPLES / "kasd.sysusers.conf").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]  # fmt: skip
+    assert [line[:2] for line in sysusers] == [["u", "kasd"]]  # `u` makes the user and its group
+    argv = _exec_start("kasd.service")
+    assert argv[:2] == ["/usr/local/bin/kasd", "--config"] and argv[2] == "/etc/kasd/kasd.yaml"
+    assert "Documentation=" not in unit
