@@ -1,7 +1,8 @@
 """``agentd`` (or ``python -m agentd``): run the agent until SIGTERM/SIGINT, then drain and exit 0.
 
-Bad configuration prints ``agentd: error: …`` and exits 2, like argparse. See ``agentd --help`` and
-docs/agentd.md.
+Bad configuration prints ``agentd: error: …`` and exits 2 (a wrong command line, such as an unknown
+flag, with the usage first, like argparse). A health port that cannot be bound prints ``agentd:
+cannot listen on …`` and exits 1. See ``agentd --help`` and docs/agentd.md.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from collections.abc import Mapping, Sequence
 import trio
 
 from agentd.agent import kube_target_for, run_agent
-from agentd.config import AgentConfig, ConfigError, build_parser, load_config
+from agentd.config import AgentConfig, ConfigError, UsageError, build_parser, load_config
 from agentd.kubeapi import KubeConfigError, KubeTarget
+from daemonstatus.fatal import leaves, os_error_line
 from daemonstatus.logs import configure_logging
 
 log = logging.getLogger("agentd")
@@ -29,12 +31,19 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         config = load_config(argv, environ)
         target = kube_target_for(config)
     except (ConfigError, KubeConfigError) as exc:
-        build_parser().print_usage(sys.stderr)
+        if isinstance(exc, UsageError):
+            build_parser().print_usage(sys.stderr)
         print(f"agentd: error: {exc}", file=sys.stderr)
         return 2
     configure_logging(config.log_level)
-    trio.run(_run_with_signals, config, target)
-    return 0
+    code = 0
+    try:
+        trio.run(_run_with_signals, config, target)
+    except* OSError as group:
+        for oserr in leaves(group):
+            print(f"agentd: {os_error_line(oserr)}", file=sys.stderr)
+        code = 1
+    return code
 
 
 async def _run_with_signals(config: AgentConfig, target: KubeTarget) -> None:

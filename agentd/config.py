@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import socket
+import ssl
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -14,6 +15,9 @@ from urllib.parse import urlsplit
 
 import attrs
 import yaml
+
+from agentd import __version__
+from daemonstatus.notify import ready_file_problem
 
 DEFAULT_CONNECTIONS = 2
 DEFAULT_HEALTH_ADDRESS = "0.0.0.0:8080"
@@ -65,6 +69,11 @@ class ConfigError(Exception):
     """Bad configuration: the message says which setting and why (exit code 2)."""
 
 
+class UsageError(ConfigError):
+    """The command line itself is wrong (an unknown flag, a flag without its value): shown with the
+    usage, as argparse (and kasd) do; any other ConfigError is its one line."""
+
+
 @attrs.frozen(kw_only=True)
 class AgentConfig:
     kas_addresses: tuple[str, ...]
@@ -95,7 +104,7 @@ class AgentConfig:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise ConfigError(message)
+        raise UsageError(message)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,7 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help='write {"health": "host:port"} as JSON here once listening and the first tunnel is up (for tests)',
     )
-    parser.add_argument("--log-level", metavar="LEVEL", help=f"one of {', '.join(LOG_LEVELS)} (default: info; env: AGENTD_LOG_LEVEL)")
+    parser.add_argument(
+        "--log-level", metavar="LEVEL", help=f"one of {', '.join(LOG_LEVELS)}, any case (default: info; env: AGENTD_LOG_LEVEL)"
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
 
 
@@ -219,6 +231,10 @@ def _build(merged: dict[str, Any], sources: dict[str, str], environ: Mapping[str
     def where(key: str) -> str:
         return sources.get(key, key)
 
+    for key in _TEXT_KEYS:
+        if key in merged:
+            merged[key] = _text(merged[key], where(key), allow_int=key == "agent_id")
+
     addresses = merged.get("kas_address")
     if isinstance(addresses, str):
         addresses = addresses.split(",")
@@ -261,8 +277,8 @@ def _build(merged: dict[str, Any], sources: dict[str, str], environ: Mapping[str
 
     kas_ca = merged.get("kas_ca_file")
     kas_ca_file = Path(str(kas_ca)).expanduser() if kas_ca else None
-    if kas_ca_file is not None and not kas_ca_file.is_file():
-        raise ConfigError(f"{where('kas_ca_file')}: CA file {kas_ca_file} does not exist")
+    if kas_ca_file is not None:
+        _check_ca_file(kas_ca_file, where("kas_ca_file"))
 
     log_level = str(merged.get("log_level", "info")).lower()
     if log_level not in LOG_LEVELS:
@@ -273,6 +289,9 @@ def _build(merged: dict[str, Any], sources: dict[str, str], environ: Mapping[str
         raise ConfigError(f"{where('shutdown_grace')}: must be a number of seconds >= 0")
 
     ready = merged.get("ready_file")
+    ready_file = Path(str(ready)) if ready else None
+    if ready_file is not None and (problem := ready_file_problem(ready_file)) is not None:
+        raise ConfigError(f"{where('ready_file')}: cannot write the ready file {ready_file}: {problem}")
     return AgentConfig(
         kas_addresses=kas,
         token_file=token_file,
@@ -289,7 +308,7 @@ def _build(merged: dict[str, Any], sources: dict[str, str], environ: Mapping[str
         pod_name=str(merged.get("pod_name") or socket.gethostname()),
         pod_uid=str(merged.get("pod_uid") or ""),
         kas_ca_file=kas_ca_file,
-        ready_file=Path(str(ready)) if ready else None,
+        ready_file=ready_file,
         log_level=log_level,
         shutdown_grace=float(grace),
     )
@@ -306,6 +325,19 @@ def _check_kas_url(url: str, where: str) -> str:
     if parts.path in ("", "/"):
         url = parts._replace(path="/tunnel").geturl()
     return url
+
+
+def _check_ca_file(path: Path, where: str) -> None:
+    """Load the bundle now, so a wrong file is a configuration error naming it rather than an
+    ``ssl.SSLError`` once agentd runs."""
+    if not path.is_file():
+        raise ConfigError(f"{where}: CA file {path} does not exist")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=str(path))
+    except ssl.SSLError:
+        raise ConfigError(f"{where}: CA file {path} holds no PEM certificate") from None
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read CA file {path}: {exc.strerror or exc}") from None
 
 
 def _check_token_file(path: Path, where: str) -> None:
@@ -335,12 +367,42 @@ def _join_host_port(host: str, port: int) -> str:
 
 
 def _int(value: Any, where: str) -> int:
-    if isinstance(value, bool):
-        raise ConfigError(f"{where}: expected a whole number, got {value!r}")
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where}: expected a whole number, got {value!r}") from None
+    """A whole number: an int from the file (not a bool, not 3.7), or its text from env and flags."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    raise ConfigError(f"{where}: expected a whole number, got {value!r}")
+
+
+#: settings whose value is text (a path, a name, an address); environment and flags always give
+#: text (or a Path), a file may hold anything
+_TEXT_KEYS = (
+    "token_file",
+    "kubeconfig",
+    "kube_context",
+    "serviceaccount_dir",
+    "health_address",
+    "agent_id",
+    "pod_name",
+    "pod_uid",
+    "kas_ca_file",
+    "ready_file",
+    "log_level",
+)
+
+
+def _text(value: Any, where: str, *, allow_int: bool = False) -> str | Path | None:
+    """``value`` unless it is not text: ``pod_name: [a]`` is an error, not ``"['a']"``. An agent id
+    may be written as a number (``agent_id: 42``), as kasd's agent ids are."""
+    if value is None or isinstance(value, str | Path):
+        return value
+    if allow_int and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise ConfigError(f"{where}: expected a string, got {type(value).__name__} {value!r}")
 
 
 def _bool(value: Any, where: str) -> bool:

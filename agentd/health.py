@@ -28,7 +28,11 @@ async def serve_health(
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen on ``host:port`` (0 picks a port); ``started((host, bound_port))`` once listening."""
-    listeners = await trio.open_tcp_listeners(port, host=host or None)
+    try:
+        listeners = await trio.open_tcp_listeners(port, host=host or None)
+    except OSError as exc:
+        message = f"cannot listen on {host}:{port} (the health address): {exc.strerror or exc}"
+        raise OSError(exc.errno, message) from None
     bound = listeners[0].socket.getsockname()
 
     async def handle(stream: trio.SocketStream) -> None:

@@ -1,4 +1,5 @@
-"""``kasd``: serve (the default) or ``kasd hash-token``. Exit 2 on a configuration error."""
+"""``kasd``: serve (the default) or ``kasd hash-token``. Exit 2 on a configuration error, 1 when a
+listener cannot bind; one line on stderr either way, never a traceback."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from collections.abc import Sequence
 
 import trio
 
+from daemonstatus.fatal import leaves, os_error_line
 from daemonstatus.logs import configure_logging
-from kasd.config import Config, ConfigError, load_config
+from kasd.access import AccessDenied, parse_bearer
+from kasd.config import VERSION, Config, ConfigError, load_config
 from kasd.server import Runtime, serve_kasd
-from kasd.tokens import hash_token
+from kasd.tokens import hash_token, token_from_text
 
 log = logging.getLogger("kasd")
 
@@ -22,22 +25,39 @@ def hash_token_command(argv: Sequence[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(
             "usage: kasd hash-token < token-file\n\n"
-            "Reads one token on stdin (a trailing newline is ignored) and prints its sha256 hex digest,\n"
-            "the value for token_sha256: under agents: or access: in kasd's config. For ci:/pat: proxy\n"
-            "tokens hash only the secret part, not the 'ci:<agent id>:' prefix."
+            "Reads one token on stdin and prints its sha256 hex digest, the value for token_sha256:\n"
+            "under agents: or access: in kasd's config. Surrounding whitespace (newlines, blank lines)\n"
+            "is ignored, as agentd ignores it in its --token-file, so an agent's token file can be\n"
+            "piped as it is. For ci:/pat: proxy tokens hash only the secret part, not the\n"
+            "'ci:<agent id>:' prefix (a whole ci:/pat: token on stdin gets a warning)."
         )
         return 0
     if argv:
         print("kasd hash-token: takes no arguments; pipe the token on stdin", file=sys.stderr)
         return 2
-    token = sys.stdin.read()
-    token = token[:-1] if token.endswith("\n") else token
-    token = token[:-1] if token.endswith("\r") else token
+    token = token_from_text(sys.stdin.read())
     if not token:
         print("kasd hash-token: no token on stdin", file=sys.stderr)
         return 2
+    if _is_bearer_token(token):
+        kind = token.partition(":")[0]
+        print(
+            f"kasd hash-token: warning: this looks like a whole {kind}:<agent id>:<token> bearer token; "
+            f"access: entries hold the sha256 of the secret part only (after '{kind}:<agent id>:'). "
+            "Hashing it as it is.",
+            file=sys.stderr,
+        )
     print(hash_token(token))
     return 0
+
+
+def _is_bearer_token(token: str) -> bool:
+    """Would the proxy port read ``token`` as ``ci:<agent id>:<secret>`` or ``pat:…``?"""
+    try:
+        parse_bearer(f"Bearer {token}")
+    except AccessDenied:
+        return False
+    return True
 
 
 async def _serve(config: Config) -> None:
@@ -76,16 +96,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kasd: configuration error: {exc}", file=sys.stderr)
         return 2
     configure_logging(config.log_level)
+    log.info("kasd starting version=%s", VERSION)
     code = 0
     try:
         trio.run(_serve, config)
     except* ConfigError as group:
-        for err in group.exceptions:
+        for err in leaves(group):
             print(f"kasd: configuration error: {err}", file=sys.stderr)
         code = 2
     except* OSError as group:
-        for oserr in group.exceptions:
-            print(f"kasd: {getattr(oserr, 'strerror', None) or oserr}", file=sys.stderr)
+        for oserr in leaves(group):
+            print(f"kasd: {os_error_line(oserr)}", file=sys.stderr)
         code = code or 1
     return code
 

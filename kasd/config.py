@@ -8,21 +8,34 @@ access entries hold ``token_sha256`` digests (``kasd hash-token`` makes them).
 from __future__ import annotations
 
 import argparse
+import ssl
 from collections.abc import Mapping, Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import attrs
 import yaml
 
+from daemonstatus.notify import ready_file_problem
 from kasd.tokens import is_token_hash
 from wire.httptunnel import Impersonation
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
+try:
+    #: what ``kasd --version`` prints: the installed distribution's version, as agentd reports its own
+    VERSION = metadata.version("kasd")
+except metadata.PackageNotFoundError:  # running from a source tree without installing
+    VERSION = "0.0.0"
+
 
 class ConfigError(Exception):
     """The configuration is unusable; the message names the key and the problem."""
+
+
+class _OverrideError(ConfigError):
+    """A bad value from an environment variable or a flag: the message names that, not the file."""
 
 
 @attrs.frozen(kw_only=True)
@@ -132,6 +145,12 @@ def parse_address(value: Any, key: str) -> tuple[str, int]:
     return host, port
 
 
+def _log_level(value: Any, key: str) -> str:
+    if not isinstance(value, str) or value.lower() not in LOG_LEVELS:
+        raise ConfigError(f"{key}: must be one of {', '.join(LOG_LEVELS)}, got {value!r}")
+    return value.lower()
+
+
 def _seconds(value: Any, key: str) -> float:
     if isinstance(value, str):
         try:
@@ -157,7 +176,43 @@ def _tls(raw: Any, key: str) -> TLSFiles | None:
         if not path.is_file():
             raise ConfigError(f"{key}.{name}: file {str(path)!r} does not exist")
         paths[name] = path
+    _check_tls_pair(paths["cert"], paths["key"], key)
     return TLSFiles(cert=paths["cert"], key=paths["key"])
+
+
+class _EncryptedKeyError(Exception):
+    pass
+
+
+def _no_passphrase() -> str:
+    raise _EncryptedKeyError  # a daemon has no one to ask (OpenSSL would prompt on a terminal)
+
+
+def _check_tls_pair(cert: Path, key: Path, where: str) -> None:
+    """Load the pair now: a bad file is a configuration error naming both files, not a failure
+    once kasd is about to listen (OpenSSL's own "[SSL] PEM lib" names neither)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    problem = ""
+    try:
+        context.load_verify_locations(cafile=str(cert))
+    except ssl.SSLError:
+        problem = f"no PEM certificate in {str(cert)!r}"
+    except OSError as exc:
+        problem = f"cannot read {str(cert)!r}: {exc.strerror or exc}"
+    if not problem:
+        try:
+            context.load_cert_chain(str(cert), str(key), password=_no_passphrase)
+        except _EncryptedKeyError:
+            problem = "the key is encrypted (kasd needs it without a passphrase)"
+        except ssl.SSLError as exc:
+            if exc.reason == "KEY_VALUES_MISMATCH":
+                problem = "the key does not belong to the certificate"
+            else:
+                problem = f"no PEM private key in {str(key)!r}"
+        except OSError as exc:
+            problem = f"cannot read {str(key)!r}: {exc.strerror or exc}"
+    if problem:
+        raise ConfigError(f"{where}: cannot load certificate {str(cert)!r} with key {str(key)!r}: {problem}")
 
 
 def _listener(raw: Any, key: str, default: Listener, extra: Sequence[str] = ()) -> dict[str, Any]:
@@ -239,14 +294,34 @@ def _access(raw: Any, key: str, agent_ids: set[int]) -> AccessEntry:
     )
 
 
+def _distinct_addresses(listeners: Mapping[str, Listener], sources: Mapping[str, str]) -> None:
+    """Two listeners on one ``host:port`` can never both bind (port 0 picks a port for each)."""
+    taken: dict[tuple[str, int], str] = {}
+    for name, listener in listeners.items():
+        if listener.port == 0:
+            continue
+        other = taken.setdefault((listener.host, listener.port), name)
+        if other != name:
+            where = f"listeners.{name}.address"
+            message = f"{where}: {listener.address} is also the {other} listener's address (each listener needs its own)"
+            source = sources.get(f"{name}_address")
+            if source is not None:
+                raise _OverrideError(f"{source}: {message}")
+            raise ConfigError(message)
+
+
 _TOP_KEYS = ("listeners", "agents", "access", "agent_wait_timeout", "shutdown_timeout", "log_level")
 _LISTENER_KEYS = ("agent", "observability", "kubernetes_api")
 _K8S_EXTRA = ("header_timeout", "idle_timeout", "max_header_bytes")
 
 
-def config_from_mapping(raw: Any, overrides: Mapping[str, Any] | None = None) -> Config:
-    """Validate a parsed YAML document; ``overrides`` (env and flags) win over it."""
+def config_from_mapping(
+    raw: Any, overrides: Mapping[str, Any] | None = None, sources: Mapping[str, str] | None = None
+) -> Config:
+    """Validate a parsed YAML document; ``overrides`` (env and flags) win over it. ``sources`` names
+    where each override came from (``KASD_AGENT_ADDRESS``, ``--agent-address``) for error messages."""
     overrides = overrides or {}
+    sources = sources or {}
     raw = _mapping(raw, "(top level)")
     _unknown_keys(raw, _TOP_KEYS, "")
     listeners = _mapping(raw.get("listeners"), "listeners")
@@ -284,22 +359,30 @@ def config_from_mapping(raw: Any, overrides: Mapping[str, Any] | None = None) ->
     kubernetes_api = KubernetesAPIListener(
         header_timeout=header_timeout, idle_timeout=idle_timeout, max_header_bytes=max_header, **k8s_kwargs
     )
+    _distinct_addresses({"agent": agent_listener, "observability": observability, "kubernetes_api": kubernetes_api}, sources)
 
     agents_raw = _expect(raw.get("agents") or [], list, "agents", "a list")
     agents = tuple(_agent(a, f"agents[{i}]") for i, a in enumerate(agents_raw))
     seen: dict[int, int] = {}
+    tokens: dict[str, int] = {}
     for i, agent in enumerate(agents):
         if agent.id in seen:
             raise ConfigError(f"agents[{i}].id: agent id {agent.id} is already used by agents[{seen[agent.id]}]")
         seen[agent.id] = i
+        # kasd knows an agent by its token: two agents with one token could not be told apart.
+        if agent.token_sha256 in tokens:
+            first = tokens[agent.token_sha256]
+            raise ConfigError(
+                f"agents[{i}].token_sha256: agent {agent.id} ({agent.name}) has the same token as agents[{first}], "
+                f"agent {agents[first].id} ({agents[first].name}); each agent needs a token of its own"
+            )
+        tokens[agent.token_sha256] = i
     access_raw = _expect(raw.get("access") or [], list, "access", "a list")
     access = tuple(_access(a, f"access[{i}]", set(seen)) for i, a in enumerate(access_raw))
 
     wait = overrides.get("agent_wait_timeout", raw.get("agent_wait_timeout", defaults.agent_wait_timeout))
     shutdown = overrides.get("shutdown_timeout", raw.get("shutdown_timeout", defaults.shutdown_timeout))
-    level = overrides.get("log_level", raw.get("log_level", defaults.log_level))
-    if not isinstance(level, str) or level.lower() not in LOG_LEVELS:
-        raise ConfigError(f"log_level: must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
+    level = _log_level(overrides.get("log_level", raw.get("log_level", defaults.log_level)), "log_level")
     return Config(
         agent=agent_listener,
         observability=observability,
@@ -308,7 +391,7 @@ def config_from_mapping(raw: Any, overrides: Mapping[str, Any] | None = None) ->
         access=access,
         agent_wait_timeout=_seconds(wait, "agent_wait_timeout"),
         shutdown_timeout=_seconds(shutdown, "shutdown_timeout"),
-        log_level=level.lower(),
+        log_level=level,
         ready_file=overrides.get("ready_file"),
     )
 
@@ -378,43 +461,74 @@ def argument_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="bound on the graceful drain after SIGTERM (env: KASD_SHUTDOWN_TIMEOUT; default 20)",
     )
-    parser.add_argument("--log-level", choices=LOG_LEVELS, help="env: KASD_LOG_LEVEL; default info")
+    parser.add_argument(
+        "--log-level", type=str.lower, choices=LOG_LEVELS, help="any case (env: KASD_LOG_LEVEL; default info)"
+    )
     parser.add_argument(
         "--ready-file",
         metavar="PATH",
         help="once listening, write the bound addresses there as JSON (env: KASD_READY_FILE)",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     return parser
+
+
+#: override key → the file key whose check its value gets
+_OVERRIDE_KEYS = {
+    "agent_address": "listeners.agent.address",
+    "observability_address": "listeners.observability.address",
+    "kubernetes_api_address": "listeners.kubernetes_api.address",
+    "agent_wait_timeout": "agent_wait_timeout",
+    "shutdown_timeout": "shutdown_timeout",
+    "log_level": "log_level",
+}
+
+
+def _check_override(key: str, value: str, source: str) -> None:
+    """An environment variable's or flag's value gets its file key's check, blamed on its source:
+    ``KASD_AGENT_WAIT_TIMEOUT: agent_wait_timeout: 'abc' is not a number of seconds``."""
+    file_key = _OVERRIDE_KEYS[key]
+    try:
+        if file_key.endswith(".address"):
+            parse_address(value, file_key)
+        elif file_key == "log_level":
+            _log_level(value, file_key)
+        else:
+            _seconds(value, file_key)
+    except ConfigError as exc:
+        raise _OverrideError(f"{source}: {exc}") from None
 
 
 def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
     """Flags (``argv`` without the program name) over environment over file over defaults."""
     args = argument_parser().parse_args(list(argv))
     overrides: dict[str, Any] = {}
+    sources: dict[str, str] = {}  # override key → the environment variable or flag it came from
     for env, key in ENVIRONMENT.items():
         if environ.get(env):
             overrides[key] = environ[env]
-    for key in (
-        "agent_address",
-        "observability_address",
-        "kubernetes_api_address",
-        "agent_wait_timeout",
-        "shutdown_timeout",
-        "log_level",
-        "ready_file",
-    ):
+            sources[key] = env
+    for key in (*_OVERRIDE_KEYS, "ready_file"):
         value = getattr(args, key)
         if value is not None:
             overrides[key] = value
+            sources[key] = "--" + key.replace("_", "-")
+    for key, value in overrides.items():
+        if key in _OVERRIDE_KEYS:
+            _check_override(key, value, sources[key])
     if "ready_file" in overrides:
         overrides["ready_file"] = Path(overrides["ready_file"])
+        problem = ready_file_problem(overrides["ready_file"])
+        if problem is not None:
+            raise ConfigError(f"{sources['ready_file']}: cannot write the ready file {str(overrides['ready_file'])!r}: {problem}")
     path = args.config or environ.get("KASD_CONFIG")
     raw: Any = {}
     if path:
         try:
             text = Path(path).read_text()
         except OSError as exc:
-            raise ConfigError(f"--config: cannot read {path!r}: {exc.strerror or exc}") from None
+            where = "--config" if args.config else "KASD_CONFIG"
+            raise ConfigError(f"{where}: cannot read {path!r}: {exc.strerror or exc}") from None
         try:
             raw = yaml.safe_load(text)
         except yaml.YAMLError as exc:
@@ -423,9 +537,11 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
             problem = getattr(exc, "problem", None) or str(exc)
             raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
     try:
-        return config_from_mapping(raw, overrides)
+        return config_from_mapping(raw, overrides, sources)
+    except _OverrideError:
+        raise
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}" if path else str(exc)) from None
 
 
-__all__ = ["Config", "ConfigError", "config_from_mapping", "load_config"]
+__all__ = ["VERSION", "Config", "ConfigError", "config_from_mapping", "load_config"]

@@ -124,15 +124,16 @@ async def serve_kasd(config: Config, *, task_status: trio.TaskStatus[Runtime] = 
     runtime = Runtime(config=config, registry=registry, metrics=metrics, health=health, proxy=proxy)
     stop = trio.Event()
 
-    async def listen(listener: Listener) -> list[trio.SocketListener]:
+    async def listen(name: str, listener: Listener) -> list[trio.SocketListener]:
         try:
             return await trio.open_tcp_listeners(listener.port, host=listener.host)
         except OSError as exc:
-            raise OSError(exc.errno, f"cannot listen on {listener.address}: {exc.strerror or exc}") from None
+            message = f"cannot listen on {listener.address} (the {name} listener): {exc.strerror or exc}"
+            raise OSError(exc.errno, message) from None
 
-    agent_sockets = await listen(config.agent)
-    proxy_sockets = await listen(config.kubernetes_api)
-    obs_sockets = await listen(config.observability)
+    agent_sockets = await listen("agent", config.agent)
+    proxy_sockets = await listen("kubernetes_api", config.kubernetes_api)
+    obs_sockets = await listen("observability", config.observability)
     runtime.addresses = {
         "agent": _bound(agent_sockets),
         "observability": _bound(obs_sockets),

@@ -9,6 +9,13 @@ import re
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
+def token_from_text(text: str) -> str:
+    """The token a token file holds, read as agentd reads its ``--token-file``: surrounding
+    whitespace, blank lines included, is not part of it (``str.strip``, as in
+    ``agentd.connection.ConnectionManager``), so ``kasd hash-token`` hashes what agentd sends."""
+    return text.strip()
+
+
 def hash_token(token: str) -> str:
     """The ``token_sha256`` value for a raw token (what ``kasd hash-token`` prints)."""
     return hashlib.sha256(token.encode()).hexdigest()
