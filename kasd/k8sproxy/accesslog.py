@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 import attrs
@@ -36,10 +37,17 @@ class RequestRecord:
             self.protocol,
             self.peer,
             self.agent_id if self.agent_id is not None else "-",
-            self.subject or "-",
+            _logfmt(self.subject) if self.subject else "-",
             self.status,
             self.bytes_in,
             self.bytes_out,
             duration,
             self.outcome,
         )
+
+
+def _logfmt(value: str) -> str:
+    """A value as logfmt parsers read it: bare if it can be, else double-quoted (``"demo CI job"``)."""
+    if value and not any(c in value for c in ' "=\\') and value.isprintable():
+        return value
+    return json.dumps(value, ensure_ascii=False)
