@@ -15,6 +15,7 @@ import trio
 from agentd.agent import RunningAgent, run_agent
 from agentd.config import AgentConfig
 from agentd.kubeapi import KubeTarget
+from agentd.proxy import RequestRecord
 from wire.h2carrier import serve_h2_tunnels
 from wire.httptunnel import Impersonation, RequestHead, ResponseHead
 from wire.session import MuxStream, Session
@@ -173,3 +174,19 @@ async def running_agent(nursery: trio.Nursery, config: AgentConfig, target: Kube
         yield agent
     finally:
         agent.stop()
+
+
+class RequestLog:
+    """What agentd's proxy recorded about each finished request, and an event for the first."""
+
+    def __init__(self, agent: RunningAgent) -> None:
+        self.records: list[RequestRecord] = []
+        self.first = trio.Event()
+        agent.proxy.on_done = self._done
+
+    def _done(self, record: RequestRecord) -> None:
+        self.records.append(record)
+        self.first.set()
+
+    def outcomes(self) -> list[tuple[int | None, str]]:
+        return [(r.status, r.outcome) for r in self.records]

@@ -14,10 +14,10 @@ import trustme
 from agentd.agent import RunningAgent, run_agent
 from agentd.config import AgentConfig
 from agentd.kubeapi import kubeconfig_target
-from agentd.proxy import RequestRecord
 from kubesim.server import open_kubesim
 from tests.agentd.harness import (
     SIM_TOKEN,
+    RequestLog,
     agent_config,
     exchange,
     head,
@@ -246,8 +246,7 @@ async def test_stop_ends_a_watch_between_events(nursery: trio.Nursery, tmp_path:
         kasd = await start_fake_kasd(nursery)
         config = agent_config(tmp_path, kasd.url, shutdown_grace=30.0)
         agent, finished = await _start_stoppable_agent(nursery, config)
-        records: list[RequestRecord] = []
-        agent.proxy.on_done = records.append
+        requests = RequestLog(agent)
         session = await kasd.session(0)
         watch, response = await open_request(session, head("GET", "/api/v1/namespaces/default/configmaps?watch=1"))
         assert response.status == 200
@@ -263,7 +262,7 @@ async def test_stop_ends_a_watch_between_events(nursery: trio.Nursery, tmp_path:
             await finished.wait()
     events = [json.loads(line) for line in seen.splitlines()]  # every event whole
     assert seen.endswith(b"\n") and events[-1]["object"]["metadata"]["name"] == "seen"
-    assert [(r.status, r.outcome) for r in records] == [(200, "drained")]
+    assert requests.outcomes() == [(200, "drained")]
 
 
 async def test_stop_grace_bounds_the_drain(nursery: trio.Nursery, tmp_path: Path) -> None:
@@ -327,9 +326,7 @@ async def test_client_leaving_an_open_pipe_is_client_gone(nursery: trio.Nursery,
     kasd = await start_fake_kasd(nursery)
     config = agent_config(tmp_path, kasd.url)
     async with running_agent(nursery, config, kubeconfig_target(config.kubeconfig)) as agent:
-        records: list[RequestRecord] = []
-        recorded = trio.Event()
-        agent.proxy.on_done = lambda record: (records.append(record), recorded.set())
+        requests = RequestLog(agent)
         session = await kasd.session()
         request = head("POST", "/api/v1/namespaces/default/pods/p/exec?command=sh&stdin=true",
                        headers=(("connection", "Upgrade"), ("upgrade", "SPDY/3.1")))
@@ -340,5 +337,5 @@ async def test_client_leaving_an_open_pipe_is_client_gone(nursery: trio.Nursery,
             greeting += await stream.receive_some()
         await stream.reset(TunnelCode.CLIENT_GONE, "client went away")  # the upstream is still talking
         with trio.fail_after(5):
-            await recorded.wait()
-    assert [(r.status, r.outcome) for r in records] == [(101, "client-gone")]
+            await requests.first.wait()
+    assert requests.outcomes() == [(101, "client-gone")]

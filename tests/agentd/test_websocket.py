@@ -14,10 +14,10 @@ from wsproto.connection import Connection, ConnectionType
 from wsproto.events import BytesMessage, CloseConnection
 
 from agentd.kubeapi import kubeconfig_target
-from agentd.proxy import RequestRecord
 from kubesim.server import open_kubesim
 from tests.agentd.harness import (
     SIM_TOKEN,
+    RequestLog,
     agent_config,
     head,
     open_request,
@@ -59,9 +59,7 @@ async def test_exec_over_websocket(nursery: trio.Nursery, tmp_path: Path) -> Non
         kasd = await start_fake_kasd(nursery)
         config = agent_config(tmp_path, kasd.url)
         async with running_agent(nursery, config, kubeconfig_target(config.kubeconfig)) as agent:
-            records: list[RequestRecord] = []
-            recorded = trio.Event()
-            agent.proxy.on_done = lambda record: (records.append(record), recorded.set())
+            requests = RequestLog(agent)
             session = await kasd.session()
             key = base64.b64encode(os.urandom(16)).decode()
             request = head("GET", "/api/v1/namespaces/default/pods/web-0/exec?command=echo&command=hi&stdout=true",
@@ -93,8 +91,8 @@ async def test_exec_over_websocket(nursery: trio.Nursery, tmp_path: Path) -> Non
             # The client hangs up: kasd resets the stream rather than half-closing it.
             await stream.reset(TunnelCode.CLIENT_GONE, "client went away")
             with trio.fail_after(5):
-                await recorded.wait()
+                await requests.first.wait()
         # kubesim ended the exec and closed its side: what broke after that is the pipe winding down.
-        assert [(r.status, r.outcome) for r in records] == [(101, "ok")]
+        assert requests.outcomes() == [(101, "ok")]
         assert any(r.path.endswith("/exec") and r.bearer_token == SIM_TOKEN
                    and r.impersonate.get("impersonate-user") == "alice" for r in sim.requests)
