@@ -118,28 +118,35 @@ class Forwarder:
         that instant — even with a replacement already connected.
         """
         agent_id = plan.grant.agent_id
-        for attempt in range(_RETRIES + 1):
-            try:
-                metadata = await stream.wait_accepted()
-            except StreamRefusedError as exc:
-                if not (bodiless and exc.code == ErrorCode.REFUSED_STREAM and attempt < _RETRIES):
-                    raise _refusal(exc, agent_id) from None
-                reason: Exception = exc
-            except (StreamResetError, SessionClosedError, trio.BrokenResourceError) as exc:
-                retry = bodiless and plan.head.method in _SAFE_METHODS and not isinstance(exc, StreamResetError)
-                if not (retry and attempt < _RETRIES):
-                    raise ProxyError(502, f"tunnel to agent {agent_id} failed before the response: {exc}") from None
-                reason = exc
-            else:
+        first = stream
+        try:
+            for attempt in range(_RETRIES + 1):
                 try:
-                    return stream, ResponseHead.from_metadata(metadata)
-                except RemoteProtocolError as exc:
-                    raise ProxyError(502, f"agent {agent_id} sent an invalid response head: {exc}") from None
-            log.info("agent did not take the request, retrying request_id=%s agent_id=%d error=%s",
-                     plan.head.request_id, agent_id, reason)
-            await stream.aclose()
-            stream = await self.open(plan)
-            await stream.send_eof()
+                    metadata = await stream.wait_accepted()
+                except StreamRefusedError as exc:
+                    if not (bodiless and exc.code == ErrorCode.REFUSED_STREAM and attempt < _RETRIES):
+                        raise _refusal(exc, agent_id) from None
+                    reason: Exception = exc
+                except (StreamResetError, SessionClosedError, trio.BrokenResourceError) as exc:
+                    retry = bodiless and plan.head.method in _SAFE_METHODS and not isinstance(exc, StreamResetError)
+                    if not (retry and attempt < _RETRIES):
+                        raise ProxyError(502, f"tunnel to agent {agent_id} failed before the response: {exc}") from None
+                    reason = exc
+                else:
+                    try:
+                        return stream, ResponseHead.from_metadata(metadata)
+                    except RemoteProtocolError as exc:
+                        raise ProxyError(502, f"agent {agent_id} sent an invalid response head: {exc}") from None
+                log.info("agent did not take the request, retrying request_id=%s agent_id=%d error=%s",
+                         plan.head.request_id, agent_id, reason)
+                await stream.aclose()
+                stream = await self.open(plan)
+                await stream.send_eof()
+        except BaseException:
+            if stream is not first:  # a retry's stream is ours to close; the caller closes the first
+                with trio.CancelScope(shield=True):
+                    await stream.aclose()
+            raise
         raise AssertionError("unreachable: the last attempt returns or raises")
 
 
@@ -150,9 +157,10 @@ async def relay_answer(stream: MuxStream, record: RequestRecord, from_agent: Cou
     has ended, or once kasd drains and an endless answer (``boundary``) reached the end of an
     event; False if the agent's stream broke first (logged, ``record.outcome`` set): too late
     for a Status, so the caller must show the client a truncated body."""
+    receive = partial(stream.receive_some, chunk)
     while True:
         try:
-            data = await drain.next_chunk(partial(stream.receive_some, chunk), boundary)
+            data = await drain.next_chunk(receive, boundary)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             log.warning("agent stream broke mid-response request_id=%s error=%s", record.request_id, exc)
             record.outcome = "upstream-broken"

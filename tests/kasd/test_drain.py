@@ -130,3 +130,22 @@ async def test_a_request_with_a_body_is_not_repeated() -> None:
                                    [bearer(CI_TOKEN)], b'{"kind": "ConfigMap"}')
     assert reply.status == 503 and "not processed before GOAWAY" in reply.json()["message"]
     assert seen == ["POST"]
+
+
+async def test_a_retry_that_fails_frees_its_stream() -> None:
+    # The second attempt answers with a head kasd cannot read: 502, and neither stream stays open.
+    seen: list[str] = []
+
+    async def handler(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        seen.append(head.method)
+        if len(seen) == 1:
+            await stream.refuse(ErrorCode.REFUSED_STREAM, "not processed before GOAWAY")
+            return
+        await stream.accept({"status": "not a status"})
+        await trio.sleep_forever()
+
+    async with running_kasd() as kasd, fake_agent(kasd, handler):
+        reply = await http_request(kasd.port("kubernetes_api"), "GET", "/api/v1/pods", [bearer(CI_TOKEN)])
+        assert reply.status == 502 and "invalid response head" in reply.json()["message"]
+        assert seen == ["GET", "GET"]
+        assert [t.session.active_streams for t in kasd.registry.tunnels()] == [0]
