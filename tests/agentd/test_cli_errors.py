@@ -5,11 +5,8 @@ bound), never a traceback and no usage text unless the command line itself is wr
 
 from __future__ import annotations
 
-import signal
-import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +17,7 @@ import trustme
 from agentd import __version__
 from agentd.config import load_config
 from tests.agentd.harness import AGENT_TOKEN, FakeKasd
+from tests.daemons import running_daemon
 from wire.h2carrier import serve_h2_tunnels
 
 pytestmark = pytest.mark.timeout(20)
@@ -54,14 +52,6 @@ def fails(result: subprocess.CompletedProcess[str], code: int, line: str) -> Non
     assert result.returncode == code, result.stderr
     shown = [text for text in result.stderr.splitlines() if not text.startswith("time=")]
     assert shown == [line], result.stderr
-
-
-@pytest.fixture
-def taken_port() -> Iterator[int]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield sock.getsockname()[1]
 
 
 def test_health_port_in_use(files: Path, taken_port: int) -> None:
@@ -164,48 +154,19 @@ async def start_gated_kasd(nursery: trio.Nursery) -> GatedKasd:
     return kasd
 
 
-class Log:
-    """A process's stderr, read as far as needed."""
-
-    def __init__(self, process: trio.Process) -> None:
-        assert process.stderr is not None
-        self.stream = process.stderr
-        self.text = ""
-
-    async def until(self, needle: str) -> None:
-        while needle not in self.text:
-            chunk = await self.stream.receive_some(65536)
-            assert chunk, f"stderr ended before {needle!r}:\n{self.text}"
-            self.text += chunk.decode()
-
-    async def rest(self) -> None:
-        while chunk := await self.stream.receive_some(65536):
-            self.text += chunk.decode()
-
-
 async def test_ready_file_that_cannot_be_written_later_is_logged_not_fatal(nursery: trio.Nursery, files: Path) -> None:
     kasd = await start_gated_kasd(nursery)
     run_dir = files / "run"
     run_dir.mkdir()
-    process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "agentd", *base(files, kasd.url), "--connections", "1",
-         "--health-address", "127.0.0.1:0", "--ready-file", str(run_dir / "ready.json")],
-        stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin"})
-    log = Log(process)
-    try:
-        with trio.fail_after(15):
+    args = [*base(files, kasd.url), "--connections", "1", "--health-address", "127.0.0.1:0",
+            "--ready-file", str(run_dir / "ready.json")]
+    with trio.fail_after(15):
+        async with running_daemon("agentd", args) as log:
             await log.until("health listening")  # configuration checked; no tunnel yet (the gate)
             run_dir.rmdir()
             kasd.gate.set()
             await log.until("cannot write ready file")
             await log.until("\n")
-            process.send_signal(signal.SIGTERM)
-            await log.rest()
-            assert await process.wait() == 0, log.text
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
     assert f"level=ERROR logger=daemonstatus cannot write ready file path={run_dir / 'ready.json'} " \
            "error=No such file or directory" in log.text
     assert "agentd stopped" in log.text
@@ -214,7 +175,7 @@ async def test_ready_file_that_cannot_be_written_later_is_logged_not_fatal(nurse
 
 @pytest.mark.parametrize("how", ["flag", "env", "file"])
 async def test_log_level_in_capitals(files: Path, how: str) -> None:
-    args, env = [*base(files), "--health-address", "127.0.0.1:0"], {"PATH": "/usr/bin:/bin"}
+    args, env = [*base(files), "--health-address", "127.0.0.1:0"], {}
     if how == "flag":
         args += ["--log-level", "DEBUG"]
     elif how == "env":
@@ -222,16 +183,7 @@ async def test_log_level_in_capitals(files: Path, how: str) -> None:
     else:
         (files / "agentd.yaml").write_text("log_level: DEBUG\n")
         args += ["--config", str(files / "agentd.yaml")]
-    process = await trio.lowlevel.open_process([sys.executable, "-m", "agentd", *args], stderr=subprocess.PIPE, env=env)
-    log = Log(process)
-    try:
-        with trio.fail_after(15):
+    with trio.fail_after(15):
+        async with running_daemon("agentd", args, env=env) as log:
             await log.until("health listening")
-            process.send_signal(signal.SIGTERM)
-            await log.rest()
-            assert await process.wait() == 0, log.text
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
     assert "agentd stopped" in log.text

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import trio
 import yaml
 
 from kasd.tokens import hash_token
+from tests.daemons import running_daemon
 from tests.kasd.helpers import AGENT1_TOKEN, CI_SECRET, CI_TOKEN, bearer, http_request
 
 pytestmark = pytest.mark.timeout(20)
@@ -89,39 +89,17 @@ async def test_process_serves_and_drains_on_sigterm(tmp_path: Path) -> None:
             "agent_wait_timeout": 0.2,
         },
     )
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "KASD_AGENT_ADDRESS": "127.0.0.1:0",
-        "KASD_OBSERVABILITY_ADDRESS": "127.0.0.1:0",
-    }
-    process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "kasd", "--config", config, "--kubernetes-api-address", "127.0.0.1:0", "--ready-file", str(ready)],
-        stderr=subprocess.PIPE,
-        env=env,
-    )
-    log = b""
-    try:
-        assert process.stderr is not None
-        with trio.fail_after(10):
-            while b"kasd listening" not in log:
-                chunk = await process.stderr.receive_some(4096)
-                assert chunk, log
-                log += chunk
-        addresses = json.loads(ready.read_text())
-        assert set(addresses) == {"agent", "observability", "kubernetes_api"}
-        port = int(addresses["kubernetes_api"].rsplit(":", 1)[1])
-        reply = await http_request(port, "GET", "/api", [bearer(CI_TOKEN)])
-        assert reply.status == 503 and json.loads(reply.body)["message"] == "agent 1 is not connected (waited 0.2s)"
-        process.send_signal(signal.SIGTERM)
-        with trio.fail_after(10):
-            while chunk := await process.stderr.receive_some(4096):
-                log += chunk
-            assert await process.wait() == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    text = log.decode()
+    env = {"KASD_AGENT_ADDRESS": "127.0.0.1:0", "KASD_OBSERVABILITY_ADDRESS": "127.0.0.1:0"}
+    args = ["--config", config, "--kubernetes-api-address", "127.0.0.1:0", "--ready-file", str(ready)]
+    with trio.fail_after(15):
+        async with running_daemon("kasd", args, env=env) as log:
+            await log.until("kasd listening")
+            addresses = json.loads(ready.read_text())
+            assert set(addresses) == {"agent", "observability", "kubernetes_api"}
+            port = int(addresses["kubernetes_api"].rsplit(":", 1)[1])
+            reply = await http_request(port, "GET", "/api", [bearer(CI_TOKEN)])
+            assert reply.status == 503 and json.loads(reply.body)["message"] == "agent 1 is not connected (waited 0.2s)"
+    text = log.text
     assert "kasd stopped" in text
     assert "kasd.access" in text and "status=503" in text
     assert CI_SECRET not in text

@@ -4,11 +4,8 @@ that cannot be bound, never a traceback; plus ``--version`` and a case-insensiti
 
 from __future__ import annotations
 
-import signal
-import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -18,6 +15,7 @@ import trustme
 import yaml
 
 from kasd.tokens import hash_token
+from tests.daemons import running_daemon
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -131,14 +129,6 @@ def test_a_tls_pair_that_does_not_load_names_both_files(
            f"'{d / cert}' with key '{d / key}': {problem.format(d=d)}")
 
 
-@pytest.fixture
-def taken_port() -> Iterator[int]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield sock.getsockname()[1]
-
-
 @pytest.mark.parametrize("listener", ["agent", "observability", "kubernetes_api"])
 def test_a_port_in_use_names_its_listener(taken_port: int, listener: str) -> None:
     flag = f"--{listener.replace('_', '-')}-address"
@@ -153,25 +143,8 @@ def test_version() -> None:
     assert result.stdout == f"kasd {metadata.version('kasd')}\n"
 
 
-async def test_log_level_flag_is_case_insensitive(tmp_path: Path) -> None:
-    process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "kasd", *PORT_0, "--log-level", "DEBUG"],
-        stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin"},
-    )
-    log = b""
-    try:
-        assert process.stderr is not None
-        with trio.fail_after(10):
-            while b"kasd listening" not in log:
-                chunk = await process.stderr.receive_some(4096)
-                assert chunk, log
-                log += chunk
-            process.send_signal(signal.SIGTERM)
-            while chunk := await process.stderr.receive_some(4096):
-                log += chunk
-            assert await process.wait() == 0, log
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    assert b"kasd starting version=" in log
+async def test_log_level_flag_is_case_insensitive() -> None:
+    with trio.fail_after(10):
+        async with running_daemon("kasd", [*PORT_0, "--log-level", "DEBUG"]) as log:
+            await log.until("kasd listening")
+    assert "kasd starting version=" in log.text
