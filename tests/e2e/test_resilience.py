@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import socket
 import ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from kasctl.stack import Stack
 from tests.e2e.conftest import KUBECTLS, LineReader, kubectl
@@ -62,15 +64,24 @@ def test_cluster_unreachable_from_the_agent_is_502(own_stack: Stack) -> None:
     assert "unreachable" in status["message"] and "agent 1" in status["message"]
 
 
+@contextmanager
+def _configmap_watch(stack: Stack, first: str) -> Iterator[LineReader]:
+    """`kubectl get configmaps -w`, once it has shown a ConfigMap named ``first`` made for it."""
+    watch = LineReader([KUBECTL, "--kubeconfig", str(stack.kubeconfig), "get", "configmaps", "-w"])
+    try:
+        _ok(stack, "create", "configmap", first)
+        watch.wait_for(first)
+        yield watch
+    finally:
+        watch.stop()
+
+
 def test_agentd_replaced_under_an_open_watch(own_stack: Stack) -> None:
     # A rolling update of agentd under `kubectl get -w`. The old agentd ends the watch between two
     # events at once, instead of holding its drain for the whole grace and then resetting it (a
     # stream error in kubectl). kubectl then either ends quietly or watches again; kasd holds such a
     # request until the new agentd is there. Either way the user sees no error.
-    watch = LineReader([KUBECTL, "--kubeconfig", str(own_stack.kubeconfig), "get", "configmaps", "-w"])
-    try:
-        _ok(own_stack, "create", "configmap", "before-the-update")
-        watch.wait_for("before-the-update")
+    with _configmap_watch(own_stack, "before-the-update") as watch:
         assert own_stack.agentd is not None
         assert own_stack.agentd.stop(timeout=5.0) == 0  # by itself, well inside its 10 s grace
         own_stack.start_agentd()
@@ -82,20 +93,13 @@ def test_agentd_replaced_under_an_open_watch(own_stack: Stack) -> None:
                 raise
             assert watch.proc.stderr is not None  # it ended quietly
             assert (watch.proc.returncode, watch.proc.stderr.read()) == (0, "")
-    finally:
-        watch.stop()
 
 
 def test_stopping_kasd_ends_an_open_watch_without_a_stream_error(own_stack: Stack) -> None:
-    watch = LineReader([KUBECTL, "--kubeconfig", str(own_stack.kubeconfig), "get", "configmaps", "-w"])
-    try:
-        _ok(own_stack, "create", "configmap", "before-kasd-stops")
-        watch.wait_for("before-kasd-stops")
+    with _configmap_watch(own_stack, "before-kasd-stops") as watch:
         assert own_stack.kasd is not None
         assert own_stack.kasd.stop(timeout=5.0) == 0  # by itself, well inside its 20 s drain
         watch.proc.wait(timeout=30)
         assert watch.proc.stderr is not None
         said = watch.proc.stderr.read() + "\n".join(watch.seen)
         assert "stream error" not in said and "InternalError" not in said, said
-    finally:
-        watch.stop()

@@ -88,9 +88,9 @@ async def test_http2_watch_ends_with_its_last_whole_event() -> None:
     assert body + rest_of_body == FIRST + SECOND
 
 
-def refuse_first_then_answer() -> tuple[Handler, list[str]]:
+def refuse_first_then_answer(answer: Handler = json_handler) -> tuple[Handler, list[str]]:
     """The first request is refused as a draining agentd refuses what crossed its GOAWAY; later
-    ones are answered. Returns the handler and the methods it saw."""
+    ones get ``answer``. Returns the handler and the methods it saw."""
     seen: list[str] = []
 
     async def handler(stream: MuxStream, head: RequestHead, session: Session) -> None:
@@ -98,7 +98,7 @@ def refuse_first_then_answer() -> tuple[Handler, list[str]]:
         if len(seen) == 1:
             await stream.refuse(ErrorCode.REFUSED_STREAM, "not processed before GOAWAY")
             return
-        await json_handler(stream, head, session)
+        await answer(stream, head, session)
 
     return handler, seen
 
@@ -134,16 +134,11 @@ async def test_a_request_with_a_body_is_not_repeated() -> None:
 
 async def test_a_retry_that_fails_frees_its_stream() -> None:
     # The second attempt answers with a head kasd cannot read: 502, and neither stream stays open.
-    seen: list[str] = []
-
-    async def handler(stream: MuxStream, head: RequestHead, session: Session) -> None:
-        seen.append(head.method)
-        if len(seen) == 1:
-            await stream.refuse(ErrorCode.REFUSED_STREAM, "not processed before GOAWAY")
-            return
+    async def unreadable_head(stream: MuxStream, head: RequestHead, session: Session) -> None:
         await stream.accept({"status": "not a status"})
         await trio.sleep_forever()
 
+    handler, seen = refuse_first_then_answer(unreadable_head)
     async with running_kasd() as kasd, fake_agent(kasd, handler):
         reply = await http_request(kasd.port("kubernetes_api"), "GET", "/api/v1/pods", [bearer(CI_TOKEN)])
         assert reply.status == 502 and "invalid response head" in reply.json()["message"]
