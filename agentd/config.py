@@ -378,21 +378,10 @@ def _int(value: Any, where: str) -> int:
     raise ConfigError(f"{where}: expected a whole number, got {value!r}")
 
 
-#: settings whose value is text (a path, a name, an address); environment and flags always give
-#: text (or a Path), a file may hold anything
-_TEXT_KEYS = (
-    "token_file",
-    "kubeconfig",
-    "kube_context",
-    "serviceaccount_dir",
-    "health_address",
-    "agent_id",
-    "pod_name",
-    "pod_uid",
-    "kas_ca_file",
-    "ready_file",
-    "log_level",
-)
+#: settings whose value is text (a path, a name, an address): every key but the four with a type
+#: of their own (a list of URLs, a boolean, a whole number, seconds). Environment and flags always
+#: give text (or a Path); a file may hold anything.
+_TEXT_KEYS = sorted(FILE_KEYS - {"kas_address", "in_cluster", "connections", "shutdown_grace"})
 
 
 def _text(value: Any, where: str, *, allow_int: bool = False) -> str | Path | None:
