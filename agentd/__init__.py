@@ -8,7 +8,7 @@ exchange), ``connection`` (the tunnel manager: backoff, GOAWAY replacement), ``h
 (``/liveness``, ``/readiness``), ``agent`` (run_agent wiring it together), ``__main__`` (the
 ``agentd`` console script).
 
-May import: ``wire``, ``daemonstatus``, the standard library, trio, h11, attrs, yaml. Never ``kasd`` or ``routing``.
+May import: ``wire``, ``daemonkit``, the standard library, trio, h11, attrs, yaml. Never ``kasd`` or ``routing``.
 """
 
 from __future__ import annotations

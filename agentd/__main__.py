@@ -18,8 +18,8 @@ import trio
 from agentd.agent import kube_target_for, run_agent
 from agentd.config import AgentConfig, ConfigError, UsageError, build_parser, load_config
 from agentd.kubeapi import KubeConfigError, KubeTarget
-from daemonstatus.fatal import leaves, os_error_line
-from daemonstatus.logs import configure_logging
+from daemonkit.fatal import leaves, os_error_line
+from daemonkit.logs import configure_logging
 
 log = logging.getLogger("agentd")
 

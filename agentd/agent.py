@@ -18,7 +18,7 @@ from agentd.health import serve_health
 from agentd.kubeapi import KubeTarget, in_cluster_target, kubeconfig_target
 from agentd.proxy import KubeApiProxy
 from agentd.upstream import UpstreamPool
-from daemonstatus.notify import sd_notify, write_ready_file
+from daemonkit.notify import sd_notify, write_ready_file
 
 log = logging.getLogger("agentd")
 

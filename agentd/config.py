@@ -17,7 +17,7 @@ import attrs
 import yaml
 
 from agentd import __version__
-from daemonstatus.notify import ready_file_problem
+from daemonkit.notify import ready_file_problem
 
 DEFAULT_CONNECTIONS = 2
 DEFAULT_HEALTH_ADDRESS = "0.0.0.0:8080"

@@ -21,11 +21,11 @@ from agentd.upstream import (
     UpstreamPool,
     UpstreamUnreachable,
 )
-from wire.drain import Drain
+from tunnelhttp.drain import Drain
+from tunnelhttp.head import RequestHead, ResponseHead, TunnelCode
+from tunnelhttp.watchbounds import EventBoundary
 from wire.errors import RemoteProtocolError
-from wire.httptunnel import RequestHead, ResponseHead, TunnelCode
 from wire.session import MuxStream
-from wire.watchbounds import EventBoundary
 
 log = logging.getLogger("agentd.proxy")
 

@@ -1,4 +1,4 @@
-"""An HTTP/1.1 client (``wire.http11`` over trio TCP/TLS) to the Kubernetes API server, with a keep-alive pool.
+"""An HTTP/1.1 client (``http11`` over trio TCP/TLS) to the Kubernetes API server, with a keep-alive pool.
 
     async with pool.request(head, body) as response:
         async for chunk in response: ...          # or response.raw after a 101
@@ -21,10 +21,10 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
+import http11
 from agentd.kubeapi import KubeTarget
-from wire import http11
-from wire.fastio import FastTLSStream, fast_stream
-from wire.httptunnel import Headers, RequestHead, strip_hop_by_hop
+from netio.fastio import FastTLSStream, fast_stream
+from tunnelhttp.head import Headers, RequestHead, strip_hop_by_hop
 
 log = logging.getLogger("agentd.upstream")
 

@@ -40,7 +40,7 @@ HOPS = ("kasd req", "wire kasd→a", "agentd req", "upstream", "agentd resp", "w
 
 def _trace(module: str, out: Path) -> None:
     """Run ``module`` (a daemon) with its socket sends and receives timestamped into ``out``."""
-    from wire import fastio
+    from netio import fastio
 
     events: list[tuple[int, str, int, int]] = []
     ports: dict[int, tuple[int, int]] = {}

@@ -5,7 +5,7 @@
 
 Each connection it accepts (TLS) gets its own TLS connection upstream, and bytes are pumped both
 ways, one task per direction: no HTTP, no h2, no mux, no authorization. It uses the same socket
-and TLS streams as kasd and agentd (``wire.fastio``), so two of these in a chain — client → relay
+and TLS streams as kasd and agentd (``netio.fastio``), so two of these in a chain — client → relay
 → relay → kubesim, like client → kasd → agentd → kubesim — cost what the tunnel's processes,
 wake-ups and TLS cost before any protocol work. ``bench/e2e.py`` runs such a chain as its "bare
 relay" row.
@@ -22,7 +22,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from wire.fastio import FastSocketStream, FastTLSStream
+from netio.fastio import FastSocketStream, FastTLSStream
 
 _CHUNK = 256 * 1024
 

@@ -6,7 +6,7 @@ sessions), ``access`` (who may use which agent, as whom), ``k8sproxy`` (the Kube
 8154), ``metrics`` and ``observability`` (8151), ``server`` (running it all, graceful shutdown),
 ``notify`` (sd_notify and the ready file).
 
-May import: ``wire``, ``daemonstatus``, the standard library, trio, h11, h2, attrs, yaml, prometheus_client,
+May import: ``wire``, ``daemonkit``, the standard library, trio, h11, h2, attrs, yaml, prometheus_client,
 hypercorn.
 Never ``agentd`` or ``kubesim``.
 """

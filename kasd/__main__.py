@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import trio
 
-from daemonstatus.fatal import leaves, os_error_line
-from daemonstatus.logs import configure_logging
+from daemonkit.fatal import leaves, os_error_line
+from daemonkit.logs import configure_logging
 from kasd.access import AccessDenied, parse_bearer
 from kasd.config import VERSION, Config, ConfigError, load_config
 from kasd.server import Runtime, serve_kasd

@@ -13,7 +13,7 @@ import attrs
 
 from kasd.config import AccessEntry
 from kasd.tokens import digest_matches, hash_token
-from wire.httptunnel import Impersonation
+from tunnelhttp.head import Impersonation
 
 TOKEN_FORMATS = "ci:<agent id>:<job token> or pat:<agent id>:<token>"
 

@@ -11,7 +11,7 @@ import trio
 from kasd.config import Agent
 from kasd.tokens import digest_matches, hash_token
 from kasd.tunnels import Tunnel, TunnelRegistry
-from wire.httptunnel import TunnelCode
+from tunnelhttp.head import TunnelCode
 from wire.session import Session
 
 log = logging.getLogger("kasd.agents")

@@ -17,9 +17,9 @@ from typing import Any
 import attrs
 import yaml
 
-from daemonstatus.notify import ready_file_problem
+from daemonkit.notify import ready_file_problem
 from kasd.tokens import is_token_hash
-from wire.httptunnel import Impersonation
+from tunnelhttp.head import Impersonation
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 

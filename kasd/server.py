@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 import trio
 
-from daemonstatus.notify import sd_notify, write_ready_file
+from daemonkit.notify import sd_notify, write_ready_file
 from kasd.access import StaticAccess
 from kasd.agents import AgentAuthenticator, AgentSessions
 from kasd.config import Config, ConfigError, Listener

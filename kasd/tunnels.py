@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import attrs
 import trio
 
-from wire.fastio import cancel_point
+from netio.fastio import cancel_point
 from wire.session import Session
 
 

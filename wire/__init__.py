@@ -3,7 +3,11 @@
 The core (``errors``, ``frames``, ``codec``, ``events``, ``settings``, ``streamstate``, ``flow``,
 ``mux``) imports neither trio nor h2 and never reads a clock: bytes in, events out, bytes to send.
 The adapters beside it (``session`` over any ``trio.abc.Stream``, ``h2carrier`` carrying a session on
-one HTTP/2 stream, ``fastio``'s socket and TLS streams that yield only when they wait) are thin. Nothing here imports ``routing``, ``kasd`` or ``agentd``.
+one HTTP/2 stream) are thin. What an HTTP exchange means on a stream lives in ``tunnelhttp``; the
+byte streams underneath in ``netio``.
+
+May import: ``netio``, the standard library, attrs, msgpack, trio and h2 (adapters only).
+Never ``tunnelhttp``, ``routing``, ``kasd``, ``agentd`` or ``kubesim``.
 """
 
 from wire.errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError

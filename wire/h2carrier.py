@@ -32,7 +32,7 @@ import hyperframe.exceptions
 import hyperframe.frame
 import trio
 
-from wire.fastio import FastTLSStream, fast_stream, peer_name, send_many
+from netio.fastio import FastTLSStream, fast_stream, peer_name, send_many
 from wire.session import Session, SessionClosedError, connect_session, open_session
 
 log = logging.getLogger("wire.h2carrier")

@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 import trio
 
+from netio.fastio import ConflictDetector, cancel_point, maybe_yield
 from wire.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from wire.events import (
     DataReceived,
@@ -32,7 +33,6 @@ from wire.events import (
     StreamReset,
     WindowUpdated,
 )
-from wire.fastio import ConflictDetector, cancel_point, maybe_yield
 from wire.frames import Metadata
 from wire.mux import MuxConnection, StreamInfo
 from wire.settings import KiB, Limits, MiB, Settings

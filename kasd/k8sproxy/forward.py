@@ -15,12 +15,12 @@ from kasd.access import AccessDenied, Grant, StaticAccess
 from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.status import ProxyError
 from kasd.tunnels import TunnelRegistry
-from wire.drain import Drain
+from netio.fastio import cancel_point
+from tunnelhttp.drain import Drain
+from tunnelhttp.head import RequestHead, ResponseHead, TunnelCode, strip_hop_by_hop
+from tunnelhttp.watchbounds import EventBoundary
 from wire.errors import ErrorCode, RemoteProtocolError
-from wire.fastio import cancel_point
-from wire.httptunnel import RequestHead, ResponseHead, TunnelCode, strip_hop_by_hop
 from wire.session import MuxStream, SessionClosedError, StreamRefusedError, StreamResetError
-from wire.watchbounds import EventBoundary
 
 log = logging.getLogger("kasd.k8sproxy")
 

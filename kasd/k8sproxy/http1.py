@@ -1,4 +1,4 @@
-"""HTTP/1.1 on the proxy port (``wire.http11``): keep-alive, streamed bodies both ways, ``101`` → raw byte pipe."""
+"""HTTP/1.1 on the proxy port (``http11``): keep-alive, streamed bodies both ways, ``101`` → raw byte pipe."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
+import http11
 from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.forward import Plan, answer_boundary, clean_response_headers, relay_answer
 from kasd.k8sproxy.status import ProxyError, status_body, status_headers
-from wire import http11
-from wire.httptunnel import ResponseHead, TunnelCode
+from tunnelhttp.head import ResponseHead, TunnelCode
 from wire.session import MuxStream
 
 if TYPE_CHECKING:

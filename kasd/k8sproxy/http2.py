@@ -24,7 +24,7 @@ import trio
 from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.forward import Plan, answer_boundary, clean_response_headers, relay_answer
 from kasd.k8sproxy.status import ProxyError, status_body, status_headers
-from wire.httptunnel import TunnelCode
+from tunnelhttp.head import TunnelCode
 from wire.session import MuxStream
 
 if TYPE_CHECKING:

@@ -14,8 +14,8 @@ from kasd.k8sproxy.forward import Forwarder
 from kasd.k8sproxy.http1 import Http1Connection
 from kasd.k8sproxy.http2 import Http2Connection
 from kasd.metrics import Metrics
-from wire.drain import Drain
-from wire.fastio import FastTLSStream, fast_stream, peer_name
+from netio.fastio import FastTLSStream, fast_stream, peer_name
+from tunnelhttp.drain import Drain
 
 log = logging.getLogger("kasd.k8sproxy")
 

@@ -16,8 +16,8 @@ from agentd.agent import RunningAgent, run_agent
 from agentd.config import AgentConfig
 from agentd.kubeapi import KubeTarget
 from agentd.proxy import RequestRecord
+from tunnelhttp.head import Impersonation, RequestHead, ResponseHead
 from wire.h2carrier import serve_h2_tunnels
-from wire.httptunnel import Impersonation, RequestHead, ResponseHead
 from wire.session import MuxStream, Session
 
 AGENT_TOKEN = "agent-token-xyz"

@@ -167,7 +167,7 @@ async def test_ready_file_that_cannot_be_written_later_is_logged_not_fatal(nurse
             kasd.gate.set()
             await log.until("cannot write ready file")
             await log.until("\n")
-    assert f"level=ERROR logger=daemonstatus cannot write ready file path={run_dir / 'ready.json'} " \
+    assert f"level=ERROR logger=daemonkit cannot write ready file path={run_dir / 'ready.json'} " \
            "error=No such file or directory" in log.text
     assert "agentd stopped" in log.text
     assert "Traceback" not in log.text

@@ -15,7 +15,7 @@ import trustme
 from agentd.kubeapi import KubeConfigError, TokenSource, in_cluster_target, kubeconfig_target
 from agentd.upstream import UpstreamPool
 from kubesim.server import open_kubesim
-from wire.httptunnel import Impersonation, RequestHead
+from tunnelhttp.head import Impersonation, RequestHead
 
 pytestmark = pytest.mark.timeout(20)
 

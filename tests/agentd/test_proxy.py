@@ -23,7 +23,7 @@ from tests.agentd.harness import (
     running_agent,
     start_fake_kasd,
 )
-from wire.httptunnel import TunnelCode
+from tunnelhttp.head import TunnelCode
 from wire.session import StreamRefusedError
 
 pytestmark = pytest.mark.timeout(20)

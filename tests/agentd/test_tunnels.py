@@ -27,8 +27,8 @@ from tests.agentd.harness import (
     running_agent,
     start_fake_kasd,
 )
+from tunnelhttp.head import RequestHead, ResponseHead, TunnelCode
 from wire.h2carrier import server_ssl_context
-from wire.httptunnel import RequestHead, ResponseHead, TunnelCode
 from wire.session import StreamResetError
 
 pytestmark = pytest.mark.timeout(20)

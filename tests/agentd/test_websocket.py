@@ -24,7 +24,7 @@ from tests.agentd.harness import (
     running_agent,
     start_fake_kasd,
 )
-from wire.httptunnel import TunnelCode
+from tunnelhttp.head import TunnelCode
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -14,8 +14,8 @@ import trio
 from kasd.config import Config, config_from_mapping
 from kasd.server import Runtime, serve_kasd
 from kasd.tokens import hash_token
+from tunnelhttp.head import RequestHead, ResponseHead, TunnelCode
 from wire.h2carrier import open_h2_session
-from wire.httptunnel import RequestHead, ResponseHead, TunnelCode
 from wire.session import MuxStream, Session
 
 AGENT1_TOKEN = "agent-one-token"

@@ -17,8 +17,8 @@ from tests.kasd.helpers import (
     running_kasd,
     wait_sessions,
 )
+from tunnelhttp.head import RequestHead
 from wire.h2carrier import TunnelRejectedError, open_h2_session
-from wire.httptunnel import RequestHead
 from wire.session import MuxStream, Session
 
 pytestmark = pytest.mark.timeout(20)

@@ -119,7 +119,7 @@ def test_example_config_is_valid() -> None:
 def test_sd_notify_sends_to_the_notify_socket(tmp_path: Path) -> None:
     import socket
 
-    from daemonstatus.notify import sd_notify
+    from daemonkit.notify import sd_notify
 
     path = str(tmp_path / "notify.sock")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:

@@ -23,8 +23,8 @@ from tests.kasd.helpers import (
     running_kasd,
 )
 from tests.kasd.test_http2_tls import H2Client
+from tunnelhttp.head import RequestHead, ResponseHead
 from wire.errors import ErrorCode
-from wire.httptunnel import RequestHead, ResponseHead
 from wire.session import MuxStream, Session
 
 pytestmark = pytest.mark.timeout(20)

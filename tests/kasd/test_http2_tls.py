@@ -140,7 +140,7 @@ async def test_http2_client_reset_cancels_upstream(tls_files: tuple[trustme.CA, 
 
     async def endless(stream, head, session) -> None:  # type: ignore[no-untyped-def]
         from tests.kasd.helpers import accept
-        from wire.httptunnel import ResponseHead
+        from tunnelhttp.head import ResponseHead
 
         await accept(stream, ResponseHead(status=200, headers=()))
         try:
@@ -192,7 +192,7 @@ async def test_http2_large_bodies_respect_flow_control_both_ways() -> None:
     import hashlib
 
     from tests.kasd.helpers import accept
-    from wire.httptunnel import ResponseHead
+    from tunnelhttp.head import ResponseHead
 
     size = 3 * 1024 * 1024
     up = bytes(range(256)) * (size // 256)
@@ -242,7 +242,7 @@ async def test_http2_large_bodies_respect_flow_control_both_ways() -> None:
 async def test_websocket_style_upgrade_over_tls(tls_files: tuple[trustme.CA, dict[str, str]]) -> None:
     """kubectl's default exec: a GET with Upgrade: websocket over TLS (ALPN http/1.1)."""
     from tests.kasd.helpers import accept
-    from wire.httptunnel import ResponseHead
+    from tunnelhttp.head import ResponseHead
 
     async def ws(stream, head, session) -> None:  # type: ignore[no-untyped-def]
         assert head.method == "GET" and ("upgrade", "websocket") in head.headers

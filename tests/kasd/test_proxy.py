@@ -26,7 +26,7 @@ from tests.kasd.helpers import (
     reply,
     running_kasd,
 )
-from wire.httptunnel import Impersonation, RequestHead, ResponseHead, TunnelCode
+from tunnelhttp.head import Impersonation, RequestHead, ResponseHead, TunnelCode
 from wire.session import MuxStream, Session, StreamResetError
 
 pytestmark = pytest.mark.timeout(20)

@@ -9,9 +9,9 @@ import trio
 import trio.testing
 import trustme
 
+from netio.fastio import every_call_yields
 from wire.codec import FrameDecoder, encode
 from wire.errors import ErrorCode
-from wire.fastio import every_call_yields
 from wire.frames import GoAway, Hello
 from wire.mux import MuxConnection
 from wire.session import (

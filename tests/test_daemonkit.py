@@ -1,4 +1,4 @@
-"""daemonstatus's ready file: checked up front (``ready_file_problem``), and a failure to write it
+"""daemonkit's ready file: checked up front (``ready_file_problem``), and a failure to write it
 later is one logged error line, never an exception that would bring the daemon down."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from daemonstatus.notify import ready_file_problem, write_ready_file
+from daemonkit.notify import ready_file_problem, write_ready_file
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -30,7 +30,7 @@ def test_write_ready_file_writes_json(tmp_path: Path) -> None:
 
 def test_write_ready_file_failure_is_logged_not_raised(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     gone = tmp_path / "gone" / "ready.json"  # say the directory was removed after the check
-    with caplog.at_level(logging.ERROR, logger="daemonstatus"):
+    with caplog.at_level(logging.ERROR, logger="daemonkit"):
         assert write_ready_file(gone, {"agent": "127.0.0.1:1"}) is False
     [record] = caplog.records
     assert record.getMessage() == f"cannot write ready file path={gone} error=No such file or directory"

@@ -10,8 +10,8 @@ import trio
 import trio.testing
 import trustme
 
-from wire import fastio
-from wire.fastio import FastSocketStream, FastTLSStream, every_call_yields
+from netio import fastio
+from netio.fastio import FastSocketStream, FastTLSStream, every_call_yields
 
 
 def _clog(sock: socket.socket) -> None:

@@ -4,7 +4,7 @@ A watch or a followed log never ends by itself, so a daemon that shuts down must
 server's own answer is to end the response cleanly between two events: clients (informers, ``kubectl
 get -w``) then see a closed watch and watch again, where a cut in mid-event would leave them a
 truncated object, and a reset a stream error. This module only tracks the boundaries; the daemons
-decide when to cut (``wire.drain``).
+decide when to cut (``tunnelhttp.drain``).
 
 - JSON watch streams (``application/json``, also Table) are one object per line, newline-ended.
 - Protobuf watch streams (``application/vnd.kubernetes.protobuf;stream=watch``) are frames with a

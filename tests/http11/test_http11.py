@@ -1,4 +1,4 @@
-"""wire.http11: the HTTP/1.1 framing both daemons speak on their outer hops (llhttp parses, we frame)."""
+"""http11: the HTTP/1.1 framing both daemons speak on their outer hops (llhttp parses, we frame)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from wire import http11
-from wire.http11 import CLOSED, END, NEED_DATA, BodyWriter, FramingError, ProtocolError
+import http11
+from http11 import CLOSED, END, NEED_DATA, BodyWriter, FramingError, ProtocolError
 
 GET = b"GET /api/v1/pods?watch=1 HTTP/1.1\r\nHost: kas\r\nAccept: application/json\r\n\r\n"
 

@@ -10,8 +10,8 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from wire.drain import Drain
-from wire.watchbounds import EventBoundary, is_endless
+from tunnelhttp.drain import Drain
+from tunnelhttp.watchbounds import EventBoundary, is_endless
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -10,7 +10,7 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
-log = logging.getLogger("daemonstatus")
+log = logging.getLogger("daemonkit")
 
 
 def sd_notify(state: str, environ: Mapping[str, str] | None = None) -> bool:

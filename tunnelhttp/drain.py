@@ -3,7 +3,7 @@
 Finite responses are left to finish within the drain's grace. A watch or a followed log would only
 hold the drain until its grace ran out and then end in a reset, which clients show as a stream
 error; instead, once the drain begins, each one ends cleanly at its next event boundary
-(``wire.watchbounds``): at once if it is waiting between events, else right after the event that is
+(``tunnelhttp.watchbounds``): at once if it is waiting between events, else right after the event that is
 passing through.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from wire.watchbounds import EventBoundary
+from tunnelhttp.watchbounds import EventBoundary
 
 __all__ = ["Drain"]
 

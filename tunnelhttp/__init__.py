@@ -1,0 +1,9 @@
+"""What an HTTP exchange means on the tunnel: the request and response heads carried in a logical
+stream's OPEN/ACCEPT metadata, impersonation, the application refusal codes (``head``), where a
+watch or followed log may end (``watchbounds``, sans-I/O), and ending those at such a boundary when
+a daemon drains (``drain``, Trio).
+
+Both daemons speak it over ``wire``: kasd writes request heads, agentd answers them.
+May import: ``wire`` (frames, errors), the standard library, attrs, trio (``drain`` only).
+Never ``kasd``, ``agentd`` or ``kubesim``.
+"""
