@@ -13,8 +13,8 @@ import trio
 
 from daemonkit.fatal import leaves, os_error_line
 from daemonkit.logs import configure_logging
-from kasd.access import AccessDenied, parse_bearer
 from kasd.config import VERSION, Config, ConfigError, load_config
+from kasd.seams import AccessDenied, parse_bearer
 from kasd.server import Runtime, serve_kasd
 from kasd.tokens import hash_token, token_from_text
 

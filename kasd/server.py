@@ -17,11 +17,11 @@ from daemonkit.notify import sd_notify, write_ready_file
 from kasd.access import StaticAccess
 from kasd.agents import AgentAuthenticator, AgentSessions
 from kasd.config import Config, ConfigError, Listener
-from kasd.k8sproxy.forward import Forwarder
+from kasd.k8sproxy.pipeline import RequestPipeline
 from kasd.k8sproxy.server import ProxyServer, configure_alpn
 from kasd.metrics import Metrics
 from kasd.observability import Health, ObservabilityServer
-from kasd.tunnels import TunnelRegistry
+from kasd.tunnels import LocalRouter, TunnelRegistry
 from wire.h2carrier import serve_h2_tunnels, server_ssl_context
 
 log = logging.getLogger("kasd")
@@ -114,9 +114,10 @@ async def serve_kasd(config: Config, *, task_status: trio.TaskStatus[Runtime] = 
     registry = TunnelRegistry()
     metrics = Metrics(registry)
     health = Health()
-    forwarder = Forwarder(StaticAccess(config.access), registry, agent_wait_timeout=config.agent_wait_timeout)
+    router = LocalRouter(registry, agent_wait_timeout=config.agent_wait_timeout)
+    pipeline = RequestPipeline(StaticAccess(config.access), router, metrics)
     proxy = ProxyServer(
-        forwarder,
+        pipeline,
         metrics,
         config.kubernetes_api,
         ssl_context=configure_alpn(proxy_tls) if proxy_tls else None,

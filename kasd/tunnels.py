@@ -1,15 +1,24 @@
-"""The local registry of live agent sessions: several agentd replicas per agent, least-loaded first."""
+"""The local registry of live agent sessions (several agentd replicas per agent, least-loaded
+first) and ``LocalRouter``, the ``Router`` (``kasd.seams``) that opens streams on them."""
 
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Iterator
 
 import attrs
 import trio
 
+from kasd.seams import AgentNotConnected, NoFreeStream
 from netio.fastio import cancel_point
-from wire.session import Session
+from wire.frames import Metadata
+from wire.session import MuxStream, Session, SessionClosedError, StreamRefusedError
+
+log = logging.getLogger("kasd.tunnels")
+
+#: a session picked for a request that began draining or died before the stream opened
+_SESSION_UNUSABLE = (StreamRefusedError, SessionClosedError, trio.BrokenResourceError)
 
 
 @attrs.define(kw_only=True, eq=False)
@@ -105,3 +114,36 @@ class TunnelRegistry:
             sessions_by_agent=by_agent,
             waiting=self.waiting,
         )
+
+
+class LocalRouter:
+    """Streams to agents connected to this kasd: the least-loaded session, else the next one to
+    connect, waiting at most ``agent_wait_timeout``."""
+
+    def __init__(self, registry: TunnelRegistry, *, agent_wait_timeout: float) -> None:
+        self.registry = registry
+        self.agent_wait_timeout = agent_wait_timeout
+
+    async def open_stream(self, agent_id: int, metadata: Metadata) -> MuxStream:
+        await cancel_point()
+        # The common case — a session is up and has room — needs no timer.
+        session = self.registry.pick(agent_id)
+        if session is not None:
+            try:
+                return session.open_stream_nowait(metadata)
+            except (trio.WouldBlock, *_SESSION_UNUSABLE):
+                pass  # full, draining or dead: wait below, within the bound
+        found_any = False
+        with trio.move_on_after(self.agent_wait_timeout):
+            while True:
+                session = await self.registry.acquire(agent_id)
+                found_any = True
+                try:
+                    return await session.open_stream(metadata)
+                except _SESSION_UNUSABLE as exc:
+                    # It began draining or died between the pick and the open: try another one.
+                    log.info("session unusable, retrying agent_id=%d error=%s", agent_id, exc)
+                    await trio.lowlevel.checkpoint()
+        if found_any:
+            raise NoFreeStream(agent_id, self.agent_wait_timeout)
+        raise AgentNotConnected(agent_id, self.agent_wait_timeout)

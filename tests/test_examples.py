@@ -20,6 +20,7 @@ from kasd.access import StaticAccess
 from kasd.agents import AgentAuthenticator
 from kasd.config import Config
 from kasd.config import load_config as load_kasd_config
+from kasd.seams import parse_bearer
 from kasd.tokens import hash_token
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -99,7 +100,8 @@ def test_kasd_example_loads_and_accepts_the_tokens_it_documents(tmp_path: Path) 
     assert all(sends), "every access: entry's comment says what kubectl sends"
     for entry, sent in zip(config.access, sends, strict=True):
         assert sent is not None
-        grant = access.authorize(f"Bearer {sent.group(1)}")
+        credentials = parse_bearer(f"Bearer {sent.group(1)}")
+        grant = trio.run(access.authorize, credentials, credentials.agent_id)
         assert grant.subject == entry.name and grant.agent_id in entry.agents
 
 

@@ -1,17 +1,16 @@
 """HTTP/2 on the proxy port (h2): one reader task per connection, one handler task per request.
 
-Received DATA is acknowledged only as the handler takes it (flow control is the backpressure);
-sending respects the client's windows. A client RST_STREAM cancels that request's handler, which
-resets the logical stream so the agent stops the upstream request.
+Protocol only: each request stream becomes an ``Exchange`` for the request pipeline, which decides
+everything else. Received DATA is acknowledged only as the pipeline takes it (flow control is the
+backpressure); sending respects the client's windows. A client RST_STREAM cancels that request's
+exchange, and the pipeline resets the logical stream so the agent stops the upstream request.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 from collections import deque
-from typing import TYPE_CHECKING
 
 import h2.config
 import h2.connection
@@ -21,14 +20,9 @@ import h2.exceptions
 import h2.settings
 import trio
 
-from kasd.k8sproxy.accesslog import RequestRecord
-from kasd.k8sproxy.forward import Plan, answer_boundary, clean_response_headers, relay_answer
-from kasd.k8sproxy.status import ProxyError, status_body, status_headers
-from tunnelhttp.head import TunnelCode
-from wire.session import MuxStream
-
-if TYPE_CHECKING:
-    from kasd.k8sproxy.server import ProxyServer
+from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Headers
+from kasd.k8sproxy.frontend import FrontEndContext
+from kasd.k8sproxy.status import ProxyError
 
 log = logging.getLogger("kasd.k8sproxy")
 
@@ -37,10 +31,6 @@ _STREAM_WINDOW = 1 << 20
 _CONNECTION_WINDOW = 16 << 20
 _MAX_STREAMS = 250
 _MUX_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
-
-
-class _ClientGone(Exception):
-    pass
 
 
 class _Request:
@@ -54,8 +44,8 @@ class _Request:
         self.reset = False
         self.lot = trio.lowlevel.ParkingLot()
         self.scope = trio.CancelScope()
-        #: the logical stream to the agent carrying it (another one if the first agent did not take it)
-        self.tunnel: MuxStream | None = None
+        #: we reset the stream (its answer could not be completed), not the client
+        self.aborted = False
 
     def on_reset(self) -> None:
         self.reset = True
@@ -65,10 +55,10 @@ class _Request:
 
 class Http2Connection:
     def __init__(
-        self, stream: trio.abc.Stream, server: ProxyServer, *, initial: bytes, head_deadline: float, peer: str
+        self, stream: trio.abc.Stream, port: FrontEndContext, *, initial: bytes, head_deadline: float, peer: str
     ) -> None:
         self.stream = stream
-        self.server = server
+        self.port = port
         self.peer = peer
         self.initial = initial
         self.head_deadline = head_deadline
@@ -88,7 +78,7 @@ class Http2Connection:
             {
                 h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: _MAX_STREAMS,
                 h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: _STREAM_WINDOW,
-                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: self.server.settings.max_header_bytes,
+                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: self.port.limits.max_header_bytes,
             }
         )
         conn.increment_flow_control_window(_CONNECTION_WINDOW - 65535)
@@ -104,7 +94,7 @@ class Http2Connection:
                 if not self._broken:
                     conn.close_connection()
                     await self._flush()
-            except (_ClientGone, h2.exceptions.ProtocolError):
+            except (ClientGone, h2.exceptions.ProtocolError):
                 pass
 
     # ------------------------------------------------------------------ reader
@@ -114,7 +104,7 @@ class Http2Connection:
             return math.inf
         if not self._seen_request:
             return self.head_deadline
-        return trio.current_time() + self.server.settings.idle_timeout
+        return trio.current_time() + self.port.limits.idle_timeout
 
     async def _read_loop(self, nursery: trio.Nursery) -> None:
         data = self.initial
@@ -124,10 +114,10 @@ class Http2Connection:
                     events = self.conn.receive_data(data)
                 except h2.exceptions.ProtocolError as exc:
                     log.info("HTTP/2 protocol error peer=%s error=%s", self.peer, exc)
-                    self.server.count_rejected(400)
+                    self.port.count_rejected(400)
                     try:
                         await self._flush()  # the GOAWAY h2 queued
-                    except _ClientGone:
+                    except ClientGone:
                         pass
                     self._broken = True
                     return
@@ -136,14 +126,14 @@ class Http2Connection:
                         return
                 try:
                     await self._flush()
-                except _ClientGone:
+                except ClientGone:
                     return
-            if not self.requests and self.server.draining:
+            if not self.requests and self.port.draining:
                 return
             with trio.CancelScope(deadline=self._read_deadline()) as scope:
                 self._read_scope = scope
                 if not self.requests:
-                    self.server.idle_scopes.add(scope)
+                    self.port.idle_scopes.add(scope)
                 try:
                     data = bytes(await self.stream.receive_some(_RECEIVE_SIZE))
                 except _MUX_ERRORS:
@@ -151,14 +141,14 @@ class Http2Connection:
                     return
                 finally:
                     self._read_scope = None
-                    self.server.idle_scopes.discard(scope)
+                    self.port.idle_scopes.discard(scope)
             if scope.cancelled_caught:
                 if self.requests:
                     data = b""
                     continue  # a request finished or the server drains: re-evaluate
                 if not self._seen_request and trio.current_time() >= self.head_deadline:
                     log.info("HTTP/2 client sent no request in time peer=%s", self.peer)
-                    self.server.count_rejected(408)
+                    self.port.count_rejected(408)
                 return
             if not data:
                 self._broken = True
@@ -168,7 +158,7 @@ class Http2Connection:
         """Handle one event; True when the connection is over."""
         if isinstance(event, h2.events.RequestReceived):
             headers = [(bytes(k).decode("latin-1").lower(), bytes(v).decode("latin-1")) for k, v in event.headers]
-            if self.server.draining:
+            if self.port.draining:
                 self.conn.reset_stream(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
                 return False
             self._seen_request = True
@@ -201,11 +191,11 @@ class Http2Connection:
         self.requests.pop(request.stream_id, None)
         if not self.requests and self._read_scope is not None:
             # The reader waits without a deadline while requests run: give it the idle one now.
-            self._read_scope.deadline = trio.current_time() + self.server.settings.idle_timeout
-            if self.server.draining:
+            self._read_scope.deadline = trio.current_time() + self.port.limits.idle_timeout
+            if self.port.draining:
                 self._read_scope.cancel()
             else:
-                self.server.idle_scopes.add(self._read_scope)
+                self.port.idle_scopes.add(self._read_scope)
 
     # ------------------------------------------------------------------ writing
 
@@ -217,22 +207,22 @@ class Http2Connection:
                     await self.stream.send_all(data)
                 except _MUX_ERRORS as exc:
                     self._broken = True
-                    raise _ClientGone(str(exc)) from None
+                    raise ClientGone(str(exc)) from None
 
     async def _send_headers(self, request: _Request, headers: list[tuple[str, str]], *, end: bool = False) -> None:
         if request.reset:
-            raise _ClientGone("stream reset by client")
+            raise ClientGone("stream reset by client")
         try:
             self.conn.send_headers(request.stream_id, headers, end_stream=end)
         except h2.exceptions.ProtocolError as exc:
-            raise _ClientGone(f"cannot send response head: {exc}") from None
+            raise ClientGone(f"cannot send response head: {exc}") from None
         await self._flush()
 
     async def _send_data(self, request: _Request, data: bytes, *, end: bool = False) -> None:
         view = memoryview(data)
         while True:
             if request.reset or self._broken:
-                raise _ClientGone("stream reset by client")
+                raise ClientGone("stream reset by client")
             try:
                 if not view:
                     if end:
@@ -248,14 +238,14 @@ class Http2Connection:
                 if end and not view:
                     end = False
             except h2.exceptions.ProtocolError as exc:
-                raise _ClientGone(f"stream unusable: {exc}") from None
+                raise ClientGone(f"stream unusable: {exc}") from None
             await self._flush()
 
     async def _receive_body(self, request: _Request) -> bytes:
         while not request.body and not request.ended and not request.reset:
             await request.lot.park()
         if request.reset:
-            raise _ClientGone("stream reset by client")
+            raise ClientGone("stream reset by client")
         if request.body:
             data, flow = request.body.popleft()
             if flow and not self._broken:
@@ -271,26 +261,26 @@ class Http2Connection:
 
     async def _handle(self, request: _Request) -> None:
         pseudo = {k: v for k, v in request.headers if k.startswith(":")}
-        headers = [(k, v) for k, v in request.headers if not k.startswith(":")]
-        record = RequestRecord(
-            request_id=os.urandom(16).hex(),
-            method=pseudo.get(":method", "?"),
-            path=pseudo.get(":path", ""),
+        method = pseudo.get(":method", "?")
+        ex = _H2Exchange(self, request, ClientRequest(
+            method=method,
+            target=pseudo.get(":path", ""),
+            headers=tuple((k, v) for k, v in request.headers if not k.startswith(":")),
             protocol="HTTP/2",
             peer=self.peer,
-        )
+            has_body=not (request.ended and not request.body),
+        ))
+        refusal = None
+        if method == "CONNECT":
+            refusal = ProxyError(400, "CONNECT (and WebSocket over HTTP/2) is not supported; use HTTP/1.1 for exec/attach/port-forward")
         try:
-            with request.scope:
-                try:
-                    await self._serve(request, record, headers)
-                except _ClientGone:
-                    request.reset = True
-            if request.reset and record.outcome != "upstream-broken":
-                record.outcome = "client-gone"
+            async with trio.open_nursery() as nursery:
+                ex.nursery = nursery
+                with request.scope:
+                    await self.port.serve(ex, refusal=refusal)
         finally:
             self._request_done(request)
-            self.server.finish(record)
-            if request.reset and not self._broken:
+            if (request.reset or request.aborted) and not self._broken:
                 try:
                     self.conn.reset_stream(request.stream_id, h2.errors.ErrorCodes.CANCEL)
                 except h2.exceptions.ProtocolError:
@@ -298,82 +288,67 @@ class Http2Connection:
                 with trio.move_on_after(1, shield=True):
                     try:
                         await self._flush()
-                    except _ClientGone:
+                    except ClientGone:
                         pass
 
-    async def _serve(self, request: _Request, record: RequestRecord, headers: list[tuple[str, str]]) -> None:
-        forwarder = self.server.forwarder
-        try:
-            if record.method == "CONNECT":
-                raise ProxyError(400, "CONNECT (and WebSocket over HTTP/2) is not supported; use HTTP/1.1 for exec/attach/port-forward")
-            plan = forwarder.plan(
-                method=record.method, target=record.path, headers=headers, request_id=record.request_id, upgrade=False
-            )
-            record.agent_id, record.subject = plan.grant.agent_id, plan.grant.subject
-            request.tunnel = await forwarder.open(plan)
-        except ProxyError as exc:
-            await self._send_status(request, exc, record)
-            return
-        stream = request.tunnel
-        bodiless = request.ended and not request.body  # before the body pump takes anything
-        metrics = self.server.metrics
-        metrics.active_streams.inc()
-        gone = False
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._pump_body, request, stream, record)
-                try:
-                    await self._respond(request, stream, plan, record, bodiless=bodiless)
-                except _ClientGone:
-                    gone = True
-                nursery.cancel_scope.cancel()
-        finally:
-            metrics.active_streams.dec()
-            tunnel = request.tunnel
-            assert tunnel is not None
-            if gone or request.reset:
-                await tunnel.reset(TunnelCode.CLIENT_GONE, "client went away")
-            else:
-                await tunnel.aclose()
-        if gone:
-            raise _ClientGone("client went away")
 
-    async def _pump_body(self, request: _Request, stream: MuxStream, record: RequestRecord) -> None:
-        to_agent = self.server.metrics.bytes_to_agent
-        try:
-            while data := await self._receive_body(request):
-                await stream.send_all(data)
-                record.bytes_in += len(data)
-                to_agent.inc(len(data))
-            await stream.send_eof()
-        except (_ClientGone, *_MUX_ERRORS):
-            return  # a reset cancels the handler; a broken stream shows in the response
+class _H2Exchange:
+    """One HTTP/2 request stream as the pipeline sees it (``kasd.k8sproxy.exchange.Exchange``)."""
 
-    async def _send_status(self, request: _Request, exc: ProxyError, record: RequestRecord) -> None:
-        body = status_body(exc.status, exc.message)
-        headers = [(":status", str(exc.status)), *status_headers(body, exc.headers), ("x-request-id", record.request_id)]
-        record.status = exc.status
-        record.outcome = "error"
-        await self._send_headers(request, headers)
-        await self._send_data(request, body, end=True)
-        record.bytes_out += len(body)
+    #: the connection's reader sees a RST_STREAM and cancels the exchange: no read needed
+    watches_client = False
+    nursery: trio.Nursery
 
-    async def _respond(self, request: _Request, stream: MuxStream, plan: Plan, record: RequestRecord, *,
-                       bodiless: bool) -> None:
+    def __init__(self, conn: Http2Connection, stream: _Request, request: ClientRequest) -> None:
+        self.conn = conn
+        self.stream = stream
+        self.request = request
+
+    @property
+    def client_gone(self) -> bool:
+        return self.stream.reset
+
+    def _lost(self, exc: ClientGone) -> ClientGone:
+        self.stream.reset = True
+        return exc
+
+    def take_empty_body(self) -> bool:
+        return self.stream.ended and not self.stream.body
+
+    async def receive_body(self) -> bytes:
         try:
-            request.tunnel, head = await self.server.forwarder.response(stream, plan, bodiless=bodiless)
-            stream = request.tunnel
-            if 100 <= head.status < 200:
-                raise ProxyError(502, f"agent {plan.grant.agent_id} answered {head.status}, which HTTP/2 cannot carry here")
-        except ProxyError as exc:
-            await self._send_status(request, exc, record)
-            return
-        record.status = head.status
-        headers = [(":status", str(head.status)), *clean_response_headers(head.headers), ("x-request-id", record.request_id)]
-        await self._send_headers(request, headers)
-        if not await relay_answer(stream, record, self.server.metrics.bytes_from_agent,
-                                  lambda data: self._send_data(request, data), chunk=_RECEIVE_SIZE,
-                                  drain=self.server.drain, boundary=answer_boundary(plan, head)):
-            request.reset = True  # RST_STREAM tells the client the body is truncated
-            return
-        await self._send_data(request, b"", end=True)
+            return await self.conn._receive_body(self.stream)
+        except ClientGone as exc:
+            raise self._lost(exc) from None
+
+    async def watch_client(self) -> None:
+        return  # the connection's reader notices a reset and cancels the exchange
+
+    async def respond(self, status: int, headers: Headers, body: bytes, *, end: bool) -> None:
+        try:
+            await self.conn._send_headers(self.stream, [(":status", str(status)), *headers], end=end and not body)
+            if body:
+                await self.conn._send_data(self.stream, body, end=end)
+        except ClientGone as exc:
+            raise self._lost(exc) from None
+
+    async def send_error(self, status: int, headers: Headers, body: bytes) -> None:
+        await self.respond(status, headers, body, end=True)
+
+    async def send(self, data: bytes) -> None:
+        try:
+            await self.conn._send_data(self.stream, data)
+        except ClientGone as exc:
+            raise self._lost(exc) from None
+
+    async def end(self) -> None:
+        try:
+            await self.conn._send_data(self.stream, b"", end=True)
+        except ClientGone as exc:
+            raise self._lost(exc) from None
+
+    def abort(self) -> None:
+        self.stream.aborted = True  # RST_STREAM tells the client the body is truncated
+
+    async def upgrade(self, headers: Headers) -> tuple[trio.abc.Stream, bytes]:
+        raise AssertionError("HTTP/2 requests never ask to upgrade")

@@ -1,5 +1,6 @@
 """Accepting proxy connections: TLS (ALPN h2/http1.1) or plain (HTTP/1.1, or h2c prior knowledge),
-the bounds every connection lives under, and the graceful drain."""
+the bounds every connection lives under, and the graceful drain. Each connection goes to its
+protocol front end (``http1``, ``http2``), whose exchanges go to the one request pipeline."""
 
 from __future__ import annotations
 
@@ -9,13 +10,12 @@ import ssl
 import trio
 
 from kasd.config import KubernetesAPIListener
-from kasd.k8sproxy.accesslog import RequestRecord
-from kasd.k8sproxy.forward import Forwarder
+from kasd.k8sproxy.frontend import FrontEndContext
 from kasd.k8sproxy.http1 import Http1Connection
 from kasd.k8sproxy.http2 import Http2Connection
+from kasd.k8sproxy.pipeline import RequestPipeline
 from kasd.metrics import Metrics
 from netio.fastio import FastTLSStream, fast_stream, peer_name
-from tunnelhttp.drain import Drain
 
 log = logging.getLogger("kasd.k8sproxy")
 
@@ -38,42 +38,37 @@ class ProxyServer:
 
     def __init__(
         self,
-        forwarder: Forwarder,
+        pipeline: RequestPipeline,
         metrics: Metrics,
         settings: KubernetesAPIListener,
         *,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        self.forwarder = forwarder
+        self.pipeline = pipeline
         self.metrics = metrics
         self.settings = settings
         self.ssl_context = ssl_context
-        self.draining = False
-        #: watches and followed logs end between two events once the drain begins
-        self.drain = Drain()
-        #: cancel scopes of connections waiting idle for a request; cancelled when draining starts
-        self.idle_scopes: set[trio.CancelScope] = set()
+        self.port = FrontEndContext(limits=settings, serve=pipeline.serve, count_rejected=self.count_rejected)
         self.connections = 0
         self._no_connections = trio.Event()
         self._no_connections.set()
 
     # ------------------------------------------------------------------ lifetime
 
+    @property
+    def draining(self) -> bool:
+        return self.port.draining
+
     def start_drain(self) -> None:
         """Stop taking requests: idle connections close now, busy ones after their current requests."""
-        self.draining = True
-        self.drain.begin()
-        for scope in list(self.idle_scopes):
+        self.port.draining = True
+        self.pipeline.drain.begin()
+        for scope in list(self.port.idle_scopes):
             scope.cancel()
 
     async def wait_closed(self) -> None:
         """Return once no connection is left (bound it with a cancel scope)."""
         await self._no_connections.wait()
-
-    def finish(self, record: RequestRecord) -> None:
-        record.write()
-        self.metrics.count_request(record.status)
-        self.metrics.request_duration.observe(trio.current_time() - record.started)
 
     def count_rejected(self, status: int) -> None:
         self.metrics.count_request(status)
@@ -129,6 +124,6 @@ class ProxyServer:
             return
         # A partial plain-text head that timed out falls through: HTTP/1.1 answers it 408.
         if use_h2:
-            await Http2Connection(stream, self, initial=initial, head_deadline=head_deadline, peer=peer).run()
+            await Http2Connection(stream, self.port, initial=initial, head_deadline=head_deadline, peer=peer).run()
         else:
-            await Http1Connection(stream, self, initial=initial, head_deadline=head_deadline, peer=peer).run()
+            await Http1Connection(stream, self.port, initial=initial, head_deadline=head_deadline, peer=peer).run()

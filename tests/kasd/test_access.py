@@ -5,9 +5,16 @@ from __future__ import annotations
 import pytest
 
 from kasd import access
-from kasd.access import AccessDenied, StaticAccess
+from kasd.access import StaticAccess
 from kasd.config import AccessEntry
+from kasd.seams import AccessDenied, Credentials, Grant, parse_bearer
 from kasd.tokens import hash_token
+
+
+async def _authorize(rules: StaticAccess, authorization: str | None) -> Grant:
+    """What the pipeline does with a request's Authorization header: parse it, ask the authority."""
+    credentials = parse_bearer(authorization)
+    return await rules.authorize(credentials, credentials.agent_id)
 
 
 def _access() -> StaticAccess:
@@ -19,10 +26,10 @@ def _access() -> StaticAccess:
     )
 
 
-def test_a_remembered_grant_is_the_same_answer_as_the_first() -> None:
+async def test_a_remembered_grant_is_the_same_answer_as_the_first() -> None:
     rules = _access()
-    first = rules.authorize("Bearer ci:1:job-secret")
-    again = rules.authorize("Bearer ci:1:job-secret")
+    first = await _authorize(rules, "Bearer ci:1:job-secret")
+    again = await _authorize(rules, "Bearer ci:1:job-secret")
     assert again == first
     assert (again.kind, again.agent_id, again.subject) == ("ci", 1, "ci-jobs")
 
@@ -34,29 +41,30 @@ def test_a_remembered_grant_is_the_same_answer_as_the_first() -> None:
         ("Bearer pat:1:job-secret", 401),  # the same secret under the wrong kind
     ],
 )
-def test_a_remembered_grant_opens_nothing_else(other: str, status: int) -> None:
+async def test_a_remembered_grant_opens_nothing_else(other: str, status: int) -> None:
     rules = _access()
-    rules.authorize("Bearer ci:1:job-secret")
+    await _authorize(rules, "Bearer ci:1:job-secret")
     with pytest.raises(AccessDenied) as denied:
-        rules.authorize(other)
+        await _authorize(rules, other)
     assert denied.value.status == status
 
 
-def test_refusals_are_checked_every_time() -> None:
+async def test_refusals_are_checked_every_time() -> None:
     rules = _access()
     for _ in range(2):
         with pytest.raises(AccessDenied) as denied:
-            rules.authorize("Bearer ci:1:wrong")
+            await _authorize(rules, "Bearer ci:1:wrong")
         assert denied.value.status == 401
     with pytest.raises(AccessDenied):
-        rules.authorize(None)
+        await _authorize(rules, None)
 
 
-def test_the_remembered_grants_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_remembered_grants_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(access, "GRANT_CACHE_SIZE", 3)
     rules = _access()
     for agent in (1, 2, 3, 4):
-        assert rules.authorize(f"Bearer pat:{agent}:pat-secret").agent_id == agent
+        assert (await _authorize(rules, f"Bearer pat:{agent}:pat-secret")).agent_id == agent
     assert len(rules._granted) == 3
-    assert "Bearer pat:1:pat-secret" not in rules._granted  # the oldest went first
-    assert rules.authorize("Bearer pat:1:pat-secret").agent_id == 1
+    oldest = Credentials(kind="pat", agent_id=1, secret="pat-secret")
+    assert (oldest, 1) not in rules._granted  # the oldest went first
+    assert (await _authorize(rules, "Bearer pat:1:pat-secret")).agent_id == 1

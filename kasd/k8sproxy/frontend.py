@@ -1,0 +1,45 @@
+"""What the proxy's listener gives each protocol front end: the limits a connection lives under,
+the drain state, where rejected requests are counted, and where exchanges go.
+
+``server`` builds one ``FrontEndContext`` per port; ``http1``/``http2`` read it and never import
+``server`` or the pipeline, so the import arrows point one way (server → front ends → this).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import attrs
+import trio
+
+from kasd.k8sproxy.exchange import Exchange
+from kasd.k8sproxy.status import ProxyError
+
+
+class ConnectionLimits(Protocol):
+    """The bounds of one connection (``kasd.config.KubernetesAPIListener`` has them)."""
+
+    @property
+    def max_header_bytes(self) -> int: ...
+    @property
+    def header_timeout(self) -> float: ...
+    @property
+    def idle_timeout(self) -> float: ...
+
+
+class ServeExchange(Protocol):
+    def __call__(self, ex: Exchange, *, refusal: ProxyError | None = None) -> Awaitable[None]: ...
+
+
+@attrs.define(eq=False, kw_only=True)
+class FrontEndContext:
+    limits: ConnectionLimits
+    #: answers one exchange (the request pipeline)
+    serve: ServeExchange
+    #: counts a request answered before it became an exchange (unparseable, too slow)
+    count_rejected: Callable[[int], None]
+    #: no new requests: idle connections close, busy ones after their current requests
+    draining: bool = False
+    #: cancel scopes of connections waiting idle for a request; cancelled when draining starts
+    idle_scopes: set[trio.CancelScope] = attrs.field(factory=set)

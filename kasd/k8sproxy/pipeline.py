@@ -1,0 +1,461 @@
+"""The one request pipeline of the Kubernetes API proxy: authenticate → authorize → route → relay →
+record, written once for every protocol front end.
+
+A front end hands ``RequestPipeline.serve`` an ``Exchange`` (``exchange``); the pipeline reads the
+bearer token (``kasd.seams.parse_bearer``), asks the ``Authority`` for a grant, cleans the head, asks
+the ``Router`` for a logical stream to the agent, streams the body there, relays the agent's answer
+(or its ``101`` byte pipe) back, and writes one access-log line with the metrics. Both seams are
+injected, so the pipeline runs in tests with fakes and memory streams, no socket.
+
+May import: ``kasd.seams``, ``kasd.metrics``, this package's ``exchange``/``status``/``accesslog``,
+``tunnelhttp``, ``wire``, ``netio``. Never a front end (``http1``, ``http2``) or ``server``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
+
+import attrs
+import trio
+from prometheus_client import Counter
+
+from kasd.k8sproxy.accesslog import RequestRecord
+from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Exchange
+from kasd.k8sproxy.status import ProxyError, status_body, status_headers
+from kasd.metrics import Metrics
+from kasd.seams import AccessDenied, Authority, Grant, RouteError, Router, parse_bearer
+from tunnelhttp.drain import Drain
+from tunnelhttp.head import RequestHead, ResponseHead, TunnelCode, strip_hop_by_hop
+from tunnelhttp.watchbounds import EventBoundary
+from wire.errors import ErrorCode, RemoteProtocolError
+from wire.session import MuxStream, SessionClosedError, StreamRefusedError, StreamResetError
+
+log = logging.getLogger("kasd.k8sproxy")
+
+#: request headers that never leave kasd, besides the hop-by-hop ones
+_DROPPED = frozenset({"authorization", "cookie", "host", "expect"})
+_DROPPED_PREFIXES = ("impersonate-",)
+#: methods a request may be repeated with when its session died before the agent answered
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+#: further sessions a bodiless request tries after one that did not take it
+_RETRIES = 2
+#: a bodiless request whose answer takes longer gets a task watching for the client to leave
+_WATCH_AFTER = 1.0
+#: per-chunk Python work dominates bulk transfers: fewer, larger chunks
+_CHUNK = 256 * 1024
+_MUX_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
+
+
+def clean_request_headers(headers: Sequence[tuple[str, str]], *, upgrade: bool) -> tuple[tuple[str, str], ...]:
+    """The client's headers minus its credentials, cookies, Impersonate-* and hop-by-hop headers."""
+    kept = strip_hop_by_hop(headers, keep_upgrade=upgrade)
+    return tuple((k, v) for k, v in kept if k not in _DROPPED and not k.startswith(_DROPPED_PREFIXES))
+
+
+def clean_response_headers(headers: Sequence[tuple[str, str]], *, switching: bool = False) -> list[tuple[str, str]]:
+    return list(strip_hop_by_hop(headers, keep_upgrade=switching))
+
+
+@attrs.define(eq=False)
+class _Reader:
+    """The task reading from the client: the body, then watching for the client to leave."""
+
+    #: the whole task (cancelled once the exchange is over)
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    #: its watch for the client leaving, after the body (cancelled before a 101's byte pipe)
+    watch: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    done: trio.Event = attrs.field(factory=trio.Event)
+
+
+@attrs.define(eq=False)
+class _Transfer:
+    """One routed request: what the response side and the client reader share."""
+
+    ex: Exchange
+    grant: Grant
+    head: RequestHead
+    #: the logical stream to the agent (another one if the first agent did not take the request)
+    stream: MuxStream
+    record: RequestRecord
+    #: the request has no body: the stream's FIN left with its OPEN
+    bodiless: bool
+    #: cancelled when the client goes away mid-exchange
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    reader: _Reader | None = None
+    #: the client went away (as the pipeline saw it; the exchange may know it too)
+    gone: bool = False
+
+
+class RequestPipeline:
+    """Serves exchanges: ``await pipeline.serve(exchange)`` answers one request and records it."""
+
+    def __init__(self, authority: Authority, router: Router, metrics: Metrics, *, drain: Drain | None = None) -> None:
+        self.authority = authority
+        self.router = router
+        self.metrics = metrics
+        #: watches and followed logs end between two events once the drain begins
+        self.drain = drain if drain is not None else Drain()
+
+    async def serve(self, ex: Exchange, *, refusal: ProxyError | None = None) -> None:
+        """Answer ``ex``; ``refusal`` is a front end's own verdict on the request (answered as is)."""
+        request = ex.request
+        record = RequestRecord(
+            request_id=os.urandom(16).hex(),
+            method=request.method,
+            path=request.target,
+            protocol=request.protocol,
+            peer=request.peer,
+        )
+        try:
+            await self._serve(ex, record, refusal)
+        finally:
+            if ex.client_gone and record.outcome != "upstream-broken":
+                record.outcome = "client-gone"
+            record.write()
+            self.metrics.count_request(record.status)
+            self.metrics.request_duration.observe(trio.current_time() - record.started)
+
+    async def _serve(self, ex: Exchange, record: RequestRecord, refusal: ProxyError | None) -> None:
+        request = ex.request
+        try:
+            if refusal is not None:
+                raise refusal
+            grant = await self._authorize(request)
+            record.agent_id, record.subject = grant.agent_id, grant.subject
+            if not request.target.startswith("/"):
+                raise ProxyError(400, f"request target must be a path, got {request.target[:100]!r}")
+            head = RequestHead(
+                method=request.method,
+                target=request.target,
+                headers=clean_request_headers(request.headers, upgrade=request.upgrade),
+                impersonate=grant.impersonate,
+                request_id=record.request_id,
+            )
+            stream = await self._route(grant.agent_id, head)
+            bodiless = not request.upgrade and not request.has_body
+            if bodiless:
+                # Say so now: the OPEN and its FIN then leave in one write.
+                await stream.send_eof()
+        except ProxyError as exc:
+            try:
+                await self._send_status(ex, exc, record)
+            except ClientGone:
+                record.outcome = "client-gone"
+            return
+        await self._exchange(_Transfer(ex, grant, head, stream, record, bodiless))
+
+    # ------------------------------------------------------------------ authenticate, authorize, route
+
+    async def _authorize(self, request: ClientRequest) -> Grant:
+        """The grant for this request's token; ProxyError 401/403 otherwise."""
+        auth = [v for k, v in request.headers if k == "authorization"]
+        try:
+            if len(auth) > 1:
+                raise AccessDenied(401, "bad token: more than one Authorization header")
+            credentials = parse_bearer(auth[0] if auth else None)
+            return await self.authority.authorize(credentials, credentials.agent_id)
+        except AccessDenied as exc:
+            extra = (("www-authenticate", 'Bearer realm="kasd"'),) if exc.status == 401 else ()
+            raise ProxyError(exc.status, exc.message, extra) from None
+
+    async def _route(self, agent_id: int, head: RequestHead) -> MuxStream:
+        try:
+            return await self.router.open_stream(agent_id, head.to_metadata())
+        except RouteError as exc:
+            raise ProxyError(exc.status, exc.message) from None
+
+    # ------------------------------------------------------------------ relay
+
+    async def _exchange(self, t: _Transfer) -> None:
+        """Relay one routed request. A request with a body (or an upgrade) gets a task reading from
+        the client at once; a bodiless one only if its answer is slow (a second) or long, to notice
+        the client leaving — a quick small GET runs in this task alone."""
+        ex = t.ex
+        metrics = self.metrics
+        metrics.active_streams.inc()
+        try:
+            if not (t.bodiless and ex.take_empty_body()):
+                self._start_reader(t, body=True)
+            with t.scope:
+                try:
+                    await self._response_side(t)
+                except ClientGone:
+                    t.gone = True
+            if t.reader is not None:
+                t.reader.scope.cancel()
+                await t.reader.done.wait()
+        finally:
+            metrics.active_streams.dec()
+            if t.gone or ex.client_gone:
+                if t.record.outcome != "upstream-broken":
+                    t.record.outcome = "client-gone"
+                await t.stream.reset(TunnelCode.CLIENT_GONE, "client went away")
+            else:
+                await t.stream.aclose()
+
+    def _start_reader(self, t: _Transfer, *, body: bool) -> None:
+        if not body and not t.ex.watches_client:
+            return  # the front end notices the client leaving by itself
+        t.reader = _Reader()
+        t.ex.nursery.start_soon(self._client_reader, t, body)
+
+    async def _client_reader(self, t: _Transfer, body: bool) -> None:
+        """Stream the request body to the agent (``body``), then watch for the client going away."""
+        reader = t.reader
+        assert reader is not None
+        try:
+            with reader.scope:
+                if body and not await self._stream_request_body(t):
+                    return
+                if t.ex.watches_client:
+                    with reader.watch:
+                        await t.ex.watch_client()
+        except ClientGone:
+            t.gone = True
+            t.scope.cancel()
+        finally:
+            reader.done.set()
+
+    async def _stream_request_body(self, t: _Transfer) -> bool:
+        """True once the body is in; False if the agent's stream broke (the response side says why)."""
+        bytes_to_agent = self.metrics.bytes_to_agent
+        stream = t.stream
+        while data := await t.ex.receive_body():
+            try:
+                await stream.send_all(data)
+            except _MUX_ERRORS:
+                return False  # the response side reports what happened to the stream
+            t.record.bytes_in += len(data)
+            bytes_to_agent.inc(len(data))
+        if t.ex.request.upgrade:
+            return True  # after a 101 the stream carries the client's bytes, so no EOF
+        try:
+            await stream.send_eof()
+        except _MUX_ERRORS:
+            return False
+        return True
+
+    async def _await_head(self, t: _Transfer) -> ResponseHead:
+        if t.reader is None and t.ex.watches_client:
+            # Most answers come at once; a slow one gets a reader to notice the client leaving.
+            with trio.move_on_after(_WATCH_AFTER):
+                return await self._response(t)
+            self._start_reader(t, body=False)
+        return await self._response(t)
+
+    async def _response(self, t: _Transfer) -> ResponseHead:
+        """The agent's response head; ProxyError otherwise.
+
+        A bodiless request that the agent never took goes to another session (waiting for one, as
+        the router does): one refused by a session that began draining (``REFUSED_STREAM``: a
+        GOAWAY crossed the request), or, for a method that is safe to repeat, one whose session
+        ended before any answer. Without this, every agentd restart would fail the requests in
+        flight at that instant — even with a replacement already connected.
+        """
+        agent_id = t.grant.agent_id
+        first = stream = t.stream
+        try:
+            for attempt in range(_RETRIES + 1):
+                try:
+                    metadata = await stream.wait_accepted()
+                except StreamRefusedError as exc:
+                    if not (t.bodiless and exc.code == ErrorCode.REFUSED_STREAM and attempt < _RETRIES):
+                        raise _refusal(exc, agent_id) from None
+                    reason: Exception = exc
+                except (StreamResetError, SessionClosedError, trio.BrokenResourceError) as exc:
+                    retry = t.bodiless and t.head.method in _SAFE_METHODS and not isinstance(exc, StreamResetError)
+                    if not (retry and attempt < _RETRIES):
+                        raise ProxyError(502, f"tunnel to agent {agent_id} failed before the response: {exc}") from None
+                    reason = exc
+                else:
+                    try:
+                        head = ResponseHead.from_metadata(metadata)
+                    except RemoteProtocolError as exc:
+                        raise ProxyError(502, f"agent {agent_id} sent an invalid response head: {exc}") from None
+                    t.stream = stream
+                    return head
+                log.info("agent did not take the request, retrying request_id=%s agent_id=%d error=%s",
+                         t.head.request_id, agent_id, reason)
+                await stream.aclose()
+                stream = await self._route(agent_id, t.head)
+                await stream.send_eof()
+        except BaseException:
+            if stream is not first:  # a retry's stream is ours to close; the caller closes the first
+                with trio.CancelScope(shield=True):
+                    await stream.aclose()
+            raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _response_side(self, t: _Transfer) -> None:
+        ex, record = t.ex, t.record
+        agent_id = t.grant.agent_id
+        try:
+            head = await self._await_head(t)
+            if head.status == 101 and not ex.request.upgrade:
+                raise ProxyError(502, f"agent {agent_id} switched protocols for a request that did not ask to")
+            if 100 <= head.status < 200 and head.status != 101:
+                raise ProxyError(502, f"agent {agent_id} sent an interim {head.status} response head")
+        except ProxyError as exc:
+            await self._send_status(ex, exc, record)
+            return
+        stream = t.stream  # the one that answered: not the first, if that agent did not take the request
+        record.status = head.status
+        if head.status == 101:
+            assert t.reader is not None  # an upgrade always has one
+            t.reader.watch.cancel()
+            await t.reader.done.wait()
+            await self._switch(t, head.headers)
+            return
+        headers = [*clean_response_headers(head.headers), ("x-request-id", record.request_id)]
+        bytes_from_agent = self.metrics.bytes_from_agent
+        boundary = answer_boundary(t.head, head)
+        # The head, and whatever of the body already arrived (all of a small answer), in one write.
+        out: list[bytes] = []
+        size = 0
+        while size < _CHUNK:
+            try:
+                data = stream.receive_nowait(_CHUNK)
+            except (trio.WouldBlock, *_MUX_ERRORS):
+                break  # not here yet, or an error the loop below reports
+            if not data:
+                await ex.respond(head.status, headers, b"".join(out), end=True)
+                record.bytes_out += size
+                return
+            out.append(data)
+            if boundary is not None:
+                boundary.feed(data)
+            size += len(data)
+            bytes_from_agent.inc(len(data))
+        await ex.respond(head.status, headers, b"".join(out), end=False)
+        record.bytes_out += size
+        if t.reader is None:
+            self._start_reader(t, body=False)  # a long answer (a watch, logs -f): watch the client
+        if not await relay_answer(stream, record, bytes_from_agent, ex.send, chunk=_CHUNK,
+                                  drain=self.drain, boundary=boundary):
+            ex.abort()  # the client sees a truncated body
+            return
+        await ex.end()
+
+    async def _send_status(self, ex: Exchange, exc: ProxyError, record: RequestRecord) -> None:
+        body = status_body(exc.status, exc.message)
+        headers = [*status_headers(body, exc.headers), ("x-request-id", record.request_id)]
+        record.status = exc.status
+        record.outcome = "error"
+        await ex.send_error(exc.status, headers, body)
+        record.bytes_out += len(body)
+
+    async def _switch(self, t: _Transfer, raw_headers: tuple[tuple[str, str], ...]) -> None:
+        """``101``: from here on, the client connection and the logical stream are one byte pipe."""
+        stream, record = t.stream, t.record
+        headers = [*clean_response_headers(raw_headers, switching=True), ("x-request-id", record.request_id)]
+        client, early = await t.ex.upgrade(headers)
+        to_agent = self.metrics.bytes_to_agent
+        from_agent = self.metrics.bytes_from_agent
+        record.outcome = "upgraded"
+        gone = False
+
+        async def client_to_agent(scope: trio.CancelScope) -> None:
+            nonlocal gone
+            data = early
+            while True:
+                if data:
+                    try:
+                        await stream.send_all(data)
+                    except _MUX_ERRORS:
+                        scope.cancel()
+                        return
+                    record.bytes_in += len(data)
+                    to_agent.inc(len(data))
+                try:
+                    data = bytes(await client.receive_some(_CHUNK))
+                except _MUX_ERRORS:
+                    gone = True
+                    scope.cancel()
+                    return
+                if not data:
+                    try:
+                        await stream.send_eof()
+                    except _MUX_ERRORS:
+                        scope.cancel()
+                    return
+
+        async def agent_to_client(scope: trio.CancelScope) -> None:
+            nonlocal gone
+            while True:
+                try:
+                    data = await stream.receive_some(_CHUNK)
+                except _MUX_ERRORS:
+                    scope.cancel()  # the agent's side broke: nothing more will come
+                    return
+                if not data:
+                    break
+                try:
+                    await client.send_all(data)
+                except _MUX_ERRORS:
+                    gone = True
+                    scope.cancel()
+                    return
+                record.bytes_out += len(data)
+                from_agent.inc(len(data))
+            # The agent finished sending: pass the half-close on when the transport can carry it.
+            if isinstance(client, trio.abc.HalfCloseableStream):
+                try:
+                    await client.send_eof()
+                except _MUX_ERRORS:
+                    scope.cancel()
+            else:
+                scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client_to_agent, nursery.cancel_scope)
+            nursery.start_soon(agent_to_client, nursery.cancel_scope)
+        if gone:
+            raise ClientGone("client went away from the upgraded connection")
+
+
+async def relay_answer(stream: MuxStream, record: RequestRecord, from_agent: Counter,
+                       send: Callable[[bytes], Awaitable[object]], *, chunk: int,
+                       drain: Drain, boundary: EventBoundary | None) -> bool:
+    """Pass the rest of the agent's answer to ``send``, chunk by chunk, counting it. True once it
+    has ended, or once kasd drains and an endless answer (``boundary``) reached the end of an
+    event; False if the agent's stream broke first (logged, ``record.outcome`` set): too late
+    for a Status, so the caller must show the client a truncated body."""
+    receive = partial(stream.receive_some, chunk)
+    while True:
+        try:
+            data = await drain.next_chunk(receive, boundary)
+        except _MUX_ERRORS as exc:
+            log.warning("agent stream broke mid-response request_id=%s error=%s", record.request_id, exc)
+            record.outcome = "upstream-broken"
+            return False
+        if data is None:
+            record.outcome = "drained"  # a watch or logs -f, ended between two events
+            return True
+        if not data:
+            return True
+        await send(data)
+        record.bytes_out += len(data)
+        from_agent.inc(len(data))
+
+
+def answer_boundary(request: RequestHead, head: ResponseHead) -> EventBoundary | None:
+    """Where a watch or followed log may end when kasd drains; None for an answer that ends."""
+    content_type = next((value for name, value in head.headers if name.lower() == "content-type"), None)
+    return EventBoundary.for_response(request.target, content_type)
+
+
+def _refusal(exc: StreamRefusedError, agent_id: int) -> ProxyError:
+    detail = exc.message or "no detail"
+    if exc.code == TunnelCode.UPSTREAM_UNREACHABLE:
+        return ProxyError(502, f"cluster API unreachable from agent {agent_id}: {detail}")
+    if exc.code == TunnelCode.BAD_REQUEST:
+        return ProxyError(400, f"agent {agent_id} rejected the request: {detail}")
+    if exc.code == TunnelCode.UNKNOWN_TARGET:
+        return ProxyError(404, f"agent {agent_id} cannot serve this request: {detail}")
+    return ProxyError(503, f"agent {agent_id} refused the request: {exc}")
+
+
+__all__ = ["RequestPipeline", "answer_boundary", "relay_answer"]

@@ -1,0 +1,128 @@
+"""The two seams of kasd's request pipeline: who may use an agent (``Authority``) and how a request
+reaches it (``Router``), with the values and typed failures they answer with.
+
+The pipeline (``kasd.k8sproxy.pipeline``) is given one of each and asks nothing else: today's
+implementations are the static ``access:`` list (``kasd.access.StaticAccess``) and the local tunnel
+registry (``kasd.tunnels.LocalRouter``); CI authorization and the replicated ``routing/`` package
+plug in here without touching a protocol front end. Tests inject fakes.
+
+May import: ``wire`` (a router answers with a logical stream), ``tunnelhttp`` (impersonation), the
+standard library, attrs. Never the proxy, a front end or a listener.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import attrs
+
+from tunnelhttp.head import Impersonation
+from wire.frames import Metadata
+from wire.session import MuxStream
+
+#: the bearer token formats on the Kubernetes API proxy port, as in GitLab
+TOKEN_FORMATS = "ci:<agent id>:<job token> or pat:<agent id>:<token>"
+
+
+# ------------------------------------------------------------------ Authority
+
+
+@attrs.frozen(kw_only=True)
+class Credentials:
+    """What a client proved itself with: ``ci:<agent id>:<job token>`` or ``pat:<agent id>:<token>``."""
+
+    kind: str
+    agent_id: int
+    #: never logged
+    secret: str = attrs.field(repr=False)
+
+
+@attrs.frozen(kw_only=True)
+class Grant:
+    """Allowed: for which agent, and as whom agentd acts."""
+
+    kind: str
+    agent_id: int
+    #: None: agentd acts as itself
+    impersonate: Impersonation | None
+    #: who this is, for logs (never the token)
+    subject: str
+
+
+class AccessDenied(Exception):
+    """Not allowed: ``status`` 401 (who are you?) or 403 (not for this agent); ``message`` is safe
+    to show the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Authority(Protocol):
+    async def authorize(self, credentials: Credentials, agent_id: int) -> Grant:
+        """The grant of ``credentials`` for ``agent_id``; ``AccessDenied`` saying why not."""
+        ...
+
+
+def parse_bearer(authorization: str | None) -> Credentials:
+    """An ``Authorization`` header → credentials, or AccessDenied(401) saying what is wrong."""
+    if not authorization:
+        raise AccessDenied(401, f"missing bearer token: send Authorization: Bearer {TOKEN_FORMATS}")
+    scheme, _, credentials = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not credentials.strip():
+        raise AccessDenied(401, f"bad token: expected Authorization: Bearer {TOKEN_FORMATS}")
+    kind, sep1, rest = credentials.strip().partition(":")
+    agent_text, sep2, secret = rest.partition(":")
+    if kind not in ("ci", "pat") or not (sep1 and sep2) or not secret:
+        raise AccessDenied(401, f"bad token: malformed, expected {TOKEN_FORMATS}")
+    if not agent_text.isdigit() or agent_text.startswith("0"):
+        raise AccessDenied(401, f"bad token: agent id {agent_text[:20]!r} is not a number (expected {TOKEN_FORMATS})")
+    return Credentials(kind=kind, agent_id=int(agent_text), secret=secret)
+
+
+# ------------------------------------------------------------------ Router
+
+
+class RouteError(Exception):
+    """No stream to the agent; ``status`` and ``message`` are what the client is told."""
+
+    status = 503
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class AgentNotConnected(RouteError):
+    """No tunnel to the agent appeared within the bounded wait."""
+
+    def __init__(self, agent_id: int, waited: float) -> None:
+        super().__init__(f"agent {agent_id} is not connected (waited {waited:g}s)")
+        self.agent_id = agent_id
+
+
+class NoFreeStream(RouteError):
+    """The agent is connected, but none of its sessions took a stream within the bounded wait."""
+
+    def __init__(self, agent_id: int, waited: float) -> None:
+        super().__init__(f"agent {agent_id} is connected but has no free tunnel stream (waited {waited:g}s)")
+        self.agent_id = agent_id
+
+
+class PeerUnreachable(RouteError):
+    """Another kasd holds the agent's tunnel but could not be reached."""
+
+    status = 502
+
+    def __init__(self, agent_id: int, peer: str, detail: str) -> None:
+        super().__init__(f"agent {agent_id} is connected to kasd {peer}, which is unreachable: {detail}")
+        self.agent_id = agent_id
+        self.peer = peer
+
+
+class Router(Protocol):
+    async def open_stream(self, agent_id: int, metadata: Metadata) -> MuxStream:
+        """A logical stream to ``agent_id`` opened with ``metadata`` (waiting, bounded, for one);
+        a ``RouteError`` saying why not."""
+        ...

@@ -1,0 +1,291 @@
+"""The request pipeline alone: fake Authority, fake Router, a fake front end's Exchange; the agent's
+side is a real wire session over memory streams. No socket, no listener, no front end."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import attrs
+import pytest
+import trio
+import trio.testing
+
+from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Headers
+from kasd.k8sproxy.pipeline import RequestPipeline
+from kasd.k8sproxy.status import ProxyError
+from kasd.metrics import Metrics
+from kasd.seams import AccessDenied, AgentNotConnected, Credentials, Grant, PeerUnreachable, RouteError
+from kasd.tunnels import TunnelRegistry
+from tunnelhttp.head import Impersonation, RequestHead, ResponseHead, TunnelCode
+from wire.frames import Metadata
+from wire.session import MuxStream, Session, connect_session
+
+IMPERSONATE = Impersonation(user="gitlab:ci_job:7", groups=("gitlab:ci_job",))
+
+
+class FakeAuthority:
+    """Grants ``ci`` tokens whose secret is ``good`` for agent 1; what it was asked, in order."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[Credentials, int]] = []
+
+    async def authorize(self, credentials: Credentials, agent_id: int) -> Grant:
+        self.asked.append((credentials, agent_id))
+        if credentials.secret != "good":
+            raise AccessDenied(401, "bad token: unknown or invalid ci token")
+        if agent_id != 1:
+            raise AccessDenied(403, f"this ci token is not allowed to use agent {agent_id}")
+        return Grant(kind="ci", agent_id=1, impersonate=IMPERSONATE, subject="job 7")
+
+
+@attrs.define
+class FakeRouter:
+    """Opens streams on ``session``, or fails with ``failure``."""
+
+    session: Session | None = None
+    failure: RouteError | None = None
+    opened: list[tuple[int, Metadata]] = attrs.field(factory=list)
+
+    async def open_stream(self, agent_id: int, metadata: Metadata) -> MuxStream:
+        self.opened.append((agent_id, metadata))
+        if self.failure is not None:
+            raise self.failure
+        assert self.session is not None
+        return await self.session.open_stream(metadata)
+
+
+@attrs.define(eq=False)
+class FakeExchange:
+    """A front end that records what the pipeline answered."""
+
+    request: ClientRequest
+    nursery: trio.Nursery
+    body: list[bytes] = attrs.field(factory=list)
+    watches_client: bool = False
+    status: int | None = None
+    headers: list[tuple[str, str]] = attrs.field(factory=list)
+    sent: bytearray = attrs.field(factory=bytearray)
+    ended: bool = False
+    aborted: bool = False
+    gone: bool = False
+    #: the client leaves when the first body byte arrives
+    leave_on_send: bool = False
+    left: trio.Event = attrs.field(factory=trio.Event)
+
+    @property
+    def client_gone(self) -> bool:
+        return self.gone
+
+    def take_empty_body(self) -> bool:
+        return not self.body
+
+    async def receive_body(self) -> bytes:
+        await trio.lowlevel.checkpoint()
+        return self.body.pop(0) if self.body else b""
+
+    async def watch_client(self) -> None:
+        await self.left.wait()
+        self.gone = True
+        raise ClientGone("client left")
+
+    async def respond(self, status: int, headers: Headers, body: bytes, *, end: bool) -> None:
+        self.status, self.headers = status, list(headers)
+        await self.send(body)
+        self.ended = end
+
+    async def send_error(self, status: int, headers: Headers, body: bytes) -> None:
+        await self.respond(status, headers, body, end=True)
+
+    async def send(self, data: bytes) -> None:
+        await trio.lowlevel.checkpoint()
+        if self.gone:
+            raise ClientGone("client left")
+        self.sent += data
+        if data and self.leave_on_send:
+            self.left.set()
+
+    async def end(self) -> None:
+        self.ended = True
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    async def upgrade(self, headers: Headers) -> tuple[trio.abc.Stream, bytes]:
+        raise AssertionError("no upgrade in these tests")
+
+    def json(self) -> dict[str, object]:
+        result: dict[str, object] = json.loads(bytes(self.sent))
+        return result
+
+
+def request(token: str | None = "ci:1:good", target: str = "/api/v1/pods", *, has_body: bool = False,
+            headers: tuple[tuple[str, str], ...] = ()) -> ClientRequest:
+    auth = (("authorization", f"Bearer {token}"),) if token is not None else ()
+    return ClientRequest(method="POST" if has_body else "GET", target=target, headers=(*auth, *headers),
+                         protocol="HTTP/1.1", peer="test", has_body=has_body)
+
+
+@asynccontextmanager
+async def agent_session() -> AsyncIterator[tuple[Session, Session]]:
+    """kasd's session (opens streams) and the agent's (accepts them), over memory streams."""
+    left, right = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        kasd_side, agent_side = await _pair(nursery, left, right)
+        yield kasd_side, agent_side
+        nursery.cancel_scope.cancel()
+
+
+async def _pair(nursery: trio.Nursery, left: trio.abc.Stream, right: trio.abc.Stream) -> tuple[Session, Session]:
+    sessions: dict[str, Session] = {}
+
+    async def connect(name: str, transport: trio.abc.Stream, client: bool) -> None:
+        sessions[name] = await connect_session(nursery, transport, client=client)
+
+    async with trio.open_nursery() as both:
+        both.start_soon(connect, "kasd", left, False)
+        both.start_soon(connect, "agent", right, True)
+    return sessions["kasd"], sessions["agent"]
+
+
+def pipeline(router: FakeRouter, authority: FakeAuthority | None = None) -> RequestPipeline:
+    return RequestPipeline(authority or FakeAuthority(), router, Metrics(TunnelRegistry()))
+
+
+@pytest.mark.parametrize(
+    ("token", "status", "message"),
+    [
+        (None, 401, "missing bearer token"),
+        ("ci:1:bad", 401, "bad token: unknown or invalid ci token"),
+        ("ci:2:good", 403, "this ci token is not allowed to use agent 2"),
+        ("nonsense", 401, "bad token: malformed"),
+    ],
+)
+async def test_a_request_the_authority_refuses_never_reaches_the_router(
+        token: str | None, status: int, message: str) -> None:
+    router = FakeRouter()
+    async with trio.open_nursery() as nursery:
+        ex = FakeExchange(request(token), nursery)
+        await pipeline(router).serve(ex)
+    assert router.opened == []
+    assert ex.status == status and ex.ended
+    assert message in str(ex.json()["message"])
+    assert ("www-authenticate", 'Bearer realm="kasd"') in ex.headers if status == 401 else True
+
+
+@pytest.mark.parametrize(
+    ("failure", "status", "message"),
+    [
+        (AgentNotConnected(1, 0.5), 503, "agent 1 is not connected (waited 0.5s)"),
+        (PeerUnreachable(1, "10.0.0.2:8155", "connection refused"), 502,
+         "agent 1 is connected to kasd 10.0.0.2:8155, which is unreachable: connection refused"),
+    ],
+)
+async def test_a_router_failure_is_the_status_the_client_sees(failure: RouteError, status: int, message: str) -> None:
+    authority = FakeAuthority()
+    router = FakeRouter(failure=failure)
+    async with trio.open_nursery() as nursery:
+        ex = FakeExchange(request(), nursery)
+        await pipeline(router, authority).serve(ex)
+    assert [(c.kind, c.agent_id, agent) for c, agent in authority.asked] == [("ci", 1, 1)]
+    assert ex.status == status and ex.json()["message"] == message
+
+
+async def test_a_front_end_refusal_is_answered_without_asking_the_seams() -> None:
+    authority, router = FakeAuthority(), FakeRouter()
+    async with trio.open_nursery() as nursery:
+        ex = FakeExchange(request(), nursery)
+        await pipeline(router, authority).serve(ex, refusal=ProxyError(400, "CONNECT is not supported"))
+    assert authority.asked == [] and router.opened == []
+    assert ex.status == 400 and ex.json()["message"] == "CONNECT is not supported"
+
+
+async def test_a_granted_request_reaches_the_agent_cleaned_and_impersonated() -> None:
+    async with agent_session() as (kasd_side, agent_side), trio.open_nursery() as nursery:
+
+        async def agent() -> None:
+            stream = await agent_side.accept_stream()
+            head = RequestHead.from_metadata(stream.metadata)
+            body = b""
+            while chunk := await stream.receive_some():
+                body += chunk
+            seen = json.dumps({"target": head.target, "headers": head.headers, "user": head.impersonate and
+                               head.impersonate.user, "body": body.decode()}).encode()
+            await stream.accept(ResponseHead(status=201, headers=(("content-type", "application/json"),)).to_metadata())
+            await stream.send_all(seen)
+            await stream.send_eof()
+
+        nursery.start_soon(agent)
+        ex = FakeExchange(request(has_body=True, headers=(("cookie", "c=1"), ("impersonate-user", "root"),
+                                                          ("accept", "application/json"))), nursery,
+                          body=[b"hello ", b"agent"])
+        await pipeline(FakeRouter(kasd_side)).serve(ex)
+    assert ex.status == 201 and ex.ended and not ex.aborted
+    seen = ex.json()
+    assert seen["target"] == "/api/v1/pods" and seen["body"] == "hello agent"
+    assert seen["headers"] == [["accept", "application/json"]]  # no token, cookie or client impersonation
+    assert seen["user"] == "gitlab:ci_job:7"
+    assert ("content-type", "application/json") in ex.headers
+    assert any(name == "x-request-id" for name, _ in ex.headers)
+
+
+async def test_the_agent_refusing_is_a_status_naming_the_cause() -> None:
+    async with agent_session() as (kasd_side, agent_side), trio.open_nursery() as nursery:
+
+        async def agent() -> None:
+            stream = await agent_side.accept_stream()
+            await stream.refuse(TunnelCode.UPSTREAM_UNREACHABLE, "dial tcp 10.0.0.1:443: connection refused")
+
+        nursery.start_soon(agent)
+        ex = FakeExchange(request(), nursery)
+        await pipeline(FakeRouter(kasd_side)).serve(ex)
+    assert ex.status == 502
+    assert ex.json()["message"] == "cluster API unreachable from agent 1: dial tcp 10.0.0.1:443: connection refused"
+
+
+async def test_a_client_that_leaves_mid_answer_resets_the_agents_stream() -> None:
+    reset = trio.Event()
+    async with agent_session() as (kasd_side, agent_side), trio.open_nursery() as nursery:
+
+        async def agent() -> None:
+            stream = await agent_side.accept_stream()
+            await stream.accept(ResponseHead(status=200, headers=()).to_metadata())
+            await stream.send_all(b"first event\n")
+            # A watch: the answer stays open until kasd says the client is gone.
+            broken = await stream.wait_broken()
+            assert getattr(broken, "code", None) == TunnelCode.CLIENT_GONE
+            reset.set()
+
+        nursery.start_soon(agent)
+        ex = FakeExchange(request(target="/api/v1/pods?watch=true"), nursery, watches_client=True,
+                          leave_on_send=True)
+        with trio.fail_after(5):
+            await pipeline(FakeRouter(kasd_side)).serve(ex)
+            await reset.wait()
+    assert ex.status == 200 and not ex.ended
+    assert bytes(ex.sent) == b"first event\n"
+
+
+async def test_a_bodiless_request_the_draining_agent_refused_goes_to_another_session() -> None:
+    async with agent_session() as (first, first_agent), agent_session() as (second, second_agent), \
+            trio.open_nursery() as nursery:
+        router = FakeRouter(first)
+
+        async def draining_agent() -> None:
+            stream = await first_agent.accept_stream()
+            router.session = second  # the next open goes to the other session
+            await stream.refuse()  # REFUSED_STREAM: a GOAWAY crossed the request
+
+        async def healthy_agent() -> None:
+            stream = await second_agent.accept_stream()
+            await stream.accept(ResponseHead(status=200, headers=(("content-length", "2"),)).to_metadata())
+            await stream.send_all(b"ok")
+            await stream.send_eof()
+
+        nursery.start_soon(draining_agent)
+        nursery.start_soon(healthy_agent)
+        ex = FakeExchange(request(), nursery)
+        await pipeline(router).serve(ex)
+    assert [agent for agent, _ in router.opened] == [1, 1]
+    assert ex.status == 200 and bytes(ex.sent) == b"ok" and ex.ended
