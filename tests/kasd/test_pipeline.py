@@ -16,7 +16,14 @@ from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Headers
 from kasd.k8sproxy.pipeline import RequestPipeline
 from kasd.k8sproxy.status import ProxyError
 from kasd.metrics import Metrics
-from kasd.seams import AccessDenied, AgentNotConnected, Credentials, Grant, PeerUnreachable, RouteError
+from kasd.seams import (
+    AccessDenied,
+    AgentNotConnected,
+    Credentials,
+    Grant,
+    PeerUnreachable,
+    RouteError,
+)
 from kasd.tunnels import TunnelRegistry
 from tunnelhttp.head import Impersonation, RequestHead, ResponseHead, TunnelCode
 from wire.frames import Metadata
