@@ -8,7 +8,8 @@ exchange), ``connection`` (the tunnel manager: backoff, GOAWAY replacement), ``h
 (``/liveness``, ``/readiness``), ``agent`` (run_agent wiring it together), ``__main__`` (the
 ``agentd`` console script).
 
-May import: ``wire``, ``daemonkit``, the standard library, trio, h11, attrs, yaml. Never ``kasd`` or ``routing``.
+May import: ``wire``, ``tunnelhttp``, ``http11``, ``netio``, ``daemonkit``, the standard library, trio,
+attrs, yaml. Never ``kasd``, ``routing`` or ``kubesim``.
 """
 
 from __future__ import annotations
