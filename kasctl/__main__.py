@@ -22,9 +22,9 @@ daemon's log (kubesim.log, kasd.log, agentd.log).
 
 
 def _demo(args: argparse.Namespace) -> int:
-    stack = Stack(Path(args.dir))
-    print(f"starting kubesim, kasd and agentd in {stack.dir} …", flush=True)
     try:
+        stack = Stack(Path(args.dir))
+        print(f"starting kubesim, kasd and agentd in {stack.dir} …", flush=True)
         stack.start()
     except StackError as exc:
         print(f"kasctl demo: {exc}", file=sys.stderr)
