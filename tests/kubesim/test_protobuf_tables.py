@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubesim.protobuf_kinds import KINDS
 
+from kubesim.protobuf_kinds import KINDS
 from tests.kubesim.kubectl_harness import kubectl_binaries
 
 REPO = Path(__file__).resolve().parents[2]
