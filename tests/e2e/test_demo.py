@@ -129,3 +129,13 @@ def test_demo_without_an_optional_package_says_what_to_install(tmp_path: Path, h
                             capture_output=True, text=True, timeout=60, cwd=tmp_path)  # fmt: skip
     assert result.returncode == 1
     assert result.stderr.splitlines() == [advice]
+
+
+@pytest.mark.timeout(90)
+def test_smoke_runs_one_get_and_does_not_ask_for_ctrl_c(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "kasctl", "demo", "--smoke", "--dir", str(tmp_path / "demo")],
+                            capture_output=True, text=True, timeout=80, cwd=REPO)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "Ctrl-C" not in result.stdout
+    assert "NAMESPACE" in result.stdout and "hello-" in result.stdout
+    assert result.stdout.rstrip().splitlines()[-1] == "stopped: agentd exit 0, kasd exit 0, kubesim exit 0"
