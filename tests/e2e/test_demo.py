@@ -113,3 +113,29 @@ def test_every_printed_command_works_and_ctrl_c_stops_cleanly(tmp_path: Path, ku
                 demo.proc.wait(60)
             except subprocess.TimeoutExpired:
                 demo.stop()
+
+
+# Without an optional piece the demo stops at once with one line that says what to install. The
+# missing package is hidden by a None entry in sys.modules, which makes its import fail.
+_HIDE_AND_RUN = "import sys; sys.modules[sys.argv[1]] = None; from kasctl.__main__ import main; sys.exit(main(sys.argv[2:]))"
+
+
+@pytest.mark.parametrize(("hidden", "advice"), [
+    ("trustme", "kasctl demo: the demo needs the trustme package: pip install 'kasd[demo]'"),
+    ("kubesim", "kasctl demo: the demo's cluster is kubesim, which is not installed: pip install -e ./kubesim"),
+])  # fmt: skip
+def test_demo_without_an_optional_package_says_what_to_install(tmp_path: Path, hidden: str, advice: str) -> None:
+    result = subprocess.run([sys.executable, "-c", _HIDE_AND_RUN, hidden, "demo", "--dir", str(tmp_path / "demo")],
+                            capture_output=True, text=True, timeout=60, cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [advice]
+
+
+@pytest.mark.timeout(90)
+def test_smoke_runs_one_get_and_does_not_ask_for_ctrl_c(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "kasctl", "demo", "--smoke", "--dir", str(tmp_path / "demo")],
+                            capture_output=True, text=True, timeout=80, cwd=REPO)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "Ctrl-C" not in result.stdout
+    assert "NAMESPACE" in result.stdout and "hello-" in result.stdout
+    assert result.stdout.rstrip().splitlines()[-1] == "stopped: agentd exit 0, kasd exit 0, kubesim exit 0"

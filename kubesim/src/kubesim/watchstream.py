@@ -19,8 +19,8 @@ import trio
 from kubesim import tables
 from kubesim.asgi import Query, Receive, Send, accept_form, flag, one, pump, start_stream
 from kubesim.errors import ApiError
+from kubesim.paths import Target
 from kubesim.resources import Kind
-from kubesim.routing import Target
 from kubesim.selectors import parse_field_selector, parse_label_selector
 from kubesim.store import Store
 

@@ -32,10 +32,10 @@ from kubesim.asgi import (
 from kubesim.controllers import Controllers
 from kubesim.errors import ApiError
 from kubesim.patch import apply_patch
+from kubesim.paths import Target, parse_target
 from kubesim.podio import check_streamable, serve_logs, serve_pod_websocket, spdy_refused
 from kubesim.requests import RecordedRequest, header_map, record
 from kubesim.resources import Kind
-from kubesim.routing import Target, parse_target
 from kubesim.selectors import parse_field_selector, parse_label_selector, selector_string
 from kubesim.store import Store
 from kubesim.watchstream import serve_watch

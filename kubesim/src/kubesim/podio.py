@@ -11,7 +11,7 @@ from kubesim import errors
 from kubesim.asgi import Query, Receive, Scope, Send, flag, one, pump, start_stream
 from kubesim.console import ContainerConsole
 from kubesim.controllers import Controllers
-from kubesim.routing import Target
+from kubesim.paths import Target
 from kubesim.store import Store
 
 
