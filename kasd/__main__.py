@@ -13,8 +13,9 @@ import trio
 
 from daemonkit.fatal import leaves, os_error_line
 from daemonkit.logs import configure_logging
+from daemonkit.settings import UsageError
 from kasd.access import AccessDenied, parse_bearer
-from kasd.config import VERSION, Config, ConfigError, load_config
+from kasd.config import VERSION, Config, ConfigError, argument_parser, load_config
 from kasd.server import Runtime, serve_kasd
 from kasd.tokens import hash_token, token_from_text
 
@@ -92,6 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = args[1:]
     try:
         config = load_config(args, os.environ)
+    except UsageError as exc:  # a wrong command line: argparse's usage and words
+        argument_parser().print_usage(sys.stderr)
+        print(f"kasd: error: {exc}", file=sys.stderr)
+        return 2
     except ConfigError as exc:
         print(f"kasd: configuration error: {exc}", file=sys.stderr)
         return 2
