@@ -199,17 +199,24 @@ def _describe(value: object) -> str:
 def _converter() -> cattrs.Converter:
     converter = cattrs.Converter(detailed_validation=True, forbid_extra_keys=True)
 
+    def parse_hook(parse: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
+        def hook(value: Any, _type: Any) -> Any:
+            return parse(value)
+
+        return hook
+
     def class_hook(cls: type) -> Callable[[Any, Any], Any]:
-        overrides = {}
+        overrides: dict[str, Any] = {}
         for field in attrs.fields(cls):
             meta = _meta(field)
             rename = file_key(field)
             if meta is not None and meta.parse is not None:
-                parse = meta.parse
-                overrides[field.name] = override(rename=rename, struct_hook=lambda value, _type, parse=parse: parse(value))
+                overrides[field.name] = override(rename=rename, struct_hook=parse_hook(meta.parse))
             elif rename != field.name:
                 overrides[field.name] = override(rename=rename)
-        structure = make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=True, **overrides)  # type: ignore[arg-type]
+        structure: Callable[[Any, Any], Any] = make_dict_structure_fn(
+            cls, converter, _cattrs_forbid_extra_keys=True, **overrides
+        )
 
         def hook(value: Any, tp: Any) -> Any:
             if value is None:
