@@ -3,8 +3,8 @@
 
 Each daemon supplies its routes (path → a function returning the response); this module owns the
 HTTP. Anyone who can reach the port gets a small, fixed budget: one request per connection, a head of
-at most ``max_head`` bytes that must arrive within ``header_timeout`` seconds, and a bounded time to
-take the answer. A request that breaks those rules gets its answer (400, 408, 431), then the
+at most ``max_head`` bytes that must arrive within ``header_timeout`` seconds, a bounded time to
+take the answer, and at most ``max_connections`` connections at once. A request that breaks those rules gets its answer (400, 408, 431), then the
 connection closes; GET and HEAD only (405 otherwise).
 """
 
@@ -24,6 +24,8 @@ HEADER_TIMEOUT = 10.0
 MAX_HEAD = 8 * 1024
 #: how long a client has to take a (small) answer
 SEND_TIMEOUT = 10.0
+#: connections served at once; more are closed at once (probes and scrapers need a handful)
+MAX_CONNECTIONS = 64
 
 
 @attrs.frozen
@@ -73,8 +75,11 @@ class HealthServer:
         header_timeout: float = HEADER_TIMEOUT,
         max_head: int = MAX_HEAD,
         send_timeout: float = SEND_TIMEOUT,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.routes = dict(routes)
+        self.max_connections = max_connections
+        self.connections = 0
         self.header_timeout = header_timeout
         self.max_head = max_head
         self.send_timeout = send_timeout
@@ -88,6 +93,11 @@ class HealthServer:
         return route()
 
     async def handle_connection(self, stream: trio.abc.Stream) -> None:
+        if self.connections >= self.max_connections:
+            log.debug("health connection refused: %d connections open", self.connections)
+            await trio.aclose_forcefully(stream)
+            return
+        self.connections += 1
         try:
             data = await self._answer(stream)
             if data:
@@ -96,6 +106,7 @@ class HealthServer:
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             log.debug("health connection ended error=%r", exc)
         finally:
+            self.connections -= 1
             await trio.aclose_forcefully(stream)
 
     async def _answer(self, stream: trio.abc.Stream) -> bytes:

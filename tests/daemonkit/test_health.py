@@ -79,6 +79,19 @@ async def test_a_slow_head_gets_408(autojump_clock: trio.abc.Clock) -> None:
     assert _status(data) == 408 and trio.current_time() >= server.header_timeout
 
 
+async def test_connections_beyond_the_limit_are_closed_at_once() -> None:
+    server = HealthServer({"/liveness": liveness}, max_connections=1)
+    holder, held = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.handle_connection, held)
+        await trio.testing.wait_all_tasks_blocked()
+        assert server.connections == 1
+        assert await _exchange(server, b"GET /liveness HTTP/1.1\r\nhost: x\r\n\r\n") == b""
+        await holder.send_all(b"GET /liveness HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert _status(await holder.receive_some()) == 200
+    assert server.connections == 0
+
+
 async def test_a_client_that_leaves_without_asking_gets_nothing() -> None:
     assert await _exchange(_server([None]), b"", close=True) == b""
 
