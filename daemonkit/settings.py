@@ -18,7 +18,7 @@ import argparse
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Generic, NoReturn, Protocol, TypeVar
+from typing import Any, Generic, Literal, NoReturn, Protocol, TypeVar
 
 import attrs
 import cattrs
@@ -91,6 +91,10 @@ class HostPort:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
+#: a flag takes one value, is repeated (a list), or takes none (sets True)
+FlagAction = Literal["store", "append", "store_true"]
+
+
 @attrs.frozen(kw_only=True)
 class SettingMeta:
     """What ``setting()`` records on a field."""
@@ -101,7 +105,7 @@ class SettingMeta:
     env: str | None
     env_split: str | None
     flag: str | None
-    flag_action: str  # "store", "append", "store_true"
+    flag_action: FlagAction
     metavar: str | None
     help: str
     show_default: str | None
@@ -117,7 +121,7 @@ def setting(
     env: str | None = None,
     env_split: str | None = None,
     flag: str | None = None,
-    flag_action: str = "store",
+    flag_action: FlagAction = "store",
     metavar: str | None = None,
     help: str = "",
     show_default: str | None = None,
