@@ -1,4 +1,5 @@
-"""``agentd`` (or ``python -m agentd``): run the agent until SIGTERM/SIGINT, then drain and exit 0.
+"""``agentd`` (or ``python -m agentd``): run the agent until SIGTERM/SIGINT, then drain and exit 0
+(a second signal stops at once; SIGHUP is logged and ignored).
 
 Bad configuration prints ``agentd: error: …`` and exits 2 (a wrong command line, such as an unknown
 flag, with the usage first, like argparse). A health port that cannot be bound prints ``agentd:
@@ -9,9 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 from collections.abc import Mapping, Sequence
+from functools import partial
 
 import trio
 
@@ -20,6 +21,7 @@ from agentd.config import AgentConfig, ConfigError, UsageError, build_parser, lo
 from agentd.kubeapi import KubeConfigError, KubeTarget
 from daemonkit.fatal import leaves, os_error_line
 from daemonkit.logs import configure_logging
+from daemonkit.signals import run_until_signalled
 
 log = logging.getLogger("agentd")
 
@@ -38,7 +40,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     configure_logging(config.log_level)
     code = 0
     try:
-        trio.run(_run_with_signals, config, target)
+        trio.run(partial(run_until_signalled, partial(_run, config, target), log=log))
     except* OSError as group:
         for oserr in leaves(group):
             print(f"agentd: {os_error_line(oserr)}", file=sys.stderr)
@@ -46,19 +48,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     return code
 
 
-async def _run_with_signals(config: AgentConfig, target: KubeTarget) -> None:
-    stop = trio.Event()
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
-
-            async def on_signal() -> None:
-                async for signum in signals:
-                    log.info("signal received signal=%s", signal.Signals(signum).name)
-                    stop.set()
-
-            nursery.start_soon(on_signal)
-            await run_agent(config, kube_target=target, stop_event=stop)
-            nursery.cancel_scope.cancel()
+async def _run(config: AgentConfig, target: KubeTarget, drain: trio.Event) -> None:
+    await run_agent(config, kube_target=target, stop_event=drain)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,13 @@
-"""What a daemon (kasd, agentd) needs around its own work: telling its supervisor where it stands
-(systemd's ``sd_notify``: ``READY=1``, ``STATUS=…``, ``STOPPING=1``, and a JSON ready file that tests
-and scripts wait for), the log format both share (``logs``) and the one-line report of an error that
-ends one (``fatal``).
+"""What a daemon (kasd, agentd) needs around its own work, written once for both:
 
-May import: the standard library (and trio, attrs where a piece needs them). Imported by kasd and
-agentd; imports neither.
+- ``settings``: each setting declared once as an attrs field; one loader, file < environment < flags,
+  whose errors blame the exact key, variable or flag (and the ``--help`` it generates);
+- ``signals``: the signal loop (first SIGTERM/SIGINT drains, a second stops, SIGHUP is ignored);
+- ``health``: the small HTTP server of the health/observability ports, routes supplied by the daemon;
+- ``notify``: telling its supervisor where it stands (systemd's ``sd_notify`` and a JSON ready file
+  that tests and scripts wait for);
+- ``logs``: the log format both share; ``fatal``: the one-line report of an error that ends one.
+
+May import: the standard library, trio, attrs, cattrs, PyYAML and h11. Imported by kasd and agentd;
+imports neither.
 """

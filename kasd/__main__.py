@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 from collections.abc import Sequence
+from functools import partial
 
 import trio
 
 from daemonkit.fatal import leaves, os_error_line
 from daemonkit.logs import configure_logging
-from kasd.config import VERSION, Config, ConfigError, load_config
+from daemonkit.settings import UsageError
+from daemonkit.signals import run_until_signalled
+from kasd.config import VERSION, Config, ConfigError, argument_parser, load_config
 from kasd.seams import AccessDenied, parse_bearer
 from kasd.server import Runtime, serve_kasd
 from kasd.tokens import hash_token, token_from_text
@@ -60,28 +62,12 @@ def _is_bearer_token(token: str) -> bool:
     return True
 
 
-async def _serve(config: Config) -> None:
-    """serve_kasd until SIGTERM/SIGINT; a second signal skips the rest of the drain."""
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
-            watching = trio.CancelScope()
-
-            async def serve(task_status: trio.TaskStatus[Runtime] = trio.TASK_STATUS_IGNORED) -> None:
-                try:
-                    await serve_kasd(config, task_status=task_status)
-                finally:
-                    watching.cancel()
-
-            runtime: Runtime = await nursery.start(serve)
-            with watching:
-                async for signum in signals:
-                    name = signal.Signals(signum).name
-                    if not runtime.shutdown_requested:
-                        log.info("signal received signal=%s: shutting down gracefully", name)
-                        runtime.request_shutdown()
-                    else:
-                        log.warning("second signal received signal=%s: stopping now", name)
-                        nursery.cancel_scope.cancel()
+async def _serve(config: Config, drain: trio.Event) -> None:
+    """serve_kasd until ``drain`` is set (the first SIGTERM/SIGINT), then its graceful drain."""
+    async with trio.open_nursery() as nursery:
+        runtime: Runtime = await nursery.start(serve_kasd, config)
+        await drain.wait()
+        runtime.request_shutdown()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -92,6 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = args[1:]
     try:
         config = load_config(args, os.environ)
+    except UsageError as exc:  # a wrong command line: argparse's usage and words
+        argument_parser().print_usage(sys.stderr)
+        print(f"kasd: error: {exc}", file=sys.stderr)
+        return 2
     except ConfigError as exc:
         print(f"kasd: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -99,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("kasd starting version=%s", VERSION)
     code = 0
     try:
-        trio.run(_serve, config)
+        trio.run(partial(run_until_signalled, partial(_serve, config), log=log))
     except* ConfigError as group:
         for err in leaves(group):
             print(f"kasd: configuration error: {err}", file=sys.stderr)

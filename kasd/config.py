@@ -1,8 +1,10 @@
 """kasd's configuration: a YAML file, then ``KASD_*`` environment overrides, then flags.
 
-Everything is validated up front into frozen values; a bad value raises ``ConfigError`` naming the
-key and what is wrong (``__main__`` prints it and exits 2). Raw tokens never appear here: agents and
-access entries hold ``token_sha256`` digests (``kasd hash-token`` makes them).
+Each setting is declared once below, as a field of a frozen attrs class (``setting()``: its file key,
+variable, flag, help and check); ``daemonkit.settings`` loads them. A bad value raises
+``ConfigError`` naming the key and what is wrong, and the variable or flag when it came from one
+(``__main__`` prints it and exits 2). Raw tokens never appear here: agents and access entries hold
+``token_sha256`` digests (``kasd hash-token`` makes them).
 """
 
 from __future__ import annotations
@@ -18,6 +20,15 @@ import attrs
 import yaml
 
 from daemonkit.notify import ready_file_problem
+from daemonkit.settings import (
+    HostPort,
+    Loaded,
+    Problem,
+    SettingsError,
+    SettingsLoader,
+    Source,
+    setting,
+)
 from kasd.tokens import is_token_hash
 from tunnelhttp.head import Impersonation
 
@@ -29,155 +40,154 @@ try:
 except metadata.PackageNotFoundError:  # running from a source tree without installing
     VERSION = "0.0.0"
 
-
-class ConfigError(Exception):
-    """The configuration is unusable; the message names the key and the problem."""
-
-
-class _OverrideError(ConfigError):
-    """A bad value from an environment variable or a flag: the message names that, not the file."""
+#: the configuration is unusable; the message names the key (and its variable or flag) and the problem
+ConfigError = SettingsError
 
 
-@attrs.frozen(kw_only=True)
-class TLSFiles:
-    cert: Path
-    key: Path
+# --------------------------------------------------------------------------- checks of one value
 
 
-@attrs.frozen(kw_only=True)
-class Listener:
-    host: str
-    port: int
-    tls: TLSFiles | None = None
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-@attrs.frozen(kw_only=True)
-class AgentListener(Listener):
-    path: str = "/tunnel"
-    #: seconds an agent connection has for TLS, HTTP/2 preface and the tunnel request
-    handshake_timeout: float = 10.0
-
-
-@attrs.frozen(kw_only=True)
-class KubernetesAPIListener(Listener):
-    #: seconds a client has to send a complete request head (slowloris bound)
-    header_timeout: float = 30.0
-    #: seconds an idle keep-alive connection is kept open between requests
-    idle_timeout: float = 120.0
-    #: largest request head (request line + headers) accepted, in bytes
-    max_header_bytes: int = 64 * 1024
-
-
-@attrs.frozen(kw_only=True)
-class Agent:
-    id: int
-    name: str
-    config_project: str
-    token_sha256: str = attrs.field(repr=False)
-
-
-@attrs.frozen(kw_only=True)
-class AccessEntry:
-    """One static grant: holders of this token may use these agents, acting as ``impersonate``."""
-
-    kind: str  # "ci" or "pat"
-    token_sha256: str = attrs.field(repr=False)
-    agents: frozenset[int]
-    #: None: act as the agent itself (no Impersonate-* headers)
-    impersonate: Impersonation | None = None
-    name: str = ""
-
-
-@attrs.frozen(kw_only=True)
-class Config:
-    agent: AgentListener = AgentListener(host="0.0.0.0", port=8150)
-    observability: Listener = Listener(host="127.0.0.1", port=8151)
-    kubernetes_api: KubernetesAPIListener = KubernetesAPIListener(host="0.0.0.0", port=8154)
-    agents: tuple[Agent, ...] = ()
-    access: tuple[AccessEntry, ...] = ()
-    agent_wait_timeout: float = 10.0
-    shutdown_timeout: float = 20.0
-    log_level: str = "info"
-    ready_file: Path | None = None
-
-
-# --------------------------------------------------------------------------- parsing helpers
-
-
-def _expect(value: Any, kind: type | tuple[type, ...], key: str, what: str) -> Any:
-    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-        raise ConfigError(f"{key}: must be {what}, got {value!r}")
+def _expect(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        raise Problem(f"must be {what}, got {value!r}")
     if not isinstance(value, kind):
-        raise ConfigError(f"{key}: must be {what}, got {type(value).__name__} {value!r}")
+        raise Problem(f"must be {what}, got {type(value).__name__} {value!r}")
     return value
 
 
-def _mapping(value: Any, key: str) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    return _expect(value, dict, key, "a mapping")  # type: ignore[no-any-return]
+def _string(value: Any) -> str:
+    return _expect(value, str, "a string")  # type: ignore[no-any-return]
 
 
-def _unknown_keys(raw: Mapping[str, Any], allowed: Sequence[str], key: str) -> None:
-    extra = sorted(set(raw) - set(allowed))
-    if extra:
-        where = f"{key}." if key else ""
-        raise ConfigError(f"{where}{extra[0]}: unknown key (expected one of: {', '.join(allowed)})")
-
-
-def parse_address(value: Any, key: str) -> tuple[str, int]:
+def parse_address(value: Any) -> HostPort:
     """``host:port`` (``[v6]:port`` too); port 0 picks a free port."""
-    text = _expect(value, str, key, "a host:port string")
+    text = _expect(value, str, "a host:port string")
     host, sep, port_text = text.rpartition(":")
     if not sep or not host:
-        raise ConfigError(f"{key}: {text!r} is not host:port (e.g. 0.0.0.0:8154)")
-    host = host.strip("[]")
+        raise Problem(f"{text!r} is not host:port (e.g. 0.0.0.0:8154)")
     try:
         port = int(port_text)
     except ValueError:
-        raise ConfigError(f"{key}: port {port_text!r} is not a number") from None
+        raise Problem(f"port {port_text!r} is not a number") from None
     if not 0 <= port <= 65535:
-        raise ConfigError(f"{key}: port {port} is out of range 0-65535")
-    return host, port
+        raise Problem(f"port {port} is out of range 0-65535")
+    return HostPort(host.strip("[]"), port)
 
 
-def _log_level(value: Any, key: str) -> str:
+def _log_level(value: Any) -> str:
     if not isinstance(value, str) or value.lower() not in LOG_LEVELS:
-        raise ConfigError(f"{key}: must be one of {', '.join(LOG_LEVELS)}, got {value!r}")
+        raise Problem(f"must be one of {', '.join(LOG_LEVELS)}, got {value!r}")
     return value.lower()
 
 
-def _seconds(value: Any, key: str) -> float:
+def _seconds(value: Any) -> float:
     if isinstance(value, str):
         try:
             value = float(value)
         except ValueError:
-            raise ConfigError(f"{key}: {value!r} is not a number of seconds") from None
-    seconds = float(_expect(value, (int, float), key, "a number of seconds"))
+            raise Problem(f"{value!r} is not a number of seconds") from None
+    seconds = float(_expect(value, (int, float), "a number of seconds"))
     if seconds <= 0:
-        raise ConfigError(f"{key}: must be greater than 0 seconds, got {value!r}")
+        raise Problem(f"must be greater than 0 seconds, got {value!r}")
     return seconds
 
 
-def _tls(raw: Any, key: str) -> TLSFiles | None:
-    if raw is None:
+def _existing_file(value: Any) -> Path:
+    path = Path(_expect(value, str, "a file path"))
+    if not path.is_file():
+        raise Problem(f"file {str(path)!r} does not exist")
+    return path
+
+
+def _url_path(value: Any) -> str:
+    path = _expect(value, str, "a path")
+    if not path.startswith("/"):
+        raise Problem(f"must start with '/', got {path!r}")
+    return path  # type: ignore[no-any-return]
+
+
+def _max_header_bytes(value: Any) -> int:
+    size = _expect(value, int, "a number of bytes")
+    if size < 1024:
+        raise Problem(f"must be at least 1024, got {size}")
+    return size  # type: ignore[no-any-return]
+
+
+def _positive_id(value: Any) -> int:
+    agent_id = _expect(value, int, "a positive integer")
+    if agent_id <= 0:
+        raise Problem(f"must be a positive integer, got {agent_id}")
+    return agent_id  # type: ignore[no-any-return]
+
+
+def _token_hash(value: Any) -> str:
+    if not is_token_hash(value):
+        raise Problem("must be 64 lower-case hex characters (use `kasd hash-token`)")
+    return value  # type: ignore[no-any-return]
+
+
+def _access_kind(value: Any) -> str:
+    if value not in ("ci", "pat"):
+        raise Problem(f"must be 'ci' or 'pat', got {value!r}")
+    return value  # type: ignore[no-any-return]
+
+
+def _agent_ids(value: Any) -> frozenset[int]:
+    ids = _expect(value, list, "a list of agent ids")
+    for i, agent_id in enumerate(ids):
+        try:
+            _expect(agent_id, int, "an agent id (integer)")
+        except Problem as problem:
+            raise Problem(problem.text, at=f"[{i}]") from None
+    return frozenset(ids)
+
+
+def _strings(value: Any, at: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    try:
+        items = _expect(value, list, "a list of strings")
+    except Problem as problem:
+        raise Problem(problem.text, at=at) from None
+    for i, item in enumerate(items):
+        try:
+            _expect(item, str, "a string")
+        except Problem as problem:
+            raise Problem(problem.text, at=f"{at}[{i}]") from None
+    return tuple(items)
+
+
+_IMPERSONATE_KEYS = ("user", "groups", "uid", "extra")
+
+
+def _impersonation(value: Any) -> Impersonation | None:
+    """``impersonate:`` of an access entry; null acts as the agent itself."""
+    if value is None:
         return None
-    raw = _mapping(raw, key)
-    _unknown_keys(raw, ("cert", "key"), key)
-    paths = {}
-    for name in ("cert", "key"):
-        if name not in raw:
-            raise ConfigError(f"{key}.{name}: missing (TLS needs both cert and key files)")
-        path = Path(_expect(raw[name], str, f"{key}.{name}", "a file path"))
-        if not path.is_file():
-            raise ConfigError(f"{key}.{name}: file {str(path)!r} does not exist")
-        paths[name] = path
-    _check_tls_pair(paths["cert"], paths["key"], key)
-    return TLSFiles(cert=paths["cert"], key=paths["key"])
+    raw = _expect(value, dict, "a mapping")
+    extra_keys = sorted(set(raw) - set(_IMPERSONATE_KEYS))
+    if extra_keys:
+        raise Problem(f"unknown key (expected one of: {', '.join(_IMPERSONATE_KEYS)})", at=f".{extra_keys[0]}")
+    if "user" not in raw:
+        raise Problem("missing (impersonation needs a user; use null to act as the agent)", at=".user")
+    try:
+        user = _expect(raw["user"], str, "a non-empty string")
+    except Problem as problem:
+        raise Problem(problem.text, at=".user") from None
+    if not user:
+        raise Problem("must not be empty", at=".user")
+    uid = raw.get("uid")
+    if uid is not None:
+        try:
+            _expect(uid, str, "a string")
+        except Problem as problem:
+            raise Problem(problem.text, at=".uid") from None
+    extra = raw.get("extra")
+    if extra is not None and not isinstance(extra, dict):
+        raise Problem(f"must be a mapping, got {type(extra).__name__} {extra!r}", at=".extra")
+    pairs = tuple(sorted((str(k), _strings(v, f".extra.{k}")) for k, v in (extra or {}).items()))
+    return Impersonation(user=user, groups=_strings(raw.get("groups"), ".groups"), uid=uid, extra=pairs)
 
 
 class _EncryptedKeyError(Exception):
@@ -188,227 +198,202 @@ def _no_passphrase() -> str:
     raise _EncryptedKeyError  # a daemon has no one to ask (OpenSSL would prompt on a terminal)
 
 
-def _check_tls_pair(cert: Path, key: Path, where: str) -> None:
+def _tls_pair_problem(cert: Path, key: Path) -> str | None:
     """Load the pair now: a bad file is a configuration error naming both files, not a failure
     once kasd is about to listen (OpenSSL's own "[SSL] PEM lib" names neither)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    problem = ""
     try:
         context.load_verify_locations(cafile=str(cert))
     except ssl.SSLError:
-        problem = f"no PEM certificate in {str(cert)!r}"
+        return f"no PEM certificate in {str(cert)!r}"
     except OSError as exc:
-        problem = f"cannot read {str(cert)!r}: {exc.strerror or exc}"
-    if not problem:
-        try:
-            context.load_cert_chain(str(cert), str(key), password=_no_passphrase)
-        except _EncryptedKeyError:
-            problem = "the key is encrypted (kasd needs it without a passphrase)"
-        except ssl.SSLError as exc:
-            if exc.reason == "KEY_VALUES_MISMATCH":
-                problem = "the key does not belong to the certificate"
-            else:
-                problem = f"no PEM private key in {str(key)!r}"
-        except OSError as exc:
-            problem = f"cannot read {str(key)!r}: {exc.strerror or exc}"
-    if problem:
-        raise ConfigError(f"{where}: cannot load certificate {str(cert)!r} with key {str(key)!r}: {problem}")
+        return f"cannot read {str(cert)!r}: {exc.strerror or exc}"
+    try:
+        context.load_cert_chain(str(cert), str(key), password=_no_passphrase)
+    except _EncryptedKeyError:
+        return "the key is encrypted (kasd needs it without a passphrase)"
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            return "the key does not belong to the certificate"
+        return f"no PEM private key in {str(key)!r}"
+    except OSError as exc:
+        return f"cannot read {str(key)!r}: {exc.strerror or exc}"
+    return None
 
 
-def _listener(raw: Any, key: str, default: Listener, extra: Sequence[str] = ()) -> dict[str, Any]:
-    raw = _mapping(raw, key)
-    _unknown_keys(raw, ("address", "tls", *extra), key)
-    host, port = (default.host, default.port)
-    if "address" in raw:
-        host, port = parse_address(raw["address"], f"{key}.address")
-    return {"host": host, "port": port, "tls": _tls(raw.get("tls"), f"{key}.tls")}
+def _ready_file(value: Any) -> Path:
+    path = Path(value)
+    problem = ready_file_problem(path)
+    if problem is not None:
+        raise Problem(f"cannot write the ready file {str(path)!r}: {problem}")
+    return path
 
 
-def _agent(raw: Any, key: str) -> Agent:
-    raw = _mapping(raw, key)
-    _unknown_keys(raw, ("id", "name", "config_project", "token_sha256"), key)
-    for name in ("id", "name", "config_project", "token_sha256"):
-        if name not in raw:
-            raise ConfigError(f"{key}.{name}: missing")
-    agent_id = _expect(raw["id"], int, f"{key}.id", "a positive integer")
-    if agent_id <= 0:
-        raise ConfigError(f"{key}.id: must be a positive integer, got {agent_id}")
-    token_hash = raw["token_sha256"]
-    if not is_token_hash(token_hash):
-        raise ConfigError(f"{key}.token_sha256: must be 64 lower-case hex characters (use `kasd hash-token`)")
-    return Agent(
-        id=agent_id,
-        name=_expect(raw["name"], str, f"{key}.name", "a string"),
-        config_project=_expect(raw["config_project"], str, f"{key}.config_project", "a string"),
-        token_sha256=token_hash,
+def _no_tls(value: Any) -> None:
+    if value is not None:
+        raise Problem("not supported (plain HTTP; keep it on a private address)")
+
+
+# --------------------------------------------------------------------------- the settings
+
+
+_TLS_MISSING = "missing (TLS needs both cert and key files)"
+
+
+@attrs.frozen(kw_only=True)
+class TLSFiles:
+    cert: Path = setting(parse=_existing_file, missing=_TLS_MISSING)
+    key: Path = setting(parse=_existing_file, missing=_TLS_MISSING)
+
+    def __attrs_post_init__(self) -> None:
+        problem = _tls_pair_problem(self.cert, self.key)
+        if problem is not None:
+            raise Problem(f"cannot load certificate {str(self.cert)!r} with key {str(self.key)!r}: {problem}")
+
+
+@attrs.frozen(kw_only=True)
+class Listener:
+    address: HostPort = setting(HostPort("0.0.0.0", 0), parse=parse_address)
+    tls: TLSFiles | None = setting(None)
+
+    @property
+    def host(self) -> str:
+        return self.address.host
+
+    @property
+    def port(self) -> int:
+        return self.address.port
+
+
+@attrs.frozen(kw_only=True)
+class AgentListener(Listener):
+    address: HostPort = setting(
+        HostPort("0.0.0.0", 8150), parse=parse_address, env="KASD_AGENT_ADDRESS", flag="--agent-address",
+        metavar="HOST:PORT", help="agent listener",
+    )
+    path: str = setting("/tunnel", parse=_url_path)
+    #: seconds an agent connection has for TLS, HTTP/2 preface and the tunnel request
+    handshake_timeout: float = setting(10.0, parse=_seconds)
+
+
+@attrs.frozen(kw_only=True)
+class ObservabilityListener(Listener):
+    address: HostPort = setting(
+        HostPort("127.0.0.1", 8151), parse=parse_address, env="KASD_OBSERVABILITY_ADDRESS",
+        flag="--observability-address", metavar="HOST:PORT", help="observability listener",
+    )
+    tls: None = setting(None, parse=_no_tls)
+
+
+@attrs.frozen(kw_only=True)
+class KubernetesAPIListener(Listener):
+    address: HostPort = setting(
+        HostPort("0.0.0.0", 8154), parse=parse_address, env="KASD_KUBERNETES_API_ADDRESS",
+        flag="--kubernetes-api-address", metavar="HOST:PORT", help="Kubernetes API proxy listener",
+    )
+    #: seconds a client has to send a complete request head (slowloris bound)
+    header_timeout: float = setting(30.0, parse=_seconds)
+    #: seconds an idle keep-alive connection is kept open between requests
+    idle_timeout: float = setting(120.0, parse=_seconds)
+    #: largest request head (request line + headers) accepted, in bytes
+    max_header_bytes: int = setting(64 * 1024, parse=_max_header_bytes)
+
+
+@attrs.frozen(kw_only=True)
+class Listeners:
+    agent: AgentListener = AgentListener()
+    observability: ObservabilityListener = ObservabilityListener()
+    kubernetes_api: KubernetesAPIListener = KubernetesAPIListener()
+
+
+@attrs.frozen(kw_only=True)
+class Agent:
+    id: int = setting(parse=_positive_id)
+    name: str = setting(parse=_string)
+    config_project: str = setting(parse=_string)
+    token_sha256: str = setting(parse=_token_hash, repr=False)
+
+
+@attrs.frozen(kw_only=True)
+class AccessEntry:
+    """One static grant: holders of this token may use these agents, acting as ``impersonate``."""
+
+    name: str = setting("", parse=_string)
+    kind: str = setting(parse=_access_kind)  # "ci" or "pat"
+    token_sha256: str = setting(parse=_token_hash, repr=False)
+    agents: frozenset[int] = setting(parse=_agent_ids)
+    #: None: act as the agent itself (no Impersonate-* headers)
+    impersonate: Impersonation | None = setting(None, parse=_impersonation)
+
+
+@attrs.frozen(kw_only=True)
+class Config:
+    listeners: Listeners = Listeners()
+    agents: tuple[Agent, ...] = ()
+    access: tuple[AccessEntry, ...] = ()
+    agent_wait_timeout: float = setting(
+        10.0, parse=_seconds, env="KASD_AGENT_WAIT_TIMEOUT", flag="--agent-wait-timeout", metavar="SECONDS",
+        help="how long a request waits for its agent to connect before 503",
+    )
+    shutdown_timeout: float = setting(
+        20.0, parse=_seconds, env="KASD_SHUTDOWN_TIMEOUT", flag="--shutdown-timeout", metavar="SECONDS",
+        help="bound on the graceful drain after SIGTERM",
+    )
+    log_level: str = setting(
+        "info", parse=_log_level, env="KASD_LOG_LEVEL", flag="--log-level", metavar="LEVEL",
+        help=f"one of {', '.join(LOG_LEVELS)}, any case",
+    )
+    ready_file: Path | None = setting(
+        None, parse=_ready_file, in_file=False, env="KASD_READY_FILE", flag="--ready-file", metavar="PATH",
+        help="once listening, write the bound addresses there as JSON",
     )
 
+    @property
+    def agent(self) -> AgentListener:
+        return self.listeners.agent
 
-def _strings(raw: Any, key: str) -> tuple[str, ...]:
-    if raw is None:
-        return ()
-    items = _expect(raw, list, key, "a list of strings")
-    return tuple(_expect(v, str, f"{key}[{i}]", "a string") for i, v in enumerate(items))
+    @property
+    def observability(self) -> ObservabilityListener:
+        return self.listeners.observability
+
+    @property
+    def kubernetes_api(self) -> KubernetesAPIListener:
+        return self.listeners.kubernetes_api
 
 
-def _impersonation(raw: Any, key: str) -> Impersonation | None:
-    if raw is None:
+# --------------------------------------------------------------------------- how kasd words errors
+
+
+class _KasdBlame:
+    """``KASD_AGENT_WAIT_TIMEOUT: agent_wait_timeout: …`` for a variable or flag, ``<file>:
+    listeners.agent.tls.cert: …`` for the file."""
+
+    def where(self, key: str, source: Source, in_file: bool) -> str:
+        if source.is_override:
+            return f"{source.name}: {key}" if in_file else source.name
+        if source.kind == "file":
+            return f"{source.name}: {key}"
+        return key
+
+    def missing(self, where: str, problem: str) -> str:
+        return f"{where}: {problem}"
+
+    def unknown_keys(self, key: str, unknown: Sequence[str], known: Sequence[str], config: Path | None) -> str:
+        prefix = f"{config}: " if config is not None else ""
+        place = f"{key}." if key else ""
+        return f"{prefix}{place}{unknown[0]}: unknown key (expected one of: {', '.join(known)})"
+
+    def unreadable(self, config: Path, named_by: str, reason: str) -> str:
+        return f"{named_by}: cannot read {str(config)!r}: {reason}"
+
+    def not_yaml(self, config: Path, error: yaml.YAMLError) -> str:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error)
+        return f"{config}: not valid YAML{where}: {problem}"
+
+    def not_a_mapping(self, config: Path, document: object) -> str | None:
         return None
-    raw = _mapping(raw, key)
-    _unknown_keys(raw, ("user", "groups", "uid", "extra"), key)
-    if "user" not in raw:
-        raise ConfigError(f"{key}.user: missing (impersonation needs a user; use null to act as the agent)")
-    user = _expect(raw["user"], str, f"{key}.user", "a non-empty string")
-    if not user:
-        raise ConfigError(f"{key}.user: must not be empty")
-    uid = raw.get("uid")
-    if uid is not None:
-        _expect(uid, str, f"{key}.uid", "a string")
-    extra = _mapping(raw.get("extra"), f"{key}.extra")
-    pairs = tuple(sorted((str(k), _strings(v, f"{key}.extra.{k}")) for k, v in extra.items()))
-    return Impersonation(user=user, groups=_strings(raw.get("groups"), f"{key}.groups"), uid=uid, extra=pairs)
-
-
-def _access(raw: Any, key: str, agent_ids: set[int]) -> AccessEntry:
-    raw = _mapping(raw, key)
-    _unknown_keys(raw, ("name", "kind", "token_sha256", "agents", "impersonate"), key)
-    for name in ("kind", "token_sha256", "agents"):
-        if name not in raw:
-            raise ConfigError(f"{key}.{name}: missing")
-    kind = raw["kind"]
-    if kind not in ("ci", "pat"):
-        raise ConfigError(f"{key}.kind: must be 'ci' or 'pat', got {kind!r}")
-    if not is_token_hash(raw["token_sha256"]):
-        raise ConfigError(f"{key}.token_sha256: must be 64 lower-case hex characters (use `kasd hash-token`)")
-    ids = _expect(raw["agents"], list, f"{key}.agents", "a list of agent ids")
-    for i, agent_id in enumerate(ids):
-        _expect(agent_id, int, f"{key}.agents[{i}]", "an agent id (integer)")
-        if agent_id not in agent_ids:
-            raise ConfigError(f"{key}.agents[{i}]: agent {agent_id} is not defined under agents:")
-    return AccessEntry(
-        kind=kind,
-        token_sha256=raw["token_sha256"],
-        agents=frozenset(ids),
-        impersonate=_impersonation(raw.get("impersonate"), f"{key}.impersonate"),
-        name=_expect(raw.get("name", ""), str, f"{key}.name", "a string"),
-    )
-
-
-def _distinct_addresses(listeners: Mapping[str, Listener], sources: Mapping[str, str]) -> None:
-    """Two listeners on one ``host:port`` can never both bind (port 0 picks a port for each)."""
-    taken: dict[tuple[str, int], str] = {}
-    for name, listener in listeners.items():
-        if listener.port == 0:
-            continue
-        other = taken.setdefault((listener.host, listener.port), name)
-        if other != name:
-            where = f"listeners.{name}.address"
-            message = f"{where}: {listener.address} is also the {other} listener's address (each listener needs its own)"
-            source = sources.get(f"{name}_address")
-            if source is not None:
-                raise _OverrideError(f"{source}: {message}")
-            raise ConfigError(message)
-
-
-_TOP_KEYS = ("listeners", "agents", "access", "agent_wait_timeout", "shutdown_timeout", "log_level")
-_LISTENER_KEYS = ("agent", "observability", "kubernetes_api")
-_K8S_EXTRA = ("header_timeout", "idle_timeout", "max_header_bytes")
-
-
-def config_from_mapping(
-    raw: Any, overrides: Mapping[str, Any] | None = None, sources: Mapping[str, str] | None = None
-) -> Config:
-    """Validate a parsed YAML document; ``overrides`` (env and flags) win over it. ``sources`` names
-    where each override came from (``KASD_AGENT_ADDRESS``, ``--agent-address``) for error messages."""
-    overrides = overrides or {}
-    sources = sources or {}
-    raw = _mapping(raw, "(top level)")
-    _unknown_keys(raw, _TOP_KEYS, "")
-    listeners = _mapping(raw.get("listeners"), "listeners")
-    _unknown_keys(listeners, _LISTENER_KEYS, "listeners")
-    defaults = Config()
-
-    agent_raw = dict(_mapping(listeners.get("agent"), "listeners.agent"))
-    obs_raw = dict(_mapping(listeners.get("observability"), "listeners.observability"))
-    k8s_raw = dict(_mapping(listeners.get("kubernetes_api"), "listeners.kubernetes_api"))
-    for raw_listener, name in ((agent_raw, "agent"), (obs_raw, "observability"), (k8s_raw, "kubernetes_api")):
-        if f"{name}_address" in overrides:
-            raw_listener["address"] = overrides[f"{name}_address"]
-
-    agent_kwargs = _listener(agent_raw, "listeners.agent", defaults.agent, extra=("path", "handshake_timeout"))
-    path = _expect(agent_raw.get("path", "/tunnel"), str, "listeners.agent.path", "a path")
-    if not path.startswith("/"):
-        raise ConfigError(f"listeners.agent.path: must start with '/', got {path!r}")
-    handshake = _seconds(agent_raw.get("handshake_timeout", defaults.agent.handshake_timeout), "listeners.agent.handshake_timeout")
-    agent_listener = AgentListener(path=path, handshake_timeout=handshake, **agent_kwargs)
-    if obs_raw.get("tls") is not None:
-        raise ConfigError("listeners.observability.tls: not supported (plain HTTP; keep it on a private address)")
-    observability = Listener(**_listener(obs_raw, "listeners.observability", defaults.observability))
-    k8s_kwargs = _listener(k8s_raw, "listeners.kubernetes_api", defaults.kubernetes_api, extra=_K8S_EXTRA)
-    k8s_default = defaults.kubernetes_api
-    header_timeout = _seconds(k8s_raw.get("header_timeout", k8s_default.header_timeout), "listeners.kubernetes_api.header_timeout")
-    idle_timeout = _seconds(k8s_raw.get("idle_timeout", k8s_default.idle_timeout), "listeners.kubernetes_api.idle_timeout")
-    max_header = _expect(
-        k8s_raw.get("max_header_bytes", k8s_default.max_header_bytes),
-        int,
-        "listeners.kubernetes_api.max_header_bytes",
-        "a number of bytes",
-    )
-    if max_header < 1024:
-        raise ConfigError(f"listeners.kubernetes_api.max_header_bytes: must be at least 1024, got {max_header}")
-    kubernetes_api = KubernetesAPIListener(
-        header_timeout=header_timeout, idle_timeout=idle_timeout, max_header_bytes=max_header, **k8s_kwargs
-    )
-    _distinct_addresses({"agent": agent_listener, "observability": observability, "kubernetes_api": kubernetes_api}, sources)
-
-    agents_raw = _expect(raw.get("agents") or [], list, "agents", "a list")
-    agents = tuple(_agent(a, f"agents[{i}]") for i, a in enumerate(agents_raw))
-    seen: dict[int, int] = {}
-    tokens: dict[str, int] = {}
-    for i, agent in enumerate(agents):
-        if agent.id in seen:
-            raise ConfigError(f"agents[{i}].id: agent id {agent.id} is already used by agents[{seen[agent.id]}]")
-        seen[agent.id] = i
-        # kasd knows an agent by its token: two agents with one token could not be told apart.
-        if agent.token_sha256 in tokens:
-            first = tokens[agent.token_sha256]
-            raise ConfigError(
-                f"agents[{i}].token_sha256: agent {agent.id} ({agent.name}) has the same token as agents[{first}], "
-                f"agent {agents[first].id} ({agents[first].name}); each agent needs a token of its own"
-            )
-        tokens[agent.token_sha256] = i
-    access_raw = _expect(raw.get("access") or [], list, "access", "a list")
-    access = tuple(_access(a, f"access[{i}]", set(seen)) for i, a in enumerate(access_raw))
-
-    wait = overrides.get("agent_wait_timeout", raw.get("agent_wait_timeout", defaults.agent_wait_timeout))
-    shutdown = overrides.get("shutdown_timeout", raw.get("shutdown_timeout", defaults.shutdown_timeout))
-    level = _log_level(overrides.get("log_level", raw.get("log_level", defaults.log_level)), "log_level")
-    return Config(
-        agent=agent_listener,
-        observability=observability,
-        kubernetes_api=kubernetes_api,
-        agents=agents,
-        access=access,
-        agent_wait_timeout=_seconds(wait, "agent_wait_timeout"),
-        shutdown_timeout=_seconds(shutdown, "shutdown_timeout"),
-        log_level=level,
-        ready_file=overrides.get("ready_file"),
-    )
-
-
-# --------------------------------------------------------------------------- env and flags
-
-#: environment variable → override key
-ENVIRONMENT = {
-    "KASD_AGENT_ADDRESS": "agent_address",
-    "KASD_OBSERVABILITY_ADDRESS": "observability_address",
-    "KASD_KUBERNETES_API_ADDRESS": "kubernetes_api_address",
-    "KASD_AGENT_WAIT_TIMEOUT": "agent_wait_timeout",
-    "KASD_SHUTDOWN_TIMEOUT": "shutdown_timeout",
-    "KASD_LOG_LEVEL": "log_level",
-    "KASD_READY_FILE": "ready_file",
-}
-
 DESCRIPTION = """\
 kasd: the server agentd connects to. Agents (agentd) dial the agent port and keep tunnels open;
 kubectl, CI jobs and people reach their clusters through the Kubernetes API proxy.
@@ -435,113 +420,61 @@ pat:<agent id>:<personal token>.
 """
 
 
+LOADER = SettingsLoader(
+    Config, prog="kasd", description=DESCRIPTION, epilog=EPILOG, config_env="KASD_CONFIG", blame=_KasdBlame(),
+    version=VERSION,
+)
+
+
 def argument_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="kasd", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--config", metavar="PATH", help="YAML configuration file (env: KASD_CONFIG)")
-    parser.add_argument("--agent-address", metavar="HOST:PORT", help="agent listener (env: KASD_AGENT_ADDRESS; default 0.0.0.0:8150)")
-    parser.add_argument(
-        "--observability-address",
-        metavar="HOST:PORT",
-        help="observability listener (env: KASD_OBSERVABILITY_ADDRESS; default 127.0.0.1:8151)",
-    )
-    parser.add_argument(
-        "--kubernetes-api-address",
-        metavar="HOST:PORT",
-        help="Kubernetes API proxy listener (env: KASD_KUBERNETES_API_ADDRESS; default 0.0.0.0:8154)",
-    )
-    parser.add_argument(
-        "--agent-wait-timeout",
-        metavar="SECONDS",
-        help="how long a request waits for its agent to connect before 503 (env: KASD_AGENT_WAIT_TIMEOUT; default 10)",
-    )
-    parser.add_argument(
-        "--shutdown-timeout",
-        metavar="SECONDS",
-        help="bound on the graceful drain after SIGTERM (env: KASD_SHUTDOWN_TIMEOUT; default 20)",
-    )
-    parser.add_argument(
-        "--log-level", type=str.lower, choices=LOG_LEVELS, help="any case (env: KASD_LOG_LEVEL; default info)"
-    )
-    parser.add_argument(
-        "--ready-file",
-        metavar="PATH",
-        help="once listening, write the bound addresses there as JSON (env: KASD_READY_FILE)",
-    )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
-    return parser
+    return LOADER.parser()
 
 
-#: override key → the file key whose check its value gets
-_OVERRIDE_KEYS = {
-    "agent_address": "listeners.agent.address",
-    "observability_address": "listeners.observability.address",
-    "kubernetes_api_address": "listeners.kubernetes_api.address",
-    "agent_wait_timeout": "agent_wait_timeout",
-    "shutdown_timeout": "shutdown_timeout",
-    "log_level": "log_level",
-}
+def _check(loaded: Loaded[Config]) -> Config:
+    """What no single value can tell: listeners on distinct addresses, agents told apart by id and
+    token, access entries naming defined agents."""
+    config = loaded.value
+    taken: dict[tuple[str, int], str] = {}
+    for name in ("agent", "observability", "kubernetes_api"):
+        listener: Listener = getattr(config.listeners, name)
+        if listener.port == 0:  # port 0 picks a port for each
+            continue
+        other = taken.setdefault((listener.host, listener.port), name)
+        if other != name:
+            raise ConfigError(
+                f"{loaded.where(f'listeners.{name}.address')}: {listener.address} is also the {other} listener's "
+                "address (each listener needs its own)"
+            )
+    seen: dict[int, int] = {}
+    tokens: dict[str, int] = {}
+    for i, agent in enumerate(config.agents):
+        if agent.id in seen:
+            raise ConfigError(f"{loaded.where(f'agents[{i}].id')}: agent id {agent.id} is already used by agents[{seen[agent.id]}]")
+        seen[agent.id] = i
+        # kasd knows an agent by its token: two agents with one token could not be told apart.
+        if agent.token_sha256 in tokens:
+            first = config.agents[tokens[agent.token_sha256]]
+            raise ConfigError(
+                f"{loaded.where(f'agents[{i}].token_sha256')}: agent {agent.id} ({agent.name}) has the same token as "
+                f"agents[{tokens[agent.token_sha256]}], agent {first.id} ({first.name}); each agent needs a token of its own"
+            )
+        tokens[agent.token_sha256] = i
+    for i, entry in enumerate(loaded.document.get("access") or []):
+        # the file's order (the entry's frozenset has none), so the first undefined id is named
+        for j, agent_id in enumerate(entry["agents"]):
+            if agent_id not in seen:
+                raise ConfigError(f"{loaded.where(f'access[{i}].agents[{j}]')}: agent {agent_id} is not defined under agents:")
+    return config
 
 
-def _check_override(key: str, value: str, source: str) -> None:
-    """An environment variable's or flag's value gets its file key's check, blamed on its source:
-    ``KASD_AGENT_WAIT_TIMEOUT: agent_wait_timeout: 'abc' is not a number of seconds``."""
-    file_key = _OVERRIDE_KEYS[key]
-    try:
-        if file_key.endswith(".address"):
-            parse_address(value, file_key)
-        elif file_key == "log_level":
-            _log_level(value, file_key)
-        else:
-            _seconds(value, file_key)
-    except ConfigError as exc:
-        raise _OverrideError(f"{source}: {exc}") from None
+def config_from_mapping(raw: Any) -> Config:
+    """Validate a parsed YAML document (no environment, no flags)."""
+    return _check(LOADER.structure(raw if raw is not None else {}, {}, None))
 
 
 def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
     """Flags (``argv`` without the program name) over environment over file over defaults."""
-    args = argument_parser().parse_args(list(argv))
-    overrides: dict[str, Any] = {}
-    sources: dict[str, str] = {}  # override key → the environment variable or flag it came from
-    for env, key in ENVIRONMENT.items():
-        if environ.get(env):
-            overrides[key] = environ[env]
-            sources[key] = env
-    for key in (*_OVERRIDE_KEYS, "ready_file"):
-        value = getattr(args, key)
-        if value is not None:
-            overrides[key] = value
-            sources[key] = "--" + key.replace("_", "-")
-    for key, value in overrides.items():
-        if key in _OVERRIDE_KEYS:
-            _check_override(key, value, sources[key])
-    if "ready_file" in overrides:
-        overrides["ready_file"] = Path(overrides["ready_file"])
-        problem = ready_file_problem(overrides["ready_file"])
-        if problem is not None:
-            raise ConfigError(f"{sources['ready_file']}: cannot write the ready file {str(overrides['ready_file'])!r}: {problem}")
-    path = args.config or environ.get("KASD_CONFIG")
-    raw: Any = {}
-    if path:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            where = "--config" if args.config else "KASD_CONFIG"
-            raise ConfigError(f"{where}: cannot read {path!r}: {exc.strerror or exc}") from None
-        try:
-            raw = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
-    try:
-        return config_from_mapping(raw, overrides, sources)
-    except _OverrideError:
-        raise
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}" if path else str(exc)) from None
+    return _check(LOADER.load(argv, environ))
 
 
 __all__ = ["VERSION", "Config", "ConfigError", "config_from_mapping", "load_config"]

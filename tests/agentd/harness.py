@@ -16,6 +16,7 @@ from agentd.agent import RunningAgent, run_agent
 from agentd.config import AgentConfig
 from agentd.kubeapi import KubeTarget
 from agentd.proxy import RequestRecord
+from daemonkit.settings import HostPort
 from tunnelhttp.head import Impersonation, RequestHead, ResponseHead
 from wire.h2carrier import serve_h2_tunnels
 from wire.session import MuxStream, Session
@@ -148,8 +149,7 @@ def agent_config(tmp_path: Path, kas_url: str, **overrides: Any) -> AgentConfig:
         "token_file": token_file,
         "kubeconfig": tmp_path / "kubeconfig",
         "connections": 1,
-        "health_host": "127.0.0.1",
-        "health_port": 0,
+        "health": HostPort("127.0.0.1", 0),
         "agent_id": "7",
         "pod_name": "agentd-0",
         "pod_uid": "uid-0",
