@@ -169,7 +169,7 @@ class Http1Connection:
             raise self._framing_error(exc) from None
 
     def _framing_error(self, exc: http11.FramingError) -> ClientGone:
-        # e.g. the agent's body does not match its Content-Length: the only honest move is to cut.
+        # e.g. the response body does not match its Content-Length: the only honest move is to cut.
         log.warning("response framing error peer=%s error=%s", self.peer, exc)
         return ClientGone(str(exc))
 

@@ -3,7 +3,7 @@
 Protocol only: each request stream becomes an ``Exchange`` for the request pipeline, which decides
 everything else. Received DATA is acknowledged only as the pipeline takes it (flow control is the
 backpressure); sending respects the client's windows. A client RST_STREAM cancels that request's
-exchange, and the pipeline resets the logical stream so the agent stops the upstream request.
+exchange, and the pipeline stops the work behind it.
 """
 
 from __future__ import annotations
