@@ -307,6 +307,7 @@ class H2Stream:
 
     def _on_reset(self, code: int) -> None:
         self.reset_code = code
+        self._buffer.clear()  # h2 closed the stream: nothing to acknowledge, nothing left to read
         self._break(trio.BrokenResourceError(f"HTTP/2 stream reset by peer (code {code})"))
 
     def _on_connection_end(self, reason: str, *, clean: bool) -> None:
@@ -364,6 +365,9 @@ class H2Stream:
         await trio.lowlevel.checkpoint_if_cancelled()
         while not self._buffer and not self._eof and self._error is None:
             await self._lot.park()
+        if self.reset_code is not None:
+            assert self._error is not None
+            raise self._error  # even after END_STREAM: the peer took the stream back
         if self._buffer:
             data, flow_length = self._buffer.popleft()
             if max_bytes is not None and len(data) > max_bytes:
