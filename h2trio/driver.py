@@ -13,11 +13,13 @@ stream's body, anything else as ``trio.BrokenResourceError``. Errors of this mod
 ``trio.BrokenResourceError``/``ClosedResourceError``; h2's own exceptions do not escape.
 
 Make the ``H2Connection`` with ``h2trio.lean.new_connection`` (the fast one, or h2's own under
-KASD_SAFE_MODE), call ``initiate_connection()`` and your settings on it, then hand it over.
+KASD_SAFE_MODE) and hand it over fresh: the driver starts it (``initiate_connection``, then your
+``settings`` and ``connection_window``), and settings changed later go through
+``driver.update_settings`` (the driver must know which SETTINGS the peer has yet to acknowledge).
 
 A client (the tunnel carrier's dialing side)::
 
-    driver = H2Driver(stream, conn)
+    driver = H2Driver(stream, conn, settings={...})
     h2s = await driver.open_stream([(":method", "POST"), (":path", "/tunnel"), ...])
     head = await h2s.receive_head()        # needs the reader: run_reader in a task, or pump()
     await h2s.send_data(b"..."); data = await h2s.receive_data()
@@ -25,10 +27,10 @@ A client (the tunnel carrier's dialing side)::
 A server front end with many concurrent requests (kasd's HTTP/2 proxy port)::
 
     conn = lean.new_connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
-    conn.initiate_connection()
-    conn.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: 250, SettingCodes.INITIAL_WINDOW_SIZE: 1 << 20})
-    conn.increment_flow_control_window((16 << 20) - 65535)
-    driver = H2Driver(stream, conn)
+    driver = H2Driver(
+        stream, conn, connection_window=16 << 20,
+        settings={SettingCodes.MAX_CONCURRENT_STREAMS: 250, SettingCodes.INITIAL_WINDOW_SIZE: 1 << 20},
+    )
     async with trio.open_nursery() as nursery:
         driver.on_request = lambda h2s: nursery.start_soon(handle, h2s)   # None: refuse new streams
         with trio.CancelScope(deadline=...) as reading:   # idle/head timeouts are the caller's
@@ -54,13 +56,14 @@ A server front end with many concurrent requests (kasd's HTTP/2 proxy port)::
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
+import h2.settings
 import trio
 
 from h2trio.lean import data_to_send_chunks
@@ -80,7 +83,15 @@ _FLUSH_HIGH_WATER = 1 << 20
 class H2Driver:
     """One HTTP/2 connection over ``stream``; see the module docstring."""
 
-    def __init__(self, stream: trio.abc.Stream, conn: h2.connection.H2Connection, *, receive_size: int = _RECEIVE_SIZE) -> None:
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        conn: h2.connection.H2Connection,
+        *,
+        settings: Mapping[h2.settings.SettingCodes | int, int] | None = None,
+        connection_window: int | None = None,
+        receive_size: int = _RECEIVE_SIZE,
+    ) -> None:
         self.stream = stream
         self.conn = conn
         self.receive_size = receive_size
@@ -97,8 +108,19 @@ class H2Driver:
         self._sending = False
         self._drained = trio.lowlevel.ParkingLot()
         self._window_lot = trio.lowlevel.ParkingLot()
-        #: until the peer acknowledges the settings this side started with (see _receive_settings_first)
-        self._settings_unacknowledged = True
+        #: SETTINGS frames sent that the peer has yet to acknowledge (see _receive_settings_first)
+        self._settings_unacknowledged = 0
+        conn.initiate_connection()
+        self._settings_unacknowledged += 1
+        if settings:
+            self.update_settings(settings)
+        if connection_window is not None and connection_window > 65535:
+            conn.increment_flow_control_window(connection_window - 65535)
+
+    def update_settings(self, settings: Mapping[h2.settings.SettingCodes | int, int]) -> None:
+        """Queue a SETTINGS frame (sent with the next flush)."""
+        self.conn.update_settings(dict(settings))
+        self._settings_unacknowledged += 1
 
     # ------------------------------------------------------------------ writing
 
@@ -183,23 +205,25 @@ class H2Driver:
                 return
 
     def _receive_settings_first(self, data: bytes | bytearray) -> list[h2.events.Event]:
-        """Feed h2 at most 16 KiB at a time until the peer acknowledged our settings.
+        """Feed h2 at most 16 KiB at a time while the peer has SETTINGS of ours to acknowledge.
 
         h2 updates its receive buffer's frame size limit only when ``receive_data`` starts, so one
         call holding both the SETTINGS ACK that raises the limit and a frame above the old limit
         (which the peer may send right after its ACK) fails with "overlong frame". A frame is
-        checked only once it is complete, and the initial limit is 16 KiB: fed in such pieces, no
-        frame beyond it completes in the call that saw the ACK."""
+        checked only once it is complete, and no limit is below 16 KiB: fed in such pieces, no
+        frame beyond the old limit completes in the call that saw the ACK."""
         events: list[h2.events.Event] = []
-        for start in range(0, len(data), _INITIAL_MAX_FRAME):
-            piece = self.conn.receive_data(data[start : start + _INITIAL_MAX_FRAME])
-            events.extend(piece)
-            if any(isinstance(event, h2.events.SettingsAcknowledged) for event in piece):
-                self._settings_unacknowledged = False
-                rest = data[start + _INITIAL_MAX_FRAME :]
-                if rest:
-                    events.extend(self.conn.receive_data(rest))
+        start = 0
+        while start < len(data):
+            if not self._settings_unacknowledged:
+                events.extend(self.conn.receive_data(data[start:]))
                 break
+            piece = self.conn.receive_data(data[start : start + _INITIAL_MAX_FRAME])
+            start += _INITIAL_MAX_FRAME
+            events.extend(piece)
+            for event in piece:
+                if isinstance(event, h2.events.SettingsAcknowledged):
+                    self._settings_unacknowledged = max(0, self._settings_unacknowledged - 1)
         return events
 
     def _dispatch(self, event: h2.events.Event) -> None:
@@ -276,6 +300,19 @@ class H2Driver:
 
 class H2Stream:
     """One HTTP/2 stream of an ``H2Driver``: its head, its inbound body, what to send."""
+
+    __slots__ = (
+        "_buffer",
+        "_eof",
+        "_error",
+        "_lot",
+        "_scopes",
+        "driver",
+        "head",
+        "reset_code",
+        "stream_id",
+        "trailers",
+    )
 
     def __init__(self, driver: H2Driver, stream_id: int, head: list[tuple[Any, Any]] | None) -> None:
         self.driver = driver

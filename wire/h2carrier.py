@@ -62,23 +62,15 @@ _HEADER_LIST_LIMIT = 16 * 1024
 _ERROR_BODY_LIMIT = 4096
 
 
-def _h2_settings(conn: h2.connection.H2Connection, *, server: bool) -> None:
-    conn.update_settings(
-        {
-            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: _MAX_WINDOW,
-            h2.settings.SettingCodes.MAX_FRAME_SIZE: _MAX_FRAME,
-            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: _HEADER_LIST_LIMIT,
-            **({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 16} if server else {}),
-        }
-    )
-    conn.increment_flow_control_window(_MAX_WINDOW - 65535)
-
-
 def _new_driver(stream: trio.abc.Stream, *, server: bool) -> H2Driver:
     conn = new_connection(h2.config.H2Configuration(client_side=not server, header_encoding="utf-8"))
-    conn.initiate_connection()
-    _h2_settings(conn, server=server)
-    return H2Driver(stream, conn, receive_size=_RECEIVE_SIZE)
+    settings: dict[h2.settings.SettingCodes | int, int] = {
+        h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: _MAX_WINDOW,
+        h2.settings.SettingCodes.MAX_FRAME_SIZE: _MAX_FRAME,
+        h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: _HEADER_LIST_LIMIT,
+        **({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 16} if server else {}),
+    }
+    return H2Driver(stream, conn, settings=settings, connection_window=_MAX_WINDOW, receive_size=_RECEIVE_SIZE)
 
 
 class H2StreamTransport(trio.abc.HalfCloseableStream):

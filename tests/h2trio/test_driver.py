@@ -20,9 +20,7 @@ from h2trio.lean import new_connection
 
 def _server_driver(stream: trio.abc.Stream, *, window: int = 65535) -> H2Driver:
     conn = new_connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
-    conn.initiate_connection()
-    conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
-    return H2Driver(stream, conn)
+    return H2Driver(stream, conn, settings={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
 
 
 class Client:
@@ -217,9 +215,7 @@ async def test_settings_ack_and_a_large_frame_in_one_read() -> None:
     # alone rejects such a frame when it arrives in the same read as the ACK.
     client_end, server_end = trio.testing.memory_stream_pair()
     conn = new_connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
-    conn.initiate_connection()
-    conn.update_settings({h2.settings.SettingCodes.MAX_FRAME_SIZE: 1 << 20})
-    driver = H2Driver(server_end, conn)
+    driver = H2Driver(server_end, conn, settings={h2.settings.SettingCodes.MAX_FRAME_SIZE: 1 << 20})
     taken: list[H2Stream] = []
     driver.on_request = taken.append
     client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
@@ -247,7 +243,6 @@ async def test_a_driver_on_both_ends() -> None:
     client_end, server_end = trio.testing.memory_stream_pair()
     server = _server_driver(server_end)
     conn = new_connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
-    conn.initiate_connection()
     client = H2Driver(client_end, conn)
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
@@ -263,5 +258,7 @@ async def test_a_driver_on_both_ends() -> None:
             while data := await h2s.receive_data():
                 body += data
             assert head[":status"] == "200" and body == b"HELLO " * 30000
+            # both have seen every SETTINGS of theirs acknowledged: reads go to h2 whole again
+            assert client._settings_unacknowledged == server._settings_unacknowledged == 0
             await client.aclose()
         assert server.closed and client.closed
