@@ -77,6 +77,7 @@ class H2StreamTransport(trio.abc.HalfCloseableStream):
     """Both directions of one HTTP/2 stream as a Trio stream (what a Session runs over)."""
 
     def __init__(self, h2s: H2Stream, *, owns_connection: bool) -> None:
+        h2s.head = None  # checked already; an idle tunnel end (there are thousands) need not keep it
         self.h2s = h2s
         self.driver = h2s.driver
         self.stream_id = h2s.stream_id
