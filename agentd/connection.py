@@ -19,8 +19,9 @@ from typing import Any
 import attrs
 import trio
 
+from wire.carrier import TunnelRejectedError
 from wire.frames import Metadata
-from wire.h2carrier import TunnelRejectedError, open_h2_session
+from wire.h2carrier import open_h2_session
 from wire.session import MuxStream, Session, SessionClosedError
 
 log = logging.getLogger("agentd.connection")

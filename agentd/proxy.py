@@ -21,6 +21,7 @@ from agentd.upstream import (
     UpstreamPool,
     UpstreamUnreachable,
 )
+from netio.relay import relay
 from tunnelhttp.drain import Drain
 from tunnelhttp.head import RequestHead, ResponseHead, TunnelCode
 from tunnelhttp.watchbounds import EventBoundary
@@ -175,59 +176,24 @@ async def _relay(stream: MuxStream, raw: trio.abc.Stream, trailing: bytes, count
     stream once its client hangs up) is the pipe winding down, not a failure. Before that, the side
     that broke names the outcome: ``client-gone`` or ``upstream-lost``.
     """
-    upstream_ended = False
 
-    def broke(outcome: str) -> None:
-        if not upstream_ended and counters.outcome == "ok":
-            counters.outcome = outcome
-        nursery.cancel_scope.cancel()  # the pipe is over (the caller closes both ends)
+    def counted_in(size: int) -> None:
+        counters.bytes_in += size
 
-    async def client_to_upstream() -> None:
-        while True:
-            try:
-                chunk = await stream.receive_some(_CHUNK)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return broke("client-gone")
-            if not chunk:
-                break
-            counters.bytes_in += len(chunk)
-            try:
-                await raw.send_all(chunk)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                return broke("upstream-lost")
-        if isinstance(raw, trio.abc.HalfCloseableStream):
-            try:
-                await raw.send_eof()
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                return broke("upstream-lost")
-        # TLS cannot half-close: the upstream side ends the exchange when it is done.
+    def counted_out(size: int) -> None:
+        counters.bytes_out += size
 
-    async def upstream_to_client() -> None:
-        nonlocal upstream_ended
-        while True:
-            try:
-                chunk = await raw.receive_some(_CHUNK)
-            except (trio.BrokenResourceError, OSError):
-                chunk = b""  # TLS without close_notify: treat as the end
-            if not chunk:
-                break
-            counters.bytes_out += len(chunk)
-            try:
-                await stream.send_all(chunk)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return broke("client-gone")
-        try:
-            await stream.send_eof()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return broke("client-gone")
-        upstream_ended = True
-
-    if trailing:
-        counters.bytes_out += len(trailing)
-        await stream.send_all(trailing)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(client_to_upstream)
-        nursery.start_soon(upstream_to_client)
+    result = await relay(
+        stream,
+        raw,
+        early_to_client=trailing,
+        on_to_server=counted_in,
+        on_to_client=counted_out,
+        chunk=_CHUNK,
+        server_receive_error_is_eof=True,  # TLS without close_notify: the upstream's end
+    )
+    if result.broken is not None and not result.server_finished and counters.outcome == "ok":
+        counters.outcome = "client-gone" if result.broken == "client" else "upstream-lost"
 
 
 def _content_type(headers: Sequence[tuple[str, str]]) -> str | None:

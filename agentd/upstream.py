@@ -23,7 +23,7 @@ import trio
 
 import http11
 from agentd.kubeapi import KubeTarget
-from netio.fastio import FastTLSStream, fast_stream
+from netio.fastio import fast_stream, tls_stream
 from tunnelhttp.head import Headers, RequestHead, strip_hop_by_hop
 
 log = logging.getLogger("agentd.upstream")
@@ -120,15 +120,21 @@ class _Connection:
 
     def readable_while_idle(self) -> bool:
         """An idle keep-alive connection with bytes (or EOF) waiting is one the server gave up on."""
-        sock = getattr(self.stream, "socket", None)
+        stream = self.stream
+        sock = getattr(stream, "socket", None) or getattr(getattr(stream, "transport_stream", None), "socket", None)
         if sock is None:
             return True
+        # Trio's own sockets (KASD_SAFE_MODE) only offer an async recv: borrow the descriptor.
+        peek = sock if isinstance(sock, socket.socket) else socket.socket(fileno=sock.fileno())
         try:
-            sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except BlockingIOError:
             return False  # nothing waiting: still a good connection
         except OSError:
             pass
+        finally:
+            if peek is not sock:
+                peek.detach()  # the descriptor stays Trio's
         return True
 
     async def aclose(self) -> None:
@@ -369,8 +375,8 @@ class UpstreamPool:
                 stream: trio.abc.Stream = tcp
                 if target.scheme == "https":
                     assert target.ssl_context is not None
-                    tls = FastTLSStream(tcp, target.ssl_context, https_compatible=True,
-                                         server_hostname=target.server_hostname or target.host)
+                    tls = tls_stream(tcp, target.ssl_context, https_compatible=True,
+                                     server_hostname=target.server_hostname or target.host)
                     await tls.do_handshake()
                     stream = tls
         except trio.TooSlowError:

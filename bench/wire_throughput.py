@@ -181,12 +181,7 @@ async def run_h2(port: int, nbytes: int) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(run_h2_reader, transport)
 
-        async def eof() -> None:
-            link = transport._link
-            link.conn.end_stream(transport.stream_id)
-            await link.flush()
-
-        await _send_and_confirm(transport, nbytes, eof)
+        await _send_and_confirm(transport, nbytes, transport.send_eof)
         await transport.aclose()
         nursery.cancel_scope.cancel()
 

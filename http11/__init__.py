@@ -1,7 +1,11 @@
 """HTTP/1.1 framing over llhttp (httptools), sans-I/O: what kasd's proxy port and agentd's upstream
 hop both speak. Bytes in, events out; heads and chunked bodies encoded for sending.
 
-May import: the standard library, attrs, httptools. Never trio, ``wire``, ``kasd`` or ``agentd``.
+Errors are the project's one ``ProtocolError`` family from ``wire.errors`` (a sans-I/O leaf):
+``ProtocolError`` here is that base class, and a malformed message raises its ``RemoteProtocolError``.
+
+May import: the standard library, attrs, httptools, ``wire.errors``. Never trio (nor anything that
+imports it: the rest of ``wire``), ``kasd`` or ``agentd``.
 """
 
 from http11.framing import (
@@ -11,6 +15,7 @@ from http11.framing import (
     BodyWriter,
     FramingError,
     ProtocolError,
+    RemoteProtocolError,
     Request,
     RequestParser,
     Response,
@@ -26,6 +31,7 @@ __all__ = [
     "BodyWriter",
     "FramingError",
     "ProtocolError",
+    "RemoteProtocolError",
     "Request",
     "RequestParser",
     "Response",

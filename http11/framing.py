@@ -15,7 +15,8 @@ Events from ``next_event``:
   parser stops: ``trailing`` holds the bytes that followed, which belong to the new protocol;
 - ``NEED_DATA``: feed more; ``CLOSED``: the peer closed between messages.
 
-A malformed message raises ``ProtocolError`` from ``next_event`` (never from ``feed``, so a task
+A malformed message raises ``RemoteProtocolError`` (of the project's one family, ``wire.errors``;
+``status`` is the answer a server would give) from ``next_event`` (never from ``feed``, so a task
 that only reads can hand bytes over and let the task that parses report the error), after any
 events that came before it.
 """
@@ -29,6 +30,8 @@ from http import HTTPStatus
 import attrs
 import httptools
 
+from wire.errors import ProtocolError, RemoteProtocolError
+
 __all__ = [
     "CLOSED",
     "END",
@@ -36,6 +39,7 @@ __all__ = [
     "BodyWriter",
     "FramingError",
     "ProtocolError",
+    "RemoteProtocolError",
     "Request",
     "RequestParser",
     "Response",
@@ -60,12 +64,9 @@ CLOSED = _Sentinel("CLOSED")
 Headers = list[tuple[str, str]]
 
 
-class ProtocolError(Exception):
+def _malformed(message: str, status: int = 400) -> RemoteProtocolError:
     """The peer sent something that is not HTTP/1.1; ``status`` is the answer a server would give."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
+    return RemoteProtocolError(message, status=status)
 
 
 class FramingError(Exception):
@@ -106,7 +107,7 @@ class _Parser:
         self.max_head = max_head
         self._events: deque[object] = deque()
         self._parser = self._make(self)
-        self._error: ProtocolError | None = None
+        self._error: RemoteProtocolError | None = None
         self._url = b""
         self._headers: Headers = []
         self._head_size = 0
@@ -142,17 +143,17 @@ class _Parser:
         except httptools.HttpParserCallbackError as exc:
             cause = exc.__context__
             if not isinstance(cause, _Stop):
-                self._error = cause if isinstance(cause, ProtocolError) else ProtocolError(str(cause or exc))
+                self._error = cause if isinstance(cause, RemoteProtocolError) else _malformed(str(cause or exc))
             return
         except httptools.HttpParserError as exc:
-            self._error = ProtocolError(f"malformed HTTP/1.1: {exc}")
+            self._error = _malformed(f"malformed HTTP/1.1: {exc}")
             return
         if self._in_head:
             # llhttp keeps an incomplete head's pieces: bound them here (a whole head is measured
             # when it completes).
             self._head_size += len(data)
             if self._head_size > self.max_head:
-                self._error = ProtocolError(f"head larger than {self.max_head} bytes", 431)
+                self._error = _malformed(f"head larger than {self.max_head} bytes", 431)
 
     def feed_eof(self) -> None:
         if self._closed or self._paused or self._error is not None:
@@ -165,7 +166,7 @@ class _Parser:
             self._in_message = False
             self._events.append(END)
         else:
-            self._error = ProtocolError("connection closed in the middle of a message")
+            self._error = _malformed("connection closed in the middle of a message")
 
     # -- output
 
@@ -208,7 +209,7 @@ class _Parser:
         headers = self._headers
         size = len(self._url) + sum(len(k) + len(v) + 4 for k, v in headers)
         if size > self.max_head:
-            raise ProtocolError(f"head larger than {self.max_head} bytes", 431)
+            raise _malformed(f"head larger than {self.max_head} bytes", 431)
         self._in_head = False
         return headers
 

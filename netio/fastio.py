@@ -15,6 +15,25 @@ cannot starve other tasks, every ``_YIELD_EVERY``-th such operation yields anywa
 ``FastTLSStream`` drives an ``ssl.SSLObject`` over memory BIOs, as ``SSLStream`` does, and gathers
 every TLS record already received into one ``receive_some`` answer (``SSLStream`` returns one
 record, at most 16 KiB, per call).
+
+This module is the fence around what these fast paths rely on (STYLE §9). Only Trio's public API
+is called (``trio.lowlevel.checkpoint_if_cancelled``, ``cancel_shielded_checkpoint``,
+``wait_readable``/``wait_writable``, ``notify_closing``; ``trio.SocketStream.socket``), so no upper
+bound of trio is pinned; what is assumed beyond Trio's documentation is its *behaviour*:
+
+1. a task need not pass a schedule point on every stream call for Trio to stay fair and correct,
+   as long as it does every so often and whenever it waits (Trio documents the opposite as its
+   own streams' contract, not as a requirement on callers);
+2. ``wait_readable``/``wait_writable`` on a socket that ``notify_closing`` was called for raise
+   ``ClosedResourceError`` in the waiting task;
+3. ``trio.SocketStream.socket`` can be detached and driven directly once the SocketStream is
+   dropped.
+
+``tests/netio/test_fastio.py`` checks each (naming it when it breaks) and runs Trio's own stream
+conformance checks on these classes. With ``KASD_SAFE_MODE`` set (``netio.safemode``), every call
+of these classes yields, ``fast_stream``/``tls_stream`` hand out Trio's own ``SocketStream`` and
+``SSLStream``, and ``cancel_point``/``maybe_yield`` yield every time (``cancel_point`` is then
+``checkpoint_if_cancelled`` + ``cancel_shielded_checkpoint``: exactly ``trio.lowlevel.checkpoint``).
 """
 
 from __future__ import annotations
@@ -27,6 +46,8 @@ from contextlib import contextmanager
 
 import trio
 
+from netio.safemode import SAFE_MODE
+
 __all__ = [
     "ConflictDetector",
     "FastSocketStream",
@@ -37,9 +58,12 @@ __all__ = [
     "maybe_yield",
     "peer_name",
     "send_many",
+    "tls_stream",
 ]
 
 _YIELD_EVERY = 16  # wire_throughput: h2c 1 stream ~460-620 MB/s at 32, ~900 at 16; fewer favours latency
+if SAFE_MODE:
+    _YIELD_EVERY = 1  # every call a schedule point, as Trio's own streams
 _yield_every = _YIELD_EVERY
 _budget = _YIELD_EVERY
 _DEFAULT_RECEIVE = 256 * 1024
@@ -239,10 +263,38 @@ def peer_name(stream: trio.abc.Stream) -> str:
 
 
 def fast_stream(stream: trio.abc.Stream) -> trio.abc.Stream:
-    """``stream`` as a FastSocketStream when it is a plain ``trio.SocketStream``; otherwise as it is."""
-    if type(stream) is trio.SocketStream:
+    """``stream`` as a FastSocketStream when it is a plain ``trio.SocketStream``; otherwise as it is
+    (always as it is under KASD_SAFE_MODE)."""
+    if type(stream) is trio.SocketStream and not SAFE_MODE:
         return FastSocketStream.from_trio(stream)
     return stream
+
+
+def tls_stream(
+    transport_stream: trio.abc.Stream,
+    ssl_context: ssl.SSLContext,
+    *,
+    server_side: bool = False,
+    server_hostname: str | None = None,
+    https_compatible: bool = False,
+) -> FastTLSStream | trio.SSLStream[trio.abc.Stream]:
+    """TLS over ``transport_stream``: a FastTLSStream, or Trio's ``SSLStream`` under KASD_SAFE_MODE.
+    Both offer ``do_handshake()``, ``selected_alpn_protocol()`` and ``getpeercert()``."""
+    if SAFE_MODE:
+        return trio.SSLStream(
+            transport_stream,
+            ssl_context,
+            server_side=server_side,
+            server_hostname=server_hostname,
+            https_compatible=https_compatible,
+        )
+    return FastTLSStream(
+        transport_stream,
+        ssl_context,
+        server_side=server_side,
+        server_hostname=server_hostname,
+        https_compatible=https_compatible,
+    )
 
 
 class FastTLSStream(trio.abc.Stream):

@@ -3,10 +3,12 @@
 The core (``errors``, ``frames``, ``codec``, ``events``, ``settings``, ``streamstate``, ``flow``,
 ``mux``) imports neither trio nor h2 and never reads a clock: bytes in, events out, bytes to send.
 The adapters beside it (``session`` over any ``trio.abc.Stream``, ``h2carrier`` carrying a session on
-one HTTP/2 stream) are thin. What an HTTP exchange means on a stream lives in ``tunnelhttp``; the
-byte streams underneath in ``netio``.
+one HTTP/2 stream, driven by ``h2trio``) are thin; ``carrier`` is what every carrier shares (the
+authenticate callback, the request checks, ``TunnelRejectedError``), sans-I/O. ``errors`` holds the
+project's one ``ProtocolError`` family. What an HTTP exchange means on a stream lives in
+``tunnelhttp``; the byte streams underneath in ``netio``.
 
-May import: ``netio``, the standard library, attrs, msgpack, trio and h2 (adapters only).
+May import: ``netio``, ``h2trio``, the standard library, attrs, msgpack, trio and h2 (adapters only).
 Never ``tunnelhttp``, ``routing``, ``kasd``, ``agentd`` or ``kubesim``.
 """
 

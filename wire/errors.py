@@ -1,4 +1,16 @@
-"""Error codes and the two protocol error types: whose fault it was decides which one is raised."""
+"""The project's one ``ProtocolError`` family, and the tunnel's error codes.
+
+Whose fault it was decides the type, as in h11: ``LocalProtocolError`` (this side misused an API;
+nothing was sent) or ``RemoteProtocolError`` (the peer broke the protocol). Each carries hints of
+what to send back: ``code`` for a tunnel frame (RESET, REFUSE, GOAWAY), ``status`` for an HTTP
+answer. The tunnel core (``wire``), its HTTP meaning (``tunnelhttp``) and the HTTP/1.1 framing of the
+outer hops (``http11``) all raise these; ``http11.ProtocolError`` is this very base class.
+
+Why here: this module is a leaf of the sans-I/O core (standard library only; ``wire/__init__`` adds
+attrs, never trio or h2), so every package may import it without pulling in I/O, and no second
+family is needed for the packages that must not import trio (``http11``). The arrows point one way:
+``http11`` → ``wire.errors``, never ``wire`` → ``http11``.
+"""
 
 from __future__ import annotations
 
@@ -33,14 +45,23 @@ class ErrorCode(enum.IntEnum):
 
 
 class ProtocolError(Exception):
-    """Base of both protocol errors; ``code`` is what goes on the wire."""
+    """Base of the family: catch this for "any protocol was broken".
 
-    def __init__(self, message: str, code: ErrorCode = ErrorCode.PROTOCOL_ERROR) -> None:
+    ``code`` is what goes on a tunnel frame; ``status`` is what an HTTP server answers (given only by
+    HTTP framing, which then reads as its message alone, as HTTP error texts always have).
+    """
+
+    def __init__(
+        self, message: str, code: ErrorCode = ErrorCode.PROTOCOL_ERROR, *, status: int | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        self.status = status
 
     def __str__(self) -> str:
+        if self.status is not None:
+            return self.message
         return f"{self.message} ({self.code.name})"
 
 

@@ -43,9 +43,9 @@ class FakeKasd:
     async def authenticate(self, token: str, headers: dict[str, str]) -> Any:
         self.tokens.append(token)
         if self.reject_status is not None:
-            from wire.h2carrier import TunnelRejected
+            from wire.carrier import TunnelRejectedError
 
-            raise TunnelRejected(self.reject_status, "agent token revoked")
+            raise TunnelRejectedError(self.reject_status, "agent token revoked")
         return {"agent": 1} if token == AGENT_TOKEN else None
 
     async def handler(self, session: Session, principal: Any) -> None:

@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from agentd.connection import Backoff, ConnectionManager
-from wire.h2carrier import TunnelRejectedError
+from wire.carrier import TunnelRejectedError
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -241,3 +241,24 @@ def test_a_request_line_that_would_break_the_message_is_refused() -> None:
         with pytest.raises(FramingError):
             http11.encode_request_head(method, target, [])
     assert http11.encode_response_head(599, []) == b"HTTP/1.1 599 \r\n\r\n"
+
+
+def test_errors_are_the_one_protocol_error_family() -> None:
+    import wire.errors
+
+    parser = http11.RequestParser(max_head=64)
+    parser.feed(b"NOT HTTP\r\n\r\n")
+    with pytest.raises(wire.errors.RemoteProtocolError) as info:
+        while parser.next_event() is not NEED_DATA:
+            pass
+    assert http11.ProtocolError is wire.errors.ProtocolError
+    assert info.value.status == 400 and str(info.value) == info.value.message  # HTTP texts stay as they were
+
+
+def test_http11_imports_nothing_that_uses_trio() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, http11; print(sorted(m for m in sys.modules if m.split('.')[0] in ('trio', 'h2', 'netio')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
+    assert out.strip() == "[]"

@@ -18,7 +18,8 @@ from tests.kasd.helpers import (
     wait_sessions,
 )
 from tunnelhttp.head import RequestHead
-from wire.h2carrier import TunnelRejectedError, open_h2_session
+from wire.carrier import TunnelRejectedError
+from wire.h2carrier import open_h2_session
 from wire.session import MuxStream, Session
 
 pytestmark = pytest.mark.timeout(20)

@@ -276,3 +276,78 @@ async def test_a_failed_handshake_fails_every_task_waiting_for_it(
             await trio.testing.wait_all_tasks_blocked()
             await raw_server.send_all(b"HTTP/1.1 400 Bad Request\r\n\r\n")  # not TLS
     assert len(failures) == 2
+
+
+# ---- the fence: what the fast paths assume of Trio (netio.fastio's docstring), and the switch
+
+
+async def test_assumption_notify_closing_wakes_a_waiting_task_with_closed_resource_error() -> None:
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    failed: list[BaseException] = []
+
+    async def wait() -> None:
+        try:
+            await trio.lowlevel.wait_readable(a)
+        except trio.ClosedResourceError as exc:
+            failed.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait)
+        await trio.testing.wait_all_tasks_blocked()
+        trio.lowlevel.notify_closing(a)
+    a.close()
+    b.close()
+    assert failed, "netio.fastio assumes trio.lowlevel.notify_closing makes wait_readable raise ClosedResourceError"
+
+
+async def test_assumption_a_trio_socket_stream_socket_can_be_taken_over() -> None:
+    a, b = trio.socket.socketpair()
+    trio_stream = trio.SocketStream(a)
+    assert hasattr(trio_stream.socket, "detach"), (
+        "netio.fastio assumes trio.SocketStream.socket is a trio socket whose descriptor can be detached"
+    )
+    fast = FastSocketStream.from_trio(trio_stream)
+    await fast.send_all(b"ping")
+    assert await trio.SocketStream(b).receive_some(4) == b"ping", "netio.fastio: a detached socket must stay usable"
+    await fast.aclose()
+    b.close()
+
+
+async def test_assumption_fairness_a_busy_loop_still_lets_others_run() -> None:
+    # Assumption 1: Trio stays fair when a task yields only every _YIELD_EVERY-th call. A task that
+    # sends without ever waiting must still let another task run about as often as it yields.
+    a, b = await _socket_pair()
+    turns = 0
+
+    async def other() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other)
+        for _ in range(10 * fastio._YIELD_EVERY):
+            await a.send_all(b"x")
+        assert turns >= 8, (
+            f"netio.fastio assumes a schedule point every _YIELD_EVERY calls lets other tasks run (got {turns} turns in 10)"
+        )
+        nursery.cancel_scope.cancel()
+    await a.aclose()
+    await b.aclose()
+
+
+async def test_the_switch_hands_out_trio_streams(tls_contexts: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:
+    from netio import safemode
+
+    a, b = trio.socket.socketpair()
+    stream = fastio.fast_stream(trio.SocketStream(a))
+    tls = fastio.tls_stream(stream, tls_contexts[1], server_hostname="localhost")
+    if safemode.SAFE_MODE:
+        assert type(stream) is trio.SocketStream and type(tls) is trio.SSLStream
+        assert fastio._YIELD_EVERY == 1  # a FastSocketStream made directly yields every time
+    else:
+        assert type(stream) is FastSocketStream and type(tls) is FastTLSStream
+    await stream.aclose()
+    b.close()

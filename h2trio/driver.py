@@ -1,0 +1,494 @@
+"""The one driver of h2 over Trio: an ``H2Connection`` over a ``trio.abc.Stream``, either side.
+
+``H2Driver`` owns the connection: one reader (``run_reader``, or ``pump`` one read at a time while a
+handshake is decided) that feeds h2 and dispatches its events, and one writer path (``flush``) that
+moves what h2 queued to the stream in order, vectored where the stream can. Each HTTP/2 stream is an
+``H2Stream``: its head, an inbound body queue acknowledged to the peer only as the consumer takes
+the bytes (flow control *is* the backpressure, as in hypercorn), and ``send_data`` that sends at
+most ``min(local_flow_control_window, max_outbound_frame_size)`` at a time and parks until a
+WINDOW_UPDATE (or a SETTINGS change) opens the window. A peer's RST_STREAM fails that stream (and
+cancels the scopes given to ``cancel_when_broken``); the connection's end (EOF, I/O error, a
+protocol error, GOAWAY) fails every stream: a clean GOAWAY (NO_ERROR) reads as the end of each
+stream's body, anything else as ``trio.BrokenResourceError``. Errors of this module are always
+``trio.BrokenResourceError``/``ClosedResourceError``; h2's own exceptions do not escape.
+
+Make the ``H2Connection`` with ``h2trio.lean.new_connection`` (the fast one, or h2's own under
+KASD_SAFE_MODE) and hand it over fresh: the driver starts it (``initiate_connection``, then your
+``settings`` and ``connection_window``), and settings changed later go through
+``driver.update_settings`` (the driver must know which SETTINGS the peer has yet to acknowledge).
+
+A client (the tunnel carrier's dialing side)::
+
+    driver = H2Driver(stream, conn, settings={...})
+    h2s = await driver.open_stream([(":method", "POST"), (":path", "/tunnel"), ...])
+    head = await h2s.receive_head()        # needs the reader: run_reader in a task, or pump()
+    await h2s.send_data(b"..."); data = await h2s.receive_data()
+
+A server front end with many concurrent requests (kasd's HTTP/2 proxy port)::
+
+    conn = lean.new_connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
+    driver = H2Driver(
+        stream, conn, connection_window=16 << 20,
+        settings={SettingCodes.MAX_CONCURRENT_STREAMS: 250, SettingCodes.INITIAL_WINDOW_SIZE: 1 << 20},
+    )
+    async with trio.open_nursery() as nursery:
+        driver.on_request = lambda h2s: nursery.start_soon(handle, h2s)   # None: refuse new streams
+        with trio.CancelScope(deadline=...) as reading:   # idle/head timeouts are the caller's
+            await driver.run_reader(initial=preface_already_read)
+        # over: driver.close_reason says why, driver.protocol_error is set if the peer broke HTTP/2
+    await driver.aclose()                                 # GOAWAY, then close the stream
+
+    async def handle(h2s: H2Stream) -> None:
+        with trio.CancelScope() as scope:
+            h2s.cancel_when_broken(scope)                  # client RST_STREAM / connection gone
+            method = dict(h2s.head)[b":method"]            # the request head, as h2 decoded it
+            while data := await h2s.receive_data():        # b"" once the client ended its body
+                ...
+            await h2s.send_headers([(":status", "200"), ...])
+            await h2s.send_data(body, end_stream=True)     # or end_stream() later
+        if scope.cancelled_caught or failed:
+            await h2s.reset(h2.errors.ErrorCodes.CANCEL)
+        h2s.close()                                        # late DATA for it is acknowledged and dropped
+
+``h2s.ended_by_peer`` (END_STREAM seen, body fully queued) tells a bodiless request at once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+import trio
+
+from h2trio.lean import data_to_send_chunks
+from netio.fastio import send_many
+
+__all__ = ["H2Driver", "H2Stream", "Headers"]
+
+#: headers as h2 takes and gives them (``str`` with a ``header_encoding``, else ``bytes``)
+Headers = Sequence[tuple[Any, Any]]
+
+_RECEIVE_SIZE = 256 * 1024
+_INITIAL_MAX_FRAME = 16384  # SETTINGS_MAX_FRAME_SIZE until changed (RFC 9113, 6.5.2)
+#: bytes queued behind a send in progress before a further flush() waits for it
+_FLUSH_HIGH_WATER = 1 << 20
+
+
+class H2Driver:
+    """One HTTP/2 connection over ``stream``; see the module docstring."""
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        conn: h2.connection.H2Connection,
+        *,
+        settings: Mapping[h2.settings.SettingCodes | int, int] | None = None,
+        connection_window: int | None = None,
+        receive_size: int = _RECEIVE_SIZE,
+    ) -> None:
+        self.stream = stream
+        self.conn = conn
+        self.receive_size = receive_size
+        #: open streams by id
+        self.streams: dict[int, H2Stream] = {}
+        #: called (synchronously, by the reader) with each new request stream; None refuses them
+        self.on_request: Callable[[H2Stream], object] | None = None
+        self.closed = False
+        self.close_reason = ""
+        #: what the peer got wrong, when the connection ended on an HTTP/2 protocol error
+        self.protocol_error: h2.exceptions.ProtocolError | None = None
+        self._queued: list[bytes] = []
+        self._queued_bytes = 0
+        self._sending = False
+        self._drained = trio.lowlevel.ParkingLot()
+        self._window_lot = trio.lowlevel.ParkingLot()
+        #: SETTINGS frames sent that the peer has yet to acknowledge (see _receive_settings_first)
+        self._settings_unacknowledged = 0
+        conn.initiate_connection()
+        self._settings_unacknowledged += 1
+        if settings:
+            self.update_settings(settings)
+        if connection_window is not None and connection_window > 65535:
+            conn.increment_flow_control_window(connection_window - 65535)
+
+    def update_settings(self, settings: Mapping[h2.settings.SettingCodes | int, int]) -> None:
+        """Queue a SETTINGS frame (sent with the next flush)."""
+        self.conn.update_settings(dict(settings))
+        self._settings_unacknowledged += 1
+
+    # ------------------------------------------------------------------ writing
+
+    async def flush(self, *, wait: bool = False) -> None:
+        """Send what h2 queued. One task at a time moves bytes to the stream and keeps going until
+        none are left, so a second caller's bytes go out after the first's, in order; that caller
+        returns at once unless much is queued (or ``wait``: until everything is sent).
+
+        A failed send fails the connection and raises ``trio.BrokenResourceError``."""
+        chunks = data_to_send_chunks(self.conn)
+        if chunks:
+            self._queued.extend(chunks)
+            self._queued_bytes += sum(map(len, chunks))
+        while self._sending:
+            if not wait and self._queued_bytes < _FLUSH_HIGH_WATER:
+                return
+            await self._drained.park()
+        if not self._queued:
+            return
+        self._sending = True
+        try:
+            while self._queued:
+                chunks, self._queued = self._queued, []
+                self._queued_bytes = 0
+                await send_many(self.stream, chunks)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._queued.clear()
+            self.fail(f"connection lost while sending: {exc!r}")
+            raise trio.BrokenResourceError(self.close_reason) from exc
+        finally:
+            self._sending = False
+            self._drained.unpark_all()
+
+    async def open_stream(self, headers: Headers, *, end_stream: bool = False) -> H2Stream:
+        """A client's new request stream, its head sent (and flushed)."""
+        if self.closed:
+            raise trio.BrokenResourceError(self.close_reason)
+        stream_id = self.conn.get_next_available_stream_id()
+        h2s = H2Stream(self, stream_id, None)
+        self.streams[stream_id] = h2s
+        await h2s.send_headers(headers, end_stream=end_stream)
+        return h2s
+
+    # ------------------------------------------------------------------ reading
+
+    async def run_reader(self, *, initial: bytes | bytearray = b"") -> None:
+        """The connection's one reader: returns when the connection has ended (see ``close_reason``).
+        ``initial``: bytes already read from the stream (a preface sniffed by the caller)."""
+        if initial:
+            await self.pump(initial)
+        while not self.closed:
+            await self.pump()
+
+    async def pump(self, data: bytes | bytearray | None = None) -> None:
+        """Read once from the stream (or take ``data``), feed h2, dispatch its events, flush its
+        answers. Never raises for the connection's end: that sets ``closed``."""
+        if data is None:
+            try:
+                data = await self.stream.receive_some(self.receive_size)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                self.fail(f"connection lost: {exc!r}")
+                return
+            if not data:
+                self.fail("peer closed the connection")
+                return
+        try:
+            events = self._receive_settings_first(data) if self._settings_unacknowledged else self.conn.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:
+            self.protocol_error = exc
+            self.fail(f"HTTP/2 protocol error from peer: {exc}")
+            try:
+                await self.flush()  # h2 queued a GOAWAY naming the error
+            except trio.BrokenResourceError:
+                pass
+            return
+        for event in events:
+            self._dispatch(event)
+        if not self.closed:
+            try:
+                await self.flush()
+            except trio.BrokenResourceError:
+                return
+
+    def _receive_settings_first(self, data: bytes | bytearray) -> list[h2.events.Event]:
+        """Feed h2 at most 16 KiB at a time while the peer has SETTINGS of ours to acknowledge.
+
+        h2 updates its receive buffer's frame size limit only when ``receive_data`` starts, so one
+        call holding both the SETTINGS ACK that raises the limit and a frame above the old limit
+        (which the peer may send right after its ACK) fails with "overlong frame". A frame is
+        checked only once it is complete, and no limit is below 16 KiB: fed in such pieces, no
+        frame beyond the old limit completes in the call that saw the ACK."""
+        events: list[h2.events.Event] = []
+        start = 0
+        while start < len(data):
+            if not self._settings_unacknowledged:
+                events.extend(self.conn.receive_data(data[start:]))
+                break
+            piece = self.conn.receive_data(data[start : start + _INITIAL_MAX_FRAME])
+            start += _INITIAL_MAX_FRAME
+            events.extend(piece)
+            for event in piece:
+                if isinstance(event, h2.events.SettingsAcknowledged):
+                    self._settings_unacknowledged = max(0, self._settings_unacknowledged - 1)
+        return events
+
+    def _dispatch(self, event: h2.events.Event) -> None:
+        streams = self.streams
+        if isinstance(event, h2.events.DataReceived):
+            h2s = streams.get(event.stream_id)
+            if h2s is not None:
+                h2s._on_data(event.data, event.flow_controlled_length)
+            else:
+                self._acknowledge(event.flow_controlled_length, event.stream_id)
+        elif isinstance(event, h2.events.StreamEnded):
+            h2s = streams.get(event.stream_id)
+            if h2s is not None:
+                h2s._on_eof()
+        elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
+            self._window_lot.unpark_all()
+        elif isinstance(event, h2.events.RequestReceived):
+            stream_id: int = event.stream_id
+            if self.on_request is None:
+                self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+                return
+            h2s = H2Stream(self, stream_id, list(event.headers or ()))
+            streams[stream_id] = h2s
+            self.on_request(h2s)
+        elif isinstance(event, h2.events.ResponseReceived):
+            h2s = streams.get(event.stream_id)
+            if h2s is not None:
+                h2s._on_head(list(event.headers or ()))
+        elif isinstance(event, h2.events.TrailersReceived):
+            h2s = streams.get(event.stream_id)
+            if h2s is not None:
+                h2s.trailers = list(event.headers or ())
+        elif isinstance(event, h2.events.StreamReset):
+            h2s = streams.pop(event.stream_id, None)
+            if h2s is not None:
+                h2s._on_reset(int(event.error_code or 0))
+            self._window_lot.unpark_all()  # a sender parked on this stream's window must see it
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            code = event.error_code
+            self.fail(f"peer sent HTTP/2 GOAWAY (code {code})", clean=code == h2.errors.ErrorCodes.NO_ERROR)
+
+    def _acknowledge(self, flow_length: int, stream_id: int) -> None:
+        if flow_length and not self.closed:
+            try:
+                self.conn.acknowledge_received_data(flow_length, stream_id)
+            except h2.exceptions.ProtocolError:
+                pass  # the stream or connection is already closed: nothing to credit
+
+    # ------------------------------------------------------------------ the end
+
+    def fail(self, reason: str, *, clean: bool = False) -> None:
+        """The connection is gone; ``clean`` (an orderly GOAWAY) reads as the end of each body."""
+        if self.closed:
+            return
+        self.closed = True
+        self.close_reason = reason
+        for h2s in list(self.streams.values()):
+            h2s._on_connection_end(reason, clean=clean)
+        self._window_lot.unpark_all()
+
+    async def aclose(self) -> None:
+        """GOAWAY (if the connection still stands), then close the stream; always closes, even when
+        cancelled (bounded: a peer that does not read gets two seconds)."""
+        with trio.move_on_after(2, shield=True):
+            if not self.closed:
+                try:
+                    self.conn.close_connection()
+                    await self.flush(wait=True)
+                except (h2.exceptions.ProtocolError, trio.BrokenResourceError):
+                    pass
+            self.fail("closed by this side")
+            await self.stream.aclose()
+
+
+class H2Stream:
+    """One HTTP/2 stream of an ``H2Driver``: its head, its inbound body, what to send."""
+
+    __slots__ = (
+        "_buffer",
+        "_eof",
+        "_error",
+        "_lot",
+        "_scopes",
+        "driver",
+        "head",
+        "reset_code",
+        "stream_id",
+        "trailers",
+    )
+
+    def __init__(self, driver: H2Driver, stream_id: int, head: list[tuple[Any, Any]] | None) -> None:
+        self.driver = driver
+        self.stream_id = stream_id
+        #: the request head (a server's stream) or, once it arrived, the response head (a client's)
+        self.head = head
+        self.trailers: list[tuple[Any, Any]] | None = None
+        #: the peer's RST_STREAM code, once it reset the stream
+        self.reset_code: int | None = None
+        self._buffer: deque[tuple[bytes, int]] = deque()
+        self._eof = False
+        self._error: trio.BrokenResourceError | None = None
+        self._lot = trio.lowlevel.ParkingLot()
+        self._scopes: list[trio.CancelScope] = []
+
+    # ------------------------------------------------------------------ fed by the reader
+
+    def _on_head(self, head: list[tuple[Any, Any]]) -> None:
+        self.head = head
+        self._lot.unpark_all()
+
+    def _on_data(self, data: bytes, flow_length: int) -> None:
+        self._buffer.append((data, flow_length))
+        self._lot.unpark_all()
+
+    def _on_eof(self) -> None:
+        self._eof = True
+        self._lot.unpark_all()
+
+    def _on_reset(self, code: int) -> None:
+        self.reset_code = code
+        self._buffer.clear()  # h2 closed the stream: nothing to acknowledge, nothing left to read
+        self._break(trio.BrokenResourceError(f"HTTP/2 stream reset by peer (code {code})"))
+
+    def _on_connection_end(self, reason: str, *, clean: bool) -> None:
+        if clean:
+            self._eof = True
+            self._lot.unpark_all()
+            self._cancel_scopes()
+        else:
+            self._break(trio.BrokenResourceError(reason))
+
+    def _break(self, error: trio.BrokenResourceError) -> None:
+        if self._error is None:
+            self._error = error
+        self._lot.unpark_all()
+        self._cancel_scopes()
+
+    def _cancel_scopes(self) -> None:
+        scopes, self._scopes = self._scopes, []
+        for scope in scopes:
+            scope.cancel()
+
+    # ------------------------------------------------------------------ the consumer's side
+
+    @property
+    def ended_by_peer(self) -> bool:
+        """The peer ended its side (END_STREAM): everything it sent is queued here."""
+        return self._eof
+
+    @property
+    def broken(self) -> bool:
+        """Reset by the peer, or its connection is gone."""
+        return self._error is not None or (self.driver.closed and not self._eof)
+
+    def cancel_when_broken(self, scope: trio.CancelScope) -> None:
+        """Cancel ``scope`` when the peer resets this stream or the connection ends."""
+        if self._error is not None or self.driver.closed:
+            scope.cancel()
+        else:
+            self._scopes.append(scope)
+
+    async def receive_head(self) -> list[tuple[Any, Any]]:
+        """A client's stream: wait for the response head (someone must be reading: ``run_reader``)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while self.head is None:
+            if self._error is not None:
+                raise self._error
+            if self.driver.closed:
+                raise trio.BrokenResourceError(self.driver.close_reason)
+            await self._lot.park()
+        return self.head
+
+    async def receive_data(self, max_bytes: int | None = None) -> bytes:
+        """Body bytes as they arrive (b"" once the peer ended the stream), acknowledged to the peer
+        as they are taken: a consumer that does not read holds the sender back."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while not self._buffer and not self._eof and self._error is None:
+            await self._lot.park()
+        if self.reset_code is not None:
+            assert self._error is not None
+            raise self._error  # even after END_STREAM: the peer took the stream back
+        if self._buffer:
+            data, flow_length = self._buffer.popleft()
+            if max_bytes is not None and len(data) > max_bytes:
+                self._buffer.appendleft((data[max_bytes:], 0))
+                data = data[:max_bytes]
+            if flow_length and not self.driver.closed:
+                self.driver._acknowledge(flow_length, self.stream_id)
+                await self.driver.flush()
+            return data
+        if self._eof:
+            return b""
+        assert self._error is not None
+        raise self._error
+
+    async def send_headers(self, headers: Headers, *, end_stream: bool = False) -> None:
+        driver = self.driver
+        self._check_sendable()
+        try:
+            driver.conn.send_headers(self.stream_id, headers, end_stream=end_stream)
+        except h2.exceptions.ProtocolError as exc:
+            raise trio.BrokenResourceError(f"HTTP/2 stream unusable: {exc}") from exc
+        await driver.flush()
+
+    async def send_data(self, data: bytes | bytearray | memoryview, *, end_stream: bool = False) -> None:
+        """Send ``data`` as the flow-control windows allow, parking until they open."""
+        driver = self.driver
+        conn = driver.conn
+        view = memoryview(data).cast("B")
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while view:
+            self._check_sendable()
+            window = min(conn.local_flow_control_window(self.stream_id), conn.max_outbound_frame_size)
+            if window <= 0:
+                await driver.flush()
+                await driver._window_lot.park()
+                continue
+            if window >= len(view) and isinstance(data, bytes) and len(view) == len(data):
+                chunk, view = data, view[:0]  # the common case: all of it in one frame, no copy
+            else:
+                chunk, view = view[:window].tobytes(), view[window:]
+            try:
+                conn.send_data(self.stream_id, chunk, end_stream=end_stream and not view)
+            except h2.exceptions.ProtocolError as exc:
+                raise trio.BrokenResourceError(f"HTTP/2 stream unusable: {exc}") from exc
+        if end_stream and not len(data):
+            self._check_sendable()
+            try:
+                conn.end_stream(self.stream_id)
+            except h2.exceptions.ProtocolError as exc:
+                raise trio.BrokenResourceError(f"HTTP/2 stream unusable: {exc}") from exc
+        await driver.flush()
+
+    async def end_stream(self) -> None:
+        """END_STREAM: this side sends nothing more on the stream."""
+        await self.send_data(b"", end_stream=True)
+
+    async def reset(self, code: int = h2.errors.ErrorCodes.CANCEL) -> None:
+        """RST_STREAM (if the connection still stands), and forget the stream."""
+        driver = self.driver
+        self.close()
+        if driver.closed or self.reset_code is not None:
+            await trio.lowlevel.checkpoint()
+            return
+        try:
+            driver.conn.reset_stream(self.stream_id, code)
+        except h2.exceptions.ProtocolError:
+            await trio.lowlevel.checkpoint()
+            return  # already closed both ways: nothing to reset
+        try:
+            await driver.flush()
+        except trio.BrokenResourceError:
+            pass
+
+    def close(self) -> None:
+        """This side is done with the stream: DATA that still arrives is acknowledged and dropped."""
+        driver = self.driver
+        if driver.streams.get(self.stream_id) is self:
+            del driver.streams[self.stream_id]
+        while self._buffer:
+            _, flow_length = self._buffer.popleft()
+            driver._acknowledge(flow_length, self.stream_id)
+
+    def _check_sendable(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self.driver.closed:
+            raise trio.BrokenResourceError(self.driver.close_reason)

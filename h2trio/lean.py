@@ -1,0 +1,149 @@
+"""The fence around h2's and hyperframe's internals: the fast paths of HTTP/2 and what they rely on.
+
+Everything in the project that touches a private name of h2 or hyperframe is in this module. What it
+relies on, as checked against h2 4.4.1 and hyperframe 6.1.0 (the upper bounds pinned in
+``pyproject.toml``; ``tests/h2trio/test_lean.py`` asserts each one and names it when it breaks):
+
+1. ``hyperframe.frame.DataFrame._body_repr(self) -> str`` exists and is what ``repr(frame)`` uses for
+   the payload. h2 builds ``repr(frame)`` for a trace log line on every frame it receives, whether
+   or not anyone logs it, and hyperframe's DataFrame repr hex-encodes the *whole* payload before
+   truncating it to 20 characters: a third of a receiver's CPU at 1 MiB frames. We replace it with
+   one that states the length.
+2. ``h2.frame_buffer.FrameBuffer`` keeps unparsed bytes in ``self._data`` (a ``bytearray``),
+   headers being assembled in ``self._headers_buffer`` (empty between header blocks), checks a
+   length with ``self._validate_frame_length(length)``, and yields frames from ``__next__``
+   (raising ``StopIteration`` when more bytes are needed). ``_LeanFrameBuffer`` parses a DATA
+   frame's body in place (h2 copies it out of its buffer, then again into the frame).
+3. ``h2.connection.H2Connection`` queues outgoing bytes in ``self._data_to_send`` (a
+   ``bytearray``; the connection preface is written there directly), serialises every frame it
+   sends through ``self._prepare_for_sending(frames: list[Frame])``, keeps its receive buffer in
+   ``self.incoming_buffer`` (replaceable, with a ``max_frame_size``), and empties its queue in
+   ``clear_outbound_data_buffer()``. ``_LeanH2Connection`` queues a DATA frame as its 9-byte header
+   plus the payload object itself (h2 copies an outgoing payload four times, ``data_to_send`` a
+   fifth) and hands the list to a vectored send.
+
+With ``KASD_SAFE_MODE`` set (``netio.safemode``) none of this is used: ``new_connection`` returns a
+plain ``H2Connection``, and the repr is hyperframe's own. ``data_to_send_chunks`` works on both.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import h2.config
+import h2.connection
+import h2.exceptions
+import h2.frame_buffer
+import hyperframe.exceptions
+import hyperframe.frame
+
+from netio.safemode import SAFE_MODE
+
+__all__ = ["CHECKED_VERSIONS", "LEAN", "data_to_send_chunks", "new_connection"]
+
+#: the versions whose internals this module was checked against (pinned as upper bounds)
+CHECKED_VERSIONS = {"h2": "4.4.1", "hyperframe": "6.1.0"}
+
+#: whether the fast paths are on (False under KASD_SAFE_MODE)
+LEAN = not SAFE_MODE
+
+
+def _data_frame_body_repr(self: hyperframe.frame.DataFrame) -> str:
+    return f"<{len(self.data)} bytes>"
+
+
+if LEAN:
+    hyperframe.frame.DataFrame._body_repr = _data_frame_body_repr  # type: ignore[method-assign,assignment]
+
+
+_FRAME_HEADER = struct.Struct(">HBBBL")
+
+
+class _LeanFrameBuffer(h2.frame_buffer.FrameBuffer):
+    """h2's receive buffer, parsing a DATA frame's body in place: h2 first copies the body out of
+    its buffer and then copies it again into the frame (one of those copies is enough)."""
+
+    def __next__(self) -> hyperframe.frame.Frame:
+        data = self._data
+        if len(data) < 9 or data[3] != 0x0 or self._headers_buffer:
+            return super().__next__()  # not a DATA frame (or one the general path must reject)
+        length = int.from_bytes(data[:3], "big")
+        if len(data) < 9 + length:
+            raise StopIteration
+        self._validate_frame_length(length)
+        frame, _ = hyperframe.frame.Frame.parse_frame_header(memoryview(data[:9]))
+        with memoryview(data) as view:
+            body = view[9 : 9 + length]
+            try:
+                frame.parse_body(body)  # takes its payload with .tobytes(): nothing keeps the view
+            except hyperframe.exceptions.InvalidDataError as err:
+                raise h2.exceptions.ProtocolError("Received frame with non-compliant data") from err
+            except hyperframe.exceptions.InvalidFrameError as err:
+                raise h2.exceptions.FrameDataMissingError("Frame data missing or invalid") from err
+            finally:
+                body.release()
+        del data[: 9 + length]
+        return frame
+
+
+class _LeanH2Connection(h2.connection.H2Connection):
+    """h2, queuing DATA payloads without copying them (see the module docstring, item 3)."""
+
+    def __init__(self, config: h2.config.H2Configuration) -> None:
+        super().__init__(config)
+        self._chunks: list[bytes] = []
+        lean = _LeanFrameBuffer(server=not config.client_side)
+        lean.max_frame_size = self.incoming_buffer.max_frame_size
+        self.incoming_buffer = lean
+
+    def _take_bytearray(self) -> None:
+        # h2 writes its connection preamble straight into its buffer: keep it first, in order.
+        if self._data_to_send:
+            self._chunks.append(bytes(self._data_to_send))
+            self._data_to_send = bytearray()
+
+    def _prepare_for_sending(self, frames: list[hyperframe.frame.Frame]) -> None:
+        if not frames:
+            return
+        self._take_bytearray()
+        chunks = self._chunks
+        for frame in frames:
+            if type(frame) is hyperframe.frame.DataFrame and "PADDED" not in frame.flags:
+                size = len(frame.data)
+                frame.body_len = size
+                flags = 0x1 if "END_STREAM" in frame.flags else 0
+                chunks.append(_FRAME_HEADER.pack((size >> 8) & 0xFFFF, size & 0xFF, 0x0, flags, frame.stream_id))
+                if size:
+                    chunks.append(frame.data)
+            else:
+                chunks.append(frame.serialize())
+
+    def data_to_send_chunks(self) -> list[bytes]:
+        """Everything queued, as a list of buffers (in order), and forget it."""
+        self._take_bytearray()
+        chunks, self._chunks = self._chunks, []
+        return chunks
+
+    def data_to_send(self, amount: int | None = None) -> bytes:
+        if amount is not None:
+            raise NotImplementedError("partial data_to_send is not used by the drivers of h2")
+        return b"".join(self.data_to_send_chunks())
+
+    def clear_outbound_data_buffer(self) -> None:
+        super().clear_outbound_data_buffer()
+        self._chunks = []
+
+
+def new_connection(config: h2.config.H2Configuration) -> h2.connection.H2Connection:
+    """An ``H2Connection`` for ``config``: the lean one, or h2's own under KASD_SAFE_MODE."""
+    if LEAN:
+        return _LeanH2Connection(config)
+    return h2.connection.H2Connection(config)
+
+
+def data_to_send_chunks(conn: h2.connection.H2Connection) -> list[bytes]:
+    """What ``conn`` queued to send, as buffers in order (for a vectored send), and forget it."""
+    if isinstance(conn, _LeanH2Connection):
+        return conn.data_to_send_chunks()
+    data = conn.data_to_send()
+    return [data] if data else []

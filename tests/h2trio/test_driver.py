@@ -1,0 +1,264 @@
+"""The h2-over-Trio driver over in-memory streams: a server front end's use (many request streams,
+each with a head, a body and an answer) against a plain h2 client, and a driver on both ends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.settings
+import pytest
+import trio
+import trio.testing
+
+from h2trio.driver import H2Driver, H2Stream
+from h2trio.lean import new_connection
+
+
+def _server_driver(stream: trio.abc.Stream, *, window: int = 65535) -> H2Driver:
+    conn = new_connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
+    return H2Driver(stream, conn, settings={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
+
+
+class Client:
+    """A plain h2 client over one end of a memory stream pair, driven by hand."""
+
+    def __init__(self, stream: trio.abc.Stream, *, window: int = 65535) -> None:
+        self.stream = stream
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+        self.conn.initiate_connection()
+        self.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
+        self.events: list[h2.events.Event] = []
+
+    async def flush(self) -> None:
+        if data := self.conn.data_to_send():
+            await self.stream.send_all(data)
+
+    async def read(self) -> list[h2.events.Event]:
+        data = await self.stream.receive_some()
+        events = self.conn.receive_data(data)
+        self.events.extend(events)
+        await self.flush()
+        return events
+
+    async def request(self, path: str, body: bytes = b"", *, end: bool = True) -> int:
+        stream_id = self.conn.get_next_available_stream_id()
+        headers = [(":method", "POST"), (":scheme", "http"), (":authority", "x"), (":path", path)]
+        self.conn.send_headers(stream_id, headers, end_stream=end and not body)
+        if body:
+            self.conn.send_data(stream_id, body, end_stream=end)
+        await self.flush()
+        return stream_id
+
+    async def response(self, stream_id: int) -> tuple[dict[str, str], bytes]:
+        """Read until ``stream_id`` ended; acknowledge its data as it comes."""
+        head: dict[str, str] = {}
+        body = b""
+        done = False
+        seen = 0
+        while not done:
+            if seen == len(self.events):
+                await self.read()
+            for event in self.events[seen:]:
+                if getattr(event, "stream_id", None) != stream_id:
+                    continue
+                if isinstance(event, h2.events.ResponseReceived):
+                    head = dict(event.headers)  # type: ignore[arg-type]
+                elif isinstance(event, h2.events.DataReceived):
+                    body += event.data  # type: ignore[operator]
+                    self.conn.acknowledge_received_data(event.flow_controlled_length, stream_id)  # type: ignore[arg-type]
+                elif isinstance(event, h2.events.StreamEnded | h2.events.StreamReset):
+                    done = True
+            seen = len(self.events)
+            await self.flush()
+        return head, body
+
+
+async def _echo_upper(h2s: H2Stream) -> None:
+    body = b""
+    while data := await h2s.receive_data():
+        body += data
+    head = dict(h2s.head or ())
+    await h2s.send_headers([(":status", "200"), ("x-path", head[":path"])])
+    await h2s.send_data(body.upper(), end_stream=True)
+    h2s.close()
+
+
+async def test_server_front_end_answers_concurrent_requests() -> None:
+    client_end, server_end = trio.testing.memory_stream_pair()
+    driver = _server_driver(server_end)
+    client = Client(client_end)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            driver.on_request = lambda h2s: nursery.start_soon(_echo_upper, h2s)
+            nursery.start_soon(driver.run_reader)
+            await client.flush()
+            ids = [await client.request(f"/r{i}", b"body %d " % i * 2000) for i in range(3)]
+            for i, stream_id in enumerate(ids):
+                head, body = await client.response(stream_id)
+                assert head[":status"] == "200" and head["x-path"] == f"/r{i}"
+                assert body == (b"body %d " % i * 2000).upper()
+            assert driver.streams == {}
+            client.conn.close_connection()
+            await client.flush()
+        assert driver.closed and "GOAWAY" in driver.close_reason
+
+
+async def test_body_is_acknowledged_only_as_the_handler_takes_it() -> None:
+    # Flow control is the backpressure: a handler that does not read holds the client at its window.
+    client_end, server_end = trio.testing.memory_stream_pair()
+    driver = _server_driver(server_end, window=1000)
+    client = Client(client_end)
+    taken: list[H2Stream] = []
+    driver.on_request = taken.append
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(driver.run_reader)
+            await client.flush()
+            while client.conn.remote_settings.initial_window_size != 1000:
+                await client.read()
+            stream_id = await client.request("/upload", end=False)
+            client.conn.send_data(stream_id, b"x" * 1000)
+            await client.flush()
+            await trio.testing.wait_all_tasks_blocked()
+            assert client.conn.local_flow_control_window(stream_id) == 0
+            (h2s,) = taken
+            assert await h2s.receive_data() == b"x" * 1000  # taking it opens the window again
+            while client.conn.local_flow_control_window(stream_id) == 0:
+                await client.read()
+            assert client.conn.local_flow_control_window(stream_id) == 1000
+            nursery.cancel_scope.cancel()
+
+
+async def test_send_data_waits_for_the_clients_window() -> None:
+    client_end, server_end = trio.testing.memory_stream_pair()
+    driver = _server_driver(server_end)
+    client = Client(client_end, window=100)
+    sent = trio.Event()
+
+    async def answer(h2s: H2Stream) -> None:
+        await h2s.send_headers([(":status", "200")])
+        await h2s.send_data(b"y" * 250, end_stream=True)
+        sent.set()
+
+    driver.on_request = lambda h2s: nursery.start_soon(answer, h2s)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(driver.run_reader)
+            await client.flush()
+            stream_id = await client.request("/download")
+            sizes: list[int] = []
+            while len(sizes) < 1 or sum(sizes) < 100:
+                for event in await client.read():
+                    if isinstance(event, h2.events.DataReceived):
+                        sizes.append(len(event.data))  # type: ignore[arg-type]
+            await trio.testing.wait_all_tasks_blocked()
+            assert sum(sizes) == 100 and not sent.is_set()  # parked on the window, not buffered past it
+            _, body = await client.response(stream_id)  # acknowledging opens the window
+            assert body == b"y" * 250 and sent.is_set()
+            nursery.cancel_scope.cancel()
+
+
+async def test_client_reset_cancels_the_handler_and_fails_its_stream() -> None:
+    client_end, server_end = trio.testing.memory_stream_pair()
+    driver = _server_driver(server_end)
+    client = Client(client_end)
+    outcome: list[Any] = []
+
+    async def slow(h2s: H2Stream) -> None:
+        with trio.CancelScope() as scope:
+            h2s.cancel_when_broken(scope)
+            await trio.sleep_forever()
+        outcome.append(scope.cancelled_caught)
+        with pytest.raises(trio.BrokenResourceError, match="reset by peer"):
+            await h2s.receive_data()
+        outcome.append(h2s.reset_code)
+
+    driver.on_request = lambda h2s: nursery.start_soon(slow, h2s)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(driver.run_reader)
+            await client.flush()
+            stream_id = await client.request("/watch", b"x")
+            await trio.testing.wait_all_tasks_blocked()
+            client.conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+            await client.flush()
+            while len(outcome) < 2:
+                await trio.testing.wait_all_tasks_blocked()
+                if len(outcome) < 2:
+                    await client.read()
+            nursery.cancel_scope.cancel()
+    assert outcome == [True, h2.errors.ErrorCodes.CANCEL]
+
+
+async def test_refuses_requests_without_a_handler() -> None:
+    client_end, server_end = trio.testing.memory_stream_pair()
+    driver = _server_driver(server_end)
+    client = Client(client_end)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(driver.run_reader)
+            await client.flush()
+            stream_id = await client.request("/x")
+            while not any(isinstance(e, h2.events.StreamReset) for e in client.events):
+                await client.read()
+            (reset,) = [e for e in client.events if isinstance(e, h2.events.StreamReset)]
+            assert (reset.stream_id, reset.error_code) == (stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            nursery.cancel_scope.cancel()
+
+
+async def test_settings_ack_and_a_large_frame_in_one_read() -> None:
+    # A peer may send frames up to our announced MAX_FRAME_SIZE right after acknowledging it; h2
+    # alone rejects such a frame when it arrives in the same read as the ACK.
+    client_end, server_end = trio.testing.memory_stream_pair()
+    conn = new_connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
+    driver = H2Driver(server_end, conn, settings={h2.settings.SettingCodes.MAX_FRAME_SIZE: 1 << 20})
+    taken: list[H2Stream] = []
+    driver.on_request = taken.append
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(driver.run_reader)
+            await client_end.send_all(client.data_to_send())
+            client.receive_data(await client_end.receive_some())  # the server's SETTINGS: an ACK is queued
+            assert client.max_outbound_frame_size == 1 << 20
+            client.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":authority", "x"), (":path", "/")])
+            client.send_data(1, b"z" * 60000, end_stream=True)  # one 60 KB frame, right behind the ACK
+            await client_end.send_all(client.data_to_send())
+            while not taken:
+                await trio.testing.wait_all_tasks_blocked()
+                assert not driver.closed, driver.close_reason
+            body = b""
+            while data := await taken[0].receive_data():
+                body += data
+            assert body == b"z" * 60000
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_driver_on_both_ends() -> None:
+    client_end, server_end = trio.testing.memory_stream_pair()
+    server = _server_driver(server_end)
+    conn = new_connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    client = H2Driver(client_end, conn)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            server.on_request = lambda h2s: nursery.start_soon(_echo_upper, h2s)
+            nursery.start_soon(server.run_reader)
+            nursery.start_soon(client.run_reader)
+            h2s = await client.open_stream(
+                [(":method", "POST"), (":scheme", "http"), (":authority", "x"), (":path", "/both")]
+            )
+            await h2s.send_data(b"hello " * 30000, end_stream=True)  # beyond the default windows
+            head = dict(await h2s.receive_head())
+            body = b""
+            while data := await h2s.receive_data():
+                body += data
+            assert head[":status"] == "200" and body == b"HELLO " * 30000
+            # both have seen every SETTINGS of theirs acknowledged: reads go to h2 whole again
+            assert client._settings_unacknowledged == server._settings_unacknowledged == 0
+            await client.aclose()
+        assert server.closed and client.closed
