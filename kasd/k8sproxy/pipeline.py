@@ -27,6 +27,7 @@ from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Exchange
 from kasd.k8sproxy.status import ProxyError, status_body, status_headers
 from kasd.metrics import Metrics
 from kasd.seams import AccessDenied, Authority, Grant, RouteError, Router, parse_bearer
+from netio.relay import relay
 from tunnelhttp.drain import Drain
 from tunnelhttp.head import RequestHead, ResponseHead, TunnelCode, strip_hop_by_hop
 from tunnelhttp.watchbounds import EventBoundary
@@ -355,64 +356,18 @@ class RequestPipeline:
         to_agent = self.metrics.bytes_to_agent
         from_agent = self.metrics.bytes_from_agent
         record.outcome = "upgraded"
-        gone = False
 
-        async def client_to_agent(scope: trio.CancelScope) -> None:
-            nonlocal gone
-            data = early
-            while True:
-                if data:
-                    try:
-                        await stream.send_all(data)
-                    except _MUX_ERRORS:
-                        scope.cancel()
-                        return
-                    record.bytes_in += len(data)
-                    to_agent.inc(len(data))
-                try:
-                    data = bytes(await client.receive_some(_CHUNK))
-                except _MUX_ERRORS:
-                    gone = True
-                    scope.cancel()
-                    return
-                if not data:
-                    try:
-                        await stream.send_eof()
-                    except _MUX_ERRORS:
-                        scope.cancel()
-                    return
+        def sent_to_agent(size: int) -> None:
+            record.bytes_in += size
+            to_agent.inc(size)
 
-        async def agent_to_client(scope: trio.CancelScope) -> None:
-            nonlocal gone
-            while True:
-                try:
-                    data = await stream.receive_some(_CHUNK)
-                except _MUX_ERRORS:
-                    scope.cancel()  # the agent's side broke: nothing more will come
-                    return
-                if not data:
-                    break
-                try:
-                    await client.send_all(data)
-                except _MUX_ERRORS:
-                    gone = True
-                    scope.cancel()
-                    return
-                record.bytes_out += len(data)
-                from_agent.inc(len(data))
-            # The agent finished sending: pass the half-close on when the transport can carry it.
-            if isinstance(client, trio.abc.HalfCloseableStream):
-                try:
-                    await client.send_eof()
-                except _MUX_ERRORS:
-                    scope.cancel()
-            else:
-                scope.cancel()
+        def sent_to_client(size: int) -> None:
+            record.bytes_out += size
+            from_agent.inc(size)
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(client_to_agent, nursery.cancel_scope)
-            nursery.start_soon(agent_to_client, nursery.cancel_scope)
-        if gone:
+        result = await relay(client, stream, early_to_server=early, on_to_server=sent_to_agent,
+                             on_to_client=sent_to_client, chunk=_CHUNK)
+        if result.broken == "client":
             raise ClientGone("client went away from the upgraded connection")
 
 

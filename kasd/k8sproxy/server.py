@@ -15,7 +15,7 @@ from kasd.k8sproxy.http1 import Http1Connection
 from kasd.k8sproxy.http2 import Http2Connection
 from kasd.k8sproxy.pipeline import RequestPipeline
 from kasd.metrics import Metrics
-from netio.fastio import FastTLSStream, fast_stream, peer_name
+from netio.fastio import fast_stream, peer_name, tls_stream
 
 log = logging.getLogger("kasd.k8sproxy")
 
@@ -101,7 +101,7 @@ class ProxyServer:
         use_h2 = False
         with trio.CancelScope(deadline=head_deadline) as scope:
             if self.ssl_context is not None:
-                tls = FastTLSStream(stream, self.ssl_context, server_side=True)
+                tls = tls_stream(stream, self.ssl_context, server_side=True)
                 try:
                     await tls.do_handshake()
                 except trio.BrokenResourceError as exc:
