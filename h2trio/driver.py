@@ -374,6 +374,11 @@ class H2Stream:
         return self._eof
 
     @property
+    def buffered(self) -> bool:
+        """Body bytes have arrived that the consumer has not taken yet."""
+        return bool(self._buffer)
+
+    @property
     def broken(self) -> bool:
         """Reset by the peer, or its connection is gone."""
         return self._error is not None or (self.driver.closed and not self._eof)

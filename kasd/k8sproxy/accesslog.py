@@ -25,6 +25,8 @@ class RequestRecord:
     bytes_in: int = 0
     bytes_out: int = 0
     outcome: str = "ok"
+    #: the whole response reached the client's connection: leaving afterwards is not "client-gone"
+    answered: bool = False
 
     def write(self) -> None:
         duration = trio.current_time() - self.started

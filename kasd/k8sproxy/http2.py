@@ -1,25 +1,25 @@
-"""HTTP/2 on the proxy port (h2): one reader task per connection, one handler task per request.
+"""HTTP/2 on the proxy port, on the one h2 driver (``h2trio.driver``): one reader per connection, one
+handler task per request.
 
 Protocol only: each request stream becomes an ``Exchange`` for the request pipeline, which decides
 everything else. Received DATA is acknowledged only as the pipeline takes it (flow control is the
 backpressure); sending respects the client's windows. A client RST_STREAM cancels that request's
-exchange, and the pipeline stops the work behind it.
+exchange, and the pipeline stops the work behind it. This module owns the connection's clocks: the
+head deadline, the keep-alive idle timeout, and the drain.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections import deque
 
 import h2.config
-import h2.connection
 import h2.errors
-import h2.events
-import h2.exceptions
 import h2.settings
 import trio
 
+from h2trio.driver import H2Driver, H2Stream
+from h2trio.lean import new_connection
 from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Headers
 from kasd.k8sproxy.frontend import FrontEndContext
 from kasd.k8sproxy.status import ProxyError
@@ -31,26 +31,7 @@ _STREAM_WINDOW = 1 << 20
 _CONNECTION_WINDOW = 16 << 20
 _MAX_STREAMS = 250
 _MUX_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
-
-
-class _Request:
-    """One client stream: its head, buffered body (bounded by our window) and whether it was reset."""
-
-    def __init__(self, stream_id: int, headers: list[tuple[str, str]]) -> None:
-        self.stream_id = stream_id
-        self.headers = headers
-        self.body: deque[tuple[bytes, int]] = deque()
-        self.ended = False
-        self.reset = False
-        self.lot = trio.lowlevel.ParkingLot()
-        self.scope = trio.CancelScope()
-        #: we reset the stream (its answer could not be completed), not the client
-        self.aborted = False
-
-    def on_reset(self) -> None:
-        self.reset = True
-        self.scope.cancel()
-        self.lot.unpark_all()
+_CONNECT_REFUSAL = "CONNECT (and WebSocket over HTTP/2) is not supported; use HTTP/1.1 for exec/attach/port-forward"
 
 
 class Http2Connection:
@@ -62,40 +43,32 @@ class Http2Connection:
         self.peer = peer
         self.initial = initial
         self.head_deadline = head_deadline
-        config = h2.config.H2Configuration(client_side=False, header_encoding=None)
-        self.conn = h2.connection.H2Connection(config)
-        self.requests: dict[int, _Request] = {}
-        self._send_lock = trio.StrictFIFOLock()
-        self._window_lot = trio.lowlevel.ParkingLot()
-        self._read_scope: trio.CancelScope | None = None
-        self._seen_request = False
-        self._broken = False
-
-    async def run(self) -> None:
-        conn = self.conn
-        conn.initiate_connection()
-        conn.update_settings(
-            {
+        self.driver = H2Driver(
+            stream,
+            new_connection(h2.config.H2Configuration(client_side=False, header_encoding=None)),
+            settings={
                 h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: _MAX_STREAMS,
                 h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: _STREAM_WINDOW,
-                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: self.port.limits.max_header_bytes,
-            }
+                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: port.limits.max_header_bytes,
+            },
+            connection_window=_CONNECTION_WINDOW,
         )
-        conn.increment_flow_control_window(_CONNECTION_WINDOW - 65535)
+        self.requests: dict[int, _H2Exchange] = {}
+        self._read_scope: trio.CancelScope | None = None
+        self._seen_request = False
+
+    async def run(self) -> None:
+        driver = self.driver
         async with trio.open_nursery() as nursery:
+            driver.on_request = lambda h2s: self._on_request(h2s, nursery)
             try:
-                await self._read_loop(nursery)
+                await self._read_loop()
             finally:
+                driver.on_request = None
                 # The connection is over: requests still running lost their client.
-                for request in list(self.requests.values()):
-                    request.on_reset()
-        with trio.move_on_after(1, shield=True):
-            try:
-                if not self._broken:
-                    conn.close_connection()
-                    await self._flush()
-            except (ClientGone, h2.exceptions.ProtocolError):
-                pass
+                for ex in list(self.requests.values()):
+                    ex.lose_client()
+        await driver.aclose()  # GOAWAY if it still stands (bounded, shielded)
 
     # ------------------------------------------------------------------ reader
 
@@ -106,89 +79,55 @@ class Http2Connection:
             return self.head_deadline
         return trio.current_time() + self.port.limits.idle_timeout
 
-    async def _read_loop(self, nursery: trio.Nursery) -> None:
-        data = self.initial
-        while True:
-            if data:
-                try:
-                    events = self.conn.receive_data(data)
-                except h2.exceptions.ProtocolError as exc:
-                    log.info("HTTP/2 protocol error peer=%s error=%s", self.peer, exc)
-                    self.port.count_rejected(400)
-                    try:
-                        await self._flush()  # the GOAWAY h2 queued
-                    except ClientGone:
-                        pass
-                    self._broken = True
-                    return
-                for event in events:
-                    if self._on_event(event, nursery):
-                        return
-                try:
-                    await self._flush()
-                except ClientGone:
-                    return
+    async def _read_loop(self) -> None:
+        driver = self.driver
+        if self.initial:
+            await driver.pump(self.initial)
+        while not driver.closed:
             if not self.requests and self.port.draining:
                 return
+            # Only the read waits under the connection's clocks: feeding h2 and flushing its
+            # answers is never cut in half.
             with trio.CancelScope(deadline=self._read_deadline()) as scope:
                 self._read_scope = scope
                 if not self.requests:
                     self.port.idle_scopes.add(scope)
                 try:
-                    data = bytes(await self.stream.receive_some(_RECEIVE_SIZE))
-                except _MUX_ERRORS:
-                    self._broken = True
+                    data = await self.stream.receive_some(_RECEIVE_SIZE)
+                except _MUX_ERRORS as exc:
+                    driver.fail(f"connection lost: {exc!r}")
                     return
                 finally:
                     self._read_scope = None
                     self.port.idle_scopes.discard(scope)
             if scope.cancelled_caught:
                 if self.requests:
-                    data = b""
                     continue  # a request finished or the server drains: re-evaluate
                 if not self._seen_request and trio.current_time() >= self.head_deadline:
                     log.info("HTTP/2 client sent no request in time peer=%s", self.peer)
                     self.port.count_rejected(408)
                 return
             if not data:
-                self._broken = True
+                driver.fail("peer closed the connection")
                 return
+            await driver.pump(data)
+        if driver.protocol_error is not None:
+            log.info("HTTP/2 protocol error peer=%s error=%s", self.peer, driver.protocol_error)
+            self.port.count_rejected(400)
 
-    def _on_event(self, event: h2.events.Event, nursery: trio.Nursery) -> bool:
-        """Handle one event; True when the connection is over."""
-        if isinstance(event, h2.events.RequestReceived):
-            headers = [(bytes(k).decode("latin-1").lower(), bytes(v).decode("latin-1")) for k, v in event.headers]
-            if self.port.draining:
-                self.conn.reset_stream(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
-                return False
-            self._seen_request = True
-            request = _Request(event.stream_id, headers)
-            self.requests[event.stream_id] = request
-            nursery.start_soon(self._handle, request)
-        elif isinstance(event, h2.events.DataReceived):
-            req = self.requests.get(event.stream_id)
-            if req is not None:
-                req.body.append((event.data, event.flow_controlled_length))
-                req.lot.unpark_all()
-            else:
-                self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-        elif isinstance(event, h2.events.StreamEnded):
-            req = self.requests.get(event.stream_id)
-            if req is not None:
-                req.ended = True
-                req.lot.unpark_all()
-        elif isinstance(event, h2.events.StreamReset):
-            req = self.requests.get(event.stream_id)
-            if req is not None:
-                req.on_reset()
-        elif isinstance(event, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
-            self._window_lot.unpark_all()
-        elif isinstance(event, h2.events.ConnectionTerminated):
-            return True
-        return False
+    def _on_request(self, h2s: H2Stream, nursery: trio.Nursery) -> None:
+        """A new request stream (called by the driver's reader; must not block)."""
+        if self.port.draining:
+            self.driver.conn.reset_stream(h2s.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            h2s.close()
+            return
+        self._seen_request = True
+        ex = _H2Exchange(h2s, nursery)
+        self.requests[h2s.stream_id] = ex
+        nursery.start_soon(self._handle, ex)
 
-    def _request_done(self, request: _Request) -> None:
-        self.requests.pop(request.stream_id, None)
+    def _request_done(self, ex: _H2Exchange) -> None:
+        self.requests.pop(ex.h2s.stream_id, None)
         if not self.requests and self._read_scope is not None:
             # The reader waits without a deadline while requests run: give it the idle one now.
             self._read_scope.deadline = trio.current_time() + self.port.limits.idle_timeout
@@ -197,99 +136,34 @@ class Http2Connection:
             else:
                 self.port.idle_scopes.add(self._read_scope)
 
-    # ------------------------------------------------------------------ writing
-
-    async def _flush(self) -> None:
-        async with self._send_lock:
-            data = self.conn.data_to_send()
-            if data:
-                try:
-                    await self.stream.send_all(data)
-                except _MUX_ERRORS as exc:
-                    self._broken = True
-                    raise ClientGone(str(exc)) from None
-
-    async def _send_headers(self, request: _Request, headers: list[tuple[str, str]], *, end: bool = False) -> None:
-        if request.reset:
-            raise ClientGone("stream reset by client")
-        try:
-            self.conn.send_headers(request.stream_id, headers, end_stream=end)
-        except h2.exceptions.ProtocolError as exc:
-            raise ClientGone(f"cannot send response head: {exc}") from None
-        await self._flush()
-
-    async def _send_data(self, request: _Request, data: bytes, *, end: bool = False) -> None:
-        view = memoryview(data)
-        while True:
-            if request.reset or self._broken:
-                raise ClientGone("stream reset by client")
-            try:
-                if not view:
-                    if end:
-                        self.conn.end_stream(request.stream_id)
-                        await self._flush()
-                    return
-                window = min(self.conn.local_flow_control_window(request.stream_id), self.conn.max_outbound_frame_size)
-                if window <= 0:
-                    await self._window_lot.park()
-                    continue
-                chunk, view = view[:window], view[window:]
-                self.conn.send_data(request.stream_id, chunk.tobytes(), end_stream=end and not view)
-                if end and not view:
-                    end = False
-            except h2.exceptions.ProtocolError as exc:
-                raise ClientGone(f"stream unusable: {exc}") from None
-            await self._flush()
-
-    async def _receive_body(self, request: _Request) -> bytes:
-        while not request.body and not request.ended and not request.reset:
-            await request.lot.park()
-        if request.reset:
-            raise ClientGone("stream reset by client")
-        if request.body:
-            data, flow = request.body.popleft()
-            if flow and not self._broken:
-                try:
-                    self.conn.acknowledge_received_data(flow, request.stream_id)
-                except h2.exceptions.ProtocolError:
-                    pass
-                await self._flush()
-            return data
-        return b""
-
     # ------------------------------------------------------------------ one request
 
-    async def _handle(self, request: _Request) -> None:
-        pseudo = {k: v for k, v in request.headers if k.startswith(":")}
-        method = pseudo.get(":method", "?")
-        ex = _H2Exchange(self, request, ClientRequest(
-            method=method,
+    async def _handle(self, ex: _H2Exchange) -> None:
+        h2s = ex.h2s
+        head = [(bytes(k).decode("latin-1").lower(), bytes(v).decode("latin-1")) for k, v in h2s.head or ()]
+        pseudo = {k: v for k, v in head if k.startswith(":")}
+        # Built in this task, not as the HEADERS are read: an END_STREAM in the same read (a GET's)
+        # is dispatched after the request, and says whether a body follows.
+        ex.request = ClientRequest(
+            method=pseudo.get(":method", "?"),
             target=pseudo.get(":path", ""),
-            headers=tuple((k, v) for k, v in request.headers if not k.startswith(":")),
+            headers=tuple((k, v) for k, v in head if not k.startswith(":")),
             protocol="HTTP/2",
             peer=self.peer,
-            has_body=not (request.ended and not request.body),
-        ))
-        refusal = None
-        if method == "CONNECT":
-            refusal = ProxyError(400, "CONNECT (and WebSocket over HTTP/2) is not supported; use HTTP/1.1 for exec/attach/port-forward")
+            has_body=not (h2s.ended_by_peer and not h2s.buffered),
+        )
+        refusal = ProxyError(400, _CONNECT_REFUSAL) if ex.request.method == "CONNECT" else None
         try:
-            async with trio.open_nursery() as nursery:
-                ex.nursery = nursery
-                with request.scope:
-                    await self.port.serve(ex, refusal=refusal)
+            with ex.scope:
+                h2s.cancel_when_broken(ex.scope)
+                await self.port.serve(ex, refusal=refusal)
         finally:
-            self._request_done(request)
-            if (request.reset or request.aborted) and not self._broken:
-                try:
-                    self.conn.reset_stream(request.stream_id, h2.errors.ErrorCodes.CANCEL)
-                except h2.exceptions.ProtocolError:
-                    pass
+            self._request_done(ex)
+            if ex.client_gone or ex.aborted:
                 with trio.move_on_after(1, shield=True):
-                    try:
-                        await self._flush()
-                    except ClientGone:
-                        pass
+                    await h2s.reset(h2.errors.ErrorCodes.CANCEL)
+            else:
+                h2s.close()
 
 
 class _H2Exchange:
@@ -297,28 +171,38 @@ class _H2Exchange:
 
     #: the connection's reader sees a RST_STREAM and cancels the exchange: no read needed
     watches_client = False
-    nursery: trio.Nursery
 
-    def __init__(self, conn: Http2Connection, stream: _Request, request: ClientRequest) -> None:
-        self.conn = conn
-        self.stream = stream
-        self.request = request
+    request: ClientRequest  # set by the handler task
+
+    def __init__(self, h2s: H2Stream, nursery: trio.Nursery) -> None:
+        self.h2s = h2s
+        self.nursery = nursery
+        #: cancelled when the client resets the stream or the connection ends
+        self.scope = trio.CancelScope()
+        #: we reset the stream (its answer could not be completed), not the client
+        self.aborted = False
+        self._gone = False
 
     @property
     def client_gone(self) -> bool:
-        return self.stream.reset
+        return self._gone or self.h2s.broken
 
-    def _lost(self, exc: ClientGone) -> ClientGone:
-        self.stream.reset = True
-        return exc
+    def lose_client(self) -> None:
+        """The connection is over while this exchange runs."""
+        self._gone = True
+        self.scope.cancel()
+
+    def _lost(self, exc: BaseException) -> ClientGone:
+        self._gone = True
+        return ClientGone(str(exc))
 
     def take_empty_body(self) -> bool:
-        return self.stream.ended and not self.stream.body
+        return self.h2s.ended_by_peer and not self.h2s.buffered
 
     async def receive_body(self) -> bytes:
         try:
-            return await self.conn._receive_body(self.stream)
-        except ClientGone as exc:
+            return await self.h2s.receive_data(_RECEIVE_SIZE)
+        except _MUX_ERRORS as exc:
             raise self._lost(exc) from None
 
     async def watch_client(self) -> None:
@@ -326,10 +210,10 @@ class _H2Exchange:
 
     async def respond(self, status: int, headers: Headers, body: bytes, *, end: bool) -> None:
         try:
-            await self.conn._send_headers(self.stream, [(":status", str(status)), *headers], end=end and not body)
+            await self.h2s.send_headers([(":status", str(status)), *headers], end_stream=end and not body)
             if body:
-                await self.conn._send_data(self.stream, body, end=end)
-        except ClientGone as exc:
+                await self.h2s.send_data(body, end_stream=end)
+        except _MUX_ERRORS as exc:
             raise self._lost(exc) from None
 
     async def send_error(self, status: int, headers: Headers, body: bytes) -> None:
@@ -337,18 +221,18 @@ class _H2Exchange:
 
     async def send(self, data: bytes) -> None:
         try:
-            await self.conn._send_data(self.stream, data)
-        except ClientGone as exc:
+            await self.h2s.send_data(data)
+        except _MUX_ERRORS as exc:
             raise self._lost(exc) from None
 
     async def end(self) -> None:
         try:
-            await self.conn._send_data(self.stream, b"", end=True)
-        except ClientGone as exc:
+            await self.h2s.end_stream()
+        except _MUX_ERRORS as exc:
             raise self._lost(exc) from None
 
     def abort(self) -> None:
-        self.stream.aborted = True  # RST_STREAM tells the client the body is truncated
+        self.aborted = True  # RST_STREAM tells the client the body is truncated
 
     async def upgrade(self, headers: Headers) -> tuple[trio.abc.Stream, bytes]:
         raise AssertionError("HTTP/2 requests never ask to upgrade")

@@ -88,6 +88,8 @@ class _Transfer:
     reader: _Reader | None = None
     #: the client went away (as the pipeline saw it; the exchange may know it too)
     gone: bool = False
+    #: the last write of the answer is under way: the client leaving now must not cut it
+    ending: bool = False
 
 
 class RequestPipeline:
@@ -113,7 +115,7 @@ class RequestPipeline:
         try:
             await self._serve(ex, record, refusal)
         finally:
-            if ex.client_gone and record.outcome != "upstream-broken":
+            if ex.client_gone and not record.answered and record.outcome != "upstream-broken":
                 record.outcome = "client-gone"
             record.write()
             self.metrics.count_request(record.status)
@@ -190,7 +192,7 @@ class RequestPipeline:
                 await t.reader.done.wait()
         finally:
             metrics.active_streams.dec()
-            if t.gone or ex.client_gone:
+            if (t.gone or ex.client_gone) and not t.record.answered:
                 if t.record.outcome != "upstream-broken":
                     t.record.outcome = "client-gone"
                 await t.stream.reset(TunnelCode.CLIENT_GONE, "client went away")
@@ -216,7 +218,8 @@ class RequestPipeline:
                         await t.ex.watch_client()
         except ClientGone:
             t.gone = True
-            t.scope.cancel()
+            if not t.ending:
+                t.scope.cancel()
         finally:
             reader.done.set()
 
@@ -300,6 +303,7 @@ class RequestPipeline:
             if 100 <= head.status < 200 and head.status != 101:
                 raise ProxyError(502, f"agent {agent_id} sent an interim {head.status} response head")
         except ProxyError as exc:
+            t.ending = True
             await self._send_status(ex, exc, record)
             return
         stream = t.stream  # the one that answered: not the first, if that agent did not take the request
@@ -322,8 +326,10 @@ class RequestPipeline:
             except (trio.WouldBlock, *_MUX_ERRORS):
                 break  # not here yet, or an error the loop below reports
             if not data:
+                t.ending = True
                 await ex.respond(head.status, headers, b"".join(out), end=True)
                 record.bytes_out += size
+                record.answered = True
                 return
             out.append(data)
             if boundary is not None:
@@ -338,7 +344,9 @@ class RequestPipeline:
                                   drain=self.drain, boundary=boundary):
             ex.abort()  # the client sees a truncated body
             return
+        t.ending = True
         await ex.end()
+        record.answered = True
 
     async def _send_status(self, ex: Exchange, exc: ProxyError, record: RequestRecord) -> None:
         body = status_body(exc.status, exc.message)
@@ -347,6 +355,7 @@ class RequestPipeline:
         record.outcome = "error"
         await ex.send_error(exc.status, headers, body)
         record.bytes_out += len(body)
+        record.answered = True
 
     async def _switch(self, t: _Transfer, raw_headers: tuple[tuple[str, str], ...]) -> None:
         """``101``: from here on, the client connection and the logical stream are one byte pipe."""

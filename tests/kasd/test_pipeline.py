@@ -296,3 +296,29 @@ async def test_a_bodiless_request_the_draining_agent_refused_goes_to_another_ses
         await pipeline(router).serve(ex)
     assert [agent for agent, _ in router.opened] == [1, 1]
     assert ex.status == 200 and bytes(ex.sent) == b"ok" and ex.ended
+
+
+async def test_a_client_that_leaves_after_the_whole_answer_is_not_client_gone(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="kasd.access")
+    async with agent_session() as (kasd_side, agent_side), trio.open_nursery() as nursery:
+
+        async def agent() -> None:
+            stream = await agent_side.accept_stream()
+            while await stream.receive_some():
+                pass
+            await stream.accept(ResponseHead(status=200, headers=()).to_metadata())
+            await stream.send_all(b"the whole answer")
+            await trio.testing.wait_all_tasks_blocked()  # the head went out alone
+            await stream.send_eof()
+
+        class LeavesAtTheEnd(FakeExchange):
+            async def end(self) -> None:
+                await super().end()
+                self.left.set()  # the client reads the last byte and closes at once
+                await trio.testing.wait_all_tasks_blocked()
+
+        nursery.start_soon(agent)
+        ex = LeavesAtTheEnd(request(has_body=True), nursery, body=[b"x"], watches_client=True)
+        await pipeline(FakeRouter(kasd_side)).serve(ex)
+    assert ex.ended and ex.gone  # the client did leave, after the answer
+    assert "outcome=ok" in caplog.text and "client-gone" not in caplog.text
