@@ -141,7 +141,14 @@ class RequestPipeline:
             bodiless = not request.upgrade and not request.has_body
             if bodiless:
                 # Say so now: the OPEN and its FIN then leave in one write.
-                await stream.send_eof()
+                try:
+                    await stream.send_eof()
+                except _MUX_ERRORS:
+                    pass  # the session died: waiting for the answer says so (and may retry)
+                except BaseException:  # cancelled (the client left): the stream must not linger
+                    with trio.CancelScope(shield=True):
+                        await stream.reset(TunnelCode.CLIENT_GONE, "client went away")
+                    raise
         except ProxyError as exc:
             try:
                 await self._send_status(ex, exc, record)

@@ -322,3 +322,30 @@ async def test_a_client_that_leaves_after_the_whole_answer_is_not_client_gone(ca
         await pipeline(FakeRouter(kasd_side)).serve(ex)
     assert ex.ended and ex.gone  # the client did leave, after the answer
     assert "outcome=ok" in caplog.text and "client-gone" not in caplog.text
+
+
+async def test_a_get_whose_session_dies_as_it_opens_goes_to_another_session() -> None:
+    async with agent_session() as (first, _), agent_session() as (second, second_agent), \
+            trio.open_nursery() as nursery:
+
+        @attrs.define
+        class DyingRouter(FakeRouter):
+            async def open_stream(self, agent_id: int, metadata: Metadata) -> MuxStream:
+                stream = await super().open_stream(agent_id, metadata)
+                if self.session is first:
+                    await first.aclose()  # the agent's session ends between the OPEN and the FIN
+                    self.session = second
+                return stream
+
+        async def healthy_agent() -> None:
+            stream = await second_agent.accept_stream()
+            await stream.accept(ResponseHead(status=200, headers=(("content-length", "2"),)).to_metadata())
+            await stream.send_all(b"ok")
+            await stream.send_eof()
+
+        nursery.start_soon(healthy_agent)
+        router = DyingRouter(first)
+        ex = FakeExchange(request(), nursery)
+        await pipeline(router).serve(ex)
+    assert len(router.opened) == 2
+    assert ex.status == 200 and bytes(ex.sent) == b"ok"
