@@ -143,7 +143,11 @@ async def _next_request(conn: h11.Connection, stream: trio.abc.Stream) -> h11.Re
         try:
             event = conn.next_event()
         except h11.RemoteProtocolError as exc:
-            raise _Refused(exc.error_status_hint, str(exc)) from None
+            # The answer names the problem, never echoes the client's bytes (h11's text does).
+            log.debug("health request malformed error=%s", exc)
+            status = exc.error_status_hint
+            reason = "request head too large" if status == 431 else "malformed HTTP/1.1 request"
+            raise _Refused(status, reason) from None
         if event is h11.NEED_DATA:
             conn.receive_data(bytes(await stream.receive_some(4096)))
             continue

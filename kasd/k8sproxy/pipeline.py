@@ -127,9 +127,9 @@ class RequestPipeline:
             if refusal is not None:
                 raise refusal
             grant = await self._authorize(request)
-            record.agent_id, record.subject = grant.agent_id, grant.subject
             if not request.target.startswith("/"):
                 raise ProxyError(400, f"request target must be a path, got {request.target[:100]!r}")
+            record.agent_id, record.subject = grant.agent_id, grant.subject  # a request that goes on
             head = RequestHead(
                 method=request.method,
                 target=request.target,

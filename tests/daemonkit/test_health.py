@@ -59,12 +59,13 @@ async def test_a_route_sets_its_content_type() -> None:
 async def test_a_malformed_request_gets_400() -> None:
     data = await _exchange(_server([None]), b"NOT HTTP AT ALL\r\n\r\n")
     assert _status(data) == 400 and b"connection: close" in data
+    assert data.endswith(b"\r\n\r\nmalformed HTTP/1.1 request\n")  # the client's bytes are not echoed
 
 
 async def test_an_oversized_head_gets_431_without_reading_it_all() -> None:
     request = b"GET /liveness HTTP/1.1\r\nhost: x\r\nx-pad: " + b"a" * 4096 + b"\r\n\r\n"
     data = await _exchange(_server([None]), request)
-    assert _status(data) == 431
+    assert _status(data) == 431 and data.endswith(b"request head too large\n")
 
 
 async def test_a_slow_head_gets_408(autojump_clock: trio.abc.Clock) -> None:

@@ -349,3 +349,16 @@ async def test_a_get_whose_session_dies_as_it_opens_goes_to_another_session() ->
         await pipeline(router).serve(ex)
     assert len(router.opened) == 2
     assert ex.status == 200 and bytes(ex.sent) == b"ok"
+
+
+async def test_a_target_that_is_not_a_path_is_400_and_logged_without_an_agent(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="kasd.access")
+    router = FakeRouter()
+    async with trio.open_nursery() as nursery:
+        ex = FakeExchange(request(target="http://127.0.0.1/version"), nursery)
+        await pipeline(router).serve(ex)
+    assert router.opened == []
+    assert ex.status == 400
+    assert ex.json()["message"] == "request target must be a path, got 'http://127.0.0.1/version'"
+    assert "agent=- subject=-" in caplog.text  # as before the redesign: it went to no agent
