@@ -17,6 +17,7 @@ class StderrLog:
 
     def __init__(self, process: trio.Process) -> None:
         assert process.stderr is not None
+        self.process = process
         self.stream = process.stderr
         self.text = ""
 

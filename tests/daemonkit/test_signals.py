@@ -6,15 +6,13 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
-import sys
 from functools import partial
 
 import pytest
 import trio
 
 from daemonkit.signals import run_until_signalled
-from tests.daemons import StderrLog
+from tests.daemons import running_daemon
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -104,20 +102,9 @@ async def test_a_second_signal_cancels_the_drain(lines: logging.Logger) -> None:
 async def test_kasd_outlives_sighup_and_drains_on_sigterm() -> None:
     args = ["--agent-address", "127.0.0.1:0", "--observability-address", "127.0.0.1:0",
             "--kubernetes-api-address", "127.0.0.1:0"]
-    process = await trio.lowlevel.open_process([sys.executable, "-m", "kasd", *args], stderr=subprocess.PIPE,
-                                               env={"PATH": "/usr/bin:/bin"})
-    log = StderrLog(process)
-    try:
-        with trio.fail_after(15):
+    with trio.fail_after(15):
+        async with running_daemon("kasd", args) as log:  # then SIGTERM, and exit 0
             await log.until("kasd listening")
-            process.send_signal(signal.SIGHUP)
+            log.process.send_signal(signal.SIGHUP)
             await log.until("restart to apply configuration")
-            process.send_signal(signal.SIGTERM)
-            await log.rest()
-            assert await process.wait() == 0, log.text
-    finally:
-        if process.returncode is None:
-            process.kill()
-            with trio.move_on_after(5, shield=True):
-                await process.wait()
     assert "kasd stopped" in log.text
