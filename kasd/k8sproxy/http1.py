@@ -40,6 +40,8 @@ class Http1Connection:
         self.request_done = False
         #: the current response is all written
         self.response_done = False
+        #: the client left (or sent what we cannot go on after): the connection is over
+        self.client_gone = False
         if initial:
             self.parser.feed(initial)
 
@@ -168,23 +170,28 @@ class Http1Connection:
         except http11.FramingError as exc:
             raise self._framing_error(exc) from None
 
+    def _gone(self, reason: str) -> ClientGone:
+        """Every way this connection's client is lost to the exchange goes through here."""
+        self.client_gone = True
+        return ClientGone(reason)
+
     def _framing_error(self, exc: http11.FramingError) -> ClientGone:
         # e.g. the response body does not match its Content-Length: the only honest move is to cut.
         log.warning("response framing error peer=%s error=%s", self.peer, exc)
-        return ClientGone(str(exc))
+        return self._gone(str(exc))
 
     async def _write(self, data: bytes) -> None:
         if data:
             try:
                 await self.stream.send_all(data)
             except _MUX_ERRORS as exc:
-                raise ClientGone(str(exc)) from None
+                raise self._gone(str(exc)) from None
 
     async def _receive_raw(self) -> bytes:
         try:
             return bytes(await self.stream.receive_some(_RECEIVE_SIZE))
         except _MUX_ERRORS as exc:
-            raise ClientGone(str(exc)) from None
+            raise self._gone(str(exc)) from None
 
     async def _next_body_event(self) -> object:
         """Request body data (``bytes``) or ``http11.END``."""
@@ -193,12 +200,12 @@ class Http1Connection:
             try:
                 event = parser.next_event()
             except http11.ProtocolError as exc:
-                raise ClientGone(f"bad request body framing: {exc}") from None
+                raise self._gone(f"bad request body framing: {exc}") from None
             if event is http11.NEED_DATA:
                 parser.feed(await self._receive_raw())
                 continue
             if event is http11.CLOSED:
-                raise ClientGone("connection closed")
+                raise self._gone("connection closed")
             if event is http11.END:
                 self.request_done = True
             return event
@@ -209,7 +216,7 @@ class Http1Connection:
         """Serve one request; True if the connection may carry another."""
         ex = _H1Exchange(self, request)
         await self.port.serve(ex)
-        return ex.keep_alive and not ex.gone
+        return ex.keep_alive and not self.client_gone
 
     def _skip_buffered_body(self) -> None:
         """Consume a request body that already arrived whole (a GET's empty one, say), so an error
@@ -227,7 +234,8 @@ class Http1Connection:
 
 
 class _H1Exchange:
-    """One HTTP/1.1 request as the pipeline sees it (``kasd.k8sproxy.exchange.Exchange``)."""
+    """One HTTP/1.1 request as the pipeline sees it (``kasd.k8sproxy.exchange.Exchange``). Its I/O
+    is the connection's, which raises ``ClientGone`` and remembers that the client left."""
 
     watches_client = True
 
@@ -245,17 +253,12 @@ class _H1Exchange:
         )
         self.nursery = conn._nursery
         self.keep_alive = True
-        self.gone = False
         self._continued = False
         self._writer: http11.BodyWriter | None = None
 
     @property
     def client_gone(self) -> bool:
-        return self.gone
-
-    def _lost(self, exc: ClientGone) -> ClientGone:
-        self.gone = True
-        return exc
+        return self.conn.client_gone
 
     def take_empty_body(self) -> bool:
         """Take the (empty) body the parser already has; False if the request is not over (a reader
@@ -267,14 +270,11 @@ class _H1Exchange:
 
     async def receive_body(self) -> bytes:
         conn = self.conn
-        try:
-            if not self._continued:
-                self._continued = True
-                if self.http.expects_continue and not conn.request_done:
-                    await conn._write(_CONTINUE)
-            event = await conn._next_body_event()
-        except ClientGone as exc:
-            raise self._lost(exc) from None
+        if not self._continued:
+            self._continued = True
+            if self.http.expects_continue and not conn.request_done:
+                await conn._write(_CONTINUE)
+        event = await conn._next_body_event()
         if event is http11.END:
             return b""
         assert type(event) is bytes
@@ -282,25 +282,20 @@ class _H1Exchange:
 
     async def watch_client(self) -> None:
         # The body is in; a read now returns only if the client leaves (or pipelines).
-        try:
-            data = await self.conn._receive_raw()
-        except ClientGone as exc:
-            raise self._lost(exc) from None
+        data = await self.conn._receive_raw()
         if not data:
-            raise self._lost(ClientGone("client closed the connection"))
+            raise self.conn._gone("client closed the connection")
         self.conn.parser.feed(data)  # early bytes: the next request, or the upgraded stream
 
     async def respond(self, status: int, headers: Headers, body: bytes, *, end: bool) -> None:
         conn = self.conn
+        head, writer = conn._response_head(self, self.http, status, list(headers))
+        self._writer = writer
         try:
-            head, writer = conn._response_head(self, self.http, status, list(headers))
-            self._writer = writer
             out = head + writer.data(body) + writer.end() if end else head + writer.data(body)
-            await conn._write(out)
         except http11.FramingError as exc:
-            raise self._lost(conn._framing_error(exc)) from None
-        except ClientGone as exc:
-            raise self._lost(exc) from None
+            raise conn._framing_error(exc) from None
+        await conn._write(out)
         if end:
             conn.response_done = True
 
@@ -309,29 +304,24 @@ class _H1Exchange:
         conn._skip_buffered_body()
         # An unread body closes the connection.
         head, writer = conn._response_head(self, self.http, status, list(headers), close=not conn.request_done)
-        try:
-            await conn._write(head + writer.data(body) + writer.end())
-        except ClientGone as exc:
-            raise self._lost(exc) from None
+        await conn._write(head + writer.data(body) + writer.end())
         conn.response_done = True
 
     async def send(self, data: bytes) -> None:
         assert self._writer is not None
         try:
-            await self.conn._write(self._writer.data(data))
+            framed = self._writer.data(data)
         except http11.FramingError as exc:
-            raise self._lost(self.conn._framing_error(exc)) from None
-        except ClientGone as exc:
-            raise self._lost(exc) from None
+            raise self.conn._framing_error(exc) from None
+        await self.conn._write(framed)
 
     async def end(self) -> None:
         assert self._writer is not None
         try:
-            await self.conn._write(self._writer.end())
+            framed = self._writer.end()
         except http11.FramingError as exc:
-            raise self._lost(self.conn._framing_error(exc)) from None
-        except ClientGone as exc:
-            raise self._lost(exc) from None
+            raise self.conn._framing_error(exc) from None
+        await self.conn._write(framed)
         self.conn.response_done = True
 
     def abort(self) -> None:
@@ -341,10 +331,9 @@ class _H1Exchange:
         conn = self.conn
         self.keep_alive = False
         try:
-            await conn._write(http11.encode_response_head(101, list(headers)))
+            head = http11.encode_response_head(101, list(headers))
         except http11.FramingError as exc:
-            raise self._lost(conn._framing_error(exc)) from None
-        except ClientGone as exc:
-            raise self._lost(exc) from None
+            raise conn._framing_error(exc) from None
+        await conn._write(head)
         conn.switched = True
         return conn.stream, bytes(conn.parser.trailing)
