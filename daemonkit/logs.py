@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import TextIO
+from collections.abc import Callable, Hashable
+from typing import Any, TextIO
 
 FORMAT = "time=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
 
@@ -44,3 +45,71 @@ def configure_logging(level: str, stream: TextIO | None = None) -> None:
     # hpack logs decoded headers (Authorization included) at DEBUG: never let tokens reach the log.
     for noisy in ("hpack", "h2"):
         logging.getLogger(noisy).setLevel(max(logging.INFO, root.level))
+
+
+class BurstLimitedLog:
+    """A log line that may repeat in a burst (one per refused connection, per reset stream, per
+    retried OPEN) written at most once per ``interval`` seconds for each ``key``; the lines held back
+    are counted and the next line written for that key says how many (``suppressed=N``).
+
+    Nothing runs in the background: a count still held when the burst ends is written by the next
+    line of its key, or by ``flush()`` (call it where a burst is known to be over, e.g. when a
+    connection closes). At most ``max_keys`` keys are remembered (the oldest is flushed first), so a
+    stranger choosing keys (source addresses) cannot make it grow without bound.
+
+        refusals = BurstLimitedLog(log, interval=10)
+        refusals.warning(peer_host, "connection refused peer=%s reason=%s", peer, reason)
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        *,
+        interval: float = 10.0,
+        max_keys: int = 1024,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.logger = logger
+        self.interval = interval
+        self.max_keys = max_keys
+        self.clock = clock
+        #: key -> [when the last line was written, lines held back since, level, message, args]
+        self._held: dict[Hashable, list[Any]] = {}
+
+    def log(self, level: int, key: Hashable, message: str, *args: object) -> bool:
+        """Write the line now (True) or count it (False)."""
+        if not self.logger.isEnabledFor(level):
+            return False
+        now = self.clock()
+        held = self._held.get(key)
+        if held is not None and now - held[0] < self.interval:
+            held[1] += 1
+            held[2:] = [level, message, args]
+            return False
+        suppressed = held[1] if held is not None else 0
+        if held is None and len(self._held) >= self.max_keys:
+            self._flush_key(next(iter(self._held)))
+        self._held.pop(key, None)
+        self._held[key] = [now, 0, level, message, args]
+        if suppressed:
+            self.logger.log(level, message + " suppressed=%d", *args, suppressed)
+        else:
+            self.logger.log(level, message, *args)
+        return True
+
+    def info(self, key: Hashable, message: str, *args: object) -> bool:
+        return self.log(logging.INFO, key, message, *args)
+
+    def warning(self, key: Hashable, message: str, *args: object) -> bool:
+        return self.log(logging.WARNING, key, message, *args)
+
+    def flush(self, key: Hashable | None = None) -> None:
+        """Write the count of lines held back (for ``key``, or every key) and forget them."""
+        for k in [key] if key is not None else list(self._held):
+            if k in self._held:
+                self._flush_key(k)
+
+    def _flush_key(self, key: Hashable) -> None:
+        _, suppressed, level, message, args = self._held.pop(key)
+        if suppressed:
+            self.logger.log(level, message + " suppressed=%d", *args, suppressed)

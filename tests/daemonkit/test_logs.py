@@ -1,0 +1,70 @@
+"""BurstLimitedLog: a line repeated in a burst is written once per interval, with a count."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from daemonkit.logs import BurstLimitedLog
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def _lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "test.burst"]
+
+
+def test_a_burst_is_one_line_then_a_count(caplog: pytest.LogCaptureFixture, clock: Clock) -> None:
+    caplog.set_level(logging.INFO)
+    burst = BurstLimitedLog(logging.getLogger("test.burst"), interval=10, clock=clock)
+    assert burst.warning("10.0.0.1", "refused peer=%s", "10.0.0.1:1")
+    for port in range(2, 1002):
+        clock.now += 0.001
+        assert not burst.warning("10.0.0.1", "refused peer=%s", f"10.0.0.1:{port}")
+    assert _lines(caplog) == ["refused peer=10.0.0.1:1"]
+    clock.now += 10
+    burst.warning("10.0.0.1", "refused peer=%s", "10.0.0.1:5000")
+    assert _lines(caplog)[-1] == "refused peer=10.0.0.1:5000 suppressed=1000"
+
+
+def test_keys_are_limited_separately(caplog: pytest.LogCaptureFixture, clock: Clock) -> None:
+    caplog.set_level(logging.INFO)
+    burst = BurstLimitedLog(logging.getLogger("test.burst"), interval=10, clock=clock)
+    burst.info("a", "line %s", "a")
+    burst.info("b", "line %s", "b")
+    burst.info("a", "line %s", "a2")
+    assert _lines(caplog) == ["line a", "line b"]
+
+
+def test_flush_writes_what_was_held(caplog: pytest.LogCaptureFixture, clock: Clock) -> None:
+    caplog.set_level(logging.INFO)
+    burst = BurstLimitedLog(logging.getLogger("test.burst"), interval=10, clock=clock)
+    burst.info("k", "reset streams peer=%s", "p")
+    burst.info("k", "reset streams peer=%s", "p")
+    burst.info("k", "reset streams peer=%s", "p")
+    burst.flush()
+    burst.flush()  # nothing left: no second line
+    assert _lines(caplog) == ["reset streams peer=p", "reset streams peer=p suppressed=2"]
+
+
+def test_keys_are_bounded(caplog: pytest.LogCaptureFixture, clock: Clock) -> None:
+    caplog.set_level(logging.INFO)
+    burst = BurstLimitedLog(logging.getLogger("test.burst"), interval=10, max_keys=4, clock=clock)
+    for n in range(100):
+        burst.info(n, "peer %d", n)
+        burst.info(n, "peer %d", n)  # held
+    assert len(burst._held) <= 4
+    # every held line was counted when its key was pushed out
+    assert sum(1 for line in _lines(caplog) if line.endswith("suppressed=1")) == 96
