@@ -2,13 +2,17 @@
 
 Each slot dials (round-robin over the kasd addresses), serves the session until it ends, and dials
 again. Failures back off exponentially with full jitter (``uniform(0, min(cap, base·2^(n-1)))``); the
-count resets once a tunnel stayed up ``stable_after`` seconds. On GOAWAY the slot dials a replacement
-at once while the old session drains its in-flight streams in the background.
+count resets once a tunnel stayed up ``stable_after`` seconds. When such a stable tunnel drops, kasd is
+most likely restarting: for ``quick_window`` seconds the slot redials every ``uniform(base/2, base)``
+seconds, so it is back within about a second of kasd; an outage that outlasts the window is backed off
+from exponentially again. On GOAWAY the slot dials a replacement at once while the old session drains
+its in-flight streams in the background.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
@@ -19,6 +23,7 @@ from typing import Any
 import attrs
 import trio
 
+from daemonkit.logs import BurstLimitedLog
 from wire.carrier import TunnelRejectedError
 from wire.frames import Metadata
 from wire.h2carrier import open_h2_session
@@ -36,7 +41,7 @@ _DIAL_ERRORS = (OSError, TunnelRejectedError, SessionClosedError, trio.BrokenRes
 
 @attrs.frozen(kw_only=True)
 class Backoff:
-    """Exponential backoff with full jitter."""
+    """Exponential backoff with full jitter, and the quick retries of a short outage."""
 
     base: float = 1.0
     cap: float = 60.0
@@ -45,6 +50,13 @@ class Backoff:
         if failures <= 0:
             return 0.0
         return rand.uniform(0.0, min(self.cap, self.base * 2.0 ** (failures - 1)))
+
+    def quick_delay(self, rand: random.Random) -> float:
+        """A redial while kasd is likely restarting: within ``base`` (the reconnect lands about a
+        second after kasd is back), and never sooner than half of it, so a fleet of agents whose
+        tunnels all dropped at once dials a down kasd at most twice a second per tunnel, spread
+        over the whole interval rather than in step."""
+        return rand.uniform(self.base / 2, self.base)
 
 
 @attrs.frozen(kw_only=True)
@@ -82,6 +94,8 @@ class ConnectionManager:
         connections: int = 2,
         backoff: Backoff | None = None,
         stable_after: float = 30.0,
+        quick_window: float = 30.0,
+        dial_timeout: float = 10.0,
         shutdown_grace: float = 10.0,
         kas_ssl_context: ssl.SSLContext | None = None,
         rand: random.Random | None = None,
@@ -98,6 +112,8 @@ class ConnectionManager:
         self.connections = connections
         self.backoff = backoff or Backoff()
         self.stable_after = stable_after
+        self.quick_window = quick_window
+        self.dial_timeout = dial_timeout
         self.shutdown_grace = shutdown_grace
         self._kas_ssl = kas_ssl_context
         self._rand = rand or random.Random()
@@ -113,6 +129,9 @@ class ConnectionManager:
         self._rejected = 0
         self._goaways = 0
         self._handled = 0
+        # A dial fails about once a second per slot while kasd is down after a stable tunnel: one
+        # warning per slot every 10 s, with the count of those held back.
+        self._dial_failures_log = BurstLimitedLog(log, interval=10.0, clock=trio.current_time)
         #: set once the first tunnel is up (readiness, the ready file, sd_notify)
         self.first_up = trio.Event()
 
@@ -180,25 +199,45 @@ class ConnectionManager:
 
     async def _slot(self, index: int, tunnels: trio.Nursery) -> None:
         failures = 0
+        # Until when a failed dial is retried quickly: set when a stable tunnel drops (kasd is most
+        # likely restarting), cleared by a tunnel that drops soon after connecting or by kasd
+        # rejecting the token (kasd is there, and retrying every second would not change its mind).
+        quick_until = -math.inf
+        failed_dials = 0  # in a row, for the log
         while True:
             url = self._next_url()
             self._dials += 1
             ended = trio.Event()
             try:
-                tunnel: Tunnel = await tunnels.start(self._run_tunnel, url, index, ended)
+                with trio.fail_after(self.dial_timeout):
+                    tunnel: Tunnel = await tunnels.start(self._run_tunnel, url, index, ended)
             except Exception as exc:  # a daemon keeps trying; only the unexpected gets a traceback
-                if not isinstance(exc, _DIAL_ERRORS):
+                if isinstance(exc, trio.TooSlowError):
+                    exc = TimeoutError(f"no tunnel within {self.dial_timeout:g}s")
+                elif not isinstance(exc, _DIAL_ERRORS):
                     log.exception("unexpected dial failure url=%s slot=%d", url, index)
-                failures += 1
                 self._failures += 1
-                delay = self.backoff.delay(failures, self._rand)
-                self._log_dial_failure(url, index, exc, failures, delay)
+                failed_dials += 1
+                if isinstance(exc, TunnelRejectedError) and exc.status in (401, 403):
+                    quick_until = -math.inf
+                if trio.current_time() < quick_until:
+                    delay = self.backoff.quick_delay(self._rand)  # the count stays where the drop left it
+                else:
+                    failures += 1
+                    delay = self.backoff.delay(failures, self._rand)
+                self._log_dial_failure(url, index, exc, failed_dials, delay)
                 await self._sleep(delay)
                 continue
+            failed_dials = 0
+            self._dial_failures_log.flush(index)
             await ended.wait()
-            up_for = trio.current_time() - tunnel.started_at
+            now = trio.current_time()
+            up_for = now - tunnel.started_at
             if up_for >= self.stable_after:
                 failures = 0
+                quick_until = now + self.quick_window
+            else:
+                quick_until = -math.inf
             failures += 1
             if tunnel.goaway:
                 # Replace at once (the old session drains meanwhile); only a kasd that keeps sending
@@ -206,7 +245,8 @@ class ConnectionManager:
                 delay = self.backoff.delay(failures - 1, self._rand)
             else:
                 self._failures += 1
-                delay = self.backoff.delay(failures, self._rand)
+                delay = (self.backoff.quick_delay(self._rand) if now < quick_until
+                         else self.backoff.delay(failures, self._rand))
             log.info("redialing slot=%d after=%.2fs up_for=%.1fs reason=%s", index, delay, up_for,
                      "goaway" if tunnel.goaway else "closed")
             await self._sleep(delay)
@@ -219,8 +259,8 @@ class ConnectionManager:
                 url, index, exc.status, exc.message.strip(), "check --token-file / AGENTD_TOKEN_FILE", delay,
             )
         else:
-            log.warning("dial failed url=%s slot=%d failures=%d error=%r retry_in=%.2fs",
-                        url, index, failures, str(exc) or type(exc).__name__, delay)
+            self._dial_failures_log.warning(index, "dial failed url=%s slot=%d failures=%d error=%r retry_in=%.2fs",
+                                            url, index, failures, str(exc) or type(exc).__name__, delay)
 
     def _dial_h2(self, url: str, token: str, metadata: Metadata) -> AbstractAsyncContextManager[Session]:
         ctx = self._kas_ssl if url.startswith("https://") else None

@@ -98,7 +98,7 @@ class Plan:
 
 
 async def run_plan(tmp_path: Path, plan: Plan, *, urls: tuple[str, ...] = ("http://a/tunnel",),
-                   connections: int = 1) -> tuple[ConnectionManager, MaxRandom, list[float]]:
+                   connections: int = 1, quick_window: float = 30.0) -> tuple[ConnectionManager, MaxRandom, list[float]]:
     token = tmp_path / "token"
     token.write_text("t0ken\n")
     rand = MaxRandom()
@@ -112,8 +112,8 @@ async def run_plan(tmp_path: Path, plan: Plan, *, urls: tuple[str, ...] = ("http
         raise AssertionError("no streams expected")
 
     manager = ConnectionManager(urls, token_file=token, handler=handler, metadata={}, connections=connections,
-                                backoff=Backoff(base=1.0, cap=60.0), stable_after=30.0, rand=rand,
-                                sleep=sleep, dial=plan.dial)
+                                backoff=Backoff(base=1.0, cap=60.0), stable_after=30.0,
+                                quick_window=quick_window, rand=rand, sleep=sleep, dial=plan.dial)
     async with trio.open_nursery() as nursery:
         await nursery.start(manager.run)
         await plan.exhausted.wait()
@@ -136,9 +136,97 @@ async def test_failures_back_off_exponentially_with_jitter(autojump_clock: trio.
 async def test_backoff_resets_after_a_stable_tunnel(autojump_clock: trio.testing.MockClock,
                                                     tmp_path: Path) -> None:
     # three failures, a tunnel that stays up 40 s (stable), then failures start from the base again
+    # (no quick window here: the reset alone; the next tests show the quick redials on top of it)
     plan = Plan("fail", "fail", "fail", 40.0, "fail", "fail")
-    _, _, sleeps = await run_plan(tmp_path, plan)
+    _, _, sleeps = await run_plan(tmp_path, plan, quick_window=0)
     assert sleeps == [1, 2, 4, 1, 2, 4]
+
+
+async def test_a_short_outage_after_a_stable_tunnel_is_redialed_every_second(
+        autojump_clock: trio.testing.MockClock, tmp_path: Path) -> None:
+    # A tunnel up 40 s drops at t=40 (kasd restarting). For the quick window (9.5 s here) every redial
+    # waits uniform(0.5, 1): MaxRandom takes the top, 1 s. The dial at t=50 is past the window: from
+    # there the count grows as before (2, 4, 8), so a long outage is backed off from.
+    plan = Plan(40.0, *["fail"] * 12)
+    manager, rand, sleeps = await run_plan(tmp_path, plan, quick_window=9.5)
+    assert sleeps == [1] * 10 + [2, 4, 8]
+    assert rand.ranges == [(0.5, 1.0)] * 10 + [(0.0, 2.0), (0.0, 4.0), (0.0, 8.0)]
+    dial_times = [t for _, t in plan.dials]
+    assert dial_times[:12] == pytest.approx([0, *range(41, 51), 52])
+    assert manager.statistics().failures == 13  # the drop and twelve failed dials
+
+
+async def test_quick_redials_spread_over_half_a_second(autojump_clock: trio.testing.MockClock,
+                                                       tmp_path: Path) -> None:
+    # With a real random source: every quick redial waits between 0.5 s and 1 s, and they differ, so
+    # agents whose tunnels dropped together do not dial in step.
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    plan = Plan(40.0, *["fail"] * 20)
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        await trio.sleep(seconds)
+
+    async def handler(stream: Any) -> None:
+        raise AssertionError("no streams expected")
+
+    manager = ConnectionManager(("http://a/tunnel",), token_file=token, handler=handler, metadata={},
+                                connections=1, rand=random.Random(3), sleep=sleep, dial=plan.dial)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.run)
+        await plan.exhausted.wait()
+        manager.stop()
+    assert len(sleeps) == 21  # all within the default 30 s window
+    assert all(0.5 <= s <= 1.0 for s in sleeps)
+    assert max(sleeps) - min(sleeps) > 0.3 and len(set(sleeps)) == len(sleeps)
+
+
+async def test_a_rejected_token_ends_the_quick_window(autojump_clock: trio.testing.MockClock,
+                                                      tmp_path: Path) -> None:
+    # kasd is back and refuses the token: not an outage, so no more redials every second
+    plan = Plan(40.0, "fail", "reject", "fail")
+    _, _, sleeps = await run_plan(tmp_path, plan)
+    assert sleeps == [1, 1, 2, 4]
+
+
+async def test_a_tunnel_that_drops_soon_after_connecting_ends_the_quick_window(
+        autojump_clock: trio.testing.MockClock, tmp_path: Path) -> None:
+    # kasd came back but drops the agent after 5 s: that is a kasd to back off from, not an outage
+    plan = Plan(40.0, "fail", 5.0, "fail", "fail")
+    _, _, sleeps = await run_plan(tmp_path, plan)
+    assert sleeps == [1, 1, 2, 4, 8]
+
+
+async def test_a_dial_that_hangs_gives_up_after_the_dial_timeout(autojump_clock: trio.testing.MockClock,
+                                                                 tmp_path: Path) -> None:
+    # kasd's address black-holes the SYN (or never answers the handshake): the slot gives up after
+    # dial_timeout and backs off, instead of waiting for the kernel's connect timeout (~2 minutes)
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    dials: list[float] = []
+    second = trio.Event()
+
+    @asynccontextmanager
+    async def dial(url: str, token: str, metadata: Any) -> AsyncIterator[Any]:
+        dials.append(trio.current_time())
+        if len(dials) == 2:
+            second.set()
+        await trio.sleep_forever()
+        yield  # pragma: no cover
+
+    async def handler(stream: Any) -> None:
+        raise AssertionError("no streams expected")
+
+    manager = ConnectionManager(("http://a/tunnel",), token_file=token, handler=handler, metadata={},
+                                connections=1, dial_timeout=10.0, rand=MaxRandom(), dial=dial)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.run)
+        await second.wait()
+        manager.stop()
+    assert dials == pytest.approx([0.0, 11.0])  # 10 s of dial, then 1 s of backoff
+    assert manager.statistics().failures == 1
 
 
 async def test_short_lived_tunnels_keep_backing_off(autojump_clock: trio.testing.MockClock,
