@@ -19,10 +19,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import attrs
 import trio
 
+from agentd.neterrors import failure_reason
 from daemonkit.logs import BurstLimitedLog
 from wire.carrier import TunnelRejectedError
 from wire.frames import Metadata
@@ -260,7 +262,7 @@ class ConnectionManager:
             )
         else:
             self._dial_failures_log.warning(index, "dial failed url=%s slot=%d failures=%d error=%r retry_in=%.2fs",
-                                            url, index, failures, str(exc) or type(exc).__name__, delay)
+                                            url, index, failures, failure_reason(exc, host=urlsplit(url).hostname), delay)
 
     def _dial_h2(self, url: str, token: str, metadata: Metadata) -> AbstractAsyncContextManager[Session]:
         ctx = self._kas_ssl if url.startswith("https://") else None

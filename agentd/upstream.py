@@ -23,6 +23,7 @@ import trio
 
 import http11
 from agentd.kubeapi import KubeTarget
+from agentd.neterrors import failure_reason
 from netio.fastio import fast_stream, tls_stream
 from tunnelhttp.head import Headers, RequestHead, strip_hop_by_hop
 
@@ -57,18 +58,6 @@ class PoolStatistics:
     reused: int
     #: connections closed without going back to the pool (upgrade, error, cancelled exchange)
     discarded: int
-
-
-def _reason(exc: BaseException) -> str:
-    cause = exc.__cause__ or exc.__context__
-    if isinstance(exc, trio.BrokenResourceError) and cause is not None:
-        return _reason(cause)
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    text = str(exc) or type(exc).__name__
-    if isinstance(cause, OSError) and cause.strerror:
-        text += f" ({cause.strerror})"  # trio's "all attempts to connect … failed" hides why
-    return text
 
 
 class _Connection:
@@ -107,7 +96,7 @@ class _Connection:
                 data = await self.stream.receive_some(_CHUNK)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 self.broken = True
-                raise UpstreamLost(f"connection to the API server lost: {_reason(exc)}") from exc
+                raise UpstreamLost(f"connection to the API server lost: {failure_reason(exc)}") from exc
             parser.feed(data)
 
     @property
@@ -247,7 +236,7 @@ class UpstreamPool:
                 await conn.send(request)
                 conn.request_done = not has_body
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                raise UpstreamUnreachable(f"cannot reach {self.target.url}: {_reason(exc)}") from exc
+                raise UpstreamUnreachable(f"cannot reach {self.target.url}: {failure_reason(exc)}") from exc
             if not has_body:
                 # Nothing to send beside the response: no body task, no nursery.
                 yield await self._response_head(conn)
@@ -382,11 +371,11 @@ class UpstreamPool:
         except trio.TooSlowError:
             if tcp is not None:
                 await trio.aclose_forcefully(tcp)
-            raise UpstreamUnreachable(f"cannot reach {target.url}: no connection within {self.connect_timeout:g}s") from None
+            raise UpstreamUnreachable(f"cannot reach {target.url}: connect timed out after {self.connect_timeout:g}s") from None
         except (OSError, ssl.SSLError, trio.BrokenResourceError) as exc:
             if tcp is not None:
                 await trio.aclose_forcefully(tcp)
-            raise UpstreamUnreachable(f"cannot reach {target.url}: {_reason(exc)}") from exc
+            raise UpstreamUnreachable(f"cannot reach {target.url}: {failure_reason(exc, host=target.host)}") from exc
         self._opened += 1
         return _Connection(stream)
 

@@ -43,8 +43,8 @@ class RecordingSleep:
             await self._changed.wait()
 
 
-async def test_agentd_is_back_within_a_second_of_kasd_after_a_short_outage(nursery: trio.Nursery,
-                                                                            tmp_path: Path) -> None:
+async def test_agentd_is_back_within_a_second_of_kasd_after_a_short_outage(
+        nursery: trio.Nursery, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     config = make_config()
     first_kasd = trio.CancelScope()
     runtime: Runtime = await nursery.start(_kasd_until_cancelled, config, first_kasd)
@@ -67,6 +67,8 @@ async def test_agentd_is_back_within_a_second_of_kasd_after_a_short_outage(nurse
             await sleep.wait_calls(3)
         assert running.manager.tunnels_up == 0
         assert running.manager.statistics().failures == 3  # the drop, then two refused dials
+        dial_failures = [r.getMessage() for r in caplog.records if r.getMessage().startswith("dial failed")]
+        assert dial_failures and "error='Connection refused'" in dial_failures[0]  # the cause, not trio's summary
         restarted = make_config({"listeners": {
             "agent": {"address": f"127.0.0.1:{agent_port}"},
             "observability": {"address": "127.0.0.1:0"},
