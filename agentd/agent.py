@@ -69,7 +69,7 @@ async def run_agent(
     target = kube_target or kube_target_for(config)
     if stop_event is None:
         stop_event = trio.Event()
-    pool = UpstreamPool(target)
+    pool = UpstreamPool(target, response_header_timeout=config.upstream_response_header_timeout or None)
     proxy = KubeApiProxy(pool)
     manager = ConnectionManager(
         config.kas_addresses,
@@ -78,6 +78,7 @@ async def run_agent(
         metadata={"agent_id": config.agent_id, "pod_name": config.pod_name, "pod_uid": config.pod_uid,
                   "version": __version__},
         connections=config.connections,
+        quick_window=config.reconnect_quick_window,
         shutdown_grace=config.shutdown_grace,
         kas_ssl_context=kas_ssl_context(config),
         **dict(manager_kwargs or {}),

@@ -8,6 +8,7 @@ file key, variable, flag, help and check); ``daemonkit.settings`` loads them. Ev
 from __future__ import annotations
 
 import argparse
+import math
 import socket
 import ssl
 from collections.abc import Mapping, Sequence
@@ -19,6 +20,7 @@ import attrs
 import yaml
 
 from agentd import __version__
+from agentd.upstream import DEFAULT_RESPONSE_HEADER_TIMEOUT
 from daemonkit.notify import ready_file_problem
 from daemonkit.settings import (
     HostPort,
@@ -32,6 +34,8 @@ from daemonkit.settings import (
 )
 
 DEFAULT_CONNECTIONS = 2
+#: a kasd restart or a rescheduled kasd pod is back within this; a longer outage is backed off from
+DEFAULT_RECONNECT_QUICK_WINDOW = 30.0
 DEFAULT_HEALTH_ADDRESS = "0.0.0.0:8080"
 DEFAULT_SERVICEACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -194,6 +198,24 @@ def _seconds(value: Any) -> float:
     return float(value)
 
 
+def _seconds_or_off(value: Any) -> float:
+    """Seconds, from the file (a number) or from the environment and flags (its text); 0 turns the
+    bound off."""
+    number: float | None = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            pass
+    if number is None or not math.isfinite(number):
+        raise Problem(f"expected a number of seconds, got {value!r}")
+    if number < 0:
+        raise Problem(f"must be 0 (off) or more seconds, got {value!r}")
+    return number
+
+
 def _optional_text(value: Any) -> str | None:
     return _text(value) or None
 
@@ -268,6 +290,18 @@ class AgentConfig:
     )
     #: how long in-flight streams may run on after SIGTERM
     shutdown_grace: float = setting(10.0, parse=_seconds)
+    upstream_response_header_timeout: float = setting(
+        DEFAULT_RESPONSE_HEADER_TIMEOUT, parse=_seconds_or_off, env="AGENTD_UPSTREAM_RESPONSE_HEADER_TIMEOUT",
+        flag="--upstream-response-header-timeout", metavar="SECONDS",
+        help="give up on an API server that sends no response head this long after the request was sent "
+        "(answered 504); the body has no bound (watches, logs -f); 0: no bound",
+    )
+    reconnect_quick_window: float = setting(
+        DEFAULT_RECONNECT_QUICK_WINDOW, parse=_seconds_or_off, env="AGENTD_RECONNECT_QUICK_WINDOW",
+        flag="--reconnect-quick-window", metavar="SECONDS",
+        help="after a tunnel that had been up 30 s drops, redial about every second for this long "
+        "before backing off exponentially; 0: back off at once",
+    )
 
     @property
     def health_host(self) -> str:

@@ -2,12 +2,15 @@
 
 The stream's OPEN metadata is a ``RequestHead``; the request body follows on the stream. agentd
 answers ACCEPT with the ``ResponseHead`` and streams the body back, or REFUSEs with a ``TunnelCode``
-when it cannot get an answer. A ``101`` makes the stream a raw byte pipe both ways. When kasd resets
-the stream (the client went away) the upstream exchange is cancelled and its connection closed.
+when it cannot get an answer. An API server that took the request but sent no response head in time
+gets the client a 504 Status of agentd's own (it may have acted on the request: an answer, so kasd
+retries it nowhere else). A ``101`` makes the stream a raw byte pipe both ways. When kasd resets the
+stream (the client went away) the upstream exchange is cancelled and its connection closed.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Sequence
 
@@ -19,6 +22,7 @@ from agentd.upstream import (
     RequestAborted,
     UpstreamLost,
     UpstreamPool,
+    UpstreamTimeout,
     UpstreamUnreachable,
 )
 from netio.relay import relay
@@ -41,7 +45,7 @@ class RequestRecord:
     method: str
     path: str
     status: int | None
-    #: ok, drained, refused, client-gone, upstream-lost
+    #: ok, drained, refused, client-gone, upstream-lost, upstream-timeout
     outcome: str
     bytes_in: int
     bytes_out: int
@@ -118,6 +122,10 @@ class KubeApiProxy:
         except UpstreamUnreachable as exc:
             counters.outcome = "refused"
             await _refuse(stream, TunnelCode.UPSTREAM_UNREACHABLE, str(exc))
+        except UpstreamTimeout as exc:
+            counters.outcome = "upstream-timeout"
+            counters.status = 504
+            await _answer_status(stream, 504, "Timeout", str(exc), counters)
         except InvalidRequest as exc:
             counters.outcome = "refused"
             await _refuse(stream, TunnelCode.BAD_REQUEST, str(exc))
@@ -198,6 +206,22 @@ async def _relay(stream: MuxStream, raw: trio.abc.Stream, trailing: bytes, count
 
 def _content_type(headers: Sequence[tuple[str, str]]) -> str | None:
     return next((value for name, value in headers if name.lower() == "content-type"), None)
+
+
+async def _answer_status(stream: MuxStream, status: int, reason: str, message: str, counters: _Counters) -> None:
+    """Answer with a Kubernetes ``Status`` (the error body kubectl shows its user), as the API server
+    itself would have: ``Error from server (Timeout): cluster API sent no response head within 90s``."""
+    log.warning("answering stream=%d status=%d reason=%r", stream.stream_id, status, message)
+    body = json.dumps({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                       "message": message, "reason": reason, "code": status}).encode()
+    headers = (("content-type", "application/json"), ("content-length", str(len(body))), ("cache-control", "no-store"))
+    try:
+        await stream.accept(ResponseHead(status=status, headers=headers).to_metadata())
+        await stream.send_all(body)
+        counters.bytes_out += len(body)
+        await stream.send_eof()
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        counters.outcome = "client-gone"
 
 
 async def _refuse(stream: MuxStream, code: int, message: str) -> None:

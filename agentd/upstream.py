@@ -3,16 +3,20 @@
     async with pool.request(head, body) as response:
         async for chunk in response: ...          # or response.raw after a 101
 
-Bodies stream both ways and are never buffered whole; nothing but connecting has a timeout, since
-watches and ``logs -f`` last as long as the client wants. A connection goes back to the pool only
-after a complete exchange (both messages DONE); after an upgrade, an error, or a cancelled exchange it
-is closed. The pool adds the agent's own credentials and the ``Impersonate-*`` headers: whatever
-``Authorization`` or ``Impersonate-*`` the head carried is dropped first.
+Bodies stream both ways and are never buffered whole. Connecting has a timeout, and so has the
+response head (``response_header_timeout``: an API server that takes the request and never answers
+must not hold it, and its pooled connection, forever); the response body has none, since watches
+and ``logs -f`` last as long as the client wants (and their head comes at once). A connection goes
+back to the pool only after a complete exchange (both messages DONE); after an upgrade, an error, a
+timeout or a cancelled exchange it is closed. The pool adds the agent's own credentials and the
+``Impersonate-*`` headers: whatever ``Authorization`` or ``Impersonate-*`` the head carried is
+dropped first.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import ssl
 from collections.abc import AsyncIterator
@@ -32,10 +36,18 @@ log = logging.getLogger("agentd.upstream")
 _CHUNK = 256 * 1024  # per-chunk Python work dominates bulk transfers: fewer, larger chunks
 _MAX_HEAD = 256 * 1024
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+#: above the API server's own bound on a request (``--request-timeout``, 60 s by default), after
+#: which a working API server answers 504 itself: agentd's bound only fires on one that is hung
+DEFAULT_RESPONSE_HEADER_TIMEOUT = 90.0
 
 
 class UpstreamUnreachable(Exception):
     """No answer could be had from the API server (connect failed, or it closed before answering)."""
+
+
+class UpstreamTimeout(Exception):
+    """The API server took the request but sent no response head within the bound. It may have acted
+    on the request, so this is an answer (504), not a refusal another agent could retry."""
 
 
 class UpstreamLost(Exception):
@@ -179,9 +191,12 @@ class UpstreamPool:
     # handshakes) them again: that halved requests/s at concurrency 64 and doubled the API server's
     # CPU per request.
     def __init__(self, target: KubeTarget, *, connect_timeout: float = 10.0, max_idle: int = 64,
-                 idle_timeout: float = 50.0) -> None:
+                 idle_timeout: float = 50.0,
+                 response_header_timeout: float | None = DEFAULT_RESPONSE_HEADER_TIMEOUT) -> None:
         self.target = target
         self.connect_timeout = connect_timeout
+        #: None: wait for the response head as long as the API server takes
+        self.response_header_timeout = response_header_timeout
         self.max_idle = max_idle
         self.idle_timeout = idle_timeout
         self._idle: list[_Connection] = []
@@ -205,7 +220,8 @@ class UpstreamPool:
     async def request(self, head: RequestHead, body: trio.abc.ReceiveStream | None) -> AsyncIterator[UpstreamResponse]:
         """Send ``head`` (plus ``body``, streamed) and yield the response once its head arrived.
 
-        Raises UpstreamUnreachable (before yielding) when no response head could be had. ``body`` is
+        Raises UpstreamUnreachable (before yielding) when no response head could be had, and
+        UpstreamTimeout when the API server sent none within ``response_header_timeout``. ``body`` is
         None for an upgrade request; otherwise it is read to EOF (kasd half-closes after the body).
         """
         headers = self._headers(head)
@@ -232,24 +248,29 @@ class UpstreamPool:
                 conn.broken = True
                 raise InvalidRequest(f"request cannot be sent as HTTP/1.1: {exc}") from None
             conn.parser.expect(head.method)
+            timer = _HeadTimer(self.response_header_timeout)
             try:
-                await conn.send(request)
-                conn.request_done = not has_body
+                with trio.move_on_after(timer.timeout) as sending:
+                    await conn.send(request)
+                conn.request_done = not has_body and not sending.cancelled_caught
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 raise UpstreamUnreachable(f"cannot reach {self.target.url}: {failure_reason(exc)}") from exc
+            if sending.cancelled_caught:
+                raise timer.expired(conn)
             if not has_body:
                 # Nothing to send beside the response: no body task, no nursery.
-                yield await self._response_head(conn)
+                timer.waiting_on_server()
+                yield await self._response_head(conn, timer)
                 return
             failure: BaseException | None = None
             caller_error: BaseException | None = None
             async with trio.open_nursery() as nursery:
                 state = _BodyState()
                 assert body is not None
-                nursery.start_soon(self._send_body, conn, writer, body, first, state, nursery.cancel_scope)
+                nursery.start_soon(self._send_body, conn, writer, body, first, state, nursery.cancel_scope, timer)
                 try:
-                    response = await self._response_head(conn)
-                except UpstreamUnreachable as exc:
+                    response = await self._response_head(conn, timer)
+                except (UpstreamUnreachable, UpstreamTimeout) as exc:
                     failure = exc
                     nursery.cancel_scope.cancel()
                 else:
@@ -278,11 +299,12 @@ class UpstreamPool:
             await self._release(conn)
 
     async def _send_body(self, conn: _Connection, writer: http11.BodyWriter, body: trio.abc.ReceiveStream,
-                         first: bytes, state: _BodyState, scope: trio.CancelScope) -> None:
+                         first: bytes, state: _BodyState, scope: trio.CancelScope, timer: _HeadTimer) -> None:
         chunk = first
         try:
             while True:
                 if chunk:
+                    timer.waiting_on_server()
                     try:
                         await conn.send(writer.data(chunk))
                     except http11.FramingError as exc:  # more bytes than the content-length said
@@ -291,6 +313,7 @@ class UpstreamPool:
                         return
                     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                         return  # the API server stopped reading; its response says why
+                timer.waiting_on_client()
                 try:
                     chunk = bytes(await body.receive_some(_CHUNK))
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -299,6 +322,7 @@ class UpstreamPool:
                     return
                 if not chunk:
                     break
+            timer.waiting_on_server()
             try:
                 await conn.send(writer.end())
             except http11.FramingError as exc:  # fewer bytes than the content-length said
@@ -310,13 +334,17 @@ class UpstreamPool:
         finally:
             state.finished = True
             state.finished_event.set()
+            timer.waiting_on_server()  # all sent (or the API server stopped reading): its answer is due
 
-    async def _response_head(self, conn: _Connection) -> UpstreamResponse:
-        """The response head (after any 1xx but 101), or UpstreamUnreachable when none came."""
-        try:
-            return await self._read_response_head(conn)
-        except UpstreamLost as exc:
-            raise UpstreamUnreachable(f"cannot reach {self.target.url}: {exc}") from None
+    async def _response_head(self, conn: _Connection, timer: _HeadTimer) -> UpstreamResponse:
+        """The response head (after any 1xx but 101); UpstreamUnreachable when none came,
+        UpstreamTimeout when none came in time."""
+        with timer.scope:
+            try:
+                return await self._read_response_head(conn)
+            except UpstreamLost as exc:
+                raise UpstreamUnreachable(f"cannot reach {self.target.url}: {exc}") from None
+        raise timer.expired(conn)
 
     async def _read_response_head(self, conn: _Connection) -> UpstreamResponse:
         event = await conn.next_event()
@@ -387,6 +415,27 @@ class UpstreamPool:
             return
         self._discarded += 1
         await conn.aclose()
+
+
+class _HeadTimer:
+    """The bound on the response head. It counts only the time agentd waits on the API server —
+    sending it the request, then waiting for its answer — never the time it waits for the client's
+    body, so a slow upload is not blamed on the API server. It fires while the head is awaited (the
+    body, sent meanwhile, moves the deadline as it goes)."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self.timeout = math.inf if timeout is None else timeout
+        self.scope = trio.CancelScope(deadline=trio.current_time() + self.timeout)
+
+    def waiting_on_server(self) -> None:
+        self.scope.deadline = trio.current_time() + self.timeout
+
+    def waiting_on_client(self) -> None:
+        self.scope.deadline = math.inf
+
+    def expired(self, conn: _Connection) -> UpstreamTimeout:
+        conn.broken = True  # an answer may still come: the connection is out of step, not reusable
+        return UpstreamTimeout(f"cluster API sent no response head within {self.timeout:g}s")
 
 
 @attrs.define(eq=False)

@@ -100,12 +100,35 @@ def test_in_cluster_is_the_default_inside_a_pod(files: Path) -> None:
         (["--kas-ca-file", "/nonexistent/ca.pem"], "CA file /nonexistent/ca.pem does not exist"),
         (["--in-cluster"], "choose one way to reach the API server"),
         (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--upstream-response-header-timeout", "soon"],
+         "--upstream-response-header-timeout: expected a number of seconds, got 'soon'"),
+        (["--upstream-response-header-timeout", "-1"], "--upstream-response-header-timeout: must be 0 \\(off\\) or more"),
+        (["--reconnect-quick-window", "inf"], "--reconnect-quick-window: expected a number of seconds, got 'inf'"),
     ],
 )
 def test_errors_name_the_problem(files: Path, args: list[str], message: str) -> None:
     flags = [] if args == [] else ["--kas-address", "http://kas/tunnel"]
     with pytest.raises(ConfigError, match=message.replace("?", r"\?")):
         load_config([*flags, *base_flags(files), *args], {})
+
+
+def test_timeouts_from_file_environment_and_flags(files: Path) -> None:
+    defaults = load_config(["--kas-address", "http://k/tunnel", *base_flags(files)], {})
+    assert (defaults.upstream_response_header_timeout, defaults.reconnect_quick_window) == (90.0, 30.0)
+    (files / "agentd.yaml").write_text("upstream_response_header_timeout: 120\nreconnect_quick_window: 45.5\n")
+    from_file = load_config(["--config", str(files / "agentd.yaml"), "--kas-address", "http://k/tunnel",
+                             *base_flags(files)], {})
+    assert (from_file.upstream_response_header_timeout, from_file.reconnect_quick_window) == (120.0, 45.5)
+    env = {"AGENTD_UPSTREAM_RESPONSE_HEADER_TIMEOUT": "0", "AGENTD_RECONNECT_QUICK_WINDOW": "10"}
+    from_env = load_config(["--config", str(files / "agentd.yaml"), "--kas-address", "http://k/tunnel",
+                            *base_flags(files)], env)
+    assert (from_env.upstream_response_header_timeout, from_env.reconnect_quick_window) == (0.0, 10.0)
+    from_flags = load_config(["--kas-address", "http://k/tunnel", *base_flags(files),
+                              "--upstream-response-header-timeout", "2.5", "--reconnect-quick-window", "0"], env)
+    assert (from_flags.upstream_response_header_timeout, from_flags.reconnect_quick_window) == (2.5, 0.0)
+    (files / "bad.yaml").write_text("upstream_response_header_timeout: true\n")
+    with pytest.raises(ConfigError, match=r"upstream_response_header_timeout in .*bad.yaml: expected a number of seconds"):
+        load_config(["--config", str(files / "bad.yaml"), "--kas-address", "http://k/tunnel", *base_flags(files)], {})
 
 
 def test_token_and_kubeconfig_errors(files: Path) -> None:
