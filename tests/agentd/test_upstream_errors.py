@@ -28,6 +28,14 @@ from tests.agentd.harness import (
     start_fake_kasd,
 )
 from tests.agentd.test_tunnels import write_kubeconfig
+from tests.kasd.helpers import (
+    AGENT1_TOKEN,
+    CI_TOKEN,
+    bearer,
+    http_request,
+    running_kasd,
+    wait_sessions,
+)
 from tunnelhttp.head import ResponseHead, TunnelCode
 from wire.session import StreamRefusedError
 
@@ -114,6 +122,27 @@ async def test_a_hung_api_server_gets_the_client_a_504_within_the_bound(nursery:
             await read_all(stream)
         assert response.status == 504
         assert api.connections == 2
+
+
+async def test_through_kasd_kubectl_sees_the_504_status(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # the same, end to end: a client on kasd's proxy port, a real kasd, a real agentd, a hung API server
+    api = HungApiServer()
+    port = await _serve(nursery, api.handle)
+    async with running_kasd() as kasd:
+        config = agent_config(tmp_path, kasd.agent_url, agent_id="1", upstream_response_header_timeout=BOUND)
+        config.token_file.write_text(AGENT1_TOKEN + "\n")
+        target = KubeTarget(scheme="http", host="127.0.0.1", port=port)
+        async with running_agent(nursery, config, target) as agent:
+            with trio.fail_after(5):
+                await wait_sessions(kasd, 1, 1)
+            with trio.fail_after(BOUND + 5):
+                reply = await http_request(kasd.port("kubernetes_api"), "GET", "/api/v1/namespaces/default/pods",
+                                           [bearer(CI_TOKEN)])
+            assert reply.status == 504
+            status = json.loads(reply.body)
+            assert (status["kind"], status["reason"], status["code"]) == ("Status", "Timeout", 504)
+            assert status["message"] == "cluster API sent no response head within 0.5s"
+            agent.stop()
 
 
 async def test_a_hung_api_server_times_out_after_a_request_with_a_body_too() -> None:
@@ -240,6 +269,24 @@ async def test_connection_refused_is_named(nursery: trio.Nursery, tmp_path: Path
     sock.close()  # nothing listens there now
     refusal = await _refusal(nursery, tmp_path, f"http://127.0.0.1:{port}")
     assert refusal.message == f"cannot reach http://127.0.0.1:{port}: Connection refused"
+
+
+async def test_through_kasd_the_502_names_the_cause(nursery: trio.Nursery, tmp_path: Path) -> None:
+    sock = trio.socket.socket()
+    await sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    async with running_kasd() as kasd:
+        config = agent_config(tmp_path, kasd.agent_url, agent_id="1")
+        config.token_file.write_text(AGENT1_TOKEN + "\n")
+        async with running_agent(nursery, config, KubeTarget(scheme="http", host="127.0.0.1", port=port)) as agent:
+            with trio.fail_after(5):
+                await wait_sessions(kasd, 1, 1)
+                reply = await http_request(kasd.port("kubernetes_api"), "GET", "/api/v1/pods", [bearer(CI_TOKEN)])
+            assert reply.status == 502
+            message = json.loads(reply.body)["message"]
+            assert message.endswith(f"cannot reach http://127.0.0.1:{port}: Connection refused"), message
+            agent.stop()
 
 
 async def test_a_name_that_does_not_resolve_is_named(nursery: trio.Nursery, tmp_path: Path) -> None:
