@@ -24,11 +24,13 @@ from kasd.seams import (
     NoOtherSession,
     PeerUnreachable,
     RouteError,
+    Router,
 )
-from kasd.tunnels import TunnelRegistry
+from kasd.tunnels import LocalRouter, Tunnel, TunnelRegistry
 from tunnelhttp.head import Impersonation, RequestHead, ResponseHead, TunnelCode
 from wire.frames import Metadata
 from wire.session import MuxStream, Session, StreamRefusedError, connect_session
+from wire.settings import Limits
 
 IMPERSONATE = Impersonation(user="gitlab:ci_job:7", groups=("gitlab:ci_job",))
 
@@ -147,28 +149,29 @@ def request(token: str | None = "ci:1:good", target: str = "/api/v1/pods", *, ha
 
 
 @asynccontextmanager
-async def agent_session() -> AsyncIterator[tuple[Session, Session]]:
+async def agent_session(kasd_limits: Limits | None = None) -> AsyncIterator[tuple[Session, Session]]:
     """kasd's session (opens streams) and the agent's (accepts them), over memory streams."""
     left, right = trio.testing.memory_stream_pair()
     async with trio.open_nursery() as nursery:
-        kasd_side, agent_side = await _pair(nursery, left, right)
+        kasd_side, agent_side = await _pair(nursery, left, right, kasd_limits)
         yield kasd_side, agent_side
         nursery.cancel_scope.cancel()
 
 
-async def _pair(nursery: trio.Nursery, left: trio.abc.Stream, right: trio.abc.Stream) -> tuple[Session, Session]:
+async def _pair(nursery: trio.Nursery, left: trio.abc.Stream, right: trio.abc.Stream,
+                kasd_limits: Limits | None = None) -> tuple[Session, Session]:
     sessions: dict[str, Session] = {}
 
-    async def connect(name: str, transport: trio.abc.Stream, client: bool) -> None:
-        sessions[name] = await connect_session(nursery, transport, client=client)
+    async def connect(name: str, transport: trio.abc.Stream, client: bool, limits: Limits | None) -> None:
+        sessions[name] = await connect_session(nursery, transport, client=client, limits=limits)
 
     async with trio.open_nursery() as both:
-        both.start_soon(connect, "kasd", left, False)
-        both.start_soon(connect, "agent", right, True)
+        both.start_soon(connect, "kasd", left, False, kasd_limits)
+        both.start_soon(connect, "agent", right, True, None)
     return sessions["kasd"], sessions["agent"]
 
 
-def pipeline(router: FakeRouter, authority: FakeAuthority | None = None) -> RequestPipeline:
+def pipeline(router: Router, authority: FakeAuthority | None = None) -> RequestPipeline:
     return RequestPipeline(authority or FakeAuthority(), router, Metrics(TunnelRegistry()))
 
 
@@ -404,20 +407,16 @@ async def test_a_head_over_the_tunnels_limits_is_answered_without_asking_the_rou
 
 
 async def test_metadata_the_session_cannot_send_is_answered_not_retried() -> None:
-    # What kasd adds itself (the impersonation) is not checked string by string before routing;
-    # the session refuses it with the same error type, and that is a verdict, not a broken session.
-    class HugeImpersonation(FakeAuthority):
-        async def authorize(self, credentials: Credentials, agent_id: int) -> Grant:
-            grant = await super().authorize(credentials, agent_id)
-            return attrs.evolve(grant, impersonate=Impersonation(user="u", groups=tuple(f"g{i}" for i in range(300))))
-
-    async with agent_session() as (kasd_side, _), trio.open_nursery() as nursery:
-        router = FakeRouter(kasd_side)
-        ex = FakeExchange(request(), nursery)
-        await pipeline(router, HugeImpersonation()).serve(ex)
-    assert len(router.opened) == 1
+    # A session stricter than the head's own check (here: 1 KiB strings) refuses the OPEN with the
+    # same error type: a verdict on the request, so the real router neither waits nor tries again.
+    async with agent_session(Limits(max_string=1024)) as (kasd_side, _), trio.open_nursery() as nursery:
+        registry = TunnelRegistry()
+        registry.register(Tunnel(agent_id=1, session=kasd_side))
+        ex = FakeExchange(request(target="/api/" + "p" * 2000), nursery)
+        with trio.fail_after(2):  # the agent wait is 5 s: no waiting, no loop
+            await pipeline(LocalRouter(registry, agent_wait_timeout=5)).serve(ex)
     assert ex.status == 431
-    assert ex.json()["message"] == "request head does not fit the tunnel: OPEN frame over the limits: array exceeds 256 items"
+    assert ex.json()["message"] == "request head does not fit the tunnel: OPEN frame over the limits: string exceeds 1024 bytes"
     assert kasd_side.active_streams == 0
 
 
