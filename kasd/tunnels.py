@@ -173,15 +173,6 @@ class TunnelRegistry:
         finally:
             self.waiting -= 1
 
-    async def acquire(self, agent_id: int, *, avoid: frozenset[Session] = _NO_SESSIONS) -> Session:
-        """A session to ``agent_id``, waiting for one to register; bound it with a cancel scope."""
-        while True:
-            session = self.pick(agent_id, now=trio.current_time(), avoid=avoid)
-            if session is not None:
-                await cancel_point()
-                return session
-            await self.wait_for_session()
-
     # ------------------------------------------------------------------ the breaker
 
     def upstream_unreachable(self, session: Session, *, now: float, cause: str = "") -> None:
@@ -196,7 +187,7 @@ class TunnelRegistry:
         hold = self.breaker.hold(tunnel.failures)
         tunnel.held_until = now + hold
         self._breaker_log.warning(
-            ("held", session), "session held back agent_id=%d pod=%s for=%gs failures=%d reason=upstream-unreachable"
+            (tunnel.agent_id, tunnel.pod_name), "session held back agent_id=%d pod=%s for=%gs failures=%d reason=upstream-unreachable"
             " error=%r", tunnel.agent_id, tunnel.pod_name, hold, tunnel.failures, cause[:200])
 
     def took_stream(self, session: Session) -> None:
