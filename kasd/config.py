@@ -327,10 +327,22 @@ class AccessEntry:
 
 
 @attrs.frozen(kw_only=True)
+class Routing:
+    """How requests are steered between an agent's sessions (``kasd.tunnels``)."""
+
+    #: seconds a session whose agent cannot reach its API server is passed over after its first
+    #: such refusal; doubled after each further one (a passive circuit breaker)
+    breaker_initial_hold: float = setting(1.0, parse=_seconds)
+    #: the longest such hold, in seconds
+    breaker_max_hold: float = setting(30.0, parse=_seconds)
+
+
+@attrs.frozen(kw_only=True)
 class Config:
     listeners: Listeners = Listeners()
     agents: tuple[Agent, ...] = ()
     access: tuple[AccessEntry, ...] = ()
+    routing: Routing = Routing()
     agent_wait_timeout: float = setting(
         10.0, parse=_seconds, env="KASD_AGENT_WAIT_TIMEOUT", flag="--agent-wait-timeout", metavar="SECONDS",
         help="how long a request waits for its agent to connect before 503",

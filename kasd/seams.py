@@ -18,7 +18,7 @@ import attrs
 
 from tunnelhttp.head import Impersonation
 from wire.frames import Metadata
-from wire.session import MuxStream
+from wire.session import MuxStream, Session, StreamRefusedError
 
 #: the bearer token formats on the Kubernetes API proxy port, as in GitLab
 TOKEN_FORMATS = "ci:<agent id>:<job token> or pat:<agent id>:<token>"
@@ -121,8 +121,30 @@ class PeerUnreachable(RouteError):
         self.peer = peer
 
 
+class NoOtherSession(RouteError):
+    """Asked to avoid the sessions a request already tried, and the agent has no other usable one
+    now (at once, without waiting): the caller decides whether the one it tried is worth asking again."""
+
+    def __init__(self, agent_id: int) -> None:
+        super().__init__(f"agent {agent_id} has no other tunnel session to retry on")
+        self.agent_id = agent_id
+
+
 class Router(Protocol):
-    async def open_stream(self, agent_id: int, metadata: Metadata) -> MuxStream:
+    async def open_stream(self, agent_id: int, metadata: Metadata, *,
+                          avoid: frozenset[Session] = frozenset()) -> MuxStream:
         """A logical stream to ``agent_id`` opened with ``metadata`` (waiting, bounded, for one);
-        a ``RouteError`` saying why not."""
+        a ``RouteError`` saying why not.
+
+        ``avoid``: the sessions (``stream.session``) this request already tried; the stream is
+        opened on none of them, and if one of them is the only usable session, ``NoOtherSession``
+        is raised at once. Metadata no session could carry raises ``wire.errors.UnsendableFrameError``
+        at once (a verdict on the request, never a reason to try another session).
+        """
+        ...
+
+    def report(self, stream: MuxStream, refusal: StreamRefusedError | None) -> None:
+        """How the agent answered a stream from ``open_stream``: it took it (``refusal`` None) or
+        refused it. A router steers later requests by it: a session whose agent cannot reach its
+        API server (``UPSTREAM_UNREACHABLE``) is passed over for a while."""
         ...

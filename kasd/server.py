@@ -21,7 +21,7 @@ from kasd.k8sproxy.pipeline import RequestPipeline
 from kasd.k8sproxy.server import ProxyServer, configure_alpn
 from kasd.metrics import Metrics
 from kasd.observability import Health, ObservabilityServer
-from kasd.tunnels import LocalRouter, TunnelRegistry
+from kasd.tunnels import BreakerPolicy, LocalRouter, TunnelRegistry
 from wire.h2carrier import serve_h2_tunnels, server_ssl_context
 
 log = logging.getLogger("kasd")
@@ -111,7 +111,8 @@ async def serve_kasd(config: Config, *, task_status: trio.TaskStatus[Runtime] = 
     """Serve until ``request_shutdown()``; then drain (bounded by ``shutdown_timeout``) and return."""
     agent_tls = _ssl_context(config.agent, "agent")
     proxy_tls = _ssl_context(config.kubernetes_api, "kubernetes_api")
-    registry = TunnelRegistry()
+    registry = TunnelRegistry(breaker=BreakerPolicy(initial=config.routing.breaker_initial_hold,
+                                                    maximum=config.routing.breaker_max_hold))
     metrics = Metrics(registry)
     health = Health()
     router = LocalRouter(registry, agent_wait_timeout=config.agent_wait_timeout)

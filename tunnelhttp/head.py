@@ -15,11 +15,17 @@ from typing import Any
 
 import attrs
 
-from wire.errors import RemoteProtocolError
-from wire.frames import Metadata
+from wire import codec
+from wire.errors import ErrorCode, RemoteProtocolError, UnsendableFrameError
+from wire.frames import Metadata, Open
+from wire.settings import Limits
 
 #: version of this convention, inside the stream metadata
 HTTP_TUNNEL_VERSION = 1
+
+#: the limits an OPEN must fit: the decoder's defaults, which both daemons enforce (limits are not
+#: exchanged, so a sender holds itself to the ones it enforces)
+TUNNEL_LIMITS = Limits()
 
 Headers = tuple[tuple[str, str], ...]
 
@@ -52,6 +58,19 @@ class TunnelCode(enum.IntEnum):
     CLIENT_GONE = 0x104
 
 
+class HeadOverLimitError(UnsendableFrameError):
+    """A request head the tunnel cannot carry: one string, or the number of headers, or the whole
+    OPEN frame over ``TUNNEL_LIMITS``. Nothing was sent, and no session could carry it, so it is
+    answered, not retried: ``status`` is 414 for the target, 431 for the headers or the head as a
+    whole; ``limit`` names the limit (``target``, ``header``, ``headers``, ``head``)."""
+
+    status: int
+
+    def __init__(self, message: str, *, status: int, limit: str) -> None:
+        super().__init__(message, ErrorCode.FRAME_SIZE_ERROR, status=status)
+        self.limit = limit
+
+
 @attrs.frozen(kw_only=True)
 class Impersonation:
     user: str
@@ -68,6 +87,14 @@ class Impersonation:
         for key, values in self.extra:
             out += [(f"impersonate-extra-{_percent_encode(key)}", v) for v in values]
         return tuple(out)
+
+    def bounds(self) -> tuple[int, int, int, int]:
+        """Characters in all its strings; strings and containers in all; the longest string; the
+        largest container: enough to tell whether an OPEN carrying it could come near a limit."""
+        strings = [self.user, self.uid or "", *self.groups]
+        strings += [key for key, _ in self.extra] + [value for _, values in self.extra for value in values]
+        largest = max([len(self.groups), len(self.extra), *(len(values) for _, values in self.extra)])
+        return sum(map(len, strings)), len(strings) + 3 + len(self.extra), max(map(len, strings)), largest
 
     def to_metadata(self) -> dict[str, Any]:
         return {
@@ -119,16 +146,46 @@ class RequestHead:
     def wants_upgrade(self) -> bool:
         return any(name == "upgrade" for name, _ in self.headers)
 
-    def to_metadata(self) -> Metadata:
-        return {
+    def to_metadata(self, limits: Limits = TUNNEL_LIMITS) -> Metadata:
+        """The OPEN metadata; ``HeadOverLimitError`` if an OPEN carrying it would break ``limits``."""
+        target, headers = self.target, self.headers
+        short = limits.max_string // 4  # a character is at most 4 bytes of UTF-8
+        if len(target) > short and (size := _utf8_size(target)) > limits.max_string:
+            raise HeadOverLimitError(
+                f"request target is {size} bytes, over the tunnel's limit of {limits.max_string} bytes"
+                " for a path and query", status=414, limit="target")
+        if len(headers) > limits.max_array_items:
+            raise HeadOverLimitError(
+                f"request has {len(headers)} headers to forward, over the tunnel's limit of"
+                f" {limits.max_array_items} headers", status=431, limit="headers")
+        pairs = []
+        chars = len(target) + len(self.method) + len(self.kind) + len(self.request_id)
+        for name, value in headers:
+            if len(value) > short or len(name) > short:
+                _check_header(name, value, limits)
+            chars += len(name) + len(value)
+            pairs.append([name, value])
+        metadata: Metadata = {
             "v": HTTP_TUNNEL_VERSION,
             "kind": self.kind,
             "method": self.method,
-            "target": self.target,
-            "headers": [list(h) for h in self.headers],
+            "target": target,
+            "headers": pairs,
             "impersonate": self.impersonate.to_metadata() if self.impersonate else None,
             "request_id": self.request_id,
         }
+        # Most heads are far from every limit even at 4 bytes a character and generous framing
+        # (at most 12 bytes a string or container, 256 for the keys). One that may come near one —
+        # long, or with a long method or request id, or a large impersonation (kasd's own
+        # configuration) — is measured as the session will measure it.
+        items, longest, largest = len(headers), max(len(self.method), len(self.kind), len(self.request_id)), 0
+        if self.impersonate is not None:
+            more_chars, more_items, longest_there, largest = self.impersonate.bounds()
+            chars, items, longest = chars + more_chars, items + more_items, max(longest, longest_there)
+        if (4 * chars + 12 * items + 256 > limits.max_control_frame or longest > short
+                or largest > min(limits.max_array_items, limits.max_map_entries)):
+            _check_frame(metadata, limits)
+        return metadata
 
     @classmethod
     def from_metadata(cls, raw: Metadata) -> RequestHead:
@@ -151,6 +208,27 @@ class RequestHead:
             impersonate=None if imp is None else Impersonation.from_metadata(imp),
             request_id=request_id if isinstance(request_id, str) else "",
         )
+
+
+def _check_header(name: str, value: str, limits: Limits) -> None:
+    for text in (name, value):
+        if (size := _utf8_size(text)) > limits.max_string:
+            raise HeadOverLimitError(
+                f"request header {name[:100]!r} is {size} bytes, over the tunnel's limit of {limits.max_string}"
+                " bytes for a header", status=431, limit="header")
+
+
+def _utf8_size(text: str) -> int:
+    # A lone surrogate cannot be sent either; the frame check says so. Here it only counts.
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _check_frame(metadata: Metadata, limits: Limits) -> None:
+    try:
+        codec.encode_checked(Open(stream_id=codec.MAX_STREAM_ID, metadata=metadata), limits)
+    except UnsendableFrameError as exc:
+        raise HeadOverLimitError(f"request head does not fit the tunnel: {exc.message}", status=431,
+                                 limit="head") from None
 
 
 @attrs.frozen(kw_only=True)

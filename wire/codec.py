@@ -16,7 +16,7 @@ from typing import Any
 
 import msgpack
 
-from wire.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
+from wire.errors import ErrorCode, RemoteProtocolError, UnsendableFrameError
 from wire.frames import (
     Accept,
     Data,
@@ -95,12 +95,13 @@ def encode_checked(frame: Frame, limits: Limits) -> bytes:
     """Encode a frame, refusing what a peer with ``limits`` would reject as a session error.
 
     Limits are not exchanged, so a sender holds itself to the same limits it enforces: one oversized
-    request head then fails one ``open_stream`` call instead of the whole session.
+    request head then fails one ``open_stream`` call instead of the whole session
+    (``UnsendableFrameError``, a ``LocalProtocolError``; nothing is queued).
     """
     try:
         data = encode(frame)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise LocalProtocolError(f"cannot encode {frame.kind.name}: {exc}") from None
+        raise UnsendableFrameError(f"cannot encode {frame.kind.name}: {exc}") from None
     try:
         if frame.kind != FrameKind.DATA and len(data) > limits.max_control_frame:
             raise RemoteProtocolError(
@@ -115,7 +116,7 @@ def encode_checked(frame: Frame, limits: Limits) -> bytes:
         except _Unusual:
             _validate(_unpackb(data, limits), len(data), limits)
     except RemoteProtocolError as exc:
-        raise LocalProtocolError(f"{frame.kind.name} frame over the limits: {exc.message}", exc.code) from None
+        raise UnsendableFrameError(f"{frame.kind.name} frame over the limits: {exc.message}", exc.code) from None
     return data
 
 

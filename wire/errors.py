@@ -69,5 +69,11 @@ class LocalProtocolError(ProtocolError):
     """This side misused the API (sent on a closed stream, exceeded a window, …). Nothing was sent."""
 
 
+class UnsendableFrameError(LocalProtocolError):
+    """A frame carrying the caller's data (its OPEN or ACCEPT metadata) cannot be sent as it is: over
+    the limits the peer's decoder enforces, or not encodable. A verdict on that data, not on the
+    connection, which goes on unharmed: trying it on another connection gets the same answer."""
+
+
 class RemoteProtocolError(ProtocolError):
     """The peer broke the protocol. The session is dead; a GOAWAY carrying ``code`` is queued."""

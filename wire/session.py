@@ -19,7 +19,7 @@ import attrs
 import trio
 
 from netio.fastio import ConflictDetector, cancel_point, maybe_yield
-from wire.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
+from wire.errors import ErrorCode, LocalProtocolError, RemoteProtocolError, UnsendableFrameError
 from wire.events import (
     DataReceived,
     Event,
@@ -381,14 +381,24 @@ class Session(trio.abc.AsyncResource):
                 await self._slots.park()
 
     def open_stream_nowait(self, metadata: Metadata | None = None) -> MuxStream:
-        """``open_stream`` without waiting: ``trio.WouldBlock`` while the peer's limit is reached."""
+        """``open_stream`` without waiting: ``trio.WouldBlock`` while the peer's limit is reached.
+
+        Metadata this side cannot send (over the limits, not encodable) raises
+        ``UnsendableFrameError`` as itself, not a ``trio.BrokenResourceError``: it says nothing about
+        this session, so a caller must not take it for one that is broken and try another.
+        """
         self._raise_if_closed()
         conn = self.connection
         if conn.goaway_received is not None or conn.goaway_sent is not None:
             raise StreamRefusedError(ErrorCode.REFUSED_STREAM, "session is draining (GOAWAY)")
         if not conn.can_open_stream():
             raise trio.WouldBlock
-        stream_id = self._call(conn.open_stream, metadata)
+        try:
+            stream_id = conn.open_stream(metadata)
+        except UnsendableFrameError:
+            raise
+        except LocalProtocolError as exc:
+            raise trio.BrokenResourceError(str(exc)) from exc
         stream = MuxStream(self, stream_id, dict(metadata or {}), local=True)
         self._streams[stream_id] = stream
         self._wake_writer()

@@ -22,17 +22,39 @@ import attrs
 import trio
 from prometheus_client import Counter
 
+from daemonkit.logs import BurstLimitedLog
 from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Exchange
 from kasd.k8sproxy.status import ProxyError, status_body, status_headers
 from kasd.metrics import Metrics
-from kasd.seams import AccessDenied, Authority, Grant, RouteError, Router, parse_bearer
+from kasd.seams import (
+    AccessDenied,
+    Authority,
+    Grant,
+    NoOtherSession,
+    RouteError,
+    Router,
+    parse_bearer,
+)
 from netio.relay import relay
 from tunnelhttp.drain import Drain
-from tunnelhttp.head import RequestHead, ResponseHead, TunnelCode, strip_hop_by_hop
+from tunnelhttp.head import (
+    HeadOverLimitError,
+    RequestHead,
+    ResponseHead,
+    TunnelCode,
+    strip_hop_by_hop,
+)
 from tunnelhttp.watchbounds import EventBoundary
-from wire.errors import ErrorCode, RemoteProtocolError
-from wire.session import MuxStream, SessionClosedError, StreamRefusedError, StreamResetError
+from wire.errors import ErrorCode, RemoteProtocolError, UnsendableFrameError
+from wire.frames import Metadata
+from wire.session import (
+    MuxStream,
+    Session,
+    SessionClosedError,
+    StreamRefusedError,
+    StreamResetError,
+)
 
 log = logging.getLogger("kasd.k8sproxy")
 
@@ -43,6 +65,9 @@ _DROPPED_PREFIXES = ("impersonate-",)
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 #: further sessions a bodiless request tries after one that did not take it
 _RETRIES = 2
+#: refusals that say the agent never passed the request on, so a bodiless one may go elsewhere:
+#: not processed (a GOAWAY crossed it, a full backlog) and its API server unreachable
+_RETRIED_REFUSALS = frozenset({ErrorCode.REFUSED_STREAM, TunnelCode.UPSTREAM_UNREACHABLE})
 #: a bodiless request whose answer takes longer gets a task watching for the client to leave
 _WATCH_AFTER = 1.0
 #: per-chunk Python work dominates bulk transfers: fewer, larger chunks
@@ -78,6 +103,8 @@ class _Transfer:
     ex: Exchange
     grant: Grant
     head: RequestHead
+    #: ``head`` as OPEN metadata (a retry sends it again)
+    metadata: Metadata
     #: the logical stream to the agent (another one if the first agent did not take the request)
     stream: MuxStream
     record: RequestRecord
@@ -101,6 +128,8 @@ class RequestPipeline:
         self.metrics = metrics
         #: watches and followed logs end between two events once the drain begins
         self.drain = drain if drain is not None else Drain()
+        #: a retry line per request the agent did not take: a burst when an agentd goes away
+        self._retry_log = BurstLimitedLog(log, interval=10.0)
 
     async def serve(self, ex: Exchange, *, refusal: ProxyError | None = None) -> None:
         """Answer ``ex``; ``refusal`` is a front end's own verdict on the request (answered as is)."""
@@ -137,7 +166,11 @@ class RequestPipeline:
                 impersonate=grant.impersonate,
                 request_id=record.request_id,
             )
-            stream = await self._route(grant.agent_id, head)
+            try:
+                metadata = head.to_metadata()
+            except HeadOverLimitError as exc:  # no session could carry it: answered, not routed
+                raise ProxyError(exc.status, exc.message) from None
+            stream = await self._route(grant.agent_id, metadata)
             bodiless = not request.upgrade and not request.has_body
             if bodiless:
                 # Say so now: the OPEN and its FIN then leave in one write.
@@ -155,7 +188,7 @@ class RequestPipeline:
             except ClientGone:
                 record.outcome = "client-gone"
             return
-        await self._exchange(_Transfer(ex, grant, head, stream, record, bodiless))
+        await self._exchange(_Transfer(ex, grant, head, metadata, stream, record, bodiless))
 
     # ------------------------------------------------------------------ authenticate, authorize, route
 
@@ -171,11 +204,18 @@ class RequestPipeline:
             extra = (("www-authenticate", 'Bearer realm="kasd"'),) if exc.status == 401 else ()
             raise ProxyError(exc.status, exc.message, extra) from None
 
-    async def _route(self, agent_id: int, head: RequestHead) -> MuxStream:
+    async def _route(self, agent_id: int, metadata: Metadata, avoid: frozenset[Session] = frozenset()) -> MuxStream:
+        """A stream from the router; ProxyError otherwise (``NoOtherSession`` as itself: only a
+        retry, which decides what it means, passes ``avoid``)."""
         try:
-            return await self.router.open_stream(agent_id, head.to_metadata())
+            return await self.router.open_stream(agent_id, metadata, avoid=avoid)
+        except NoOtherSession:
+            raise
         except RouteError as exc:
             raise ProxyError(exc.status, exc.message) from None
+        except UnsendableFrameError as exc:  # over a limit in what kasd adds (the impersonation)
+            status = exc.status or (431 if exc.code == ErrorCode.FRAME_SIZE_ERROR else 400)
+            raise ProxyError(status, f"request head does not fit the tunnel: {exc.message}") from None
 
     # ------------------------------------------------------------------ relay
 
@@ -260,20 +300,24 @@ class RequestPipeline:
     async def _response(self, t: _Transfer) -> ResponseHead:
         """The agent's response head; ProxyError otherwise.
 
-        A bodiless request that the agent never took goes to another session (waiting for one, as
-        the router does): one refused by a session that began draining (``REFUSED_STREAM``: a
-        GOAWAY crossed the request), or, for a method that is safe to repeat, one whose session
-        ended before any answer. Without this, every agentd restart would fail the requests in
-        flight at that instant — even with a replacement already connected.
+        A bodiless request that the agent never passed on goes to another session (waiting for
+        one, as the router does; never back to one it tried while another is usable): one refused
+        as not processed (``REFUSED_STREAM``: a GOAWAY crossed the request, or a full backlog), one
+        refused because that agent cannot reach its API server (``UPSTREAM_UNREACHABLE``; the
+        router also holds that session back for a while), or, for a method that is safe to repeat,
+        one whose session ended before any answer. Without this, every agentd restart would fail
+        the requests in flight at that instant — even with a replacement already connected.
         """
         agent_id = t.grant.agent_id
         first = stream = t.stream
+        tried: set[Session] = set()
         try:
             for attempt in range(_RETRIES + 1):
                 try:
                     metadata = await stream.wait_accepted()
                 except StreamRefusedError as exc:
-                    if not (t.bodiless and exc.code == ErrorCode.REFUSED_STREAM and attempt < _RETRIES):
+                    self.router.report(stream, exc)
+                    if not (t.bodiless and exc.code in _RETRIED_REFUSALS and attempt < _RETRIES):
                         raise _refusal(exc, agent_id) from None
                     reason: Exception = exc
                 except (StreamResetError, SessionClosedError, trio.BrokenResourceError) as exc:
@@ -282,16 +326,19 @@ class RequestPipeline:
                         raise ProxyError(502, f"tunnel to agent {agent_id} failed before the response: {exc}") from None
                     reason = exc
                 else:
+                    self.router.report(stream, None)
                     try:
                         head = ResponseHead.from_metadata(metadata)
                     except RemoteProtocolError as exc:
                         raise ProxyError(502, f"agent {agent_id} sent an invalid response head: {exc}") from None
                     t.stream = stream
                     return head
-                log.info("agent did not take the request, retrying request_id=%s agent_id=%d error=%s",
-                         t.head.request_id, agent_id, reason)
+                self._retry_log.info((agent_id, type(reason).__name__),
+                                     "agent did not take the request, retrying request_id=%s agent_id=%d error=%s",
+                                     t.head.request_id, agent_id, reason)
+                tried.add(stream.session)
                 await stream.aclose()
-                stream = await self._route(agent_id, t.head)
+                stream = await self._reroute(t, frozenset(tried), reason)
                 await stream.send_eof()
         except BaseException:
             if stream is not first:  # a retry's stream is ours to close; the caller closes the first
@@ -299,6 +346,21 @@ class RequestPipeline:
                     await stream.aclose()
             raise
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _reroute(self, t: _Transfer, tried: frozenset[Session], reason: Exception) -> MuxStream:
+        """A stream for the retry of ``t`` on a session it has not tried; if the agent has no other
+        usable one, the agent's own answer (a refusal for an unreachable API server: asking the
+        same agent again would only repeat it), or else the one it tried, once more."""
+        agent_id = t.grant.agent_id
+        try:
+            return await self._route(agent_id, t.metadata, tried)
+        except NoOtherSession:
+            if isinstance(reason, StreamRefusedError) and reason.code == TunnelCode.UPSTREAM_UNREACHABLE:
+                raise _refusal(reason, agent_id) from None
+        try:
+            return await self._route(agent_id, t.metadata)
+        except NoOtherSession as exc:  # not raised without avoid; a router that did is still answered
+            raise ProxyError(exc.status, exc.message) from None
 
     async def _response_side(self, t: _Transfer) -> None:
         ex, record = t.ex, t.record

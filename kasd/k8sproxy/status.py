@@ -11,6 +11,7 @@ REASONS = {
     404: "NotFound",
     408: "Timeout",
     413: "RequestEntityTooLarge",
+    414: "RequestURITooLong",
     431: "RequestHeaderFieldsTooLarge",
     500: "InternalError",
     502: "BadGateway",

@@ -86,6 +86,8 @@ Handler = Callable[[MuxStream, RequestHead, Session], Awaitable[None]]
 class FakeAgent:
     session: Session
     heads: list[RequestHead] = attrs.field(factory=list)
+    #: OPEN frames (streams) kasd sent this agent, counted as they arrive, before their head is read
+    opens: int = 0
 
 
 async def read_all(stream: MuxStream) -> bytes:
@@ -157,6 +159,7 @@ async def fake_agent(
                         stream = await session.accept_stream()
                     except trio.BrokenResourceError:
                         return
+                    agent.opens += 1
                     streams.start_soon(serve_one, stream)
 
         async with trio.open_nursery() as nursery:

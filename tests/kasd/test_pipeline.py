@@ -21,13 +21,16 @@ from kasd.seams import (
     AgentNotConnected,
     Credentials,
     Grant,
+    NoOtherSession,
     PeerUnreachable,
     RouteError,
+    Router,
 )
-from kasd.tunnels import TunnelRegistry
+from kasd.tunnels import LocalRouter, Tunnel, TunnelRegistry
 from tunnelhttp.head import Impersonation, RequestHead, ResponseHead, TunnelCode
 from wire.frames import Metadata
-from wire.session import MuxStream, Session, connect_session
+from wire.session import MuxStream, Session, StreamRefusedError, connect_session
+from wire.settings import Limits
 
 IMPERSONATE = Impersonation(user="gitlab:ci_job:7", groups=("gitlab:ci_job",))
 
@@ -49,18 +52,29 @@ class FakeAuthority:
 
 @attrs.define
 class FakeRouter:
-    """Opens streams on ``session``, or fails with ``failure``."""
+    """Opens streams on ``session``, or fails with ``failure``; notes what it was asked and told."""
 
     session: Session | None = None
     failure: RouteError | None = None
     opened: list[tuple[int, Metadata]] = attrs.field(factory=list)
+    #: the ``avoid`` of each open_stream call
+    avoided: list[frozenset[Session]] = attrs.field(factory=list)
+    #: each report: the stream's session and the refusal's code (None: taken)
+    reports: list[tuple[Session, int | None]] = attrs.field(factory=list)
 
-    async def open_stream(self, agent_id: int, metadata: Metadata) -> MuxStream:
+    async def open_stream(self, agent_id: int, metadata: Metadata, *,
+                          avoid: frozenset[Session] = frozenset()) -> MuxStream:
         self.opened.append((agent_id, metadata))
+        self.avoided.append(avoid)
         if self.failure is not None:
             raise self.failure
         assert self.session is not None
+        if self.session in avoid:
+            raise NoOtherSession(agent_id)
         return await self.session.open_stream(metadata)
+
+    def report(self, stream: MuxStream, refusal: StreamRefusedError | None) -> None:
+        self.reports.append((stream.session, None if refusal is None else refusal.code))
 
 
 @attrs.define(eq=False)
@@ -135,28 +149,29 @@ def request(token: str | None = "ci:1:good", target: str = "/api/v1/pods", *, ha
 
 
 @asynccontextmanager
-async def agent_session() -> AsyncIterator[tuple[Session, Session]]:
+async def agent_session(kasd_limits: Limits | None = None) -> AsyncIterator[tuple[Session, Session]]:
     """kasd's session (opens streams) and the agent's (accepts them), over memory streams."""
     left, right = trio.testing.memory_stream_pair()
     async with trio.open_nursery() as nursery:
-        kasd_side, agent_side = await _pair(nursery, left, right)
+        kasd_side, agent_side = await _pair(nursery, left, right, kasd_limits)
         yield kasd_side, agent_side
         nursery.cancel_scope.cancel()
 
 
-async def _pair(nursery: trio.Nursery, left: trio.abc.Stream, right: trio.abc.Stream) -> tuple[Session, Session]:
+async def _pair(nursery: trio.Nursery, left: trio.abc.Stream, right: trio.abc.Stream,
+                kasd_limits: Limits | None = None) -> tuple[Session, Session]:
     sessions: dict[str, Session] = {}
 
-    async def connect(name: str, transport: trio.abc.Stream, client: bool) -> None:
-        sessions[name] = await connect_session(nursery, transport, client=client)
+    async def connect(name: str, transport: trio.abc.Stream, client: bool, limits: Limits | None) -> None:
+        sessions[name] = await connect_session(nursery, transport, client=client, limits=limits)
 
     async with trio.open_nursery() as both:
-        both.start_soon(connect, "kasd", left, False)
-        both.start_soon(connect, "agent", right, True)
+        both.start_soon(connect, "kasd", left, False, kasd_limits)
+        both.start_soon(connect, "agent", right, True, None)
     return sessions["kasd"], sessions["agent"]
 
 
-def pipeline(router: FakeRouter, authority: FakeAuthority | None = None) -> RequestPipeline:
+def pipeline(router: Router, authority: FakeAuthority | None = None) -> RequestPipeline:
     return RequestPipeline(authority or FakeAuthority(), router, Metrics(TunnelRegistry()))
 
 
@@ -330,8 +345,9 @@ async def test_a_get_whose_session_dies_as_it_opens_goes_to_another_session() ->
 
         @attrs.define
         class DyingRouter(FakeRouter):
-            async def open_stream(self, agent_id: int, metadata: Metadata) -> MuxStream:
-                stream = await super().open_stream(agent_id, metadata)
+            async def open_stream(self, agent_id: int, metadata: Metadata, *,
+                                  avoid: frozenset[Session] = frozenset()) -> MuxStream:
+                stream = await super().open_stream(agent_id, metadata, avoid=avoid)
                 if self.session is first:
                     await first.aclose()  # the agent's session ends between the OPEN and the FIN
                     self.session = second
@@ -362,3 +378,84 @@ async def test_a_target_that_is_not_a_path_is_400_and_logged_without_an_agent(
     assert ex.status == 400
     assert ex.json()["message"] == "request target must be a path, got 'http://127.0.0.1/version'"
     assert "agent=- subject=-" in caplog.text  # as before the redesign: it went to no agent
+
+
+# --------------------------------------------------------------------------- limits and steering
+
+
+@pytest.mark.parametrize(
+    ("target", "headers", "status", "message"),
+    [
+        ("/api/" + "p" * 17000, (), 414,
+         "request target is 17005 bytes, over the tunnel's limit of 16384 bytes for a path and query"),
+        ("/api", (("x-big", "b" * 17000),), 431,
+         "request header 'x-big' is 17000 bytes, over the tunnel's limit of 16384 bytes for a header"),
+        ("/api", tuple((f"x-h{i}", "v") for i in range(257)), 431,
+         "request has 257 headers to forward, over the tunnel's limit of 256 headers"),
+        ("/api", tuple((f"x-h{i}", "v" * 16000) for i in range(5)), 431,
+         "request head does not fit the tunnel: OPEN frame over the limits: control frame of"),
+    ],
+)
+async def test_a_head_over_the_tunnels_limits_is_answered_without_asking_the_router(
+        target: str, headers: tuple[tuple[str, str], ...], status: int, message: str) -> None:
+    router = FakeRouter()
+    async with trio.open_nursery() as nursery:
+        ex = FakeExchange(request(target=target, headers=headers), nursery)
+        await pipeline(router).serve(ex)
+    assert router.opened == []
+    assert ex.status == status and str(ex.json()["message"]).startswith(message)
+
+
+async def test_metadata_the_session_cannot_send_is_answered_not_retried() -> None:
+    # A session stricter than the head's own check (here: 1 KiB strings) refuses the OPEN with the
+    # same error type: a verdict on the request, so the real router neither waits nor tries again.
+    async with agent_session(Limits(max_string=1024)) as (kasd_side, _), trio.open_nursery() as nursery:
+        registry = TunnelRegistry()
+        registry.register(Tunnel(agent_id=1, session=kasd_side))
+        ex = FakeExchange(request(target="/api/" + "p" * 2000), nursery)
+        with trio.fail_after(2):  # the agent wait is 5 s: no waiting, no loop
+            await pipeline(LocalRouter(registry, agent_wait_timeout=5)).serve(ex)
+    assert ex.status == 431
+    assert ex.json()["message"] == "request head does not fit the tunnel: OPEN frame over the limits: string exceeds 1024 bytes"
+    assert kasd_side.active_streams == 0
+
+
+async def test_a_get_refused_as_unreachable_goes_to_a_session_it_has_not_tried() -> None:
+    async with agent_session() as (first, first_agent), agent_session() as (second, second_agent), \
+            trio.open_nursery() as nursery:
+        router = FakeRouter(first)
+
+        async def unreachable_agent() -> None:
+            stream = await first_agent.accept_stream()
+            router.session = second
+            await stream.refuse(TunnelCode.UPSTREAM_UNREACHABLE, "connect: connection refused")
+
+        async def healthy_agent() -> None:
+            stream = await second_agent.accept_stream()
+            await stream.accept(ResponseHead(status=200, headers=(("content-length", "2"),)).to_metadata())
+            await stream.send_all(b"ok")
+            await stream.send_eof()
+
+        nursery.start_soon(unreachable_agent)
+        nursery.start_soon(healthy_agent)
+        ex = FakeExchange(request(), nursery)
+        await pipeline(router).serve(ex)
+    assert ex.status == 200 and bytes(ex.sent) == b"ok"
+    assert router.avoided == [frozenset(), frozenset({first})]
+    assert router.reports == [(first, TunnelCode.UPSTREAM_UNREACHABLE), (second, None)]
+
+
+async def test_unreachable_with_no_other_session_is_the_agents_502_at_once() -> None:
+    async with agent_session() as (kasd_side, agent_side), trio.open_nursery() as nursery:
+        router = FakeRouter(kasd_side)
+
+        async def unreachable_agent() -> None:
+            stream = await agent_side.accept_stream()
+            await stream.refuse(TunnelCode.UPSTREAM_UNREACHABLE, "dial tcp 10.0.0.1:443: connect: connection refused")
+
+        nursery.start_soon(unreachable_agent)
+        ex = FakeExchange(request(), nursery)
+        await pipeline(router).serve(ex)
+    assert ex.status == 502
+    assert ex.json()["message"] == "cluster API unreachable from agent 1: dial tcp 10.0.0.1:443: connect: connection refused"
+    assert router.avoided == [frozenset(), frozenset({kasd_side})]  # asked for another; there was none
