@@ -19,7 +19,7 @@ from daemonkit.notify import sd_notify, write_ready_file
 from kasd.access import StaticAccess
 from kasd.agents import AgentAuthenticator, AgentSessions
 from kasd.config import Config, ConfigError, Listener
-from kasd.k8sproxy.pipeline import RequestPipeline
+from kasd.k8sproxy.pipeline import DROPPED, RequestPipeline
 from kasd.k8sproxy.server import ProxyServer, configure_alpn
 from kasd.metrics import Metrics
 from kasd.observability import Health, ObservabilityServer
@@ -141,7 +141,10 @@ async def serve_kasd(config: Config, *, task_status: trio.TaskStatus[Runtime] = 
     metrics = Metrics(registry)
     health = Health()
     router = LocalRouter(registry, agent_wait_timeout=config.agent_wait_timeout)
-    pipeline = RequestPipeline(StaticAccess(config.access), router, metrics)
+    pipeline = RequestPipeline(
+        StaticAccess(config.access), router, metrics,
+        dropped_headers=DROPPED.also(config.kubernetes_api.strip_request_headers),
+    )
     proxy = ProxyServer(
         pipeline,
         metrics,

@@ -36,9 +36,11 @@ from wire.session import MuxStream, SessionClosedError, StreamRefusedError, Stre
 
 log = logging.getLogger("kasd.k8sproxy")
 
-#: request headers that never leave kasd, besides the hop-by-hop ones
-_DROPPED = frozenset({"authorization", "cookie", "host", "expect"})
-_DROPPED_PREFIXES = ("impersonate-",)
+#: request headers that never leave kasd, besides the hop-by-hop ones: the client's credentials, and
+#: every way to claim another identity — Impersonate-*, and the front-proxy authentication headers
+#: (kube-apiserver's --requestheader-* defaults), which a cluster set up to trust them would believe
+_DROPPED = frozenset({"authorization", "cookie", "host", "expect", "x-remote-user", "x-remote-group"})
+_DROPPED_PREFIXES = ("impersonate-", "x-remote-extra-")
 #: methods a request may be repeated with when its session died before the agent answered
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 #: further sessions a bodiless request tries after one that did not take it
@@ -50,10 +52,31 @@ _CHUNK = 256 * 1024
 _MUX_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
 
 
-def clean_request_headers(headers: Sequence[tuple[str, str]], *, upgrade: bool) -> tuple[tuple[str, str], ...]:
-    """The client's headers minus its credentials, cookies, Impersonate-* and hop-by-hop headers."""
+@attrs.frozen
+class DroppedHeaders:
+    """Request header names (lower-case) that never reach the agent, and prefixes of such names."""
+
+    names: frozenset[str] = _DROPPED
+    prefixes: tuple[str, ...] = _DROPPED_PREFIXES
+
+    def also(self, configured: Sequence[str]) -> DroppedHeaders:
+        """These and ``configured`` (``strip_request_headers``: names, or prefixes ending in ``*``)."""
+        names = {name.lower() for name in configured if not name.endswith("*")}
+        prefixes = tuple(name[:-1].lower() for name in configured if name.endswith("*"))
+        return DroppedHeaders(self.names | names, self.prefixes + prefixes)
+
+
+DROPPED = DroppedHeaders()
+
+
+def clean_request_headers(
+    headers: Sequence[tuple[str, str]], *, upgrade: bool, dropped: DroppedHeaders = DROPPED
+) -> tuple[tuple[str, str], ...]:
+    """The client's headers (names lower-case) minus its credentials, cookies, identity claims
+    (Impersonate-*, X-Remote-User/-Group/-Extra-*, and what ``dropped`` adds) and hop-by-hop headers."""
     kept = strip_hop_by_hop(headers, keep_upgrade=upgrade)
-    return tuple((k, v) for k, v in kept if k not in _DROPPED and not k.startswith(_DROPPED_PREFIXES))
+    names, prefixes = dropped.names, dropped.prefixes
+    return tuple((k, v) for k, v in kept if k not in names and not k.startswith(prefixes))
 
 
 def clean_response_headers(headers: Sequence[tuple[str, str]], *, switching: bool = False) -> list[tuple[str, str]]:
@@ -95,10 +118,14 @@ class _Transfer:
 class RequestPipeline:
     """Serves exchanges: ``await pipeline.serve(exchange)`` answers one request and records it."""
 
-    def __init__(self, authority: Authority, router: Router, metrics: Metrics, *, drain: Drain | None = None) -> None:
+    def __init__(
+        self, authority: Authority, router: Router, metrics: Metrics, *, drain: Drain | None = None,
+        dropped_headers: DroppedHeaders = DROPPED,
+    ) -> None:
         self.authority = authority
         self.router = router
         self.metrics = metrics
+        self.dropped_headers = dropped_headers
         #: watches and followed logs end between two events once the drain begins
         self.drain = drain if drain is not None else Drain()
 
@@ -133,7 +160,7 @@ class RequestPipeline:
             head = RequestHead(
                 method=request.method,
                 target=request.target,
-                headers=clean_request_headers(request.headers, upgrade=request.upgrade),
+                headers=clean_request_headers(request.headers, upgrade=request.upgrade, dropped=self.dropped_headers),
                 impersonate=grant.impersonate,
                 request_id=record.request_id,
             )
@@ -429,4 +456,4 @@ def _refusal(exc: StreamRefusedError, agent_id: int) -> ProxyError:
     return ProxyError(503, f"agent {agent_id} refused the request: {exc}")
 
 
-__all__ = ["RequestPipeline", "answer_boundary", "relay_answer"]
+__all__ = ["DROPPED", "DroppedHeaders", "RequestPipeline", "answer_boundary", "clean_request_headers", "relay_answer"]
