@@ -144,6 +144,7 @@ async def serve_kasd(config: Config, *, task_status: trio.TaskStatus[Runtime] = 
     pipeline = RequestPipeline(
         StaticAccess(config.access), router, metrics,
         dropped_headers=DROPPED.also(config.kubernetes_api.strip_request_headers),
+        max_requests_per_principal=config.kubernetes_api.max_requests_per_principal,
     )
     proxy = ProxyServer(
         pipeline,

@@ -11,6 +11,7 @@ REASONS = {
     404: "NotFound",
     408: "Timeout",
     413: "RequestEntityTooLarge",
+    429: "TooManyRequests",
     431: "RequestHeaderFieldsTooLarge",
     500: "InternalError",
     502: "BadGateway",
