@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import trio
 
-from tests.kasd.helpers import CI_TOKEN, bearer, fake_agent, http_request, read_until_closed, running_kasd
+from tests.kasd.helpers import (
+    CI_TOKEN,
+    bearer,
+    fake_agent,
+    http_request,
+    read_until_closed,
+    running_kasd,
+)
 
 pytestmark = pytest.mark.timeout(20)
 
