@@ -8,6 +8,6 @@
   that tests and scripts wait for);
 - ``logs``: the log format both share; ``fatal``: the one-line report of an error that ends one.
 
-May import: the standard library, trio, attrs, cattrs, PyYAML and h11. Imported by kasd and agentd;
-imports neither.
+May import: the standard library, trio, attrs, cattrs, PyYAML, h11 and ``netio`` (the connection caps
+of the health port). Imported by kasd and agentd; imports neither.
 """

@@ -6,6 +6,10 @@ HTTP. Anyone who can reach the port gets a small, fixed budget: one request per 
 at most ``max_head`` bytes that must arrive within ``header_timeout`` seconds, a bounded time to
 take the answer, and at most ``max_connections`` connections at once. A request that breaks those rules gets its answer (400, 408, 431), then the
 connection closes; GET and HEAD only (405 otherwise).
+
+``serve_health`` also caps its listener as kasd caps each of its own (``netio.admission``): at most
+``MAX_CONNECTIONS`` at once and ``MAX_CONNECTIONS_PER_SOURCE`` from one address, more reset at accept
+before a task starts for them, with a rate-limited log line.
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ import attrs
 import h11
 import trio
 
+from daemonkit.listeners import REFUSAL_LOG_INTERVAL, capped_admission
+from daemonkit.logs import BurstLimitedLog
+from netio.admission import ConnectionCaps
+
 log = logging.getLogger("daemonkit.health")
 
 HEADER_TIMEOUT = 10.0
@@ -26,6 +34,10 @@ MAX_HEAD = 8 * 1024
 SEND_TIMEOUT = 10.0
 #: connections served at once; more are closed at once (probes and scrapers need a handful)
 MAX_CONNECTIONS = 64
+#: connections from one address at once (a runaway client keeps at most half)
+MAX_CONNECTIONS_PER_SOURCE = 32
+#: what ``serve_health``'s listener admits
+CAPS = ConnectionCaps(max_connections=MAX_CONNECTIONS, max_per_source=MAX_CONNECTIONS_PER_SOURCE)
 
 
 @attrs.frozen
@@ -173,17 +185,22 @@ async def serve_health(
     routes: Mapping[str, Route],
     *,
     what: str,
+    name: str = "health",
+    caps: ConnectionCaps = CAPS,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen on ``host:port`` (0 picks a port) and serve ``routes``; ``started((host, bound_port))``
-    once listening. A port that cannot be bound is an OSError naming ``what`` it is for."""
+    once listening. A port that cannot be bound is an OSError naming ``what`` it is for; ``name`` is
+    the listener's in the log line of a refused connection."""
     try:
-        listeners = await trio.open_tcp_listeners(port, host=host or None)
+        sockets = await trio.open_tcp_listeners(port, host=host or None)
     except OSError as exc:
         message = f"cannot listen on {host}:{port} ({what}): {exc.strerror or exc}"
         raise OSError(exc.errno, message) from None
-    bound = listeners[0].socket.getsockname()
-    server = HealthServer(routes)
+    bound = sockets[0].socket.getsockname()
+    server = HealthServer(routes, max_connections=caps.max_connections)
+    refusals = BurstLimitedLog(log, interval=REFUSAL_LOG_INTERVAL)
+    admission = capped_admission(caps, listener=name, log=refusals)
     async with trio.open_nursery() as nursery:
-        await nursery.start(trio.serve_listeners, server.handle_connection, listeners)
+        await nursery.start(trio.serve_listeners, server.handle_connection, [admission.listener(s) for s in sockets])
         task_status.started((bound[0], bound[1]))

@@ -10,6 +10,7 @@ variable, flag, help and check); ``daemonkit.settings`` loads them. A bad value 
 from __future__ import annotations
 
 import argparse
+import re
 import ssl
 from collections.abc import Mapping, Sequence
 from importlib import metadata
@@ -112,6 +113,37 @@ def _max_header_bytes(value: Any) -> int:
     if size < 1024:
         raise Problem(f"must be at least 1024, got {size}")
     return size  # type: ignore[no-any-return]
+
+
+def _count(value: Any) -> int:
+    """A whole number of at least 1: an int from the file (not a bool), or its text from env and flags."""
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and value.strip().isdigit():
+        number = int(value)
+    if number is None:
+        raise Problem(f"must be a whole number, got {value!r}")
+    if number < 1:
+        raise Problem(f"must be at least 1, got {number}")
+    return number
+
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+\*?")
+
+
+def _header_names(value: Any) -> tuple[str, ...]:
+    """Header names (any case; ``X-Auth-*`` names a prefix), lower-cased."""
+    if isinstance(value, str):
+        value = value.split(",")
+    names = _strings(value, "")
+    out = []
+    for i, name in enumerate(names):
+        name = name.strip()
+        if not _HEADER_NAME.fullmatch(name) or name == "*":
+            raise Problem(f"{name!r} is not a header name (or a prefix ending in '*')", at=f"[{i}]")
+        out.append(name.lower())
+    return tuple(out)
 
 
 def _positive_id(value: Any) -> int:
@@ -255,6 +287,10 @@ class TLSFiles:
 class Listener:
     address: HostPort = setting(HostPort("0.0.0.0", 0), parse=parse_address)
     tls: TLSFiles | None = setting(None)
+    #: connections open at once; more are refused at accept (each listener declares its own default)
+    max_connections: int = setting(1024, parse=_count)
+    #: connections open at once from one source address (an IPv6 /64), at most ``max_connections``
+    max_connections_per_source: int = setting(256, parse=_count)
 
     @property
     def host(self) -> str:
@@ -274,6 +310,15 @@ class AgentListener(Listener):
     path: str = setting("/tunnel", parse=_url_path)
     #: seconds an agent connection has for TLS, HTTP/2 preface and the tunnel request
     handshake_timeout: float = setting(10.0, parse=_seconds)
+    # A few agentd per cluster, a few connections each; clusters behind one NAT share a source.
+    max_connections: int = setting(
+        4096, parse=_count, env="KASD_AGENT_MAX_CONNECTIONS", flag="--agent-max-connections", metavar="N",
+        help="connections the agent listener holds at once; more are refused at accept",
+    )
+    max_connections_per_source: int = setting(
+        256, parse=_count, env="KASD_AGENT_MAX_CONNECTIONS_PER_SOURCE", flag="--agent-max-connections-per-source",
+        metavar="N", help="agent connections from one source address (IPv6: one /64) at once",
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -283,6 +328,16 @@ class ObservabilityListener(Listener):
         flag="--observability-address", metavar="HOST:PORT", help="observability listener",
     )
     tls: None = setting(None, parse=_no_tls)
+    # Probes and scrapers need a handful; a runaway scraper keeps at most half.
+    max_connections: int = setting(
+        64, parse=_count, env="KASD_OBSERVABILITY_MAX_CONNECTIONS", flag="--observability-max-connections",
+        metavar="N", help="connections the observability listener holds at once; more are refused at accept",
+    )
+    max_connections_per_source: int = setting(
+        32, parse=_count, env="KASD_OBSERVABILITY_MAX_CONNECTIONS_PER_SOURCE",
+        flag="--observability-max-connections-per-source", metavar="N",
+        help="observability connections from one source address (IPv6: one /64) at once",
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -297,6 +352,28 @@ class KubernetesAPIListener(Listener):
     idle_timeout: float = setting(120.0, parse=_seconds)
     #: largest request head (request line + headers) accepted, in bytes
     max_header_bytes: int = setting(64 * 1024, parse=_max_header_bytes)
+    # kubectl over HTTP/2 holds one connection per process; an office behind one NAT has many.
+    max_connections: int = setting(
+        4096, parse=_count, env="KASD_KUBERNETES_API_MAX_CONNECTIONS", flag="--kubernetes-api-max-connections",
+        metavar="N", help="connections the Kubernetes API proxy listener holds at once; more are refused at accept",
+    )
+    max_connections_per_source: int = setting(
+        512, parse=_count, env="KASD_KUBERNETES_API_MAX_CONNECTIONS_PER_SOURCE",
+        flag="--kubernetes-api-max-connections-per-source", metavar="N",
+        help="proxy connections from one source address (IPv6: one /64) at once",
+    )
+    #: requests one principal (one token) has open at once, watches and exec sessions included
+    max_requests_per_principal: int = setting(
+        512, parse=_count, env="KASD_KUBERNETES_API_MAX_REQUESTS_PER_PRINCIPAL",
+        flag="--kubernetes-api-max-requests-per-principal", metavar="N",
+        help="requests one token may have open at once (watches and exec included); more get 429",
+    )
+    #: request headers never passed to the agent, besides X-Remote-User, X-Remote-Group, X-Remote-Extra-*
+    strip_request_headers: tuple[str, ...] = setting(
+        (), parse=_header_names, env="KASD_KUBERNETES_API_STRIP_REQUEST_HEADERS", env_split=",",
+        flag="--kubernetes-api-strip-request-header", flag_action="append", metavar="NAME",
+        help="a request header never passed to the agent (any case; NAME* is a prefix); repeatable",
+    )
 
 
 @attrs.frozen(kw_only=True)

@@ -39,6 +39,15 @@ class Metrics:
             registry=r,
         )
         self.proxy_connections = Gauge("kasd_proxy_connections", "Open client connections on the proxy port", registry=r)
+        self.listener_connections = Gauge(
+            "kasd_listener_connections", "Open connections on each listener (what its caps count)", ["listener"], registry=r
+        )
+        self.connections_refused = Counter(
+            "kasd_connections_refused",
+            "Connections refused at accept: the listener's max_connections or max_connections_per_source was reached",
+            ["listener", "reason"],
+            registry=r,
+        )
         # Per-request code asks for these children: look them up once (labels() is not free).
         self.bytes_to_agent = self.tunnel_bytes.labels(direction="to_agent")
         self.bytes_from_agent = self.tunnel_bytes.labels(direction="from_agent")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import trio
 
-from daemonkit.health import HealthServer, Response, liveness
+from daemonkit.health import MAX_CONNECTIONS, HealthServer, Response, liveness
 from kasd.metrics import CONTENT_TYPE, Metrics
 
 
@@ -30,10 +30,11 @@ class Health:
 
 
 class ObservabilityServer(HealthServer):
-    def __init__(self, health: Health, metrics: Metrics) -> None:
+    def __init__(self, health: Health, metrics: Metrics, *, max_connections: int = MAX_CONNECTIONS) -> None:
         self.health = health
         self.metrics = metrics
-        super().__init__({"/liveness": liveness, "/readiness": self._readiness, "/metrics": self._metrics})
+        routes = {"/liveness": liveness, "/readiness": self._readiness, "/metrics": self._metrics}
+        super().__init__(routes, max_connections=max_connections)
 
     def _readiness(self) -> Response:
         status, body = self.health.readiness()

@@ -13,15 +13,18 @@ from typing import Any
 import attrs
 import trio
 
+from daemonkit.listeners import REFUSAL_LOG_INTERVAL, capped_admission
+from daemonkit.logs import BurstLimitedLog
 from daemonkit.notify import sd_notify, write_ready_file
 from kasd.access import StaticAccess
 from kasd.agents import AgentAuthenticator, AgentSessions
 from kasd.config import Config, ConfigError, Listener
-from kasd.k8sproxy.pipeline import RequestPipeline
+from kasd.k8sproxy.pipeline import DROPPED, RequestPipeline
 from kasd.k8sproxy.server import ProxyServer, configure_alpn
 from kasd.metrics import Metrics
 from kasd.observability import Health, ObservabilityServer
 from kasd.tunnels import BreakerPolicy, LocalRouter, TunnelRegistry
+from netio.admission import PER_SOURCE, TOTAL, Admission, CappedListener, ConnectionCaps, Refusal
 from wire.h2carrier import serve_h2_tunnels, server_ssl_context
 
 log = logging.getLogger("kasd")
@@ -38,6 +41,8 @@ class Runtime:
     proxy: ProxyServer
     #: "agent", "observability", "kubernetes_api" → "host:port" actually bound
     addresses: dict[str, str] = attrs.field(factory=dict)
+    #: the same names → the connection caps of that listener (open connections, refusals)
+    admissions: dict[str, Admission] = attrs.field(factory=dict)
     _shutdown: trio.Event = attrs.field(factory=trio.Event)
 
     def request_shutdown(self) -> None:
@@ -59,7 +64,7 @@ class Runtime:
 class StoppableListener(trio.abc.Listener[trio.abc.Stream]):
     """Stops accepting (and closes the socket) once ``stop`` is set, without failing ``serve_listeners``."""
 
-    def __init__(self, inner: trio.SocketListener, stop: trio.Event) -> None:
+    def __init__(self, inner: CappedListener, stop: trio.Event) -> None:
         self.inner = inner
         self.stop = stop
 
@@ -102,6 +107,27 @@ def _ssl_context(listener: Listener, name: str) -> ssl.SSLContext | None:
     return ctx
 
 
+def _admission(name: str, listener: Listener, metrics: Metrics, refusals: BurstLimitedLog) -> Admission:
+    """The connection caps of one listener, each refusal counted in the metrics and (a few lines
+    under a flood) in the log."""
+    caps = ConnectionCaps(
+        max_connections=listener.max_connections,
+        max_per_source=min(listener.max_connections_per_source, listener.max_connections),
+    )
+    counters = {reason: metrics.connections_refused.labels(listener=name, reason=reason) for reason in (TOTAL, PER_SOURCE)}
+
+    def count(refusal: Refusal) -> None:
+        counters[refusal.reason].inc()
+
+    admission = capped_admission(caps, listener=name, log=refusals, count=count)
+
+    def open_connections() -> int:
+        return admission.statistics().connections
+
+    metrics.listener_connections.labels(listener=name).set_function(open_connections)
+    return admission
+
+
 def _bound(listeners: list[trio.SocketListener]) -> str:
     host, port = listeners[0].socket.getsockname()[:2]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -116,7 +142,11 @@ async def serve_kasd(config: Config, *, task_status: trio.TaskStatus[Runtime] = 
     metrics = Metrics(registry)
     health = Health()
     router = LocalRouter(registry, agent_wait_timeout=config.agent_wait_timeout)
-    pipeline = RequestPipeline(StaticAccess(config.access), router, metrics)
+    pipeline = RequestPipeline(
+        StaticAccess(config.access), router, metrics,
+        dropped_headers=DROPPED.also(config.kubernetes_api.strip_request_headers),
+        max_requests_per_principal=config.kubernetes_api.max_requests_per_principal,
+    )
     proxy = ProxyServer(
         pipeline,
         metrics,
@@ -141,12 +171,21 @@ async def serve_kasd(config: Config, *, task_status: trio.TaskStatus[Runtime] = 
         "observability": _bound(obs_sockets),
         "kubernetes_api": _bound(proxy_sockets),
     }
+    # Every listener's connections are counted here, once, at accept: before TLS or any parsing.
+    refusals = BurstLimitedLog(logging.getLogger("kasd.listeners"), interval=REFUSAL_LOG_INTERVAL)
+    runtime.admissions = {
+        name: _admission(name, getattr(config.listeners, name), metrics, refusals)
+        for name in ("agent", "observability", "kubernetes_api")
+    }
+    agent_listeners = [StoppableListener(runtime.admissions["agent"].listener(s), stop) for s in agent_sockets]
+    proxy_listeners = [StoppableListener(runtime.admissions["kubernetes_api"].listener(s), stop) for s in proxy_sockets]
+    obs_listeners = [runtime.admissions["observability"].listener(s) for s in obs_sockets]
 
     async with trio.open_nursery() as nursery:
         await nursery.start(
             lambda task_status: serve_h2_tunnels(
                 AgentSessions(registry),
-                [StoppableListener(s, stop) for s in agent_sockets],
+                agent_listeners,
                 authenticate=AgentAuthenticator(config.agents),
                 path=config.agent.path,
                 ssl_context=server_ssl_context(agent_tls) if agent_tls else None,
@@ -154,9 +193,9 @@ async def serve_kasd(config: Config, *, task_status: trio.TaskStatus[Runtime] = 
                 task_status=task_status,
             )
         )
-        await nursery.start(trio.serve_listeners, proxy.handle_connection, [StoppableListener(s, stop) for s in proxy_sockets])
-        observability = ObservabilityServer(health, metrics)
-        await nursery.start(trio.serve_listeners, observability.handle_connection, obs_sockets)
+        await nursery.start(trio.serve_listeners, proxy.handle_connection, proxy_listeners)
+        observability = ObservabilityServer(health, metrics, max_connections=config.observability.max_connections)
+        await nursery.start(trio.serve_listeners, observability.handle_connection, obs_listeners)
         health.ready = True
         if config.ready_file is not None:
             write_ready_file(config.ready_file, runtime.addresses)

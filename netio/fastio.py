@@ -41,7 +41,7 @@ from __future__ import annotations
 import errno
 import socket
 import ssl
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import trio
@@ -136,6 +136,8 @@ class FastSocketStream(trio.abc.HalfCloseableStream):
         self.socket = sock
         self._closed = False
         self._eof_sent = False
+        #: called once, as the socket closes (``netio.admission`` frees the connection's slot)
+        self.on_close: Callable[[], None] | None = None
         self._send_conflict = ConflictDetector("another task is sending on this stream")
         self._recv_conflict = ConflictDetector("another task is receiving on this stream")
 
@@ -241,6 +243,8 @@ class FastSocketStream(trio.abc.HalfCloseableStream):
             self._closed = True
             trio.lowlevel.notify_closing(self.socket)
             self.socket.close()
+            if self.on_close is not None:
+                self.on_close()  # before the checkpoint: a cancelled aclose still frees the slot
         await trio.lowlevel.checkpoint()
 
 

@@ -66,8 +66,9 @@ class Http1Connection:
             if self.switched:
                 return
             if not (keep_alive and request.keep_alive and self.request_done and self.response_done):
-                await self._linger_close()
-                return
+                if not self.request_done:
+                    await self._linger_close()  # a body still coming: closing now could reset our answer away
+                return  # the request was read whole: close as soon as the answer is flushed
             if self.port.draining:
                 return
             if request.upgrade:
@@ -131,7 +132,12 @@ class Http1Connection:
         await self._linger_close()
 
     async def _linger_close(self) -> None:
-        """Read (and drop) what the client still sends for a moment, so our answer is not lost to a RST."""
+        """Read (and drop) what the client still sends for a moment (at most ``_LINGER_SECONDS``,
+        ``_LINGER_BYTES``), so our answer is not lost to a RST: closing a socket with unread bytes
+        resets the connection, and the client may discard our answer before reading it. Only for a
+        request we did not read whole (an unread body, a head we could not parse); a request read
+        whole closes as soon as the answer is flushed (over TLS there is no half-close to tell the
+        client we are done, so it would wait for the whole linger)."""
         if isinstance(self.stream, trio.abc.HalfCloseableStream):
             try:
                 await self.stream.send_eof()

@@ -7,15 +7,17 @@ the ``Router`` for a logical stream to the agent, streams the body there, relays
 (or its ``101`` byte pipe) back, and writes one access-log line with the metrics. Both seams are
 injected, so the pipeline runs in tests with fakes and memory streams, no socket.
 
-May import: ``kasd.seams``, ``kasd.metrics``, this package's ``exchange``/``status``/``accesslog``,
-``tunnelhttp``, ``wire``, ``netio``. Never a front end (``http1``, ``http2``) or ``server``.
+May import: ``kasd.seams``, ``kasd.metrics``, this package's ``exchange``/``status``/``accesslog``/
+``principals``, ``tunnelhttp``, ``wire``, ``netio``, ``daemonkit.logs``. Never a front end (``http1``,
+``http2``) or ``server``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from contextlib import ExitStack
 from functools import partial
 
 import attrs
@@ -25,6 +27,7 @@ from prometheus_client import Counter
 from daemonkit.logs import BurstLimitedLog
 from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Exchange
+from kasd.k8sproxy.principals import PrincipalRequests
 from kasd.k8sproxy.status import ProxyError, status_body, status_headers
 from kasd.metrics import Metrics
 from kasd.seams import (
@@ -58,9 +61,13 @@ from wire.session import (
 
 log = logging.getLogger("kasd.k8sproxy")
 
-#: request headers that never leave kasd, besides the hop-by-hop ones
-_DROPPED = frozenset({"authorization", "cookie", "host", "expect"})
-_DROPPED_PREFIXES = ("impersonate-",)
+#: request headers that never leave kasd, besides the hop-by-hop ones: the client's credentials, and
+#: every way to claim another identity — Impersonate-*, and the front-proxy authentication headers
+#: (kube-apiserver's --requestheader-* defaults), which a cluster set up to trust them would believe
+_DROPPED = frozenset({"authorization", "cookie", "host", "expect", "x-remote-user", "x-remote-group"})
+_DROPPED_PREFIXES = ("impersonate-", "x-remote-extra-")
+#: requests one token may have open at once (``kubernetes_api.max_requests_per_principal``)
+MAX_REQUESTS_PER_PRINCIPAL = 512
 #: methods a request may be repeated with when its session died before the agent answered
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 #: further sessions a bodiless request tries after one that did not take it
@@ -75,10 +82,31 @@ _CHUNK = 256 * 1024
 _MUX_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
 
 
-def clean_request_headers(headers: Sequence[tuple[str, str]], *, upgrade: bool) -> tuple[tuple[str, str], ...]:
-    """The client's headers minus its credentials, cookies, Impersonate-* and hop-by-hop headers."""
+@attrs.frozen
+class DroppedHeaders:
+    """Request header names (lower-case) that never reach the agent, and prefixes of such names."""
+
+    names: frozenset[str] = _DROPPED
+    prefixes: tuple[str, ...] = _DROPPED_PREFIXES
+
+    def also(self, configured: Sequence[str]) -> DroppedHeaders:
+        """These and ``configured`` (``strip_request_headers``: names, or prefixes ending in ``*``)."""
+        names = {name.lower() for name in configured if not name.endswith("*")}
+        prefixes = tuple(name[:-1].lower() for name in configured if name.endswith("*"))
+        return DroppedHeaders(self.names | names, self.prefixes + prefixes)
+
+
+DROPPED = DroppedHeaders()
+
+
+def clean_request_headers(
+    headers: Sequence[tuple[str, str]], *, upgrade: bool, dropped: DroppedHeaders = DROPPED
+) -> tuple[tuple[str, str], ...]:
+    """The client's headers (names lower-case) minus its credentials, cookies, identity claims
+    (Impersonate-*, X-Remote-User/-Group/-Extra-*, and what ``dropped`` adds) and hop-by-hop headers."""
     kept = strip_hop_by_hop(headers, keep_upgrade=upgrade)
-    return tuple((k, v) for k, v in kept if k not in _DROPPED and not k.startswith(_DROPPED_PREFIXES))
+    names, prefixes = dropped.names, dropped.prefixes
+    return tuple((k, v) for k, v in kept if k not in names and not k.startswith(prefixes))
 
 
 def clean_response_headers(headers: Sequence[tuple[str, str]], *, switching: bool = False) -> list[tuple[str, str]]:
@@ -122,10 +150,17 @@ class _Transfer:
 class RequestPipeline:
     """Serves exchanges: ``await pipeline.serve(exchange)`` answers one request and records it."""
 
-    def __init__(self, authority: Authority, router: Router, metrics: Metrics, *, drain: Drain | None = None) -> None:
+    def __init__(
+        self, authority: Authority, router: Router, metrics: Metrics, *, drain: Drain | None = None,
+        dropped_headers: DroppedHeaders = DROPPED, max_requests_per_principal: int = MAX_REQUESTS_PER_PRINCIPAL,
+    ) -> None:
         self.authority = authority
         self.router = router
         self.metrics = metrics
+        self.dropped_headers = dropped_headers
+        #: requests each token has open (authorized, not yet over), capped
+        self.principal_requests = PrincipalRequests(max_requests_per_principal)
+        self._at_limit = BurstLimitedLog(log, interval=10.0)
         #: watches and followed logs end between two events once the drain begins
         self.drain = drain if drain is not None else Drain()
         #: a retry line per request the agent did not take: a burst when an agentd goes away
@@ -141,28 +176,31 @@ class RequestPipeline:
             protocol=request.protocol,
             peer=request.peer,
         )
+        held = ExitStack()  # what the request holds until it is over (its principal's slot)
         try:
-            await self._serve(ex, record, refusal)
+            await self._serve(ex, record, refusal, held)
         finally:
+            held.close()
             if ex.client_gone and not record.answered and record.outcome != "upstream-broken":
                 record.outcome = "client-gone"
             record.write()
             self.metrics.count_request(record.status)
             self.metrics.request_duration.observe(trio.current_time() - record.started)
 
-    async def _serve(self, ex: Exchange, record: RequestRecord, refusal: ProxyError | None) -> None:
+    async def _serve(self, ex: Exchange, record: RequestRecord, refusal: ProxyError | None, held: ExitStack) -> None:
         request = ex.request
         try:
             if refusal is not None:
                 raise refusal
-            grant = await self._authorize(request)
+            grant, principal = await self._authorize(request)
             if not request.target.startswith("/"):
                 raise ProxyError(400, f"request target must be a path, got {request.target[:100]!r}")
             record.agent_id, record.subject = grant.agent_id, grant.subject  # a request that goes on
+            self._hold_principal_slot(principal, grant, held)
             head = RequestHead(
                 method=request.method,
                 target=request.target,
-                headers=clean_request_headers(request.headers, upgrade=request.upgrade),
+                headers=clean_request_headers(request.headers, upgrade=request.upgrade, dropped=self.dropped_headers),
                 impersonate=grant.impersonate,
                 request_id=record.request_id,
             )
@@ -192,17 +230,33 @@ class RequestPipeline:
 
     # ------------------------------------------------------------------ authenticate, authorize, route
 
-    async def _authorize(self, request: ClientRequest) -> Grant:
-        """The grant for this request's token; ProxyError 401/403 otherwise."""
+    async def _authorize(self, request: ClientRequest) -> tuple[Grant, Hashable]:
+        """The grant for this request's token, and who holds it (the principal: the token, never
+        logged); ProxyError 401/403 otherwise."""
         auth = [v for k, v in request.headers if k == "authorization"]
         try:
             if len(auth) > 1:
                 raise AccessDenied(401, "bad token: more than one Authorization header")
             credentials = parse_bearer(auth[0] if auth else None)
-            return await self.authority.authorize(credentials, credentials.agent_id)
+            grant = await self.authority.authorize(credentials, credentials.agent_id)
         except AccessDenied as exc:
             extra = (("www-authenticate", 'Bearer realm="kasd"'),) if exc.status == 401 else ()
             raise ProxyError(exc.status, exc.message, extra) from None
+        return grant, (credentials.kind, credentials.secret)
+
+    def _hold_principal_slot(self, principal: Hashable, grant: Grant, held: ExitStack) -> None:
+        """One of the principal's ``max_requests_per_principal`` slots until the request is over;
+        ProxyError 429 if it has none left."""
+        requests = self.principal_requests
+        try:
+            requests.acquire(principal, grant.subject)
+        except ProxyError:
+            self._at_limit.warning(
+                grant.subject, "request refused: principal at its limit of open requests subject=%s agent_id=%d limit=%d",
+                grant.subject, grant.agent_id, requests.limit,
+            )
+            raise
+        held.callback(requests.release, principal)
 
     async def _route(self, agent_id: int, metadata: Metadata, avoid: frozenset[Session] = frozenset()) -> MuxStream:
         """A stream from the router; ProxyError otherwise (``NoOtherSession`` as itself: only a
@@ -491,4 +545,4 @@ def _refusal(exc: StreamRefusedError, agent_id: int) -> ProxyError:
     return ProxyError(503, f"agent {agent_id} refused the request: {exc}")
 
 
-__all__ = ["RequestPipeline", "answer_boundary", "relay_answer"]
+__all__ = ["DROPPED", "DroppedHeaders", "RequestPipeline", "answer_boundary", "clean_request_headers", "relay_answer"]

@@ -20,6 +20,8 @@ from netio.fastio import fast_stream, peer_name, tls_stream
 log = logging.getLogger("kasd.k8sproxy")
 
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+#: how long a closing TLS connection may take to send its close_notify (a client not reading)
+_TLS_CLOSE_SECONDS = 1.0
 
 
 def proxy_ssl_context(cert: str, key: str) -> ssl.SSLContext:
@@ -123,7 +125,13 @@ class ProxyServer:
             self.count_rejected(408)
             return
         # A partial plain-text head that timed out falls through: HTTP/1.1 answers it 408.
-        if use_h2:
-            await Http2Connection(stream, self.port, initial=initial, head_deadline=head_deadline, peer=peer).run()
-        else:
-            await Http1Connection(stream, self.port, initial=initial, head_deadline=head_deadline, peer=peer).run()
+        try:
+            if use_h2:
+                await Http2Connection(stream, self.port, initial=initial, head_deadline=head_deadline, peer=peer).run()
+            else:
+                await Http1Connection(stream, self.port, initial=initial, head_deadline=head_deadline, peer=peer).run()
+        finally:
+            if self.ssl_context is not None:
+                # TLS's own end (close_notify), so the client reads a clean EOF, not a truncation
+                with trio.move_on_after(_TLS_CLOSE_SECONDS, shield=True):
+                    await stream.aclose()

@@ -12,6 +12,7 @@ REASONS = {
     408: "Timeout",
     413: "RequestEntityTooLarge",
     414: "RequestURITooLong",
+    429: "TooManyRequests",
     431: "RequestHeaderFieldsTooLarge",
     500: "InternalError",
     502: "BadGateway",

@@ -3,11 +3,15 @@ oversized or slow request gets its answer, then the connection closes)."""
 
 from __future__ import annotations
 
+import logging
+from functools import partial
+
 import pytest
 import trio
 import trio.testing
 
 from daemonkit.health import HealthServer, Response, liveness, readiness_route, serve_health
+from netio.admission import ConnectionCaps
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -100,3 +104,35 @@ async def test_a_client_that_leaves_without_asking_gets_nothing() -> None:
 async def test_serve_health_names_the_port_it_cannot_bind(taken_port: int) -> None:
     with pytest.raises(OSError, match=rf"cannot listen on 127.0.0.1:{taken_port} \(the health address\)"):
         await serve_health("127.0.0.1", taken_port, {}, what="the health address")
+
+
+async def _get(port: int, source: str | None = None) -> bytes:
+    stream = await trio.open_tcp_stream("127.0.0.1", port, local_address=source)
+    await stream.send_all(b"GET /liveness HTTP/1.1\r\nhost: x\r\n\r\n")
+    data = b""
+    while chunk := await stream.receive_some():
+        data += chunk
+    await stream.aclose()
+    return data
+
+
+async def test_serve_health_resets_connections_beyond_its_caps(caplog: pytest.LogCaptureFixture) -> None:
+    caps = ConnectionCaps(max_connections=2, max_per_source=1)
+    async with trio.open_nursery() as nursery:
+        _, port = await nursery.start(partial(serve_health, "127.0.0.1", 0, {"/liveness": liveness}, what="t", caps=caps))
+        held = await trio.open_tcp_stream("127.0.0.1", port)  # accepted first: connections are taken in order
+        with caplog.at_level(logging.WARNING, logger="daemonkit.health"):
+            for _ in range(5):
+                with trio.fail_after(1):
+                    try:
+                        refused = await trio.open_tcp_stream("127.0.0.1", port)
+                        with pytest.raises(trio.BrokenResourceError):  # reset, unread
+                            await refused.receive_some()
+                    except OSError:
+                        pass  # the reset overtook the connect
+        lines = [r.getMessage() for r in caplog.records if r.name == "daemonkit.health"]
+        assert len(lines) == 1 and "listener=health peer=127.0.0.1:" in lines[0], lines
+        assert "reason=max_connections_per_source limit=1" in lines[0]
+        assert _status(await _get(port, source="127.0.0.2")) == 200  # another source
+        await held.aclose()
+        nursery.cancel_scope.cancel()

@@ -195,8 +195,10 @@ class H1Client:
         self.conn = h11.Connection(h11.CLIENT)
 
     @classmethod
-    async def connect(cls, port: int) -> H1Client:
-        return cls(await trio.open_tcp_stream("127.0.0.1", port))
+    async def connect(cls, port: int, *, source: str | None = None) -> H1Client:
+        """A connection to kasd on 127.0.0.1, from ``source`` (another loopback address, e.g.
+        ``127.0.0.2``, is another source to kasd's connection caps)."""
+        return cls(await trio.open_tcp_stream("127.0.0.1", port, local_address=source))
 
     async def send(self, event: h11.Event) -> None:
         await self.stream.send_all(self.conn.send(event) or b"")
@@ -255,9 +257,10 @@ class Reply:
 
 
 async def http_request(
-    port: int, method: str, target: str, headers: Sequence[tuple[str, str]] = (), body: bytes = b""
+    port: int, method: str, target: str, headers: Sequence[tuple[str, str]] = (), body: bytes = b"",
+    *, source: str | None = None,
 ) -> Reply:
-    client = await H1Client.connect(port)
+    client = await H1Client.connect(port, source=source)
     try:
         await client.request(method, target, headers, body)
         response = await client.response()

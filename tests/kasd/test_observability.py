@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import trio
 
-from tests.kasd.helpers import CI_TOKEN, bearer, fake_agent, http_request, running_kasd
+from tests.kasd.helpers import (
+    CI_TOKEN,
+    bearer,
+    fake_agent,
+    http_request,
+    read_until_closed,
+    running_kasd,
+)
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -70,3 +77,18 @@ async def test_readiness_fails_while_draining_and_shutdown_finishes_in_flight_re
             release.set()
             await done.wait()
             assert results == [200]
+
+
+async def test_a_bad_request_gets_400_or_431_not_a_bare_close() -> None:
+    async with running_kasd() as kasd:
+        port = kasd.port("observability")
+        for request, status, text in (
+            (b"\x16\x03\x01\x00\xa5garbage\r\n\r\n", 400, b"malformed HTTP/1.1 request\n"),
+            (b"GET /metrics HTTP/1.1\r\nhost: x\r\nx-pad: " + b"a" * 16384 + b"\r\n\r\n", 431, b"request head too large\n"),
+        ):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(request)
+            answer = await read_until_closed(stream)
+            assert answer.startswith(b"HTTP/1.1 %d " % status), answer[:100]
+            assert b"connection: close" in answer and answer.endswith(text)
+            await stream.aclose()
