@@ -102,8 +102,19 @@ class RequestPipeline:
         #: watches and followed logs end between two events once the drain begins
         self.drain = drain if drain is not None else Drain()
 
-    async def serve(self, ex: Exchange, *, refusal: ProxyError | None = None) -> None:
-        """Answer ``ex``; ``refusal`` is a front end's own verdict on the request (answered as is)."""
+    async def serve(
+        self,
+        ex: Exchange,
+        *,
+        refusal: ProxyError | None = None,
+        log_dropped: bool = True,
+        done: Callable[[RequestRecord], object] | None = None,
+    ) -> None:
+        """Answer ``ex``; ``refusal`` is a front end's own verdict on the request (answered as is).
+        ``done(record)`` is called as the request ends, even when cancelled: how it went
+        (``record.agent_id`` is set once the request was authorized). ``log_dropped=False``: a
+        request the client dropped before any answer (``record.dropped``) gets no access line;
+        the front end sums those up."""
         request = ex.request
         record = RequestRecord(
             request_id=os.urandom(16).hex(),
@@ -117,9 +128,12 @@ class RequestPipeline:
         finally:
             if ex.client_gone and not record.answered and record.outcome != "upstream-broken":
                 record.outcome = "client-gone"
-            record.write()
+            if log_dropped or not record.dropped:
+                record.write()
             self.metrics.count_request(record.status)
             self.metrics.request_duration.observe(trio.current_time() - record.started)
+            if done is not None:
+                done(record)
 
     async def _serve(self, ex: Exchange, record: RequestRecord, refusal: ProxyError | None) -> None:
         request = ex.request
