@@ -352,7 +352,12 @@ def _headers(raw: Any) -> dict[str, str]:
 
 
 async def _accept_tunnel(
-    stream: trio.abc.Stream, *, authenticate: Authenticate, path: str, peer: str, reset_limit: ResetLimit
+    stream: trio.abc.Stream,
+    *,
+    authenticate: Authenticate,
+    path: str,
+    peer: str,
+    reset_limit: ResetLimit = DEFAULT_RESET_LIMIT,
 ) -> tuple[H2StreamTransport, Any] | None:
     """Speak HTTP/2 until a valid tunnel request arrives; answer bad ones; None if the peer quits
     (or had ``_MAX_REJECTIONS`` requests rejected: GOAWAY ENHANCE_YOUR_CALM).
