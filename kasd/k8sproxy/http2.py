@@ -182,7 +182,7 @@ class Http2Connection:
             self.driver.refuse(h2s, h2.errors.ErrorCodes.PROTOCOL_ERROR)  # malformed (RFC 9113, 8.1.1)
             return
         self._seen_request = True
-        ex = _H2Exchange(h2s, nursery)
+        ex = _H2Exchange(h2s, nursery, self)
         ex.request = request
         self.requests[h2s.stream_id] = ex
         nursery.start_soon(self._handle, ex)
@@ -217,9 +217,9 @@ class Http2Connection:
         if record is not None:
             if record.dropped:
                 self._unlogged += 1
-            elif record.agent_id is not None:
+            if record.agent_id is not None:
                 self.authenticated = True
-            elif not self.authenticated:
+            elif not self.authenticated and not record.dropped:
                 self._unauthorized += 1
                 if self._unauthorized >= _UNAUTHORIZED_ANSWERS:
                     self._closing = True  # GOAWAY once no request runs; new ones are refused
@@ -268,9 +268,10 @@ class _H2Exchange:
 
     request: ClientRequest  # set by the handler task
 
-    def __init__(self, h2s: H2Stream, nursery: trio.Nursery) -> None:
+    def __init__(self, h2s: H2Stream, nursery: trio.Nursery, connection: Http2Connection) -> None:
         self.h2s = h2s
         self.nursery = nursery
+        self.connection = connection
         #: cancelled when the client resets the stream or the connection ends
         self.scope = trio.CancelScope()
         #: we reset the stream (its answer could not be completed), not the client
@@ -311,7 +312,15 @@ class _H2Exchange:
             raise self._lost(exc) from None
 
     async def send_error(self, status: int, headers: Headers, body: bytes) -> None:
-        await self.respond(status, headers, body, end=True)
+        # A connection that never authenticated does not outlive its head deadline by leaving
+        # its window shut on a 401 (or any Status) it was sent.
+        connection = self.connection
+        deadline = math.inf if connection.authenticated else connection.head_deadline
+        with trio.move_on_at(deadline) as scope:
+            await self.respond(status, headers, body, end=True)
+        if scope.cancelled_caught:
+            self._gone = True
+            raise ClientGone("the client took no answer before its head deadline")
 
     async def send(self, data: bytes) -> None:
         try:

@@ -336,6 +336,22 @@ async def test_pings_after_a_401_do_not_keep_an_unauthenticated_connection() -> 
         assert client.count(hf.PingFrame) > 1  # kasd answered PINGs meanwhile
 
 
+async def test_a_shut_window_does_not_keep_an_unauthenticated_connection() -> None:
+    """A client that never opens its window for the 401's body keeps no request running past the
+    head deadline, so the connection still closes then."""
+    config = make_config(header_timeout=1.0, idle_timeout=1.0)
+    async with running_kasd(config) as kasd:
+        stream = await trio.open_tcp_stream("127.0.0.1", kasd.port("kubernetes_api"))
+        client = HostileClient(stream)
+        shut = hf.SettingsFrame(0, settings={hf.SettingsFrame.INITIAL_WINDOW_SIZE: 0}).serialize()
+        await client.send(PREFACE, shut, client.request(1, extra=[bearer("ci:1:wrong")]))
+        assert await client.status(1) == 401  # the head is not flow-controlled; its body is
+        with trio.fail_after(4):
+            await _ping_until_closed(client)
+        assert client.count(hf.DataFrame) == 0
+        assert any(isinstance(f, hf.GoAwayFrame) for f in client.frames)
+
+
 async def test_pings_do_not_reset_the_idle_timeout_of_an_authenticated_connection() -> None:
     config = make_config(header_timeout=30.0, idle_timeout=1.0)
     async with running_kasd(config) as kasd, fake_agent(kasd):
