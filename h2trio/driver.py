@@ -17,6 +17,15 @@ KASD_SAFE_MODE) and hand it over fresh: the driver starts it (``initiate_connect
 ``settings`` and ``connection_window``), and settings changed later go through
 ``driver.update_settings`` (the driver must know which SETTINGS the peer has yet to acknowledge).
 
+What a peer may cost is checked in front of h2 (``h2trio.budget``): every frame header is read as
+the bytes arrive, and a frame longer than the MAX_FRAME_SIZE the peer has acknowledged ends the
+connection with GOAWAY FRAME_SIZE_ERROR before its body is read, a header block (HEADERS +
+CONTINUATION) beyond the advertised MAX_HEADER_LIST_SIZE (plus slack) with GOAWAY ENHANCE_YOUR_CALM.
+Streams the peer resets before their answer began, and streams refused, spend a token bucket
+(``reset_limit``); once it is empty: GOAWAY ENHANCE_YOUR_CALM (HTTP/2 rapid reset). ``on_request``
+is called only once a whole read has been dispatched, for the streams not reset in it: a HEADERS +
+RST_STREAM pair never starts a task. ``statistics()`` counts what was dropped.
+
 A client (the tunnel carrier's dialing side)::
 
     driver = H2Driver(stream, conn, settings={...})
@@ -59,6 +68,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import attrs
 import h2.connection
 import h2.errors
 import h2.events
@@ -66,18 +76,39 @@ import h2.exceptions
 import h2.settings
 import trio
 
+from h2trio.budget import (
+    DEFAULT_RESET_LIMIT,
+    HEADER_BLOCK_SLACK,
+    BudgetExceededError,
+    FrameScanner,
+    ResetBucket,
+    ResetLimit,
+)
 from h2trio.lean import data_to_send_chunks
 from netio.fastio import send_many
 
-__all__ = ["H2Driver", "H2Stream", "Headers"]
+__all__ = ["DriverStatistics", "H2Driver", "H2Stream", "Headers", "ResetLimit"]
 
 #: headers as h2 takes and gives them (``str`` with a ``header_encoding``, else ``bytes``)
 Headers = Sequence[tuple[Any, Any]]
 
 _RECEIVE_SIZE = 256 * 1024
-_INITIAL_MAX_FRAME = 16384  # SETTINGS_MAX_FRAME_SIZE until changed (RFC 9113, 6.5.2)
 #: bytes queued behind a send in progress before a further flush() waits for it
 _FLUSH_HIGH_WATER = 1 << 20
+_MAX_FRAME_SIZE = h2.settings.SettingCodes.MAX_FRAME_SIZE
+_MAX_HEADER_LIST_SIZE = h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE
+
+
+@attrs.frozen(kw_only=True)
+class DriverStatistics:
+    """What a connection's peer started and dropped (see ``H2Driver.statistics``)."""
+
+    #: request streams reset by the peer in the same read that opened them: never handed over
+    streams_dropped: int
+    #: request streams handed to ``on_request`` that the peer reset before the answer began
+    streams_reset_unanswered: int
+    #: request streams refused (REFUSED_STREAM)
+    streams_refused: int
 
 
 class H2Driver:
@@ -91,6 +122,7 @@ class H2Driver:
         settings: Mapping[h2.settings.SettingCodes | int, int] | None = None,
         connection_window: int | None = None,
         receive_size: int = _RECEIVE_SIZE,
+        reset_limit: ResetLimit = DEFAULT_RESET_LIMIT,
     ) -> None:
         self.stream = stream
         self.conn = conn
@@ -101,26 +133,56 @@ class H2Driver:
         self.on_request: Callable[[H2Stream], object] | None = None
         self.closed = False
         self.close_reason = ""
-        #: what the peer got wrong, when the connection ended on an HTTP/2 protocol error
+        #: what the peer got wrong, when the connection ended on an HTTP/2 protocol error (or went
+        #: beyond a limit: a ``h2trio.budget.BudgetExceededError``, its ``error_code`` the GOAWAY's)
         self.protocol_error: h2.exceptions.ProtocolError | None = None
         self._queued: list[bytes] = []
         self._queued_bytes = 0
         self._sending = False
         self._drained = trio.lowlevel.ParkingLot()
         self._window_lot = trio.lowlevel.ParkingLot()
-        #: SETTINGS frames sent that the peer has yet to acknowledge (see _receive_settings_first)
-        self._settings_unacknowledged = 0
+        self.reset_limit = reset_limit
+        self._resets = ResetBucket(reset_limit, trio.current_time())
+        #: request streams of the read being dispatched, handed over once it is all dispatched
+        self._arrived: list[H2Stream] = []
+        self._dropped = 0
+        self._reset_unanswered = 0
+        self._refused = 0
+        header_list = conn.local_settings.max_header_list_size or h2.connection.H2Connection.DEFAULT_MAX_HEADER_LIST_SIZE
+        self._scanner = FrameScanner(
+            server=not conn.config.client_side, header_block_limit=header_list + HEADER_BLOCK_SLACK
+        )
         conn.initiate_connection()
-        self._settings_unacknowledged += 1
+        self._scanner.settings_sent(conn.local_settings.max_frame_size)
         if settings:
             self.update_settings(settings)
         if connection_window is not None and connection_window > 65535:
             conn.increment_flow_control_window(connection_window - 65535)
 
     def update_settings(self, settings: Mapping[h2.settings.SettingCodes | int, int]) -> None:
-        """Queue a SETTINGS frame (sent with the next flush)."""
+        """Queue a SETTINGS frame (sent with the next flush). A larger MAX_FRAME_SIZE applies to
+        what the peer sends once it acknowledged the frame; a MAX_HEADER_LIST_SIZE at once."""
         self.conn.update_settings(dict(settings))
-        self._settings_unacknowledged += 1
+        self._scanner.settings_sent(settings.get(_MAX_FRAME_SIZE))
+        if (header_list := settings.get(_MAX_HEADER_LIST_SIZE)) is not None:
+            self._scanner.header_block_limit = header_list + HEADER_BLOCK_SLACK
+
+    @property
+    def _settings_unacknowledged(self) -> int:
+        """SETTINGS frames sent that the peer has yet to acknowledge."""
+        return self._scanner.settings_unacknowledged
+
+    @property
+    def max_inbound_frame_size(self) -> int:
+        """The largest frame the peer may send now (what it acknowledged)."""
+        return self._scanner.max_frame_size
+
+    def statistics(self) -> DriverStatistics:
+        return DriverStatistics(
+            streams_dropped=self._dropped,
+            streams_reset_unanswered=self._reset_unanswered,
+            streams_refused=self._refused,
+        )
 
     # ------------------------------------------------------------------ writing
 
@@ -187,44 +249,55 @@ class H2Driver:
                 self.fail("peer closed the connection")
                 return
         try:
-            events = self._receive_settings_first(data) if self._settings_unacknowledged else self.conn.receive_data(data)
-        except h2.exceptions.ProtocolError as exc:
-            self.protocol_error = exc
-            self.fail(f"HTTP/2 protocol error from peer: {exc}")
-            try:
-                await self.flush()  # h2 queued a GOAWAY naming the error
-            except trio.BrokenResourceError:
-                pass
-            return
-        for event in events:
-            self._dispatch(event)
+            splits = self._scanner.feed(data)
+        except h2.exceptions.ProtocolError as exc:  # over a limit, or not HTTP/2: h2 never saw it
+            self._go_away(exc)
+            splits = ()
         if not self.closed:
             try:
-                await self.flush()
-            except trio.BrokenResourceError:
-                return
+                events = self._receive_split(data, splits) if splits else self.conn.receive_data(data)
+            except h2.exceptions.ProtocolError as exc:
+                self.protocol_error = exc  # h2 queued a GOAWAY naming the error
+                self.fail(f"HTTP/2 protocol error from peer: {exc}")
+            else:
+                self._dispatch_all(events)
+        try:
+            await self.flush()
+        except trio.BrokenResourceError:
+            return
 
-    def _receive_settings_first(self, data: bytes | bytearray) -> list[h2.events.Event]:
-        """Feed h2 at most 16 KiB at a time while the peer has SETTINGS of ours to acknowledge.
-
-        h2 updates its receive buffer's frame size limit only when ``receive_data`` starts, so one
-        call holding both the SETTINGS ACK that raises the limit and a frame above the old limit
-        (which the peer may send right after its ACK) fails with "overlong frame". A frame is
-        checked only once it is complete, and no limit is below 16 KiB: fed in such pieces, no
-        frame beyond the old limit completes in the call that saw the ACK."""
+    def _receive_split(self, data: bytes | bytearray, splits: Sequence[int]) -> list[h2.events.Event]:
+        """Feed h2 up to each SETTINGS ACK that changed the frame size limit, then on: h2 applies a
+        new limit only when ``receive_data`` starts, so one call holding the ACK that raises it and
+        a larger frame the peer sent right after its ACK would fail with "overlong frame"."""
         events: list[h2.events.Event] = []
         start = 0
-        while start < len(data):
-            if not self._settings_unacknowledged:
-                events.extend(self.conn.receive_data(data[start:]))
-                break
-            piece = self.conn.receive_data(data[start : start + _INITIAL_MAX_FRAME])
-            start += _INITIAL_MAX_FRAME
-            events.extend(piece)
-            for event in piece:
-                if isinstance(event, h2.events.SettingsAcknowledged):
-                    self._settings_unacknowledged = max(0, self._settings_unacknowledged - 1)
+        for end in splits:
+            events.extend(self.conn.receive_data(data[start:end]))
+            start = end
+        if start < len(data):
+            events.extend(self.conn.receive_data(data[start:]))
         return events
+
+    def _dispatch_all(self, events: list[h2.events.Event]) -> None:
+        """Dispatch one read's events; then hand over its new request streams, but none the peer
+        reset in the same read (those never cost a task; they count against the reset budget)."""
+        for event in events:
+            if self.closed:
+                break
+            self._dispatch(event)
+        if self._arrived:
+            arrived, self._arrived = self._arrived, []
+            for h2s in arrived:
+                if self.closed:
+                    return
+                if h2s.reset_code is not None:
+                    continue
+                if self.on_request is None:
+                    self.refuse(h2s)
+                    continue
+                h2s._handed_over = True
+                self.on_request(h2s)
 
     def _dispatch(self, event: h2.events.Event) -> None:
         streams = self.streams
@@ -242,12 +315,10 @@ class H2Driver:
             self._window_lot.unpark_all()
         elif isinstance(event, h2.events.RequestReceived):
             stream_id: int = event.stream_id
-            if self.on_request is None:
-                self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
-                return
             h2s = H2Stream(self, stream_id, list(event.headers or ()))
+            h2s.opened_by_peer = True
             streams[stream_id] = h2s
-            self.on_request(h2s)
+            self._arrived.append(h2s)  # handed over once the whole read is dispatched
         elif isinstance(event, h2.events.ResponseReceived):
             h2s = streams.get(event.stream_id)
             if h2s is not None:
@@ -260,10 +331,53 @@ class H2Driver:
             h2s = streams.pop(event.stream_id, None)
             if h2s is not None:
                 h2s._on_reset(int(event.error_code or 0))
+                if h2s.opened_by_peer and not h2s.answered:
+                    if h2s._handed_over:
+                        self._reset_unanswered += 1
+                    else:
+                        self._dropped += 1
+                    self._spend_reset_budget()
             self._window_lot.unpark_all()  # a sender parked on this stream's window must see it
         elif isinstance(event, h2.events.ConnectionTerminated):
             code = event.error_code
             self.fail(f"peer sent HTTP/2 GOAWAY (code {code})", clean=code == h2.errors.ErrorCodes.NO_ERROR)
+
+    def refuse(self, h2s: H2Stream, code: h2.errors.ErrorCodes = h2.errors.ErrorCodes.REFUSED_STREAM) -> None:
+        """Refuse a request stream before its handling began (RST_STREAM ``code``, sent with the
+        next flush): it spends the reset budget, as a stream the peer reset would."""
+        h2s.close()
+        if self.closed:
+            return
+        try:
+            self.conn.reset_stream(h2s.stream_id, code)
+        except h2.exceptions.ProtocolError:
+            return  # already closed both ways
+        self._refused += 1
+        self._spend_reset_budget()
+
+    def _spend_reset_budget(self) -> None:
+        if not self.closed and not self._resets.spend(trio.current_time()):
+            limit = self.reset_limit
+            self.go_away(
+                h2.errors.ErrorCodes.ENHANCE_YOUR_CALM,
+                f"more than {limit.budget} streams reset before their response or refused in {limit.window:g}s",
+            )
+
+    def go_away(self, error_code: h2.errors.ErrorCodes, reason: str) -> None:
+        """End the connection because the peer went beyond a limit: GOAWAY ``error_code`` (with
+        ``reason`` as its debug data; sent with the next flush), every stream fails, and
+        ``protocol_error`` says why."""
+        self._go_away(BudgetExceededError(reason, error_code))
+
+    def _go_away(self, exc: h2.exceptions.ProtocolError) -> None:
+        if self.closed:
+            return
+        self.protocol_error = exc
+        try:
+            self.conn.close_connection(error_code=exc.error_code, additional_data=str(exc).encode()[:256])
+        except h2.exceptions.ProtocolError:
+            pass  # h2 already ended the connection
+        self.fail(f"sent HTTP/2 GOAWAY {_code_name(exc.error_code)}: {exc}")
 
     def _acknowledge(self, flow_length: int, stream_id: int) -> None:
         if flow_length and not self.closed:
@@ -298,6 +412,13 @@ class H2Driver:
             await self.stream.aclose()
 
 
+def _code_name(code: int) -> str:
+    try:
+        return h2.errors.ErrorCodes(code).name
+    except ValueError:
+        return str(code)
+
+
 class H2Stream:
     """One HTTP/2 stream of an ``H2Driver``: its head, its inbound body, what to send."""
 
@@ -305,10 +426,13 @@ class H2Stream:
         "_buffer",
         "_eof",
         "_error",
+        "_handed_over",
         "_lot",
         "_scopes",
+        "answered",
         "driver",
         "head",
+        "opened_by_peer",
         "reset_code",
         "stream_id",
         "trailers",
@@ -322,6 +446,11 @@ class H2Stream:
         self.trailers: list[tuple[Any, Any]] | None = None
         #: the peer's RST_STREAM code, once it reset the stream
         self.reset_code: int | None = None
+        #: the peer opened this stream (a request to this side)
+        self.opened_by_peer = False
+        #: this side sent its head on the stream (a response began, or the request was sent)
+        self.answered = False
+        self._handed_over = False
         self._buffer: deque[tuple[bytes, int]] = deque()
         self._eof = False
         self._error: trio.BrokenResourceError | None = None
@@ -344,7 +473,10 @@ class H2Stream:
 
     def _on_reset(self, code: int) -> None:
         self.reset_code = code
-        self._buffer.clear()  # h2 closed the stream: nothing to acknowledge, nothing left to read
+        # Nothing left to read; the connection's window gets the bytes back (h2 credits only it).
+        while self._buffer:
+            _, flow_length = self._buffer.popleft()
+            self.driver._acknowledge(flow_length, self.stream_id)
         self._break(trio.BrokenResourceError(f"HTTP/2 stream reset by peer (code {code})"))
 
     def _on_connection_end(self, reason: str, *, clean: bool) -> None:
@@ -431,6 +563,7 @@ class H2Stream:
             driver.conn.send_headers(self.stream_id, headers, end_stream=end_stream)
         except h2.exceptions.ProtocolError as exc:
             raise trio.BrokenResourceError(f"HTTP/2 stream unusable: {exc}") from exc
+        self.answered = True
         await driver.flush()
 
     async def send_data(self, data: bytes | bytearray | memoryview, *, end_stream: bool = False) -> None:

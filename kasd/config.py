@@ -30,6 +30,7 @@ from daemonkit.settings import (
     Source,
     setting,
 )
+from h2trio.budget import ResetLimit
 from kasd.tokens import is_token_hash
 from tunnelhttp.head import Impersonation
 
@@ -272,6 +273,34 @@ def _no_tls(value: Any) -> None:
 _TLS_MISSING = "missing (TLS needs both cert and key files)"
 
 
+# --------------------------------------------------------------------------- HTTP/2 limits (issue 13)
+# What one HTTP/2 connection's peer may cost, on each listener that speaks HTTP/2 (``http2:`` under
+# ``listeners.agent`` and ``listeners.kubernetes_api``); docs/security.md, "## HTTP/2".
+
+
+def _stream_count(value: Any) -> int:
+    count = _expect(value, int, "a number of streams")
+    if count < 1:
+        raise Problem(f"must be at least 1, got {count}")
+    return count  # type: ignore[no-any-return]
+
+
+@attrs.frozen(kw_only=True)
+class Http2Limits:
+    #: streams a client may reset before their answer began (or have refused) per reset_window,
+    #: as a token bucket; beyond it GOAWAY ENHANCE_YOUR_CALM (HTTP/2 rapid reset, CVE-2023-44487)
+    reset_budget: int = setting(200, parse=_stream_count)
+    #: seconds over which reset_budget refills
+    reset_window: float = setting(30.0, parse=_seconds)
+
+    @property
+    def reset_limit(self) -> ResetLimit:
+        return ResetLimit(budget=self.reset_budget, window=self.reset_window)
+
+
+# --------------------------------------------------------------------------- the listeners
+
+
 @attrs.frozen(kw_only=True)
 class TLSFiles:
     cert: Path = setting(parse=_existing_file, missing=_TLS_MISSING)
@@ -319,6 +348,7 @@ class AgentListener(Listener):
         256, parse=_count, env="KASD_AGENT_MAX_CONNECTIONS_PER_SOURCE", flag="--agent-max-connections-per-source",
         metavar="N", help="agent connections from one source address (IPv6: one /64) at once",
     )
+    http2: Http2Limits = Http2Limits()
 
 
 @attrs.frozen(kw_only=True)
@@ -374,6 +404,7 @@ class KubernetesAPIListener(Listener):
         flag="--kubernetes-api-strip-request-header", flag_action="append", metavar="NAME",
         help="a request header never passed to the agent (any case; NAME* is a prefix); repeatable",
     )
+    http2: Http2Limits = Http2Limits()
 
 
 @attrs.frozen(kw_only=True)

@@ -190,6 +190,7 @@ async def serve_kasd(config: Config, *, task_status: trio.TaskStatus[Runtime] = 
                 path=config.agent.path,
                 ssl_context=server_ssl_context(agent_tls) if agent_tls else None,
                 handshake_timeout=config.agent.handshake_timeout,
+                reset_limit=config.agent.http2.reset_limit,
                 task_status=task_status,
             )
         )

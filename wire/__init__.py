@@ -8,7 +8,8 @@ authenticate callback, the request checks, ``TunnelRejectedError``), sans-I/O. `
 project's one ``ProtocolError`` family. What an HTTP exchange means on a stream lives in
 ``tunnelhttp``; the byte streams underneath in ``netio``.
 
-May import: ``netio``, ``h2trio``, the standard library, attrs, msgpack, trio and h2 (adapters only).
+May import: ``netio``, ``h2trio``, the standard library, attrs, msgpack, trio and h2 (adapters only),
+and ``daemonkit.logs`` (the adapters' lines a stranger can repeat).
 Never ``tunnelhttp``, ``routing``, ``kasd``, ``agentd`` or ``kubesim``.
 """
 

@@ -8,6 +8,13 @@ checks and raises is in ``wire.carrier``; HTTP/2 itself is driven by ``h2trio.dr
 h2's own flow control is opened wide (windows of 2**31-1): the mux credits are what bound memory, and
 h2 must never throttle below them. Received bytes are still acknowledged only once the session took
 them, so h2 keeps a true picture of what is in flight.
+
+Before a peer has authenticated, the server's side costs little: frames of at most 16 KiB (the
+HTTP/2 default; raised to 1 MiB for the tunnel only once its request was accepted), header blocks
+of at most 16 KiB, at most ``_MAX_REJECTIONS`` rejected tunnel requests per connection (then GOAWAY
+ENHANCE_YOUR_CALM), and ``handshake_timeout`` as a hard deadline for TLS, preface and tunnel request
+(no frame extends it). The rejections are logged at most once per ten seconds per source address,
+with a count.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ import h2.errors
 import h2.settings
 import trio
 
+from daemonkit.logs import BurstLimitedLog
+from h2trio.budget import DEFAULT_RESET_LIMIT, ResetLimit
 from h2trio.driver import H2Driver, H2Stream
 from h2trio.lean import new_connection
 from netio.fastio import fast_stream, peer_name, tls_stream
@@ -54,23 +63,30 @@ __all__ = [
 ]
 
 log = logging.getLogger("wire.h2carrier")
+#: lines a stranger can repeat at will (a bad token, a broken preface): one per source per 10 s
+_strangers = BurstLimitedLog(log, interval=10.0)
 
 _MAX_WINDOW = 2**31 - 1
 _MAX_FRAME = 1 << 20  # fewer, larger DATA frames: per-frame Python overhead dominates on loopback
 _RECEIVE_SIZE = 256 * 1024
 _HEADER_LIST_LIMIT = 16 * 1024
 _ERROR_BODY_LIMIT = 4096
+#: tunnel requests a connection may have rejected (agentd sends one per connection) before GOAWAY
+_MAX_REJECTIONS = 3
 
 
-def _new_driver(stream: trio.abc.Stream, *, server: bool) -> H2Driver:
+def _new_driver(stream: trio.abc.Stream, *, server: bool, reset_limit: ResetLimit = DEFAULT_RESET_LIMIT) -> H2Driver:
     conn = new_connection(h2.config.H2Configuration(client_side=not server, header_encoding="utf-8"))
     settings: dict[h2.settings.SettingCodes | int, int] = {
         h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: _MAX_WINDOW,
-        h2.settings.SettingCodes.MAX_FRAME_SIZE: _MAX_FRAME,
         h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: _HEADER_LIST_LIMIT,
-        **({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 16} if server else {}),
+        # The server takes large frames only once the tunnel request was accepted (_check_request).
+        **({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 16} if server else {h2.settings.SettingCodes.MAX_FRAME_SIZE: _MAX_FRAME}),
     }
-    return H2Driver(stream, conn, settings=settings, connection_window=_MAX_WINDOW, receive_size=_RECEIVE_SIZE)
+    return H2Driver(
+        stream, conn, settings=settings, connection_window=_MAX_WINDOW, receive_size=_RECEIVE_SIZE,
+        reset_limit=reset_limit,
+    )
 
 
 class H2StreamTransport(trio.abc.HalfCloseableStream):
@@ -237,13 +253,15 @@ async def serve_h2_tunnels(
     path: str = DEFAULT_PATH,
     ssl_context: ssl.SSLContext | None = None,
     handshake_timeout: float = 10.0,
+    reset_limit: ResetLimit = DEFAULT_RESET_LIMIT,
     session_kwargs: dict[str, Any] | None = None,
     task_status: trio.TaskStatus[Sequence[trio.abc.Listener[Any]]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Accept tunnel connections on ``listeners`` and run ``handler(session, principal)`` for each.
 
     ``authenticate(token, headers)`` returns the principal, None (401), or raises
-    TunnelRejectedError (see ``wire.carrier``).
+    TunnelRejectedError (see ``wire.carrier``). ``handshake_timeout`` bounds TLS, preface and the
+    tunnel request together; ``reset_limit`` the streams a connection may reset or have refused.
     """
 
     async def on_connection(stream: trio.abc.Stream) -> None:
@@ -254,6 +272,7 @@ async def serve_h2_tunnels(
             path=path,
             ssl_context=ssl_context,
             handshake_timeout=handshake_timeout,
+            reset_limit=reset_limit,
             session_kwargs=session_kwargs or {},
         )
 
@@ -275,6 +294,7 @@ async def _serve_connection(
     path: str,
     ssl_context: ssl.SSLContext | None,
     handshake_timeout: float,
+    reset_limit: ResetLimit,
     session_kwargs: dict[str, Any],
 ) -> None:
     stream = fast_stream(stream)
@@ -282,14 +302,19 @@ async def _serve_connection(
     try:
         async with trio.open_nursery() as nursery:
             accepted = None
+            # A hard deadline from accept: nothing the peer sends (PING, SETTINGS…) moves it.
             with trio.move_on_after(handshake_timeout) as deadline:
                 if ssl_context is not None:
                     tls = tls_stream(stream, ssl_context, server_side=True)
                     await tls.do_handshake()
                     stream = tls
-                accepted = await _accept_tunnel(stream, authenticate=authenticate, path=path, peer=peer)
+                accepted = await _accept_tunnel(
+                    stream, authenticate=authenticate, path=path, peer=peer, reset_limit=reset_limit
+                )
             if deadline.cancelled_caught:
-                log.warning("tunnel handshake timed out peer=%s after=%.1fs", peer, handshake_timeout)
+                _strangers.warning(
+                    (_host(peer), "timeout"), "tunnel handshake timed out peer=%s after=%.1fs", peer, handshake_timeout
+                )
                 return
             if accepted is None:
                 return
@@ -313,6 +338,11 @@ async def _serve_connection(
             await stream.aclose()
 
 
+def _host(peer: str) -> str:
+    """The source address of ``peer`` (``host:port``), the key of the lines a stranger repeats."""
+    return peer.rpartition(":")[0] or peer
+
+
 def _headers(raw: Any) -> dict[str, str]:
     """h2 hands headers as str (we ask for utf-8 decoding); be safe about bytes anyway."""
     return {
@@ -322,16 +352,22 @@ def _headers(raw: Any) -> dict[str, str]:
 
 
 async def _accept_tunnel(
-    stream: trio.abc.Stream, *, authenticate: Authenticate, path: str, peer: str
+    stream: trio.abc.Stream,
+    *,
+    authenticate: Authenticate,
+    path: str,
+    peer: str,
+    reset_limit: ResetLimit = DEFAULT_RESET_LIMIT,
 ) -> tuple[H2StreamTransport, Any] | None:
-    """Speak HTTP/2 until a valid tunnel request arrives; answer bad ones; None if the peer quits.
+    """Speak HTTP/2 until a valid tunnel request arrives; answer bad ones; None if the peer quits
+    (or had ``_MAX_REJECTIONS`` requests rejected: GOAWAY ENHANCE_YOUR_CALM).
 
     Nothing is read while a request is being authenticated, so before a peer has authenticated it
     costs at most one read's worth of buffered bytes."""
     alpn = getattr(stream, "selected_alpn_protocol", None)  # over TLS (ours or Trio's SSLStream)
     if alpn is not None and alpn() != "h2":
-        log.warning("tunnel client did not offer ALPN h2 peer=%s", peer)
-    driver = _new_driver(stream, server=True)
+        _strangers.warning((_host(peer), "alpn"), "tunnel client did not offer ALPN h2 peer=%s", peer)
+    driver = _new_driver(stream, server=True, reset_limit=reset_limit)
     requests: deque[H2Stream] = deque()
     driver.on_request = requests.append
     data: bytes | bytearray | None
@@ -344,16 +380,30 @@ async def _accept_tunnel(
     if not data.startswith(b"PRI * HTTP/2.0") and data[:8].split(b" ")[0].isalpha():
         # An HTTP/1.1 client (curl without --http2-prior-knowledge, a browser): say what we speak.
         await stream.send_all(_HTTP1_HINT % (len(_HTTP1_MESSAGE), _HTTP1_MESSAGE))
-        log.info("rejected HTTP/1.x request on tunnel port peer=%s", peer)
+        _strangers.info((_host(peer), "http1"), "rejected HTTP/1.x request on tunnel port peer=%s", peer)
         return None
+    rejections = 0
     while True:
         await driver.pump(data)
         if driver.protocol_error is not None:
-            log.warning("HTTP/2 protocol error on tunnel port peer=%s error=%s", peer, driver.protocol_error)
+            _strangers.warning(
+                (_host(peer), "h2"), "HTTP/2 protocol error on tunnel port peer=%s error=%s", peer, driver.protocol_error
+            )
             return None
         while requests:
             accepted = await _check_request(requests.popleft(), authenticate=authenticate, path=path, peer=peer)
-            if accepted is not None:
+            if accepted is None:
+                rejections += 1
+                if rejections >= _MAX_REJECTIONS:
+                    driver.go_away(
+                        h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, f"{rejections} tunnel requests rejected on one connection"
+                    )
+                    try:
+                        await driver.flush()
+                    except trio.BrokenResourceError:
+                        pass
+                    return None
+            else:
                 # One tunnel per connection: no further requests either way (a server never opens
                 # streams to a tunnel client; a client gets one tunnel stream per connection).
                 driver.on_request = None
@@ -376,6 +426,8 @@ async def _check_request(
     except TunnelRejectedError as exc:
         await _reject(h2s, exc, peer)
         return None
+    # The tunnel moves bulk data: from the peer's SETTINGS ACK on, it may send frames of 1 MiB.
+    h2s.driver.update_settings({h2.settings.SettingCodes.MAX_FRAME_SIZE: _MAX_FRAME})
     await h2s.send_headers([(":status", "200"), ("content-type", TUNNEL_CONTENT_TYPE)])
     return H2StreamTransport(h2s, owns_connection=True), principal
 
@@ -383,7 +435,10 @@ async def _check_request(
 async def _reject(h2s: H2Stream, rejection: TunnelRejectedError, peer: str) -> None:
     """Answer a bad tunnel request with its status and a plain-text reason."""
     # Never log the token; the message names only what was wrong.
-    log.warning("tunnel request rejected peer=%s status=%d reason=%r", peer, rejection.status, rejection.message)
+    _strangers.warning(
+        (_host(peer), "rejected", rejection.status),
+        "tunnel request rejected peer=%s status=%d reason=%r", peer, rejection.status, rejection.message,
+    )
     body = (rejection.message + "\n").encode()
     h2s.close()
     await h2s.send_headers(

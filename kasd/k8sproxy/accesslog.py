@@ -28,6 +28,11 @@ class RequestRecord:
     #: the whole response reached the client's connection: leaving afterwards is not "client-gone"
     answered: bool = False
 
+    @property
+    def dropped(self) -> bool:
+        """The client left before any answer began (an HTTP/2 stream reset, a connection lost)."""
+        return self.status == 0 and self.outcome == "client-gone"
+
     def write(self) -> None:
         duration = trio.current_time() - self.started
         # The query string may carry anything; log the path only.

@@ -13,6 +13,8 @@ from typing import Protocol
 import attrs
 import trio
 
+from h2trio.budget import ResetLimit
+from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.exchange import Exchange
 from kasd.k8sproxy.status import ProxyError
 
@@ -26,10 +28,26 @@ class ConnectionLimits(Protocol):
     def header_timeout(self) -> float: ...
     @property
     def idle_timeout(self) -> float: ...
+    @property
+    def http2(self) -> Http2Limits: ...
+
+
+class Http2Limits(Protocol):
+    """What an HTTP/2 client may cost (``kasd.config.Http2Limits``)."""
+
+    @property
+    def reset_limit(self) -> ResetLimit: ...
 
 
 class ServeExchange(Protocol):
-    def __call__(self, ex: Exchange, *, refusal: ProxyError | None = None) -> Awaitable[None]: ...
+    def __call__(
+        self,
+        ex: Exchange,
+        *,
+        refusal: ProxyError | None = None,
+        log_dropped: bool = True,
+        done: Callable[[RequestRecord], object] | None = None,
+    ) -> Awaitable[None]: ...
 
 
 @attrs.define(eq=False, kw_only=True)

@@ -6,25 +6,39 @@ everything else. Received DATA is acknowledged only as the pipeline takes it (fl
 backpressure); sending respects the client's windows. A client RST_STREAM cancels that request's
 exchange, and the pipeline stops the work behind it. This module owns the connection's clocks: the
 head deadline, the keep-alive idle timeout, and the drain.
+
+The clocks count requests, not frames: PING, SETTINGS, WINDOW_UPDATE and the like reset none of them.
+Until one request was authorized, the head deadline (``header_timeout`` from accept) is a hard
+deadline for the whole connection: it closes (GOAWAY) at that time once no request runs, and after
+``_UNAUTHORIZED_ANSWERS`` requests answered without authorization (401, 403…) as soon as none runs.
+Once authorized, ``idle_timeout`` counts from the end of the last request. Streams the client
+resets before their answer get no access line each: one line per connection sums them up (and
+``h2trio`` ends a connection that resets too many with GOAWAY ENHANCE_YOUR_CALM).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import re
 
 import h2.config
 import h2.errors
 import h2.settings
 import trio
 
+from daemonkit.logs import BurstLimitedLog
+from h2trio.budget import BudgetExceededError
 from h2trio.driver import H2Driver, H2Stream
 from h2trio.lean import new_connection
+from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Headers
 from kasd.k8sproxy.frontend import FrontEndContext
 from kasd.k8sproxy.status import ProxyError
 
 log = logging.getLogger("kasd.k8sproxy")
+#: lines a stranger can repeat at will (one per connection): one per source address per 10 s
+_strangers = BurstLimitedLog(log, interval=10.0)
 
 _RECEIVE_SIZE = 64 * 1024
 _STREAM_WINDOW = 1 << 20
@@ -32,6 +46,11 @@ _CONNECTION_WINDOW = 16 << 20
 _MAX_STREAMS = 250
 _MUX_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
 _CONNECT_REFUSAL = "CONNECT (and WebSocket over HTTP/2) is not supported; use HTTP/1.1 for exec/attach/port-forward"
+#: requests answered without authorization (401, 403…) a connection that never authenticated may
+#: have before it is closed: kubectl with a bad token sends one or two before it gives up
+_UNAUTHORIZED_ANSWERS = 4
+#: an RFC 9110 method token
+_METHOD = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 class Http2Connection:
@@ -52,10 +71,21 @@ class Http2Connection:
                 h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: port.limits.max_header_bytes,
             },
             connection_window=_CONNECTION_WINDOW,
+            reset_limit=port.limits.http2.reset_limit,
         )
         self.requests: dict[int, _H2Exchange] = {}
         self._read_scope: trio.CancelScope | None = None
         self._seen_request = False
+        #: a request on this connection was authorized
+        self.authenticated = False
+        #: requests answered without authorization while the connection never authenticated
+        self._unauthorized = 0
+        #: no new requests: close once those running are done
+        self._closing = False
+        #: when the last request ended (the idle clock starts)
+        self._idle_since = trio.current_time()
+        #: requests the client dropped before an answer, written as no access line of their own
+        self._unlogged = 0
 
     async def run(self) -> None:
         driver = self.driver
@@ -69,22 +99,40 @@ class Http2Connection:
                 for ex in list(self.requests.values()):
                     ex.lose_client()
         await driver.aclose()  # GOAWAY if it still stands (bounded, shielded)
+        self._log_dropped()
+
+    def _log_dropped(self) -> None:
+        """One line for the streams the client dropped (and why the connection ended, if it went
+        beyond a limit) instead of one access line per stream."""
+        stats = self.driver.statistics()
+        dropped = stats.streams_dropped + self._unlogged
+        error = self.driver.protocol_error
+        if not dropped and not stats.streams_refused and not isinstance(error, BudgetExceededError):
+            return
+        over = isinstance(error, BudgetExceededError)
+        _strangers.info(
+            (_host(self.peer), "dropped"),
+            "HTTP/2 client dropped %d streams before an answer peer=%s refused=%d goaway=%s reason=%s",
+            dropped, self.peer, stats.streams_refused,
+            h2.errors.ErrorCodes(error.error_code).name if over and error is not None else "-",
+            _quote(str(error)) if over else "-",
+        )
 
     # ------------------------------------------------------------------ reader
 
     def _read_deadline(self) -> float:
         if self.requests:
             return math.inf
-        if not self._seen_request:
-            return self.head_deadline
-        return trio.current_time() + self.port.limits.idle_timeout
+        if not self.authenticated:
+            return self.head_deadline  # hard: authenticated by then, or closed
+        return self._idle_since + self.port.limits.idle_timeout
 
     async def _read_loop(self) -> None:
         driver = self.driver
         if self.initial:
             await driver.pump(self.initial)
         while not driver.closed:
-            if not self.requests and self.port.draining:
+            if not self.requests and (self.port.draining or self._closing):
                 return
             # Only the read waits under the connection's clocks: feeding h2 and flushing its
             # answers is never cut in half.
@@ -103,67 +151,113 @@ class Http2Connection:
             if scope.cancelled_caught:
                 if self.requests:
                     continue  # a request finished or the server drains: re-evaluate
-                if not self._seen_request and trio.current_time() >= self.head_deadline:
-                    log.info("HTTP/2 client sent no request in time peer=%s", self.peer)
-                    self.port.count_rejected(408)
+                if not self.authenticated and trio.current_time() >= self.head_deadline:
+                    if not self._seen_request:
+                        _strangers.info((_host(self.peer), "timeout"), "HTTP/2 client sent no request in time peer=%s", self.peer)
+                        self.port.count_rejected(408)
+                    else:
+                        _strangers.info(
+                            (_host(self.peer), "unauthorized"),
+                            "HTTP/2 client sent no authorized request in time peer=%s", self.peer,
+                        )
                 return
             if not data:
                 driver.fail("peer closed the connection")
                 return
             await driver.pump(data)
         if driver.protocol_error is not None:
-            log.info("HTTP/2 protocol error peer=%s error=%s", self.peer, driver.protocol_error)
+            if not isinstance(driver.protocol_error, BudgetExceededError):  # summed up at the end
+                _strangers.info((_host(self.peer), "h2"), "HTTP/2 protocol error peer=%s error=%s", self.peer, driver.protocol_error)
             self.port.count_rejected(400)
 
     def _on_request(self, h2s: H2Stream, nursery: trio.Nursery) -> None:
-        """A new request stream (called by the driver's reader; must not block)."""
-        if self.port.draining:
-            self.driver.conn.reset_stream(h2s.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
-            h2s.close()
+        """A new request stream (called by the driver's reader once the read that brought it is
+        dispatched; must not block). Its head is checked here: a task is started only for a
+        well-formed request."""
+        if self.port.draining or self._closing:
+            self.driver.refuse(h2s)
+            return
+        request = self._request_of(h2s)
+        if request is None:
+            self.driver.refuse(h2s, h2.errors.ErrorCodes.PROTOCOL_ERROR)  # malformed (RFC 9113, 8.1.1)
             return
         self._seen_request = True
-        ex = _H2Exchange(h2s, nursery)
+        ex = _H2Exchange(h2s, nursery, self)
+        ex.request = request
         self.requests[h2s.stream_id] = ex
         nursery.start_soon(self._handle, ex)
 
-    def _request_done(self, ex: _H2Exchange) -> None:
+    def _request_of(self, h2s: H2Stream) -> ClientRequest | None:
+        """The request as the pipeline sees it; None if its head is malformed (h2 already checked
+        the pseudo-header fields are the right ones, each once)."""
+        method = target = b""
+        headers = []
+        for k, v in h2s.head or ():
+            name = bytes(k)
+            if name == b":method":
+                method = bytes(v)
+            elif name == b":path":
+                target = bytes(v)
+            elif not name.startswith(b":"):
+                headers.append((name.decode("latin-1").lower(), bytes(v).decode("latin-1")))
+        if not _METHOD.fullmatch(method):
+            return None
+        return ClientRequest(
+            method=method.decode("ascii"),
+            target=target.decode("latin-1"),
+            headers=tuple(headers),
+            protocol="HTTP/2",
+            peer=self.peer,
+            # The whole read that brought the HEADERS is dispatched: an END_STREAM in it (a GET's) is in.
+            has_body=not (h2s.ended_by_peer and not h2s.buffered),
+        )
+
+    def _request_done(self, ex: _H2Exchange, record: RequestRecord | None) -> None:
         self.requests.pop(ex.h2s.stream_id, None)
-        if not self.requests and self._read_scope is not None:
-            # The reader waits without a deadline while requests run: give it the idle one now.
-            self._read_scope.deadline = trio.current_time() + self.port.limits.idle_timeout
-            if self.port.draining:
-                self._read_scope.cancel()
-            else:
-                self.port.idle_scopes.add(self._read_scope)
+        if record is not None:
+            if record.dropped:
+                self._unlogged += 1
+            if record.agent_id is not None:
+                self.authenticated = True
+            elif not self.authenticated and not record.dropped:
+                self._unauthorized += 1
+                if self._unauthorized >= _UNAUTHORIZED_ANSWERS:
+                    self._closing = True  # GOAWAY once no request runs; new ones are refused
+        if not self.requests:
+            self._idle_since = trio.current_time()
+            if self._read_scope is not None:
+                # The reader waits without a deadline while requests run: give it its clock now.
+                self._read_scope.deadline = self._read_deadline()
+                if self.port.draining or self._closing:
+                    self._read_scope.cancel()
+                else:
+                    self.port.idle_scopes.add(self._read_scope)
 
     # ------------------------------------------------------------------ one request
 
     async def _handle(self, ex: _H2Exchange) -> None:
         h2s = ex.h2s
-        head = [(bytes(k).decode("latin-1").lower(), bytes(v).decode("latin-1")) for k, v in h2s.head or ()]
-        pseudo = {k: v for k, v in head if k.startswith(":")}
-        # Built in this task, not as the HEADERS are read: an END_STREAM in the same read (a GET's)
-        # is dispatched after the request, and says whether a body follows.
-        ex.request = ClientRequest(
-            method=pseudo.get(":method", "?"),
-            target=pseudo.get(":path", ""),
-            headers=tuple((k, v) for k, v in head if not k.startswith(":")),
-            protocol="HTTP/2",
-            peer=self.peer,
-            has_body=not (h2s.ended_by_peer and not h2s.buffered),
-        )
         refusal = ProxyError(400, _CONNECT_REFUSAL) if ex.request.method == "CONNECT" else None
+        records: list[RequestRecord] = []
         try:
             with ex.scope:
                 h2s.cancel_when_broken(ex.scope)
-                await self.port.serve(ex, refusal=refusal)
+                await self.port.serve(ex, refusal=refusal, log_dropped=False, done=records.append)
         finally:
-            self._request_done(ex)
+            self._request_done(ex, records[0] if records else None)
             if ex.client_gone or ex.aborted:
                 with trio.move_on_after(1, shield=True):
                     await h2s.reset(h2.errors.ErrorCodes.CANCEL)
             else:
                 h2s.close()
+
+
+def _host(peer: str) -> str:
+    return peer.rpartition(":")[0] or peer
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace('"', "'") + '"'
 
 
 class _H2Exchange:
@@ -174,9 +268,10 @@ class _H2Exchange:
 
     request: ClientRequest  # set by the handler task
 
-    def __init__(self, h2s: H2Stream, nursery: trio.Nursery) -> None:
+    def __init__(self, h2s: H2Stream, nursery: trio.Nursery, connection: Http2Connection) -> None:
         self.h2s = h2s
         self.nursery = nursery
+        self.connection = connection
         #: cancelled when the client resets the stream or the connection ends
         self.scope = trio.CancelScope()
         #: we reset the stream (its answer could not be completed), not the client
@@ -217,7 +312,15 @@ class _H2Exchange:
             raise self._lost(exc) from None
 
     async def send_error(self, status: int, headers: Headers, body: bytes) -> None:
-        await self.respond(status, headers, body, end=True)
+        # A connection that never authenticated does not outlive its head deadline by leaving
+        # its window shut on a 401 (or any Status) it was sent.
+        connection = self.connection
+        deadline = math.inf if connection.authenticated else connection.head_deadline
+        with trio.move_on_at(deadline) as scope:
+            await self.respond(status, headers, body, end=True)
+        if scope.cancelled_caught:
+            self._gone = True
+            raise ClientGone("the client took no answer before its head deadline")
 
     async def send(self, data: bytes) -> None:
         try:

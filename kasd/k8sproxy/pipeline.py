@@ -166,8 +166,19 @@ class RequestPipeline:
         #: a retry line per request the agent did not take: a burst when an agentd goes away
         self._retry_log = BurstLimitedLog(log, interval=10.0)
 
-    async def serve(self, ex: Exchange, *, refusal: ProxyError | None = None) -> None:
-        """Answer ``ex``; ``refusal`` is a front end's own verdict on the request (answered as is)."""
+    async def serve(
+        self,
+        ex: Exchange,
+        *,
+        refusal: ProxyError | None = None,
+        log_dropped: bool = True,
+        done: Callable[[RequestRecord], object] | None = None,
+    ) -> None:
+        """Answer ``ex``; ``refusal`` is a front end's own verdict on the request (answered as is).
+        ``done(record)`` is called as the request ends, even when cancelled: how it went
+        (``record.agent_id`` is set once the request was authorized). ``log_dropped=False``: a
+        request the client dropped before any answer (``record.dropped``) gets no access line;
+        the front end sums those up."""
         request = ex.request
         record = RequestRecord(
             request_id=os.urandom(16).hex(),
@@ -183,9 +194,12 @@ class RequestPipeline:
             held.close()
             if ex.client_gone and not record.answered and record.outcome != "upstream-broken":
                 record.outcome = "client-gone"
-            record.write()
+            if log_dropped or not record.dropped:
+                record.write()
             self.metrics.count_request(record.status)
             self.metrics.request_duration.observe(trio.current_time() - record.started)
+            if done is not None:
+                done(record)
 
     async def _serve(self, ex: Exchange, record: RequestRecord, refusal: ProxyError | None, held: ExitStack) -> None:
         request = ex.request

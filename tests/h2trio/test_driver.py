@@ -9,11 +9,13 @@ import h2.config
 import h2.connection
 import h2.errors
 import h2.events
+import h2.exceptions
 import h2.settings
 import pytest
 import trio
 import trio.testing
 
+from h2trio.budget import BudgetExceededError, ResetLimit
 from h2trio.driver import H2Driver, H2Stream
 from h2trio.lean import new_connection
 
@@ -262,3 +264,133 @@ async def test_a_driver_on_both_ends() -> None:
             assert client._settings_unacknowledged == server._settings_unacknowledged == 0
             await client.aclose()
         assert server.closed and client.closed
+
+
+# --------------------------------------------------------------------------- what a peer may cost
+
+
+def _goaway(client: Client) -> h2.events.ConnectionTerminated | None:
+    return next((e for e in client.events if isinstance(e, h2.events.ConnectionTerminated)), None)
+
+
+async def _read_until_goaway(client: Client) -> h2.events.ConnectionTerminated:
+    while (goaway := _goaway(client)) is None:
+        try:
+            await client.read()
+        except h2.exceptions.ProtocolError:
+            pass  # the client's h2 objects to what follows a GOAWAY: not what is tested
+    return goaway
+
+
+async def test_streams_reset_in_the_read_that_opened_them_start_nothing() -> None:
+    """HTTP/2 rapid reset: HEADERS + RST_STREAM pairs. None is handed to on_request; each spends
+    the reset budget, and once it is empty the driver sends GOAWAY ENHANCE_YOUR_CALM."""
+    client_end, server_end = trio.testing.memory_stream_pair()
+    conn = new_connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
+    driver = H2Driver(server_end, conn, reset_limit=ResetLimit(budget=10, window=60.0))
+    started: list[H2Stream] = []
+    driver.on_request = started.append
+    client = Client(client_end)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(driver.run_reader)
+            for _ in range(15):
+                stream_id = client.conn.get_next_available_stream_id()
+                client.conn.send_headers(stream_id, [(":method", "GET"), (":scheme", "http"), (":authority", "x"), (":path", "/")], end_stream=True)
+                client.conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+            await client.flush()  # one write: the driver reads it at once
+            goaway = await _read_until_goaway(client)
+            nursery.cancel_scope.cancel()
+    assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    assert goaway.additional_data == b"more than 10 streams reset before their response or refused in 60s"
+    assert started == []
+    assert driver.closed and driver.statistics().streams_dropped == 11
+    assert isinstance(driver.protocol_error, BudgetExceededError)
+
+
+async def test_resets_before_the_answer_count_and_resets_after_it_do_not() -> None:
+    client_end, server_end = trio.testing.memory_stream_pair()
+    conn = new_connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
+    driver = H2Driver(server_end, conn, reset_limit=ResetLimit(budget=2, window=60.0))
+    started: list[H2Stream] = []
+    driver.on_request = started.append
+    client = Client(client_end)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(driver.run_reader)
+            await client.flush()
+            # Answered, then reset (kubectl ending a watch): free, however many.
+            for _ in range(5):
+                stream_id = await client.request("/watch")
+                while len(started) < 1:
+                    await trio.testing.wait_all_tasks_blocked()
+                await started.pop().send_headers([(":status", "200")])
+                client.conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+                await client.flush()
+                await trio.testing.wait_all_tasks_blocked()
+            assert not driver.closed and driver.statistics().streams_reset_unanswered == 0
+            # Handed over, reset before any answer: each costs a token.
+            for _ in range(3):
+                stream_id = await client.request("/slow")
+                while len(started) < 1:
+                    await trio.testing.wait_all_tasks_blocked()
+                started.pop()
+                client.conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+                await client.flush()
+                await trio.testing.wait_all_tasks_blocked()
+            goaway = await _read_until_goaway(client)
+            nursery.cancel_scope.cancel()
+    assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    assert driver.statistics().streams_reset_unanswered == 3
+
+
+async def test_refused_streams_spend_the_reset_budget() -> None:
+    client_end, server_end = trio.testing.memory_stream_pair()
+    conn = new_connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
+    driver = H2Driver(server_end, conn, reset_limit=ResetLimit(budget=3, window=60.0))
+    client = Client(client_end)  # on_request is None: every stream is refused
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(driver.run_reader)
+            for i in range(5):
+                await client.request(f"/{i}")
+            goaway = await _read_until_goaway(client)
+            nursery.cancel_scope.cancel()
+    refused = [e for e in client.events if isinstance(e, h2.events.StreamReset)]
+    assert [e.error_code for e in refused] == [h2.errors.ErrorCodes.REFUSED_STREAM] * 4
+    assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    assert driver.statistics().streams_refused == 4
+
+
+async def test_an_oversize_frame_header_ends_the_connection_before_its_body() -> None:
+    client_end, server_end = trio.testing.memory_stream_pair()
+    driver = _server_driver(server_end)
+    client = Client(client_end)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(driver.run_reader)
+            await client.request("/upload", end=False)
+            await client_end.send_all(b"\x01\x00\x00\x00\x00\x00\x00\x00\x01")  # DATA of 64 KiB, no body
+            goaway = await _read_until_goaway(client)
+            nursery.cancel_scope.cancel()
+    assert goaway.error_code == h2.errors.ErrorCodes.FRAME_SIZE_ERROR
+    assert driver.closed and isinstance(driver.protocol_error, BudgetExceededError)
+
+
+async def test_a_reset_stream_gives_its_unread_bytes_back_to_the_connection_window() -> None:
+    client_end, server_end = trio.testing.memory_stream_pair()
+    driver = _server_driver(server_end)
+    client = Client(client_end)
+    started: list[H2Stream] = []
+    driver.on_request = started.append
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(driver.run_reader)
+            for _ in range(3):  # h2 sends a WINDOW_UPDATE once half the window is given back
+                stream_id = await client.request("/upload", b"u" * 16000, end=False)
+                client.conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)  # the handler never read it
+                await client.flush()
+            assert client.conn.outbound_flow_control_window == 65535 - 48000
+            while client.conn.outbound_flow_control_window < 65535:
+                await client.read()
+            nursery.cancel_scope.cancel()

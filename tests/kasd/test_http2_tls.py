@@ -311,3 +311,21 @@ async def test_an_agent_stream_that_breaks_mid_response_resets_the_http2_stream(
         response = await client.next_event(again)
         assert isinstance(response, h2.events.ResponseReceived) and dict(response.headers)[":status"] == "200"
         await tcp.aclose()
+
+
+async def test_an_oversize_frame_over_tls_gets_goaway_before_its_body(tls_files: tuple[trustme.CA, dict[str, str]]) -> None:
+    """The pre-authentication frame budget holds over TLS too: a DATA frame announcing 16 MiB gets
+    GOAWAY FRAME_SIZE_ERROR from its 9-byte header, and the connection is closed."""
+    import h2.errors
+    import hyperframe.frame as hf
+
+    from tests.kasd.test_hostile_h2 import OPENING, HostileClient, data_frame_header
+
+    ca, files = tls_files
+    async with running_kasd(make_config(tls=files)) as kasd:
+        tls = await _tls_connect(kasd.port("kubernetes_api"), ca, ["h2"])
+        client = HostileClient(tls, scheme="https")
+        await client.send(OPENING, client.request(1, end_stream=False), data_frame_header(1, (1 << 24) - 1), b"x" * 10)
+        with trio.fail_after(5):
+            goaway = await client.until_closed()
+        assert isinstance(goaway, hf.GoAwayFrame) and goaway.error_code == h2.errors.ErrorCodes.FRAME_SIZE_ERROR

@@ -8,6 +8,7 @@ from typing import Any
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import h2.exceptions
 import pytest
@@ -227,3 +228,50 @@ async def test_hostile_clients_are_dropped_while_others_are_served(nursery: trio
             inner.start_soon(hostile, server.port)
             assert await _exchange(session, b"still served") == b"STILL SERVED"
         assert await _exchange(session, b"after") == b"AFTER"
+
+
+async def test_large_frames_only_once_the_tunnel_is_accepted(nursery: trio.Nursery) -> None:
+    """Before its tunnel request is accepted a client may send frames of 16 KiB (the HTTP/2
+    default) only; the tunnel then gets 1 MiB frames (fewer frames, less Python per byte)."""
+    server = await _start(nursery)
+    stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    conn.initiate_connection()
+    await stream.send_all(conn.data_to_send())
+    while not any(isinstance(e, h2.events.RemoteSettingsChanged) for e in conn.receive_data(await stream.receive_some())):
+        pass
+    assert conn.max_outbound_frame_size == 16384
+    await stream.aclose()
+
+    url = f"http://127.0.0.1:{server.port}/tunnel"
+    async with open_h2_session(url, token=TOKEN) as session:
+        payload = bytes(range(256)) * 8192  # 2 MiB, in 1 MiB frames
+        assert await _exchange(session, payload) == payload.upper()
+        assert session.transport.driver.conn.max_outbound_frame_size == 1 << 20  # type: ignore[attr-defined]
+        server_session, _ = server.sessions[0]
+        assert server_session.transport.driver.max_inbound_frame_size == 1 << 20  # type: ignore[attr-defined]
+
+
+async def test_a_few_rejected_tunnel_requests_then_goaway(nursery: trio.Nursery) -> None:
+    server = await _start(nursery)
+    stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    conn.initiate_connection()
+    head = [(":method", "POST"), (":scheme", "http"), (":authority", "x"), (":path", "/tunnel"), ("authorization", "Bearer nope")]
+    statuses: list[str] = []
+    terminated: list[h2.events.ConnectionTerminated] = []
+    with trio.fail_after(5):
+        while not terminated:
+            if conn.open_outbound_streams == 0 and not terminated:
+                conn.send_headers(conn.get_next_available_stream_id(), head, end_stream=True)
+            await stream.send_all(conn.data_to_send())
+            data = await stream.receive_some()
+            assert data, "closed without GOAWAY"
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    statuses.append(dict(event.headers)[":status"])  # type: ignore[arg-type]
+                elif isinstance(event, h2.events.ConnectionTerminated):
+                    terminated.append(event)
+    assert statuses == ["401", "401", "401"]
+    assert terminated[0].error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    assert await _read_until_closed(stream) == b""

@@ -1,0 +1,414 @@
+"""Hostile HTTP/2 clients on both of kasd's HTTP/2 ports (8150 agent, 8154 proxy), crafting frames
+h2 itself would never send: oversize frames, CONTINUATION floods, rapid reset, PINGs that try to
+keep a connection alive. Each gets its GOAWAY (and the connection closed) within its bound, while
+other clients are served, and the logs say so in a few lines, not one per stream."""
+
+from __future__ import annotations
+
+import logging
+import struct
+from typing import Any
+
+import h2.errors
+import h2.frame_buffer
+import hpack
+import hyperframe.frame as hf
+import pytest
+import trio
+
+from daemonkit.logs import BurstLimitedLog
+from kasd.k8sproxy import http2 as proxy_http2
+from tests.kasd.helpers import (
+    CI_TOKEN,
+    bearer,
+    fake_agent,
+    http_request,
+    make_config,
+    reply,
+    running_kasd,
+)
+from tunnelhttp.head import RequestHead
+from wire import h2carrier
+from wire.session import MuxStream, Session
+
+pytestmark = pytest.mark.timeout(30)
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+MiB = 1 << 20
+#: the client preface and an empty SETTINGS frame
+OPENING = PREFACE + hf.SettingsFrame(0).serialize()
+
+
+def data_frame_header(stream_id: int, length: int) -> bytes:
+    """Just the 9-byte header of a DATA frame announcing ``length`` bytes (the body never follows)."""
+    return struct.pack(">HBBBL", length >> 8, length & 0xFF, 0x0, 0x0, stream_id)
+
+
+def ping() -> bytes:
+    return hf.PingFrame(0, opaque_data=b"12345678").serialize()
+
+
+def rst(stream_id: int) -> bytes:
+    return hf.RstStreamFrame(stream_id, error_code=h2.errors.ErrorCodes.CANCEL).serialize()
+
+
+class HostileClient:
+    """Raw HTTP/2 frames to kasd (hyperframe and hpack, no h2 state machine to stop us), and what
+    kasd sends back, parsed into frames."""
+
+    def __init__(self, stream: trio.abc.Stream, *, scheme: str = "http") -> None:
+        self.stream = stream
+        self.scheme = scheme
+        self.encoder = hpack.Encoder()
+        self.decoder = hpack.Decoder()
+        self.buffer = h2.frame_buffer.FrameBuffer(server=False)
+        self.buffer.max_frame_size = (1 << 24) - 1
+        #: every frame kasd sent, in order; response heads decoded in ``heads``
+        self.frames: list[hf.Frame] = []
+        self.heads: dict[int, dict[str, str]] = {}
+        self.closed = False
+
+    @classmethod
+    async def connect(cls, port: int) -> HostileClient:
+        client = cls(await trio.open_tcp_stream("127.0.0.1", port))
+        await client.send(OPENING)
+        return client
+
+    def headers(
+        self, stream_id: int, headers: list[tuple[str, str]], *, end_stream: bool = True, end_headers: bool = True
+    ) -> bytes:
+        frame = hf.HeadersFrame(stream_id, data=self.encoder.encode(headers))
+        if end_stream:
+            frame.flags.add("END_STREAM")
+        if end_headers:
+            frame.flags.add("END_HEADERS")
+        return frame.serialize()
+
+    def request(self, stream_id: int, path: str = "/api", extra: list[tuple[str, str]] | None = None, **kw: Any) -> bytes:
+        head = [(":method", "GET"), (":scheme", self.scheme), (":authority", "kasd.test"), (":path", path)]
+        return self.headers(stream_id, head + (extra or []), **kw)
+
+    async def send(self, *chunks: bytes) -> bool:
+        """False once kasd closed the connection."""
+        try:
+            await self.stream.send_all(b"".join(chunks))
+        except trio.BrokenResourceError:
+            return False
+        return True
+
+    async def read(self) -> list[hf.Frame]:
+        """One read's frames; [] (and ``closed``) once kasd closed the connection."""
+        try:
+            data = await self.stream.receive_some(65536)
+        except trio.BrokenResourceError:
+            data = b""
+        if not data:
+            self.closed = True
+            return []
+        self.buffer.add_data(data)
+        frames = list(self.buffer)
+        for frame in frames:
+            if isinstance(frame, hf.HeadersFrame):
+                self.heads[frame.stream_id] = {k.decode(): v.decode() for k, v in self.decoder.decode(frame.data, raw=True)}
+        self.frames.extend(frames)
+        return frames
+
+    async def status(self, stream_id: int) -> int:
+        while stream_id not in self.heads:
+            assert await self.read() or not self.closed, f"connection closed before stream {stream_id} was answered"
+        return int(self.heads[stream_id][":status"])
+
+    async def until_closed(self) -> hf.GoAwayFrame:
+        """Read until kasd closes the connection; the GOAWAY it sent before."""
+        while not self.closed:
+            await self.read()
+        goaways = [f for f in self.frames if isinstance(f, hf.GoAwayFrame)]
+        assert goaways, f"connection closed without GOAWAY; frames: {self.frames}"
+        return goaways[-1]
+
+    def count(self, kind: type[hf.Frame]) -> int:
+        return sum(1 for f in self.frames if isinstance(f, kind))
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+@pytest.fixture(autouse=True)
+def fresh_burst_logs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lines a stranger repeats are written once per 10 s per source address, and every test's
+    stranger is 127.0.0.1: give each test its own interval."""
+    monkeypatch.setattr(proxy_http2, "_strangers", BurstLimitedLog(proxy_http2.log))
+    monkeypatch.setattr(h2carrier, "_strangers", BurstLimitedLog(h2carrier.log))
+
+
+def _agent_config(**agent: Any) -> Any:
+    return make_config({"listeners": {
+        "agent": {"address": "127.0.0.1:0", **agent},
+        "observability": {"address": "127.0.0.1:0"},
+        "kubernetes_api": {"address": "127.0.0.1:0"},
+    }})
+
+
+def _tunnel_request(client: HostileClient, stream_id: int, token: str, **kw: Any) -> bytes:
+    head = [(":method", "POST"), (":scheme", "http"), (":authority", "kasd"), (":path", "/tunnel")]
+    return client.headers(stream_id, [*head, ("authorization", f"Bearer {token}")], **kw)
+
+
+def _log_lines(caplog: pytest.LogCaptureFixture, logger: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == logger]
+
+
+# --------------------------------------------------------------------------- oversize frames
+
+
+@pytest.mark.parametrize("port_name", ["agent", "kubernetes_api"])
+async def test_an_oversize_data_frame_is_refused_from_its_header(port_name: str) -> None:
+    """A DATA frame announcing more than the 16 KiB advertised (1 MiB here: what the agent port
+    used to advertise to anyone) gets GOAWAY FRAME_SIZE_ERROR at once: kasd does not wait for,
+    nor buffer, the body."""
+    async with running_kasd(_agent_config(handshake_timeout=20)) as kasd:
+        client = await HostileClient.connect(kasd.port(port_name))
+        headers = (
+            _tunnel_request(client, 1, "no-such-token", end_stream=False)
+            if port_name == "agent"
+            else client.request(1, extra=[bearer(CI_TOKEN)], end_stream=False)
+        )
+        await client.send(headers, data_frame_header(1, MiB), b"x" * 100)
+        with trio.fail_after(5):
+            goaway = await client.until_closed()
+        assert goaway.error_code == h2.errors.ErrorCodes.FRAME_SIZE_ERROR
+        assert b"SETTINGS_MAX_FRAME_SIZE 16384" in goaway.additional_data
+
+
+async def test_the_agent_port_takes_1_mib_frames_once_the_tunnel_is_accepted() -> None:
+    async def big(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        await reply(stream, 200, b"y" * (3 * MiB))  # in 1 MiB DATA frames from agentd to kasd
+
+    async with running_kasd() as kasd, fake_agent(kasd, big) as agent:
+        assert agent.session.transport.driver.conn.max_outbound_frame_size == MiB  # type: ignore[attr-defined]
+        answer = await http_request(kasd.port("kubernetes_api"), "GET", "/big", [bearer(CI_TOKEN)])
+        assert answer.status == 200 and len(answer.body) == 3 * MiB
+        (tunnel,) = kasd.registry.tunnels(1)
+        assert tunnel.session.transport.driver.max_inbound_frame_size == MiB  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------- CONTINUATION flood
+
+
+@pytest.mark.parametrize("port_name", ["agent", "kubernetes_api"])
+async def test_a_continuation_flood_gets_goaway_enhance_your_calm(port_name: str) -> None:
+    """A header block beyond MAX_HEADER_LIST_SIZE (16 KiB on the agent port, 64 KiB on the proxy
+    port) plus slack ends the connection, whatever its frames: h2 alone would hold 64 of them."""
+    async with running_kasd(_agent_config(handshake_timeout=20)) as kasd:
+        client = await HostileClient.connect(kasd.port(port_name))
+        start = client.request(1, end_stream=True, end_headers=False)
+        pieces = 2 if port_name == "agent" else 5
+        flood = [hf.ContinuationFrame(1, data=b"\x00" * 16000).serialize() for _ in range(pieces)]
+        await client.send(start, *flood)
+        with trio.fail_after(5):
+            goaway = await client.until_closed()
+        assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        assert b"header block over" in goaway.additional_data
+
+
+# --------------------------------------------------------------------------- rapid reset
+
+
+def _reset_config(budget: int) -> Any:
+    return make_config({"listeners": {
+        "agent": {"address": "127.0.0.1:0", "http2": {"reset_budget": budget}},
+        "observability": {"address": "127.0.0.1:0"},
+        "kubernetes_api": {"address": "127.0.0.1:0", "http2": {"reset_budget": budget}},
+    }})
+
+
+async def test_rapid_reset_on_the_proxy_port(caplog: pytest.LogCaptureFixture) -> None:
+    """HEADERS + RST_STREAM pairs, with a token: GOAWAY ENHANCE_YOUR_CALM once the budget is spent,
+    no request reaches the agent, the access log gets no line per stream, and kubectl on another
+    connection is served."""
+    caplog.set_level(logging.INFO)
+    async with running_kasd(_reset_config(20)) as kasd, fake_agent(kasd) as agent:
+        client = await HostileClient.connect(kasd.port("kubernetes_api"))
+        pairs = [client.request(2 * i + 1, extra=[bearer(CI_TOKEN)]) + rst(2 * i + 1) for i in range(30)]
+        await client.send(*pairs)
+        with trio.fail_after(5):
+            goaway = await client.until_closed()
+        assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        assert b"more than 20 streams reset" in goaway.additional_data
+        assert client.count(hf.HeadersFrame) == 0 and agent.heads == []  # no stream was served
+
+        good = await http_request(kasd.port("kubernetes_api"), "GET", "/api", [bearer(CI_TOKEN)])
+        assert good.status == 200
+    access = _log_lines(caplog, "kasd.access")
+    assert len(access) == 1 and "path=/api " in access[0]  # kubectl's line only
+    summary = [m for m in _log_lines(caplog, "kasd.k8sproxy") if "dropped" in m]
+    assert len(summary) == 1 and "HTTP/2 client dropped " in summary[0] and "ENHANCE_YOUR_CALM" in summary[0]
+
+
+async def test_streams_reset_after_their_task_started_count_too(caplog: pytest.LogCaptureFixture) -> None:
+    """The slow variant: each request reaches the agent before the client resets it. Each costs
+    the budget, and none writes an access line of its own."""
+    caplog.set_level(logging.INFO)
+    arrived = trio.Event()
+
+    async def hang(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        arrived.set()
+        await trio.sleep_forever()
+
+    async with running_kasd(_reset_config(3)) as kasd, fake_agent(kasd, hang) as agent:
+        client = await HostileClient.connect(kasd.port("kubernetes_api"))
+        for i in range(4):
+            arrived = trio.Event()
+            await client.send(client.request(2 * i + 1, extra=[bearer(CI_TOKEN)]))
+            await arrived.wait()
+            await client.send(rst(2 * i + 1))
+        with trio.fail_after(5):
+            goaway = await client.until_closed()
+        assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        assert len(agent.heads) == 4
+    assert _log_lines(caplog, "kasd.access") == []
+    summary = [m for m in _log_lines(caplog, "kasd.k8sproxy") if "dropped" in m]
+    assert len(summary) == 1 and "HTTP/2 client dropped 4 streams" in summary[0]
+
+
+async def test_rapid_reset_on_the_agent_port(caplog: pytest.LogCaptureFixture) -> None:
+    """Without a token: the pairs are never authenticated (no rejection per stream), and the
+    connection gets GOAWAY ENHANCE_YOUR_CALM; the agent already connected keeps working."""
+    caplog.set_level(logging.INFO)
+    async with running_kasd(_reset_config(20)) as kasd, fake_agent(kasd):
+        client = await HostileClient.connect(kasd.port("agent"))
+        pairs = [_tunnel_request(client, 2 * i + 1, "wrong-token") + rst(2 * i + 1) for i in range(30)]
+        await client.send(*pairs)
+        with trio.fail_after(5):
+            goaway = await client.until_closed()
+        assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        assert client.count(hf.HeadersFrame) == 0
+        good = await http_request(kasd.port("kubernetes_api"), "GET", "/api", [bearer(CI_TOKEN)])
+        assert good.status == 200
+    assert not [m for m in _log_lines(caplog, "wire.h2carrier") if "rejected" in m]
+
+
+async def test_the_agent_port_closes_after_a_few_rejected_tunnel_requests(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    async with running_kasd(_agent_config(handshake_timeout=20)) as kasd:
+        client = await HostileClient.connect(kasd.port("agent"))
+        statuses = []
+        for i in range(3):
+            assert await client.send(_tunnel_request(client, 2 * i + 1, "wrong-token"))
+            statuses.append(await client.status(2 * i + 1))
+        assert statuses == [401, 401, 401]
+        with trio.fail_after(5):
+            goaway = await client.until_closed()
+        assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    rejected = [m for m in _log_lines(caplog, "wire.h2carrier") if "rejected" in m]
+    assert len(rejected) <= 1  # a stranger repeating a bad token gets one line per 10 s
+
+
+# --------------------------------------------------------------------------- clocks PINGs do not move
+
+
+async def _ping_until_closed(client: HostileClient) -> None:
+    """A PING every 50 ms (pacing, not synchronisation) until kasd closes the connection."""
+
+    async def pinger() -> None:
+        while True:
+            if not await client.send(ping()):
+                return
+            await trio.sleep(0.05)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pinger)
+        while not client.closed:
+            await client.read()
+        nursery.cancel_scope.cancel()
+
+
+async def test_pings_after_a_401_do_not_keep_an_unauthenticated_connection() -> None:
+    config = make_config(header_timeout=1.0, idle_timeout=1.0)
+    async with running_kasd(config) as kasd:
+        client = await HostileClient.connect(kasd.port("kubernetes_api"))
+        await client.send(client.request(1, extra=[bearer("ci:1:wrong")]))
+        assert await client.status(1) == 401
+        with trio.fail_after(4):  # the head deadline: 1 s from accept
+            await _ping_until_closed(client)
+        goaways = [f for f in client.frames if isinstance(f, hf.GoAwayFrame)]
+        assert goaways and goaways[-1].error_code == h2.errors.ErrorCodes.NO_ERROR
+        assert client.count(hf.PingFrame) > 1  # kasd answered PINGs meanwhile
+
+
+async def test_a_shut_window_does_not_keep_an_unauthenticated_connection() -> None:
+    """A client that never opens its window for the 401's body keeps no request running past the
+    head deadline, so the connection still closes then."""
+    config = make_config(header_timeout=1.0, idle_timeout=1.0)
+    async with running_kasd(config) as kasd:
+        stream = await trio.open_tcp_stream("127.0.0.1", kasd.port("kubernetes_api"))
+        client = HostileClient(stream)
+        shut = hf.SettingsFrame(0, settings={hf.SettingsFrame.INITIAL_WINDOW_SIZE: 0}).serialize()
+        await client.send(PREFACE, shut, client.request(1, extra=[bearer("ci:1:wrong")]))
+        assert await client.status(1) == 401  # the head is not flow-controlled; its body is
+        with trio.fail_after(4):
+            await _ping_until_closed(client)
+        assert client.count(hf.DataFrame) == 0
+        assert any(isinstance(f, hf.GoAwayFrame) for f in client.frames)
+
+
+async def test_pings_do_not_reset_the_idle_timeout_of_an_authenticated_connection() -> None:
+    config = make_config(header_timeout=30.0, idle_timeout=1.0)
+    async with running_kasd(config) as kasd, fake_agent(kasd):
+        client = await HostileClient.connect(kasd.port("kubernetes_api"))
+        await client.send(client.request(1, extra=[bearer(CI_TOKEN)]))
+        assert await client.status(1) == 200
+        with trio.fail_after(4):
+            await _ping_until_closed(client)
+        assert any(isinstance(f, hf.GoAwayFrame) for f in client.frames)
+
+
+async def test_pings_do_not_extend_the_agent_handshake_timeout() -> None:
+    async with running_kasd(_agent_config(handshake_timeout=1.0)) as kasd:
+        client = await HostileClient.connect(kasd.port("agent"))
+        await client.send(_tunnel_request(client, 1, "wrong-token"))
+        assert await client.status(1) == 401
+        with trio.fail_after(4):
+            await _ping_until_closed(client)
+
+
+async def test_an_unauthenticated_connection_gets_a_few_401s_then_goaway() -> None:
+    async with running_kasd(make_config(header_timeout=30.0)) as kasd:
+        client = await HostileClient.connect(kasd.port("kubernetes_api"))
+        for i in range(4):
+            await client.send(client.request(2 * i + 1, extra=[bearer("ci:1:wrong")]))
+            assert await client.status(2 * i + 1) == 401
+        with trio.fail_after(5):  # well before the 30 s head deadline
+            goaway = await client.until_closed()
+        assert goaway.error_code == h2.errors.ErrorCodes.NO_ERROR
+
+
+async def test_an_authenticated_connection_is_not_closed_for_401s() -> None:
+    async with running_kasd(make_config(header_timeout=30.0)) as kasd, fake_agent(kasd):
+        client = await HostileClient.connect(kasd.port("kubernetes_api"))
+        await client.send(client.request(1, extra=[bearer(CI_TOKEN)]))
+        assert await client.status(1) == 200
+        for i in range(1, 7):
+            await client.send(client.request(2 * i + 1, extra=[bearer("ci:1:wrong")]))
+            assert await client.status(2 * i + 1) == 401
+        await client.send(client.request(15, extra=[bearer(CI_TOKEN)]))
+        assert await client.status(15) == 200
+        assert not client.closed
+        await client.aclose()
+
+
+async def test_a_malformed_method_starts_no_request(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    async with running_kasd() as kasd:
+        client = await HostileClient.connect(kasd.port("kubernetes_api"))
+        head = [(":method", "GE T"), (":scheme", "http"), (":authority", "k"), (":path", "/api")]
+        await client.send(client.headers(1, head))
+        while not any(isinstance(f, hf.RstStreamFrame) for f in client.frames):
+            await client.read()
+        (reset,) = [f for f in client.frames if isinstance(f, hf.RstStreamFrame)]
+        assert reset.error_code == h2.errors.ErrorCodes.PROTOCOL_ERROR
+        await client.aclose()
+    assert _log_lines(caplog, "kasd.access") == []
+
+
+__all__ = ["HostileClient", "data_frame_header"]
