@@ -8,6 +8,7 @@ from typing import Any
 
 import trio
 
+from daemonkit.logs import BurstLimitedLog
 from kasd.config import Agent
 from kasd.tokens import digest_matches, hash_token
 from kasd.tunnels import Tunnel, TunnelRegistry
@@ -22,6 +23,7 @@ class AgentAuthenticator:
 
     def __init__(self, agents: Sequence[Agent]) -> None:
         self._agents = tuple(agents)
+        self._failures = BurstLimitedLog(log, interval=10.0)
 
     async def __call__(self, token: str, headers: dict[str, str]) -> Agent | None:
         await trio.lowlevel.checkpoint()
@@ -31,7 +33,12 @@ class AgentAuthenticator:
             if digest_matches(digest, agent.token_sha256) and found is None:
                 found = agent
         if found is None:
-            log.warning("agent authentication failed reason=unknown-token user_agent=%r", headers.get("user-agent", ""))
+            # A stranger repeats this at will: one line per 10 s with a count (the carrier's rejection
+            # line, burst-limited per source address, says from where).
+            self._failures.warning(
+                "unknown-token", "agent authentication failed reason=unknown-token user_agent=%r",
+                headers.get("user-agent", "")[:256],
+            )
         return found
 
 

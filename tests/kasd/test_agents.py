@@ -45,6 +45,19 @@ async def test_hello_agent_id_matching_or_absent_is_accepted(claimed: object) ->
         assert kasd.registry.statistics().sessions == 1
 
 
+async def test_a_flood_of_bad_agent_tokens_is_logged_in_a_few_lines(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO")
+    async with running_kasd() as kasd:
+        for n in range(30):
+            with pytest.raises(TunnelRejectedError) as info:
+                async with open_h2_session(kasd.agent_url, token=f"guess-{n}"):
+                    pass
+            assert info.value.status == 401
+    failures = [r for r in caplog.records if "agent authentication failed" in r.getMessage()]
+    assert 1 <= len(failures) <= 2
+    assert not any("guess-" in r.getMessage() for r in caplog.records)
+
+
 async def test_hello_agent_id_contradicting_the_token_closes_the_session(caplog: pytest.LogCaptureFixture) -> None:
     async with running_kasd() as kasd:
         async with open_h2_session(kasd.agent_url, token=AGENT1_TOKEN, metadata={"agent_id": "2"}) as session:
