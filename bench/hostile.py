@@ -73,6 +73,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import h2.errors
 import h11
 import hpack
 import trio
@@ -111,12 +112,6 @@ MAX_FRAME_SIZE_SETTING = 0x5
 LARGEST_FRAME = (1 << 24) - 1  # what a frame header's 24-bit length can claim
 CONTINUATION_BACKLOG = 63  # h2 refuses a header block of more than 64 frames
 CANCEL = 0x8
-H2_ERRORS = {
-    0x0: "NO_ERROR", 0x1: "PROTOCOL_ERROR", 0x2: "INTERNAL_ERROR", 0x3: "FLOW_CONTROL_ERROR",
-    0x4: "SETTINGS_TIMEOUT", 0x5: "STREAM_CLOSED", 0x6: "FRAME_SIZE_ERROR", 0x7: "REFUSED_STREAM",
-    0x8: "CANCEL", 0x9: "COMPRESSION_ERROR", 0xA: "CONNECT_ERROR", 0xB: "ENHANCE_YOUR_CALM",
-    0xC: "INADEQUATE_SECURITY", 0xD: "HTTP_1_1_REQUIRED",
-}  # fmt: skip
 
 
 def frame_header(kind: int, flags: int, stream_id: int, length: int) -> bytes:
@@ -133,6 +128,13 @@ def header_blocks(headers: Sequence[tuple[str, str]]) -> tuple[bytes, bytes]:
     headers to the dynamic table, so each later block is the same few index bytes."""
     encoder = hpack.Encoder()
     return encoder.encode(headers), encoder.encode(headers)
+
+
+def _error_name(code: int) -> str:
+    try:
+        return h2.errors.ErrorCodes(code).name
+    except ValueError:
+        return hex(code)
 
 
 class FrameReader:
@@ -168,7 +170,7 @@ class FrameReader:
     def ending(self) -> str:
         """How kasd ended the connection, in words."""
         if self.goaway is not None:
-            return f"GOAWAY {H2_ERRORS.get(self.goaway, hex(self.goaway))}"
+            return f"GOAWAY {_error_name(self.goaway)}"
         if self.not_h2:
             return repr(self.not_h2.split(b"\r\n", 1)[0].decode(errors="replace"))
         return "closed"
@@ -306,29 +308,31 @@ class KubectlLoop:
     def __init__(self, kubectl: str, kubeconfig: Path, path: str, cache: Path) -> None:
         self.argv = [kubectl, "--kubeconfig", str(kubeconfig), "get", "--raw", path]
         self.env = {**os.environ, "KUBECACHEDIR": str(cache)}
-        #: (started, seconds, succeeded) per call
-        self.calls: list[tuple[float, float, bool]] = []
+        #: (started, seconds, why it failed or "") per call
+        self.calls: list[tuple[float, float, str]] = []
         self._proc: subprocess.Popen[bytes] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def call(self) -> tuple[float, bool]:
+    def call(self) -> tuple[float, str]:
+        """One call: its seconds, and why it failed (kubectl's last line of error) or ""."""
         started = time.monotonic()
-        self._proc = proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        self._proc = proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                              env=self.env)  # fmt: skip
         try:
-            ok = proc.wait(timeout=KUBECTL_CAP) == 0
+            _, stderr = proc.communicate(timeout=KUBECTL_CAP)
+            error = "" if proc.returncode == 0 else (stderr.decode(errors="replace").strip().splitlines() or ["?"])[-1]
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait()
-            ok = False
-        return time.monotonic() - started, ok
+            proc.communicate()
+            error = f"no answer in {KUBECTL_CAP:.0f} s"
+        return time.monotonic() - started, error[:160]
 
     def _run(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
-            seconds, ok = self.call()
-            self.calls.append((started, seconds, ok))
+            seconds, error = self.call()
+            self.calls.append((started, seconds, error))
 
     def __enter__(self) -> KubectlLoop:
         self._thread = threading.Thread(target=self._run, name="kubectl", daemon=True)
@@ -351,34 +355,46 @@ class KubectlLoop:
 
     def within(self, start: float, end: float) -> Latency:
         """The calls made wholly within [start, end]: a baseline."""
-        return self._latency([(s, ok) for t, s, ok in list(self.calls) if t >= start and t + s <= end])
+        return self._latency([(s, e) for t, s, e in list(self.calls) if t >= start and t + s <= end])
 
-    def overlapping(self, start: float, end: float) -> Latency:
-        """The calls that overlapped [start, end]: one the attack caught halfway counts too."""
-        return self._latency([(s, ok) for t, s, ok in list(self.calls) if t < end and t + s > start])
+    def during(self, start: float, end: float) -> Latency:
+        """The calls started within [start, end) — all of them, also those that ended later — or,
+        when one call outlasted the whole window, that one."""
+        calls = list(self.calls)
+        started = [(s, e) for t, s, e in calls if start <= t < end]
+        return self._latency(started or [(s, e) for t, s, e in calls if t < end and t + s > start])
 
     @staticmethod
-    def _latency(calls: list[tuple[float, bool]]) -> Latency:
-        return Latency(tuple(s for s, ok in calls if ok), sum(1 for _, ok in calls if not ok))
+    def _latency(calls: list[tuple[float, str]]) -> Latency:
+        return Latency(tuple(s for s, e in calls if not e), tuple(s for s, e in calls if e),
+                       Counter(e for _, e in calls if e))  # fmt: skip
 
 
 @attrs.frozen
 class Latency:
     seconds: tuple[float, ...]  # of the calls that succeeded
-    failed: int
+    failures: tuple[float, ...]  # of those that failed
+    errors: Counter[str]  # why they failed
+
+    @property
+    def failed(self) -> int:
+        return len(self.failures)
 
     def percentile(self, p: float) -> float | None:
-        if not self.seconds:
+        """Over every call: one that failed counts with the time it took (a timeout is at least
+        that slow), so an attack that stalls kubectl does not look harmless."""
+        every = self.seconds + self.failures
+        if not every:
             return None
-        load = LoadResult(requests=len(self.seconds), seconds=1.0, latencies=self.seconds, body_bytes=0)
-        return load.percentile(p)
+        return LoadResult(requests=len(every), seconds=1.0, latencies=every, body_bytes=0).percentile(p)
 
     def text(self) -> str:
         p50, p95 = self.percentile(50), self.percentile(95)
         if p50 is None or p95 is None:
-            return f"no call succeeded ({self.failed} failed)"
-        failed = f", {self.failed} failed" if self.failed else ""
-        return f"p50 {p50 * 1e3:.0f} ms p95 {p95 * 1e3:.0f} ms ({len(self.seconds)} calls{failed})"
+            return "no call"
+        failed = f", {self.failed} failed: {self.errors.most_common(1)[0][0]}" if self.failed else ""
+        calls = len(self.seconds) + self.failed
+        return f"p50 {p50 * 1e3:,.0f} ms p95 {p95 * 1e3:,.0f} ms ({calls} call{'s' if calls != 1 else ''}{failed})"
 
 
 # --------------------------------------------------------------------------- the stack
@@ -455,16 +471,16 @@ class Bench:
             stack.start_kasd()
             assert stack.kasd is not None and stack.kasd.proc is not None
             self.probe.attach(stack.kasd.proc.pid)
+            self.probe.wait(0.5)  # kasd settles after start-up
         if tunnel and not (stack.agentd is not None and stack.agentd.running):
             stack.start_agentd()
         if tunnel:
             loop = self.kubectl_loop()
             deadline = time.monotonic() + 30
-            while not loop.call()[1]:
+            while error := loop.call()[1]:
                 if time.monotonic() > deadline:
-                    raise RuntimeError("kubectl does not get through the tunnel 30 s after kasd started")
+                    raise RuntimeError(f"kubectl does not get through the tunnel 30 s after kasd started: {error}")
                 time.sleep(0.2)
-        self.probe.wait(0.5)  # kasd settles after start-up
 
 
 @attrs.define
@@ -751,6 +767,7 @@ def reset_case(bench: Bench, token: str | None) -> Row:
     bench.fresh_kasd(tunnel=True)
     with bench.kubectl_loop() as loop:
         before_start = time.monotonic()
+        baseline_rss = bench.probe.now().rss
         bench.probe.wait(args.baseline_seconds)
         while len(loop.calls) < 3 and time.monotonic() < before_start + 4 * args.baseline_seconds:
             bench.probe.wait(0.1)  # at least a few calls for a baseline
@@ -763,10 +780,10 @@ def reset_case(bench: Bench, token: str | None) -> Row:
         busy_after = bench.probe.wait_idle(limit=5 * args.settle)
         lines = bench.log.count() - lines
         cpu_during = bench.probe.cpu_percent(start, end)
-        peak = bench.probe.peak(start, time.monotonic()) - bench.probe.between(before_start, start)[0].rss
+        peak = bench.probe.peak(start, time.monotonic()) - baseline_rss
         loop.finish()
         before = loop.within(before_start, start)
-        during = loop.overlapping(start, end)
+        during = loop.during(start, end)
     p50_before, p50_during = before.percentile(50), during.percentile(50)
     ratio = p50_during / p50_before if p50_before and p50_during else None
     met = cpu_during <= CPU_TARGET and ratio is not None and ratio <= LATENCY_RATIO_TARGET
@@ -787,7 +804,7 @@ def reset_case(bench: Bench, token: str | None) -> Row:
                  "kasd_busy_seconds_after": round(busy_after, 1), "rss_peak_delta": peak,
                  "kubectl_p50_before": p50_before, "kubectl_p95_before": before.percentile(95),
                  "kubectl_p50_during": p50_during, "kubectl_p95_during": during.percentile(95),
-                 "kubectl_calls_during": len(during.seconds), "kubectl_failed_during": during.failed,
+                 "kubectl_calls_during": len(during.seconds) + during.failed, "kubectl_errors_during": dict(during.errors),
                  "p50_ratio": ratio, "log_lines_during": lines_during, "log_lines": lines},
     )  # fmt: skip
 
@@ -904,7 +921,7 @@ def flood_case(bench: Bench, port: Port) -> Row:
                 data = b""
             closed += 1
             first_bytes[data.split(b"\r\n", 1)[0][:60]] += 1
-        kubectl_seconds, kubectl_ok = bench.kubectl_loop().call()  # while the flood holds
+        kubectl_seconds, kubectl_error = bench.kubectl_loop().call()  # while the flood holds
         peak = bench.probe.peak(start, time.monotonic())
         cpu = bench.probe.cpu_percent(start, time.monotonic())
     finally:
@@ -918,7 +935,7 @@ def flood_case(bench: Bench, port: Port) -> Row:
         f"{len(socks):,} opened in {opened:.1f} s ({refused or f'the cap, {args.flood_cap:,}, reached'}); "
         f"kasd answered or closed {closed:,} within 1 s{f' ({how})' if closed else ''}; peak {delta(peak - baseline)} "
         f"= {(peak - baseline) / n / 1024:,.1f} KiB/conn, CPU {cpu:.0f} %, after close {delta(after - baseline)}; "
-        f"kubectl meanwhile: {'ok' if kubectl_ok else 'FAILED'} in {kubectl_seconds * 1e3:,.0f} ms"
+        f"kubectl meanwhile: {f'FAILED ({kubectl_error})' if kubectl_error else 'ok'} in {kubectl_seconds * 1e3:,.0f} ms"
     )
     return Row(
         attack="flood", case=f"{port.name.split()[0]} port, idle TCP", summary=summary,
@@ -926,7 +943,7 @@ def flood_case(bench: Bench, port: Port) -> Row:
         figures={"port": port.name, "opened": len(socks), "cap": args.flood_cap, "refused": refused,
                  "closed_by_kasd_within_1s": closed, "baseline_rss": baseline, "peak_rss": peak,
                  "per_connection_bytes": round((peak - baseline) / n), "rss_after_close": after,
-                 "kasd_cpu_percent": round(cpu, 1), "kubectl_ok": kubectl_ok,
+                 "kasd_cpu_percent": round(cpu, 1), "kubectl_error": kubectl_error,
                  "kubectl_seconds": round(kubectl_seconds, 3)},
     )  # fmt: skip
 
