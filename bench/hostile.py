@@ -1042,7 +1042,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if bench is not None:
             bench.probe.stop()
-        stack.stop()
+        for process in stack.processes():  # agentd, kasd, kubesim; a kasd still busy is not waited for long
+            process.stop(timeout=5)
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     if args.json:

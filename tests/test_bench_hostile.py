@@ -21,9 +21,16 @@ TINY = ["--connections", "2", "--seconds", "0.5", "--settle", "0.2", "--baseline
 
 @pytest.mark.skipif(find_kubectl() is None, reason="the legitimate client is real kubectl")
 def test_every_attack_runs_and_reports_its_figures() -> None:
-    result = subprocess.run([sys.executable, str(HOSTILE), *TINY], capture_output=True, text=True, timeout=100)
-    assert result.returncode == 0, result.stderr[-4000:]
-    rows = json.loads(result.stdout)["rows"]
+    bench = subprocess.Popen([sys.executable, str(HOSTILE), *TINY], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)  # fmt: skip
+    try:
+        stdout, stderr = bench.communicate(timeout=100)
+    finally:
+        if bench.poll() is None:
+            bench.terminate()  # the bench stops its stack on SIGTERM; a SIGKILL would leave it running
+            stdout, stderr = bench.communicate(timeout=40)
+    assert bench.returncode == 0, stderr[-4000:]
+    rows = json.loads(stdout)["rows"]
     cases = {(row["attack"], row["case"]) for row in rows}
     assert [row["attack"] for row in rows].count("memory") == 6, cases  # 3 cases × 2 ports
     assert {case for attack, case in cases if attack == "rapid-reset"} == {"proxy TLS, no token", "proxy TLS, valid token"}
