@@ -60,8 +60,11 @@ class Connection:
     async def open(cls, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None) -> Connection:
         return cls(await cls._dial(host, port, ssl_context), host, port, ssl_context)
 
-    async def get(self, target: str, headers: Sequence[tuple[str, str]] = ()) -> tuple[int, int]:
-        """GET ``target``; return (status, body bytes). The body is read and discarded."""
+    async def get(
+        self, target: str, headers: Sequence[tuple[str, str]] = (), *, keep: bytearray | None = None
+    ) -> tuple[int, int]:
+        """GET ``target``; return (status, body bytes). The body is read and discarded, or added to
+        ``keep`` when given (a small answer whose text matters)."""
         conn = self.conn
         request = h11.Request(method="GET", target=target, headers=[("host", self.host), *headers])
         await self.stream.send_all(conn.send(request) + conn.send(h11.EndOfMessage()))
@@ -79,6 +82,8 @@ class Connection:
                 status = event.status_code
             elif isinstance(event, h11.Data):
                 size += len(event.data)
+                if keep is not None:
+                    keep += event.data
             elif isinstance(event, h11.EndOfMessage):
                 break
             elif isinstance(event, h11.ConnectionClosed):
