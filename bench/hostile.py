@@ -777,11 +777,11 @@ def reset_case(bench: Bench, token: str | None) -> Row:
         figures = rapid_reset(bench.proxy, token, args.seconds, reconnect=args.reconnect, max_pairs=args.max_pairs)
         end = time.monotonic()
         lines_during = bench.log.count() - lines
+        cpu_during = bench.probe.cpu_percent(start, end)
+        loop.finish()  # before waiting for kasd to go idle: the loop's own calls keep it busy
         busy_after = bench.probe.wait_idle(limit=5 * args.settle)
         lines = bench.log.count() - lines
-        cpu_during = bench.probe.cpu_percent(start, end)
         peak = bench.probe.peak(start, time.monotonic()) - baseline_rss
-        loop.finish()
         before = loop.within(before_start, start)
         during = loop.during(start, end)
     p50_before, p50_during = before.percentile(50), during.percentile(50)

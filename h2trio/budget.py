@@ -36,6 +36,7 @@ __all__ = [
     "BudgetExceededError",
     "FrameScanner",
     "ResetBucket",
+    "ResetBuckets",
     "ResetLimit",
 ]
 
@@ -50,7 +51,7 @@ DEFAULT_MAX_FRAME = 16384
 HEADER_BLOCK_SLACK = 1024
 
 _HEADER = struct.Struct(">HBBBL")
-_HEADERS, _SETTINGS, _PUSH_PROMISE, _CONTINUATION = 0x1, 0x4, 0x5, 0x9
+_HEADERS, _RST_STREAM, _SETTINGS, _PUSH_PROMISE, _CONTINUATION = 0x1, 0x3, 0x4, 0x5, 0x9
 _END_HEADERS = 0x4
 _ACK = 0x1
 _NO_SPLITS: tuple[int, ...] = ()
@@ -88,6 +89,13 @@ class ResetBucket:
         self._tokens = self.capacity
         self._last = now
 
+    def available(self, now: float) -> int:
+        """Whole tokens left at ``now`` (what a read may spend before its rest is looked at)."""
+        return int(min(self.capacity, self._tokens + (now - self._last) * self._rate))
+
+    def full(self, now: float) -> bool:
+        return self._tokens + (now - self._last) * self._rate >= self.capacity
+
     def spend(self, now: float) -> bool:
         tokens = min(self.capacity, self._tokens + (now - self._last) * self._rate)
         self._last = now
@@ -96,6 +104,35 @@ class ResetBucket:
             return False
         self._tokens = tokens - 1.0
         return True
+
+
+class ResetBuckets:
+    """One ``ResetBucket`` per source address, shared by its connections: an attacker whose
+    connection got GOAWAY for rapid reset and who dials again finds the bucket as it left it, so a
+    new connection buys no new budget. At most ``max_sources`` are remembered; to make room, a
+    bucket that has refilled (a source that did nothing wrong lately) is forgotten first, else the
+    oldest."""
+
+    def __init__(self, limit: ResetLimit, *, max_sources: int = 4096) -> None:
+        self.limit = limit
+        self.max_sources = max_sources
+        self._buckets: dict[str, ResetBucket] = {}
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def bucket(self, source: str, now: float) -> ResetBucket:
+        bucket = self._buckets.get(source)
+        if bucket is None:
+            if len(self._buckets) >= self.max_sources:
+                self._make_room(now)
+            bucket = self._buckets[source] = ResetBucket(self.limit, now)
+        return bucket
+
+    def _make_room(self, now: float) -> None:
+        refilled = [source for source, bucket in self._buckets.items() if bucket.full(now)]
+        for source in refilled or [next(iter(self._buckets))]:
+            del self._buckets[source]
 
 
 class FrameScanner:
@@ -113,6 +150,7 @@ class FrameScanner:
         "_skip",
         "header_block_limit",
         "max_frame_size",
+        "reset_cut",
     )
 
     def __init__(self, *, server: bool, header_block_limit: int) -> None:
@@ -130,6 +168,9 @@ class FrameScanner:
         self._partial = b""
         #: bytes of the header block under way, None between blocks
         self._block: int | None = None
+        #: after ``feed(data, resets_allowed=n)``: the offset just past the (n+1)-th RST_STREAM frame in
+        #: ``data`` (feed h2 up to it, and look at the reset budget, before the rest), or None
+        self.reset_cut: int | None = None
 
     @property
     def settings_unacknowledged(self) -> int:
@@ -141,11 +182,17 @@ class FrameScanner:
             max_frame_size = self._pending[-1] if self._pending else self.max_frame_size
         self._pending.append(max_frame_size)
 
-    def feed(self, data: bytes | bytearray | memoryview) -> tuple[int, ...]:
+    def feed(self, data: bytes | bytearray | memoryview, *, resets_allowed: int | None = None) -> tuple[int, ...]:
         """Check the frame headers completed by ``data``. Returns the offsets in ``data`` just past
         each SETTINGS ACK that changed the frame size limit (usually none); raises
-        ``BudgetExceededError`` (or h2's ``ProtocolError`` for a wrong preface) at the first bad one."""
+        ``BudgetExceededError`` (or h2's ``ProtocolError`` for a wrong preface) at the first bad one.
+
+        With ``resets_allowed``, ``reset_cut`` is set to just past the RST_STREAM frame beyond that
+        many, when more follows it in ``data`` (the offset is among those returned): h2 decodes every frame of what it is fed before
+        anyone can count its resets, so a read packed with HEADERS + RST_STREAM pairs (64 KiB hold
+        some 2,000) would cost that much work before the budget could end it."""
         size = len(data)
+        self.reset_cut = None
         pos = self._skip
         if pos >= size:  # the common case on a bulk stream: all of it inside one frame's body
             self._skip = pos - size
@@ -170,10 +217,16 @@ class FrameScanner:
                 splits = (min(pos, size),)
         unpack = _HEADER.unpack_from
         limit = self.max_frame_size
+        resets = -1 if resets_allowed is None else resets_allowed
         while pos + 9 <= size:
             hi, lo, kind, flags, _ = unpack(data, pos)
             length = (hi << 8) | lo
             pos += 9 + length
+            if kind == _RST_STREAM and resets >= 0:
+                if not resets and pos < size:
+                    self.reset_cut = pos
+                    splits = (*splits, pos)
+                resets -= 1
             if (length > limit or kind in _WATCHED or self._block is not None) and self._check(length, kind, flags):
                 splits = (*splits, min(pos, size))
                 limit = self.max_frame_size

@@ -123,6 +123,7 @@ class H2Driver:
         connection_window: int | None = None,
         receive_size: int = _RECEIVE_SIZE,
         reset_limit: ResetLimit = DEFAULT_RESET_LIMIT,
+        reset_bucket: ResetBucket | None = None,
     ) -> None:
         self.stream = stream
         self.conn = conn
@@ -142,7 +143,8 @@ class H2Driver:
         self._drained = trio.lowlevel.ParkingLot()
         self._window_lot = trio.lowlevel.ParkingLot()
         self.reset_limit = reset_limit
-        self._resets = ResetBucket(reset_limit, trio.current_time())
+        #: the connection's own, or one shared by the connections of its source (``ResetBuckets``)
+        self._resets = reset_bucket if reset_bucket is not None else ResetBucket(reset_limit, trio.current_time())
         #: request streams of the read being dispatched, handed over once it is all dispatched
         self._arrived: list[H2Stream] = []
         self._dropped = 0
@@ -248,19 +250,26 @@ class H2Driver:
             if not data:
                 self.fail("peer closed the connection")
                 return
+        scanner = self._scanner
         try:
-            splits = self._scanner.feed(data)
+            splits = scanner.feed(data, resets_allowed=self._resets.available(trio.current_time()))
         except h2.exceptions.ProtocolError as exc:  # over a limit, or not HTTP/2: h2 never saw it
             self._go_away(exc)
             splits = ()
         if not self.closed:
             try:
-                events = self._receive_split(data, splits) if splits else self.conn.receive_data(data)
+                if scanner.reset_cut is not None:
+                    # More resets than the budget holds: what follows them is decoded only if the
+                    # budget survives them (the resets of answered streams are free).
+                    cut = scanner.reset_cut
+                    self._dispatch_all(self._receive_split(data[:cut], [s for s in splits if s < cut]))
+                    data, splits = data[cut:], tuple(s - cut for s in splits if s > cut)
+                if not self.closed:
+                    events = self._receive_split(data, splits) if splits else self.conn.receive_data(data)
+                    self._dispatch_all(events)
             except h2.exceptions.ProtocolError as exc:
                 self.protocol_error = exc  # h2 queued a GOAWAY naming the error
                 self.fail(f"HTTP/2 protocol error from peer: {exc}")
-            else:
-                self._dispatch_all(events)
         try:
             await self.flush()
         except trio.BrokenResourceError:

@@ -13,10 +13,11 @@ from typing import Protocol
 import attrs
 import trio
 
-from h2trio.budget import ResetLimit
+from h2trio.budget import ResetBucket, ResetBuckets, ResetLimit
 from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.exchange import Exchange
 from kasd.k8sproxy.status import ProxyError
+from netio.admission import source_of
 
 
 class ConnectionLimits(Protocol):
@@ -61,3 +62,12 @@ class FrontEndContext:
     draining: bool = False
     #: cancel scopes of connections waiting idle for a request; cancelled when draining starts
     idle_scopes: set[trio.CancelScope] = attrs.field(factory=set)
+    #: the HTTP/2 reset budget of each source address, shared by its connections (None: each
+    #: connection has its own)
+    reset_buckets: ResetBuckets | None = None
+
+    def reset_bucket(self, peer: str) -> ResetBucket | None:
+        """The reset budget of ``peer``'s (``host:port``) source, shared with its other connections."""
+        if self.reset_buckets is None:
+            return None
+        return self.reset_buckets.bucket(source_of(peer.rpartition(":")[0].strip("[]")), trio.current_time())

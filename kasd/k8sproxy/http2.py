@@ -72,6 +72,7 @@ class Http2Connection:
             },
             connection_window=_CONNECTION_WINDOW,
             reset_limit=port.limits.http2.reset_limit,
+            reset_bucket=port.reset_bucket(peer),
         )
         self.requests: dict[int, _H2Exchange] = {}
         self._read_scope: trio.CancelScope | None = None

@@ -9,6 +9,7 @@ import ssl
 
 import trio
 
+from h2trio.budget import ResetBuckets
 from kasd.config import KubernetesAPIListener
 from kasd.k8sproxy.frontend import FrontEndContext
 from kasd.k8sproxy.http1 import Http1Connection
@@ -50,7 +51,12 @@ class ProxyServer:
         self.metrics = metrics
         self.settings = settings
         self.ssl_context = ssl_context
-        self.port = FrontEndContext(limits=settings, serve=pipeline.serve, count_rejected=self.count_rejected)
+        self.port = FrontEndContext(
+            limits=settings,
+            serve=pipeline.serve,
+            count_rejected=self.count_rejected,
+            reset_buckets=ResetBuckets(settings.http2.reset_limit),
+        )
         self.connections = 0
         self._no_connections = trio.Event()
         self._no_connections.set()

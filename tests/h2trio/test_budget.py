@@ -18,6 +18,7 @@ from h2trio.budget import (
     BudgetExceededError,
     FrameScanner,
     ResetBucket,
+    ResetBuckets,
     ResetLimit,
 )
 
@@ -218,3 +219,38 @@ def test_the_reset_bucket_allows_its_budget_then_refills_over_the_window() -> No
 def test_a_steady_rate_under_the_limit_never_runs_out() -> None:
     bucket = ResetBucket(ResetLimit(budget=10, window=10.0), now=0.0)
     assert all(bucket.spend(t * 1.01) for t in range(1000))  # one a second, just under the rate
+
+
+def _rst(stream_id: int) -> bytes:
+    return _header(0x3, 4, stream_id=stream_id) + b"\0\0\0\x08"
+
+
+def test_a_read_with_more_resets_than_allowed_is_cut_just_past_the_one_beyond() -> None:
+    scanner = _scanner(server=False)
+    pairs = b"".join(_data(10, 2 * i + 1) + _rst(2 * i + 1) for i in range(10))
+    pair = len(_data(10)) + len(_rst(1))
+    assert scanner.feed(pairs, resets_allowed=3) == (4 * pair,)
+    assert scanner.reset_cut == 4 * pair
+    assert scanner.feed(pairs, resets_allowed=10) == ()
+    assert scanner.reset_cut is None
+    assert scanner.feed(pairs) == ()  # no budget given: nothing counted
+    assert scanner.reset_cut is None
+
+
+def test_no_cut_when_the_reset_beyond_the_budget_ends_the_read() -> None:
+    scanner = _scanner(server=False)
+    assert scanner.feed(_data(10) + _rst(1), resets_allowed=0) == ()
+    assert scanner.reset_cut is None
+
+
+def test_sources_share_a_reset_bucket_and_the_table_is_bounded() -> None:
+    buckets = ResetBuckets(ResetLimit(budget=2, window=10.0), max_sources=3)
+    first = buckets.bucket("10.0.0.1", 0.0)
+    assert first.spend(0.0) and first.spend(0.0) and not first.spend(0.0)
+    assert buckets.bucket("10.0.0.1", 1.0) is first  # a new connection finds the spent bucket
+    assert buckets.bucket("10.0.0.1", 1.0).available(1.0) == 0
+    assert buckets.bucket("10.0.0.2", 1.0).available(1.0) == 2
+    buckets.bucket("10.0.0.3", 1.0)
+    buckets.bucket("10.0.0.4", 1.0)  # full: refilled buckets (…2, …3) make room, not …1's
+    assert len(buckets) <= 3
+    assert buckets.bucket("10.0.0.1", 1.0) is first

@@ -69,8 +69,15 @@ class HostileClient:
         self.closed = False
 
     @classmethod
-    async def connect(cls, port: int) -> HostileClient:
-        client = cls(await trio.open_tcp_stream("127.0.0.1", port))
+    async def connect(cls, port: int, *, source: str | None = None) -> HostileClient:
+        if source is None:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+        else:  # another source address on loopback (127.0.0.2 …)
+            sock = trio.socket.socket()
+            await sock.bind((source, 0))
+            await sock.connect(("127.0.0.1", port))
+            stream = trio.SocketStream(sock)
+        client = cls(stream)
         await client.send(OPENING)
         return client
 
@@ -243,6 +250,46 @@ async def test_rapid_reset_on_the_proxy_port(caplog: pytest.LogCaptureFixture) -
     assert len(access) == 1 and "path=/api " in access[0]  # kubectl's line only
     summary = [m for m in _log_lines(caplog, "kasd.k8sproxy") if "dropped" in m]
     assert len(summary) == 1 and "HTTP/2 client dropped " in summary[0] and "ENHANCE_YOUR_CALM" in summary[0]
+
+
+async def test_a_reset_flood_is_decoded_only_as_far_as_the_budget() -> None:
+    """h2 decodes what it is fed before its resets can be counted: kasd feeds it a read of pairs
+    only up to the reset beyond the budget, so the GOAWAY names a stream just past it as the last
+    one processed, not the last one sent."""
+    async with running_kasd(_reset_config(20)) as kasd:
+        client = await HostileClient.connect(kasd.port("kubernetes_api"))
+        pairs = [client.request(2 * i + 1, extra=[bearer(CI_TOKEN)]) + rst(2 * i + 1) for i in range(200)]
+        await client.send(b"".join(pairs))  # 200 pairs, about 8 KiB: one read
+        with trio.fail_after(5):
+            goaway = await client.until_closed()
+        assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        assert goaway.last_stream_id <= 2 * 21 + 1
+
+
+async def test_a_new_connection_from_the_same_source_gets_no_new_reset_budget() -> None:
+    """An attacker that dials again after its GOAWAY finds its source's budget spent: the next
+    connection gets GOAWAY at its first reset. Another source address has its own budget."""
+    async with running_kasd(_reset_config(20)) as kasd, fake_agent(kasd):
+        port = kasd.port("kubernetes_api")
+        first = await HostileClient.connect(port)
+        await first.send(*[first.request(2 * i + 1) + rst(2 * i + 1) for i in range(30)])
+        with trio.fail_after(5):
+            assert (await first.until_closed()).error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+
+        again = await HostileClient.connect(port)
+        await again.send(again.request(1) + rst(1), again.request(3) + rst(3))
+        with trio.fail_after(5):
+            goaway = await again.until_closed()
+        assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        assert goaway.last_stream_id <= 3
+
+        other = await HostileClient.connect(port, source="127.0.0.2")
+        await other.send(*[other.request(2 * i + 1, extra=[bearer(CI_TOKEN)]) + rst(2 * i + 1) for i in range(10)])
+        await other.send(other.request(41, extra=[bearer(CI_TOKEN)]))
+        with trio.fail_after(5):
+            assert await other.status(41) == 200
+        assert other.count(hf.GoAwayFrame) == 0
+        await other.aclose()
 
 
 async def test_streams_reset_after_their_task_started_count_too(caplog: pytest.LogCaptureFixture) -> None:
