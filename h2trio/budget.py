@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_RESET_LIMIT",
     "HEADER_BLOCK_SLACK",
     "PREFACE",
+    "STRIKES",
     "BudgetExceededError",
     "FrameScanner",
     "ResetBucket",
@@ -74,20 +75,28 @@ class ResetLimit:
     window: float = 30.0
 
 
+#: times a bucket must have run out within its window before its source is turned away at accept
+STRIKES = 3
+
 #: the default: Netty's (see ``ResetLimit``)
 DEFAULT_RESET_LIMIT = ResetLimit()
 
 
 class ResetBucket:
-    """The token bucket of ``ResetLimit``; ``spend(now)`` is False once it is empty."""
+    """The token bucket of ``ResetLimit``; ``spend(now)`` is False once it is empty. It remembers
+    when it last ran out (``emptied``: the last ``STRIKES`` times), which is how ``ResetBuckets``
+    tells a source that keeps coming back for more from one that went over once."""
 
-    __slots__ = ("_last", "_rate", "_tokens", "capacity")
+    __slots__ = ("_last", "_rate", "_tokens", "capacity", "emptied", "window")
 
     def __init__(self, limit: ResetLimit, now: float) -> None:
         self.capacity = float(limit.budget)
+        self.window = limit.window
         self._rate = limit.budget / limit.window
         self._tokens = self.capacity
         self._last = now
+        #: when ``spend`` last failed, the latest ``STRIKES`` times
+        self.emptied: deque[float] = deque(maxlen=STRIKES)
 
     def available(self, now: float) -> int:
         """Whole tokens left at ``now`` (what a read may spend before its rest is looked at)."""
@@ -101,9 +110,18 @@ class ResetBucket:
         self._last = now
         if tokens < 1.0:
             self._tokens = tokens
+            self.emptied.append(now)
             return False
         self._tokens = tokens - 1.0
         return True
+
+    def barred(self, now: float) -> bool:
+        """Empty now, and emptied ``STRIKES`` times within the window: whoever spends it is back for
+        more at once after each GOAWAY (a rapid-reset attacker that dials again)."""
+        emptied = self.emptied
+        return (
+            len(emptied) == STRIKES and now - emptied[0] <= self.window and self.available(now) < 1
+        )
 
 
 class ResetBuckets:
@@ -120,6 +138,12 @@ class ResetBuckets:
 
     def __len__(self) -> int:
         return len(self._buckets)
+
+    def barred(self, source: str, now: float) -> bool:
+        """``source``'s bucket is ``ResetBucket.barred``: turn its next connection away at accept
+        (it would cost a TLS handshake, then end at its first reset) until a token has come back."""
+        bucket = self._buckets.get(source)
+        return bucket is not None and bucket.barred(now)
 
     def bucket(self, source: str, now: float) -> ResetBucket:
         bucket = self._buckets.get(source)

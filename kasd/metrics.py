@@ -44,7 +44,8 @@ class Metrics:
         )
         self.connections_refused = Counter(
             "kasd_connections_refused",
-            "Connections refused at accept: the listener's max_connections or max_connections_per_source was reached",
+            "Connections refused at accept: the listener's max_connections or max_connections_per_source was reached, "
+            "or (reset_budget) the source keeps spending its HTTP/2 reset budget",
             ["listener", "reason"],
             registry=r,
         )

@@ -16,6 +16,7 @@ import trio
 from daemonkit.listeners import REFUSAL_LOG_INTERVAL, capped_admission
 from daemonkit.logs import BurstLimitedLog
 from daemonkit.notify import sd_notify, write_ready_file
+from h2trio.budget import ResetBuckets
 from kasd.access import StaticAccess
 from kasd.agents import AgentAuthenticator, AgentSessions
 from kasd.config import Config, ConfigError, Listener
@@ -28,6 +29,9 @@ from netio.admission import PER_SOURCE, TOTAL, Admission, CappedListener, Connec
 from wire.h2carrier import serve_h2_tunnels, server_ssl_context
 
 log = logging.getLogger("kasd")
+
+#: the refusal reason (and metric label) of a source that spent its HTTP/2 reset budget
+RESET_BUDGET = "reset_budget"
 
 
 @attrs.define(kw_only=True, eq=False)
@@ -107,19 +111,27 @@ def _ssl_context(listener: Listener, name: str) -> ssl.SSLContext | None:
     return ctx
 
 
-def _admission(name: str, listener: Listener, metrics: Metrics, refusals: BurstLimitedLog) -> Admission:
+def _admission(name: str, listener: Listener, metrics: Metrics, refusals: BurstLimitedLog,
+               reset_buckets: ResetBuckets | None = None) -> Admission:
     """The connection caps of one listener, each refusal counted in the metrics and (a few lines
     under a flood) in the log."""
     caps = ConnectionCaps(
         max_connections=listener.max_connections,
         max_per_source=min(listener.max_connections_per_source, listener.max_connections),
     )
-    counters = {reason: metrics.connections_refused.labels(listener=name, reason=reason) for reason in (TOTAL, PER_SOURCE)}
+    reasons = (TOTAL, PER_SOURCE, RESET_BUDGET) if reset_buckets is not None else (TOTAL, PER_SOURCE)
+    counters = {reason: metrics.connections_refused.labels(listener=name, reason=reason) for reason in reasons}
+    gate = None
+    if reset_buckets is not None:
+        buckets = reset_buckets
+
+        def gate(source: str) -> str | None:
+            return RESET_BUDGET if buckets.barred(source, trio.current_time()) else None
 
     def count(refusal: Refusal) -> None:
         counters[refusal.reason].inc()
 
-    admission = capped_admission(caps, listener=name, log=refusals, count=count)
+    admission = capped_admission(caps, listener=name, log=refusals, count=count, gate=gate)
 
     def open_connections() -> int:
         return admission.statistics().connections
@@ -147,11 +159,15 @@ async def serve_kasd(config: Config, *, task_status: trio.TaskStatus[Runtime] = 
         dropped_headers=DROPPED.also(config.kubernetes_api.strip_request_headers),
         max_requests_per_principal=config.kubernetes_api.max_requests_per_principal,
     )
+    # The proxy's HTTP/2 reset budget per source; a source that spent it is turned away at accept
+    # until it refills (its next connection would cost a TLS handshake, then end at its first reset).
+    reset_buckets = ResetBuckets(config.kubernetes_api.http2.reset_limit)
     proxy = ProxyServer(
         pipeline,
         metrics,
         config.kubernetes_api,
         ssl_context=configure_alpn(proxy_tls) if proxy_tls else None,
+        reset_buckets=reset_buckets,
     )
     runtime = Runtime(config=config, registry=registry, metrics=metrics, health=health, proxy=proxy)
     stop = trio.Event()
@@ -174,7 +190,8 @@ async def serve_kasd(config: Config, *, task_status: trio.TaskStatus[Runtime] = 
     # Every listener's connections are counted here, once, at accept: before TLS or any parsing.
     refusals = BurstLimitedLog(logging.getLogger("kasd.listeners"), interval=REFUSAL_LOG_INTERVAL)
     runtime.admissions = {
-        name: _admission(name, getattr(config.listeners, name), metrics, refusals)
+        name: _admission(name, getattr(config.listeners, name), metrics, refusals,
+                         reset_buckets if name == "kubernetes_api" else None)
         for name in ("agent", "observability", "kubernetes_api")
     }
     agent_listeners = [StoppableListener(runtime.admissions["agent"].listener(s), stop) for s in agent_sockets]

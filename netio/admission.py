@@ -101,9 +101,18 @@ def source_of(host: str) -> str:
 class Admission:
     """The open connections of one listener (all of its sockets), in total and per source."""
 
-    def __init__(self, caps: ConnectionCaps, *, on_refused: Callable[[Refusal], None] | None = None) -> None:
+    def __init__(
+        self,
+        caps: ConnectionCaps,
+        *,
+        on_refused: Callable[[Refusal], None] | None = None,
+        gate: Callable[[str], str | None] | None = None,
+    ) -> None:
         self.caps = caps
         self.on_refused = on_refused
+        #: a source turned away for now whatever its count (the reason), or None: e.g. one that
+        #: spent its HTTP/2 reset budget, whose next connection would cost a TLS handshake for nothing
+        self.gate = gate
         self._open = 0
         self._refused = 0
         self._by_source: dict[str, int] = {}
@@ -127,7 +136,10 @@ class Admission:
         return CappedListener(inner, self)
 
     def admit(self, source: str) -> str | None:
-        """Take a slot for ``source`` (None), or say which cap is reached (``TOTAL``, ``PER_SOURCE``)."""
+        """Take a slot for ``source`` (None), or say which cap is reached (``TOTAL``, ``PER_SOURCE``,
+        or the gate's reason)."""
+        if self.gate is not None and (barred := self.gate(source)) is not None:
+            return barred
         if self._open >= self.caps.max_connections:
             return TOTAL
         held = self._by_source.get(source, 0)
@@ -154,7 +166,10 @@ class Admission:
         self._notify()
 
     def limit(self, reason: str) -> int:
-        return self.caps.max_connections if reason == TOTAL else self.caps.max_per_source
+        """The cap behind a refusal's ``reason`` (0 for the gate's)."""
+        if reason == TOTAL:
+            return self.caps.max_connections
+        return self.caps.max_per_source if reason == PER_SOURCE else 0
 
 
 class CappedListener(trio.abc.Listener[trio.abc.Stream]):

@@ -46,6 +46,7 @@ class ProxyServer:
         settings: KubernetesAPIListener,
         *,
         ssl_context: ssl.SSLContext | None = None,
+        reset_buckets: ResetBuckets | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.metrics = metrics
@@ -55,7 +56,7 @@ class ProxyServer:
             limits=settings,
             serve=pipeline.serve,
             count_rejected=self.count_rejected,
-            reset_buckets=ResetBuckets(settings.http2.reset_limit),
+            reset_buckets=reset_buckets if reset_buckets is not None else ResetBuckets(settings.http2.reset_limit),
         )
         self.connections = 0
         self._no_connections = trio.Event()

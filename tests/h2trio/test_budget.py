@@ -254,3 +254,15 @@ def test_sources_share_a_reset_bucket_and_the_table_is_bounded() -> None:
     buckets.bucket("10.0.0.4", 1.0)  # full: refilled buckets (…2, …3) make room, not …1's
     assert len(buckets) <= 3
     assert buckets.bucket("10.0.0.1", 1.0) is first
+
+
+def test_a_source_is_barred_once_its_bucket_ran_out_three_times_within_the_window() -> None:
+    buckets = ResetBuckets(ResetLimit(budget=2, window=10.0))
+    bucket = buckets.bucket("10.0.0.1", 0.0)
+    assert bucket.spend(0.0) and bucket.spend(0.0)
+    for _ in range(3):
+        assert not buckets.barred("10.0.0.1", 0.0)
+        assert not bucket.spend(0.0)  # a GOAWAY
+    assert buckets.barred("10.0.0.1", 0.1)
+    assert not buckets.barred("10.0.0.2", 0.1)  # unknown: nothing to hold against it
+    assert not buckets.barred("10.0.0.1", 5.0)  # a token came back (2 per 10 s)

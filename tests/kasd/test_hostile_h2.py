@@ -266,22 +266,32 @@ async def test_a_reset_flood_is_decoded_only_as_far_as_the_budget() -> None:
         assert goaway.last_stream_id <= 2 * 21 + 1
 
 
-async def test_a_new_connection_from_the_same_source_gets_no_new_reset_budget() -> None:
-    """An attacker that dials again after its GOAWAY finds its source's budget spent: the next
-    connection gets GOAWAY at its first reset. Another source address has its own budget."""
+async def test_a_source_that_spent_its_reset_budget_is_turned_away_at_accept() -> None:
+    """An attacker that dials again after its GOAWAY finds its source's budget spent: the new
+    connection ends at its first reset; after the third time, kasd refuses the source's connections
+    at accept (no TLS handshake, no frame) until a token came back, and counts them. Another source
+    address has its own budget. (One GOAWAY bars nothing: see test_rapid_reset_on_the_proxy_port.)"""
     async with running_kasd(_reset_config(20)) as kasd, fake_agent(kasd):
         port = kasd.port("kubernetes_api")
-        first = await HostileClient.connect(port)
-        await first.send(*[first.request(2 * i + 1) + rst(2 * i + 1) for i in range(30)])
-        with trio.fail_after(5):
-            assert (await first.until_closed()).error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        for attempt in range(3):  # the budget, then two more dials that end at their first reset
+            attacker = await HostileClient.connect(port)
+            await attacker.send(*[attacker.request(2 * i + 1) + rst(2 * i + 1) for i in range(30)])
+            with trio.fail_after(5):
+                goaway = await attacker.until_closed()
+            assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+            if attempt:
+                assert goaway.last_stream_id <= 3  # no budget left for a new connection
 
-        again = await HostileClient.connect(port)
-        await again.send(again.request(1) + rst(1), again.request(3) + rst(3))
         with trio.fail_after(5):
-            goaway = await again.until_closed()
-        assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
-        assert goaway.last_stream_id <= 3
+            try:
+                again = await HostileClient.connect(port)
+            except OSError:
+                pass  # reset at accept, before the preface was even sent
+            else:
+                assert await again.read() == [] and again.closed  # reset at accept: not a frame
+        refused = kasd.metrics.registry.get_sample_value(
+            "kasd_connections_refused_total", {"listener": "kubernetes_api", "reason": "reset_budget"})
+        assert refused == 1.0
 
         other = await HostileClient.connect(port, source="127.0.0.2")
         await other.send(*[other.request(2 * i + 1, extra=[bearer(CI_TOKEN)]) + rst(2 * i + 1) for i in range(10)])
