@@ -79,6 +79,12 @@ def test_two_agents_with_one_token_are_a_configuration_error(tmp_path: Path) -> 
         (["--agent-address", "nonsense"], {}, "--agent-address: listeners.agent.address: 'nonsense' is not host:port (e.g. 0.0.0.0:8154)"),
         ([], {"KASD_OBSERVABILITY_ADDRESS": "h:x"}, "KASD_OBSERVABILITY_ADDRESS: listeners.observability.address: port 'x' is not a number"),
         ([], {"KASD_LOG_LEVEL": "loud"}, "KASD_LOG_LEVEL: log_level: must be one of debug, info, warning, error, got 'loud'"),
+        ([], {"KASD_KUBERNETES_API_STRIP_REQUEST_HEADERS": "x-a,bad name"},
+         "KASD_KUBERNETES_API_STRIP_REQUEST_HEADERS: listeners.kubernetes_api.strip_request_headers[1]: "
+         "'bad name' is not a header name (or a prefix ending in '*')"),
+        (["--kubernetes-api-strip-request-header", "a b"], {},
+         "--kubernetes-api-strip-request-header: listeners.kubernetes_api.strip_request_headers[0]: "
+         "'a b' is not a header name (or a prefix ending in '*')"),
         ([], {"KASD_AGENT_WAIT_TIMEOUT": "nan"}, "KASD_AGENT_WAIT_TIMEOUT: agent_wait_timeout: must be a finite number of seconds, got nan"),
     ],
 )
