@@ -467,7 +467,9 @@ class SettingsLoader(Generic[T]):
         if isinstance(error, Problem):
             if error.whole:
                 return error.text
-            return f"{loaded.where(failure.key + error.at, in_file=in_file)}: {error.text}"
+            # the source is the setting's (failure.key), the place within it is error.at
+            where = self.blame.where(failure.key + error.at, loaded.source(failure.key), in_file)
+            return f"{where}: {error.text}"
         return f"{loaded.where(failure.key, in_file=in_file)}: {error}"
 
 

@@ -10,6 +10,7 @@ variable, flag, help and check); ``daemonkit.settings`` loads them. A bad value 
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import ssl
 from collections.abc import Mapping, Sequence
@@ -90,6 +91,8 @@ def _seconds(value: Any) -> float:
         except ValueError:
             raise Problem(f"{value!r} is not a number of seconds") from None
     seconds = float(_expect(value, (int, float), "a number of seconds"))
+    if not math.isfinite(seconds):  # NaN passes `<= 0`, and trio refuses a NaN deadline per connection
+        raise Problem(f"must be a finite number of seconds, got {value!r}")
     if seconds <= 0:
         raise Problem(f"must be greater than 0 seconds, got {value!r}")
     return seconds

@@ -9,11 +9,14 @@ import logging
 import trio
 
 import http11
+from daemonkit.logs import BurstLimitedLog
 from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Headers
 from kasd.k8sproxy.frontend import FrontEndContext
 from kasd.k8sproxy.status import status_body, status_headers
 
 log = logging.getLogger("kasd.k8sproxy")
+#: a rejected head is a line a stranger can repeat once per connection: once per 10 s per source and status
+_strangers = BurstLimitedLog(log, interval=10.0)
 
 _RECEIVE_SIZE = 256 * 1024  # per-chunk Python work dominates bulk transfers: fewer, larger chunks
 _LINGER_SECONDS = 2.0
@@ -89,7 +92,9 @@ class Http1Connection:
                     message = f"request head larger than {settings.max_header_bytes} bytes"
                 else:
                     message = f"malformed HTTP/1.1 request: {exc}"
-                log.info("rejected request peer=%s status=%d reason=%r", self.peer, status, message)
+                _strangers.info(
+                    (_host(self.peer), status), "rejected request peer=%s status=%d reason=%r", self.peer, status, message
+                )
                 await self._reject(status, message)
                 return None
             if event is http11.NEED_DATA:
@@ -107,7 +112,9 @@ class Http1Connection:
                 if scope.cancelled_caught:
                     if started and trio.current_time() >= deadline:
                         message = f"request head not received within {settings.header_timeout:g}s"
-                        log.info("rejected request peer=%s status=408 reason=%r", self.peer, message)
+                        _strangers.info(
+                            (_host(self.peer), 408), "rejected request peer=%s status=408 reason=%r", self.peer, message
+                        )
                         await self._reject(408, message)
                     return None
                 if not started:
@@ -343,3 +350,7 @@ class _H1Exchange:
         await conn._write(head)
         conn.switched = True
         return conn.stream, bytes(conn.parser.trailing)
+
+
+def _host(peer: str) -> str:
+    return peer.rpartition(":")[0] or peer

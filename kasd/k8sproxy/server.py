@@ -9,6 +9,7 @@ import ssl
 
 import trio
 
+from daemonkit.logs import BurstLimitedLog
 from h2trio.budget import ResetBuckets
 from kasd.config import KubernetesAPIListener
 from kasd.k8sproxy.frontend import FrontEndContext
@@ -19,6 +20,8 @@ from kasd.metrics import Metrics
 from netio.fastio import fast_stream, peer_name, tls_stream
 
 log = logging.getLogger("kasd.k8sproxy")
+#: lines a stranger can repeat once per connection: at most one per 10 s per source and kind
+_strangers = BurstLimitedLog(log, interval=10.0)
 
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 #: how long a closing TLS connection may take to send its close_notify (a client not reading)
@@ -114,7 +117,9 @@ class ProxyServer:
                 try:
                     await tls.do_handshake()
                 except trio.BrokenResourceError as exc:
-                    log.info("TLS handshake failed peer=%s error=%s", peer, exc.__cause__ or exc)
+                    _strangers.info(
+                        (_host(peer), "tls"), "TLS handshake failed peer=%s error=%s", peer, exc.__cause__ or exc
+                    )
                     return
                 stream = tls
                 use_h2 = tls.selected_alpn_protocol() == "h2"
@@ -128,7 +133,7 @@ class ProxyServer:
                 use_h2 = initial.startswith(H2_PREFACE)
         if scope.cancelled_caught and (self.ssl_context is not None or not initial):
             # Nothing (or no TLS handshake) within the head timeout: just close.
-            log.info("client sent nothing in time peer=%s", peer)
+            _strangers.info((_host(peer), "silent"), "client sent nothing in time peer=%s", peer)
             self.count_rejected(408)
             return
         # A partial plain-text head that timed out falls through: HTTP/1.1 answers it 408.
@@ -142,3 +147,7 @@ class ProxyServer:
                 # TLS's own end (close_notify), so the client reads a clean EOF, not a truncation
                 with trio.move_on_after(_TLS_CLOSE_SECONDS, shield=True):
                     await stream.aclose()
+
+
+def _host(peer: str) -> str:
+    return peer.rpartition(":")[0] or peer

@@ -79,6 +79,13 @@ def test_two_agents_with_one_token_are_a_configuration_error(tmp_path: Path) -> 
         (["--agent-address", "nonsense"], {}, "--agent-address: listeners.agent.address: 'nonsense' is not host:port (e.g. 0.0.0.0:8154)"),
         ([], {"KASD_OBSERVABILITY_ADDRESS": "h:x"}, "KASD_OBSERVABILITY_ADDRESS: listeners.observability.address: port 'x' is not a number"),
         ([], {"KASD_LOG_LEVEL": "loud"}, "KASD_LOG_LEVEL: log_level: must be one of debug, info, warning, error, got 'loud'"),
+        ([], {"KASD_KUBERNETES_API_STRIP_REQUEST_HEADERS": "x-a,bad name"},
+         "KASD_KUBERNETES_API_STRIP_REQUEST_HEADERS: listeners.kubernetes_api.strip_request_headers[1]: "
+         "'bad name' is not a header name (or a prefix ending in '*')"),
+        (["--kubernetes-api-strip-request-header", "a b"], {},
+         "--kubernetes-api-strip-request-header: listeners.kubernetes_api.strip_request_headers[0]: "
+         "'a b' is not a header name (or a prefix ending in '*')"),
+        ([], {"KASD_AGENT_WAIT_TIMEOUT": "nan"}, "KASD_AGENT_WAIT_TIMEOUT: agent_wait_timeout: must be a finite number of seconds, got nan"),
     ],
 )
 def test_a_bad_environment_variable_or_flag_is_blamed_on_itself(
@@ -86,6 +93,26 @@ def test_a_bad_environment_variable_or_flag_is_blamed_on_itself(
 ) -> None:
     result = _kasd("--config", _config(tmp_path), *args, env=env)
     _fails(result, 2, f"kasd: configuration error: {line}")
+
+
+@pytest.mark.parametrize(
+    ("doc", "key"),
+    [
+        ({"listeners": {"kubernetes_api": {"header_timeout": float("nan")}}}, "listeners.kubernetes_api.header_timeout"),
+        ({"listeners": {"agent": {"http2": {"reset_window": float("nan")}}}}, "listeners.agent.http2.reset_window"),
+        ({"routing": {"breaker_initial_hold": float("inf")}}, "routing.breaker_initial_hold"),
+    ],
+)
+def test_a_duration_that_is_not_a_finite_number_is_a_configuration_error(
+    tmp_path: Path, doc: object, key: str
+) -> None:
+    """``.nan`` once passed (NaN is not <= 0) and every proxy connection then died on
+    ``ValueError: deadline must not be NaN``."""
+    config = _config(tmp_path, doc)
+    result = _kasd("--config", config, *PORT_0)
+    assert result.returncode == 2, result.stderr
+    shown = [text for text in result.stderr.splitlines() if not text.startswith("time=")]
+    assert len(shown) == 1 and shown[0].startswith(f"kasd: configuration error: {config}: {key}: must be a finite number"), result.stderr
 
 
 def test_two_listeners_on_one_address_are_a_configuration_error(tmp_path: Path) -> None:

@@ -96,3 +96,25 @@ async def test_agent_port_hostile_clients_are_closed_while_the_agent_keeps_worki
         assert kasd.registry.statistics().sessions == 1
         good = await http_request(kasd.port("kubernetes_api"), "GET", "/api", [bearer(CI_TOKEN)])
         assert good.status == 200
+
+
+async def test_malformed_requests_are_logged_in_bursts(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each malformed request still gets its 400, but a stranger sending one per connection writes
+    one `rejected request` line per 10 s per source, not one each."""
+    import logging
+
+    from daemonkit.logs import BurstLimitedLog
+    from kasd.k8sproxy import http1 as proxy_http1
+
+    monkeypatch.setattr(proxy_http1, "_strangers", BurstLimitedLog(proxy_http1.log), raising=False)
+    caplog.set_level(logging.INFO)
+    async with running_kasd() as kasd:
+        for _ in range(20):
+            garbage = await trio.open_tcp_stream("127.0.0.1", kasd.port("kubernetes_api"))
+            await garbage.send_all(b"GET / HTTP/1.1\r\nBad Header: x\r\n\r\n")
+            status, _ = _status_of(await read_until_closed(garbage))
+            assert status == 400
+    rejected = [r for r in caplog.records if r.name == "kasd.k8sproxy" and "rejected request" in r.getMessage()]
+    assert 1 <= len(rejected) <= 2, [r.getMessage() for r in rejected]

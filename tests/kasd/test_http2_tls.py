@@ -329,3 +329,28 @@ async def test_an_oversize_frame_over_tls_gets_goaway_before_its_body(tls_files:
         with trio.fail_after(5):
             goaway = await client.until_closed()
         assert isinstance(goaway, hf.GoAwayFrame) and goaway.error_code == h2.errors.ErrorCodes.FRAME_SIZE_ERROR
+
+
+async def test_failed_tls_handshakes_are_logged_in_bursts(
+    tls_files: tuple[trustme.CA, dict[str, str]], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stranger writes one plain-text line per connection to the TLS proxy port: kasd logs the
+    failed handshakes once per 10 s per source, not once each (2,000 connections were 2,000 lines)."""
+    import logging
+
+    from daemonkit.logs import BurstLimitedLog
+    from kasd.k8sproxy import server as proxy_server
+
+    monkeypatch.setattr(proxy_server, "_strangers", BurstLimitedLog(proxy_server.log), raising=False)
+    caplog.set_level(logging.INFO)
+    _, files = tls_files
+    async with running_kasd(make_config(tls=files)) as kasd:
+        for _ in range(20):
+            stream = await trio.open_tcp_stream("127.0.0.1", kasd.port("kubernetes_api"))
+            await stream.send_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            with trio.fail_after(5):
+                while await stream.receive_some():
+                    pass
+            await stream.aclose()
+    failed = [r for r in caplog.records if r.name == "kasd.k8sproxy" and "TLS handshake failed" in r.getMessage()]
+    assert 1 <= len(failed) <= 2, [r.getMessage() for r in failed]
