@@ -540,6 +540,9 @@ examples:
 
 kubectl then uses server https://<kasd>:8154 with token ci:<agent id>:<job token> or
 pat:<agent id>:<personal token>.
+
+Settings without a flag (agents, access, TLS files, timeouts, listeners.*.http2.*, routing.*) are
+set in the file: docs/kasd.md lists every key, docs/security.md every limit and what it defends.
 """
 
 
@@ -587,6 +590,12 @@ def _check(loaded: Loaded[Config]) -> Config:
         for j, agent_id in enumerate(entry["agents"]):
             if agent_id not in seen:
                 raise ConfigError(f"{loaded.where(f'access[{i}].agents[{j}]')}: agent {agent_id} is not defined under agents:")
+    routing = config.routing
+    if routing.breaker_initial_hold > routing.breaker_max_hold:
+        raise ConfigError(
+            f"{loaded.where('routing.breaker_initial_hold')}: {routing.breaker_initial_hold:g}s is longer than "
+            f"routing.breaker_max_hold ({routing.breaker_max_hold:g}s), the longest hold"
+        )
     return config
 
 

@@ -44,7 +44,7 @@ class RequestRecord:
             self.protocol,
             self.peer,
             self.agent_id if self.agent_id is not None else "-",
-            _logfmt(self.subject) if self.subject else "-",
+            logfmt(self.subject) if self.subject else "-",
             self.status,
             self.bytes_in,
             self.bytes_out,
@@ -53,7 +53,7 @@ class RequestRecord:
         )
 
 
-def _logfmt(value: str) -> str:
+def logfmt(value: str) -> str:
     """A value as logfmt parsers read it: bare if it can be, else double-quoted (``"demo CI job"``)."""
     if value and not any(c in value for c in ' "=\\') and value.isprintable():
         return value

@@ -25,7 +25,7 @@ import trio
 from prometheus_client import Counter
 
 from daemonkit.logs import BurstLimitedLog
-from kasd.k8sproxy.accesslog import RequestRecord
+from kasd.k8sproxy.accesslog import RequestRecord, logfmt
 from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Exchange
 from kasd.k8sproxy.principals import PrincipalRequests
 from kasd.k8sproxy.status import ProxyError, status_body, status_headers
@@ -267,7 +267,7 @@ class RequestPipeline:
         except ProxyError:
             self._at_limit.warning(
                 grant.subject, "request refused: principal at its limit of open requests subject=%s agent_id=%d limit=%d",
-                grant.subject, grant.agent_id, requests.limit,
+                logfmt(grant.subject), grant.agent_id, requests.limit,
             )
             raise
         held.callback(requests.release, principal)

@@ -115,6 +115,13 @@ def test_a_duration_that_is_not_a_finite_number_is_a_configuration_error(
     assert len(shown) == 1 and shown[0].startswith(f"kasd: configuration error: {config}: {key}: must be a finite number"), result.stderr
 
 
+def test_a_breaker_hold_that_starts_above_its_maximum_is_a_configuration_error(tmp_path: Path) -> None:
+    config = _config(tmp_path, {"routing": {"breaker_initial_hold": 10, "breaker_max_hold": 5}})
+    _fails(_kasd("--config", config, *PORT_0), 2,
+           f"kasd: configuration error: {config}: routing.breaker_initial_hold: 10s is longer than "
+           "routing.breaker_max_hold (5s), the longest hold")
+
+
 def test_two_listeners_on_one_address_are_a_configuration_error(tmp_path: Path) -> None:
     config = _config(tmp_path, {"listeners": {"agent": {"address": "127.0.0.1:18150"}, "kubernetes_api": {"address": "127.0.0.1:18150"}}})
     _fails(_kasd("--config", config), 2,
