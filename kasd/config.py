@@ -315,6 +315,24 @@ class TLSFiles:
             raise Problem(f"cannot load certificate {str(self.cert)!r} with key {str(self.key)!r}: {problem}")
 
 
+def _max_connections(name: str, what: str, default: int) -> Any:
+    """The ``max_connections`` setting of the listener ``name`` (its variable and flag follow it)."""
+    return setting(
+        default, parse=_count, env=f"KASD_{name.upper()}_MAX_CONNECTIONS",
+        flag=f"--{name.replace('_', '-')}-max-connections", metavar="N",
+        help=f"connections the {what} listener holds at once; more are refused at accept",
+    )
+
+
+def _max_per_source(name: str, what: str, default: int) -> Any:
+    """The ``max_connections_per_source`` setting of the listener ``name``."""
+    return setting(
+        default, parse=_count, env=f"KASD_{name.upper()}_MAX_CONNECTIONS_PER_SOURCE",
+        flag=f"--{name.replace('_', '-')}-max-connections-per-source", metavar="N",
+        help=f"{what} connections from one source address (IPv6: one /64) at once",
+    )
+
+
 @attrs.frozen(kw_only=True)
 class Listener:
     address: HostPort = setting(HostPort("0.0.0.0", 0), parse=parse_address)
@@ -343,14 +361,8 @@ class AgentListener(Listener):
     #: seconds an agent connection has for TLS, HTTP/2 preface and the tunnel request
     handshake_timeout: float = setting(10.0, parse=_seconds)
     # A few agentd per cluster, a few connections each; clusters behind one NAT share a source.
-    max_connections: int = setting(
-        4096, parse=_count, env="KASD_AGENT_MAX_CONNECTIONS", flag="--agent-max-connections", metavar="N",
-        help="connections the agent listener holds at once; more are refused at accept",
-    )
-    max_connections_per_source: int = setting(
-        256, parse=_count, env="KASD_AGENT_MAX_CONNECTIONS_PER_SOURCE", flag="--agent-max-connections-per-source",
-        metavar="N", help="agent connections from one source address (IPv6: one /64) at once",
-    )
+    max_connections: int = _max_connections("agent", "agent", 4096)
+    max_connections_per_source: int = _max_per_source("agent", "agent", 256)
     http2: Http2Limits = Http2Limits()
 
 
@@ -362,15 +374,8 @@ class ObservabilityListener(Listener):
     )
     tls: None = setting(None, parse=_no_tls)
     # Probes and scrapers need a handful; a runaway scraper keeps at most half.
-    max_connections: int = setting(
-        64, parse=_count, env="KASD_OBSERVABILITY_MAX_CONNECTIONS", flag="--observability-max-connections",
-        metavar="N", help="connections the observability listener holds at once; more are refused at accept",
-    )
-    max_connections_per_source: int = setting(
-        32, parse=_count, env="KASD_OBSERVABILITY_MAX_CONNECTIONS_PER_SOURCE",
-        flag="--observability-max-connections-per-source", metavar="N",
-        help="observability connections from one source address (IPv6: one /64) at once",
-    )
+    max_connections: int = _max_connections("observability", "observability", 64)
+    max_connections_per_source: int = _max_per_source("observability", "observability", 32)
 
 
 @attrs.frozen(kw_only=True)
@@ -386,15 +391,8 @@ class KubernetesAPIListener(Listener):
     #: largest request head (request line + headers) accepted, in bytes
     max_header_bytes: int = setting(64 * 1024, parse=_max_header_bytes)
     # kubectl over HTTP/2 holds one connection per process; an office behind one NAT has many.
-    max_connections: int = setting(
-        4096, parse=_count, env="KASD_KUBERNETES_API_MAX_CONNECTIONS", flag="--kubernetes-api-max-connections",
-        metavar="N", help="connections the Kubernetes API proxy listener holds at once; more are refused at accept",
-    )
-    max_connections_per_source: int = setting(
-        512, parse=_count, env="KASD_KUBERNETES_API_MAX_CONNECTIONS_PER_SOURCE",
-        flag="--kubernetes-api-max-connections-per-source", metavar="N",
-        help="proxy connections from one source address (IPv6: one /64) at once",
-    )
+    max_connections: int = _max_connections("kubernetes_api", "Kubernetes API proxy", 4096)
+    max_connections_per_source: int = _max_per_source("kubernetes_api", "Kubernetes API proxy", 512)
     #: requests one principal (one token) has open at once, watches and exec sessions included
     max_requests_per_principal: int = setting(
         512, parse=_count, env="KASD_KUBERNETES_API_MAX_REQUESTS_PER_PRINCIPAL",
