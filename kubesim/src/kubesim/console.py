@@ -3,7 +3,8 @@
 `ContainerConsole` holds a bounded history of timestamped lines, serves it as `kubectl logs`
 would (tail, timestamps, since, limit, follow), and wakes followers with a `trio.Event`. The main
 process behaves like `cat`: what attach writes to its stdin comes back as output lines, so it shows
-in the log and to every attached client.
+in the log and to every attached client — unless a command runs as the main process
+(`processes`), which then gets that stdin instead (`pipe_stdin`).
 """
 
 from __future__ import annotations
@@ -12,11 +13,20 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
+from typing import Protocol
 
 import attrs
 import trio
 
 DEFAULT_MAX_LINES = 10_000
+
+
+class StdinSink(Protocol):
+    """Where attach input goes when a command is the container's main process."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def end(self) -> None: ...
 
 
 @attrs.frozen(kw_only=True)
@@ -56,6 +66,7 @@ class ContainerConsole:
         self._closed = False
         self._followers = 0
         self._stdin_partial = b""
+        self._stdin_sink: StdinSink | None = None
 
     # -- writing --------------------------------------------------------------------------------
 
@@ -90,9 +101,21 @@ class ContainerConsole:
 
     # -- the main process ----------------------------------------------------------------------
 
+    def pipe_stdin(self, sink: StdinSink) -> None:
+        """A command is the main process: attach input goes to `sink` instead of being echoed."""
+        self._stdin_sink = sink
+
+    @property
+    def runs_command(self) -> bool:
+        """Whether a command is the main process (attach then ends when it exits)."""
+        return self._stdin_sink is not None
+
     def write_stdin(self, data: bytes) -> None:
         """Input for the main process, which echoes each complete line as output (like `cat`)."""
         if self._closed:
+            return
+        if self._stdin_sink is not None:
+            self._stdin_sink.write(data)
             return
         lines = (self._stdin_partial + data).split(b"\n")
         self._stdin_partial = lines.pop()
@@ -101,6 +124,10 @@ class ContainerConsole:
 
     def flush_stdin(self) -> None:
         """An attached stdin ended: the main process outputs the unterminated rest, if any."""
+        if self._stdin_sink is not None:
+            if not self._closed:
+                self._stdin_sink.end()
+            return
         partial, self._stdin_partial = self._stdin_partial, b""
         if partial and not self._closed:
             self.log(partial.decode("utf-8", "replace"))

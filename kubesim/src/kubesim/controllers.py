@@ -32,6 +32,7 @@ from kubesim.console import ContainerConsole
 from kubesim.errors import ApiError
 from kubesim.kubelet import NODE_IP, NODE_NAME
 from kubesim.objects import owned_by, owner_ref, pod_ready
+from kubesim.processes import MainProcess
 from kubesim.resources import Kind
 from kubesim.selectors import selector_from_match_labels
 from kubesim.store import Store
@@ -44,9 +45,19 @@ ROOT_CA = "-----BEGIN CERTIFICATE-----\nMIIBkubesimkubesimkubesim\n-----END CERT
 class Controllers:
     """The reconcilers, and the consoles of the containers they started."""
 
-    def __init__(self, store: Store, *, tick: float = 0.5, root_ca: bytes | None = None) -> None:
+    def __init__(self, store: Store, *, tick: float = 0.5, root_ca: bytes | None = None,
+                 restart_backoff: tuple[float, float] = (10.0, 300.0)) -> None:
         self.store = store
         self.tick = tick
+        # The kubelet's crash-loop back-off: first delay, doubling up to the second.
+        self.restart_backoff = restart_backoff
+        # Containers' main processes run here (set by `run`; without it, containers idle).
+        self.nursery: trio.Nursery | None = None
+        self.processes: dict[tuple[str, str, str], MainProcess] = {}
+        self.previous_consoles: dict[tuple[str, str, str], ContainerConsole] = {}
+        self.backoffs: dict[tuple[str, str, str], float] = {}
+        # The earliest trio time some pass asked to be woken at (a container's restart).
+        self.wake_at = math.inf
         # What every namespace's kube-root-ca.crt ConfigMap carries: the serving CA when known.
         self.root_ca = root_ca.decode() if root_ca else ROOT_CA
         self.consoles: dict[tuple[str, str, str], ContainerConsole] = {}
@@ -62,23 +73,39 @@ class Controllers:
             ("", "persistentvolumeclaims"))}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        self.reconcile()
-        task_status.started()
-        seen = self.store.resource_version
-        while True:
-            with trio.move_on_after(self.tick if self.timed_work else math.inf):
-                await self.store.wait_changed(seen)
-            self.reconcile()
-            seen = self.store.resource_version
-            await trio.lowlevel.checkpoint()
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            try:
+                self.reconcile()
+                task_status.started()
+                seen = self.store.resource_version
+                while True:
+                    deadline = min(trio.current_time() + (self.tick if self.timed_work else math.inf),
+                                   self.wake_at)
+                    with trio.move_on_at(deadline):
+                        await self.store.wait_changed(seen)
+                    self.reconcile()
+                    seen = self.store.resource_version
+                    await trio.lowlevel.checkpoint()
+            finally:
+                self.nursery = None
 
     def console(self, namespace: str, pod: str, container: str) -> ContainerConsole | None:
         return self.consoles.get((namespace, pod, container))
 
     # -- the loop ------------------------------------------------------------------------------
 
+    def previous_console(self, namespace: str, pod: str, container: str) -> ContainerConsole | None:
+        """The console of the container's run before this one (`kubectl logs --previous`)."""
+        return self.previous_consoles.get((namespace, pod, container))
+
+    def wake_by(self, deadline: float) -> None:
+        """Ask for a pass at trio time `deadline` at the latest (time-based pod work)."""
+        self.wake_at = min(self.wake_at, deadline)
+
     def reconcile(self) -> None:
         self.timed_work = False
+        self.wake_at = math.inf
         for _ in range(50):
             before = self.store.resource_version
             self._pass()

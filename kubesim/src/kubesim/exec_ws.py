@@ -76,9 +76,10 @@ async def serve_attach(
 ) -> None:
     """Serve one `pods/attach` WebSocket onto the container's console.
 
-    Output is what the container prints from now on; input goes to its main process, which
-    echoes it. The session ends when the container stops or, if stdin was attached, when the
-    client closes stdin (after the output it caused has been sent).
+    Output is what the container prints from now on; input goes to its main process: the
+    command it runs, else kubesim's idle process, which echoes it. The session ends when the
+    container stops or, for the idle process with stdin attached, when the client closes stdin
+    (after the output it caused has been sent).
     """
     session = await _Session.accept(scope, receive, send, stdin=stdin)
     if session is None:
@@ -167,8 +168,11 @@ async def _attach(console: ContainerConsole, io: _ChannelIO, *, stdin: bool, tty
             if typed.eof:  # ^D: the client is done typing
                 break
         console.flush_stdin()
-        stop_at = console.next_seq
-        stdin_done.set()
+        if not console.runs_command:
+            # The echoing main process answered all it was sent; a command may still be
+            # working on it (`cat`), so then the session lasts until the command exits.
+            stop_at = console.next_seq
+            stdin_done.set()
 
     async def wait_for_more(seq: int) -> None:
         async with trio.open_nursery() as nursery:

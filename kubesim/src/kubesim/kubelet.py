@@ -15,8 +15,11 @@ import copy
 import hashlib
 from typing import TYPE_CHECKING, Any
 
+import trio
+
 from kubesim.console import ContainerConsole
 from kubesim.objects import annotation_true
+from kubesim.processes import MainProcess, ProcessStdin, container_env, main_argv
 from kubesim.timefmt import now, parse, rfc3339
 
 if TYPE_CHECKING:
@@ -73,6 +76,8 @@ def start(ctl: Controllers, pod: dict[str, Any]) -> None:
     ip = (pod.get("status") or {}).get("podIP") or ctl.store.allocator.pod_ip()
     crash = annotation_true(pod, CRASH_LOOP)
     stall = annotation_true(pod, STALL_ROLLOUT)
+    job_pod = "Job" in {ref.get("kind") for ref in meta.get("ownerReferences") or []}
+    fail = annotation_true(pod, FAIL)
     statuses = []
     for container in spec.get("containers") or []:
         cname = container.get("name", "")
@@ -85,7 +90,11 @@ def start(ctl: Controllers, pod: dict[str, Any]) -> None:
         ctl.event(kind, pod, "Started", f"Started container {cname}", component="kubelet",
                    field_path=field_path)
         key = (ns, name, cname)
-        if key not in ctl.consoles:
+        argv = None if crash or ctl.nursery is None else main_argv(container, job_pod=job_pod, fail=fail)
+        if argv is not None:
+            if key not in ctl.processes:
+                _spawn(ctl, pod, container, argv)
+        elif key not in ctl.consoles:
             console = ContainerConsole()
             console.log(f"kubesim: container {cname} started (image {image})")
             for line in _startup_lines(container):
@@ -122,8 +131,14 @@ def start(ctl: Controllers, pod: dict[str, Any]) -> None:
 def running(ctl: Controllers, pod: dict[str, Any]) -> None:
     meta, spec = pod["metadata"], pod.get("spec") or {}
     owner_kinds = {ref.get("kind") for ref in meta.get("ownerReferences") or []}
-    completes = "Job" in owner_kinds and spec.get("restartPolicy") in ("Never", "OnFailure")
     crash = annotation_true(pod, CRASH_LOOP)
+    processes = {c.get("name", ""): ctl.processes.get((meta["namespace"], meta["name"], c.get("name", "")))
+                 for c in spec.get("containers") or []}
+    if not crash and any(p is not None for p in processes.values()):
+        _sync_processes(ctl, pod, processes)
+        return
+    # Without processes (no nursery: reconcile outside `Controllers.run`), a Job's pod completes at once.
+    completes = "Job" in owner_kinds and spec.get("restartPolicy") in ("Never", "OnFailure")
     if not (crash or completes):
         return  # steady state: nothing to do (and nothing to copy)
     status = copy.deepcopy(pod.get("status") or {})
@@ -170,6 +185,119 @@ def close_stale_consoles(ctl: Controllers) -> None:
         ns, name, _ = key
         if not ctl.store.exists(pods, ns, name):
             ctl.consoles.pop(key).close()
+            process = ctl.processes.pop(key, None)
+            if process is not None:
+                process.scope.cancel()
+            ctl.previous_consoles.pop(key, None)
+            ctl.backoffs.pop(key, None)
+
+
+# -- main processes ------------------------------------------------------------------------------
+
+
+def _spawn(ctl: Controllers, pod: dict[str, Any], container: dict[str, Any], argv: list[str]) -> None:
+    """Start a run of the container's main process; its console replaces the last run's."""
+    assert ctl.nursery is not None
+    key = (pod["metadata"]["namespace"], pod["metadata"]["name"], container.get("name", ""))
+    console = ContainerConsole()
+    stdin = ProcessStdin(open_=bool(container.get("stdin")), once=bool(container.get("stdinOnce")))
+    console.pipe_stdin(stdin)
+    process = MainProcess(argv=argv, console=console, stdin=stdin)
+    previous = ctl.consoles.get(key)
+    if previous is not None:
+        previous.close()
+        ctl.previous_consoles[key] = previous
+    ctl.consoles[key] = console
+    ctl.processes[key] = process
+    ctl.nursery.start_soon(process.run, container_env(pod, key[2]), ctl.reconcile)
+
+
+def _sync_processes(ctl: Controllers, pod: dict[str, Any],
+                    processes: dict[str, MainProcess | None]) -> None:
+    """Exits become `terminated`, restarts (with the kubelet's back-off) or a finished pod."""
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    ns, name = meta["namespace"], meta["name"]
+    policy = spec.get("restartPolicy") or "Always"
+    stall = annotation_true(pod, STALL_ROLLOUT)
+    first_delay, max_delay = ctl.restart_backoff
+    clock = trio.current_time()
+    stamp = rfc3339(now())
+    status = copy.deepcopy(pod.get("status") or {})
+    containers = {c.get("name", ""): c for c in spec.get("containers") or []}
+    for entry in status.get("containerStatuses") or []:
+        cname = entry.get("name", "")
+        key = (ns, name, cname)
+        process = processes.get(cname)
+        if process is None or process.exit_code is None or process.finished is None:
+            continue
+        if not process.seen_exit:
+            process.seen_exit = True
+            if policy == "Always" or (policy == "OnFailure" and process.exit_code != 0):
+                delay = ctl.backoffs.get(key)
+                if (process.finished - process.started).total_seconds() >= 2 * max_delay:
+                    delay = None  # it ran long enough: the back-off starts over, as the kubelet's does
+                    ctl.backoffs.pop(key, None)
+                process.restart_at = clock if delay is None else clock + delay
+        terminated = {"exitCode": process.exit_code,
+                      "reason": "Completed" if process.exit_code == 0 else "Error",
+                      "startedAt": rfc3339(process.started), "finishedAt": rfc3339(process.finished),
+                      "containerID": entry.get("containerID", "")}
+        field_path = f"spec.containers{{{cname}}}"
+        if process.restart_at is None:
+            entry.update({"state": {"terminated": terminated}, "ready": False, "started": False})
+        elif clock >= process.restart_at:
+            delay = ctl.backoffs.get(key)
+            ctl.backoffs[key] = first_delay if delay is None else min(2 * delay, max_delay)
+            _spawn(ctl, pod, containers.get(cname) or {"name": cname}, process.argv)
+            entry.update({"state": {"running": {"startedAt": stamp}}, "ready": not stall, "started": True,
+                          "restartCount": entry.get("restartCount", 0) + 1,
+                          "lastState": {"terminated": terminated}})
+            for reason, message in (("Pulled", f'Container image "{entry.get("image", "")}" already present on machine'),
+                                    ("Created", f"Created container: {cname}"),
+                                    ("Started", f"Started container {cname}")):
+                ctl.event(ctl.kinds["pods"], pod, reason, message, component="kubelet", field_path=field_path)
+        else:
+            ctl.wake_by(process.restart_at)
+            waiting = (entry.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") != "CrashLoopBackOff":
+                delay_text = _go_duration(ctl.backoffs.get(key, first_delay))
+                entry.update({"state": {"waiting": {
+                    "reason": "CrashLoopBackOff",
+                    "message": f"back-off {delay_text} restarting failed container={cname} "
+                               f"pod={name}_{ns}({meta['uid']})"}},
+                    "ready": False, "started": False, "lastState": {"terminated": terminated}})
+                ctl.event(ctl.kinds["pods"], pod, "BackOff", "Back-off restarting failed container "
+                          f"{cname} in pod {name}_{ns}({meta['uid']})", component="kubelet",
+                          type_="Warning", field_path=field_path)
+    entries = status.get("containerStatuses") or []
+    states = [entry.get("state") or {} for entry in entries]
+    if entries and all("terminated" in state for state in states):
+        status["phase"] = ("Succeeded" if all(state["terminated"].get("exitCode") == 0 for state in states)
+                           else "Failed")
+    ready = bool(entries) and all(entry.get("ready") for entry in entries)
+    for condition in status.get("conditions") or []:
+        if condition["type"] not in ("Ready", "ContainersReady"):
+            continue
+        wanted: dict[str, Any] = {"status": "True" if ready else "False"}
+        if status.get("phase") in ("Succeeded", "Failed"):
+            wanted["reason"] = "PodCompleted" if status["phase"] == "Succeeded" else "PodFailed"
+        elif not ready:
+            not_ready = ",".join(e.get("name", "") for e in entries if not e.get("ready"))
+            wanted["reason"] = "ContainersNotReady"
+            wanted["message"] = f"containers with unready status: [{not_ready}]"
+        if condition.get("status") != wanted["status"]:
+            condition["lastTransitionTime"] = stamp
+        condition.pop("reason", None)
+        condition.pop("message", None)
+        condition.update(wanted)
+    ctl.set_status("pods", pod, status)
+
+
+def _go_duration(seconds: float) -> str:
+    """A whole-second duration as Go's time.Duration prints it (10s, 1m20s, 5m0s)."""
+    minutes, secs = divmod(round(seconds, 3), 60)
+    text = f"{secs:g}s"
+    return f"{int(minutes)}m{text}" if minutes else text
 
 
 def _crashed(stamp: str, restarts: int) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from kubesim.asgi import Query, Receive, Scope, Send, flag, one, pump, start_str
 from kubesim.console import ContainerConsole
 from kubesim.controllers import Controllers
 from kubesim.paths import Target
+from kubesim.processes import container_env
 from kubesim.store import Store
 
 
@@ -68,19 +69,6 @@ def check_streamable(store: Store, controllers: Controllers, target: Target, que
         raise errors.bad_request(f'container not found ("{container}")')
 
 
-def container_env(pod: dict[str, Any], container: str) -> dict[str, str]:
-    """What `env` prints in the container: its literal `env` values and what the kubelet adds."""
-    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-           "HOSTNAME": pod["metadata"]["name"], "KUBERNETES_SERVICE_HOST": "10.96.0.1",
-           "KUBERNETES_SERVICE_PORT": "443", "KUBERNETES_PORT": "tcp://10.96.0.1:443", "HOME": "/root"}
-    for spec in (pod.get("spec") or {}).get("containers") or []:
-        if spec.get("name") == container:
-            for var in spec.get("env") or []:
-                if "value" in var:
-                    env[var["name"]] = str(var["value"])
-    return env
-
-
 def _int(text: str | None, *, signed: bool = False) -> int | None:
     if not text:
         return None
@@ -91,9 +79,13 @@ def _int(text: str | None, *, signed: bool = False) -> int | None:
 async def serve_logs(store: Store, controllers: Controllers, target: Target, query: Query,
                      receive: Receive, send: Send) -> None:
     pod, container, console = running_console(store, controllers, target, one(query, "container"))
-    if flag(query, "previous") and not _container_status(pod, container).get("restartCount"):
-        raise errors.bad_request(
-            f'previous terminated container "{container}" in pod "{target.name}" not found')
+    if flag(query, "previous"):
+        if not _container_status(pod, container).get("restartCount"):
+            raise errors.bad_request(
+                f'previous terminated container "{container}" in pod "{target.name}" not found')
+        # The run before this one, when the container runs a command (the crash-loop knob's
+        # container has one console for all its runs).
+        console = controllers.previous_console(target.namespace or "", target.name or "", container) or console
     since = _int(one(query, "sinceSeconds"))
     stream = console.stream_logs(
         follow=flag(query, "follow"),

@@ -109,12 +109,14 @@ async def serve_kubesim(
     version: ServerVersion | None = None,
     bookmark_interval: float = 10.0,
     controller_tick: float = 0.5,
+    restart_backoff: tuple[float, float] = (10.0, 300.0),
     on_request: Callable[[RecordedRequest], None] | None = None,
     task_status: trio.TaskStatus[KubeSim] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled (or `KubeSim.stop()`); `task_status.started(sim)` once listening."""
     store = store or Store()
-    controllers = Controllers(store, tick=controller_tick, root_ca=ca_pem)
+    controllers = Controllers(store, tick=controller_tick, root_ca=ca_pem,
+                              restart_backoff=restart_backoff)
     requests: list[RecordedRequest] = []
     config = _Config(tls)
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]

@@ -274,7 +274,13 @@ def job(ctl: Controllers, job: dict[str, Any]) -> None:
     failed = sum(1 for p in all_pods if (p.get("status") or {}).get("phase") == "Failed")
     active = [p for p in all_pods if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
     backoff = int(spec.get("backoffLimit", 6))
-    if not spec.get("suspend") and failed <= backoff:
+    # With restartPolicy OnFailure a pod's failures are its containers' restarts, which count
+    # against backoffLimit as the Job controller's pastBackoffLimitOnFailure counts them.
+    restarts = sum(entry.get("restartCount", 0) for p in active
+                   for entry in (p.get("status") or {}).get("containerStatuses") or [])
+    on_failure = ((spec.get("template") or {}).get("spec") or {}).get("restartPolicy") == "OnFailure"
+    past_limit = failed > backoff or (on_failure and (restarts > 0 if backoff == 0 else restarts >= backoff))
+    if not spec.get("suspend") and not past_limit:
         wanted = min(parallelism, completions - succeeded) - len(active)
         for _ in range(max(0, wanted)):
             pod = new_pod(ctl, kind, job, spec.get("template") or {},
@@ -304,8 +310,12 @@ def job(ctl: Controllers, job: dict[str, Any]) -> None:
         for entry in status["conditions"]:
             entry["lastProbeTime"] = stamp
         ctl.event(kind, job, "Completed", "Job completed", component="job-controller")
-    elif failed > backoff:
+    elif past_limit:
         status.pop("active", None)
+        for pod in active:  # the Job controller deletes what still runs
+            if ctl.store.exists(ctl.kinds["pods"], meta["namespace"], pod["metadata"]["name"]):
+                ctl.store.delete(ctl.kinds["pods"], meta["namespace"], pod["metadata"]["name"])
+            status["failed"] = status.get("failed", 0) + 1
         status["conditions"] = [
             condition("FailureTarget", "True", "BackoffLimitExceeded",
                        "Job has reached the specified backoff limit", None, stamp=stamp),
