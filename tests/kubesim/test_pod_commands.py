@@ -155,3 +155,12 @@ async def test_on_failure_job_fails_by_restart_count(k: K) -> None:
     assert (await k.out("get", "pods", "-l", "job-name=flaky", "-o", "name")).strip() == ""
 
 
+
+
+async def test_run_rm_i_cat_echoes_stdin_and_ends_when_it_closes(k: K) -> None:
+    result = await k("run", "--rm", "-i", "--restart=Never", "--image=busybox", "echoer", "--", "cat",
+                     stdin=b"first line\nsecond line\n")
+    assert "first line\nsecond line\n" in result.stdout
+    assert 'pod "echoer" deleted' in result.stdout + result.stderr
+    gone = await k("get", "pod", "echoer", check=False)
+    assert gone.returncode == 1 and "NotFound" in gone.stderr
