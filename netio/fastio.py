@@ -56,6 +56,7 @@ __all__ = [
     "every_call_yields",
     "fast_stream",
     "maybe_yield",
+    "peer_host",
     "peer_name",
     "send_many",
     "tls_stream",
@@ -264,6 +265,12 @@ def peer_name(stream: trio.abc.Stream) -> str:
     except OSError:
         return "?"
     return f"{host}:{port}"
+
+
+def peer_host(peer: str) -> str:
+    """The host of a ``peer_name`` (``host:port``; ``?`` stays ``?``): what the log lines a stranger
+    can repeat are keyed by, one key per address."""
+    return peer.rpartition(":")[0] or peer
 
 
 def fast_stream(stream: trio.abc.Stream) -> trio.abc.Stream:

@@ -38,7 +38,7 @@ from daemonkit.logs import BurstLimitedLog
 from h2trio.budget import DEFAULT_RESET_LIMIT, ResetLimit
 from h2trio.driver import H2Driver, H2Stream
 from h2trio.lean import new_connection
-from netio.fastio import fast_stream, peer_name, tls_stream
+from netio.fastio import fast_stream, peer_host, peer_name, tls_stream
 from wire.carrier import (
     DEFAULT_PATH,
     TUNNEL_CONTENT_TYPE,
@@ -313,7 +313,7 @@ async def _serve_connection(
                 )
             if deadline.cancelled_caught:
                 _strangers.warning(
-                    (_host(peer), "timeout"), "tunnel handshake timed out peer=%s after=%.1fs", peer, handshake_timeout
+                    (peer_host(peer), "timeout"), "tunnel handshake timed out peer=%s after=%.1fs", peer, handshake_timeout
                 )
                 return
             if accepted is None:
@@ -337,10 +337,6 @@ async def _serve_connection(
         with trio.move_on_after(1, shield=True):
             await stream.aclose()
 
-
-def _host(peer: str) -> str:
-    """The source address of ``peer`` (``host:port``), the key of the lines a stranger repeats."""
-    return peer.rpartition(":")[0] or peer
 
 
 def _headers(raw: Any) -> dict[str, str]:
@@ -366,7 +362,7 @@ async def _accept_tunnel(
     costs at most one read's worth of buffered bytes."""
     alpn = getattr(stream, "selected_alpn_protocol", None)  # over TLS (ours or Trio's SSLStream)
     if alpn is not None and alpn() != "h2":
-        _strangers.warning((_host(peer), "alpn"), "tunnel client did not offer ALPN h2 peer=%s", peer)
+        _strangers.warning((peer_host(peer), "alpn"), "tunnel client did not offer ALPN h2 peer=%s", peer)
     driver = _new_driver(stream, server=True, reset_limit=reset_limit)
     requests: deque[H2Stream] = deque()
     driver.on_request = requests.append
@@ -380,14 +376,14 @@ async def _accept_tunnel(
     if not data.startswith(b"PRI * HTTP/2.0") and data[:8].split(b" ")[0].isalpha():
         # An HTTP/1.1 client (curl without --http2-prior-knowledge, a browser): say what we speak.
         await stream.send_all(_HTTP1_HINT % (len(_HTTP1_MESSAGE), _HTTP1_MESSAGE))
-        _strangers.info((_host(peer), "http1"), "rejected HTTP/1.x request on tunnel port peer=%s", peer)
+        _strangers.info((peer_host(peer), "http1"), "rejected HTTP/1.x request on tunnel port peer=%s", peer)
         return None
     rejections = 0
     while True:
         await driver.pump(data)
         if driver.protocol_error is not None:
             _strangers.warning(
-                (_host(peer), "h2"), "HTTP/2 protocol error on tunnel port peer=%s error=%s", peer, driver.protocol_error
+                (peer_host(peer), "h2"), "HTTP/2 protocol error on tunnel port peer=%s error=%s", peer, driver.protocol_error
             )
             return None
         while requests:
@@ -436,7 +432,7 @@ async def _reject(h2s: H2Stream, rejection: TunnelRejectedError, peer: str) -> N
     """Answer a bad tunnel request with its status and a plain-text reason."""
     # Never log the token; the message names only what was wrong.
     _strangers.warning(
-        (_host(peer), "rejected", rejection.status),
+        (peer_host(peer), "rejected", rejection.status),
         "tunnel request rejected peer=%s status=%d reason=%r", peer, rejection.status, rejection.message,
     )
     body = (rejection.message + "\n").encode()

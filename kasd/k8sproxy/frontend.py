@@ -18,6 +18,7 @@ from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.exchange import Exchange
 from kasd.k8sproxy.status import ProxyError
 from netio.admission import source_of
+from netio.fastio import peer_host
 
 
 class ConnectionLimits(Protocol):
@@ -70,4 +71,4 @@ class FrontEndContext:
         """The reset budget of ``peer``'s (``host:port``) source, shared with its other connections."""
         if self.reset_buckets is None:
             return None
-        return self.reset_buckets.bucket(source_of(peer.rpartition(":")[0].strip("[]")), trio.current_time())
+        return self.reset_buckets.bucket(source_of(peer_host(peer).strip("[]")), trio.current_time())

@@ -13,6 +13,7 @@ from daemonkit.logs import BurstLimitedLog
 from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Headers
 from kasd.k8sproxy.frontend import FrontEndContext
 from kasd.k8sproxy.status import status_body, status_headers
+from netio.fastio import peer_host
 
 log = logging.getLogger("kasd.k8sproxy")
 #: a rejected head is a line a stranger can repeat once per connection: once per 10 s per source and status
@@ -93,7 +94,7 @@ class Http1Connection:
                 else:
                     message = f"malformed HTTP/1.1 request: {exc}"
                 _strangers.info(
-                    (_host(self.peer), status), "rejected request peer=%s status=%d reason=%r", self.peer, status, message
+                    (peer_host(self.peer), status), "rejected request peer=%s status=%d reason=%r", self.peer, status, message
                 )
                 await self._reject(status, message)
                 return None
@@ -113,7 +114,7 @@ class Http1Connection:
                     if started and trio.current_time() >= deadline:
                         message = f"request head not received within {settings.header_timeout:g}s"
                         _strangers.info(
-                            (_host(self.peer), 408), "rejected request peer=%s status=408 reason=%r", self.peer, message
+                            (peer_host(self.peer), 408), "rejected request peer=%s status=408 reason=%r", self.peer, message
                         )
                         await self._reject(408, message)
                     return None
@@ -351,6 +352,3 @@ class _H1Exchange:
         conn.switched = True
         return conn.stream, bytes(conn.parser.trailing)
 
-
-def _host(peer: str) -> str:
-    return peer.rpartition(":")[0] or peer

@@ -35,6 +35,7 @@ from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Headers
 from kasd.k8sproxy.frontend import FrontEndContext
 from kasd.k8sproxy.status import ProxyError
+from netio.fastio import peer_host
 
 log = logging.getLogger("kasd.k8sproxy")
 #: lines a stranger can repeat at will (one per connection): one per source address per 10 s
@@ -112,7 +113,7 @@ class Http2Connection:
             return
         over = isinstance(error, BudgetExceededError)
         _strangers.info(
-            (_host(self.peer), "dropped"),
+            (peer_host(self.peer), "dropped"),
             "HTTP/2 client dropped %d streams before an answer peer=%s refused=%d goaway=%s reason=%s",
             dropped, self.peer, stats.streams_refused,
             h2.errors.ErrorCodes(error.error_code).name if over and error is not None else "-",
@@ -154,11 +155,11 @@ class Http2Connection:
                     continue  # a request finished or the server drains: re-evaluate
                 if not self.authenticated and trio.current_time() >= self.head_deadline:
                     if not self._seen_request:
-                        _strangers.info((_host(self.peer), "timeout"), "HTTP/2 client sent no request in time peer=%s", self.peer)
+                        _strangers.info((peer_host(self.peer), "timeout"), "HTTP/2 client sent no request in time peer=%s", self.peer)
                         self.port.count_rejected(408)
                     else:
                         _strangers.info(
-                            (_host(self.peer), "unauthorized"),
+                            (peer_host(self.peer), "unauthorized"),
                             "HTTP/2 client sent no authorized request in time peer=%s", self.peer,
                         )
                 return
@@ -168,7 +169,7 @@ class Http2Connection:
             await driver.pump(data)
         if driver.protocol_error is not None:
             if not isinstance(driver.protocol_error, BudgetExceededError):  # summed up at the end
-                _strangers.info((_host(self.peer), "h2"), "HTTP/2 protocol error peer=%s error=%s", self.peer, driver.protocol_error)
+                _strangers.info((peer_host(self.peer), "h2"), "HTTP/2 protocol error peer=%s error=%s", self.peer, driver.protocol_error)
             self.port.count_rejected(400)
 
     def _on_request(self, h2s: H2Stream, nursery: trio.Nursery) -> None:
@@ -252,9 +253,6 @@ class Http2Connection:
             else:
                 h2s.close()
 
-
-def _host(peer: str) -> str:
-    return peer.rpartition(":")[0] or peer
 
 
 def _quote(text: str) -> str:

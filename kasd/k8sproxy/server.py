@@ -17,7 +17,7 @@ from kasd.k8sproxy.http1 import Http1Connection
 from kasd.k8sproxy.http2 import Http2Connection
 from kasd.k8sproxy.pipeline import RequestPipeline
 from kasd.metrics import Metrics
-from netio.fastio import fast_stream, peer_name, tls_stream
+from netio.fastio import fast_stream, peer_host, peer_name, tls_stream
 
 log = logging.getLogger("kasd.k8sproxy")
 #: lines a stranger can repeat once per connection: at most one per 10 s per source and kind
@@ -118,7 +118,7 @@ class ProxyServer:
                     await tls.do_handshake()
                 except trio.BrokenResourceError as exc:
                     _strangers.info(
-                        (_host(peer), "tls"), "TLS handshake failed peer=%s error=%s", peer, exc.__cause__ or exc
+                        (peer_host(peer), "tls"), "TLS handshake failed peer=%s error=%s", peer, exc.__cause__ or exc
                     )
                     return
                 stream = tls
@@ -133,7 +133,7 @@ class ProxyServer:
                 use_h2 = initial.startswith(H2_PREFACE)
         if scope.cancelled_caught and (self.ssl_context is not None or not initial):
             # Nothing (or no TLS handshake) within the head timeout: just close.
-            _strangers.info((_host(peer), "silent"), "client sent nothing in time peer=%s", peer)
+            _strangers.info((peer_host(peer), "silent"), "client sent nothing in time peer=%s", peer)
             self.count_rejected(408)
             return
         # A partial plain-text head that timed out falls through: HTTP/1.1 answers it 408.
@@ -148,6 +148,3 @@ class ProxyServer:
                 with trio.move_on_after(_TLS_CLOSE_SECONDS, shield=True):
                     await stream.aclose()
 
-
-def _host(peer: str) -> str:
-    return peer.rpartition(":")[0] or peer
