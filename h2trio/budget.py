@@ -98,15 +98,19 @@ class ResetBucket:
         #: when ``spend`` last failed, the latest ``STRIKES`` times
         self.emptied: deque[float] = deque(maxlen=STRIKES)
 
+    def _level(self, now: float) -> float:
+        """Tokens at ``now``: what was left, refilled since, at most ``capacity``."""
+        return min(self.capacity, self._tokens + (now - self._last) * self._rate)
+
     def available(self, now: float) -> int:
         """Whole tokens left at ``now`` (what a read may spend before its rest is looked at)."""
-        return int(min(self.capacity, self._tokens + (now - self._last) * self._rate))
+        return int(self._level(now))
 
     def full(self, now: float) -> bool:
-        return self._tokens + (now - self._last) * self._rate >= self.capacity
+        return self._level(now) >= self.capacity
 
     def spend(self, now: float) -> bool:
-        tokens = min(self.capacity, self._tokens + (now - self._last) * self._rate)
+        tokens = self._level(now)
         self._last = now
         if tokens < 1.0:
             self._tokens = tokens
