@@ -15,14 +15,18 @@ import pytest
 import trio
 import trio.testing
 
-from h2trio.budget import BudgetExceededError, ResetLimit
+from h2trio.budget import DEFAULT_RESET_LIMIT, BudgetExceededError, ResetLimit
 from h2trio.driver import H2Driver, H2Stream
 from h2trio.lean import new_connection
 
 
-def _server_driver(stream: trio.abc.Stream, *, window: int = 65535) -> H2Driver:
+def _server_driver(
+    stream: trio.abc.Stream, *, window: int = 65535, reset_limit: ResetLimit = DEFAULT_RESET_LIMIT
+) -> H2Driver:
     conn = new_connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
-    return H2Driver(stream, conn, settings={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
+    return H2Driver(
+        stream, conn, settings={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window}, reset_limit=reset_limit
+    )
 
 
 class Client:
@@ -286,8 +290,7 @@ async def test_streams_reset_in_the_read_that_opened_them_start_nothing() -> Non
     """HTTP/2 rapid reset: HEADERS + RST_STREAM pairs. None is handed to on_request; each spends
     the reset budget, and once it is empty the driver sends GOAWAY ENHANCE_YOUR_CALM."""
     client_end, server_end = trio.testing.memory_stream_pair()
-    conn = new_connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
-    driver = H2Driver(server_end, conn, reset_limit=ResetLimit(budget=10, window=60.0))
+    driver = _server_driver(server_end, reset_limit=ResetLimit(budget=10, window=60.0))
     started: list[H2Stream] = []
     driver.on_request = started.append
     client = Client(client_end)
@@ -310,8 +313,7 @@ async def test_streams_reset_in_the_read_that_opened_them_start_nothing() -> Non
 
 async def test_resets_before_the_answer_count_and_resets_after_it_do_not() -> None:
     client_end, server_end = trio.testing.memory_stream_pair()
-    conn = new_connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
-    driver = H2Driver(server_end, conn, reset_limit=ResetLimit(budget=2, window=60.0))
+    driver = _server_driver(server_end, reset_limit=ResetLimit(budget=2, window=60.0))
     started: list[H2Stream] = []
     driver.on_request = started.append
     client = Client(client_end)
@@ -346,8 +348,7 @@ async def test_resets_before_the_answer_count_and_resets_after_it_do_not() -> No
 
 async def test_refused_streams_spend_the_reset_budget() -> None:
     client_end, server_end = trio.testing.memory_stream_pair()
-    conn = new_connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
-    driver = H2Driver(server_end, conn, reset_limit=ResetLimit(budget=3, window=60.0))
+    driver = _server_driver(server_end, reset_limit=ResetLimit(budget=3, window=60.0))
     client = Client(client_end)  # on_request is None: every stream is refused
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
