@@ -3,10 +3,19 @@
 pytest-trio fixtures are per test, but starting a server per kubectl row would be slow, so the
 module-wide server runs `trio.run` in a thread and tests reach into it through
 `trio.from_thread` (`ServerThread.call`).
+
+A server runs in one of two routes (`ROUTES`):
+
+- "direct": kubectl → kubesim (TLS, kubesim's token);
+- "tunnel": kubectl → kasd's Kubernetes API proxy (TLS, a `ci:<agent>:<job token>` token) → the
+  tunnel → agentd → kubesim, with a real kasd and a real agentd running in the same Trio thread as
+  kubesim. kubesim then sees agentd's token and the CI job's impersonation, as a cluster behind the
+  GitLab agent does.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -14,7 +23,8 @@ import ssl
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,6 +36,15 @@ from kubesim.server import KubeSim, open_kubesim
 
 T = TypeVar("T")
 TOKEN = "kubesim-test-token"
+
+#: how kubectl reaches kubesim: straight, or through kasd and agentd
+ROUTES = ("direct", "tunnel")
+#: the tunnel route's secrets: agentd's token at kasd, and the CI job token kubectl presents
+AGENT_TOKEN = "kubesim-harness-agent-token"
+JOB_TOKEN = "kubesim-harness-job-token"
+TUNNEL_AGENT_ID = 1
+#: who kasd tells agentd to impersonate for the CI job (what kubesim records)
+TUNNEL_USER = "gitlab:ci_job:1"
 
 
 def kubectl_binaries() -> list[tuple[str, str]]:
@@ -59,10 +78,14 @@ class Result:
 
 
 class ServerThread:
-    """A TLS kubesim running in a thread of its own for a whole test module."""
+    """A TLS kubesim running in a thread of its own for a whole test module, reached by kubectl
+    straight (route "direct") or through a real kasd and agentd (route "tunnel")."""
 
-    def __init__(self, workdir: Path, **kwargs: Any) -> None:
+    def __init__(self, workdir: Path, *, route: str = "direct", **kwargs: Any) -> None:
+        if route not in ROUTES:
+            raise ValueError(f"route must be one of {ROUTES}, not {route!r}")
         self.workdir = workdir
+        self.route = route
         self.kwargs = kwargs
         self.sim: KubeSim | None = None
         self._token: trio.lowlevel.TrioToken | None = None
@@ -100,9 +123,16 @@ class ServerThread:
         async with open_kubesim(token=TOKEN, tls=context, ca_pem=ca.cert_pem.bytes(),
                                 **self.kwargs) as sim:
             self.sim = sim
-            sim.write_kubeconfig(self.kubeconfig)
-            self._ready.set()
-            await self._stop.wait()
+            if self.route == "direct":
+                sim.write_kubeconfig(self.kubeconfig)
+                self._ready.set()
+                await self._stop.wait()
+                return
+            sim.write_kubeconfig(self.workdir / "cluster.kubeconfig")
+            async with _tunnel(self.workdir, ca, self.workdir / "cluster.kubeconfig") as proxy_url:
+                _write_tunnel_kubeconfig(self.kubeconfig, proxy_url, ca.cert_pem.bytes())
+                self._ready.set()
+                await self._stop.wait()
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(*args)` in the server's Trio thread (from a non-Trio thread)."""
@@ -135,6 +165,77 @@ class ServerThread:
         self.call(create)
 
 
+def _write_tunnel_kubeconfig(path: Path, proxy_url: str, ca_pem: bytes) -> None:
+    """What a CI job's kubectl gets: kasd's proxy, a `ci:<agent id>:<job token>` token."""
+    import base64
+
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "agent",
+        "clusters": [{"name": "agent", "cluster": {
+            "server": proxy_url, "certificate-authority-data": base64.b64encode(ca_pem).decode()}}],
+        "users": [{"name": "ci-job", "user": {"token": f"ci:{TUNNEL_AGENT_ID}:{JOB_TOKEN}"}}],
+        "contexts": [{"name": "agent", "context": {"cluster": "agent", "user": "ci-job",
+                                                   "namespace": "default"}}],
+    }
+    path.write_text(json.dumps(config, indent=2))
+    path.chmod(0o600)
+
+
+@asynccontextmanager
+async def _tunnel(workdir: Path, ca: trustme.CA, cluster_kubeconfig: Path) -> AsyncIterator[str]:
+    """A real kasd (TLS proxy port) and a real agentd dialling it, agentd's cluster being the
+    kubesim of `cluster_kubeconfig`; yields the proxy's URL once agentd's tunnel is registered.
+    Configured as kasctl/stack.py configures the demo's processes, but in this Trio run."""
+    from agentd.agent import run_agent
+    from agentd.config import AgentConfig
+    from agentd.kubeapi import kubeconfig_target
+    from daemonkit.settings import HostPort
+    from kasd.config import config_from_mapping
+    from kasd.server import Runtime, serve_kasd
+    from kasd.tokens import hash_token
+
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert_path, key_path = workdir / "kasd-cert.pem", workdir / "kasd-key.pem"
+    cert.cert_chain_pems[0].write_to_path(str(cert_path))
+    for blob in cert.cert_chain_pems[1:]:
+        blob.write_to_path(str(cert_path), append=True)
+    cert.private_key_pem.write_to_path(str(key_path))
+    config = config_from_mapping({
+        "listeners": {
+            "agent": {"address": "127.0.0.1:0", "path": "/tunnel"},
+            "observability": {"address": "127.0.0.1:0"},
+            "kubernetes_api": {"address": "127.0.0.1:0",
+                               "tls": {"cert": str(cert_path), "key": str(key_path)}},
+        },
+        "agents": [{"id": TUNNEL_AGENT_ID, "name": "kubesim", "config_project": "group/kubesim",
+                    "token_sha256": hash_token(AGENT_TOKEN)}],
+        "access": [{"name": "kubectl tests", "kind": "ci", "token_sha256": hash_token(JOB_TOKEN),
+                    "agents": [TUNNEL_AGENT_ID],
+                    "impersonate": {"user": TUNNEL_USER, "groups": ["gitlab:ci_job"]}}],
+        "agent_wait_timeout": 10,
+        "shutdown_timeout": 2,
+    })
+    token_file = workdir / "agent-token"
+    token_file.write_text(AGENT_TOKEN + "\n")
+    async with trio.open_nursery() as nursery:
+        kasd: Runtime = await nursery.start(serve_kasd, config)
+        agent_config = AgentConfig(
+            kas_addresses=(kasd.agent_url,), token_file=token_file, kubeconfig=cluster_kubeconfig,
+            connections=1, health=HostPort("127.0.0.1", 0), agent_id=str(TUNNEL_AGENT_ID),
+            pod_name="agentd-0", pod_uid="uid-0", shutdown_grace=1.0)
+        agent = await nursery.start(functools.partial(
+            run_agent, agent_config, kube_target=kubeconfig_target(cluster_kubeconfig)))
+        with trio.fail_after(20):
+            while not any(not t.session.closed for t in kasd.registry.tunnels(TUNNEL_AGENT_ID)):
+                await kasd.registry.wait_changed()
+        try:
+            yield f"https://{kasd.addresses['kubernetes_api']}"
+        finally:
+            agent.stop()
+            kasd.request_shutdown()
+            nursery.cancel_scope.cancel()
+
+
 KUBECTL_CAP = 15  # seconds any one kubectl call may take
 
 
@@ -157,3 +258,22 @@ def table_rows(text: str) -> list[list[str]]:
     import re
 
     return [re.split(r"\s{2,}", line.strip()) for line in text.strip().splitlines() if line.strip()]
+
+
+class ServerPool:
+    """A module's servers, one per route, each started when a test first asks for it."""
+
+    def __init__(self, workdir: Callable[[str], Path], **kwargs: Any) -> None:
+        self._workdir = workdir
+        self._kwargs = kwargs
+        self._servers: dict[str, ServerThread] = {}
+
+    def get(self, route: str) -> ServerThread:
+        if route not in self._servers:
+            self._servers[route] = ServerThread(self._workdir(route), route=route,
+                                                **self._kwargs).start()
+        return self._servers[route]
+
+    def stop(self) -> None:
+        for server in self._servers.values():
+            server.stop()

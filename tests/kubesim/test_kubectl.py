@@ -1,5 +1,6 @@
 """The conformance table: real kubectl (every version found) against kubesim, asserting what a
-user would see. One TLS server per module; every row works in a namespace of its own."""
+user would see. One TLS server per module; every row works in a namespace of its own. The streaming
+rows (get -w, logs -f, exec, attach) also run through kasd and agentd (the `routes` marker)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.kubesim.kubectl_harness import TOKEN, ServerThread, kubectl, table_rows
+from tests.kubesim.kubectl_harness import TOKEN, TUNNEL_USER, ServerThread, kubectl, table_rows
 
 MANIFESTS = Path(__file__).with_name("manifests")
 ALL_KINDS = MANIFESTS / "all-kinds.yaml"
@@ -326,6 +327,7 @@ async def test_delete_and_namespace_cascade(k: Kubectl) -> None:
     assert f"namespace/{k.namespace}" not in namespaces.split()
 
 
+@pytest.mark.routes
 async def test_get_watch_sees_a_concurrent_change(k: Kubectl) -> None:
     await k("create", "-f", "-", stdin=POD.encode())
     async with trio.open_nursery() as nursery:
@@ -358,6 +360,7 @@ async def test_get_watch_sees_a_concurrent_change(k: Kubectl) -> None:
 # -- logs and exec ------------------------------------------------------------------------------
 
 
+@pytest.mark.routes
 async def test_logs_and_follow(k: Kubectl) -> None:
     await k("create", "-f", "-", stdin=POD.encode())
     await k("wait", "--for=condition=Ready", "pod/solo", "--timeout=10s")
@@ -391,6 +394,7 @@ async def test_logs_and_follow(k: Kubectl) -> None:
     assert missing.returncode == 1 and "container nope is not valid for pod solo" in missing.stderr
 
 
+@pytest.mark.routes
 async def test_exec_with_and_without_stdin(k: Kubectl) -> None:
     await k("create", "-f", "-", stdin=POD.encode())
     await k("wait", "--for=condition=Ready", "pod/solo", "--timeout=10s")
@@ -523,6 +527,7 @@ async def test_generators_send_protobuf(k: Kubectl) -> None:
     assert rows_by_name(await k.out("get", "deployment", "gen"))["gen"][1] == "2/2"
 
 
+@pytest.mark.routes
 async def test_attach_with_stdin(k: Kubectl) -> None:
     await k("create", "-f", "-", stdin=POD.encode())
     await k("wait", "--for=condition=Ready", "pod/solo", "--timeout=10s")
@@ -545,6 +550,18 @@ async def test_requests_are_recorded_with_token_and_impersonation(k: Kubectl) ->
     assert last.impersonate == {"impersonate-user": "alice", "impersonate-group": "devs"}
     assert last.user_agent.startswith("kubectl/v1.")
     assert last.http_version == "2"  # kubectl speaks HTTP/2 over TLS (ALPN h2)
+
+
+@pytest.mark.routes
+async def test_the_route_is_what_kubesim_sees(k: Kubectl) -> None:
+    # Through the tunnel kubesim sees agentd (with its own token from its cluster kubeconfig)
+    # impersonating the identity kasd gave the CI job's token; straight, kubectl itself.
+    whoami = json.loads(await k.out("auth", "whoami", "-o", "json", namespaced=False))
+    user = whoami["status"]["userInfo"]["username"]
+    if k.server.route == "tunnel":
+        assert user == TUNNEL_USER
+    else:
+        assert user != TUNNEL_USER
 
 
 async def test_wrong_token_is_unauthorized(k: Kubectl) -> None:

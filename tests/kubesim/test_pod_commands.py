@@ -1,12 +1,12 @@
 """Containers run their command: real kubectl (every version found) against a kubesim whose
 kubelet back-off is scaled down (0.2 s doubling to 1 s instead of 10 s to 5 min), so a crash
-loop restarts within a test's time."""
+loop restarts within a test's time. Every test runs both straight at kubesim and through kasd and
+agentd (the `routes` marker)."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,18 +14,12 @@ import trio
 
 from tests.kubesim.kubectl_harness import ServerThread, kubectl, table_rows
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.routes]
 
 _COUNTER = iter(range(10_000))
 
 
-@pytest.fixture(scope="module")
-def kube_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    server = ServerThread(tmp_path_factory.mktemp("kubesim"), restart_backoff=(0.2, 1.0)).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+KUBESIM_OPTIONS = {"restart_backoff": (0.2, 1.0)}
 
 
 class K:
