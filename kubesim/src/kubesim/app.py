@@ -13,7 +13,7 @@ from urllib.parse import parse_qs
 
 import attrs
 
-from kubesim import discovery, errors, fieldcheck, openapi, tables, timefmt
+from kubesim import discovery, errors, fieldcheck, metrics, openapi, tables, timefmt
 from kubesim.asgi import (
     Query,
     Receive,
@@ -92,6 +92,7 @@ class KubeApp:
         self.version = version or ServerVersion()
         self.bookmark_interval = bookmark_interval
         self.on_request = on_request
+        self.metrics = metrics.Metrics()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -127,6 +128,34 @@ class KubeApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = header_map(scope)
+        try:
+            self._authenticate(scope, headers)
+        except ApiError as exc:
+            # Refused before the real server's instrumentation: not counted in /metrics.
+            await send_reply(send, json_reply(exc.code, exc.status()))
+            return
+        labels = self._request_labels(scope, scope["method"], headers)
+        if labels is None:
+            await self._http_authenticated(scope, headers, receive, send)
+            return
+        status = 0
+        began = metrics.now()
+
+        async def counting_send(message: MutableMapping[str, Any]) -> None:
+            nonlocal status
+            if message.get("type") == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            with self.metrics.in_flight(labels):
+                await self._http_authenticated(scope, headers, receive, counting_send)
+        finally:
+            if status:
+                self.metrics.observe(labels, status, metrics.now() - began)
+
+    async def _http_authenticated(self, scope: Scope, headers: dict[str, str], receive: Receive,
+                                  send: Send) -> None:
         started = False
 
         async def tracking_send(message: MutableMapping[str, Any]) -> None:
@@ -135,7 +164,6 @@ class KubeApp:
             await send(message)
 
         try:
-            self._authenticate(scope, headers)
             body = await read_body(receive)
             result = await self._route(scope, headers, body, receive, tracking_send)
         except ApiError as exc:
@@ -153,6 +181,44 @@ class KubeApp:
             return  # streamed
         await send_reply(send, result)
 
+    def _request_labels(self, scope: Scope, method: str,
+                        headers: dict[str, str]) -> metrics.RequestLabels | None:
+        """The /metrics labels of a request, or None for one not counted (an unknown path)."""
+        path = scope["path"].rstrip("/") or "/"
+        parts = path.strip("/").split("/")
+        if parts[0] == "api" and len(parts) > 2:
+            group, version, rest = "", parts[1], parts[2:]
+        elif parts[0] == "apis" and len(parts) > 3:
+            group, version, rest = parts[1], parts[2], parts[3:]
+        else:
+            return metrics.non_resource_labels(method, path)
+        watch = rest[0] == "watch"
+        if watch:
+            rest = rest[1:]
+        if not rest:
+            return None
+        try:
+            target = parse_target(self.store.registry, group, version, rest)
+        except ApiError:
+            return None
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        return metrics.resource_labels(
+            method, target, watch=watch or (method == "GET" and flag(query, "watch")),
+            dry_run=bool(query.get("dryRun")), content_type=headers.get("content-type", ""))
+
+    def _metrics(self) -> Reply:
+        storage = []
+        seen = set()
+        for kind in self.store.registry:
+            if kind.virtual or (kind.group, kind.plural) in seen:
+                continue
+            seen.add((kind.group, kind.plural))
+            name = f"{kind.plural}.{kind.group}" if kind.group else kind.plural
+            storage.append((name, self.store.count(kind.group, kind.plural)))
+        body = self.metrics.render(storage=storage,
+                                   build=metrics.build_labels(self.version.document()))
+        return Reply(status=200, body=body, content_type=metrics.CONTENT_TYPE)
+
     async def _route(self, scope: Scope, headers: dict[str, str], body: bytes,
                      receive: Receive, send: Send) -> Reply | None:
         path = scope["path"].rstrip("/") or "/"
@@ -163,9 +229,13 @@ class KubeApp:
             return Reply(status=200, body=b"ok", content_type="text/plain; charset=utf-8")
         if path == "/version":
             return json_reply(200, self.version.document())
+        if path == "/metrics":
+            if method not in ("GET", "HEAD"):
+                raise errors.method_not_allowed()
+            return self._metrics()
         if path == "/":
-            paths = ["/api", "/api/v1", "/apis", "/healthz", "/livez", "/openapi/v2", "/openapi/v3",
-                     "/readyz", "/version"]
+            paths = ["/api", "/api/v1", "/apis", "/healthz", "/livez", "/metrics", "/openapi/v2",
+                     "/openapi/v3", "/readyz", "/version"]
             paths += [f"/apis/{g}" for g, _ in self.store.registry.groups() if g]
             return json_reply(200, {"paths": sorted(paths)})
         if path.startswith("/openapi"):
@@ -479,6 +549,36 @@ class KubeApp:
         headers = header_map(scope)
         try:
             self._authenticate(scope, headers)
+        except ApiError as exc:
+            await refuse_websocket(scope, send, exc)
+            return
+        labels = self._request_labels(scope, "GET", headers)
+        if labels is None:
+            await self._websocket_authenticated(scope, receive, send)
+            return
+        status = 0
+        began = metrics.now()
+
+        async def counting_send(message: MutableMapping[str, Any]) -> None:
+            nonlocal status
+            kind = message.get("type")
+            if kind == "websocket.accept" and not status:
+                status = 101
+            elif kind == "websocket.http.response.start" and not status:
+                status = int(message["status"])
+            elif kind == "websocket.close" and not status:
+                status = 403  # refused before the upgrade, as an ASGI server answers it
+            await send(message)
+
+        try:
+            with self.metrics.in_flight(labels):
+                await self._websocket_authenticated(scope, receive, counting_send)
+        finally:
+            if status:
+                self.metrics.observe(labels, status, metrics.now() - began)
+
+    async def _websocket_authenticated(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
             parts = scope["path"].strip("/").split("/")
             if len(parts) != 7 or parts[:3] != ["api", "v1", "namespaces"] or parts[4] != "pods":
                 raise errors.page_not_found()

@@ -172,6 +172,10 @@ class Store:
                                watchers=len(self._watchers), history=len(self._history),
                                compacted_version=self._compacted)
 
+    def count(self, group: str, plural: str) -> int:
+        """How many objects of (group, plural) are stored."""
+        return len(self._objects.of(group, plural))
+
     def get(self, kind: Kind, namespace: str | None, name: str) -> dict[str, Any]:
         obj = self._objects.get(_key(kind, namespace, name))
         if obj is None:
