@@ -205,6 +205,38 @@ async def test_create_rejects_unknown_fields(k: Kubectl) -> None:
     assert 'unknown field "spec.containers[0].imagge"' in result.stderr
 
 
+async def test_apply_of_an_object_too_big_for_its_annotation_is_invalid(k: Kubectl,
+                                                                     tmp_path: Path) -> None:
+    # ~300 KiB of data: `create` stores it (a ConfigMap may hold 1 MiB), but `apply` copies the
+    # whole object into the last-applied-configuration annotation, past the 256 KiB that all of an
+    # object's annotations may hold — a real server refuses that with 422 Invalid.
+    manifest = json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "big"},
+                           "data": {"blob": "x" * (300 * 1024)}})
+    applied = await k("apply", "-f", "-", stdin=manifest.encode(), check=False)
+    assert applied.returncode == 1
+    assert ('The ConfigMap "big" is invalid: metadata.annotations: Too long: may not be more than '
+            "262144 bytes") in applied.stderr
+    assert "metadata.annotations: metadata.annotations" not in applied.stderr
+    gone = await k("get", "configmap", "big", check=False)
+    assert gone.returncode == 1 and "NotFound" in gone.stderr
+    created = await k.out("create", "-f", "-", stdin=manifest.encode())
+    assert created.strip() == "configmap/big created"
+    # an update and a patch that would pass the limit are refused the same way; just under it fits
+    stored = json.loads(await k.out("get", "configmap", "big", "-o", "json"))
+    stored["metadata"]["annotations"] = {"a": "y" * (257 * 1024)}
+    replaced = await k("replace", "-f", "-", stdin=json.dumps(stored).encode(), check=False)
+    assert replaced.returncode == 1
+    assert "metadata.annotations: Too long: may not be more than 262144 bytes" in replaced.stderr
+    patch = tmp_path / "patch.json"
+    patch.write_text(json.dumps({"metadata": {"annotations": {"a": "y" * (257 * 1024)}}}))
+    patched = await k("patch", "configmap", "big", "--type=merge", "--patch-file", str(patch),
+                      check=False)
+    assert patched.returncode == 1
+    assert "metadata.annotations: Too long: may not be more than 262144 bytes" in patched.stderr
+    patch.write_text(json.dumps({"metadata": {"annotations": {"a": "y" * (256 * 1024 - 1)}}}))
+    await k("patch", "configmap", "big", "--type=merge", "--patch-file", str(patch))
+
+
 async def test_apply_create_change_unchanged(k: Kubectl) -> None:
     manifest = (MANIFESTS / "all-kinds.yaml").read_text().split("---")[4]  # the Deployment
     first = await k.out("apply", "-f", "-", stdin=manifest.encode())

@@ -192,11 +192,25 @@ def apply_defaults(kind: Kind, obj: dict[str, Any], allocator: Allocator) -> Non
 _NO_SPEC = {"configmaps", "secrets", "events", "serviceaccounts", "endpointslices", "controllerrevisions"}
 
 
+#: apimachinery's TotalAnnotationSizeLimitB: the sum of every annotation's key and value, in bytes
+TOTAL_ANNOTATION_SIZE_LIMIT = 256 * 1024
+
+
+def annotations_size(annotations: dict[str, Any]) -> int:
+    """Bytes of keys and values (UTF-8, as Go's len of a string), as ValidateAnnotationsSize sums."""
+    return sum(len(str(k).encode()) + len(str(v).encode()) for k, v in annotations.items())
+
+
 def validate(kind: Kind, obj: dict[str, Any]) -> None:
     """The handful of semantic checks whose errors a user is likely to meet."""
     name = obj.get("metadata", {}).get("name", "")
     spec = obj.get("spec") or {}
     causes: list[tuple[str, str]] = []
+    annotations = obj.get("metadata", {}).get("annotations") or {}
+    if isinstance(annotations, dict) and annotations_size(annotations) > TOTAL_ANNOTATION_SIZE_LIMIT:
+        # apimachinery ValidateAnnotationsSize: field.TooLong(metadata.annotations, "", limit)
+        causes.append(("metadata.annotations",
+                       f"Too long: may not be more than {TOTAL_ANNOTATION_SIZE_LIMIT} bytes"))
     if kind.plural == "pods":
         if not spec.get("containers"):
             causes.append(("spec.containers", "Required value"))

@@ -77,8 +77,18 @@ def conflict(group: str, plural: str, name: str) -> ApiError:
     )
 
 
+#: a field error's wording → its cause type (k8s.io/apimachinery/pkg/util/validation/field)
+_CAUSE_TYPES = (("Required value", "FieldValueRequired"), ("Too long", "FieldValueTooLong"),
+                ("Unsupported value", "FieldValueNotSupported"), ("Forbidden", "FieldValueForbidden"),
+                ("Duplicate value", "FieldValueDuplicate"), ("Not found", "FieldValueNotFound"))
+
+
 def invalid(kind: str, group: str, name: str, causes: list[tuple[str, str]]) -> ApiError:
-    """422 Invalid; `causes` are (field, message) pairs as the validators word them."""
+    """422 Invalid; `causes` are (field, message) pairs as the validators word them (the message
+    is the field error's ErrorBody, e.g. "Too long: may not be more than 262144 bytes").
+
+    As apierrors.NewInvalid: each cause's type is the field error's, its message the error
+    body without the field (kubectl prints `field: message` from the causes)."""
     qualified = f"{kind}.{group}" if group else kind
     text = "; ".join(f"{field}: {message}" for field, message in causes)
     plural_message = f'{qualified} "{name}" is invalid: {text}'
@@ -86,13 +96,20 @@ def invalid(kind: str, group: str, name: str, causes: list[tuple[str, str]]) -> 
         "name": name,
         "kind": kind,
         "causes": [
-            {"reason": "FieldValueInvalid", "message": f"{field}: {message}", "field": field}
+            {"reason": _cause_type(message), "message": message, "field": field}
             for field, message in causes
         ],
     }
     if group:
         details["group"] = group
     return ApiError(422, "Invalid", plural_message, details=details)
+
+
+def _cause_type(message: str) -> str:
+    for prefix, cause in _CAUSE_TYPES:
+        if message.startswith(prefix):
+            return cause
+    return "FieldValueInvalid"
 
 
 def bad_request(message: str) -> ApiError:
