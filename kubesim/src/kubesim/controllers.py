@@ -1,8 +1,8 @@
 """Simple controllers that make objects behave: workloads make pods, pods run, statuses fill in.
 
 This module holds the loop and the small controllers (node, namespaces, endpoint slices, HPAs,
-PVCs); `workloads` holds Deployments, ReplicaSets, StatefulSets, DaemonSets and Jobs, and
-`kubelet` the pod lifecycle and container consoles.
+PVCs); `workloads` holds Deployments, ReplicaSets, StatefulSets, DaemonSets and Jobs, `cronjobs`
+the CronJob controller, and `kubelet` the pod lifecycle and container consoles.
 
 `Controllers.run` wakes on every store change (and on a short tick, for things that happen with
 time) and reconciles everything until nothing changes. Pods become Running and Ready at once,
@@ -27,7 +27,7 @@ from typing import Any
 
 import trio
 
-from kubesim import kubelet, workloads
+from kubesim import cronjobs, kubelet, workloads
 from kubesim.console import ContainerConsole
 from kubesim.errors import ApiError
 from kubesim.kubelet import NODE_IP, NODE_NAME
@@ -36,7 +36,7 @@ from kubesim.processes import MainProcess
 from kubesim.resources import Kind
 from kubesim.selectors import selector_from_match_labels
 from kubesim.store import Store
-from kubesim.timefmt import now, rfc3339
+from kubesim.timefmt import Clock, now, rfc3339, using
 
 _EVENT_IDS = itertools.count(time.time_ns())
 ROOT_CA = "-----BEGIN CERTIFICATE-----\nMIIBkubesimkubesimkubesim\n-----END CERTIFICATE-----\n"
@@ -46,9 +46,12 @@ class Controllers:
     """The reconcilers, and the consoles of the containers they started."""
 
     def __init__(self, store: Store, *, tick: float = 0.5, root_ca: bytes | None = None,
-                 restart_backoff: tuple[float, float] = (10.0, 300.0)) -> None:
+                 restart_backoff: tuple[float, float] = (10.0, 300.0),
+                 clock: Clock | None = None) -> None:
         self.store = store
         self.tick = tick
+        # The server's clock: reconcile reads it even when called from outside the server's tasks.
+        self.clock = clock or Clock()
         # The kubelet's crash-loop back-off: first delay, doubling up to the second.
         self.restart_backoff = restart_backoff
         # Containers' main processes run here (set by `run`; without it, containers idle).
@@ -64,6 +67,8 @@ class Controllers:
         # Set by a pass that saw work which happens with time (crash loops, progress deadlines):
         # only then does `run` wake on the tick as well as on changes.
         self.timed_work = False
+        # The run loop's wait for a change or a deadline (`poke` ends it early).
+        self._waiting: trio.CancelScope | None = None
         self.kinds = {plural: store.kind(group, plural) for group, plural in (
             ("", "pods"), ("", "namespaces"), ("", "nodes"), ("", "events"), ("", "services"),
             ("", "serviceaccounts"), ("", "configmaps"), ("apps", "deployments"),
@@ -82,8 +87,9 @@ class Controllers:
                 while True:
                     deadline = min(trio.current_time() + (self.tick if self.timed_work else math.inf),
                                    self.wake_at)
-                    with trio.move_on_at(deadline):
+                    with trio.move_on_at(deadline) as self._waiting:
                         await self.store.wait_changed(seen)
+                    self._waiting = None
                     self.reconcile()
                     seen = self.store.resource_version
                     await trio.lowlevel.checkpoint()
@@ -103,14 +109,20 @@ class Controllers:
         """Ask for a pass at trio time `deadline` at the latest (time-based pod work)."""
         self.wake_at = min(self.wake_at, deadline)
 
+    def poke(self) -> None:
+        """Make the run loop pass now and recompute when to wake (the clock moved)."""
+        if self._waiting is not None:
+            self._waiting.cancel()
+
     def reconcile(self) -> None:
         self.timed_work = False
         self.wake_at = math.inf
-        for _ in range(50):
-            before = self.store.resource_version
-            self._pass()
-            if self.store.resource_version == before:
-                return
+        with using(self.clock):
+            for _ in range(50):
+                before = self.store.resource_version
+                self._pass()
+                if self.store.resource_version == before:
+                    return
 
     def _pass(self) -> None:
         self._ensure_node()
@@ -118,7 +130,8 @@ class Controllers:
             ("namespaces", self._namespace), ("deployments", partial(workloads.deployment, self)),
             ("replicasets", partial(workloads.replicaset, self)),
             ("statefulsets", partial(workloads.statefulset, self)),
-            ("daemonsets", partial(workloads.daemonset, self)), ("jobs", partial(workloads.job, self)),
+            ("daemonsets", partial(workloads.daemonset, self)),
+            ("cronjobs", partial(cronjobs.cronjob, self)), ("jobs", partial(workloads.job, self)),
             ("pods", partial(kubelet.pod, self)),
             ("services", self._service), ("horizontalpodautoscalers", self._hpa),
             ("persistentvolumeclaims", self._pvc),

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from typing import Any
 
+from kubesim import cron
 from kubesim.errors import ApiError, invalid
 from kubesim.resources import Kind
 
@@ -231,12 +233,43 @@ def validate(kind: Kind, obj: dict[str, Any]) -> None:
                                f"Invalid value: {_go_map(labels)}: `selector` does not match template `labels`"))
         if not (spec.get("template", {}).get("spec") or {}).get("containers"):
             causes.append(("spec.template.spec.containers", "Required value"))
+    if kind.plural == "cronjobs" and kind.group == "batch":
+        causes.extend(_cronjob_causes(spec))
     if kind.plural == "configmaps" or kind.plural == "secrets":
         for key in [*(obj.get("data") or {}), *(obj.get("binaryData") or {})]:
             if not re.match(r"^[-._a-zA-Z0-9]+$", key):
                 causes.append((f"data[{key}]", f'Invalid value: "{key}": a valid config key must consist of alphanumeric characters, \'-\', \'_\' or \'.\' (e.g. \'key.name\',  or \'KEY_NAME\',  or \'key-name\', regex used for validation is \'[-._a-zA-Z0-9]+\')'))
     if causes:
         raise invalid(kind.kind, kind.group, name, causes)
+
+
+def _cronjob_causes(spec: dict[str, Any]) -> list[tuple[str, str]]:
+    """ValidateCronJobSpec's schedule and timeZone checks (pkg/apis/batch/validation)."""
+    causes: list[tuple[str, str]] = []
+    schedule = spec.get("schedule")
+    if not schedule:
+        causes.append(("spec.schedule", "Required value"))
+    elif not isinstance(schedule, str):
+        causes.append(("spec.schedule", f"Invalid value: {json.dumps(schedule)}: must be a string"))
+    elif "TZ" in schedule:
+        causes.append(("spec.schedule", f"Invalid value: {json.dumps(schedule)}: cannot use TZ or "
+                       "CRON_TZ in schedule, use timeZone field instead"))
+    else:
+        try:
+            cron.parse(schedule)
+        except cron.ScheduleError as exc:
+            causes.append(("spec.schedule", f"Invalid value: {json.dumps(schedule)}: {exc}"))
+    zone = spec.get("timeZone")
+    if zone is not None:
+        if zone == "Local":
+            causes.append(("spec.timeZone", 'Invalid value: "Local": timeZone must be an explicit '
+                           "time zone as defined in https://www.iana.org/time-zones"))
+        else:
+            try:
+                cron.zone(str(zone))
+            except ValueError as exc:
+                causes.append(("spec.timeZone", f"Invalid value: {json.dumps(zone)}: {exc}"))
+    return causes
 
 
 def _go_map(labels: dict[str, str]) -> str:

@@ -26,6 +26,7 @@ from kubesim.console import ContainerConsole
 from kubesim.controllers import Controllers
 from kubesim.requests import RecordedRequest
 from kubesim.store import Store
+from kubesim.timefmt import Clock, install
 
 
 class _Config(Config):
@@ -58,7 +59,16 @@ class KubeSim:
     controllers: Controllers
     requests: list[RecordedRequest]
     ca_pem: bytes | None = None
+    clock: Clock = attrs.field(factory=Clock)
     _shutdown: trio.Event = attrs.field(factory=trio.Event)
+
+    def advance_clock(self, seconds: float) -> None:
+        """Let `seconds` pass on the server's clock (timestamps, ages, CronJob schedules) and
+        reconcile at once, so what was due by then (a CronJob's next run) has happened. Call it
+        in the server's Trio thread."""
+        self.clock.advance(seconds)
+        self.controllers.reconcile()
+        self.controllers.poke()  # the loop's next wake-up (a schedule's next time) moved closer
 
     def console(self, namespace: str, pod: str, container: str) -> ContainerConsole | None:
         return self.controllers.console(namespace, pod, container)
@@ -111,12 +121,16 @@ async def serve_kubesim(
     controller_tick: float = 0.5,
     restart_backoff: tuple[float, float] = (10.0, 300.0),
     on_request: Callable[[RecordedRequest], None] | None = None,
+    clock: Clock | None = None,
     task_status: trio.TaskStatus[KubeSim] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until cancelled (or `KubeSim.stop()`); `task_status.started(sim)` once listening."""
+    """Serve until cancelled (or `KubeSim.stop()`); `task_status.started(sim)` once listening.
+    `clock` (default: a fresh `Clock`) is the time the server's timestamps and controllers read."""
+    clock = clock or Clock()
+    install(clock)  # this task's context: the HTTP side and the controllers started below
     store = store or Store()
     controllers = Controllers(store, tick=controller_tick, root_ca=ca_pem,
-                              restart_backoff=restart_backoff)
+                              restart_backoff=restart_backoff, clock=clock)
     requests: list[RecordedRequest] = []
     config = _Config(tls)
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
@@ -140,7 +154,7 @@ async def serve_kubesim(
         app.server_address = f"{url_host}:{bound_port}"
         sim = KubeSim(url=f"{scheme}://{url_host}:{bound_port}", port=bound_port, host=url_host,
                       token=token, tls=tls is not None, store=store, controllers=controllers,
-                      requests=requests, ca_pem=ca_pem, shutdown=shutdown)
+                      requests=requests, ca_pem=ca_pem, clock=clock, shutdown=shutdown)
         task_status.started(sim)
         await shutdown.wait()
         nursery.cancel_scope.cancel()

@@ -1,12 +1,56 @@
-"""Timestamps and ages the way the API server writes them."""
+"""Timestamps and ages the way the API server writes them, and the clock they are read from.
+
+Each kubesim has a `Clock`: wall-clock time, shifted ahead by what `Clock.advance` added, so a test
+can make a minute pass (a CronJob fire) without waiting for it. `serve_kubesim` installs its clock
+in a context variable for its own tasks (the HTTP side and the controllers inherit it); `now()`
+reads it, and is real time elsewhere.
+"""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import UTC, datetime, timedelta
+
+
+class Clock:
+    """Wall-clock time, moved ahead by `advance` (never back: resourceVersions and timestamps
+    would disagree)."""
+
+    def __init__(self) -> None:
+        self.offset = timedelta(0)
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) + self.offset
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("the clock only moves forward")
+        self.offset += timedelta(seconds=seconds)
+
+
+_CLOCK: ContextVar[Clock | None] = ContextVar("kubesim_clock", default=None)
+
+
+def install(clock: Clock) -> None:
+    """Make `clock` the one `now()` reads in this task and in the tasks it starts from now on."""
+    _CLOCK.set(clock)
+
+
+@contextmanager
+def using(clock: Clock) -> Iterator[None]:
+    """Read `clock` for the block (code called from outside the server's tasks)."""
+    token = _CLOCK.set(clock)
+    try:
+        yield
+    finally:
+        _CLOCK.reset(token)
 
 
 def now() -> datetime:
-    return datetime.now(UTC)
+    clock = _CLOCK.get()
+    return datetime.now(UTC) if clock is None else clock.now()
 
 
 def rfc3339(moment: datetime) -> str:
