@@ -10,15 +10,18 @@ Messages follow busybox (`sh: foo: not found`, status 127), as in a busybox-base
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import attrs
 import trio
+
+from kubesim.fs import FileSystem, container_tree
 
 
 class CommandIO(Protocol):
@@ -105,6 +108,11 @@ class _Streams:
     write_stdout: Writer
     write_stderr: Writer
     tty: bool
+    #: The container's filesystem and the command's working directory.
+    fs: FileSystem
+    cwd: str = "/"
+    #: Where ^C on the terminal goes (None: not on a terminal, or nothing listens).
+    interrupts: Interrupts | None = None
 
     async def read_stdin(self) -> bytes:
         return await self.stdin.read()
@@ -122,7 +130,7 @@ async def _empty() -> bytes:
     return b""
 
 
-def _streams(io: CommandIO) -> _Streams:
+def _streams(io: CommandIO, fs: FileSystem | None = None, cwd: str = "/") -> _Streams:
     if isinstance(io, _Streams):
         return io
     return _Streams(
@@ -130,6 +138,10 @@ def _streams(io: CommandIO) -> _Streams:
         write_stdout=io.write_stdout,
         write_stderr=io.write_stderr,
         tty=io.tty,
+        fs=fs if fs is not None else container_tree(FileSystem(), commands=tuple(_COMMANDS)),
+        cwd=cwd,
+        # A Terminal offers its interrupts; other streams have none.
+        interrupts=getattr(io, "interrupts", None),
     )
 
 
@@ -167,15 +179,23 @@ def command_names() -> list[str]:
     return sorted(_COMMANDS)
 
 
-async def run_command(argv: list[str], io: CommandIO, env: Mapping[str, str]) -> int:
-    """Run `argv` to completion and return its exit status."""
+async def run_command(argv: list[str], io: CommandIO, env: Mapping[str, str], *,
+                      fs: FileSystem | None = None, cwd: str = "/") -> int:
+    """Run `argv` to completion and return its exit status.
+
+    `fs` is the container's filesystem (default: a fresh image tree of its own), `cwd` the
+    working directory.
+    """
     if not argv:
         return 0
     fn = _lookup(argv[0])
     if fn is None:
         await io.write_stderr(f"sh: {argv[0]}: not found\n".encode())
         return 127
-    streams = _streams(io)
+    if fs is None and not isinstance(io, _Streams):
+        fs = container_tree(FileSystem(), hostname=env.get("HOSTNAME", "localhost"),
+                            commands=tuple(_COMMANDS))
+    streams = _streams(io, fs, cwd)
     try:
         return await fn(argv, streams, env)
     except _BrokenPipe:
@@ -1499,6 +1519,32 @@ _SHELL_BUILTINS: dict[str, Builtin] = {
 # -- a terminal ----------------------------------------------------------------------------------
 
 
+class Interrupts:
+    """Where a terminal's ^C goes: to the innermost foreground job, like SIGINT to the terminal's
+    foreground process group. An interactive shell makes each command it runs (and its own line
+    reading) the foreground while it lasts; what is below (the exec'd command itself) gets ^C only
+    when nothing above listens.
+    """
+
+    def __init__(self, base: Callable[[], None] | None = None) -> None:
+        self._handlers: list[Callable[[], None]] = [] if base is None else [base]
+
+    @contextlib.contextmanager
+    def foreground(self, handler: Callable[[], None]) -> Iterator[None]:
+        self._handlers.append(handler)
+        try:
+            yield
+        finally:
+            self._handlers.remove(handler)
+
+    def interrupt(self) -> bool:
+        """Deliver one ^C; False if nobody listens (then it is lost, as a SIGINT ignored)."""
+        if not self._handlers:
+            return False
+        self._handlers[-1]()
+        return True
+
+
 @attrs.frozen(kw_only=True)
 class TerminalInput:
     """What a chunk of keyboard input did: the echo to show, what a reader gets, signals.
@@ -1574,7 +1620,7 @@ class Terminal:
     def __init__(self, raw: CommandIO, *, on_interrupt: Callable[[], None] | None = None) -> None:
         self._raw = raw
         self._discipline = LineDiscipline()
-        self._on_interrupt = on_interrupt
+        self.interrupts = Interrupts(on_interrupt)
         self._send, self._receive = trio.open_memory_channel[bytes](_PIPE_BUFFER)
 
     async def pump_input(self) -> None:
@@ -1583,10 +1629,16 @@ class Terminal:
                 result = self._discipline.feed(data)
                 if result.echo:
                     await self._raw.write_stdout(result.echo)
+                if result.interrupt:
+                    # ^C flushes what was typed ahead but not yet read, as a tty's ISIG does.
+                    while True:
+                        try:
+                            self._receive.receive_nowait()
+                        except trio.WouldBlock:
+                            break
+                    self.interrupts.interrupt()
                 for read in result.reads:
                     await self._send.send(read)
-                if result.interrupt and self._on_interrupt is not None:
-                    self._on_interrupt()
 
     async def read_stdin(self) -> bytes:
         try:
