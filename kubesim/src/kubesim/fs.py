@@ -99,6 +99,8 @@ class FileSystem:
         self._used = 0
         self._inodes = 1
         self._root = _Dir(mode=stat.S_IFDIR | 0o755, mtime_ns=time.time_ns())
+        #: Directories mounted read-only (a container's /proc and /sys): changes give EROFS.
+        self.read_only: tuple[str, ...] = ()
 
     # -- paths ---------------------------------------------------------------------------------
 
@@ -133,7 +135,9 @@ class FileSystem:
         return node
 
     def _parent(self, path: str, cwd: str) -> tuple[_Dir, str]:
-        """The directory that holds `path`, and its name in it (ENOENT/ENOTDIR on the way)."""
+        """The directory that holds `path`, and its name in it (ENOENT/ENOTDIR on the way), for
+        a change: EROFS under a read-only mount."""
+        self._check_writable(path, cwd)
         parts = self._parts(path, cwd)
         if not parts:
             raise fs_error(errno.EEXIST, path)  # "/" itself: nothing holds it
@@ -148,6 +152,11 @@ class FileSystem:
         if not isinstance(node, _Dir):
             raise fs_error(errno.ENOTDIR, path)
         return node, parts[-1]
+
+    def _check_writable(self, path: str, cwd: str) -> None:
+        absolute = self.resolve(path, cwd)
+        if any(absolute == top or absolute.startswith(top + "/") for top in self.read_only):
+            raise fs_error(errno.EROFS, path)
 
     def _new_inode(self, path: str) -> None:
         if self._inodes >= self.max_inodes:
@@ -234,6 +243,9 @@ class FileSystem:
     def mkdir(self, path: str, cwd: str = "/", *, mode: int = 0o755, parents: bool = False) -> None:
         """Make a directory; with `parents`, also missing ones above, and no error if it exists."""
         if parents:
+            if self.is_dir(path, cwd):
+                return
+            self._check_writable(path, cwd)
             node: _Node = self._root
             done = "/"
             for part in self._parts(path, cwd):
@@ -295,6 +307,7 @@ class FileSystem:
 
     def touch(self, path: str, cwd: str = "/", *, mtime_ns: int | None = None) -> None:
         """Create an empty file if missing; set the mtime (now by default)."""
+        self._check_writable(path, cwd)
         try:
             node = self._lookup(path, cwd)
         except FileNotFoundError:
@@ -303,6 +316,7 @@ class FileSystem:
         node.mtime_ns = time.time_ns() if mtime_ns is None else mtime_ns
 
     def chmod(self, path: str, mode: int, cwd: str = "/") -> None:
+        self._check_writable(path, cwd)
         node = self._lookup(path, cwd)
         node.mode = stat.S_IFMT(node.mode) | (mode & 0o7777)
 
@@ -436,6 +450,7 @@ def container_tree(fs: FileSystem, *, image: str = "", hostname: str = "localhos
     fs.chmod("/tmp", 0o1777)
     fs.chmod("/root", 0o700)
     fs.add_device_null()
+    fs.read_only = ("/proc", "/sys")
     for name in commands:
         if name.isidentifier() or name.replace("-", "_").isidentifier():
             fs.write_file(f"/bin/{name}", b"", mode=0o755)
