@@ -170,3 +170,17 @@ async def test_ctrl_c_interrupts_the_foreground_command_in_exec_it_sh(k: K) -> N
         os.close(master)
         if slave >= 0:
             os.close(slave)
+
+
+async def test_main_process_and_exec_share_the_filesystem(k: K) -> None:
+    await k("run", "writer", "--image=busybox", "--", "sh", "-c", "echo from-main > /tmp/m; sleep 3600")
+    await k("wait", "--for=condition=Ready", "pod/writer", "--timeout=10s")
+    with trio.fail_after(10):
+        while True:  # polling kubectl, bounded: the main process may not have written yet
+            result = await k("exec", "writer", "--", "cat", "/tmp/m", check=False)
+            if result.returncode == 0:
+                break
+            await trio.sleep(0.05)
+    assert result.stdout == "from-main\n"
+    # Each pod (and container) has its own.
+    assert (await k("exec", "box", "--", "ls", "/tmp")).stdout == ""
