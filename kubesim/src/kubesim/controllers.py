@@ -30,6 +30,7 @@ import trio
 from kubesim import cronjobs, kubelet, workloads
 from kubesim.console import ContainerConsole
 from kubesim.errors import ApiError
+from kubesim.fs import FileSystem
 from kubesim.kubelet import NODE_IP, NODE_NAME
 from kubesim.objects import owned_by, owner_ref, pod_ready
 from kubesim.processes import MainProcess
@@ -64,6 +65,8 @@ class Controllers:
         # What every namespace's kube-root-ca.crt ConfigMap carries: the serving CA when known.
         self.root_ca = root_ca.decode() if root_ca else ROOT_CA
         self.consoles: dict[tuple[str, str, str], ContainerConsole] = {}
+        # Each running container's filesystem (a fresh one per run, as a new writable layer).
+        self.filesystems: dict[tuple[str, str, str], FileSystem] = {}
         # Set by a pass that saw work which happens with time (crash loops, progress deadlines):
         # only then does `run` wake on the tick as well as on changes.
         self.timed_work = False
@@ -98,6 +101,10 @@ class Controllers:
 
     def console(self, namespace: str, pod: str, container: str) -> ContainerConsole | None:
         return self.consoles.get((namespace, pod, container))
+
+    def filesystem(self, namespace: str, pod: str, container: str) -> FileSystem | None:
+        """The container's filesystem while it runs (shared by exec, its main process, listeners)."""
+        return self.filesystems.get((namespace, pod, container))
 
     # -- the loop ------------------------------------------------------------------------------
 

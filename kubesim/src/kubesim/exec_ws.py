@@ -21,6 +21,7 @@ import trio
 from kubesim import channels
 from kubesim.channels import ChannelProtocol, ChannelProtocolError, TerminalSize
 from kubesim.console import ContainerConsole
+from kubesim.fs import FileSystem
 from kubesim.shell import LineDiscipline, Terminal, is_command, run_command
 
 log = logging.getLogger(__name__)
@@ -45,12 +46,14 @@ async def serve_exec(
     *,
     command: list[str],
     env: Mapping[str, str],
+    fs: FileSystem | None = None,
     stdin: bool,
     stdout: bool,
     stderr: bool,
     tty: bool,
 ) -> None:
-    """Serve one `pods/exec` WebSocket: run `command` and report its exit status."""
+    """Serve one `pods/exec` WebSocket: run `command` (in the container's filesystem `fs`) and
+    report its exit status."""
     session = await _Session.accept(scope, receive, send, stdin=stdin)
     if session is None:
         return
@@ -58,7 +61,7 @@ async def serve_exec(
     io = _ChannelIO(session, stdout=stdout, stderr=stderr and not tty, tty=tty)
 
     async def run() -> Mapping[str, Any]:
-        return await _exec_status(command, io, env)
+        return await _exec_status(command, io, env, fs)
 
     await session.run(run)
 
@@ -98,7 +101,7 @@ async def serve_attach(
 
 
 async def _exec_status(
-    command: list[str], io: _ChannelIO, env: Mapping[str, str]
+    command: list[str], io: _ChannelIO, env: Mapping[str, str], fs: FileSystem | None = None
 ) -> Mapping[str, Any]:
     if not command:
         return channels.internal_error_status(
@@ -108,9 +111,9 @@ async def _exec_status(
         return channels.internal_error_status(_not_found_error(command[0]))
     try:
         if io.tty:
-            code = await _run_on_terminal(command, io, env)
+            code = await _run_on_terminal(command, io, env, fs)
         else:
-            code = await run_command(command, io, env)
+            code = await run_command(command, io, env, fs=fs)
     except Exception as exc:  # a bug in a command must still end the session properly
         log.exception("exec %r failed", command)
         return channels.internal_error_status(f"error executing command in container: {exc!r}")
@@ -130,7 +133,9 @@ def _not_found_error(name: str) -> str:
     )
 
 
-async def _run_on_terminal(command: list[str], io: _ChannelIO, env: Mapping[str, str]) -> int:
+async def _run_on_terminal(command: list[str], io: _ChannelIO, env: Mapping[str, str],
+                           fs: FileSystem | None) -> int:
+    """Run `command` behind a `Terminal`; ^C that no interactive shell takes ends it (130)."""
     interrupted = False
     with trio.CancelScope() as command_scope:
 
@@ -142,7 +147,7 @@ async def _run_on_terminal(command: list[str], io: _ChannelIO, env: Mapping[str,
         terminal = Terminal(io, on_interrupt=interrupt)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(terminal.pump_input)
-            code = await run_command(command, terminal, env)
+            code = await run_command(command, terminal, env, fs=fs)
             nursery.cancel_scope.cancel()
     return INTERRUPTED if interrupted else code
 

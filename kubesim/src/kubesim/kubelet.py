@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from kubesim.console import ContainerConsole
+from kubesim.fs import FileSystem, container_tree
 from kubesim.objects import annotation_true
 from kubesim.processes import MainProcess, ProcessStdin, container_env, main_argv
+from kubesim.shell import command_names
 from kubesim.timefmt import now, parse, rfc3339
 
 if TYPE_CHECKING:
@@ -93,8 +95,9 @@ def start(ctl: Controllers, pod: dict[str, Any]) -> None:
         argv = None if crash or ctl.nursery is None else main_argv(container, job_pod=job_pod, fail=fail)
         if argv is not None:
             if key not in ctl.processes:
-                _spawn(ctl, pod, container, argv)
+                _spawn(ctl, pod, container, argv, pod_ip=ip)
         elif key not in ctl.consoles:
+            ctl.filesystems[key] = _new_filesystem(pod, container, ip)
             console = ContainerConsole()
             console.log(f"kubesim: container {cname} started (image {image})")
             for line in _startup_lines(container):
@@ -190,25 +193,30 @@ def close_stale_consoles(ctl: Controllers) -> None:
                 process.scope.cancel()
             ctl.previous_consoles.pop(key, None)
             ctl.backoffs.pop(key, None)
+            ctl.filesystems.pop(key, None)
 
 
 # -- main processes ------------------------------------------------------------------------------
 
 
-def _spawn(ctl: Controllers, pod: dict[str, Any], container: dict[str, Any], argv: list[str]) -> None:
+def _spawn(ctl: Controllers, pod: dict[str, Any], container: dict[str, Any], argv: list[str],
+           *, pod_ip: str = "") -> None:
     """Start a run of the container's main process; its console replaces the last run's."""
     assert ctl.nursery is not None
     key = (pod["metadata"]["namespace"], pod["metadata"]["name"], container.get("name", ""))
     console = ContainerConsole()
     stdin = ProcessStdin(open_=bool(container.get("stdin")), once=bool(container.get("stdinOnce")))
     console.pipe_stdin(stdin)
-    process = MainProcess(argv=argv, console=console, stdin=stdin)
+    # A run (the first or a restart) starts from the image: a fresh writable layer.
+    filesystem = _new_filesystem(pod, container, pod_ip or (pod.get("status") or {}).get("podIP") or "")
+    process = MainProcess(argv=argv, console=console, stdin=stdin, fs=filesystem)
     previous = ctl.consoles.get(key)
     if previous is not None:
         previous.close()
         ctl.previous_consoles[key] = previous
     ctl.consoles[key] = console
     ctl.processes[key] = process
+    ctl.filesystems[key] = filesystem
     ctl.nursery.start_soon(process.run, container_env(pod, key[2]), ctl.reconcile)
 
 
@@ -291,6 +299,13 @@ def _sync_processes(ctl: Controllers, pod: dict[str, Any],
         condition.pop("message", None)
         condition.update(wanted)
     ctl.set_status("pods", pod, status)
+
+
+def _new_filesystem(pod: dict[str, Any], container: dict[str, Any], pod_ip: str) -> FileSystem:
+    meta = pod["metadata"]
+    return container_tree(FileSystem(), image=str(container.get("image") or ""),
+                          hostname=(pod.get("spec") or {}).get("hostname") or meta["name"],
+                          namespace=meta["namespace"], pod_ip=pod_ip, commands=tuple(command_names()))
 
 
 def _go_duration(seconds: float) -> str:

@@ -25,6 +25,7 @@ import attrs
 import trio
 
 from kubesim.console import ContainerConsole
+from kubesim.fs import FileSystem
 from kubesim.shell import is_command, run_command
 from kubesim.timefmt import now
 
@@ -100,6 +101,8 @@ class MainProcess:
     argv: list[str]
     console: ContainerConsole
     stdin: ProcessStdin
+    #: The run's filesystem, shared with exec sessions into the container.
+    fs: FileSystem = attrs.Factory(FileSystem)
     started: datetime = attrs.Factory(now)
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
     exit_code: int | None = None
@@ -113,7 +116,7 @@ class MainProcess:
         code = 1
         with self.scope:
             try:
-                code = await run_command(self.argv, io, env)
+                code = await run_command(self.argv, io, env, fs=self.fs)
             except Exception:  # a bug in a command must still end the container
                 log.exception("container command %r failed", self.argv)
                 code = 128

@@ -10,15 +10,22 @@ Messages follow busybox (`sh: foo: not found`, status 127), as in a busybox-base
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import math
+import posixpath
 import re
+import stat
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import attrs
 import trio
+
+from kubesim import tarstream
+from kubesim.fs import FileSystem, FileWriter, Stat, container_tree
 
 
 class CommandIO(Protocol):
@@ -105,6 +112,11 @@ class _Streams:
     write_stdout: Writer
     write_stderr: Writer
     tty: bool
+    #: The container's filesystem and the command's working directory.
+    fs: FileSystem
+    cwd: str = "/"
+    #: Where ^C on the terminal goes (None: not on a terminal, or nothing listens).
+    interrupts: Interrupts | None = None
 
     async def read_stdin(self) -> bytes:
         return await self.stdin.read()
@@ -122,7 +134,7 @@ async def _empty() -> bytes:
     return b""
 
 
-def _streams(io: CommandIO) -> _Streams:
+def _streams(io: CommandIO, fs: FileSystem | None = None, cwd: str = "/") -> _Streams:
     if isinstance(io, _Streams):
         return io
     return _Streams(
@@ -130,6 +142,10 @@ def _streams(io: CommandIO) -> _Streams:
         write_stdout=io.write_stdout,
         write_stderr=io.write_stderr,
         tty=io.tty,
+        fs=fs if fs is not None else container_tree(FileSystem(), commands=tuple(_COMMANDS)),
+        cwd=cwd,
+        # A Terminal offers its interrupts; other streams have none.
+        interrupts=getattr(io, "interrupts", None),
     )
 
 
@@ -167,19 +183,57 @@ def command_names() -> list[str]:
     return sorted(_COMMANDS)
 
 
-async def run_command(argv: list[str], io: CommandIO, env: Mapping[str, str]) -> int:
-    """Run `argv` to completion and return its exit status."""
+async def run_command(argv: list[str], io: CommandIO, env: Mapping[str, str], *,
+                      fs: FileSystem | None = None, cwd: str = "/") -> int:
+    """Run `argv` to completion and return its exit status.
+
+    `fs` is the container's filesystem (default: a fresh image tree of its own), `cwd` the
+    working directory.
+    """
     if not argv:
         return 0
     fn = _lookup(argv[0])
     if fn is None:
         await io.write_stderr(f"sh: {argv[0]}: not found\n".encode())
         return 127
-    streams = _streams(io)
+    if fs is None and not isinstance(io, _Streams):
+        fs = container_tree(FileSystem(), hostname=env.get("HOSTNAME", "localhost"),
+                            commands=tuple(_COMMANDS))
+    streams = _streams(io, fs, cwd)
     try:
         return await fn(argv, streams, env)
     except _BrokenPipe:
         return 128 + 13  # SIGPIPE
+    except _WriteError as exc:
+        await streams.write_stderr(f"{_name(argv)}: write error: {exc.error.strerror}\n".encode())
+        return 1
+
+
+class _WriteError(Exception):
+    """Writing to a redirected file failed (a full filesystem): the command stops, as on EPIPE."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def _file_writer(writer: FileWriter) -> Writer:
+    async def write(data: bytes) -> None:
+        await trio.lowlevel.checkpoint()
+        try:
+            writer.write(data)
+        except OSError as exc:
+            raise _WriteError(exc) from None
+
+    return write
+
+
+def _file_reader(chunks: Iterator[bytes]) -> Reader:
+    async def read() -> bytes:
+        await trio.lowlevel.checkpoint()
+        return next(chunks, b"")
+
+    return read
 
 
 class _BrokenPipe(Exception):
@@ -241,12 +295,6 @@ async def _echo(argv: Sequence[str], io: _Streams, env: Mapping[str, str]) -> in
     return 0
 
 
-_FILES: dict[str, Callable[[Mapping[str, str]], bytes]] = {
-    "/dev/null": lambda env: b"",
-    "/etc/hostname": lambda env: (env.get("HOSTNAME", "localhost") + "\n").encode(),
-}
-
-
 @_command("cat")
 async def _cat(argv: Sequence[str], io: _Streams, env: Mapping[str, str]) -> int:
     files = [a for a in argv[1:] if a != "-u"] or ["-"]
@@ -255,12 +303,19 @@ async def _cat(argv: Sequence[str], io: _Streams, env: Mapping[str, str]) -> int
         if path == "-":
             while data := await io.read_stdin():
                 await io.write_stdout(data)
-        elif path in _FILES:
-            if content := _FILES[path](env):
-                await io.write_stdout(content)
-        else:
-            await io.write_stderr(f"cat: can't open '{path}': No such file or directory\n".encode())
+            continue
+        try:
+            if io.fs.is_dir(path, io.cwd):
+                await io.write_stderr(b"cat: read error: Is a directory\n")
+                status = 1
+                continue
+            chunks = io.fs.read_chunks(path, io.cwd)
+        except OSError as exc:
+            await io.write_stderr(f"cat: can't open '{path}': {exc.strerror}\n".encode())
             status = 1
+            continue
+        for chunk in chunks:
+            await io.write_stdout(chunk)
     return status
 
 
@@ -367,7 +422,7 @@ async def _hostname(argv: Sequence[str], io: _Streams, env: Mapping[str, str]) -
 
 @_command("pwd")
 async def _pwd(argv: Sequence[str], io: _Streams, env: Mapping[str, str]) -> int:
-    await io.write_stdout((env.get("PWD", "/") + "\n").encode())
+    await io.write_stdout((io.cwd + "\n").encode())
     return 0
 
 
@@ -454,15 +509,15 @@ async def _test(argv: Sequence[str], io: _Streams, env: Mapping[str, str]) -> in
             return 2
         args.pop()
     try:
-        return 0 if _evaluate_test(args) else 1
+        return 0 if _evaluate_test(args, io) else 1
     except ValueError as exc:
         await io.write_stderr(f"sh: {exc}\n".encode())
         return 2
 
 
-def _evaluate_test(args: list[str]) -> bool:
+def _evaluate_test(args: list[str], io: _Streams) -> bool:
     if args and args[0] == "!":
-        return not _evaluate_test(args[1:])
+        return not _evaluate_test(args[1:], io)
     if not args:
         return False
     if len(args) == 1:
@@ -473,10 +528,12 @@ def _evaluate_test(args: list[str]) -> bool:
             return value != ""
         if op == "-z":
             return value == ""
-        if op in ("-e", "-f", "-r", "-s"):
-            return value in _FILES
-        if op == "-d":
-            return value in ("/", "/tmp", "/etc", "/dev", "/proc")
+        if op in _FILE_TESTS:
+            try:
+                info = io.fs.stat(value, io.cwd) if value else None
+            except OSError:
+                info = None
+            return info is not None and _FILE_TESTS[op](info)
         raise ValueError(f"{op}: unary operator expected")
     if len(args) == 3:
         left, op, right = args
@@ -496,6 +553,15 @@ def _evaluate_test(args: list[str]) -> bool:
     raise ValueError("too many arguments")
 
 
+_FILE_TESTS: dict[str, Callable[[Stat], bool]] = {
+    "-e": lambda info: True, "-f": lambda info: info.is_file, "-d": lambda info: info.is_dir,
+    "-s": lambda info: info.size > 0, "-r": lambda info: True, "-w": lambda info: True,
+    "-x": lambda info: bool(info.mode & 0o111), "-c": lambda info: stat.S_ISCHR(info.mode),
+    "-L": lambda info: False, "-h": lambda info: False, "-p": lambda info: False,
+    "-b": lambda info: False, "-S": lambda info: False,
+}
+
+
 async def _inputs(
     name: str, paths: Sequence[str], io: _Streams, env: Mapping[str, str]
 ) -> tuple[bytes, int]:
@@ -506,12 +572,21 @@ async def _inputs(
         if path == "-":
             while chunk := await io.read_stdin():
                 data += chunk
-        elif path in _FILES:
-            data += _FILES[path](env)
-        else:
-            await io.write_stderr(f"{name}: {path}: No such file or directory\n".encode())
+            continue
+        try:
+            chunks = io.fs.read_chunks(path, io.cwd)
+            for chunk in chunks:
+                if len(data) + len(chunk) > _MAX_INPUT:
+                    raise OSError(errno.EFBIG, "File too large", path)
+                data += chunk
+        except OSError as exc:
+            await io.write_stderr(f"{name}: {path}: {exc.strerror}\n".encode())
             status = 1
     return bytes(data), status
+
+
+#: What a whole-input command (sort, tail, grep of files) holds at most.
+_MAX_INPUT = 64 * 1024 * 1024
 
 
 def _split_lines(data: bytes) -> list[bytes]:
@@ -693,6 +768,8 @@ async def _sh(argv: Sequence[str], io: _Streams, env: Mapping[str, str]) -> int:
     while args and re.fullmatch(r"[-+][a-z]+", args[0]) and args[0] != "-c":
         options.append(args.pop(0))
     shell = _Shell(env=env, name=_name(argv))
+    shell.cwd = io.cwd
+    shell.vars["PWD"] = io.cwd
     for option in options:
         shell.set_option(option)
     if args and args[0] == "-c":
@@ -707,6 +784,506 @@ async def _sh(argv: Sequence[str], io: _Streams, env: Mapping[str, str]) -> int:
         await io.write_stderr(f"sh: can't open '{args[0]}': No such file or directory\n".encode())
         return 127
     return await shell.interact(io)
+
+
+# -- files: ls, mkdir, rm, touch, cp, mv, chmod, tar over the container's filesystem ---------------
+
+
+def _options(argv: Sequence[str], allowed: str) -> tuple[set[str], list[str]] | str:
+    """busybox getopt: flag clusters anywhere before `--`; an unknown flag is the error text."""
+    flags: set[str] = set()
+    operands: list[str] = []
+    args = list(argv[1:])
+    while args:
+        arg = args.pop(0)
+        if arg == "--":
+            operands.extend(args)
+            break
+        if arg.startswith("-") and len(arg) > 1:
+            for flag in arg[1:]:
+                if flag not in allowed:
+                    return f"{_name(argv)}: invalid option -- '{flag}'"
+                flags.add(flag)
+        else:
+            operands.append(arg)
+    return flags, operands
+
+
+async def _usage_error(io: _Streams, message: str) -> int:
+    await io.write_stderr(f"{message}\n".encode())
+    return 1
+
+
+def _ls_time(mtime_ns: int) -> str:
+    moment = datetime.fromtimestamp(mtime_ns // 1_000_000_000, UTC)
+    age = time.time() - mtime_ns / 1e9
+    # Like busybox (and coreutils): the year instead of the time for files over six months old.
+    if age > 365.25 * 86400 / 2 or age < -3600:
+        return f"{moment:%b} {moment.day:2d}  {moment.year}"
+    return f"{moment:%b} {moment.day:2d} {moment:%H:%M}"
+
+
+def _ls_long(name: str, info: Stat) -> str:
+    return (f"{stat.filemode(info.mode):<10} {info.nlink:>4} {'root':<8} {'root':<8} "
+            f"{info.size:>9} {_ls_time(info.mtime_ns)} {name}")
+
+
+def _ls_columns(names: list[str], width: int = 80) -> str:
+    if not names:
+        return ""
+    column = max(len(n) for n in names) + 2
+    columns = max(1, width // column)
+    rows = -(-len(names) // columns)
+    lines = []
+    for row in range(rows):
+        cells = names[row::rows]
+        lines.append("".join(n.ljust(column) for n in cells[:-1]) + cells[-1])
+    return "\n".join(lines) + "\n"
+
+
+@_command("ls")
+async def _ls(argv: Sequence[str], io: _Streams, env: Mapping[str, str]) -> int:
+    parsed = _options(argv, "laA1dFh")
+    if isinstance(parsed, str):
+        return await _usage_error(io, parsed)
+    flags, operands = parsed
+    status = 0
+    files: list[tuple[str, Stat]] = []
+    dirs: list[tuple[str, Stat]] = []
+    for operand in operands or ["."]:
+        try:
+            info = io.fs.stat(operand, io.cwd)
+        except OSError as exc:
+            await io.write_stderr(f"ls: {operand}: {exc.strerror}\n".encode())
+            status = 1
+            continue
+        (dirs if info.is_dir and "d" not in flags else files).append((operand, info))
+
+    def mark(name: str, info: Stat) -> str:
+        if "F" not in flags:
+            return name
+        return name + ("/" if info.is_dir else "*" if info.is_file and info.mode & 0o111 else "")
+
+    async def show(entries: list[tuple[str, Stat]], *, total: bool) -> None:
+        if "l" in flags:
+            lines = [_ls_long(mark(n, i), i) for n, i in entries]
+            if total:
+                blocks = sum(-(-i.size // 4096) * 4 for _, i in entries if i.is_file)
+                lines.insert(0, f"total {blocks}")
+            text = "".join(line + "\n" for line in lines)
+        elif io.tty and "1" not in flags:
+            text = _ls_columns([mark(n, i) for n, i in entries])
+        else:
+            text = "".join(mark(n, i) + "\n" for n, i in entries)
+        await io.write_stdout(text.encode())
+
+    files.sort()
+    if files:
+        await show(files, total=False)
+    dirs.sort()
+    for index, (operand, _) in enumerate(dirs):
+        names = io.fs.listdir(operand, io.cwd)
+        if "a" not in flags and "A" not in flags:
+            names = [n for n in names if not n.startswith(".")]
+        base = io.fs.resolve(operand, io.cwd)
+        entries = [(n, io.fs.stat(posixpath.join(base, n))) for n in names]
+        if "a" in flags:
+            parent = posixpath.dirname(base)
+            entries = [(".", io.fs.stat(base)), ("..", io.fs.stat(parent)), *entries]
+        if len(dirs) > 1 or files or status:
+            header = f"{operand}:\n"
+            await io.write_stdout(((("\n" if index or files else "") + header)).encode())
+        await show(entries, total=True)
+    return status
+
+
+@_command("mkdir")
+async def _mkdir(argv: Sequence[str], io: _Streams, env: Mapping[str, str]) -> int:
+    args = list(argv)
+    mode = 0o755
+    if "-m" in args[1:]:
+        at = args.index("-m", 1)
+        try:
+            mode = int(args[at + 1], 8)
+        except (IndexError, ValueError):
+            return await _usage_error(io, f"mkdir: invalid mode '{args[at + 1] if at + 1 < len(args) else ''}'")
+        del args[at : at + 2]
+    parsed = _options(args, "pv")
+    if isinstance(parsed, str):
+        return await _usage_error(io, parsed)
+    flags, operands = parsed
+    if not operands:
+        return await _usage_error(io, "mkdir: missing operand")
+    status = 0
+    for operand in operands:
+        try:
+            io.fs.mkdir(operand, io.cwd, mode=mode, parents="p" in flags)
+        except OSError as exc:
+            await io.write_stderr(f"mkdir: can't create directory '{operand}': {exc.strerror}\n".encode())
+            status = 1
+    await trio.lowlevel.checkpoint()
+    return status
+
+
+@_command("rmdir")
+async def _rmdir(argv: Sequence[str], io: _Streams, env: Mapping[str, str]) -> int:
+    status = 0
+    for operand in argv[1:]:
+        try:
+            if not io.fs.stat(operand, io.cwd).is_dir:
+                raise OSError(errno.ENOTDIR, "Not a directory", operand)
+            io.fs.remove(operand, io.cwd)
+        except OSError as exc:
+            await io.write_stderr(f"rmdir: '{operand}': {exc.strerror}\n".encode())
+            status = 1
+    await trio.lowlevel.checkpoint()
+    return status
+
+
+@_command("rm")
+async def _rm(argv: Sequence[str], io: _Streams, env: Mapping[str, str]) -> int:
+    parsed = _options(argv, "rRfiv")
+    if isinstance(parsed, str):
+        return await _usage_error(io, parsed)
+    flags, operands = parsed
+    recursive = bool(flags & {"r", "R"})
+    status = 0
+    for operand in operands:
+        try:
+            if io.fs.stat(operand, io.cwd).is_dir and not recursive:
+                await io.write_stderr(f"rm: '{operand}' is a directory\n".encode())
+                status = 1
+                continue
+            io.fs.remove(operand, io.cwd, recursive=True)
+        except OSError as exc:
+            if "f" in flags and exc.errno == errno.ENOENT:
+                continue
+            await io.write_stderr(f"rm: can't remove '{operand}': {exc.strerror}\n".encode())
+            status = 1
+    await trio.lowlevel.checkpoint()
+    return status
+
+
+@_command("touch")
+async def _touch(argv: Sequence[str], io: _Streams, env: Mapping[str, str]) -> int:
+    parsed = _options(argv, "cam")
+    if isinstance(parsed, str):
+        return await _usage_error(io, parsed)
+    flags, operands = parsed
+    status = 0
+    for operand in operands:
+        if "c" in flags and not io.fs.exists(operand, io.cwd):
+            continue
+        try:
+            io.fs.touch(operand, io.cwd)
+        except OSError as exc:
+            await io.write_stderr(f"touch: {operand}: {exc.strerror}\n".encode())
+            status = 1
+    await trio.lowlevel.checkpoint()
+    return status
+
+
+@_command("chmod")
+async def _chmod(argv: Sequence[str], io: _Streams, env: Mapping[str, str]) -> int:
+    if len(argv) < 3 or not re.fullmatch(r"[0-7]{1,4}", argv[1]):
+        return await _usage_error(io, "chmod: only octal modes are supported by kubesim")
+    status = 0
+    for operand in argv[2:]:
+        try:
+            io.fs.chmod(operand, int(argv[1], 8), io.cwd)
+        except OSError as exc:
+            await io.write_stderr(f"chmod: {operand}: {exc.strerror}\n".encode())
+            status = 1
+    await trio.lowlevel.checkpoint()
+    return status
+
+
+def _copy_tree(fs: FileSystem, source: str, target: str) -> None:
+    """Copy a file or (recursively) a directory; both absolute paths, `target` not existing."""
+    info = fs.stat(source)
+    if info.is_dir:
+        fs.mkdir(target, mode=info.mode)
+        for name in fs.listdir(source):
+            _copy_tree(fs, posixpath.join(source, name), posixpath.join(target, name))
+        return
+    writer = fs.open_write(target, mode=info.mode)
+    for chunk in fs.read_chunks(source):
+        writer.write(chunk)
+
+
+@_command("cp", "mv")
+async def _cp(argv: Sequence[str], io: _Streams, env: Mapping[str, str]) -> int:
+    name = _name(argv)
+    parsed = _options(argv, "rRafpv" if name == "cp" else "fiv")
+    if isinstance(parsed, str):
+        return await _usage_error(io, parsed)
+    flags, operands = parsed
+    if len(operands) < 2:
+        return await _usage_error(io, f"{name}: missing destination file operand")
+    *sources, dest = operands
+    fs, cwd = io.fs, io.cwd
+    dest_is_dir = fs.is_dir(dest, cwd)
+    if len(sources) > 1 and not dest_is_dir:
+        return await _usage_error(io, f"{name}: '{dest}' is not a directory")
+    status = 0
+    for source in sources:
+        src = fs.resolve(source, cwd)
+        dst = fs.resolve(posixpath.join(dest, posixpath.basename(src)) if dest_is_dir else dest, cwd)
+        try:
+            info = fs.stat(src)
+            if name == "mv":
+                fs.rename(src, dst)
+                continue
+            if info.is_dir and not flags & {"r", "R", "a"}:
+                await io.write_stderr(f"cp: omitting directory '{source}'\n".encode())
+                status = 1
+                continue
+            if (dst + "/").startswith(src + "/"):
+                raise OSError(errno.EINVAL, "Invalid argument", dest)
+            if fs.exists(dst) and not (info.is_dir and fs.is_dir(dst)):
+                fs.remove(dst, recursive=True)
+            if info.is_dir and fs.is_dir(dst):
+                for child in fs.listdir(src):
+                    _copy_tree(fs, posixpath.join(src, child), posixpath.join(dst, child))
+            else:
+                _copy_tree(fs, src, dst)
+        except OSError as exc:
+            verb = "can't stat" if exc.errno == errno.ENOENT and not fs.exists(src) else (
+                "can't rename" if name == "mv" else "can't create")
+            shown = source if verb == "can't stat" or name == "mv" else dst
+            await io.write_stderr(f"{name}: {verb} '{shown}': {exc.strerror}\n".encode())
+            status = 1
+    await trio.lowlevel.checkpoint()
+    return status
+
+
+# -- tar -----------------------------------------------------------------------------------------
+
+
+class _TarFailed(Exception):
+    """busybox's bb_error_msg_and_die in tar: the message, then exit 1."""
+
+
+def _strip_unsafe_prefix(name: str) -> str:
+    """busybox's strip_unsafe_prefix: leading '/' and anything up to a '../' go."""
+    rest = name
+    while True:
+        if rest.startswith("/"):
+            rest = rest[1:]
+        elif rest.startswith("../"):
+            rest = rest[3:]
+        elif (cut := rest.find("/../")) >= 0:
+            rest = rest[cut + 4 :]
+        else:
+            return rest
+
+
+class _Tar:
+    """One run of busybox tar: `c`, `x` or `t`, over the container's filesystem."""
+
+    def __init__(self, io: _Streams, *, base: str, verbose: bool, keep_mtime: bool, to_stdout: bool) -> None:
+        self.io = io
+        self.fs = io.fs
+        self.base = base
+        self.verbose = verbose
+        self.keep_mtime = keep_mtime
+        self.to_stdout = to_stdout
+        self.warned = False
+        self.failed = False
+
+    async def warn_prefix(self, original: str, stripped: str) -> None:
+        if stripped != original and not self.warned:
+            self.warned = True
+            removed = original[: len(original) - len(stripped)]
+            await self.io.write_stderr(f"tar: removing leading '{removed}' from member names\n".encode())
+
+    async def create(self, operands: list[str], out: Writer) -> None:
+        if not operands:
+            raise _TarFailed("empty archive")
+        for operand in operands:
+            await self._add(operand, out)
+        await out(tarstream.END_OF_ARCHIVE)
+        if self.failed:
+            raise _TarFailed("error exit delayed from previous errors")
+
+    async def _add(self, path: str, out: Writer) -> None:
+        try:
+            info = self.fs.stat(path, self.base)
+        except OSError as exc:
+            await self.io.write_stderr(f"tar: {path}: {exc.strerror}\n".encode())
+            self.failed = True
+            return
+        name = _strip_unsafe_prefix(path)
+        await self.warn_prefix(path, name)
+        if name in ("", "."):
+            name = "./" if info.is_dir else name
+        if self.verbose:
+            await self.io.write_stderr(f"{name}{'/' if info.is_dir and not name.endswith('/') else ''}\n".encode())
+        if name:
+            await out(tarstream.member_header(name, is_dir=info.is_dir, size=info.size if info.is_file else 0,
+                                              mode=info.mode, mtime=info.mtime))
+        if info.is_file:
+            size = 0
+            for chunk in self.fs.read_chunks(path, self.base):
+                chunk = chunk[: info.size - size]  # as much as the header promised
+                size += len(chunk)
+                await out(chunk)
+            await out(b"\0" * (info.size - size) + tarstream.padding(info.size))
+        elif info.is_dir:
+            for child in self.fs.listdir(path, self.base):
+                await self._add(path.rstrip("/") + "/" + child if path.rstrip("/") else "/" + child, out)
+
+    async def extract(self, read: Reader, *, list_only: bool) -> None:
+        reader = tarstream.TarReader()
+        writer: FileWriter | None = None
+        member: tarstream.Member | None = None
+        target = ""
+        while not reader.ended:
+            chunk = await read()
+            if not chunk:
+                if reader.in_member:
+                    raise _TarFailed("short read")
+                return
+            try:
+                events = reader.feed(chunk)
+            except tarstream.TarError as exc:
+                raise _TarFailed(str(exc)) from None
+            for event in events:
+                if isinstance(event, tarstream.Member):
+                    member = event
+                    name = _strip_unsafe_prefix(event.name)
+                    await self.warn_prefix(event.name, name)
+                    if list_only or self.verbose:
+                        await self.io.write_stdout(f"{name}\n".encode())
+                    writer, target = None, ""
+                    if list_only or not name:
+                        continue
+                    target = self.fs.resolve(name, self.base)
+                    writer = await self._start_member(event, target)
+                elif isinstance(event, tarstream.Data):
+                    if writer is not None:
+                        try:
+                            writer.write(event.data)
+                        except OSError as exc:
+                            raise _TarFailed(f"write error: {exc.strerror}") from None
+                    elif self.to_stdout and member is not None and member.kind == "file":
+                        await self.io.write_stdout(event.data)
+                elif isinstance(event, tarstream.MemberEnd):
+                    if member is not None and target and not list_only:
+                        self._finish_member(member, target)
+                    writer, member, target = None, None, ""
+            await trio.lowlevel.checkpoint()
+
+    async def _start_member(self, member: tarstream.Member, target: str) -> FileWriter | None:
+        fs = self.fs
+        try:
+            if member.kind == "dir":
+                fs.mkdir(target, parents=True, mode=member.mode)
+                return None
+            if member.kind != "file" or self.to_stdout:
+                return None  # links and devices are not kept by kubesim's filesystem
+            fs.mkdir(posixpath.dirname(target), parents=True)
+            if fs.is_dir(target):
+                raise OSError(errno.EISDIR, "Is a directory", target)
+            return fs.open_write(target, mode=member.mode)
+        except OSError as exc:
+            raise _TarFailed(f"can't create '{member.name}': {exc.strerror}") from None
+
+    def _finish_member(self, member: tarstream.Member, target: str) -> None:
+        if member.kind not in ("dir", "file") or self.to_stdout:
+            return
+        try:
+            self.fs.chmod(target, member.mode)
+            if not self.keep_mtime:
+                self.fs.touch(target, mtime_ns=int(member.mtime * 1_000_000_000))
+        except OSError:
+            pass
+
+
+@_command("tar")
+async def _tar(argv: Sequence[str], io: _Streams, env: Mapping[str, str]) -> int:
+    args = list(argv[1:])
+    if args and not args[0].startswith("-"):
+        args[0] = "-" + args[0]  # the old style: `tar cf - dir`
+    flags: set[str] = set()
+    archive: str | None = None
+    base = "."
+    operands: list[str] = []
+    while args:
+        arg = args.pop(0)
+        if arg.startswith("--"):
+            if arg == "--":
+                operands.extend(args)
+                break
+            if arg.startswith("--directory="):
+                base = arg.partition("=")[2]
+            elif arg.startswith("--file="):
+                archive = arg.partition("=")[2]
+            elif arg not in ("--no-same-permissions", "--no-same-owner", "--same-owner", "--overwrite",
+                             "--touch", "--preserve-permissions", "--numeric-owner"):
+                await io.write_stderr(f"tar: unrecognized option '{arg}'\n".encode())
+                return 1
+            continue
+        if not arg.startswith("-") or arg == "-":
+            operands.append(arg)
+            continue
+        for flag in arg[1:]:
+            if flag in "fC":
+                if not args:
+                    await io.write_stderr(f"tar: option requires an argument -- '{flag}'\n".encode())
+                    return 1
+                value = args.pop(0)
+                if flag == "f":
+                    archive = value
+                else:
+                    base = value
+            elif flag in "zjJ":
+                await io.write_stderr(b"tar: compression is not supported by kubesim\n")
+                return 1
+            elif flag in "cxtvmopOkh":
+                flags.add(flag)
+            else:
+                await io.write_stderr(f"tar: invalid option -- '{flag}'\n".encode())
+                return 1
+    modes = flags & {"c", "x", "t"}
+    if len(modes) != 1:
+        await io.write_stderr(b"tar: exactly one of 'c', 'x' or 't' must be specified\n")
+        return 1
+    fs = io.fs
+    try:
+        if not fs.stat(base, io.cwd).is_dir:
+            raise OSError(errno.ENOTDIR, "Not a directory", base)
+    except OSError as exc:
+        await io.write_stderr(f"tar: can't change directory to '{base}': {exc.strerror}\n".encode())
+        return 1
+    tar = _Tar(io, base=fs.resolve(base, io.cwd), verbose="v" in flags, keep_mtime="m" in flags,
+               to_stdout="O" in flags)
+    try:
+        if "c" in modes:
+            if archive in (None, "-"):
+                out = io.write_stdout
+            else:
+                try:
+                    out = _file_writer(fs.open_write(archive, io.cwd))
+                except OSError as exc:
+                    raise _TarFailed(f"can't open '{archive}': {exc.strerror}") from None
+            try:
+                await tar.create(operands, out)
+            except _WriteError as exc:
+                raise _TarFailed(f"write error: {exc.error.strerror}") from None
+        else:
+            if archive in (None, "-"):
+                read: Reader = io.read_stdin
+            else:
+                try:
+                    read = _file_reader(fs.read_chunks(archive, io.cwd))
+                except OSError as exc:
+                    raise _TarFailed(f"can't open '{archive}': {exc.strerror}") from None
+            await tar.extract(read, list_only="t" in modes)
+    except _TarFailed as exc:
+        await io.write_stderr(f"tar: {exc}\n".encode())
+        return 1
+    return 0
 
 
 # -- sh: words, tokens, syntax -------------------------------------------------------------------
@@ -1102,6 +1679,7 @@ class _Shell:
         self.status = 0
         self.errexit = False
         self.jobs: list[trio.Event] = []
+        self.cwd = "/"
 
     def set_option(self, option: str) -> None:
         if "e" in option[1:]:
@@ -1112,6 +1690,7 @@ class _Shell:
         copy = _Shell(env={}, name=self.name)
         copy.vars, copy.exported = dict(self.vars), set(self.exported)
         copy.positional, copy.status, copy.errexit = list(self.positional), self.status, self.errexit
+        copy.cwd = self.cwd
         return copy
 
     def environment(self) -> dict[str, str]:
@@ -1277,6 +1856,7 @@ class _Shell:
         return captured.decode("utf-8", "replace").rstrip("\n")
 
     async def run_simple(self, command: _Simple, io: _Streams) -> int:
+        io = io.replace(cwd=self.cwd)
         try:
             io = await self.redirect(command.redirects, io)
         except _RedirectError as exc:
@@ -1316,9 +1896,13 @@ class _Shell:
                     raise _RedirectError(f"{target}: bad file descriptor" if target.isdigit() else f"{target}: bad number")
                 fds[redirect.fd] = fds[int(target)]
             elif redirect.op == "<":
-                if target not in _FILES:
-                    raise _RedirectError(f"can't open '{target}': No such file or directory")
-                fds[redirect.fd] = _Stdin(_constant(_FILES[target](self.vars)))
+                try:
+                    if io.fs.is_dir(target, self.cwd):
+                        raise OSError(errno.EISDIR, "Is a directory", target)
+                    chunks = io.fs.read_chunks(target, self.cwd)
+                except OSError as exc:
+                    raise _RedirectError(f"can't open {target}: {_ash_errmsg(exc, 'no such file')}") from None
+                fds[redirect.fd] = _Stdin(_file_reader(chunks))
             elif target == "/dev/null":
                 fds[redirect.fd] = _discard
             elif target in ("/dev/stdout", "/proc/self/fd/1"):
@@ -1326,7 +1910,12 @@ class _Shell:
             elif target in ("/dev/stderr", "/proc/self/fd/2"):
                 fds[redirect.fd] = fds[2]
             else:
-                raise _RedirectError(f"can't create {target}: Read-only file system")
+                try:
+                    writer = io.fs.open_write(target, self.cwd, append=redirect.op == ">>")
+                except OSError as exc:
+                    raise _RedirectError(
+                        f"can't create {target}: {_ash_errmsg(exc, 'nonexistent directory')}") from None
+                fds[redirect.fd] = _file_writer(writer)
         stdin, out, err = fds[0], fds[1], fds[2]
         return io.replace(
             stdin=stdin if isinstance(stdin, _Stdin) else _Stdin(_empty),
@@ -1335,36 +1924,61 @@ class _Shell:
         )
 
     async def interact(self, io: CommandIO) -> int:
-        """The shell without -c: read commands from stdin, prompting when on a terminal."""
+        """The shell without -c: read commands from stdin, prompting when on a terminal.
+
+        On a terminal, ^C is the shell's to handle (busybox ash, interactive): it ends the
+        command in the foreground, whose status is then 130 (128 + SIGINT), or drops the line
+        being typed; either way a new prompt follows and the shell goes on. ^D on an empty line
+        ends it.
+        """
         streams = _streams(io)
+        interrupts = streams.interrupts if streams.tty else None
         prompt = (self.vars.get("PS1") or "/ # ").encode()
         while True:
             if streams.tty:
                 await streams.write_stderr(prompt)
-            source = ""
-            script: _Script | None = None
-            while True:
-                line, complete = await streams.stdin.read_line()
-                if not complete and not line and not source:
-                    return self.status
-                source += line.decode("utf-8", "replace") + "\n"
-                try:
-                    script = parse_script(source)
-                except ShellSyntaxError as exc:
-                    if exc.incomplete and complete:
-                        if streams.tty:
-                            await streams.write_stderr(b"> ")
-                        continue
-                    await self.error(streams, str(exc))
-                    self.status = 2
-                break
+            with _foreground(interrupts) as reading:
+                source = ""
+                script: _Script | None = None
+                while True:
+                    line, complete = await streams.stdin.read_line()
+                    if not complete and not line and not source:
+                        return self.status
+                    source += line.decode("utf-8", "replace") + "\n"
+                    try:
+                        script = parse_script(source)
+                    except ShellSyntaxError as exc:
+                        if exc.incomplete and complete:
+                            if streams.tty:
+                                await streams.write_stderr(b"> ")
+                            continue
+                        await self.error(streams, str(exc))
+                        self.status = 2
+                    break
+            if reading.cancelled_caught:
+                self.status = 128 + 2  # ^C at the prompt: the line is dropped
+                continue
             if script is not None:
-                try:
-                    await self.run_script(script, streams)
-                except _ExitShell as exc:
-                    return exc.status
+                with _foreground(interrupts) as running:
+                    try:
+                        await self.run_script(script, streams)
+                    except _ExitShell as exc:
+                        return exc.status
+                if running.cancelled_caught:
+                    self.status = 128 + 2  # the foreground command died of SIGINT
             if not complete:
                 return self.status
+
+
+@contextlib.contextmanager
+def _foreground(interrupts: Interrupts | None) -> Iterator[trio.CancelScope]:
+    """A cancel scope that a ^C on the terminal cancels while it is the innermost foreground."""
+    with trio.CancelScope() as scope:
+        if interrupts is None:
+            yield scope
+            return
+        with interrupts.foreground(scope.cancel):
+            yield scope
 
 
 _PipeEnd = trio.MemorySendChannel[bytes] | trio.MemoryReceiveChannel[bytes]
@@ -1390,18 +2004,15 @@ def _pipe_reader(receive: trio.MemoryReceiveChannel[bytes]) -> Reader:
     return read
 
 
-def _constant(data: bytes) -> Reader:
-    remaining = [data]
-
-    async def read() -> bytes:
-        await trio.lowlevel.checkpoint()
-        return remaining.pop() if remaining else b""
-
-    return read
-
-
 class _RedirectError(Exception):
     pass
+
+
+def _ash_errmsg(exc: OSError, missing: str) -> str:
+    """busybox ash's errmsg(): its own words for a missing file or directory, else strerror."""
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        return missing
+    return exc.strerror or str(exc)
 
 
 Builtin = Callable[[_Shell, list[str], _Streams], Awaitable[int]]
@@ -1460,10 +2071,18 @@ async def _builtin_set(shell: _Shell, argv: list[str], io: _Streams) -> int:
 async def _builtin_cd(shell: _Shell, argv: list[str], io: _Streams) -> int:
     await trio.lowlevel.checkpoint()
     target = argv[1] if len(argv) > 1 else shell.vars.get("HOME", "/")
-    if target not in ("/", "/tmp", "/etc", "/dev", "/proc", "/root", "-"):
-        await shell.error(io, f"cd: can't cd to {target}: No such file or directory")
+    if target == "-":
+        target = shell.vars.get("OLDPWD", shell.cwd)
+        await io.write_stdout(f"{target}\n".encode())
+    try:
+        if not io.fs.stat(target, shell.cwd).is_dir:
+            raise OSError(errno.ENOTDIR, "Not a directory", target)
+    except OSError as exc:
+        await shell.error(io, f"cd: can't cd to {target}: {exc.strerror}")
         return 2
-    shell.vars["PWD"] = "/" if target == "-" else target
+    shell.vars["OLDPWD"] = shell.cwd
+    shell.cwd = io.fs.resolve(target, shell.cwd)
+    shell.vars["PWD"] = shell.cwd
     return 0
 
 
@@ -1497,6 +2116,32 @@ _SHELL_BUILTINS: dict[str, Builtin] = {
 
 
 # -- a terminal ----------------------------------------------------------------------------------
+
+
+class Interrupts:
+    """Where a terminal's ^C goes: to the innermost foreground job, like SIGINT to the terminal's
+    foreground process group. An interactive shell makes each command it runs (and its own line
+    reading) the foreground while it lasts; what is below (the exec'd command itself) gets ^C only
+    when nothing above listens.
+    """
+
+    def __init__(self, base: Callable[[], None] | None = None) -> None:
+        self._handlers: list[Callable[[], None]] = [] if base is None else [base]
+
+    @contextlib.contextmanager
+    def foreground(self, handler: Callable[[], None]) -> Iterator[None]:
+        self._handlers.append(handler)
+        try:
+            yield
+        finally:
+            self._handlers.remove(handler)
+
+    def interrupt(self) -> bool:
+        """Deliver one ^C; False if nobody listens (then it is lost, as a SIGINT ignored)."""
+        if not self._handlers:
+            return False
+        self._handlers[-1]()
+        return True
 
 
 @attrs.frozen(kw_only=True)
@@ -1574,7 +2219,7 @@ class Terminal:
     def __init__(self, raw: CommandIO, *, on_interrupt: Callable[[], None] | None = None) -> None:
         self._raw = raw
         self._discipline = LineDiscipline()
-        self._on_interrupt = on_interrupt
+        self.interrupts = Interrupts(on_interrupt)
         self._send, self._receive = trio.open_memory_channel[bytes](_PIPE_BUFFER)
 
     async def pump_input(self) -> None:
@@ -1583,10 +2228,16 @@ class Terminal:
                 result = self._discipline.feed(data)
                 if result.echo:
                     await self._raw.write_stdout(result.echo)
+                if result.interrupt:
+                    # ^C flushes what was typed ahead but not yet read, as a tty's ISIG does.
+                    while True:
+                        try:
+                            self._receive.receive_nowait()
+                        except trio.WouldBlock:
+                            break
+                    self.interrupts.interrupt()
                 for read in result.reads:
                     await self._send.send(read)
-                if result.interrupt and self._on_interrupt is not None:
-                    self._on_interrupt()
 
     async def read_stdin(self) -> bytes:
         try:
