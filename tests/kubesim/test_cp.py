@@ -7,7 +7,6 @@ from __future__ import annotations
 import filecmp
 import os
 import pty
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,18 +14,9 @@ import trio
 
 from tests.kubesim.kubectl_harness import ServerThread, kubectl
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.routes]
 
 _COUNTER = iter(range(10_000))
-
-
-@pytest.fixture(scope="module")
-def kube_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    server = ServerThread(tmp_path_factory.mktemp("kubesim")).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 class K:
