@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kubesim import portforward, spdy
+from kubesim import netsim, portforward, spdy
 from kubesim.portforward import PairError, PairReady, StreamAccepted, StreamPairing, StreamRefused
+from kubesim.portforward_session import PortForwardSession, sandbox_id
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -162,3 +164,95 @@ def test_the_unreachable_port_message_is_the_kubelets() -> None:
         'error forwarding port 81 to pod abc, uid : failed to execute portforward in network namespace '
         '"/var/run/netns/cni-1": failed to connect to localhost:81 inside namespace "abc", IPv4: dial tcp4 '
         '127.0.0.1:81: connect: connection refused IPv6 dial tcp6: address localhost: no suitable address found ')
+
+
+# -- the session over streams (what the SPDY driver hands it) ------------------------------------
+
+
+class _FakeStream:
+    """A client-opened stream: what the client sends is fed in; what we send is recorded."""
+
+    def __init__(self, stream_id: int, headers: list[tuple[str, str]]) -> None:
+        self.stream_id = stream_id
+        self.headers = tuple(headers)
+        self.accepted = self.was_reset = self.closed = False
+        self.sent = bytearray()
+        self._send, self._receive = trio.open_memory_channel[bytes](4)
+        self.done = trio.Event()
+
+    def accept(self) -> None:
+        self.accepted = True
+
+    def reset(self) -> None:
+        self.was_reset = True
+
+    async def feed(self, data: bytes) -> None:
+        await self._send.send(data)
+
+    async def fin(self) -> None:
+        await self._send.aclose()
+
+    async def receive_some(self) -> bytes:
+        try:
+            return await self._receive.receive()
+        except trio.EndOfChannel:
+            return b""
+
+    async def send_all(self, data: bytes) -> None:
+        await trio.lowlevel.checkpoint()
+        self.sent += data
+
+    async def close(self) -> None:
+        await trio.lowlevel.checkpoint()
+        self.closed = True
+        self.done.set()
+
+
+class _Ctl:
+    def __init__(self) -> None:
+        self.processes: dict[tuple[str, str, str], object] = {}
+        self.network = netsim.Network()
+
+
+_POD = {"metadata": {"namespace": "default", "name": "web", "uid": "u-1"},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+        "status": {"phase": "Running", "containerStatuses": [{"name": "c", "state": {"running": {}}}]}}
+
+
+async def test_a_session_forwards_the_echo_port_both_ways() -> None:
+    payload = bytes(range(256)) * 2000
+    async with trio.open_nursery() as nursery:
+        session = PortForwardSession(_Ctl(), _POD, nursery)  # type: ignore[arg-type]
+        error = _FakeStream(1, _headers("error", 7, "0"))
+        data = _FakeStream(3, _headers("data", 7, "0"))
+        session.stream_opened(error)
+        session.stream_opened(data)
+        assert error.accepted and data.accepted
+        for start in range(0, len(payload), 30_000):
+            await data.feed(payload[start:start + 30_000])
+        await data.fin()
+        with trio.fail_after(10):
+            await error.done.wait()
+    assert bytes(data.sent) == payload
+    assert data.closed and error.sent == b""
+
+
+async def test_a_refused_port_is_reported_on_the_error_stream_and_the_next_pair_works() -> None:
+    async with trio.open_nursery() as nursery:
+        session = PortForwardSession(_Ctl(), _POD, nursery)  # type: ignore[arg-type]
+        bad = [_FakeStream(1, _headers("error", 81, "0")), _FakeStream(3, _headers("data", 81, "0"))]
+        bogus = _FakeStream(5, [("streamtype", "data"), ("port", "x")])
+        good = [_FakeStream(7, _headers("error", 7, "1")), _FakeStream(9, _headers("data", 7, "1"))]
+        for stream in [*bad, bogus, *good]:
+            session.stream_opened(stream)
+        await good[1].feed(b"still here")
+        await good[1].fin()
+        with trio.fail_after(10):
+            await bad[0].done.wait()
+            await good[0].done.wait()
+    assert bogus.was_reset and not bogus.accepted
+    message = bad[0].sent.decode()
+    assert message.startswith(f"error forwarding port 81 to pod {sandbox_id(_POD)}, uid : failed to execute "
+                              "portforward in network namespace \"/var/run/netns/cni-")
+    assert "dial tcp4 127.0.0.1:81: connect: connection refused" in message
+    assert bytes(good[1].sent) == b"still here"

@@ -1,0 +1,168 @@
+"""One port-forward connection's Trio side: the kubelet's stream handler over a SPDY session.
+
+The SPDY session driver hands each stream the client opens to `PortForwardSession.stream_opened`;
+the session pairs them (`portforward.StreamPairing`), accepts or resets each, and for every complete
+pair connects to the port in the pod (`netsim.Network.connect`) and copies bytes both ways, or
+writes the kubelet's message on the error stream when nothing listens there (`forward_error`).
+The same session serves both transports (plain SPDY, and SPDY inside kubectl's WebSocket): it
+only sees streams.
+
+What it needs of a stream is `PeerStream`, the part of the driver's stream API it uses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+
+from kubesim import portforward
+from kubesim.netsim import CHUNK
+
+if TYPE_CHECKING:
+    from kubesim.controllers import Controllers
+
+#: How long the client's direction may go on once the pod's side ended (containerd: 1 s).
+LINGER_SECONDS = 1.0
+
+
+class PeerStream(Protocol):
+    """A stream the client opened, as the session uses it."""
+
+    @property
+    def stream_id(self) -> int: ...
+
+    @property
+    def headers(self) -> tuple[tuple[str, str], ...]: ...
+
+    def accept(self) -> None:
+        """SYN_REPLY."""
+
+    def reset(self) -> None:
+        """RST_STREAM (refused)."""
+
+    async def receive_some(self) -> bytes:
+        """The next DATA payload; b"" once the client half-closed (FIN)."""
+        ...
+
+    async def send_all(self, data: bytes) -> None: ...
+
+    async def close(self) -> None:
+        """Our half-close (FIN); the stream goes once both sides closed."""
+
+
+def sandbox_id(pod: dict[str, Any]) -> str:
+    """A stable stand-in for the pod sandbox id containerd would name (64 hex digits)."""
+    return hashlib.sha256(f"sandbox/{pod['metadata'].get('uid', '')}".encode()).hexdigest()
+
+
+def netns_path(pod: dict[str, Any]) -> str:
+    """A stable stand-in for the pod's network namespace path (CNI names them cni-<uuid>)."""
+    digest = hashlib.sha256(f"netns/{pod['metadata'].get('uid', '')}".encode()).digest()
+    return f"/var/run/netns/cni-{uuid.UUID(bytes=digest[:16])}"
+
+
+class PortForwardSession:
+    """The streams of one port-forward connection to `pod`; connections run in `nursery`."""
+
+    def __init__(self, ctl: Controllers, pod: dict[str, Any], nursery: trio.Nursery,
+                 *, pairing: portforward.StreamPairing | None = None) -> None:
+        self._ctl = ctl
+        self._pod = pod
+        self._nursery = nursery
+        self._pairing = pairing or portforward.StreamPairing()
+        self._streams: dict[int, PeerStream] = {}
+        self._timer_running = False
+
+    def stream_opened(self, stream: PeerStream) -> None:
+        """The client opened `stream`: accept or refuse it; a complete pair starts forwarding."""
+        events = self._pairing.stream_opened(stream.stream_id, stream.headers, trio.current_time())
+        for event in events:
+            if isinstance(event, portforward.StreamRefused):
+                stream.reset()
+            elif isinstance(event, portforward.StreamAccepted):
+                stream.accept()
+                self._streams[stream.stream_id] = stream
+            elif isinstance(event, portforward.PairError):
+                self._nursery.start_soon(self._write_error, event.error_stream, event.message, False)
+            else:
+                error = self._streams.pop(event.error_stream)
+                data = self._streams.pop(event.data_stream)
+                self._nursery.start_soon(self._forward, event.port, error, data)
+        if self._pairing.pending and not self._timer_running:
+            self._timer_running = True
+            self._nursery.start_soon(self._expire_pending)
+
+    async def _expire_pending(self) -> None:
+        """Time out incomplete pairs (the kubelet's stream creation timeout)."""
+        try:
+            while (deadline := self._pairing.next_deadline()) is not None:
+                await trio.sleep_until(deadline)
+                for event in self._pairing.expire(trio.current_time()):
+                    if isinstance(event, portforward.PairError):
+                        await self._write_error(event.error_stream, event.message, True)
+                    else:
+                        stream = self._streams.pop(event.stream_id, None)
+                        if stream is not None:
+                            stream.reset()
+        finally:
+            self._timer_running = False
+
+    async def _write_error(self, stream_id: int, message: str, close: bool) -> None:
+        stream = self._streams.pop(stream_id, None) if close else self._streams.get(stream_id)
+        if stream is None:
+            return
+        await stream.send_all(message.encode())
+        if close:
+            await stream.close()
+
+    async def _forward(self, port: int, error: PeerStream, data: PeerStream) -> None:
+        """One forwarded connection: the pod's port ⇄ the data stream; failures on the error stream."""
+        try:
+            async with trio.open_nursery() as nursery:
+                try:
+                    socket = await self._ctl.network.connect(self._ctl, self._pod, port, nursery)
+                except ConnectionRefusedError:
+                    await error.send_all(portforward.forward_error(
+                        port=port, sandbox_id=sandbox_id(self._pod), netns=netns_path(self._pod),
+                        reason="connection refused").encode())
+                    return
+                try:
+                    nursery.start_soon(_stream_to_socket, data, socket)
+                    await _socket_to_stream(socket, data)
+                    # The pod's side is done: end the data stream, and give the client's direction
+                    # the second containerd gives it before both streams are closed.
+                    await _close(data)
+                    nursery.cancel_scope.deadline = trio.current_time() + LINGER_SECONDS
+                finally:
+                    socket.close()
+        finally:
+            with trio.move_on_after(1, shield=True):
+                await _close(error)
+                await _close(data)
+
+
+async def _close(stream: PeerStream) -> None:
+    try:
+        await stream.close()
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
+async def _stream_to_socket(data: PeerStream, socket: trio.abc.HalfCloseableStream) -> None:
+    try:
+        while chunk := await data.receive_some():
+            await socket.send_all(chunk)
+        await socket.send_eof()
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass  # the server side closed: what the client still sends is dropped, as after a reset
+
+
+async def _socket_to_stream(socket: trio.abc.HalfCloseableStream, data: PeerStream) -> None:
+    try:
+        while chunk := await socket.receive_some(CHUNK):
+            await data.send_all(chunk)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
