@@ -163,6 +163,6 @@ async def _stream_to_socket(data: PeerStream, socket: trio.abc.HalfCloseableStre
 async def _socket_to_stream(socket: trio.abc.HalfCloseableStream, data: PeerStream) -> None:
     try:
         while chunk := await socket.receive_some(CHUNK):
-            await data.send_all(chunk)
+            await data.send_all(bytes(chunk))
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass
