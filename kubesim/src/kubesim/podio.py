@@ -69,6 +69,19 @@ def check_streamable(store: Store, controllers: Controllers, target: Target, que
         raise errors.bad_request(f'container not found ("{container}")')
 
 
+def port_forward_pod(store: Store, target: Target) -> dict[str, Any]:
+    """The API server's checks before it hands `pods/portforward` to the kubelet.
+
+    `PortForwardLocation` (pkg/registry/core/pod/strategy.go): the pod must exist (404 `pods "x"
+    not found`) and be scheduled (400 `pod x does not have a host assigned`). kubectl itself
+    refuses a pod that is not Running before it asks.
+    """
+    pod = store.get(target.kind, target.namespace, target.name or "")
+    if not (pod.get("spec") or {}).get("nodeName"):
+        raise errors.bad_request(f"pod {target.name} does not have a host assigned")
+    return pod
+
+
 def _int(text: str | None, *, signed: bool = False) -> int | None:
     if not text:
         return None

@@ -1,0 +1,227 @@
+"""`kubectl port-forward` against kubesim with real kubectl, over WebSocket and over SPDY.
+
+kubectl's default (1.31+) tunnels SPDY through a WebSocket (`SPDY/3.1+portforward.k8s.io`);
+`KUBECTL_PORT_FORWARD_WEBSOCKETS=false` makes it speak SPDY/3.1 straight over the upgraded
+connection. Each test runs both, with every kubectl found (1.32 and 1.37): an HTTP GET of nginx's
+page, 16 MiB each way through the echo port, two ports at once, `svc/` and `deploy/` targets, and a
+refused port that leaves the forward working.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+from tests.kubesim.kubectl_harness import ServerThread, kubectl
+
+pytestmark = pytest.mark.timeout(120)
+
+TRANSPORTS = {"websocket": {}, "spdy": {"KUBECTL_PORT_FORWARD_WEBSOCKETS": "false"}}
+FORWARDING = re.compile(r"^Forwarding from 127\.0\.0\.1:(\d+) -> (\d+)$", re.M)
+MIB = 1024 * 1024
+
+
+@pytest.fixture(params=sorted(TRANSPORTS))
+def transport(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@attrs.define
+class Forward:
+    """A running `kubectl port-forward`: local port by remote port, and what it printed."""
+
+    ports: dict[int, int]
+    stdout: bytearray
+    stderr: bytearray
+
+    async def wait_stderr(self, pattern: str) -> str:
+        """Wait (bounded) until kubectl's stderr matches `pattern`."""
+        with trio.fail_after(10):
+            while not (found := re.search(pattern, self.stderr.decode(errors="replace"))):
+                await trio.sleep(0.05)  # polling a condition, bounded by fail_after
+        return found.group(0)
+
+
+@asynccontextmanager
+async def port_forward(kubectl_bin: str, server: ServerThread, transport: str, *args: str) -> AsyncIterator[Forward]:
+    env = {**server.env(), **TRANSPORTS[transport]}
+    if not TRANSPORTS[transport]:
+        env.pop("KUBECTL_PORT_FORWARD_WEBSOCKETS", None)
+    process = await trio.lowlevel.open_process(
+        [kubectl_bin, "port-forward", "--address", "127.0.0.1", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert process.stdout is not None and process.stderr is not None
+    forward = Forward(ports={}, stdout=bytearray(), stderr=bytearray())
+
+    async def collect(stream: trio.abc.ReceiveStream, into: bytearray) -> None:
+        while chunk := await stream.receive_some():
+            into += chunk
+
+    wanted = len([a for a in args if ":" in a])
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(collect, process.stdout, forward.stdout)
+            nursery.start_soon(collect, process.stderr, forward.stderr)
+            with trio.fail_after(15):
+                while len(FORWARDING.findall(forward.stdout.decode())) < wanted:
+                    if process.poll() is not None:
+                        await trio.sleep(0.2)  # let the collectors drain before reporting
+                        raise AssertionError(f"kubectl port-forward exited {process.returncode}:\n"
+                                             f"{forward.stdout.decode()}\n{forward.stderr.decode()}")
+                    await trio.sleep(0.05)
+            forward.ports = {int(remote): int(local) for local, remote in FORWARDING.findall(forward.stdout.decode())}
+            yield forward
+            nursery.cancel_scope.cancel()
+    finally:
+        process.kill()
+        with trio.move_on_after(5, shield=True):
+            await process.wait()
+
+
+async def http_get(port: int, path: str = "/") -> tuple[str, dict[str, str], bytes]:
+    with trio.fail_after(10):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: localhost:{port}\r\nConnection: close\r\n\r\n".encode())
+            answer = bytearray()
+            while chunk := await stream.receive_some(65536):
+                answer += chunk
+    head, _, body = bytes(answer).partition(b"\r\n\r\n")
+    status, *lines = head.decode().split("\r\n")
+    headers = {name.lower(): value for name, _, value in (line.partition(": ") for line in lines)}
+    return status, headers, body
+
+
+async def echo_through(port: int, size: int) -> None:
+    """`size` bytes out and the same bytes back through the echo port, checked by hash."""
+    payload = os.urandom(MIB)
+    sent, received = hashlib.sha256(), hashlib.sha256()
+    count = 0
+    with trio.fail_after(90):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream, trio.open_nursery() as nursery:
+            async def write() -> None:
+                for i in range(size // MIB):
+                    chunk = payload[i:] + payload[:i]  # each MiB differs
+                    sent.update(chunk)
+                    await stream.send_all(chunk)
+                await stream.send_eof()
+
+            nursery.start_soon(write)
+            while chunk := await stream.receive_some(65536):
+                received.update(chunk)
+                count += len(chunk)
+    assert count == size
+    assert received.hexdigest() == sent.hexdigest()
+
+
+def _setup(server: ServerThread, namespace: str) -> None:
+    server.make_namespace(namespace)
+
+
+async def _run(kubectl_bin: str, server: ServerThread, *args: str) -> str:
+    return (await kubectl(kubectl_bin, server, *args)).stdout
+
+
+async def _wait_running(kubectl_bin: str, server: ServerThread, namespace: str, selector: str) -> None:
+    await _run(kubectl_bin, server, "wait", "-n", namespace, "--for=jsonpath={.status.phase}=Running",
+               "pod", "-l", selector, "--timeout=10s")
+
+
+@pytest.fixture
+async def web(kube_server: ServerThread, kubectl_bin: str, request: pytest.FixtureRequest) -> str:
+    """A namespace with pod `web` (nginx), pod `bb` (busybox sleeping), and deployment+service
+    `site` (nginx, service port 8080 → target port 80)."""
+    namespace = f"pf-{abs(hash(request.node.nodeid)) % 10**8}"
+    kube_server.make_namespace(namespace)
+    await _run(kubectl_bin, kube_server, "run", "web", "-n", namespace, "--image=nginx", "--port=80",
+               "--labels=app=web")
+    await _run(kubectl_bin, kube_server, "run", "bb", "-n", namespace, "--image=busybox", "--labels=app=bb",
+               "--", "sleep", "3600")
+    await _run(kubectl_bin, kube_server, "create", "deployment", "site", "-n", namespace, "--image=nginx",
+               "--port=80")
+    await _run(kubectl_bin, kube_server, "expose", "deployment", "site", "-n", namespace, "--port=8080",
+               "--target-port=80")
+    for selector in ("app=web", "app=bb", "app=site"):
+        await _wait_running(kubectl_bin, kube_server, namespace, selector)
+    return namespace
+
+
+async def test_http_get_of_nginx_through_port_forward(kube_server: ServerThread, kubectl_bin: str,
+                                                      transport: str, web: str) -> None:
+    async with port_forward(kubectl_bin, kube_server, transport, "-n", web, "pod/web", ":80") as forward:
+        status, headers, body = await http_get(forward.ports[80])
+        assert status == "HTTP/1.1 200 OK"
+        assert headers["server"].startswith("nginx/")
+        assert headers["content-type"] == "text/html"
+        assert int(headers["content-length"]) == len(body)
+        assert b"<title>Welcome to nginx!</title>" in body
+        status, _, body = await http_get(forward.ports[80], "/nope")
+        assert status == "HTTP/1.1 404 Not Found"
+        assert "Handling connection for" in forward.stdout.decode()
+    _assert_transport(kube_server, transport, web, "web")
+
+
+async def test_16_mib_each_way_through_the_echo_port(kube_server: ServerThread, kubectl_bin: str,
+                                                     transport: str, web: str) -> None:
+    async with port_forward(kubectl_bin, kube_server, transport, "-n", web, "pod/bb", ":7") as forward:
+        await echo_through(forward.ports[7], 16 * MIB)
+
+
+async def test_two_ports_at_once(kube_server: ServerThread, kubectl_bin: str, transport: str, web: str) -> None:
+    async with port_forward(kubectl_bin, kube_server, transport, "-n", web, "pod/web", ":80", ":7") as forward:
+        assert sorted(forward.ports) == [7, 80]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(echo_through, forward.ports[7], 2 * MIB)
+            status, _, body = await http_get(forward.ports[80])
+        assert status == "HTTP/1.1 200 OK" and b"Welcome to nginx!" in body
+
+
+@pytest.mark.parametrize(("target", "remote"), [("svc/site", "8080"), ("deploy/site", "80"),
+                                                ("deployment/site", "80")])
+async def test_service_and_deployment_targets(kube_server: ServerThread, kubectl_bin: str, transport: str,
+                                              web: str, target: str, remote: str) -> None:
+    async with port_forward(kubectl_bin, kube_server, transport, "-n", web, target, f":{remote}") as forward:
+        # kubectl resolves a service port to the pod's target port itself.
+        assert list(forward.ports) == [80]
+        status, _, body = await http_get(forward.ports[80])
+        assert status == "HTTP/1.1 200 OK" and b"Welcome to nginx!" in body
+
+
+async def test_a_refused_port_reports_and_the_forward_goes_on(kube_server: ServerThread, kubectl_bin: str,
+                                                              transport: str, web: str) -> None:
+    async with port_forward(kubectl_bin, kube_server, transport, "-n", web, "pod/bb", ":81", ":7") as forward:
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", forward.ports[81])
+            async with stream:
+                assert await stream.receive_some(100) == b""  # kubectl closes it
+        line = await forward.wait_stderr(r"an error occurred forwarding \d+ -> 81: error forwarding port 81 to "
+                                         r"pod [0-9a-f]{64}, uid : failed to execute portforward in network "
+                                         r"namespace \"[^\"]+\": failed to connect to localhost:81 inside "
+                                         r"namespace \"[0-9a-f]{64}\", IPv4: dial tcp4 127\.0\.0\.1:81: connect: "
+                                         r"connection refused")
+        assert line
+        await echo_through(forward.ports[7], MIB)
+
+
+def _assert_transport(server: ServerThread, transport: str, namespace: str, pod: str) -> None:
+    """The port-forward request kubesim saw used the transport the test meant."""
+    path = f"/api/v1/namespaces/{namespace}/pods/{pod}/portforward"
+
+    def seen() -> list[Any]:
+        assert server.sim is not None
+        return [r for r in server.sim.requests if r.path == path]
+
+    requests = server.call(seen)
+    # client-go upgrades a WebSocket with GET and asks for SPDY with POST.
+    methods = {r.method for r in requests}
+    assert methods == ({"GET"} if transport == "websocket" else {"POST"}), requests
