@@ -13,7 +13,7 @@ import hashlib
 import os
 import re
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -39,15 +39,33 @@ def transport(request: pytest.FixtureRequest) -> str:
 class Forward:
     """A running `kubectl port-forward`: local port by remote port, and what it printed."""
 
-    ports: dict[int, int]
-    stdout: bytearray
-    stderr: bytearray
+    ports: dict[int, int] = attrs.Factory(dict)
+    stdout: bytearray = attrs.Factory(bytearray)
+    stderr: bytearray = attrs.Factory(bytearray)
+    ended: bool = False  # kubectl closed its output (it exited)
+    changed: trio.Event = attrs.Factory(trio.Event)
+
+    async def collect(self, stream: trio.abc.ReceiveStream, into: bytearray) -> None:
+        while chunk := await stream.receive_some():
+            into += chunk
+            self.changed.set()
+        self.ended = True
+        self.changed.set()
+
+    async def wait_for(self, done: Callable[[], bool]) -> None:
+        """Wait (at most 15 s) until `done()` holds, re-checking whenever kubectl writes."""
+        with trio.fail_after(15):
+            while not done():
+                if self.ended:
+                    raise AssertionError(f"kubectl port-forward ended:\n{self.stdout.decode()}\n"
+                                         f"{self.stderr.decode()}")
+                self.changed = trio.Event()
+                await self.changed.wait()
 
     async def wait_stderr(self, pattern: str) -> str:
-        """Wait (bounded) until kubectl's stderr matches `pattern`."""
-        with trio.fail_after(10):
-            while not (found := re.search(pattern, self.stderr.decode(errors="replace"))):
-                await trio.sleep(0.05)  # polling a condition, bounded by fail_after
+        await self.wait_for(lambda: re.search(pattern, self.stderr.decode(errors="replace")) is not None)
+        found = re.search(pattern, self.stderr.decode(errors="replace"))
+        assert found is not None
         return found.group(0)
 
 
@@ -60,24 +78,13 @@ async def port_forward(kubectl_bin: str, server: ServerThread, transport: str, *
         [kubectl_bin, "port-forward", "--address", "127.0.0.1", *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     assert process.stdout is not None and process.stderr is not None
-    forward = Forward(ports={}, stdout=bytearray(), stderr=bytearray())
-
-    async def collect(stream: trio.abc.ReceiveStream, into: bytearray) -> None:
-        while chunk := await stream.receive_some():
-            into += chunk
-
+    forward = Forward()
     wanted = len([a for a in args if ":" in a])
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(collect, process.stdout, forward.stdout)
-            nursery.start_soon(collect, process.stderr, forward.stderr)
-            with trio.fail_after(15):
-                while len(FORWARDING.findall(forward.stdout.decode())) < wanted:
-                    if process.poll() is not None:
-                        await trio.sleep(0.2)  # let the collectors drain before reporting
-                        raise AssertionError(f"kubectl port-forward exited {process.returncode}:\n"
-                                             f"{forward.stdout.decode()}\n{forward.stderr.decode()}")
-                    await trio.sleep(0.05)
+            nursery.start_soon(forward.collect, process.stdout, forward.stdout)
+            nursery.start_soon(forward.collect, process.stderr, forward.stderr)
+            await forward.wait_for(lambda: len(FORWARDING.findall(forward.stdout.decode())) >= wanted)
             forward.ports = {int(remote): int(local) for local, remote in FORWARDING.findall(forward.stdout.decode())}
             yield forward
             nursery.cancel_scope.cancel()
