@@ -318,3 +318,59 @@ async def test_the_httpd_command_listens_while_it_runs() -> None:
         assert second.stderr == b"httpd: bind: Address already in use\n"
         nursery.cancel_scope.cancel()
     assert network.statistics() == {}
+
+
+# -- in a running kubesim ------------------------------------------------------------------------
+
+
+async def _running_pod(sim: Any, name: str, container: dict[str, Any]) -> dict[str, Any]:
+    kind = sim.store.kind("", "pods")
+    sim.store.create(kind, "default", {"metadata": {"name": name}, "spec": {"containers": [container]}})
+
+    def running() -> dict[str, Any] | None:
+        pod = sim.store.find(kind, "default", name)
+        statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or []
+        return pod if statuses and "running" in (statuses[0].get("state") or {}) else None
+
+    with trio.fail_after(5):
+        pod: dict[str, Any] = await sim.store.wait_for(running)
+    return pod
+
+
+async def test_a_pods_httpd_and_nginx_answer_through_the_kubelets_network() -> None:
+    from kubesim.server import open_kubesim
+
+    async with open_kubesim(token=None) as sim:
+        ctl = sim.controllers
+        server = await _running_pod(sim, "files", {"name": "c", "image": "busybox",
+                                                    "command": ["httpd", "-f", "-p", "8000", "-h", "/"]})
+        nginx = await _running_pod(sim, "web", {"name": "c", "image": "nginx:1.27"})
+        with trio.fail_after(5):
+            while ("default", "files", server["metadata"]["uid"]) not in ctl.network.statistics():
+                await trio.testing.wait_all_tasks_blocked()
+        assert ctl.network.statistics()[("default", "files", server["metadata"]["uid"])] == [8000]
+        assert ctl.network.listener(ctl, server, 8000) is not None
+        assert ctl.network.listener(ctl, server, 80) is None  # busybox runs no nginx
+        [(response, body)] = await _exchange(
+            lambda s: _connect_and_relay(ctl, nginx, 80, s), b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert response.status_code == 200 and body == httpservers.NGINX_INDEX
+        # The pod goes: its httpd stops, and its port with it.
+        sim.store.delete(sim.store.kind("", "pods"), "default", "files")
+        with trio.fail_after(5):
+            while ctl.network.statistics():
+                await trio.testing.wait_all_tasks_blocked()
+
+
+async def _connect_and_relay(ctl: Any, pod: dict[str, Any], port: int, stream: trio.abc.HalfCloseableStream) -> None:
+    """Serve `stream` with whatever answers `port` in `pod` (what port-forward does, without SPDY)."""
+    async with trio.open_nursery() as nursery:
+        far = await ctl.network.connect(ctl, pod, port, nursery)
+
+        async def pump(source: trio.abc.HalfCloseableStream, sink: trio.abc.HalfCloseableStream) -> None:
+            while data := await source.receive_some(65536):
+                await sink.send_all(data)
+            await sink.send_eof()
+
+        nursery.start_soon(pump, stream, far)
+        await pump(far, stream)
+        nursery.cancel_scope.cancel()
