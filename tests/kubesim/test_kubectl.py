@@ -406,9 +406,23 @@ async def test_exec_with_and_without_stdin(k: Kubectl) -> None:
     assert "err" in shell.stderr and "command terminated with exit code 3" in shell.stderr
 
 
-async def test_spdy_and_port_forward_say_what_kubesim_supports(k: Kubectl) -> None:
+@pytest.fixture(scope="module")
+def spdy_off_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    server = ServerThread(tmp_path_factory.mktemp("kubesim-nospdy"), spdy=False).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def test_spdy_and_port_forward_say_what_kubesim_supports_with_spdy_switched_off(
+        spdy_off_server: ServerThread, kubectl_bin: str) -> None:
     # kubectl falls back to SPDY when told to, or (port-forward) when the WebSocket is refused; it
-    # then shows only the SPDY answer, which must say plainly what kubesim does not do.
+    # then shows only the SPDY answer, which must say plainly what kubesim does not do. With
+    # KUBESIM_SPDY=0 (hyperraw's switch) kubesim serves no SPDY at all (test_spdy_serve.py: on).
+    namespace = f"spdy-off-{next(_COUNTER)}"
+    await trio.to_thread.run_sync(spdy_off_server.make_namespace, namespace)
+    k = Kubectl(kubectl_bin, spdy_off_server, namespace)
     await k("create", "-f", "-", stdin=POD.encode())
     await k("wait", "--for=condition=Ready", "pod/solo", "--timeout=10s")
     spdy_env = {**k.server.env(), "KUBECTL_REMOTE_COMMAND_WEBSOCKETS": "false"}

@@ -13,7 +13,7 @@ from urllib.parse import parse_qs
 
 import attrs
 
-from kubesim import discovery, errors, fieldcheck, openapi, tables, timefmt
+from kubesim import discovery, errors, exec_spdy, fieldcheck, openapi, tables, timefmt
 from kubesim.asgi import (
     Query,
     Receive,
@@ -37,13 +37,17 @@ from kubesim.podio import check_streamable, serve_logs, serve_pod_websocket, spd
 from kubesim.requests import RecordedRequest, header_map, record
 from kubesim.resources import Kind
 from kubesim.selectors import parse_field_selector, parse_label_selector, selector_string
+from kubesim.spdy_session import RAW_ACCEPT, RAW_UPGRADE_EXTENSION
 from kubesim.store import Store
+from kubesim.streaming import SpdySubresource, serve_raw_spdy
 from kubesim.watchstream import serve_watch
 
 logger = logging.getLogger("kubesim")
 
 PROTOBUF = "application/vnd.kubernetes.protobuf"
 PUBLIC_PATHS = ("/version", "/healthz", "/livez", "/readyz")
+#: The pod subresources served over SPDY (hyperraw's raw upgrade; see streaming.py).
+SPDY_SUBRESOURCES: dict[str, SpdySubresource] = {"exec": exec_spdy.EXEC, "attach": exec_spdy.ATTACH}
 
 
 @attrs.frozen(kw_only=True)
@@ -131,7 +135,7 @@ class KubeApp:
 
         async def tracking_send(message: MutableMapping[str, Any]) -> None:
             nonlocal started
-            started = started or message.get("type") == "http.response.start"
+            started = started or message.get("type") in ("http.response.start", RAW_ACCEPT)
             await send(message)
 
         try:
@@ -207,7 +211,12 @@ class KubeApp:
             if target.subresource != "portforward":
                 check_streamable(self.store, self.controllers, target, query)
             if "spdy/" in headers.get("upgrade", "").lower():
-                raise spdy_refused(target.subresource)
+                spdy = SPDY_SUBRESOURCES.get(target.subresource)
+                if spdy is None or RAW_UPGRADE_EXTENSION not in (scope.get("extensions") or {}):
+                    raise spdy_refused(target.subresource)  # no handler, or KUBESIM_SPDY=0
+                await serve_raw_spdy(spdy, self.store, self.controllers, target, query, scope,
+                                     receive, send)
+                return None
             raise errors.bad_request("Upgrade request required")
         if watch_path or (flag(query, "watch") and method == "GET"):
             await serve_watch(self.store, target, query, accept, receive, send,

@@ -14,7 +14,7 @@ import itertools
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -55,10 +55,10 @@ async def serve_exec(
     if session is None:
         return
     await session.greet(stdout=stdout, stderr=stderr)
-    io = _ChannelIO(session, stdout=stdout, stderr=stderr and not tty, tty=tty)
+    io = ChannelIO(session, stdout=stdout, stderr=stderr and not tty, tty=tty)
 
     async def run() -> Mapping[str, Any]:
-        return await _exec_status(command, io, env)
+        return await exec_status(command, io, env)
 
     await session.run(run)
 
@@ -85,10 +85,10 @@ async def serve_attach(
     if session is None:
         return
     await session.greet(stdout=stdout, stderr=stderr)
-    io = _ChannelIO(session, stdout=stdout, stderr=stderr and not tty, tty=tty)
+    io = ChannelIO(session, stdout=stdout, stderr=stderr and not tty, tty=tty)
 
     async def run() -> Mapping[str, Any]:
-        await _attach(console, io, stdin=stdin, tty=tty)
+        await attach_console(console, io, stdin=stdin, tty=tty)
         return channels.success_status()
 
     await session.run(run)
@@ -97,8 +97,8 @@ async def serve_attach(
 # -- running ------------------------------------------------------------------------------------
 
 
-async def _exec_status(
-    command: list[str], io: _ChannelIO, env: Mapping[str, str]
+async def exec_status(
+    command: list[str], io: ChannelIO, env: Mapping[str, str]
 ) -> Mapping[str, Any]:
     if not command:
         return channels.internal_error_status(
@@ -130,7 +130,7 @@ def _not_found_error(name: str) -> str:
     )
 
 
-async def _run_on_terminal(command: list[str], io: _ChannelIO, env: Mapping[str, str]) -> int:
+async def _run_on_terminal(command: list[str], io: ChannelIO, env: Mapping[str, str]) -> int:
     interrupted = False
     with trio.CancelScope() as command_scope:
 
@@ -147,7 +147,7 @@ async def _run_on_terminal(command: list[str], io: _ChannelIO, env: Mapping[str,
     return INTERRUPTED if interrupted else code
 
 
-async def _attach(console: ContainerConsole, io: _ChannelIO, *, stdin: bool, tty: bool) -> None:
+async def attach_console(console: ContainerConsole, io: ChannelIO, *, stdin: bool, tty: bool) -> None:
     start = console.next_seq
     stop_at: int | None = None
     stdin_done = trio.Event()
@@ -333,10 +333,21 @@ class _Session:
                 await self._send({"type": "websocket.close", "code": code})
 
 
-class _ChannelIO:
-    """A command's standard streams on a session's channels (what a pipe-backed exec gets)."""
+class Channels(Protocol):
+    """Where a command's streams go: a WebSocket session's channels, or SPDY streams."""
 
-    def __init__(self, session: _Session, *, stdout: bool, stderr: bool, tty: bool) -> None:
+    async def read_stdin(self) -> bytes: ...
+
+    async def write(self, channel: int, data: bytes) -> None: ...
+
+
+class ChannelIO:
+    """A command's standard streams on a session's channels (what a pipe-backed exec gets).
+
+    Shared by both transports: exec_ws (WebSocket channels) and exec_spdy (SPDY streams).
+    """
+
+    def __init__(self, session: Channels, *, stdout: bool, stderr: bool, tty: bool) -> None:
         self._session = session
         self._stdout = stdout
         self._stderr = stderr

@@ -21,6 +21,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
+from kubesim import hyperraw
 from kubesim.app import KubeApp, ServerVersion
 from kubesim.console import ContainerConsole
 from kubesim.controllers import Controllers
@@ -111,9 +112,16 @@ async def serve_kubesim(
     controller_tick: float = 0.5,
     restart_backoff: tuple[float, float] = (10.0, 300.0),
     on_request: Callable[[RecordedRequest], None] | None = None,
+    spdy: bool | None = None,
     task_status: trio.TaskStatus[KubeSim] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until cancelled (or `KubeSim.stop()`); `task_status.started(sim)` once listening."""
+    """Serve until cancelled (or `KubeSim.stop()`); `task_status.started(sim)` once listening.
+
+    `spdy`: serve kubectl's `Upgrade: SPDY/3.1` (exec, attach) through `hyperraw`; None reads
+    the switch `KUBESIM_SPDY` (on unless `0`). Off, SPDY upgrades get a 400 saying so.
+    """
+    if spdy is None:
+        spdy = hyperraw.enabled_by_environment()
     store = store or Store()
     controllers = Controllers(store, tick=controller_tick, root_ca=ca_pem,
                               restart_backoff=restart_backoff)
@@ -130,7 +138,7 @@ async def serve_kubesim(
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
         await nursery.start(controllers.run)
-        binds = await nursery.start(_serve, app, config, shutdown)
+        binds = await nursery.start(_serve, app, config, shutdown, spdy)
         bound = binds[0]
         scheme, _, address = bound.partition("://")
         bound_port = int(address.rsplit(":", 1)[1])
@@ -146,9 +154,12 @@ async def serve_kubesim(
         nursery.cancel_scope.cancel()
 
 
-async def _serve(app: KubeApp, config: Config, shutdown: trio.Event, *,
+async def _serve(app: KubeApp, config: Config, shutdown: trio.Event, spdy: bool, *,
                  task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-    await serve(app, config, shutdown_trigger=shutdown.wait, task_status=task_status)  # type: ignore[arg-type]
+    if spdy:
+        await hyperraw.serve(app, config, shutdown_trigger=shutdown.wait, task_status=task_status)
+    else:
+        await serve(app, config, shutdown_trigger=shutdown.wait, task_status=task_status)  # type: ignore[arg-type]
 
 
 @asynccontextmanager
