@@ -42,21 +42,25 @@ class Forward:
     ports: dict[int, int] = attrs.Factory(dict)
     stdout: bytearray = attrs.Factory(bytearray)
     stderr: bytearray = attrs.Factory(bytearray)
-    ended: bool = False  # kubectl closed its output (it exited)
+    closed: int = 0  # how many of stdout and stderr kubectl closed (2: it exited)
     changed: trio.Event = attrs.Factory(trio.Event)
+
+    @property
+    def ended(self) -> bool:
+        return self.closed == 2
 
     async def collect(self, stream: trio.abc.ReceiveStream, into: bytearray) -> None:
         while chunk := await stream.receive_some():
             into += chunk
             self.changed.set()
-        self.ended = True
+        self.closed += 1
         self.changed.set()
 
-    async def wait_for(self, done: Callable[[], bool]) -> None:
+    async def wait_for(self, done: Callable[[], bool], *, until_exit: bool = False) -> None:
         """Wait (at most 15 s) until `done()` holds, re-checking whenever kubectl writes."""
         with trio.fail_after(15):
             while not done():
-                if self.ended:
+                if self.ended and not until_exit:
                     raise AssertionError(f"kubectl port-forward ended:\n{self.stdout.decode()}\n"
                                          f"{self.stderr.decode()}")
                 self.changed = trio.Event()
@@ -131,10 +135,6 @@ async def echo_through(port: int, size: int) -> None:
     assert received.hexdigest() == sent.hexdigest()
 
 
-def _setup(server: ServerThread, namespace: str) -> None:
-    server.make_namespace(namespace)
-
-
 async def _run(kubectl_bin: str, server: ServerThread, *args: str) -> str:
     return (await kubectl(kubectl_bin, server, *args)).stdout
 
@@ -149,7 +149,7 @@ async def web(kube_server: ServerThread, kubectl_bin: str, request: pytest.Fixtu
     """A namespace with pod `web` (nginx), pod `bb` (busybox sleeping), and deployment+service
     `site` (nginx, service port 8080 → target port 80)."""
     namespace = f"pf-{abs(hash(request.node.nodeid)) % 10**8}"
-    kube_server.make_namespace(namespace)
+    await trio.to_thread.run_sync(kube_server.make_namespace, namespace)
     await _run(kubectl_bin, kube_server, "run", "web", "-n", namespace, "--image=nginx", "--port=80",
                "--labels=app=web")
     await _run(kubectl_bin, kube_server, "run", "bb", "-n", namespace, "--image=busybox", "--labels=app=bb",
@@ -175,7 +175,7 @@ async def test_http_get_of_nginx_through_port_forward(kube_server: ServerThread,
         status, _, body = await http_get(forward.ports[80], "/nope")
         assert status == "HTTP/1.1 404 Not Found"
         assert "Handling connection for" in forward.stdout.decode()
-    _assert_transport(kube_server, transport, web, "web")
+    await _assert_transport(kube_server, transport, web, "web")
 
 
 async def test_16_mib_each_way_through_the_echo_port(kube_server: ServerThread, kubectl_bin: str,
@@ -204,23 +204,37 @@ async def test_service_and_deployment_targets(kube_server: ServerThread, kubectl
         assert status == "HTTP/1.1 200 OK" and b"Welcome to nginx!" in body
 
 
-async def test_a_refused_port_reports_and_the_forward_goes_on(kube_server: ServerThread, kubectl_bin: str,
-                                                              transport: str, web: str) -> None:
+async def test_a_refused_port_is_reported_as_kubectl_reports_it(kube_server: ServerThread, kubectl_bin: str,
+                                                                 transport: str, web: str) -> None:
+    """Nothing listens on 81 in a busybox pod: the kubelet's message comes back on the error
+    stream and kubectl prints it. client-go then closes the whole connection (since 1.29:
+    `pf.streamConn.Close()` after an error), so kubectl ends with `lost connection to pod`; the
+    other port worked until then, and a new port-forward works again."""
     async with port_forward(kubectl_bin, kube_server, transport, "-n", web, "pod/bb", ":81", ":7") as forward:
+        await echo_through(forward.ports[7], MIB)
         with trio.fail_after(10):
             stream = await trio.open_tcp_stream("127.0.0.1", forward.ports[81])
             async with stream:
-                assert await stream.receive_some(100) == b""  # kubectl closes it
-        line = await forward.wait_stderr(r"an error occurred forwarding \d+ -> 81: error forwarding port 81 to "
-                                         r"pod [0-9a-f]{64}, uid : failed to execute portforward in network "
-                                         r"namespace \"[^\"]+\": failed to connect to localhost:81 inside "
-                                         r"namespace \"[0-9a-f]{64}\", IPv4: dial tcp4 127\.0\.0\.1:81: connect: "
-                                         r"connection refused")
-        assert line
+                try:
+                    assert await stream.receive_some(100) == b""  # kubectl closes it
+                except trio.BrokenResourceError:
+                    pass  # or resets it, as kubectl exits
+        await forward.wait_stderr(r"error forwarding port 81 to pod [0-9a-f]{64}, uid : failed to execute "
+                                  r"portforward in network namespace \\?\"/var/run/netns/cni-[0-9a-f-]{36}\\?\": "
+                                  r"failed to connect to localhost:81 inside namespace \\?\"[0-9a-f]{64}\\?\", "
+                                  r"IPv4: dial tcp4 127\.0\.0\.1:81: connect: connection refused IPv6 dial tcp6: "
+                                  r"address localhost: no suitable address found")
+        # 1.32 prints "an error occurred forwarding L -> 81: <message>", 1.37 a structured line.
+        assert re.search(r"an error occurred forwarding \d+ -> 81: error forwarding port 81|"
+                         r'"An error occurred forwarding" err="error forwarding port 81 .*remotePort=81',
+                         forward.stderr.decode())
+        await forward.wait_for(lambda: forward.ended, until_exit=True)
+        assert forward.stderr.decode().rstrip().endswith("error: lost connection to pod")
+    async with port_forward(kubectl_bin, kube_server, transport, "-n", web, "pod/bb", ":7") as forward:
         await echo_through(forward.ports[7], MIB)
 
 
-def _assert_transport(server: ServerThread, transport: str, namespace: str, pod: str) -> None:
+async def _assert_transport(server: ServerThread, transport: str, namespace: str, pod: str) -> None:
     """The port-forward request kubesim saw used the transport the test meant."""
     path = f"/api/v1/namespaces/{namespace}/pods/{pod}/portforward"
 
@@ -228,7 +242,7 @@ def _assert_transport(server: ServerThread, transport: str, namespace: str, pod:
         assert server.sim is not None
         return [r for r in server.sim.requests if r.path == path]
 
-    requests = server.call(seen)
+    requests = await server.acall(seen)
     # client-go upgrades a WebSocket with GET and asks for SPDY with POST.
     methods = {r.method for r in requests}
     assert methods == ({"GET"} if transport == "websocket" else {"POST"}), requests

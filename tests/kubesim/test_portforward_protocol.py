@@ -180,10 +180,12 @@ class _FakeStream:
         self._send, self._receive = trio.open_memory_channel[bytes](4)
         self.done = trio.Event()
 
-    def accept(self) -> None:
+    async def reply(self) -> None:
+        await trio.lowlevel.checkpoint()
         self.accepted = True
 
-    def reset(self) -> None:
+    async def reset(self) -> None:
+        await trio.lowlevel.checkpoint()
         self.was_reset = True
 
     async def feed(self, data: bytes) -> None:
@@ -192,7 +194,7 @@ class _FakeStream:
     async def fin(self) -> None:
         await self._send.aclose()
 
-    async def receive_some(self) -> bytes:
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
         try:
             return await self._receive.receive()
         except trio.EndOfChannel:
@@ -202,7 +204,7 @@ class _FakeStream:
         await trio.lowlevel.checkpoint()
         self.sent += data
 
-    async def close(self) -> None:
+    async def send_eof(self) -> None:
         await trio.lowlevel.checkpoint()
         self.closed = True
         self.done.set()
@@ -225,8 +227,8 @@ async def test_a_session_forwards_the_echo_port_both_ways() -> None:
         session = PortForwardSession(_Ctl(), _POD, nursery)  # type: ignore[arg-type]
         error = _FakeStream(1, _headers("error", 7, "0"))
         data = _FakeStream(3, _headers("data", 7, "0"))
-        session.stream_opened(error)
-        session.stream_opened(data)
+        await session.stream_opened(error)
+        await session.stream_opened(data)
         assert error.accepted and data.accepted
         for start in range(0, len(payload), 30_000):
             await data.feed(payload[start:start + 30_000])
@@ -244,7 +246,7 @@ async def test_a_refused_port_is_reported_on_the_error_stream_and_the_next_pair_
         bogus = _FakeStream(5, [("streamtype", "data"), ("port", "x")])
         good = [_FakeStream(7, _headers("error", 7, "1")), _FakeStream(9, _headers("data", 7, "1"))]
         for stream in [*bad, bogus, *good]:
-            session.stream_opened(stream)
+            await session.stream_opened(stream)
         await good[1].feed(b"still here")
         await good[1].fin()
         with trio.fail_after(10):

@@ -13,7 +13,16 @@ from urllib.parse import parse_qs
 
 import attrs
 
-from kubesim import discovery, errors, exec_spdy, fieldcheck, openapi, tables, timefmt
+from kubesim import (
+    discovery,
+    errors,
+    exec_spdy,
+    fieldcheck,
+    openapi,
+    portforward_session,
+    tables,
+    timefmt,
+)
 from kubesim.asgi import (
     Query,
     Receive,
@@ -47,7 +56,8 @@ logger = logging.getLogger("kubesim")
 PROTOBUF = "application/vnd.kubernetes.protobuf"
 PUBLIC_PATHS = ("/version", "/healthz", "/livez", "/readyz")
 #: The pod subresources served over SPDY (hyperraw's raw upgrade; see streaming.py).
-SPDY_SUBRESOURCES: dict[str, SpdySubresource] = {"exec": exec_spdy.EXEC, "attach": exec_spdy.ATTACH}
+SPDY_SUBRESOURCES: dict[str, SpdySubresource] = {"exec": exec_spdy.EXEC, "attach": exec_spdy.ATTACH,
+                                                   "portforward": portforward_session.PORT_FORWARD}
 
 
 @attrs.frozen(kw_only=True)

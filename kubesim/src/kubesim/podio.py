@@ -129,7 +129,34 @@ async def serve_pod_websocket(store: Store, controllers: Controllers, target: Ta
         _, _, console = running_console(store, controllers, target, one(query, "container"))
         await exec_ws.serve_attach(scope, receive, send, console=console, **streams)
         return
+    if target.subresource == "portforward":
+        await _serve_port_forward_websocket(store, controllers, target, query, scope, receive, send)
+        return
     raise errors.bad_request(f"{target.subresource} over WebSocket is not supported by kubesim")
+
+
+#: kubectl's WebSocket port-forward: SPDY inside the WebSocket (client-go's tunneling dialer).
+PORT_FORWARD_TUNNEL = "SPDY/3.1+portforward.k8s.io"
+
+
+async def _serve_port_forward_websocket(store: Store, controllers: Controllers, target: Target, query: Query,
+                                        scope: Scope, receive: Receive, send: Send) -> None:
+    """The API server's stream tunnel (k8s.io/apiserver pkg/util/proxy/streamtunnel.go): a
+    WebSocket offering `SPDY/3.1+portforward.k8s.io` is accepted with it and carries the SPDY
+    session the kubelet speaks. Other WebSocket port-forward protocols (the kubelet's own
+    `portforward.k8s.io`/`v4.channel.k8s.io` channels) are refused: kubectl never uses them."""
+    from kubesim import portforward_session, streaming
+
+    if PORT_FORWARD_TUNNEL not in list(scope.get("subprotocols") or []):
+        raise errors.bad_request(f"port-forward over WebSocket needs the subprotocol {PORT_FORWARD_TUNNEL} "
+                                 "(kubesim serves kubectl's tunnelled SPDY only)")
+    message = await receive()
+    if message.get("type") != "websocket.connect":
+        return
+    request = streaming.PodStreamRequest(store=store, controllers=controllers, target=target, query=query,
+                                         protocol=portforward_session.PORT_FORWARD.protocols[0])
+    await streaming.serve_websocket_spdy(portforward_session.PORT_FORWARD, request, PORT_FORWARD_TUNNEL,
+                                         receive, send)
 
 
 def spdy_refused(subresource: str) -> errors.ApiError:

@@ -13,44 +13,48 @@ What it needs of a stream is `PeerStream`, the part of the driver's stream API i
 from __future__ import annotations
 
 import hashlib
+import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from kubesim import portforward
 from kubesim.netsim import CHUNK
+from kubesim.podio import port_forward_pod
+from kubesim.spdy_session import SpdySession
+from kubesim.streaming import PodStreamRequest, SpdySubresource
 
 if TYPE_CHECKING:
     from kubesim.controllers import Controllers
+
+log = logging.getLogger(__name__)
 
 #: How long the client's direction may go on once the pod's side ended (containerd: 1 s).
 LINGER_SECONDS = 1.0
 
 
 class PeerStream(Protocol):
-    """A stream the client opened, as the session uses it."""
+    """A stream the client opened, as the session uses it (what `spdy_session.SpdyStream` offers)."""
 
-    @property
-    def stream_id(self) -> int: ...
+    stream_id: int
+    headers: tuple[tuple[str, str], ...]
 
-    @property
-    def headers(self) -> tuple[tuple[str, str], ...]: ...
+    async def reply(self) -> None:
+        """SYN_REPLY: the stream is accepted."""
 
-    def accept(self) -> None:
-        """SYN_REPLY."""
+    async def reset(self) -> None:
+        """RST_STREAM: the stream is refused (or dropped)."""
 
-    def reset(self) -> None:
-        """RST_STREAM (refused)."""
-
-    async def receive_some(self) -> bytes:
-        """The next DATA payload; b"" once the client half-closed (FIN)."""
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        """The next bytes the client sent; b"" once it half-closed (FIN) or reset the stream."""
         ...
 
     async def send_all(self, data: bytes) -> None: ...
 
-    async def close(self) -> None:
-        """Our half-close (FIN); the stream goes once both sides closed."""
+    async def send_eof(self) -> None:
+        """Our half-close (FIN)."""
 
 
 def sandbox_id(pod: dict[str, Any]) -> str:
@@ -76,14 +80,15 @@ class PortForwardSession:
         self._streams: dict[int, PeerStream] = {}
         self._timer_running = False
 
-    def stream_opened(self, stream: PeerStream) -> None:
+    async def stream_opened(self, stream: PeerStream) -> None:
         """The client opened `stream`: accept or refuse it; a complete pair starts forwarding."""
         events = self._pairing.stream_opened(stream.stream_id, stream.headers, trio.current_time())
         for event in events:
             if isinstance(event, portforward.StreamRefused):
-                stream.reset()
+                log.info("port-forward stream %d refused: %s", stream.stream_id, event.reason)
+                await _quietly(stream.reset)
             elif isinstance(event, portforward.StreamAccepted):
-                stream.accept()
+                await _quietly(stream.reply)
                 self._streams[stream.stream_id] = stream
             elif isinstance(event, portforward.PairError):
                 self._nursery.start_soon(self._write_error, event.error_stream, event.message, False)
@@ -106,7 +111,7 @@ class PortForwardSession:
                     else:
                         stream = self._streams.pop(event.stream_id, None)
                         if stream is not None:
-                            stream.reset()
+                            await _quietly(stream.reset)
         finally:
             self._timer_running = False
 
@@ -114,9 +119,9 @@ class PortForwardSession:
         stream = self._streams.pop(stream_id, None) if close else self._streams.get(stream_id)
         if stream is None:
             return
-        await stream.send_all(message.encode())
+        await _quietly(stream.send_all, message.encode())
         if close:
-            await stream.close()
+            await _quietly(stream.send_eof)
 
     async def _forward(self, port: int, error: PeerStream, data: PeerStream) -> None:
         """One forwarded connection: the pod's port ⇄ the data stream; failures on the error stream."""
@@ -125,7 +130,7 @@ class PortForwardSession:
                 try:
                     socket = await self._ctl.network.connect(self._ctl, self._pod, port, nursery)
                 except ConnectionRefusedError:
-                    await error.send_all(portforward.forward_error(
+                    await _quietly(error.send_all, portforward.forward_error(
                         port=port, sandbox_id=sandbox_id(self._pod), netns=netns_path(self._pod),
                         reason="connection refused").encode())
                     return
@@ -134,26 +139,28 @@ class PortForwardSession:
                     await _socket_to_stream(socket, data)
                     # The pod's side is done: end the data stream, and give the client's direction
                     # the second containerd gives it before both streams are closed.
-                    await _close(data)
+                    await _quietly(data.send_eof)
                     nursery.cancel_scope.deadline = trio.current_time() + LINGER_SECONDS
                 finally:
                     socket.close()
         finally:
+            # As the kubelet's deferred Close()s: both streams end from our side.
             with trio.move_on_after(1, shield=True):
-                await _close(error)
-                await _close(data)
+                await _quietly(error.send_eof)
+                await _quietly(data.send_eof)
 
 
-async def _close(stream: PeerStream) -> None:
+async def _quietly(action: Callable[..., Awaitable[None]], *args: Any) -> None:
+    """Do `action` on a stream the client may have reset or the connection may have lost."""
     try:
-        await stream.close()
+        await action(*args)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass
 
 
 async def _stream_to_socket(data: PeerStream, socket: trio.abc.HalfCloseableStream) -> None:
     try:
-        while chunk := await data.receive_some():
+        while chunk := await data.receive_some(CHUNK):
             await socket.send_all(chunk)
         await socket.send_eof()
     except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -166,3 +173,24 @@ async def _socket_to_stream(socket: trio.abc.HalfCloseableStream, data: PeerStre
             await data.send_all(bytes(chunk))
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass
+
+
+# -- the subresource -----------------------------------------------------------------------------
+
+
+def _check(request: PodStreamRequest) -> None:
+    port_forward_pod(request.store, request.target)
+
+
+async def _serve(request: PodStreamRequest, session: SpdySession) -> None:
+    """One port-forward connection: every stream the client opens, until it goes away."""
+    pod = port_forward_pod(request.store, request.target)
+    async with trio.open_nursery() as nursery:
+        forward = PortForwardSession(request.controllers, pod, nursery)
+        while (stream := await session.accept()) is not None:
+            await forward.stream_opened(stream)
+        nursery.cancel_scope.cancel()  # the client is gone: so are its connections
+
+
+#: `pods/portforward` over SPDY, for the raw upgrade and kubectl's WebSocket tunnel alike.
+PORT_FORWARD = SpdySubresource(protocols=(portforward.PROTOCOL,), check=_check, serve=_serve)
