@@ -160,17 +160,19 @@ async def _serve_port_forward_websocket(store: Store, controllers: Controllers, 
 
 
 def spdy_refused(subresource: str) -> errors.ApiError:
-    """The answer to an ``Upgrade: SPDY/3.1`` request for exec, attach or portforward.
+    """The answer to an ``Upgrade: SPDY/3.1`` request for exec, attach or portforward when kubesim
+    serves no raw SPDY (``KUBESIM_SPDY=0``, hyperraw's switch).
 
-    kubectl tries SPDY when told to (``KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false``) or when its
-    WebSocket attempt was refused (port-forward always, here), and then shows only the SPDY
-    answer: a Status whose message it prints (``error upgrading connection: <message>``), so it
-    says plainly what kubesim supports.
+    kubectl tries SPDY when told to (``KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false``,
+    ``KUBECTL_PORT_FORWARD_WEBSOCKETS=false``) or when its WebSocket attempt was refused, and
+    then shows only the SPDY answer: a Status whose message it prints (``error upgrading
+    connection: <message>``), so it says plainly what kubesim supports. Port-forward's WebSocket
+    (SPDY tunnelled in WebSocket messages) needs no raw upgrade and works either way.
     """
     if subresource == "portforward":
         return errors.bad_request(
-            "kubesim does not support SPDY, and port-forward is not supported by kubesim at all "
-            "(exec and attach work over WebSocket, kubectl's default since 1.30)")
+            "kubesim does not support SPDY: port-forward works over WebSocket only, kubectl's "
+            "default since 1.31 (do not set KUBECTL_PORT_FORWARD_WEBSOCKETS=false)")
     return errors.bad_request(
         f"kubesim does not support SPDY: {subresource} works over WebSocket only, kubectl's "
         "default since 1.30 (do not set KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false)")
