@@ -13,7 +13,7 @@ import hashlib
 import os
 import re
 import subprocess
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -246,3 +246,32 @@ async def _assert_transport(server: ServerThread, transport: str, namespace: str
     # client-go upgrades a WebSocket with GET and asks for SPDY with POST.
     methods = {r.method for r in requests}
     assert methods == ({"GET"} if transport == "websocket" else {"POST"}), requests
+
+
+@pytest.fixture(scope="module")
+def no_tunnel_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    """A kubesim answering WebSocket port-forwards as an API server without the tunnel does."""
+    server = ServerThread(tmp_path_factory.mktemp("kubesim-no-tunnel"), port_forward_websocket=False).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def test_kubectl_falls_back_to_spdy_when_the_websocket_is_refused(no_tunnel_server: ServerThread,
+                                                                         kubectl_bin: str) -> None:
+    namespace = f"fallback-{abs(hash(kubectl_bin)) % 10**6}"
+    await trio.to_thread.run_sync(no_tunnel_server.make_namespace, namespace)
+    await _run(kubectl_bin, no_tunnel_server, "run", "bb", "-n", namespace, "--image=busybox", "--labels=app=bb",
+               "--", "sleep", "3600")
+    await _wait_running(kubectl_bin, no_tunnel_server, namespace, "app=bb")
+    async with port_forward(kubectl_bin, no_tunnel_server, "websocket", "-n", namespace, "pod/bb", ":7") as forward:
+        await echo_through(forward.ports[7], 4 * MIB)
+    path = f"/api/v1/namespaces/{namespace}/pods/bb/portforward"
+
+    def methods() -> list[str]:
+        assert no_tunnel_server.sim is not None
+        return [r.method for r in no_tunnel_server.sim.requests if r.path == path]
+
+    # The WebSocket (GET) was refused, then SPDY (POST) carried the forward.
+    assert await no_tunnel_server.acall(methods) == ["GET", "POST"]

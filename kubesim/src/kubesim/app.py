@@ -97,7 +97,8 @@ class KubeApp:
     def __init__(self, store: Store, controllers: Controllers, *, token: str | None,
                  requests: MutableSequence[RecordedRequest], server_address: str = "127.0.0.1:6443",
                  version: ServerVersion | None = None, bookmark_interval: float = 10.0,
-                 on_request: Callable[[RecordedRequest], None] | None = None) -> None:
+                 on_request: Callable[[RecordedRequest], None] | None = None,
+                 port_forward_websocket: bool = True) -> None:
         self.store = store
         self.controllers = controllers
         self.token = token
@@ -106,6 +107,8 @@ class KubeApp:
         self.version = version or ServerVersion()
         self.bookmark_interval = bookmark_interval
         self.on_request = on_request
+        # False: no SPDY-in-WebSocket tunnel for port-forward, as API servers before 1.30.
+        self.port_forward_websocket = port_forward_websocket
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -503,6 +506,10 @@ class KubeApp:
                 raise errors.page_not_found()
             target = parse_target(self.store.registry, "", "v1", parts[2:])
             query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+            if target.subresource == "portforward" and not self.port_forward_websocket:
+                # Such a server hands the WebSocket to the kubelet's own WebSocket port-forward,
+                # which wants its ports in the query (portforward/websocket.go NewV4Options).
+                raise errors.bad_request('query parameter "port" is required')
             await serve_pod_websocket(self.store, self.controllers, target, query, scope, receive, send)
         except ApiError as exc:
             await refuse_websocket(scope, send, exc)
