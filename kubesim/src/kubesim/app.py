@@ -42,7 +42,13 @@ from kubesim.controllers import Controllers
 from kubesim.errors import ApiError
 from kubesim.patch import apply_patch
 from kubesim.paths import Target, parse_target
-from kubesim.podio import check_streamable, serve_logs, serve_pod_websocket, spdy_refused
+from kubesim.podio import (
+    check_streamable,
+    port_forward_pod,
+    serve_logs,
+    serve_pod_websocket,
+    spdy_refused,
+)
 from kubesim.requests import RecordedRequest, header_map, record
 from kubesim.resources import Kind
 from kubesim.selectors import parse_field_selector, parse_label_selector, selector_string
@@ -223,6 +229,8 @@ class KubeApp:
             # refuse first, so a fallback from a refused WebSocket shows the real reason.
             if target.subresource != "portforward":
                 check_streamable(self.store, self.controllers, target, query)
+            else:
+                port_forward_pod(self.store, target)
             if "spdy/" in headers.get("upgrade", "").lower():
                 spdy = SPDY_SUBRESOURCES.get(target.subresource)
                 if spdy is None or RAW_UPGRADE_EXTENSION not in (scope.get("extensions") or {}):
