@@ -275,3 +275,43 @@ async def test_kubectl_falls_back_to_spdy_when_the_websocket_is_refused(no_tunne
 
     # The WebSocket (GET) was refused, then SPDY (POST) carried the forward.
     assert await no_tunnel_server.acall(methods) == ["GET", "POST"]
+
+
+async def test_busybox_httpd_listens_as_main_process_and_under_exec(kube_server: ServerThread, kubectl_bin: str,
+                                                                    web: str) -> None:
+    """`httpd -f -p PORT` listens in its pod whether it is the container's command or exec'd.
+    (Until kubesim has container filesystems it serves an empty tree: busybox's 404 page.)"""
+    await _run(kubectl_bin, kube_server, "run", "files", "-n", web, "--image=busybox", "--labels=app=files",
+               "--", "httpd", "-f", "-p", "8000", "-h", "/")
+    await _wait_running(kubectl_bin, kube_server, web, "app=files")
+    env = kube_server.env()
+    exec_process = await trio.lowlevel.open_process(
+        [kubectl_bin, "exec", "-n", web, "files", "--", "httpd", "-f", "-p", "8001"], env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def ports() -> list[int]:
+            assert kube_server.sim is not None
+            network = kube_server.sim.controllers.network
+            return next((p for (ns, name, _), p in network.statistics().items() if (ns, name) == (web, "files")), [])
+
+        for _ in range(100):  # polling a condition, bounded: the exec'd httpd starts listening
+            if await kube_server.acall(ports) == [8000, 8001]:
+                break
+            await trio.sleep(0.05)
+        assert await kube_server.acall(ports) == [8000, 8001]
+        async with port_forward(kubectl_bin, kube_server, "websocket", "-n", web, "pod/files", ":8000",
+                                ":8001") as forward:
+            for remote in (8000, 8001):
+                status, headers, body = await http_get(forward.ports[remote], "/index.html")
+                assert status == "HTTP/1.1 404 Not Found"
+                assert headers["connection"] == "close"
+                assert b"<BODY><H1>404 Not Found</H1>\nThe requested URL was not found\n" in body
+    finally:
+        exec_process.kill()
+        with trio.move_on_after(5, shield=True):
+            await exec_process.wait()
+    for _ in range(100):  # the exec ended: its httpd stops listening (the container's goes on)
+        if await kube_server.acall(ports) == [8000]:
+            break
+        await trio.sleep(0.05)
+    assert await kube_server.acall(ports) == [8000]

@@ -173,7 +173,8 @@ async def _serve_exec(request: PodStreamRequest, session: SpdySession) -> None:
     env = container_env(pod, container)
 
     async def work(io: exec_ws.ChannelIO, opts: _Options) -> Mapping[str, Any]:
-        return await exec_ws.exec_status(command, io, env)
+        with request.controllers.network.commands_in(pod):  # `httpd` listens in the pod
+            return await exec_ws.exec_status(command, io, env)
 
     await _run(request, session, work)
 

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from kubesim import netsim
 from kubesim.console import ContainerConsole
 from kubesim.objects import annotation_true
 from kubesim.processes import MainProcess, ProcessStdin, container_env, main_argv
@@ -210,12 +209,9 @@ def _spawn(ctl: Controllers, pod: dict[str, Any], container: dict[str, Any], arg
         ctl.previous_consoles[key] = previous
     ctl.consoles[key] = console
     ctl.processes[key] = process
-    # The process (and what it starts) listens on the pod's ports: it inherits this context.
-    listening = netsim.current_ports.set(ctl.network.ports(key[0], key[1], pod["metadata"].get("uid", "")))
-    try:
+    # The process (and what it starts) listens on the pod's ports: its task inherits this context.
+    with ctl.network.commands_in(pod):
         ctl.nursery.start_soon(process.run, container_env(pod, key[2]), ctl.reconcile)
-    finally:
-        netsim.current_ports.reset(listening)
 
 
 def _sync_processes(ctl: Controllers, pod: dict[str, Any],

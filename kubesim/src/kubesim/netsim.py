@@ -212,6 +212,16 @@ class Network:
     def _forget(self, key: tuple[str, str, str]) -> None:
         self._pods.pop(key, None)
 
+    @contextlib.contextmanager
+    def commands_in(self, pod: dict[str, Any]) -> Iterator[None]:
+        """Commands run in this block, and the tasks they start, listen on `pod`'s ports."""
+        meta = pod["metadata"]
+        token = current_ports.set(self.ports(meta["namespace"], meta["name"], meta.get("uid", "")))
+        try:
+            yield
+        finally:
+            current_ports.reset(token)
+
     def statistics(self) -> dict[tuple[str, str, str], list[int]]:
         """The ports commands listen on, by pod (for tests and debugging)."""
         return {key: sorted(ports.listeners) for key, ports in self._pods.items()}

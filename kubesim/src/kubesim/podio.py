@@ -122,8 +122,9 @@ async def serve_pod_websocket(store: Store, controllers: Controllers, target: Ta
         if not command:
             raise errors.bad_request("you must specify at least 1 command")
         pod, container, _ = running_console(store, controllers, target, one(query, "container"))
-        await exec_ws.serve_exec(scope, receive, send, command=command,
-                                 env=container_env(pod, container), **streams)
+        with controllers.network.commands_in(pod):  # what it runs listens in the pod (`httpd`)
+            await exec_ws.serve_exec(scope, receive, send, command=command,
+                                     env=container_env(pod, container), **streams)
         return
     if target.subresource == "attach":
         _, _, console = running_console(store, controllers, target, one(query, "container"))
