@@ -315,3 +315,33 @@ async def test_busybox_httpd_listens_as_main_process_and_under_exec(kube_server:
             break
         await trio.sleep(0.05)
     assert await kube_server.acall(ports) == [8000]
+
+
+async def test_a_deleted_pod_breaks_the_forward(kube_server: ServerThread, kubectl_bin: str, transport: str,
+                                                web: str) -> None:
+    """Deleting the pod ends its forwarded connections; the next one finds no sandbox (the
+    kubelet's containerd message) and kubectl gives up, as against a real cluster."""
+    await _run(kubectl_bin, kube_server, "run", "gone", "-n", web, "--image=busybox", "--labels=app=gone",
+               "--", "sleep", "3600")
+    await _wait_running(kubectl_bin, kube_server, web, "app=gone")
+    async with port_forward(kubectl_bin, kube_server, transport, "-n", web, "pod/gone", ":7") as forward:
+        with trio.fail_after(20):
+            stream = await trio.open_tcp_stream("127.0.0.1", forward.ports[7])
+            async with stream:
+                await stream.send_all(b"before\n")
+                assert await stream.receive_some(100) == b"before\n"
+                await _run(kubectl_bin, kube_server, "delete", "pod", "gone", "-n", web, "--wait=false")
+                try:
+                    assert await stream.receive_some(100) == b""  # the connection broke
+                except trio.BrokenResourceError:
+                    pass
+            stream = await trio.open_tcp_stream("127.0.0.1", forward.ports[7])
+            async with stream:
+                try:
+                    assert await stream.receive_some(100) == b""
+                except trio.BrokenResourceError:
+                    pass
+        await forward.wait_stderr(r'error forwarding port 7 to pod [0-9a-f]{64}, uid : failed to find sandbox '
+                                  r'\\?"[0-9a-f]{64}\\?" in store: not found')
+        await forward.wait_for(lambda: forward.ended, until_exit=True)
+        assert forward.stderr.decode().rstrip().endswith("error: lost connection to pod")

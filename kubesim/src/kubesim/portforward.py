@@ -232,3 +232,11 @@ def forward_error(*, port: int, sandbox_id: str, netns: str, reason: str) -> str
             f'network namespace "{netns}": failed to connect to localhost:{port} inside namespace '
             f'"{sandbox_id}", IPv4: dial tcp4 127.0.0.1:{port}: connect: {reason} '
             f"IPv6 dial tcp6: address localhost: no suitable address found ")
+
+
+def sandbox_gone_error(*, port: int, sandbox_id: str) -> str:
+    """The error stream's message for a pod that went away while its forward stayed up: the
+    kubelet's wrapping of containerd's `failed to find sandbox %q in store: %w` (its store's
+    `not found`)."""
+    return (f"error forwarding port {port} to pod {sandbox_id}, uid : failed to find sandbox "
+            f'"{sandbox_id}" in store: not found')

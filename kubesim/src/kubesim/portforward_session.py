@@ -72,13 +72,24 @@ class PortForwardSession:
     """The streams of one port-forward connection to `pod`; connections run in `nursery`."""
 
     def __init__(self, ctl: Controllers, pod: dict[str, Any], nursery: trio.Nursery,
-                 *, pairing: portforward.StreamPairing | None = None) -> None:
+                 *, current: Callable[[], dict[str, Any] | None] | None = None,
+                 pairing: portforward.StreamPairing | None = None) -> None:
         self._ctl = ctl
         self._pod = pod
+        # The pod as it is now (None: gone); what listens depends on what runs at connect time.
+        self._current = current or (lambda: pod)
         self._nursery = nursery
         self._pairing = pairing or portforward.StreamPairing()
         self._streams: dict[int, PeerStream] = {}
+        self._connections: set[trio.CancelScope] = set()
+        self._pod_gone = False
         self._timer_running = False
+
+    def pod_gone(self) -> None:
+        """The pod went away: its connections break, and new ones find no sandbox."""
+        self._pod_gone = True
+        for scope in self._connections:
+            scope.cancel()
 
     async def stream_opened(self, stream: PeerStream) -> None:
         """The client opened `stream`: accept or refuse it; a complete pair starts forwarding."""
@@ -125,29 +136,42 @@ class PortForwardSession:
 
     async def _forward(self, port: int, error: PeerStream, data: PeerStream) -> None:
         """One forwarded connection: the pod's port ⇄ the data stream; failures on the error stream."""
+        scope = trio.CancelScope()
+        self._connections.add(scope)
         try:
-            async with trio.open_nursery() as nursery:
-                try:
-                    socket = await self._ctl.network.connect(self._ctl, self._pod, port, nursery)
-                except ConnectionRefusedError:
-                    await _quietly(error.send_all, portforward.forward_error(
-                        port=port, sandbox_id=sandbox_id(self._pod), netns=netns_path(self._pod),
-                        reason="connection refused").encode())
-                    return
-                try:
-                    nursery.start_soon(_stream_to_socket, data, socket)
-                    await _socket_to_stream(socket, data)
-                    # The pod's side is done: end the data stream, and give the client's direction
-                    # the second containerd gives it before both streams are closed.
-                    await _quietly(data.send_eof)
-                    nursery.cancel_scope.deadline = trio.current_time() + LINGER_SECONDS
-                finally:
-                    socket.close()
+            pod = None if self._pod_gone else self._current()
+            if pod is None:
+                await _quietly(error.send_all, portforward.sandbox_gone_error(
+                    port=port, sandbox_id=sandbox_id(self._pod)).encode())
+                return
+            with scope:
+                await self._relay(pod, port, error, data)
         finally:
+            self._connections.discard(scope)
             # As the kubelet's deferred Close()s: both streams end from our side.
             with trio.move_on_after(1, shield=True):
                 await _quietly(error.send_eof)
                 await _quietly(data.send_eof)
+
+    async def _relay(self, pod: dict[str, Any], port: int, error: PeerStream, data: PeerStream) -> None:
+        """Connect to `port` in `pod` and copy both ways; nothing listening: the kubelet's message."""
+        async with trio.open_nursery() as nursery:
+            try:
+                socket = await self._ctl.network.connect(self._ctl, pod, port, nursery)
+            except ConnectionRefusedError:
+                await _quietly(error.send_all, portforward.forward_error(
+                    port=port, sandbox_id=sandbox_id(self._pod), netns=netns_path(self._pod),
+                    reason="connection refused").encode())
+                return
+            try:
+                nursery.start_soon(_stream_to_socket, data, socket)
+                await _socket_to_stream(socket, data)
+                # The pod's side is done: end the data stream, and give the client's direction
+                # the second containerd gives it before both streams are closed.
+                await _quietly(data.send_eof)
+                nursery.cancel_scope.deadline = trio.current_time() + LINGER_SECONDS
+            finally:
+                socket.close()
 
 
 async def _quietly(action: Callable[..., Awaitable[None]], *args: Any) -> None:
@@ -185,8 +209,20 @@ def _check(request: PodStreamRequest) -> None:
 async def _serve(request: PodStreamRequest, session: SpdySession) -> None:
     """One port-forward connection: every stream the client opens, until it goes away."""
     pod = port_forward_pod(request.store, request.target)
+    store, kind, uid = request.store, request.target.kind, pod["metadata"].get("uid")
+
+    def current() -> dict[str, Any] | None:
+        now = store.find(kind, request.target.namespace, request.target.name or "")
+        return now if now is not None and now["metadata"].get("uid") == uid else None
+
     async with trio.open_nursery() as nursery:
-        forward = PortForwardSession(request.controllers, pod, nursery)
+        forward = PortForwardSession(request.controllers, pod, nursery, current=current)
+
+        async def watch() -> None:
+            await store.wait_for(lambda: True if current() is None else None)
+            forward.pod_gone()
+
+        nursery.start_soon(watch)
         while (stream := await session.accept()) is not None:
             await forward.stream_opened(stream)
         nursery.cancel_scope.cancel()  # the client is gone: so are its connections
