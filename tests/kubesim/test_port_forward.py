@@ -174,7 +174,7 @@ async def test_http_get_of_nginx_through_port_forward(kube_server: ServerThread,
         assert b"<title>Welcome to nginx!</title>" in body
         status, _, body = await http_get(forward.ports[80], "/nope")
         assert status == "HTTP/1.1 404 Not Found"
-        assert "Handling connection for" in forward.stdout.decode()
+        await forward.wait_for(lambda: f"Handling connection for {forward.ports[80]}" in forward.stdout.decode())
     await _assert_transport(kube_server, transport, web, "web")
 
 
