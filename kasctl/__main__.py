@@ -93,6 +93,7 @@ The cluster is reachable only through agentd's tunnel to kasd ({stack.proxy_url}
   kubectl get pods -w                          # watch; in another terminal: kubectl scale deploy/hello --replicas=3
   kubectl logs -f deploy/hello
   kubectl exec -it deploy/hello -- sh          # a small built-in shell: echo, env, date, sleep; exit
+  kubectl port-forward deploy/hello 8080:80    # nginx's page: curl localhost:8080 (Ctrl-C ends it)
 {apply}
 
   kasd metrics:     http://{stack.addresses['observability']}/metrics

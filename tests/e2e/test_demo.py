@@ -26,6 +26,7 @@ PRINTED = [
     "kubectl scale deploy/hello --replicas=3",
     "kubectl logs -f deploy/hello",
     "kubectl exec -it deploy/hello -- sh",
+    "kubectl port-forward deploy/hello 8080:80",
     f"kubectl apply -f {MANIFEST}",
     f"kubectl delete -f {MANIFEST}",
 ]
@@ -58,7 +59,7 @@ def test_every_printed_command_works_and_ctrl_c_stops_cleanly(tmp_path: Path, ku
             return subprocess.run(args(printed), input=stdin, capture_output=True, text=True,
                                   timeout=KUBECTL_CAP, env=env, cwd=REPO)  # fmt: skip
 
-        get_all, get_watch, scale, logs, exec_sh, apply, delete = PRINTED
+        get_all, get_watch, scale, logs, exec_sh, port_forward, apply, delete = PRINTED
 
         listed = run(get_all)
         assert listed.returncode == 0, listed.stderr
@@ -82,6 +83,16 @@ def test_every_printed_command_works_and_ctrl_c_stops_cleanly(tmp_path: Path, ku
         shell = run(exec_sh, stdin="echo $GREETING\nexit 3\n")
         assert shell.returncode == 3, shell.stderr
         assert shell.stdout.strip() == "hello from the demo"
+
+        # Through the tunnel as printed, but on a port the system picks (8080 may be taken here).
+        forward = LineReader([*args(port_forward.replace("8080:80", ":80")), "--address", "127.0.0.1"], env=env)
+        try:
+            local = forward.wait_for("Forwarding from 127.0.0.1:").split(":")[1].split()[0]
+            with urllib.request.urlopen(f"http://127.0.0.1:{local}/", timeout=10) as response:
+                assert response.status == 200 and response.headers["Server"].startswith("nginx/")
+                assert b"<title>Welcome to nginx!</title>" in response.read()
+        finally:
+            forward.stop()
 
         applied = run(apply)
         assert applied.returncode == 0, applied.stderr

@@ -161,12 +161,21 @@ async def test_a_spdy_upgrade_gets_a_status_saying_kubesim_does_not_speak_spdy()
     spdy = {"Upgrade": "SPDY/3.1", "X-Stream-Protocol-Version": "portforward.k8s.io"}
     async with open_kubesim(token=TOKEN) as sim:
         pods = "/api/v1/namespaces/default/pods"
+        # Port-forward is served now (SPDY on a raw upgrade, test_port_forward.py); an upgrade
+        # kubesim cannot take over (urllib's, Connection: close) is refused saying what works, once
+        # the API server's own checks passed: a missing pod is a 404 first.
+        status, _, body = await get(sim, f"{pods}/web/portforward", method="POST", headers=spdy)
+        assert status == 404 and body["message"] == 'pods "web" not found'
+        sim.store.create(sim.store.kind("", "pods"), "default",
+                         {"metadata": {"name": "web"}, "spec": {"containers": [{"name": "c", "image": "nginx"}]}})
+        await sim.store.wait_for(lambda: (sim.store.find(sim.store.kind("", "pods"), "default", "web") or {})
+                                 .get("spec", {}).get("nodeName"))
         status, _, body = await get(sim, f"{pods}/web/portforward", method="POST", headers=spdy)
         assert status == 400 and body["kind"] == "Status" and body["reason"] == "BadRequest"
-        assert body["message"].startswith("kubesim does not support SPDY, and port-forward is not supported")
+        assert body["message"].startswith("kubesim does not support SPDY: port-forward works over WebSocket only")
         # exec and attach report what the kubelet would refuse first (here: no such pod) ...
-        status, _, body = await get(sim, f"{pods}/web/exec?command=true", method="POST", headers=spdy)
-        assert status == 404 and body["message"] == 'pods "web" not found'
+        status, _, body = await get(sim, f"{pods}/nope/exec?command=true", method="POST", headers=spdy)
+        assert status == 404 and body["message"] == 'pods "nope" not found'
         # ... and a request that is no upgrade at all gets the API server's own answer.
         status, _, body = await get(sim, f"{pods}/web/portforward", method="POST")
         assert status == 400 and body["message"] == "Upgrade request required"

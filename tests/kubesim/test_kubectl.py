@@ -466,8 +466,10 @@ async def test_spdy_and_port_forward_say_what_kubesim_supports_with_spdy_switche
         (["exec", "solo", "--", "echo", "hi"], spdy_env,
          "kubesim does not support SPDY: exec works over WebSocket only, kubectl's default since 1.30"),
         (["attach", "solo"], spdy_env, "kubesim does not support SPDY: attach works over WebSocket only"),
-        (["port-forward", "pod/solo", "0:80"], k.server.env(),
-         "kubesim does not support SPDY, and port-forward is not supported by kubesim at all"),
+        # Port-forward is served now (test_port_forward.py), over WebSocket even with SPDY off:
+        # only a forced SPDY port-forward is refused.
+        (["port-forward", "pod/solo", "0:80"], {**k.server.env(), "KUBECTL_PORT_FORWARD_WEBSOCKETS": "false"},
+         "kubesim does not support SPDY: port-forward works over WebSocket only, kubectl's default since 1.31"),
     ]:
         with trio.fail_after(15):
             result = await trio.run_process([k.binary, "-n", k.namespace, *args], env=env, check=False,

@@ -13,7 +13,17 @@ from urllib.parse import parse_qs
 
 import attrs
 
-from kubesim import discovery, errors, exec_spdy, fieldcheck, metrics, openapi, tables, timefmt
+from kubesim import (
+    discovery,
+    errors,
+    exec_spdy,
+    fieldcheck,
+    metrics,
+    openapi,
+    portforward_session,
+    tables,
+    timefmt,
+)
 from kubesim.asgi import (
     Query,
     Receive,
@@ -33,7 +43,13 @@ from kubesim.controllers import Controllers
 from kubesim.errors import ApiError
 from kubesim.patch import apply_patch
 from kubesim.paths import Target, parse_target
-from kubesim.podio import check_streamable, serve_logs, serve_pod_websocket, spdy_refused
+from kubesim.podio import (
+    check_streamable,
+    port_forward_pod,
+    serve_logs,
+    serve_pod_websocket,
+    spdy_refused,
+)
 from kubesim.requests import RecordedRequest, header_map, record
 from kubesim.resources import Kind
 from kubesim.selectors import parse_field_selector, parse_label_selector, selector_string
@@ -47,7 +63,8 @@ logger = logging.getLogger("kubesim")
 PROTOBUF = "application/vnd.kubernetes.protobuf"
 PUBLIC_PATHS = ("/version", "/healthz", "/livez", "/readyz")
 #: The pod subresources served over SPDY (hyperraw's raw upgrade; see streaming.py).
-SPDY_SUBRESOURCES: dict[str, SpdySubresource] = {"exec": exec_spdy.EXEC, "attach": exec_spdy.ATTACH}
+SPDY_SUBRESOURCES: dict[str, SpdySubresource] = {"exec": exec_spdy.EXEC, "attach": exec_spdy.ATTACH,
+                                                   "portforward": portforward_session.PORT_FORWARD}
 
 
 @attrs.frozen(kw_only=True)
@@ -87,7 +104,8 @@ class KubeApp:
     def __init__(self, store: Store, controllers: Controllers, *, token: str | None,
                  requests: MutableSequence[RecordedRequest], server_address: str = "127.0.0.1:6443",
                  version: ServerVersion | None = None, bookmark_interval: float = 10.0,
-                 on_request: Callable[[RecordedRequest], None] | None = None) -> None:
+                 on_request: Callable[[RecordedRequest], None] | None = None,
+                 port_forward_websocket: bool = True) -> None:
         self.store = store
         self.controllers = controllers
         self.token = token
@@ -97,6 +115,8 @@ class KubeApp:
         self.bookmark_interval = bookmark_interval
         self.on_request = on_request
         self.metrics = metrics.Metrics()
+        # False: no SPDY-in-WebSocket tunnel for port-forward, as API servers before 1.30.
+        self.port_forward_websocket = port_forward_websocket
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -280,6 +300,8 @@ class KubeApp:
             # refuse first, so a fallback from a refused WebSocket shows the real reason.
             if target.subresource != "portforward":
                 check_streamable(self.store, self.controllers, target, query)
+            else:
+                port_forward_pod(self.store, target)
             if "spdy/" in headers.get("upgrade", "").lower():
                 spdy = SPDY_SUBRESOURCES.get(target.subresource)
                 if spdy is None or RAW_UPGRADE_EXTENSION not in (scope.get("extensions") or {}):
@@ -593,6 +615,10 @@ class KubeApp:
                 raise errors.page_not_found()
             target = parse_target(self.store.registry, "", "v1", parts[2:])
             query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+            if target.subresource == "portforward" and not self.port_forward_websocket:
+                # Such a server hands the WebSocket to the kubelet's own WebSocket port-forward,
+                # which wants its ports in the query (portforward/websocket.go NewV4Options).
+                raise errors.bad_request('query parameter "port" is required')
             await serve_pod_websocket(self.store, self.controllers, target, query, scope, receive, send)
         except ApiError as exc:
             await refuse_websocket(scope, send, exc)

@@ -32,6 +32,7 @@ from kubesim.console import ContainerConsole
 from kubesim.errors import ApiError
 from kubesim.fs import FileSystem
 from kubesim.kubelet import NODE_IP, NODE_NAME
+from kubesim.netsim import Network
 from kubesim.objects import owned_by, owner_ref, pod_ready
 from kubesim.processes import MainProcess
 from kubesim.resources import Kind
@@ -60,6 +61,8 @@ class Controllers:
         self.processes: dict[tuple[str, str, str], MainProcess] = {}
         self.previous_consoles: dict[tuple[str, str, str], ContainerConsole] = {}
         self.backoffs: dict[tuple[str, str, str], float] = {}
+        # What listens in each pod (port-forward connects through it; `httpd` listens on it).
+        self.network = Network()
         # The earliest trio time some pass asked to be woken at (a container's restart).
         self.wake_at = math.inf
         # What every namespace's kube-root-ca.crt ConfigMap carries: the serving CA when known.

@@ -175,7 +175,8 @@ async def _serve_exec(request: PodStreamRequest, session: SpdySession) -> None:
     fs = request.controllers.filesystem(target.namespace or "", target.name or "", container)
 
     async def work(io: exec_ws.ChannelIO, opts: _Options) -> Mapping[str, Any]:
-        return await exec_ws.exec_status(command, io, env, fs)
+        with request.controllers.network.commands_in(pod):  # `httpd` listens in the pod
+            return await exec_ws.exec_status(command, io, env, fs)
 
     await _run(request, session, work)
 

@@ -28,6 +28,8 @@ from collections.abc import Iterator
 
 import attrs
 
+from kubesim import httpservers
+
 DEFAULT_CAPACITY = 64 * 1024 * 1024
 DEFAULT_MAX_INODES = 65_536
 NAME_MAX = 255
@@ -414,32 +416,6 @@ users:x:100:
 nogroup:x:65534:
 """
 
-NGINX_INDEX = b"""<!DOCTYPE html>
-<html>
-<head>
-<title>Welcome to nginx!</title>
-<style>
-html { color-scheme: light dark; }
-body { width: 35em; margin: 0 auto;
-font-family: Tahoma, Verdana, Arial, sans-serif; }
-</style>
-</head>
-<body>
-<h1>Welcome to nginx!</h1>
-<p>If you see this page, the nginx web server is successfully installed and
-working. Further configuration is required.</p>
-
-<p>For online documentation and support please refer to
-<a href="http://nginx.org/">nginx.org</a>.<br/>
-Commercial support is available at
-<a href="http://nginx.com/">nginx.com</a>.</p>
-
-<p><em>Thank you for using nginx.</em></p>
-</body>
-</html>
-"""
-
-
 def container_tree(fs: FileSystem, *, image: str = "", hostname: str = "localhost",
                    namespace: str = "default", pod_ip: str = "", commands: tuple[str, ...] = ()) -> FileSystem:
     """Fill `fs` with a busybox-like root: what `ls /` shows in a small image, and the files the
@@ -464,11 +440,9 @@ def container_tree(fs: FileSystem, *, image: str = "", hostname: str = "localhos
     fs.write_file("/etc/resolv.conf", (
         f"search {namespace}.svc.cluster.local svc.cluster.local cluster.local\n"
         "nameserver 10.96.0.10\noptions ndots:5\n").encode())
-    if "nginx" in image.rpartition("/")[2].partition(":")[0].partition("@")[0]:
-        fs.mkdir("/usr/share/nginx/html", parents=True)
-        fs.write_file("/usr/share/nginx/html/index.html", NGINX_INDEX)
-        fs.write_file("/usr/share/nginx/html/50x.html",
-                      b"<!DOCTYPE html>\n<html>\n<head>\n<title>Error</title>\n</head>\n<body>\n"
-                      b"<h1>An error occurred.</h1>\n</body>\n</html>\n")
+    if httpservers.is_nginx_image(image):
+        fs.mkdir(httpservers.NGINX_ROOT, parents=True)
+        fs.write_file(f"{httpservers.NGINX_ROOT}/index.html", httpservers.NGINX_INDEX)
+        fs.write_file(f"{httpservers.NGINX_ROOT}/50x.html", httpservers.NGINX_50X)
         fs.mkdir("/etc/nginx/conf.d", parents=True)
     return fs

@@ -217,7 +217,9 @@ def _spawn(ctl: Controllers, pod: dict[str, Any], container: dict[str, Any], arg
     ctl.consoles[key] = console
     ctl.processes[key] = process
     ctl.filesystems[key] = filesystem
-    ctl.nursery.start_soon(process.run, container_env(pod, key[2]), ctl.reconcile)
+    # The process (and what it starts) listens on the pod's ports: its task inherits this context.
+    with ctl.network.commands_in(pod):
+        ctl.nursery.start_soon(process.run, container_env(pod, key[2]), ctl.reconcile)
 
 
 def _sync_processes(ctl: Controllers, pod: dict[str, Any],

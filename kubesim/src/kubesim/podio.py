@@ -69,6 +69,19 @@ def check_streamable(store: Store, controllers: Controllers, target: Target, que
         raise errors.bad_request(f'container not found ("{container}")')
 
 
+def port_forward_pod(store: Store, target: Target) -> dict[str, Any]:
+    """The API server's checks before it hands `pods/portforward` to the kubelet.
+
+    `PortForwardLocation` (pkg/registry/core/pod/strategy.go): the pod must exist (404 `pods "x"
+    not found`) and be scheduled (400 `pod x does not have a host assigned`). kubectl itself
+    refuses a pod that is not Running before it asks.
+    """
+    pod = store.get(target.kind, target.namespace, target.name or "")
+    if not (pod.get("spec") or {}).get("nodeName"):
+        raise errors.bad_request(f"pod {target.name} does not have a host assigned")
+    return pod
+
+
 def _int(text: str | None, *, signed: bool = False) -> int | None:
     if not text:
         return None
@@ -109,30 +122,61 @@ async def serve_pod_websocket(store: Store, controllers: Controllers, target: Ta
         if not command:
             raise errors.bad_request("you must specify at least 1 command")
         pod, container, _ = running_console(store, controllers, target, one(query, "container"))
-        await exec_ws.serve_exec(scope, receive, send, command=command,
-                                 env=container_env(pod, container),
-                                 fs=controllers.filesystem(target.namespace or "", target.name or "", container),
-                                 **streams)
+        with controllers.network.commands_in(pod):  # what it runs listens in the pod (`httpd`)
+            await exec_ws.serve_exec(scope, receive, send, command=command,
+                                     env=container_env(pod, container),
+                                     fs=controllers.filesystem(target.namespace or "", target.name or "",
+                                                               container),
+                                     **streams)
         return
     if target.subresource == "attach":
         _, _, console = running_console(store, controllers, target, one(query, "container"))
         await exec_ws.serve_attach(scope, receive, send, console=console, **streams)
         return
+    if target.subresource == "portforward":
+        await _serve_port_forward_websocket(store, controllers, target, query, scope, receive, send)
+        return
     raise errors.bad_request(f"{target.subresource} over WebSocket is not supported by kubesim")
 
 
-def spdy_refused(subresource: str) -> errors.ApiError:
-    """The answer to an ``Upgrade: SPDY/3.1`` request for exec, attach or portforward.
+#: kubectl's WebSocket port-forward: SPDY inside the WebSocket (client-go's tunneling dialer).
+PORT_FORWARD_TUNNEL = "SPDY/3.1+portforward.k8s.io"
 
-    kubectl tries SPDY when told to (``KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false``) or when its
-    WebSocket attempt was refused (port-forward always, here), and then shows only the SPDY
-    answer: a Status whose message it prints (``error upgrading connection: <message>``), so it
-    says plainly what kubesim supports.
+
+async def _serve_port_forward_websocket(store: Store, controllers: Controllers, target: Target, query: Query,
+                                        scope: Scope, receive: Receive, send: Send) -> None:
+    """The API server's stream tunnel (k8s.io/apiserver pkg/util/proxy/streamtunnel.go): a
+    WebSocket offering `SPDY/3.1+portforward.k8s.io` is accepted with it and carries the SPDY
+    session the kubelet speaks. Other WebSocket port-forward protocols (the kubelet's own
+    `portforward.k8s.io`/`v4.channel.k8s.io` channels) are refused: kubectl never uses them."""
+    from kubesim import portforward_session, streaming
+
+    if PORT_FORWARD_TUNNEL not in list(scope.get("subprotocols") or []):
+        raise errors.bad_request(f"port-forward over WebSocket needs the subprotocol {PORT_FORWARD_TUNNEL} "
+                                 "(kubesim serves kubectl's tunnelled SPDY only)")
+    message = await receive()
+    if message.get("type") != "websocket.connect":
+        return
+    request = streaming.PodStreamRequest(store=store, controllers=controllers, target=target, query=query,
+                                         protocol=portforward_session.PORT_FORWARD.protocols[0])
+    await streaming.serve_websocket_spdy(portforward_session.PORT_FORWARD, request, PORT_FORWARD_TUNNEL,
+                                         receive, send)
+
+
+def spdy_refused(subresource: str) -> errors.ApiError:
+    """The answer to an ``Upgrade: SPDY/3.1`` request for exec, attach or portforward when kubesim
+    serves no raw SPDY (``KUBESIM_SPDY=0``, hyperraw's switch).
+
+    kubectl tries SPDY when told to (``KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false``,
+    ``KUBECTL_PORT_FORWARD_WEBSOCKETS=false``) or when its WebSocket attempt was refused, and
+    then shows only the SPDY answer: a Status whose message it prints (``error upgrading
+    connection: <message>``), so it says plainly what kubesim supports. Port-forward's WebSocket
+    (SPDY tunnelled in WebSocket messages) needs no raw upgrade and works either way.
     """
     if subresource == "portforward":
         return errors.bad_request(
-            "kubesim does not support SPDY, and port-forward is not supported by kubesim at all "
-            "(exec and attach work over WebSocket, kubectl's default since 1.30)")
+            "kubesim does not support SPDY: port-forward works over WebSocket only, kubectl's "
+            "default since 1.31 (do not set KUBECTL_PORT_FORWARD_WEBSOCKETS=false)")
     return errors.bad_request(
         f"kubesim does not support SPDY: {subresource} works over WebSocket only, kubectl's "
         "default since 1.30 (do not set KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false)")

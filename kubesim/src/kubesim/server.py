@@ -124,6 +124,7 @@ async def serve_kubesim(
     on_request: Callable[[RecordedRequest], None] | None = None,
     clock: Clock | None = None,
     spdy: bool | None = None,
+    port_forward_websocket: bool = True,
     task_status: trio.TaskStatus[KubeSim] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled (or `KubeSim.stop()`); `task_status.started(sim)` once listening.
@@ -131,6 +132,8 @@ async def serve_kubesim(
     `clock` (default: a fresh `Clock`) is the time the server's timestamps and controllers read.
     `spdy`: serve kubectl's `Upgrade: SPDY/3.1` (exec, attach) through `hyperraw`; None reads
     the switch `KUBESIM_SPDY` (on unless `0`). Off, SPDY upgrades get a 400 saying so.
+    `port_forward_websocket=False` answers kubectl's WebSocket port-forward as an API server
+    without the tunnel (before PortForwardWebsockets, 1.30) does, so kubectl falls back to SPDY.
     """
     clock = clock or Clock()
     install(clock)  # this task's context: the HTTP side and the controllers started below
@@ -148,7 +151,8 @@ async def serve_kubesim(
     config.keep_alive_timeout = 75.0
     config.h2_max_concurrent_streams = 250
     app = KubeApp(store, controllers, token=token, requests=requests,
-                  version=version, bookmark_interval=bookmark_interval, on_request=on_request)
+                  version=version, bookmark_interval=bookmark_interval, on_request=on_request,
+                  port_forward_websocket=port_forward_websocket)
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
         await nursery.start(controllers.run)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import math
 import posixpath
 import re
@@ -24,7 +25,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from kubesim import tarstream
+from kubesim import httpservers, netsim, tarstream
 from kubesim.fs import FileSystem, FileWriter, Stat, container_tree
 
 
@@ -751,6 +752,51 @@ async def _seq(argv: Sequence[str], io: _Streams, env: Mapping[str, str]) -> int
     for start in range(0, len(values), 1024):
         await io.write_stdout("".join(f"{n}\n" for n in values[start : start + 1024]).encode())
     return 0
+
+
+@_command("httpd")
+async def _httpd(argv: Sequence[str], io: _Streams, env: Mapping[str, str]) -> int:
+    """busybox httpd: serve the files under `-h HOME` on `-p [IP:]PORT` (default 80) in this pod.
+
+    It listens through the pod's ports (`netsim.current_ports`) until it is stopped. kubesim has no
+    daemons, so it runs in the foreground with or without `-f`. Files come from the container's
+    filesystem (`io.fs`).
+    """
+    args, port, home = list(argv[1:]), 80, ""
+    while args:
+        arg = args.pop(0)
+        if arg in ("-f", "-v", "-vv"):
+            continue
+        if arg in ("-p", "-h") and args:
+            value = args.pop(0)
+            if arg == "-h":
+                home = value
+                continue
+            port_text = value.rpartition(":")[2]
+            if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+                await io.write_stderr(f"httpd: bad port '{value}'\n".encode())  # xatou16's complaint
+                return 1
+            port = int(port_text)
+            continue
+        await io.write_stderr(b"Usage: httpd [-ifv[v]] [-c CONFFILE] [-p [IP:]PORT] [-u USER[:GRP]] "
+                              b"[-r REALM] [-h HOME]\n")
+        return 1
+    files = io.fs
+    home = posixpath.normpath(posixpath.join(io.cwd, home or "."))
+    try:
+        if not files.stat(home).is_dir:
+            raise NotADirectoryError(20, "Not a directory")
+    except OSError as exc:
+        await io.write_stderr(f"httpd: can't change directory to '{home}': {exc.strerror}\n".encode())
+        return 1
+    ports = netsim.current_ports.get() or netsim.PodPorts()
+    try:
+        with ports.listen(port, functools.partial(httpservers.serve_httpd, files=files, home=home)):
+            await trio.sleep_forever()
+    except OSError as exc:
+        await io.write_stderr(f"httpd: bind: {exc.strerror}\n".encode())
+        return 1
+    return 0  # not reached: httpd runs until it is stopped
 
 
 @_command("yes")
