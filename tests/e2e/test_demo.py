@@ -27,6 +27,8 @@ PRINTED = [
     "kubectl logs -f deploy/hello",
     "kubectl exec -it deploy/hello -- sh",
     "kubectl port-forward deploy/hello 8080:80",
+    "kubectl cp README.md {pod}:/tmp/README.md",
+    "kubectl cp {pod}:/tmp/README.md /tmp/README.copy",
     f"kubectl apply -f {MANIFEST}",
     f"kubectl delete -f {MANIFEST}",
 ]
@@ -48,7 +50,9 @@ def test_every_printed_command_works_and_ctrl_c_stops_cleanly(tmp_path: Path, ku
         export = next(line for line in guide if line.strip().startswith("export KUBECONFIG="))
         env = {**os.environ, "KUBECONFIG": export.strip().removeprefix("export KUBECONFIG=").split()[0]}
         commands = _commands(guide)
-        assert commands == PRINTED, guide
+        pod = next(word for line in guide for word in line.split() if word.startswith("hello-")).split(":")[0]
+        printed = [command.format(pod=pod) for command in PRINTED]
+        assert commands == printed, guide
 
         def args(printed: str) -> list[str]:
             words = shlex.split(printed)
@@ -59,7 +63,7 @@ def test_every_printed_command_works_and_ctrl_c_stops_cleanly(tmp_path: Path, ku
             return subprocess.run(args(printed), input=stdin, capture_output=True, text=True,
                                   timeout=KUBECTL_CAP, env=env, cwd=REPO)  # fmt: skip
 
-        get_all, get_watch, scale, logs, exec_sh, port_forward, apply, delete = PRINTED
+        get_all, get_watch, scale, logs, exec_sh, forward, copy_in, copy_out, apply, delete = printed
 
         listed = run(get_all)
         assert listed.returncode == 0, listed.stderr
@@ -84,15 +88,23 @@ def test_every_printed_command_works_and_ctrl_c_stops_cleanly(tmp_path: Path, ku
         assert shell.returncode == 3, shell.stderr
         assert shell.stdout.strip() == "hello from the demo"
 
-        # Through the tunnel as printed, but on a port the system picks (8080 may be taken here).
-        forward = LineReader([*args(port_forward.replace("8080:80", ":80")), "--address", "127.0.0.1"], env=env)
+        # The test asks for any free local port rather than the printed 8080; kubectl says which.
+        forwarding = LineReader([*args(forward.replace("8080:80", ":80")), "--address", "127.0.0.1"], env=env)
         try:
-            local = forward.wait_for("Forwarding from 127.0.0.1:").split(":")[1].split()[0]
-            with urllib.request.urlopen(f"http://127.0.0.1:{local}/", timeout=10) as response:
+            port = int(re.search(r"Forwarding from 127\.0\.0\.1:(\d+) -> 80",
+                                 forwarding.wait_for("Forwarding from 127.0.0.1")).group(1))
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as response:
                 assert response.status == 200 and response.headers["Server"].startswith("nginx/")
                 assert b"<title>Welcome to nginx!</title>" in response.read()
         finally:
-            forward.stop()
+            forwarding.stop()
+
+        copied = run(copy_in)
+        assert copied.returncode == 0, copied.stderr
+        back = tmp_path / "README.copy"
+        fetched = run(copy_out.replace("/tmp/README.copy", str(back)))
+        assert fetched.returncode == 0, fetched.stderr
+        assert back.read_bytes() == (REPO / "README.md").read_bytes()
 
         applied = run(apply)
         assert applied.returncode == 0, applied.stderr
