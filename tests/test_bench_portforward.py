@@ -1,0 +1,30 @@
+"""bench/portforward.py runs as its --help says and prints a row per kubectl and transport."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.timeout(120)
+def test_the_bench_prints_direct_and_tunnel_figures_for_each_kubectl_and_transport() -> None:
+    result = subprocess.run([sys.executable, "bench/portforward.py", "--mib", "1", "--rounds", "1"],
+                            capture_output=True, text=True, timeout=110, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    rows = re.findall(r"^\s+(\d+\.\d+)\s+(websocket|spdy)\s+[\d.]+ MiB/s\s+[\d.]+ MiB/s\s+[\d.]+×$",
+                      result.stdout, re.MULTILINE)
+    versions = {version for version, _ in rows}
+    assert versions and len(rows) == 2 * len(versions), result.stdout
+    assert {transport for _, transport in rows} == {"websocket", "spdy"}
+
+
+def test_bad_arguments_are_refused_with_a_message() -> None:
+    result = subprocess.run([sys.executable, "bench/portforward.py", "--mib", "0"],
+                            capture_output=True, text=True, timeout=30, cwd=REPO)
+    assert result.returncode == 2 and "--mib and --rounds must be at least 1" in result.stderr
