@@ -135,6 +135,42 @@ async def test_tar_errors(fs: FileSystem) -> None:
     assert (status, err) == (1, "tar: write error: No space left on device\n")
 
 
+def _negative_size_archive() -> bytes:
+    """A member whose size field is GNU base-256 for -1 (a valid checksum, so only the size lies)."""
+    header = bytearray(tarfile.TarInfo("f").tobuf(tarfile.GNU_FORMAT))
+    header[124:136] = b"\xff" * 12
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    return bytes(header) + b"x" * 512 + tarstream.END_OF_ARCHIVE
+
+
+def _pax_archive(records: dict[str, str]) -> bytes:
+    buffer = stdio.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        info = tarfile.TarInfo("f")
+        info.size, info.pax_headers = 3, records
+        archive.addfile(info, stdio.BytesIO(b"abc"))
+    return buffer.getvalue()
+
+
+async def test_tar_refuses_hostile_sizes_and_survives_odd_mtimes(fs: FileSystem) -> None:
+    """A negative size (base-256's sign bit) or a pax size that is not a number is a broken
+    archive: tar says so and exits 1, instead of the reader running backwards for ever (it
+    looped, buffering empty events until memory ran out) or an uncaught ValueError."""
+    with trio.fail_after(10):
+        assert await sh(fs, "tar xf - -C /tmp", _negative_size_archive()) == (
+            1, "", "tar: corrupted octal value in tar header\n")
+        assert await sh(fs, "tar xf - -C /tmp", _pax_archive({"size": "-5"})) == (
+            1, "", "tar: invalid pax header\n")
+        assert await sh(fs, "tar xf - -C /tmp", _pax_archive({"size": "abc"})) == (
+            1, "", "tar: invalid pax header\n")
+        for mtime in ("nan", "1e400", "abc", "-1e300"):
+            assert await sh(fs, "tar xf - -C /tmp", _pax_archive({"mtime": mtime})) == (0, "", "")
+            assert fs.read_file("/tmp/f") == b"abc"
+            status, out, _ = await sh(fs, "ls -l /tmp/f")
+            assert status == 0 and out.endswith("/tmp/f\n")
+
+
 @pytest.mark.parametrize("chunk", [1, 7, 512, 4096])
 def test_tar_reader_under_any_chunking(chunk: int) -> None:
     data = _archive({"d": None, "d/f": b"abc" * 700, "e": b""}, fmt=tarfile.PAX_FORMAT)
