@@ -171,6 +171,21 @@ async def test_tar_refuses_hostile_sizes_and_survives_odd_mtimes(fs: FileSystem)
             assert status == 0 and out.endswith("/tmp/f\n")
 
 
+async def test_a_tree_deeper_than_the_recursion_limit(fs: FileSystem) -> None:
+    """mkdir -p takes paths up to PATH_MAX (about 2000 levels); tar c, cp -r, rm -r and the
+    filesystem's walk used to recurse a Python frame per level and died of RecursionError
+    (rm -r after unlinking, so the disk's accounting leaked what it removed)."""
+    before = fs.statistics()
+    deep = "/t/" + "a/" * 1500
+    assert await sh(fs, f"mkdir -p {deep} && echo x > {deep}f") == (0, "", "")
+    status, out, err = await sh(fs, "tar cf - /t | tar tf - | wc -l")
+    assert (status, out.strip(), err) == (0, "1502", "tar: removing leading '/' from member names\n")
+    assert len(list(fs.walk("/t"))) == 1502
+    assert await sh(fs, f"cp -r /t /t2 && cat /t2/{'a/' * 1500}f") == (0, "x\n", "")
+    assert await sh(fs, "rm -r /t /t2 && ls /t") == (1, "", "ls: /t: No such file or directory\n")
+    assert fs.statistics() == before
+
+
 @pytest.mark.parametrize("chunk", [1, 7, 512, 4096])
 def test_tar_reader_under_any_chunking(chunk: int) -> None:
     data = _archive({"d": None, "d/f": b"abc" * 700, "e": b""}, fmt=tarfile.PAX_FORMAT)

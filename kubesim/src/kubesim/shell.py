@@ -1000,15 +1000,18 @@ async def _chmod(argv: Sequence[str], io: _Streams, env: Mapping[str, str]) -> i
 
 def _copy_tree(fs: FileSystem, source: str, target: str) -> None:
     """Copy a file or (recursively) a directory; both absolute paths, `target` not existing."""
-    info = fs.stat(source)
-    if info.is_dir:
-        fs.mkdir(target, mode=info.mode)
-        for name in fs.listdir(source):
-            _copy_tree(fs, posixpath.join(source, name), posixpath.join(target, name))
-        return
-    writer = fs.open_write(target, mode=info.mode)
-    for chunk in fs.read_chunks(source):
-        writer.write(chunk)
+    pending = [(source, target)]  # a stack, not recursion: a tree may be deeper than the limit
+    while pending:
+        source, target = pending.pop()
+        info = fs.stat(source)
+        if info.is_dir:
+            fs.mkdir(target, mode=info.mode)
+            pending.extend((posixpath.join(source, name), posixpath.join(target, name))
+                           for name in reversed(fs.listdir(source)))
+            continue
+        writer = fs.open_write(target, mode=info.mode)
+        for chunk in fs.read_chunks(source):
+            writer.write(chunk)
 
 
 @_command("cp", "mv")
@@ -1101,18 +1104,21 @@ class _Tar:
         if not operands:
             raise _TarFailed("empty archive")
         for operand in operands:
-            await self._add(operand, out)
+            pending = [operand]  # a stack, not recursion: a tree may be deeper than the limit
+            while pending:
+                pending.extend(reversed(await self._add(pending.pop(), out)))
         await out(tarstream.END_OF_ARCHIVE)
         if self.failed:
             raise _TarFailed("error exit delayed from previous errors")
 
-    async def _add(self, path: str, out: Writer) -> None:
+    async def _add(self, path: str, out: Writer) -> list[str]:
+        """Write one member; return the paths of a directory's entries, to add next."""
         try:
             info = self.fs.stat(path, self.base)
         except OSError as exc:
             await self.io.write_stderr(f"tar: {path}: {exc.strerror}\n".encode())
             self.failed = True
-            return
+            return []
         name = _strip_unsafe_prefix(path)
         await self.warn_prefix(path, name)
         if name in ("", "."):
@@ -1130,8 +1136,9 @@ class _Tar:
                 await out(chunk)
             await out(b"\0" * (info.size - size) + tarstream.padding(info.size))
         elif info.is_dir:
-            for child in self.fs.listdir(path, self.base):
-                await self._add(path.rstrip("/") + "/" + child if path.rstrip("/") else "/" + child, out)
+            return [path.rstrip("/") + "/" + child if path.rstrip("/") else "/" + child
+                    for child in self.fs.listdir(path, self.base)]
+        return []
 
     async def extract(self, read: Reader, *, list_only: bool) -> None:
         reader = tarstream.TarReader()
