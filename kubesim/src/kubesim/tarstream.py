@@ -196,7 +196,7 @@ def _pax_size(text: str) -> int:
     return int(text)
 
 
-def _pax_mtime(text: str | None, fallback: int) -> float:
+def _pax_mtime(text: str | None, fallback: float) -> float:
     """A pax `mtime` record (decimal seconds); an unreadable or absurd one leaves the header's."""
     def clamp(value: float) -> float:
         return float(min(max(value, MIN_MTIME), MAX_MTIME))
