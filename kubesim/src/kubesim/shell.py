@@ -2168,8 +2168,13 @@ class TerminalInput:
         return b"" in self.reads
 
 
+#: the longest line a pty's canonical mode holds (Linux n_tty: N_TTY_BUF_SIZE - 1)
+MAX_CANON = 4095
+
+
 class LineDiscipline:
-    """A pty's canonical mode, sans-I/O: echo, erase, ^U, ^C, ^D, CR to NL; output NL to CRNL."""
+    """A pty's canonical mode, sans-I/O: echo, erase, ^U, ^C, ^\\, ^D, CR to NL; output NL to
+    CRNL. Bounded as Linux's n_tty: a line holds at most `MAX_CANON` bytes, more rings the bell."""
 
     def __init__(self) -> None:
         self._line = bytearray()
@@ -2200,6 +2205,11 @@ class LineDiscipline:
                 echo += b"^C\r\n"
                 self._line.clear()
                 interrupt = True
+            elif byte == 0x1C:  # ^\\ (VQUIT): a signal, not input; ISIG flushes the line
+                echo += b"^\\"
+                self._line.clear()
+            elif len(self._line) >= MAX_CANON:
+                echo += b"\a"  # n_tty: a full line takes nothing but its end (IMAXBEL's bell)
             elif byte < 0x20 and byte not in (0x09,):
                 echo += b"^" + bytes((byte + 0x40,))
                 self._line.append(byte)
