@@ -93,17 +93,27 @@ class _Stdin:
         self._pending = data + self._pending
 
     async def read_line(self) -> tuple[bytes, bool]:
-        """One line without its newline, and whether a newline ended it (False: EOF)."""
-        buffer = b""
+        """One line without its newline, and whether a newline ended it (False: EOF).
+
+        Bounded: a line longer than `_MAX_INPUT` ends there (the rest is the next line), so an
+        endless stream without a newline cannot grow kubesim's memory; each chunk is searched
+        once (no quadratic rescans)."""
+        buffer = bytearray()
         while True:
-            newline = buffer.find(b"\n")
-            if newline >= 0:
-                self.unread(buffer[newline + 1 :])
-                return buffer[:newline], True
             chunk = await self.read()
             if not chunk:
-                return buffer, False
-            buffer += chunk
+                return bytes(buffer), False
+            newline = chunk.find(b"\n")
+            if newline >= 0:
+                buffer += chunk[:newline]
+                self.unread(chunk[newline + 1 :])
+            else:
+                buffer += chunk
+            if len(buffer) > _MAX_INPUT:
+                self.unread(bytes(buffer[_MAX_INPUT:]) + (b"\n" if newline >= 0 else b""))
+                return bytes(buffer[:_MAX_INPUT]), True
+            if newline >= 0:
+                return bytes(buffer), True
 
 
 @attrs.frozen(kw_only=True)
@@ -570,7 +580,12 @@ async def _inputs(
     data, status = bytearray(), 0
     for path in files:
         if path == "-":
+            # Bounded as files are: `yes | sort` or an endless `exec -i` stream must not
+            # grow kubesim's memory without end.
             while chunk := await io.read_stdin():
+                if len(data) + len(chunk) > _MAX_INPUT:
+                    await io.write_stderr(f"{name}: -: File too large\n".encode())
+                    return bytes(data), 1
                 data += chunk
             continue
         try:
