@@ -644,7 +644,7 @@ async def _head(argv: Sequence[str], io: _Streams, env: Mapping[str, str]) -> in
     while newlines < count and len(buffer) <= _MAX_INPUT and (chunk := await io.read_stdin()):
         buffer += chunk  # bounded: a stream without newlines stops at _MAX_INPUT
         newlines += chunk.count(b"\n")
-    lines = buffer.split(b"\n")
+    lines = bytes(buffer).split(b"\n")
     await io.write_stdout(b"\n".join(lines[:count]) + (b"\n" if len(lines) > count else b""))
     return 0
 
