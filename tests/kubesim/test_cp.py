@@ -174,3 +174,19 @@ async def test_main_process_and_exec_share_the_filesystem(k: K) -> None:
     assert result.stdout == "from-main\n"
     # Each pod (and container) has its own.
     assert (await k("exec", "box", "--", "ls", "/tmp")).stdout == ""
+
+
+async def test_a_hostile_archive_through_exec_is_refused(k: K) -> None:
+    """`kubectl exec -i … tar x` fed a member whose size is negative (GNU base-256): tar dies
+    with busybox's message, and kubesim goes on serving (it used to loop, eating memory)."""
+    import tarfile
+
+    header = bytearray(tarfile.TarInfo("f").tobuf(tarfile.GNU_FORMAT))
+    header[124:136] = b"\xff" * 12
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    archive = bytes(header) + b"x" * 512 + b"\0" * 1024
+    result = await k("exec", "-i", "box", "--", "tar", "xf", "-", "-C", "/tmp", stdin=archive, check=False)
+    assert result.returncode == 1
+    assert "tar: corrupted octal value in tar header" in result.stderr
+    assert (await k("exec", "box", "--", "echo", "alive")).stdout == "alive\n"

@@ -63,6 +63,42 @@ def test_next_after_and_most_recent() -> None:
     assert cron.parse("0 9 * * *").next_after(t, berlin) == datetime(2026, 1, 2, 8, 0, tzinfo=UTC)
 
 
+def test_daylight_saving_changes() -> None:
+    """The next activation is always after the moment asked about. In the hour a fall-back
+    repeats it used to be an hour in the past (the wall time's first pass), so the controller's
+    wake-up was in the past and it spun for that hour, and minute schedules skipped the repeat;
+    robfig steps in real minutes and fires in both passes."""
+    york = ZoneInfo("America/New_York")
+    every = cron.parse("* * * * *")
+    second_pass = datetime(2026, 11, 1, 6, 45, tzinfo=UTC)  # 01:45 EST, after 01:45 EDT
+    assert every.next_after(second_pass, york) == datetime(2026, 11, 1, 6, 46, tzinfo=UTC)
+    assert cron.parse("46 1 * * *").next_after(second_pass, york) == datetime(2026, 11, 1, 6, 46, tzinfo=UTC)
+    assert cron.parse("30 1 * * *").next_after(datetime(2026, 11, 1, 5, 30, tzinfo=UTC), york) == (
+        datetime(2026, 11, 1, 6, 30, tzinfo=UTC))
+    fired, t = [], datetime(2026, 11, 1, 4, 59, tzinfo=UTC)
+    while (t := every.next_after(t, york)) < datetime(2026, 11, 1, 7, 0, tzinfo=UTC):
+        fired.append(t)
+    assert fired == [datetime(2026, 11, 1, 5, 0, tzinfo=UTC) + timedelta(minutes=i) for i in range(120)]
+    assert every.most_recent(datetime(2026, 11, 1, 5, 0, tzinfo=UTC),
+                             datetime(2026, 11, 1, 6, 45, 30, tzinfo=UTC), york) == second_pass
+    # a wall time the spring-forward skips happens as Go's time.Date places it: 02:30 is 03:30 EDT
+    assert cron.parse("30 2 * * *").next_after(datetime(2026, 3, 8, 5, 0, tzinfo=UTC), york) == (
+        datetime(2026, 3, 8, 7, 30, tzinfo=UTC))
+
+
+@settings(max_examples=60, deadline=None)
+@given(minute=st.sampled_from(["*", "*/7", "0", "5,35", "10-20/5"]),
+       hour=st.sampled_from(["*", "1", "2", "*/6"]),
+       zone=st.sampled_from(["America/New_York", "Europe/Berlin", "Australia/Lord_Howe"]),
+       offset=st.integers(0, 4 * 24 * 60))
+def test_next_after_is_after_around_daylight_saving_changes(minute: str, hour: str, zone: str,
+                                                            offset: int) -> None:
+    schedule = cron.parse(f"{minute} {hour} * * *")
+    start = datetime(2026, 10, 31, tzinfo=UTC) + timedelta(minutes=offset, seconds=17)
+    found = schedule.next_after(start, ZoneInfo(zone))
+    assert found is not None and start < found <= start + timedelta(days=1, hours=2)
+
+
 @settings(max_examples=60, deadline=None)
 @given(minute=st.sampled_from(["*", "*/7", "0", "5,35", "10-20/5"]),
        hour=st.sampled_from(["*", "3", "*/6", "22-23"]),

@@ -135,6 +135,57 @@ async def test_tar_errors(fs: FileSystem) -> None:
     assert (status, err) == (1, "tar: write error: No space left on device\n")
 
 
+def _negative_size_archive() -> bytes:
+    """A member whose size field is GNU base-256 for -1 (a valid checksum, so only the size lies)."""
+    header = bytearray(tarfile.TarInfo("f").tobuf(tarfile.GNU_FORMAT))
+    header[124:136] = b"\xff" * 12
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    return bytes(header) + b"x" * 512 + tarstream.END_OF_ARCHIVE
+
+
+def _pax_archive(records: dict[str, str]) -> bytes:
+    buffer = stdio.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        info = tarfile.TarInfo("f")
+        info.size, info.pax_headers = 3, records
+        archive.addfile(info, stdio.BytesIO(b"abc"))
+    return buffer.getvalue()
+
+
+async def test_tar_refuses_hostile_sizes_and_survives_odd_mtimes(fs: FileSystem) -> None:
+    """A negative size (base-256's sign bit) or a pax size that is not a number is a broken
+    archive: tar says so and exits 1, instead of the reader running backwards for ever (it
+    looped, buffering empty events until memory ran out) or an uncaught ValueError."""
+    with trio.fail_after(10):
+        assert await sh(fs, "tar xf - -C /tmp", _negative_size_archive()) == (
+            1, "", "tar: corrupted octal value in tar header\n")
+        assert await sh(fs, "tar xf - -C /tmp", _pax_archive({"size": "-5"})) == (
+            1, "", "tar: invalid pax header\n")
+        assert await sh(fs, "tar xf - -C /tmp", _pax_archive({"size": "abc"})) == (
+            1, "", "tar: invalid pax header\n")
+        for mtime in ("nan", "1e400", "abc", "-1e300"):
+            assert await sh(fs, "tar xf - -C /tmp", _pax_archive({"mtime": mtime})) == (0, "", "")
+            assert fs.read_file("/tmp/f") == b"abc"
+            status, out, _ = await sh(fs, "ls -l /tmp/f")
+            assert status == 0 and out.endswith("/tmp/f\n")
+
+
+async def test_a_tree_deeper_than_the_recursion_limit(fs: FileSystem) -> None:
+    """mkdir -p takes paths up to PATH_MAX (about 2000 levels); tar c, cp -r, rm -r and the
+    filesystem's walk used to recurse a Python frame per level and died of RecursionError
+    (rm -r after unlinking, so the disk's accounting leaked what it removed)."""
+    before = fs.statistics()
+    deep = "/t/" + "a/" * 1500
+    assert await sh(fs, f"mkdir -p {deep} && echo x > {deep}f") == (0, "", "")
+    status, out, err = await sh(fs, "tar cf - /t | tar tf - | wc -l")
+    assert (status, out.strip(), err) == (0, "1502", "tar: removing leading '/' from member names\n")
+    assert len(list(fs.walk("/t"))) == 1502
+    assert await sh(fs, f"cp -r /t /t2 && cat /t2/{'a/' * 1500}f") == (0, "x\n", "")
+    assert await sh(fs, "rm -r /t /t2 && ls /t") == (1, "", "ls: /t: No such file or directory\n")
+    assert fs.statistics() == before
+
+
 @pytest.mark.parametrize("chunk", [1, 7, 512, 4096])
 def test_tar_reader_under_any_chunking(chunk: int) -> None:
     data = _archive({"d": None, "d/f": b"abc" * 700, "e": b""}, fmt=tarfile.PAX_FORMAT)
@@ -216,3 +267,27 @@ async def test_without_a_tty_ctrl_c_is_data(fs: FileSystem) -> None:
     io = CapturedIO(stdin=b"a\x03b\n")
     assert await run_command(["cat"], io, ENV, fs=fs) == 0
     assert bytes(io.stdout) == b"a\x03b\n"
+
+
+async def test_whole_input_commands_bound_stdin(fs: FileSystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sort, tail, wc and grep hold their whole input: from a file it was capped, from stdin it
+    was not, so `yes | sort` grew kubesim's memory until it died."""
+    from kubesim import shell
+
+    monkeypatch.setattr(shell, "_MAX_INPUT", 64 * 1024)
+    with trio.fail_after(10):
+        for command in ("sort", "tail -n 1", "wc -l", "grep y"):
+            status, _, err = await sh(fs, f"yes | {command}")
+            assert (status, err) == (1 if command != "grep y" else 2, f"{command.split()[0]}: -: File too large\n")
+
+
+async def test_a_line_without_end_is_bounded(fs: FileSystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`read` and sh reading its script from stdin took a line of any length (an endless stream
+    without a newline grew memory for ever); now a line ends after `_MAX_INPUT` bytes."""
+    from kubesim import shell
+
+    monkeypatch.setattr(shell, "_MAX_INPUT", 1000)
+    with trio.fail_after(10):
+        assert await sh(fs, "read a; read b; echo $a > /tmp/a; echo $b > /tmp/b", b"x" * 1500 + b"\n") == (0, "", "")
+        assert (fs.stat("/tmp/a").size, fs.stat("/tmp/b").size) == (1001, 501)
+        assert await sh(fs, "read a; read b; echo $a-$b", b"one\ntwo\n") == (0, "one-two\n", "")

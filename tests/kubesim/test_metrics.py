@@ -120,3 +120,30 @@ async def test_metrics_need_a_token_and_are_prometheus_text(kube_server: ServerT
     assert samples(body)["apiserver_request_total"]
     status, _, body = await trio.to_thread.run_sync(fetch, None)
     assert status == 401 and '"reason":"Unauthorized"' in body.replace(" ", "")
+
+
+async def test_invented_methods_do_not_grow_the_series(kube_server: ServerThread,
+                                                       kubectl_bin: str) -> None:
+    """A client sending made-up HTTP methods to a resource path is counted under verb "other"
+    (the API server's cleanVerb), not one new series per method: memory stays bounded."""
+    if kube_server.route != "direct":
+        return
+    sim = kube_server.sim
+    assert sim is not None
+    context = ssl.create_default_context(cafile=str(kube_server.ca_path))
+
+    def send(method: str) -> int:
+        request = urllib.request.Request(sim.url + "/api/v1/pods", method=method)
+        request.add_header("Authorization", f"Bearer {TOKEN}")
+        try:
+            with urllib.request.urlopen(request, context=context, timeout=10) as response:
+                return response.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    for index in range(3):
+        assert await trio.to_thread.run_sync(send, f"INVENTED{index}") == 405
+    text = (await kubectl(kubectl_bin, kube_server, "get", "--raw", "/metrics")).stdout
+    assert "INVENTED" not in text
+    assert (value(samples(text), "apiserver_request_total", verb="other", resource="pods",
+                  code="405") or 0) >= 3

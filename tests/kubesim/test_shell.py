@@ -243,6 +243,19 @@ def test_line_discipline_cooks_input() -> None:
     assert LineDiscipline.output(b"a\nb\n") == b"a\r\nb\r\n"
 
 
+def test_line_discipline_is_bounded_and_quit_is_no_input() -> None:
+    """A client typing without end used to grow the line without bound; n_tty keeps 4095 bytes
+    and rings the bell for the rest, the line's end still taken. ^\\ is SIGQUIT's key: echoed and
+    flushing the line, never part of it (it was, so `sh` ran "\\x1cecho")."""
+    tty = LineDiscipline()
+    typed = tty.feed(b"y" * 5000)
+    assert typed.echo == b"y" * 4095 + b"\a" * 905
+    assert tty.feed(b"\r").reads == (b"y" * 4095 + b"\n",)
+    quit_then_line = tty.feed(b"junk\x1cecho q\r")
+    assert quit_then_line.echo == b"junk^\\echo q\r\n"
+    assert quit_then_line.reads == (b"echo q\n",)
+
+
 async def test_terminal_runs_a_shell() -> None:
     raw = CapturedIO(stdin=b"echo $HOSTNAME >&2\rexit 9\r", tty=True)
     terminal = Terminal(raw)

@@ -55,9 +55,29 @@ class Schedule:
 
     def next_after(self, moment: datetime, zone: tzinfo = UTC) -> datetime | None:
         """The first activation strictly after `moment` (aware), in UTC; None if there is none
-        within five years (as robfig's Next gives the zero time)."""
-        t = moment.astimezone(zone).replace(second=0, microsecond=0, tzinfo=None) + timedelta(minutes=1)
-        limit = t.year + _SEARCH_YEARS
+        within five years (as robfig's Next gives the zero time).
+
+        Wall times are matched in `zone`. One skipped by a spring-forward gap happens as Go's
+        time.Date places it (the offset before the change: 02:30 becomes 03:30); one repeated by
+        a fall-back happens at both instants, as robfig, stepping in real minutes, fires in
+        either pass. So the search starts two hours of wall time early (a repeated wall time may
+        lie before `moment`'s), and takes the earliest instant after `moment`."""
+        local = moment.astimezone(zone).replace(second=0, microsecond=0, tzinfo=None, fold=0)
+        lookback = timedelta(0) if zone is UTC else timedelta(hours=2)
+        t = local - lookback + timedelta(minutes=1)
+        limit = local.year + _SEARCH_YEARS
+        best: datetime | None = None
+        while (wall := self._next_wall_time(t, limit)) is not None:
+            if best is not None and wall > best.astimezone(zone).replace(tzinfo=None) + lookback:
+                break
+            for instant in _instants(wall, zone):
+                if instant > moment and (best is None or instant < best):
+                    best = instant
+            t = wall + timedelta(minutes=1)
+        return best
+
+    def _next_wall_time(self, t: datetime, limit: int) -> datetime | None:
+        """The first naive wall time at or after `t` that the schedule matches (year <= limit)."""
         while t.year <= limit:
             if t.month not in self.months:
                 t = (t.replace(day=1, hour=0, minute=0) + timedelta(days=32)).replace(day=1)
@@ -71,7 +91,7 @@ class Schedule:
             if t.minute not in self.minutes:
                 t += timedelta(minutes=1)
                 continue
-            return t.replace(tzinfo=zone).astimezone(UTC)
+            return t
         return None
 
     def most_recent(self, earliest: datetime, now: datetime, zone: tzinfo = UTC) -> datetime | None:
@@ -91,6 +111,15 @@ class Schedule:
             if found is not None or start == earliest:
                 return found
         return None
+
+
+def _instants(wall: datetime, zone: tzinfo) -> list[datetime]:
+    """The UTC instants a naive wall time names in `zone`: one, or two in a repeated hour."""
+    first = wall.replace(tzinfo=zone).astimezone(UTC)
+    second = wall.replace(tzinfo=zone, fold=1).astimezone(UTC)
+    if second != first and second.astimezone(zone).replace(tzinfo=None) == wall:
+        return [first, second]
+    return [first]
 
 
 def parse(text: str) -> Schedule:

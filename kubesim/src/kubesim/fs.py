@@ -206,12 +206,14 @@ class FileSystem:
 
     def walk(self, path: str, cwd: str = "/") -> Iterator[tuple[str, Stat]]:
         """`path` and, if a directory, everything under it (parents first, names sorted)."""
-        top = self.resolve(path, cwd)
-        info = self.stat(top)
-        yield top, info
-        if info.is_dir:
-            for name in self.listdir(top):
-                yield from self.walk(posixpath.join(top, name))
+        # With a stack, not recursion: a tree may be deeper than Python's recursion limit.
+        pending = [self.resolve(path, cwd)]
+        while pending:
+            here = pending.pop()
+            info = self.stat(here)
+            yield here, info
+            if info.is_dir:
+                pending.extend(posixpath.join(here, name) for name in reversed(self.listdir(here)))
 
     def read_file(self, path: str, cwd: str = "/") -> bytes:
         """A whole file (EISDIR for a directory)."""
@@ -335,12 +337,14 @@ class FileSystem:
         self._forget(node)
 
     def _forget(self, node: _Node) -> None:
-        self._inodes -= 1
-        if isinstance(node, _File):
-            self._used -= len(node.data)
-        elif isinstance(node, _Dir):
-            for child in node.children.values():
-                self._forget(child)
+        pending = [node]  # a stack, not recursion: a tree may be deeper than the recursion limit
+        while pending:
+            node = pending.pop()
+            self._inodes -= 1
+            if isinstance(node, _File):
+                self._used -= len(node.data)
+            elif isinstance(node, _Dir):
+                pending.extend(node.children.values())
 
     def rename(self, source: str, target: str, cwd: str = "/") -> None:
         """Move an entry (over an existing file or empty directory, as rename(2) does)."""

@@ -39,6 +39,11 @@ LONG_RUNNING_SUBRESOURCES = frozenset({"exec", "attach", "portforward", "proxy",
 DURATION_BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0,
                     5.0, 6.0, 8.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0)
 READ_ONLY_VERBS = frozenset({"GET", "LIST", "WATCH"})
+#: the verbs reported; any other method is counted as "other" (k8s.io/apiserver metrics
+#: validRequestMethods and OtherRequestMethod), so a client inventing methods adds one series
+VALID_VERBS = frozenset({"APPLY", "CONNECT", "CREATE", "DELETE", "DELETECOLLECTION", "GET", "LIST",
+                         "PATCH", "POST", "PROXY", "PUT", "UPDATE", "WATCH", "WATCHLIST"})
+OTHER_VERB = "other"
 LABELS = ("component", "dry_run", "group", "resource", "scope", "subresource", "verb", "version")
 
 
@@ -83,6 +88,8 @@ def resource_labels(method: str, target: Target, *, watch: bool, dry_run: bool,
         verb = "APPLY"
     if sub in CONNECT_SUBRESOURCES:
         verb = "CONNECT"
+    if verb not in VALID_VERBS:
+        verb = OTHER_VERB
     return RequestLabels(verb=verb, group=kind.group, version=kind.version, resource=kind.plural,
                          subresource=sub, scope=scope, dry_run="All" if dry_run else "")
 

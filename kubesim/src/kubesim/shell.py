@@ -94,17 +94,27 @@ class _Stdin:
         self._pending = data + self._pending
 
     async def read_line(self) -> tuple[bytes, bool]:
-        """One line without its newline, and whether a newline ended it (False: EOF)."""
-        buffer = b""
+        """One line without its newline, and whether a newline ended it (False: EOF).
+
+        Bounded: a line longer than `_MAX_INPUT` ends there (the rest is the next line), so an
+        endless stream without a newline cannot grow kubesim's memory; each chunk is searched
+        once (no quadratic rescans)."""
+        buffer = bytearray()
         while True:
-            newline = buffer.find(b"\n")
-            if newline >= 0:
-                self.unread(buffer[newline + 1 :])
-                return buffer[:newline], True
             chunk = await self.read()
             if not chunk:
-                return buffer, False
-            buffer += chunk
+                return bytes(buffer), False
+            newline = chunk.find(b"\n")
+            if newline >= 0:
+                buffer += chunk[:newline]
+                self.unread(chunk[newline + 1 :])
+            else:
+                buffer += chunk
+            if len(buffer) > _MAX_INPUT:
+                self.unread(bytes(buffer[_MAX_INPUT:]) + (b"\n" if newline >= 0 else b""))
+                return bytes(buffer[:_MAX_INPUT]), True
+            if newline >= 0:
+                return bytes(buffer), True
 
 
 @attrs.frozen(kw_only=True)
@@ -571,7 +581,12 @@ async def _inputs(
     data, status = bytearray(), 0
     for path in files:
         if path == "-":
+            # Bounded as files are: `yes | sort` or an endless `exec -i` stream must not
+            # grow kubesim's memory without end.
             while chunk := await io.read_stdin():
+                if len(data) + len(chunk) > _MAX_INPUT:
+                    await io.write_stderr(f"{name}: -: File too large\n".encode())
+                    return bytes(data), 1
                 data += chunk
             continue
         try:
@@ -626,10 +641,11 @@ async def _head(argv: Sequence[str], io: _Streams, env: Mapping[str, str]) -> in
         await io.write_stdout(b"\n".join(lines[:count]) + (b"\n" if len(lines) > count else b""))
         return status
     # Read only what is needed, so that the writer of a pipe sees it close (`yes | head`).
-    buffer = b""
-    while buffer.count(b"\n") < count and (chunk := await io.read_stdin()):
-        buffer += chunk
-    lines = buffer.split(b"\n")
+    buffer, newlines = bytearray(), 0
+    while newlines < count and len(buffer) <= _MAX_INPUT and (chunk := await io.read_stdin()):
+        buffer += chunk  # bounded: a stream without newlines stops at _MAX_INPUT
+        newlines += chunk.count(b"\n")
+    lines = bytes(buffer).split(b"\n")
     await io.write_stdout(b"\n".join(lines[:count]) + (b"\n" if len(lines) > count else b""))
     return 0
 
@@ -1046,15 +1062,18 @@ async def _chmod(argv: Sequence[str], io: _Streams, env: Mapping[str, str]) -> i
 
 def _copy_tree(fs: FileSystem, source: str, target: str) -> None:
     """Copy a file or (recursively) a directory; both absolute paths, `target` not existing."""
-    info = fs.stat(source)
-    if info.is_dir:
-        fs.mkdir(target, mode=info.mode)
-        for name in fs.listdir(source):
-            _copy_tree(fs, posixpath.join(source, name), posixpath.join(target, name))
-        return
-    writer = fs.open_write(target, mode=info.mode)
-    for chunk in fs.read_chunks(source):
-        writer.write(chunk)
+    pending = [(source, target)]  # a stack, not recursion: a tree may be deeper than the limit
+    while pending:
+        source, target = pending.pop()
+        info = fs.stat(source)
+        if info.is_dir:
+            fs.mkdir(target, mode=info.mode)
+            pending.extend((posixpath.join(source, name), posixpath.join(target, name))
+                           for name in reversed(fs.listdir(source)))
+            continue
+        writer = fs.open_write(target, mode=info.mode)
+        for chunk in fs.read_chunks(source):
+            writer.write(chunk)
 
 
 @_command("cp", "mv")
@@ -1147,18 +1166,21 @@ class _Tar:
         if not operands:
             raise _TarFailed("empty archive")
         for operand in operands:
-            await self._add(operand, out)
+            pending = [operand]  # a stack, not recursion: a tree may be deeper than the limit
+            while pending:
+                pending.extend(reversed(await self._add(pending.pop(), out)))
         await out(tarstream.END_OF_ARCHIVE)
         if self.failed:
             raise _TarFailed("error exit delayed from previous errors")
 
-    async def _add(self, path: str, out: Writer) -> None:
+    async def _add(self, path: str, out: Writer) -> list[str]:
+        """Write one member; return the paths of a directory's entries, to add next."""
         try:
             info = self.fs.stat(path, self.base)
         except OSError as exc:
             await self.io.write_stderr(f"tar: {path}: {exc.strerror}\n".encode())
             self.failed = True
-            return
+            return []
         name = _strip_unsafe_prefix(path)
         await self.warn_prefix(path, name)
         if name in ("", "."):
@@ -1176,8 +1198,9 @@ class _Tar:
                 await out(chunk)
             await out(b"\0" * (info.size - size) + tarstream.padding(info.size))
         elif info.is_dir:
-            for child in self.fs.listdir(path, self.base):
-                await self._add(path.rstrip("/") + "/" + child if path.rstrip("/") else "/" + child, out)
+            return [path.rstrip("/") + "/" + child if path.rstrip("/") else "/" + child
+                    for child in self.fs.listdir(path, self.base)]
+        return []
 
     async def extract(self, read: Reader, *, list_only: bool) -> None:
         reader = tarstream.TarReader()
@@ -2207,8 +2230,13 @@ class TerminalInput:
         return b"" in self.reads
 
 
+#: the longest line a pty's canonical mode holds (Linux n_tty: N_TTY_BUF_SIZE - 1)
+MAX_CANON = 4095
+
+
 class LineDiscipline:
-    """A pty's canonical mode, sans-I/O: echo, erase, ^U, ^C, ^D, CR to NL; output NL to CRNL."""
+    """A pty's canonical mode, sans-I/O: echo, erase, ^U, ^C, ^\\, ^D, CR to NL; output NL to
+    CRNL. Bounded as Linux's n_tty: a line holds at most `MAX_CANON` bytes, more rings the bell."""
 
     def __init__(self) -> None:
         self._line = bytearray()
@@ -2239,6 +2267,11 @@ class LineDiscipline:
                 echo += b"^C\r\n"
                 self._line.clear()
                 interrupt = True
+            elif byte == 0x1C:  # ^\\ (VQUIT): a signal, not input; ISIG flushes the line
+                echo += b"^\\"
+                self._line.clear()
+            elif len(self._line) >= MAX_CANON:
+                echo += b"\a"  # n_tty: a full line takes nothing but its end (IMAXBEL's bell)
             elif byte < 0x20 and byte not in (0x09,):
                 echo += b"^" + bytes((byte + 0x40,))
                 self._line.append(byte)

@@ -14,6 +14,7 @@ that passes through.
 
 from __future__ import annotations
 
+import math
 import tarfile
 
 import attrs
@@ -21,6 +22,8 @@ import attrs
 BLOCK = 512
 END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
 MAX_EXTENDED = 64 * 1024
+#: member mtimes are kept within years 1 to 9999 (what `ls -l` can show)
+MIN_MTIME, MAX_MTIME = -62_135_596_800, 253_402_300_799
 
 
 class TarError(Exception):
@@ -158,8 +161,10 @@ class TarReader:
             return None
         name = self._long_name if self._long_name is not None else self._pax.get("path", info.name)
         linkname = self._long_link if self._long_link is not None else self._pax.get("linkpath", info.linkname)
-        size = int(self._pax["size"]) if "size" in self._pax else info.size
-        mtime = float(self._pax["mtime"]) if "mtime" in self._pax else float(info.mtime)
+        size = _pax_size(self._pax["size"]) if "size" in self._pax else info.size
+        mtime = _pax_mtime(self._pax.get("mtime"), info.mtime)
+        if size < 0:  # GNU base-256 has a sign bit: a negative size must not run the reader backwards
+            raise TarError("corrupted octal value in tar header")
         self._long_name = self._long_link = None
         self._pax = {}
         kind = _KINDS.get(info.type, "other")
@@ -182,6 +187,25 @@ class TarReader:
         elif kind in (tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE):
             self._pax.update(_pax_records(data))
         # Global headers (XGLTYPE) carry nothing a member here needs.
+
+
+def _pax_size(text: str) -> int:
+    """A pax `size` record: decimal digits (anything else is a broken archive, not a crash)."""
+    if not text.isascii() or not text.isdigit():
+        raise TarError("invalid pax header")
+    return int(text)
+
+
+def _pax_mtime(text: str | None, fallback: float) -> float:
+    """A pax `mtime` record (decimal seconds); an unreadable or absurd one leaves the header's."""
+    def clamp(value: float) -> float:
+        return float(min(max(value, MIN_MTIME), MAX_MTIME))
+
+    try:
+        value = float(text) if text is not None else clamp(fallback)
+    except ValueError:
+        return clamp(fallback)
+    return clamp(value) if math.isfinite(value) else clamp(fallback)
 
 
 def _pax_records(data: bytes) -> dict[str, str]:
