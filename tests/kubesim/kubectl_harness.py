@@ -253,6 +253,31 @@ async def kubectl(binary: str, server: ServerThread, *args: str, stdin: bytes | 
     return result
 
 
+class NamespacedKubectl:
+    """One kubectl binary against one server, in one namespace: `await k("get", "pods")`."""
+
+    def __init__(self, binary: str, server: ServerThread, namespace: str) -> None:
+        self.binary, self.server, self.namespace = binary, server, namespace
+
+    async def __call__(self, *args: str, stdin: bytes | None = None, check: bool = True) -> Result:
+        return await kubectl(self.binary, self.server, "-n", self.namespace, *args, stdin=stdin, check=check)
+
+    async def out(self, *args: str) -> str:
+        return (await self(*args)).stdout
+
+    async def json(self, *args: str) -> Any:
+        return json.loads(await self.out("get", *args, "-o", "json"))
+
+    async def wait_until(self, what: str, check: Callable[[Any], Any]) -> Any:
+        """Poll `kubectl get WHAT -o json` (bounded) until check(obj) is truthy; the object."""
+        with trio.fail_after(20):
+            while True:
+                obj = await self.json(what)
+                if check(obj):
+                    return obj
+                await trio.sleep(0.1)
+
+
 def table_rows(text: str) -> list[list[str]]:
     """`kubectl get` output split into rows of cells (on runs of 2+ spaces)."""
     import re

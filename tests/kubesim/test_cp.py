@@ -12,19 +12,14 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.kubesim.kubectl_harness import ServerThread, kubectl
+from tests.kubesim.kubectl_harness import NamespacedKubectl, ServerThread
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.routes]
 
 _COUNTER = iter(range(10_000))
 
 
-class K:
-    def __init__(self, binary: str, server: ServerThread, namespace: str) -> None:
-        self.binary, self.server, self.namespace = binary, server, namespace
-
-    async def __call__(self, *args: str, stdin: bytes | None = None, check: bool = True):  # type: ignore[no-untyped-def]
-        return await kubectl(self.binary, self.server, "-n", self.namespace, *args, stdin=stdin, check=check)
+K = NamespacedKubectl
 
 
 @pytest.fixture

@@ -10,9 +10,8 @@ import re
 from typing import Any
 
 import pytest
-import trio
 
-from tests.kubesim.kubectl_harness import ServerThread, kubectl, table_rows
+from tests.kubesim.kubectl_harness import NamespacedKubectl, ServerThread, table_rows
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.routes]
 
@@ -22,27 +21,7 @@ _COUNTER = iter(range(10_000))
 KUBESIM_OPTIONS = {"restart_backoff": (0.2, 1.0)}
 
 
-class K:
-    def __init__(self, binary: str, server: ServerThread, namespace: str) -> None:
-        self.binary, self.server, self.namespace = binary, server, namespace
-
-    async def __call__(self, *args: str, stdin: bytes | None = None, check: bool = True):  # type: ignore[no-untyped-def]
-        return await kubectl(self.binary, self.server, "-n", self.namespace, *args, stdin=stdin, check=check)
-
-    async def out(self, *args: str) -> str:
-        return (await self(*args)).stdout
-
-    async def json(self, *args: str) -> Any:
-        return json.loads(await self.out("get", *args, "-o", "json"))
-
-    async def wait_until(self, what: str, check: Any) -> Any:
-        """Poll `kubectl get WHAT -o json` (bounded) until check(obj) is truthy; the object."""
-        with trio.fail_after(20):
-            while True:
-                obj = await self.json(what)
-                if check(obj):
-                    return obj
-                await trio.sleep(0.1)
+K = NamespacedKubectl
 
 
 @pytest.fixture
