@@ -126,8 +126,12 @@ class FileSystem:
         return parts
 
     def _lookup(self, path: str, cwd: str) -> _Node:
+        return self._walk(self._parts(path, cwd), path)
+
+    def _walk(self, parts: list[str], path: str) -> _Node:
+        """The node at `parts` below the root (ENOTDIR/ENOENT on the way name `path`)."""
         node: _Node = self._root
-        for part in self._parts(path, cwd):
+        for part in parts:
             if not isinstance(node, _Dir):
                 raise fs_error(errno.ENOTDIR, path)
             child = node.children.get(part)
@@ -143,14 +147,7 @@ class FileSystem:
         parts = self._parts(path, cwd)
         if not parts:
             raise fs_error(errno.EEXIST, path)  # "/" itself: nothing holds it
-        node: _Node = self._root
-        for part in parts[:-1]:
-            if not isinstance(node, _Dir):
-                raise fs_error(errno.ENOTDIR, path)
-            child = node.children.get(part)
-            if child is None:
-                raise fs_error(errno.ENOENT, path)
-            node = child
+        node = self._walk(parts[:-1], path)
         if not isinstance(node, _Dir):
             raise fs_error(errno.ENOTDIR, path)
         return node, parts[-1]
