@@ -11,7 +11,7 @@ import trio
 from daemonkit.logs import BurstLimitedLog
 from kasd.config import Agent
 from kasd.tokens import digest_matches, hash_token
-from kasd.tunnels import Tunnel, TunnelRegistry
+from routing.local import Tunnel, TunnelRegistry
 from tunnelhttp.head import TunnelCode
 from wire.session import Session
 

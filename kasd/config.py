@@ -437,7 +437,7 @@ class AccessEntry:
 
 @attrs.frozen(kw_only=True)
 class Routing:
-    """How requests are steered between an agent's sessions (``kasd.tunnels``)."""
+    """How requests are steered between an agent's sessions (``routing.local``)."""
 
     #: seconds a session whose agent cannot reach its API server is passed over after its first
     #: such refusal; doubled after each further one (a passive circuit breaker)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from kasd.tunnels import TunnelRegistry
+from routing.local import TunnelRegistry
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

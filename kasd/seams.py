@@ -3,10 +3,11 @@ reaches it (``Router``), with the values and typed failures they answer with.
 
 The pipeline (``kasd.k8sproxy.pipeline``) is given one of each and asks nothing else: today's
 implementations are the static ``access:`` list (``kasd.access.StaticAccess``) and the local tunnel
-registry (``kasd.tunnels.LocalRouter``); CI authorization and the replicated ``routing/`` package
+registry (``routing.local.LocalRouter``); CI authorization and the replicated ``routing/`` package
 plug in here without touching a protocol front end. Tests inject fakes.
 
-May import: ``wire`` (a router answers with a logical stream), ``tunnelhttp`` (impersonation), the
+May import: ``wire`` (a router answers with a logical stream), ``routing.errors`` (its failures),
+``tunnelhttp`` (impersonation), the
 standard library, attrs. Never the proxy, a front end or a listener.
 """
 
@@ -16,6 +17,13 @@ from typing import Protocol
 
 import attrs
 
+from routing.errors import (
+    AgentNotConnected,
+    NoFreeStream,
+    NoOtherSession,
+    PeerUnreachable,
+    RouteError,
+)
 from tunnelhttp.head import Impersonation
 from wire.frames import Metadata
 from wire.session import MuxStream, Session, StreamRefusedError
@@ -83,51 +91,21 @@ def parse_bearer(authorization: str | None) -> Credentials:
 
 # ------------------------------------------------------------------ Router
 
-
-class RouteError(Exception):
-    """No stream to the agent; ``status`` and ``message`` are what the client is told."""
-
-    status = 503
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-class AgentNotConnected(RouteError):
-    """No tunnel to the agent appeared within the bounded wait."""
-
-    def __init__(self, agent_id: int, waited: float) -> None:
-        super().__init__(f"agent {agent_id} is not connected (waited {waited:g}s)")
-        self.agent_id = agent_id
-
-
-class NoFreeStream(RouteError):
-    """The agent is connected, but none of its sessions took a stream within the bounded wait."""
-
-    def __init__(self, agent_id: int, waited: float) -> None:
-        super().__init__(f"agent {agent_id} is connected but has no free tunnel stream (waited {waited:g}s)")
-        self.agent_id = agent_id
-
-
-class PeerUnreachable(RouteError):
-    """Another kasd holds the agent's tunnel but could not be reached."""
-
-    status = 502
-
-    def __init__(self, agent_id: int, peer: str, detail: str) -> None:
-        super().__init__(f"agent {agent_id} is connected to kasd {peer}, which is unreachable: {detail}")
-        self.agent_id = agent_id
-        self.peer = peer
-
-
-class NoOtherSession(RouteError):
-    """Asked to avoid the sessions a request already tried, and the agent has no other usable one
-    now (at once, without waiting): the caller decides whether the one it tried is worth asking again."""
-
-    def __init__(self, agent_id: int) -> None:
-        super().__init__(f"agent {agent_id} has no other tunnel session to retry on")
-        self.agent_id = agent_id
+#: re-exported: the failures a router raises live in ``routing.errors`` (routing never imports kasd)
+__all__ = [
+    "TOKEN_FORMATS",
+    "AccessDenied",
+    "AgentNotConnected",
+    "Authority",
+    "Credentials",
+    "Grant",
+    "NoFreeStream",
+    "NoOtherSession",
+    "PeerUnreachable",
+    "RouteError",
+    "Router",
+    "parse_bearer",
+]
 
 
 class Router(Protocol):

@@ -24,8 +24,8 @@ from kasd.k8sproxy.pipeline import DROPPED, RequestPipeline
 from kasd.k8sproxy.server import ProxyServer, configure_alpn
 from kasd.metrics import Metrics
 from kasd.observability import Health, ObservabilityServer
-from kasd.tunnels import BreakerPolicy, LocalRouter, TunnelRegistry
 from netio.admission import PER_SOURCE, TOTAL, Admission, CappedListener, ConnectionCaps, Refusal
+from routing.local import BreakerPolicy, LocalRouter, TunnelRegistry
 from wire.h2carrier import serve_h2_tunnels, server_ssl_context
 
 log = logging.getLogger("kasd")

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 echo "== ruff"
 ruff check .
 echo "== mypy"
-mypy wire netio http11 tunnelhttp h2trio daemonkit kasd agentd kasctl
+mypy wire netio http11 tunnelhttp h2trio daemonkit routing kasd agentd kasctl
 echo "== pytest"
 python -m pytest "$@"
 for arg in "$@"; do

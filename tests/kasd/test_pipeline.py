@@ -26,7 +26,7 @@ from kasd.seams import (
     RouteError,
     Router,
 )
-from kasd.tunnels import LocalRouter, Tunnel, TunnelRegistry
+from routing.local import LocalRouter, Tunnel, TunnelRegistry
 from tunnelhttp.head import Impersonation, RequestHead, ResponseHead, TunnelCode
 from wire.frames import Metadata
 from wire.session import MuxStream, Session, StreamRefusedError, connect_session

@@ -7,7 +7,7 @@ from typing import cast
 import attrs
 import pytest
 
-from kasd.tunnels import BreakerPolicy, Tunnel, TunnelRegistry
+from routing.local import BreakerPolicy, Tunnel, TunnelRegistry
 from wire.session import Session
 
 

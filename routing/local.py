@@ -22,8 +22,8 @@ import attrs
 import trio
 
 from daemonkit.logs import BurstLimitedLog
-from kasd.seams import AgentNotConnected, NoFreeStream, NoOtherSession
 from netio.fastio import cancel_point
+from routing.errors import AgentNotConnected, NoFreeStream, NoOtherSession
 from tunnelhttp.head import TunnelCode
 from wire.frames import Metadata
 from wire.session import MuxStream, Session, SessionClosedError, StreamRefusedError
