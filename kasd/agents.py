@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -47,11 +47,36 @@ def _hello_text(hello: dict[str, Any], key: str) -> str:
     return value[:256] if isinstance(value, str) else str(value)[:256]
 
 
-class AgentSessions:
-    """The ``handler`` of ``serve_h2_tunnels``: registers the session for as long as it lives."""
+class TunnelDirectory(Protocol):
+    """Where replicas learn which of them hold an agent's tunnels (``routing.directory``): told when
+    this replica's first session of an agent comes (0 → 1) and its last one goes (1 → 0)."""
 
-    def __init__(self, registry: TunnelRegistry) -> None:
+    def tunnels_up(self, agent_id: int) -> None: ...
+    def tunnels_down(self, agent_id: int) -> None: ...
+
+
+class PlacementNotices(Protocol):
+    """The hook for home placement (issue 15, ``routing.placement``): ``serve`` runs beside each
+    agent session for its lifetime (the placement NOTICE at its start and at every ring change);
+    ``leaving`` sends the last one, without this replica, before the drain's GOAWAY."""
+
+    async def serve(self, session: Session, agent_id: int) -> None: ...
+    async def leaving(self, session: Session) -> None: ...
+
+
+class AgentSessions:
+    """The ``handler`` of ``serve_h2_tunnels``: registers the session for as long as it lives (and,
+    among replicas, tells the directory when this replica's first one of an agent comes and its last
+    one goes)."""
+
+    def __init__(self, registry: TunnelRegistry, *, directory: TunnelDirectory | None = None,
+                 placement: PlacementNotices | None = None) -> None:
         self.registry = registry
+        self.directory = directory
+        self.placement = placement
+
+    def _held(self, agent_id: int) -> int:
+        return sum(1 for _ in self.registry.tunnels(agent_id))
 
     async def __call__(self, session: Session, agent: Agent) -> None:
         hello = dict(session.connection.peer_metadata)
@@ -74,6 +99,8 @@ class AgentSessions:
             connected_at=trio.current_time(),
         )
         self.registry.register(tunnel)
+        if self.directory is not None and self._held(agent.id) == 1:
+            self.directory.tunnels_up(agent.id)
         log.info(
             "agent connected agent_id=%d agent=%s project=%s pod=%s pod_uid=%s version=%s",
             agent.id,
@@ -86,10 +113,14 @@ class AgentSessions:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._refuse_incoming, session)
+                if self.placement is not None:
+                    nursery.start_soon(self.placement.serve, session, agent.id)
                 await session.wait_closed()
                 nursery.cancel_scope.cancel()
         finally:
             self.registry.unregister(tunnel)
+            if self.directory is not None and self._held(agent.id) == 0:
+                self.directory.tunnels_down(agent.id)
             reason = session.close_reason.reason if session.close_reason else "closed by kasd"
             log.info("agent disconnected agent_id=%d pod=%s reason=%r", agent.id, tunnel.pod_name, reason)
 

@@ -409,10 +409,30 @@ class KubernetesAPIListener(Listener):
 
 
 @attrs.frozen(kw_only=True)
+class PrivateListener(Listener):
+    """kasd-to-kasd (issue 15): the port peers open forwarded requests on. Started only when
+    ``routing.redis.url`` is set; as much a stranger's port as the agent port before authentication."""
+
+    address: HostPort = setting(
+        HostPort("0.0.0.0", 8155), parse=parse_address, env="KASD_PRIVATE_ADDRESS", flag="--private-address",
+        metavar="HOST:PORT", help="private (kasd-to-kasd) listener, started only with routing.redis.url",
+    )
+    #: CA file that verifies peers' client certificates: mutual TLS between replicas (needs tls)
+    client_ca: Path | None = setting(None, parse=_existing_file)
+    #: seconds a peer connection has for TLS, HTTP/2 preface and the tunnel request
+    handshake_timeout: float = setting(10.0, parse=_seconds)
+    # One pooled connection per peer replica (a few more across restarts).
+    max_connections: int = _max_connections("private", "private (kasd-to-kasd)", 256)
+    max_connections_per_source: int = _max_per_source("private", "private (kasd-to-kasd)", 16)
+    http2: Http2Limits = Http2Limits()
+
+
+@attrs.frozen(kw_only=True)
 class Listeners:
     agent: AgentListener = AgentListener()
     observability: ObservabilityListener = ObservabilityListener()
     kubernetes_api: KubernetesAPIListener = KubernetesAPIListener()
+    private: PrivateListener = PrivateListener()
 
 
 @attrs.frozen(kw_only=True)
@@ -435,15 +455,165 @@ class AccessEntry:
     impersonate: Impersonation | None = setting(None, parse=_impersonation)
 
 
+_REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "redis+sentinel")
+
+
+def _redis_url(value: Any) -> str | None:
+    """``redis://h:p/db``, ``rediss://…``, ``redis+cluster://h:p[,h:p…]``, ``redis+sentinel://h:p[,h:p]/<master>``;
+    never with a password in it (URLs end up in logs and process listings: use password_file)."""
+    if value is None:
+        return None
+    text = _expect(value, str, "a redis:// URL").strip()
+    if not text:
+        return None
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme not in _REDIS_SCHEMES:
+        raise Problem(f"must start with one of {', '.join(s + '://' for s in _REDIS_SCHEMES)}, got {scheme + sep!r}")
+    netloc = rest.split("/", 1)[0]
+    if "@" in netloc:
+        userinfo = netloc.rsplit("@", 1)[0]
+        if ":" in userinfo:
+            # the password is not echoed back: it must never reach a log line
+            raise Problem("must not hold a password (put it in routing.redis.password_file)")
+    hosts = netloc.rsplit("@", 1)[-1]
+    if not hosts:
+        raise Problem(f"names no host ({scheme}://host:port…)")
+    if scheme == "redis+sentinel" and not rest.partition("/")[2].strip("/"):
+        raise Problem("must name the master: redis+sentinel://host:port[,host:port]/<master name>")
+    return text  # type: ignore[no-any-return]
+
+
+@attrs.frozen(kw_only=True)
+class SecretFile:
+    """A file holding one secret: its path, and the secret (never shown, never logged)."""
+
+    path: Path
+    value: str = attrs.field(repr=False)
+
+
+def _secret_file(minimum: int) -> Any:
+    def parse(value: Any) -> SecretFile | None:
+        if value is None:
+            return None
+        path = _existing_file(value)
+        try:
+            secret = path.read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise Problem(f"cannot read {str(path)!r}: {getattr(exc, 'strerror', None) or exc}") from None
+        if len(secret) < minimum:
+            # its length only: never a character of it
+            raise Problem(f"the secret in {str(path)!r} is {len(secret)} characters; it needs at least {minimum}")
+        return SecretFile(path=path, value=secret)
+
+    return parse
+
+
+def _key_prefix(value: Any) -> str:
+    text = _expect(value, str, "a string")
+    if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", text):
+        raise Problem(f"must be 1-64 letters, digits or '_.:-' (no '{{}}' or spaces), got {text!r}")
+    return text  # type: ignore[no-any-return]
+
+
+def _ring_name(value: Any) -> str | None:
+    if value is None:
+        return None
+    text = _expect(value, str, "a host:port string")
+    address = parse_address(text)
+    if address.port == 0:
+        raise Problem(f"must name a real port, got {text!r}")
+    return text  # type: ignore[no-any-return]
+
+
+def _http_url(value: Any) -> str | None:
+    if value is None:
+        return None
+    text = _expect(value, str, "an http:// or https:// URL")
+    scheme, sep, rest = text.partition("://")
+    if scheme not in ("http", "https") or not sep or not rest.split("/", 1)[0]:
+        raise Problem(f"must be http://host:port or https://host:port, got {text!r}")
+    return text  # type: ignore[no-any-return]
+
+
+def _weight(value: Any) -> int:
+    weight = _count(value)
+    if weight > 1000:
+        raise Problem(f"must be at most 1000, got {weight}")
+    return weight
+
+
+@attrs.frozen(kw_only=True)
+class RedisSettings:
+    """Where replicas meet. Without ``url`` kasd is alone: an in-memory registry, no private listener."""
+
+    url: str | None = setting(
+        None, parse=_redis_url, env="KASD_REDIS_URL", flag="--redis-url", metavar="URL",
+        help="Redis of the replicas (redis://, rediss://, redis+cluster://, redis+sentinel://…/master); "
+        "unset: a lone kasd",
+    )
+    #: the Redis password (AUTH), in a file; never logged
+    password_file: SecretFile | None = setting(
+        None, parse=_secret_file(1), env="KASD_REDIS_PASSWORD_FILE", flag="--redis-password-file", metavar="PATH",
+        help="file holding the Redis password",
+    )
+    #: prefix of every key and channel (several kasd fleets can share one Redis)
+    key_prefix: str = setting("kasd", parse=_key_prefix)
+
+    @property
+    def password(self) -> str | None:
+        return self.password_file.value if self.password_file is not None else None
+
+
+#: shortest peer secret accepted
+PEER_SECRET_MIN = 32
+
+
 @attrs.frozen(kw_only=True)
 class Routing:
-    """How requests are steered between an agent's sessions (``routing.local``)."""
+    """How requests are steered between an agent's sessions (``routing.local``), and, with
+    ``redis.url``, between replicas (``routing.router``)."""
 
     #: seconds a session whose agent cannot reach its API server is passed over after its first
     #: such refusal; doubled after each further one (a passive circuit breaker)
     breaker_initial_hold: float = setting(1.0, parse=_seconds)
     #: the longest such hold, in seconds
     breaker_max_hold: float = setting(30.0, parse=_seconds)
+    redis: RedisSettings = RedisSettings()
+    #: this replica on the ring: its ``server`` string in the front end's upstream block
+    name: str | None = setting(
+        None, parse=_ring_name, env="KASD_ROUTING_NAME", flag="--routing-name", metavar="HOST:PORT",
+        help="this replica on the ring, exactly its server entry in the front end's upstream block "
+        "(default: the kubernetes_api listener address)",
+    )
+    #: share of agents homed here (nginx's server weight=)
+    weight: int = setting(10, parse=_weight, env="KASD_ROUTING_WEIGHT", flag="--routing-weight", metavar="N",
+                          help="ring weight: this replica's share of agents (as weight= in the front end)")
+    heartbeat_interval: float = setting(1.0, parse=_seconds)
+    tunnel_ttl: float = setting(30.0, parse=_seconds)
+    #: what peers dial to forward a request here
+    private_url: str | None = setting(
+        None, parse=_http_url, env="KASD_PRIVATE_URL", flag="--private-url", metavar="URL",
+        help="URL peers dial to reach this replica's private listener (default: from its address)",
+    )
+    #: what agentd dials to reach this replica (placement notices)
+    agent_url: str | None = setting(
+        None, parse=_http_url, env="KASD_AGENT_URL", flag="--agent-url", metavar="URL",
+        help="URL agentd dials to reach this replica (default: from the agent listener's address)",
+    )
+    #: the shared secret replicas authenticate each other with (unless mutual TLS); never logged
+    peer_secret_file: SecretFile | None = setting(
+        None, parse=_secret_file(PEER_SECRET_MIN), env="KASD_PEER_SECRET_FILE", flag="--peer-secret-file",
+        metavar="PATH", help=f"file holding the replicas' shared secret (at least {PEER_SECRET_MIN} characters)",
+    )
+    #: CA that verifies peers' private-port certificates (an https private_url)
+    peer_ca_file: Path | None = setting(
+        None, parse=_existing_file, env="KASD_PEER_CA_FILE", flag="--peer-ca-file", metavar="PATH",
+        help="CA file that verifies the other replicas' private-port certificates",
+    )
+
+    @property
+    def replicated(self) -> bool:
+        return self.redis.url is not None
 
 
 @attrs.frozen(kw_only=True)
@@ -480,6 +650,10 @@ class Config:
     @property
     def kubernetes_api(self) -> KubernetesAPIListener:
         return self.listeners.kubernetes_api
+
+    @property
+    def private(self) -> PrivateListener:
+        return self.listeners.private
 
 
 # --------------------------------------------------------------------------- how kasd words errors
@@ -520,7 +694,8 @@ kasd: the server agentd connects to. Agents (agentd) dial the agent port and kee
 kubectl, CI jobs and people reach their clusters through the Kubernetes API proxy.
 
 Listeners (defaults): agent 0.0.0.0:8150 (HTTP/2, path /tunnel), observability 127.0.0.1:8151
-(/liveness, /readiness, /metrics), Kubernetes API proxy 0.0.0.0:8154 (HTTP/1.1 and HTTP/2).
+(/liveness, /readiness, /metrics), Kubernetes API proxy 0.0.0.0:8154 (HTTP/1.1 and HTTP/2); with
+--redis-url (replicas), private 0.0.0.0:8155 (kasd-to-kasd, HTTP/2).
 
 Configuration comes from a YAML file (--config or KASD_CONFIG; see docs/kasd.md and
 examples/kasd.yaml), then KASD_* environment variables, then the flags below: the later wins.
@@ -539,8 +714,8 @@ examples:
 kubectl then uses server https://<kasd>:8154 with token ci:<agent id>:<job token> or
 pat:<agent id>:<personal token>.
 
-Settings without a flag (agents, access, TLS files, timeouts, listeners.*.http2.*, routing.*) are
-set in the file: docs/kasd.md lists every key, docs/security.md every limit and what it defends.
+Settings without a flag (agents, access, TLS files, timeouts, listeners.*.http2.*, most of routing.*)
+are set in the file: docs/kasd.md lists every key, docs/security.md every limit and what it defends.
 """
 
 
@@ -559,7 +734,8 @@ def _check(loaded: Loaded[Config]) -> Config:
     token, access entries naming defined agents."""
     config = loaded.value
     taken: dict[tuple[str, int], str] = {}
-    for name in ("agent", "observability", "kubernetes_api"):
+    names = ("agent", "observability", "kubernetes_api") + (("private",) if config.routing.replicated else ())
+    for name in names:
         listener: Listener = getattr(config.listeners, name)
         if listener.port == 0:  # port 0 picks a port for each
             continue
@@ -594,7 +770,50 @@ def _check(loaded: Loaded[Config]) -> Config:
             f"{loaded.where('routing.breaker_initial_hold')}: {routing.breaker_initial_hold:g}s is longer than "
             f"routing.breaker_max_hold ({routing.breaker_max_hold:g}s), the longest hold"
         )
+    if routing.replicated:
+        _check_replicas(loaded)
     return config
+
+
+_WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def _check_replicas(loaded: Loaded[Config]) -> None:
+    """With ``routing.redis.url``: the replica can be named, reached and trusted."""
+    config = loaded.value
+    routing, private = config.routing, config.private
+    if private.client_ca is not None and private.tls is None:
+        raise ConfigError(
+            f"{loaded.where('listeners.private.client_ca')}: mutual TLS needs listeners.private.tls (cert and key) too"
+        )
+    if routing.peer_secret_file is None and private.client_ca is None:
+        raise ConfigError(
+            f"{loaded.where('routing.peer_secret_file')}: replicas must authenticate each other: set "
+            f"routing.peer_secret_file (a shared secret of at least {PEER_SECRET_MIN} characters) or "
+            "listeners.private.tls with listeners.private.client_ca (mutual TLS)"
+        )
+    if routing.name is None and config.kubernetes_api.host in _WILDCARDS:
+        raise ConfigError(
+            f"{loaded.where('routing.name')}: missing; the kubernetes_api listener's address "
+            f"({config.kubernetes_api.address}) cannot name this replica: set routing.name (KASD_ROUTING_NAME) to "
+            "its server entry in the front end's upstream block, e.g. 10.0.0.5:8154"
+        )
+    if routing.private_url is None and private.host in _WILDCARDS:
+        raise ConfigError(
+            f"{loaded.where('routing.private_url')}: missing; listeners.private listens on {private.address}, "
+            "which peers cannot dial: set routing.private_url (KASD_PRIVATE_URL), e.g. https://10.0.0.5:8155"
+        )
+    if routing.agent_url is None and config.agent.host in _WILDCARDS:
+        raise ConfigError(
+            f"{loaded.where('routing.agent_url')}: missing; listeners.agent listens on {config.agent.address}, "
+            "which agentd cannot dial: set routing.agent_url (KASD_AGENT_URL), e.g. https://10.0.0.5:8150/tunnel"
+        )
+    if routing.private_url is not None and routing.private_url.startswith("https://") != (private.tls is not None):
+        raise ConfigError(
+            f"{loaded.where('routing.private_url')}: {routing.private_url!r} does not match listeners.private "
+            f"({'TLS' if private.tls is not None else 'plain HTTP/2'}): use "
+            f"{'https' if private.tls is not None else 'http'}://"
+        )
 
 
 def config_from_mapping(raw: Any) -> Config:
@@ -607,4 +826,4 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
     return _check(LOADER.load(argv, environ))
 
 
-__all__ = ["VERSION", "Config", "ConfigError", "config_from_mapping", "load_config"]
+__all__ = ["VERSION", "Config", "ConfigError", "PrivateListener", "RedisSettings", "SecretFile", "config_from_mapping", "load_config"]

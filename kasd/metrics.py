@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -49,10 +51,33 @@ class Metrics:
             ["listener", "reason"],
             registry=r,
         )
+        # Among replicas (routing.redis): Redis, the kasd-to-kasd hop. Set up by enable_replicas.
+        self.redis_up = Gauge(
+            "kasd_redis_up", "1 while this replica reaches Redis (membership and tunnel directory), else 0; "
+            "absent on a lone kasd", registry=None)
+        self.forwarded_requests = Counter(
+            "kasd_forwarded_requests",
+            "Requests carried over the kasd-to-kasd hop: out (this replica sent one to the replica holding the "
+            "agent's tunnel), in (this replica passed a peer's one to its own tunnel)",
+            ["direction"], registry=None)
+        self.peer_sessions = Gauge(
+            "kasd_peer_sessions", "Open kasd-to-kasd sessions: out (dialled by this replica), in (on its private port)",
+            ["direction"], registry=None)
+        self.forwarded_out = self.forwarded_requests.labels(direction="out")
+        self.forwarded_in = self.forwarded_requests.labels(direction="in")
         # Per-request code asks for these children: look them up once (labels() is not free).
         self.bytes_to_agent = self.tunnel_bytes.labels(direction="to_agent")
         self.bytes_from_agent = self.tunnel_bytes.labels(direction="from_agent")
         self._requests_by_code: dict[int, Counter] = {}
+
+    def enable_replicas(self, *, redis_up: Callable[[], bool], peers_out: Callable[[], int],
+                        peers_in: Callable[[], int]) -> None:
+        """Export the replica metrics (a lone kasd has no Redis and no peers to report)."""
+        self.redis_up.set_function(lambda: 1.0 if redis_up() else 0.0)
+        self.peer_sessions.labels(direction="out").set_function(peers_out)
+        self.peer_sessions.labels(direction="in").set_function(peers_in)
+        for metric in (self.redis_up, self.forwarded_requests, self.peer_sessions):
+            self.registry.register(metric)
 
     def count_request(self, status: int) -> None:
         child = self._requests_by_code.get(status)

@@ -3,6 +3,8 @@ health server (GET only, small heads, one short request per connection)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import trio
 
 from daemonkit.health import MAX_CONNECTIONS, HealthServer, Response, liveness
@@ -10,12 +12,21 @@ from kasd.metrics import CONTENT_TYPE, Metrics
 
 
 class Health:
-    """Readiness: up once every listener is bound, down again while draining."""
+    """Readiness: up once every listener is bound, down again while draining; among replicas,
+    ``degraded`` (still 200) while Redis is unreachable.
+
+    Why 200 and not 503 while degraded: a replica that lost Redis still serves every agent
+    connected to it, and a load balancer that pulled it would cut those agents' users off too;
+    Redis trouble is usually every replica's at once, so a 503 would empty the whole pool. The body
+    says ``degraded``, ``kasd_redis_up`` says it to monitoring, and the log says it once.
+    """
 
     def __init__(self) -> None:
         self.ready = False
         self.draining = False
         self.drain_started = trio.Event()
+        #: among replicas: why this replica is degraded now (None: it is not)
+        self.degraded: Callable[[], str | None] = _not_degraded
 
     def start_draining(self) -> None:
         self.draining = True
@@ -26,7 +37,14 @@ class Health:
             return 503, b"draining\n"
         if not self.ready:
             return 503, b"starting\n"
+        reason = self.degraded()
+        if reason is not None:
+            return 200, f"degraded: {reason}\n".encode()
         return 200, b"ready\n"
+
+
+def _not_degraded() -> str | None:
+    return None
 
 
 class ObservabilityServer(HealthServer):

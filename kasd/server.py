@@ -18,14 +18,26 @@ from daemonkit.logs import BurstLimitedLog
 from daemonkit.notify import sd_notify, write_ready_file
 from h2trio.budget import ResetBuckets
 from kasd.access import StaticAccess
-from kasd.agents import AgentAuthenticator, AgentSessions
+from kasd.agents import AgentAuthenticator, AgentSessions, PlacementNotices
 from kasd.config import Config, ConfigError, Listener
 from kasd.k8sproxy.pipeline import DROPPED, RequestPipeline
 from kasd.k8sproxy.server import ProxyServer, configure_alpn
 from kasd.metrics import Metrics
 from kasd.observability import Health, ObservabilityServer
+from kasd.replicas import (
+    Replication,
+    ReplicationFactory,
+    identity,
+    peer_client_ssl,
+    peer_token,
+    private_server_ssl,
+    redis_replication,
+)
+from kasd.seams import Router
 from netio.admission import PER_SOURCE, TOTAL, Admission, CappedListener, ConnectionCaps, Refusal
 from routing.local import BreakerPolicy, LocalRouter, TunnelRegistry
+from routing.peers import PEER_LIMITS, PEER_PATH, PeerForwarder, PeerPool, peer_authenticator
+from routing.router import ReplicatedRouter
 from wire.h2carrier import serve_h2_tunnels, server_ssl_context
 
 log = logging.getLogger("kasd")
@@ -43,8 +55,14 @@ class Runtime:
     metrics: Metrics
     health: Health
     proxy: ProxyServer
-    #: "agent", "observability", "kubernetes_api" → "host:port" actually bound
+    #: "agent", "observability", "kubernetes_api" (and "private" among replicas) → "host:port" bound
     addresses: dict[str, str] = attrs.field(factory=dict)
+    #: the router the proxy asks (``LocalRouter``, or ``ReplicatedRouter`` among replicas)
+    router: Router | None = None
+    #: among replicas: membership and directory, the peer pool, the private port's forwarder
+    replication: Replication | None = None
+    pool: PeerPool | None = None
+    forwarder: PeerForwarder | None = None
     #: the same names → the connection caps of that listener (open connections, refusals)
     admissions: dict[str, Admission] = attrs.field(factory=dict)
     _shutdown: trio.Event = attrs.field(factory=trio.Event)
@@ -145,15 +163,26 @@ def _bound(listeners: list[trio.SocketListener]) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-async def serve_kasd(config: Config, *, task_status: trio.TaskStatus[Runtime] = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve until ``request_shutdown()``; then drain (bounded by ``shutdown_timeout``) and return."""
+async def serve_kasd(config: Config, *, replication: ReplicationFactory | None = None,
+                     placement: PlacementNotices | None = None,
+                     task_status: trio.TaskStatus[Runtime] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve until ``request_shutdown()``; then drain (bounded by ``shutdown_timeout``) and return.
+
+    Among replicas (``routing.redis.url``, or ``replication`` given: tests share an in-memory
+    membership and directory between runtimes this way) it also serves the private port and routes
+    with ``ReplicatedRouter``. ``placement`` is the hook for home-placement notices to agents."""
     agent_tls = _ssl_context(config.agent, "agent")
     proxy_tls = _ssl_context(config.kubernetes_api, "kubernetes_api")
+    if replication is None and config.routing.replicated:
+        replication = redis_replication(config)
+    replicated = replication is not None
     registry = TunnelRegistry(breaker=BreakerPolicy(initial=config.routing.breaker_initial_hold,
                                                     maximum=config.routing.breaker_max_hold))
     metrics = Metrics(registry)
     health = Health()
-    router = LocalRouter(registry, agent_wait_timeout=config.agent_wait_timeout)
+    local = LocalRouter(registry, agent_wait_timeout=config.agent_wait_timeout)
+    # Among replicas the router is made once the listeners are bound (this replica's name is known).
+    router = _LateRouter(local)
     pipeline = RequestPipeline(
         StaticAccess(config.access), router, metrics,
         dropped_headers=DROPPED.also(config.kubernetes_api.strip_request_headers),
@@ -169,7 +198,7 @@ async def serve_kasd(config: Config, *, task_status: trio.TaskStatus[Runtime] = 
         ssl_context=configure_alpn(proxy_tls) if proxy_tls else None,
         reset_buckets=reset_buckets,
     )
-    runtime = Runtime(config=config, registry=registry, metrics=metrics, health=health, proxy=proxy)
+    runtime = Runtime(config=config, registry=registry, metrics=metrics, health=health, proxy=proxy, router=local)
     stop = trio.Event()
 
     async def listen(name: str, listener: Listener) -> list[trio.SocketListener]:
@@ -182,26 +211,69 @@ async def serve_kasd(config: Config, *, task_status: trio.TaskStatus[Runtime] = 
     agent_sockets = await listen("agent", config.agent)
     proxy_sockets = await listen("kubernetes_api", config.kubernetes_api)
     obs_sockets = await listen("observability", config.observability)
+    private_sockets = await listen("private", config.private) if replicated else []
     runtime.addresses = {
         "agent": _bound(agent_sockets),
         "observability": _bound(obs_sockets),
         "kubernetes_api": _bound(proxy_sockets),
     }
+    if replicated:
+        runtime.addresses["private"] = _bound(private_sockets)
     # Every listener's connections are counted here, once, at accept: before TLS or any parsing.
     refusals = BurstLimitedLog(logging.getLogger("kasd.listeners"), interval=REFUSAL_LOG_INTERVAL)
+    # The private port is a stranger's port too: its own caps and an HTTP/2 reset budget, before TLS.
+    private_resets = ResetBuckets(config.private.http2.reset_limit) if replicated else None
     runtime.admissions = {
         name: _admission(name, getattr(config.listeners, name), metrics, refusals,
-                         reset_buckets if name == "kubernetes_api" else None)
-        for name in ("agent", "observability", "kubernetes_api")
+                         {"kubernetes_api": reset_buckets, "private": private_resets}.get(name))
+        for name in ("agent", "observability", "kubernetes_api", *(("private",) if replicated else ()))
     }
     agent_listeners = [StoppableListener(runtime.admissions["agent"].listener(s), stop) for s in agent_sockets]
     proxy_listeners = [StoppableListener(runtime.admissions["kubernetes_api"].listener(s), stop) for s in proxy_sockets]
     obs_listeners = [runtime.admissions["observability"].listener(s) for s in obs_sockets]
+    private_listeners = [StoppableListener(runtime.admissions["private"].listener(s), stop) for s in private_sockets]
 
+    directory = None
     async with trio.open_nursery() as nursery:
+        if replication is not None:
+            me = identity(config, runtime.addresses, runtime.agent_url)
+            replicas = runtime.replication = replication(me)
+            directory = replicas.directory
+            await nursery.start(replicas.membership.run)
+            await nursery.start(replicas.directory.run)
+            pool = runtime.pool = PeerPool(token=peer_token(config), ssl_context=peer_client_ssl(config),
+                                           origin=me.name)
+            await nursery.start(pool.run)
+            nursery.start_soon(_forget_departed, replicas, pool)
+            runtime.router = router.inner = ReplicatedRouter(
+                local, membership=replicas.membership, directory=replicas.directory, pool=pool,
+                on_forward=lambda _peer: metrics.forwarded_out.inc(),
+            )
+            forwarder = runtime.forwarder = PeerForwarder(
+                local, drain=pipeline.drain, name=me.name, on_forward=metrics.forwarded_in.inc)
+            metrics.enable_replicas(redis_up=lambda: replicas.healthy,
+                                    peers_out=lambda: pool.statistics().sessions,
+                                    peers_in=lambda: len(forwarder.sessions))
+            health.degraded = _degraded(replicas)
+            private_tls = private_server_ssl(config)
+            await nursery.start(
+                lambda task_status: serve_h2_tunnels(
+                    forwarder,
+                    private_listeners,
+                    authenticate=peer_authenticator(
+                        config.routing.peer_secret_file.value if config.routing.peer_secret_file else None),
+                    path=PEER_PATH,
+                    ssl_context=server_ssl_context(private_tls) if private_tls else None,
+                    handshake_timeout=config.private.handshake_timeout,
+                    reset_limit=config.private.http2.reset_limit,
+                    session_kwargs={"limits": PEER_LIMITS, "name": "peer"},
+                    task_status=task_status,
+                )
+            )
+        agent_sessions = AgentSessions(registry, directory=directory, placement=placement)
         await nursery.start(
             lambda task_status: serve_h2_tunnels(
-                AgentSessions(registry),
+                agent_sessions,
                 agent_listeners,
                 authenticate=AgentAuthenticator(config.agents),
                 path=config.agent.path,
@@ -219,12 +291,14 @@ async def serve_kasd(config: Config, *, task_status: trio.TaskStatus[Runtime] = 
             write_ready_file(config.ready_file, runtime.addresses)
         sd_notify("READY=1")
         log.info(
-            "kasd listening agent=%s observability=%s kubernetes_api=%s agents=%d access_entries=%d",
+            "kasd listening agent=%s observability=%s kubernetes_api=%s agents=%d access_entries=%d%s",
             runtime.addresses["agent"],
             runtime.addresses["observability"],
             runtime.addresses["kubernetes_api"],
             len(config.agents),
             len(config.access),
+            f" private={runtime.addresses['private']} replica={runtime.replication.membership.self_name}"
+            if runtime.replication is not None else "",
         )
         task_status.started(runtime)
 
@@ -233,14 +307,78 @@ async def serve_kasd(config: Config, *, task_status: trio.TaskStatus[Runtime] = 
         log.info("kasd draining timeout=%gs connections=%d sessions=%d", config.shutdown_timeout, proxy.connections, registry.statistics().sessions)
         health.start_draining()
         stop.set()
-        proxy.start_drain()
-        with trio.move_on_after(config.shutdown_timeout) as drain_scope:
-            await proxy.wait_closed()
-            # No proxy request is left: GOAWAY every agent session and let its streams finish.
-            async with trio.open_nursery() as drains:
-                for tunnel in registry.tunnels():
-                    drains.start_soon(tunnel.session.drain, "kasd is shutting down")
-        if drain_scope.cancelled_caught:
-            log.warning("drain timed out; closing what is left connections=%d", proxy.connections)
+        if runtime.replication is not None:
+            await _drain_replica(runtime, placement)
+        else:
+            proxy.start_drain()
+            with trio.move_on_after(config.shutdown_timeout) as drain_scope:
+                await proxy.wait_closed()
+                # No proxy request is left: GOAWAY every agent session and let its streams finish.
+                async with trio.open_nursery() as drains:
+                    for tunnel in registry.tunnels():
+                        drains.start_soon(tunnel.session.drain, "kasd is shutting down")
+            if drain_scope.cancelled_caught:
+                log.warning("drain timed out; closing what is left connections=%d", proxy.connections)
         nursery.cancel_scope.cancel()
     log.info("kasd stopped")
+
+
+class _LateRouter:
+    """The pipeline's router: ``LocalRouter`` until (among replicas) the replicated one is made."""
+
+    def __init__(self, inner: Router) -> None:
+        self.inner = inner
+
+    async def open_stream(self, agent_id: int, metadata: Any, *, avoid: frozenset[Any] = frozenset()) -> Any:
+        return await self.inner.open_stream(agent_id, metadata, avoid=avoid)
+
+    def report(self, stream: Any, refusal: Any) -> None:
+        self.inner.report(stream, refusal)
+
+
+async def _drain_replica(runtime: Runtime, placement: PlacementNotices | None) -> None:
+    """SIGTERM among replicas (docs/routing.md, "Shutdown of a replica"): the listeners stopped
+    already; the others drop this replica from their rings; each agent is told where to go and
+    gets GOAWAY (agentd dials the replacement first); proxy requests and streams forwarded here
+    finish within ``shutdown_timeout`` (watches end between two events); then this replica leaves."""
+    config, registry, proxy = runtime.config, runtime.registry, runtime.proxy
+    replicas, forwarder = runtime.replication, runtime.forwarder
+    assert replicas is not None and forwarder is not None
+    with trio.move_on_after(config.shutdown_timeout) as drain_scope:
+        with trio.move_on_after(min(2.0, config.shutdown_timeout / 4)):
+            await replicas.membership.set_draining()  # bounded: Redis may be down
+        proxy.start_drain()  # and the pipeline's Drain: forwarded watches end at a boundary too
+
+        async def leave_session(session: Any) -> None:
+            if placement is not None:
+                with trio.move_on_after(1.0):
+                    await placement.leaving(session)
+            await session.drain("kasd is shutting down")
+
+        async with trio.open_nursery() as drains:
+            for tunnel in registry.tunnels():
+                drains.start_soon(leave_session, tunnel.session)
+            drains.start_soon(forwarder.drain_sessions)
+            drains.start_soon(proxy.wait_closed)
+    if drain_scope.cancelled_caught:
+        log.warning("drain timed out; closing what is left connections=%d forwarded=%d",
+                    proxy.connections, forwarder.active)
+    with trio.move_on_after(2.0, shield=True):
+        await replicas.membership.leave()
+
+
+async def _forget_departed(replicas: Replication, pool: PeerPool) -> None:
+    """Close the pooled session of each member that left."""
+    while True:
+        await replicas.membership.wait_changed()
+        members = replicas.membership.members()
+        for name in pool.known() - set(members):
+            pool.forget(name)
+
+
+def _degraded(replicas: Replication) -> Any:
+    def reason() -> str | None:
+        return None if replicas.healthy else "redis unreachable; serving the agents connected here"
+
+    return reason
+

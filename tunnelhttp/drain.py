@@ -13,9 +13,17 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from tunnelhttp.head import RequestHead, ResponseHead
 from tunnelhttp.watchbounds import EventBoundary
 
-__all__ = ["Drain"]
+__all__ = ["Drain", "answer_boundary"]
+
+
+def answer_boundary(request: RequestHead, head: ResponseHead) -> EventBoundary | None:
+    """Where a watch or followed log may end when a daemon drains; None for an answer that ends.
+    (kasd's proxy and the holder side of the kasd-to-kasd hop both cut there.)"""
+    content_type = next((value for name, value in head.headers if name.lower() == "content-type"), None)
+    return EventBoundary.for_response(request.target, content_type)
 
 
 class Drain:

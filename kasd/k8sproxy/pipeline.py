@@ -40,7 +40,7 @@ from kasd.seams import (
     parse_bearer,
 )
 from netio.relay import relay
-from tunnelhttp.drain import Drain
+from tunnelhttp.drain import Drain, answer_boundary
 from tunnelhttp.head import (
     HeadOverLimitError,
     RequestHead,
@@ -540,12 +540,6 @@ async def relay_answer(stream: MuxStream, record: RequestRecord, from_agent: Cou
         await send(data)
         record.bytes_out += len(data)
         from_agent.inc(len(data))
-
-
-def answer_boundary(request: RequestHead, head: ResponseHead) -> EventBoundary | None:
-    """Where a watch or followed log may end when kasd drains; None for an answer that ends."""
-    content_type = next((value for name, value in head.headers if name.lower() == "content-type"), None)
-    return EventBoundary.for_response(request.target, content_type)
 
 
 def _refusal(exc: StreamRefusedError, agent_id: int) -> ProxyError:

@@ -1,0 +1,170 @@
+"""kasd among replicas: what ``serve_kasd`` adds when ``routing.redis.url`` is set (or a test hands it
+a ``ReplicationFactory``): this replica's identity on the ring, the membership and directory
+(``routing.membership``, ``routing.directory``), the peer pool and router (``routing.peers``,
+``routing.router``), and the TLS and authentication of the private port.
+
+A lone kasd (no ``routing.redis``) uses none of it: ``LocalRouter``, no private listener, no Redis.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from kasd.config import Config
+from routing.peers import PEER_PATH
+
+#: the bearer token a replica sends when mutual TLS (not a secret) authenticates it
+MTLS_TOKEN = "mutual-tls"
+
+
+@attrs.frozen(kw_only=True)
+class Identity:
+    """This replica as the others see it (the fields of ``routing.membership.Member``)."""
+
+    name: str
+    weight: int
+    private_url: str
+    agent_url: str
+
+
+class MemberView(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def private_url(self) -> str: ...
+    @property
+    def agent_url(self) -> str: ...
+    @property
+    def draining(self) -> bool: ...
+
+
+class RingView(Protocol):
+    def home(self, key: str) -> str | None: ...
+    def preference(self, key: str, n: int | None = None) -> list[str]: ...
+
+
+class ReplicaMembership(Protocol):
+    """``routing.membership.RedisMembership`` as kasd drives it (design15.md)."""
+
+    @property
+    def self_name(self) -> str: ...
+    def members(self) -> Mapping[str, MemberView]: ...
+    @property
+    def ring(self) -> RingView: ...
+    async def wait_changed(self) -> None: ...
+    @property
+    def healthy(self) -> bool: ...
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None: ...
+    async def set_draining(self) -> None: ...
+    async def leave(self) -> None: ...
+
+
+class ReplicaDirectory(Protocol):
+    """``routing.directory.RedisDirectory`` as kasd drives it (design15.md)."""
+
+    def tunnels_up(self, agent_id: int) -> None: ...
+    def tunnels_down(self, agent_id: int) -> None: ...
+    async def holders(self, agent_id: int) -> frozenset[str]: ...
+    def changed(self, agent_id: int) -> trio.Event: ...
+    @property
+    def healthy(self) -> bool: ...
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None: ...
+
+
+@attrs.frozen(kw_only=True)
+class Replication:
+    membership: ReplicaMembership
+    directory: ReplicaDirectory
+
+    @property
+    def healthy(self) -> bool:
+        return self.membership.healthy and self.directory.healthy
+
+
+#: builds this replica's membership and directory once its listeners are bound (its identity known)
+ReplicationFactory = Callable[[Identity], Replication]
+
+
+def redis_replication(config: Config) -> ReplicationFactory:
+    """The membership and directory in the Redis of ``routing.redis``."""
+    from routing.directory import RedisDirectory
+    from routing.membership import Member, RedisMembership
+    from routing.redisconn import redis_client
+
+    redis = config.routing.redis
+    assert redis.url is not None
+
+    def build(identity: Identity) -> Replication:
+        client = redis_client(redis.url or "", password=redis.password)
+        me = Member(name=identity.name, weight=identity.weight, private_url=identity.private_url,
+                    agent_url=identity.agent_url)
+        membership = RedisMembership(client, me, key_prefix=redis.key_prefix,
+                                     heartbeat_interval=config.routing.heartbeat_interval)
+        directory = RedisDirectory(client, membership, key_prefix=redis.key_prefix,
+                                   tunnel_ttl=config.routing.tunnel_ttl)
+        return Replication(membership=membership, directory=directory)
+
+    return build
+
+
+def identity(config: Config, addresses: Mapping[str, str], agent_url: str) -> Identity:
+    """This replica's name and URLs: as configured, else from the bound listeners."""
+    routing = config.routing
+    private_scheme = "https" if config.private.tls is not None else "http"
+    return Identity(
+        name=routing.name or addresses["kubernetes_api"],
+        weight=routing.weight,
+        private_url=routing.private_url or f"{private_scheme}://{addresses['private']}",
+        agent_url=routing.agent_url or agent_url,
+    )
+
+
+def peer_token(config: Config) -> str:
+    secret = config.routing.peer_secret_file
+    return secret.value if secret is not None else MTLS_TOKEN
+
+
+def peer_client_ssl(config: Config) -> ssl.SSLContext | None:
+    """How this replica dials the others' private ports: their CA, and under mutual TLS its own
+    private-port certificate as the client certificate."""
+    routing, private = config.routing, config.private
+    if routing.peer_ca_file is None and private.client_ca is None:
+        return None  # plain http:// peers, or the system's CAs
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH,
+                                     cafile=str(routing.peer_ca_file) if routing.peer_ca_file else None)
+    if private.client_ca is not None and private.tls is not None:
+        ctx.load_cert_chain(str(private.tls.cert), str(private.tls.key))
+    return ctx
+
+
+def private_server_ssl(config: Config) -> ssl.SSLContext | None:
+    private = config.private
+    if private.tls is None:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(str(private.tls.cert), str(private.tls.key))
+    if private.client_ca is not None:
+        ctx.load_verify_locations(cafile=str(private.client_ca))
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+__all__ = [
+    "MTLS_TOKEN",
+    "PEER_PATH",
+    "Identity",
+    "ReplicaDirectory",
+    "ReplicaMembership",
+    "Replication",
+    "ReplicationFactory",
+    "identity",
+    "peer_client_ssl",
+    "peer_token",
+    "private_server_ssl",
+    "redis_replication",
+]
