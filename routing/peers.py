@@ -347,31 +347,13 @@ class PeerForwarder:
                 except UnsendableFrameError as exc:
                     await _quietly(peer.refuse(TunnelCode.BAD_REQUEST, exc.message))
                     return
-                try:
-                    accepted = await agent.wait_accepted()
-                except StreamRefusedError as exc:
-                    self.local.report(agent, exc)
-                    await _quietly(peer.refuse(exc.code, exc.message))
-                    return
-                except _MUX_ERRORS as exc:
-                    code, message = _reset_of(exc)
-                    if not isinstance(exc, StreamResetError) and _method(metadata) in _SAFE_METHODS:
-                        await _quietly(peer.refuse(ErrorCode.REFUSED_STREAM, f"agent session ended: {message}"))
-                    else:
-                        await _quietly(peer.reset(code, message))
-                    return
-                self.local.report(agent, None)
-                try:
-                    await peer.accept(accepted)
-                except _MUX_ERRORS:
-                    return
             if waiting.cancelled_caught:
                 if agent is not None:
                     code, message = _reset_of(await peer.wait_broken())
                     await agent.reset(code, message)
                 return
             assert agent is not None
-            await self._splice(peer, agent, _boundary(metadata, accepted))
+            await self._relay(peer, agent, metadata)
         except Exception:
             log.exception("forwarded request failed agent_id=%d from=%s", agent_id, origin)
             with trio.CancelScope(shield=True):
@@ -382,8 +364,11 @@ class PeerForwarder:
                     await agent.aclose()
                 await peer.aclose()
 
-    async def _splice(self, peer: MuxStream, agent: MuxStream, boundary: EventBoundary | None) -> None:
-        """The two streams as one, until both directions ended or one side broke."""
+    async def _relay(self, peer: MuxStream, agent: MuxStream, metadata: Metadata) -> None:
+        """The two streams as one, until both directions ended or one side broke.
+
+        The client's bytes go to the agent from the start, before its answer: an agent that reads
+        the whole body before it answers (an apply, an upload) must get it, and the EOF too."""
         finished = 0
 
         async with trio.open_nursery() as nursery:
@@ -403,7 +388,7 @@ class PeerForwarder:
                     return  # the watcher of the stream that broke passes the reset on
                 one_done()
 
-            async def down() -> None:  # the agent's answer to the client
+            async def down(boundary: EventBoundary | None) -> None:  # the agent's answer to the client
                 receive = partial(agent.receive_some, _CHUNK)
                 try:
                     while True:
@@ -426,8 +411,29 @@ class PeerForwarder:
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(up)
-            nursery.start_soon(down)
-            nursery.start_soon(pass_reset, peer, agent)
+            nursery.start_soon(pass_reset, peer, agent)  # the client's disconnect reaches the agent
+            try:
+                accepted = await agent.wait_accepted()
+            except StreamRefusedError as exc:
+                self.local.report(agent, exc)
+                await _quietly(peer.refuse(exc.code, exc.message))
+                nursery.cancel_scope.cancel()
+                return
+            except _MUX_ERRORS as exc:
+                code, message = _reset_of(exc)
+                if not isinstance(exc, StreamResetError) and _method(metadata) in _SAFE_METHODS:
+                    await _quietly(peer.refuse(ErrorCode.REFUSED_STREAM, f"agent session ended: {message}"))
+                else:
+                    await _quietly(peer.reset(code, message))
+                nursery.cancel_scope.cancel()
+                return
+            self.local.report(agent, None)
+            try:
+                await peer.accept(accepted)
+            except _MUX_ERRORS:
+                nursery.cancel_scope.cancel()
+                return
+            nursery.start_soon(down, _boundary(metadata, accepted))
             nursery.start_soon(pass_reset, agent, peer)
 
 

@@ -86,6 +86,8 @@ Handler = Callable[[MuxStream, RequestHead, Session], Awaitable[None]]
 class FakeAgent:
     session: Session
     heads: list[RequestHead] = attrs.field(factory=list)
+    #: the OPEN metadata of each stream, as the agent got it
+    metadata: list[dict[str, Any]] = attrs.field(factory=list)
     #: OPEN frames (streams) kasd sent this agent, counted as they arrive, before their head is read
     opens: int = 0
 
@@ -150,6 +152,7 @@ async def fake_agent(
         async def serve_one(stream: MuxStream) -> None:
             head = RequestHead.from_metadata(stream.metadata)
             agent.heads.append(head)
+            agent.metadata.append(dict(stream.metadata))
             await handler(stream, head, session)
 
         async def serve() -> None:

@@ -1,0 +1,262 @@
+"""kasd among replicas, in one Trio run: two or three real runtimes (real sockets, the real private
+listener, peer sessions over HTTP/2) sharing an in-memory membership and directory. A request that
+lands on a replica without the agent's tunnel crosses one hop to the replica that holds one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h11
+import pytest
+import trio
+import trio.testing
+
+from kasd.server import Runtime
+from routing.errors import PeerUnreachable
+from routing.peers import PEER_PATH, forward_metadata
+from tests.kasd.helpers import (
+    CI_TOKEN,
+    H1Client,
+    accept,
+    bearer,
+    fake_agent,
+    http_request,
+    reply,
+)
+from tests.kasd.replicas_helpers import PEER_SECRET, name_of, replica_config, running_replicas
+from tests.routing.standins import Member, MemoryWorld
+from tunnelhttp.head import RequestHead, ResponseHead, TunnelCode
+from wire.carrier import TunnelRejectedError
+from wire.h2carrier import open_h2_session
+from wire.session import MuxStream, Session, StreamRefusedError
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def _metric(runtime: Runtime, line_start: str) -> float:
+    for line in runtime.metrics.render().decode().splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no metric {line_start!r}")
+
+
+async def test_a_request_on_the_other_replica_crosses_one_hop(tmp_path: Path) -> None:
+    world = MemoryWorld()
+    with trio.fail_after(10):
+        async with running_replicas(world, [replica_config(tmp_path)] * 2) as (a, b), fake_agent(a) as agent:
+            reply_ = await http_request(b.port("kubernetes_api"), "GET", "/api/v1/pods?x=1", [bearer(CI_TOKEN)])
+            assert reply_.status == 200, reply_.body
+            assert reply_.json()["target"] == "/api/v1/pods?x=1"
+            # The agent sees the request as any other: the hop's key was taken off on the way.
+            assert "forward" not in agent.metadata[0]
+            assert agent.heads[0].target == "/api/v1/pods?x=1"
+            assert _metric(b, 'kasd_forwarded_requests_total{direction="out"}') == 1
+            assert _metric(a, 'kasd_forwarded_requests_total{direction="in"}') == 1
+            assert _metric(b, 'kasd_peer_sessions{direction="out"}') == 1
+            # The same request on the holder goes straight to the tunnel.
+            direct = await http_request(a.port("kubernetes_api"), "GET", "/api/v1/pods", [bearer(CI_TOKEN)])
+            assert direct.status == 200
+            assert _metric(a, 'kasd_forwarded_requests_total{direction="out"}') == 0
+
+
+async def test_the_directory_hears_the_first_and_last_session_of_an_agent(tmp_path: Path) -> None:
+    world = MemoryWorld()
+    async with running_replicas(world, [replica_config(tmp_path)]) as (a,):
+        assert a.replication is not None
+        calls = a.replication.directory.calls  # type: ignore[attr-defined]
+        async with fake_agent(a), fake_agent(a, hello={"pod_name": "agentd-1"}):
+            assert calls == [(1, "+")]  # 0 -> 1 only
+        with trio.fail_after(5):
+            while calls != [(1, "+"), (1, "-")]:
+                await a.registry.wait_changed()
+
+
+async def test_bodies_stream_across_the_hop_never_whole(tmp_path: Path) -> None:
+    """The agent reads the first part of the body while the client has not sent the rest."""
+    world = MemoryWorld()
+    first_part = trio.Event()
+
+    async def handler(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        got = 0
+        while chunk := await stream.receive_some():
+            got += len(chunk)
+            if got >= 1024:
+                first_part.set()
+        await reply(stream, 200, json.dumps({"body_bytes": got}).encode())
+
+    size = 5 * 1024 * 1024
+    with trio.fail_after(15):
+        async with running_replicas(world, [replica_config(tmp_path)] * 2) as (a, b), fake_agent(a, handler):
+            client = await H1Client.connect(b.port("kubernetes_api"))
+            await client.send(h11.Request(method="PUT", target="/api/v1/namespaces/x/configmaps/big",
+                                          headers=[("host", "k"), bearer(CI_TOKEN), ("content-length", str(size))]))
+            await client.send(h11.Data(data=b"x" * 1024))
+            await first_part.wait()  # before the other 5 MiB left the client
+            block = b"y" * (256 * 1024)
+            sent = 1024
+            while sent < size:
+                piece = block[: size - sent]
+                await client.send(h11.Data(data=piece))
+                sent += len(piece)
+            await client.send(h11.EndOfMessage())
+            response = await client.response()
+            assert response.status_code == 200
+            assert json.loads(await client.body()) == {"body_bytes": size}
+            await client.aclose()
+
+
+async def test_the_clients_disconnect_resets_the_agents_stream(tmp_path: Path) -> None:
+    world = MemoryWorld()
+    broken: list[BaseException] = []
+    answered = trio.Event()
+    gone = trio.Event()
+
+    async def watch(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        await accept(stream, ResponseHead(status=200, headers=(("content-type", "application/json"),)))
+        await stream.send_all(b'{"type":"ADDED"}\n')
+        answered.set()
+        broken.append(await stream.wait_broken())
+        gone.set()
+
+    with trio.fail_after(10):
+        async with running_replicas(world, [replica_config(tmp_path)] * 2) as (a, b), fake_agent(a, watch):
+            client = await H1Client.connect(b.port("kubernetes_api"))
+            await client.request("GET", "/api/v1/pods?watch=true", [bearer(CI_TOKEN)], None)
+            assert (await client.response()).status_code == 200
+            assert await client.chunk() == b'{"type":"ADDED"}\n'
+            await answered.wait()
+            await client.aclose()
+            await gone.wait()
+    assert getattr(broken[0], "code", None) == TunnelCode.CLIENT_GONE, broken
+
+
+async def test_an_upgraded_stream_is_one_pipe_across_the_hop(tmp_path: Path) -> None:
+    """exec/attach/port-forward: a 101, then bytes both ways (and the client's half-close)."""
+    world = MemoryWorld()
+
+    async def echo(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        await accept(stream, ResponseHead(status=101, headers=(("connection", "Upgrade"), ("upgrade", "SPDY/3.1"))))
+        while data := await stream.receive_some():
+            await stream.send_all(data.upper())
+        await stream.send_eof()
+
+    with trio.fail_after(10):
+        async with running_replicas(world, [replica_config(tmp_path)] * 2) as (a, b), fake_agent(a, echo):
+            stream = await trio.open_tcp_stream("127.0.0.1", b.port("kubernetes_api"))
+            await stream.send_all(
+                b"POST /api/v1/namespaces/d/pods/p/exec?command=sh&stdin=true HTTP/1.1\r\nhost: k\r\n"
+                b"authorization: Bearer " + CI_TOKEN.encode() + b"\r\nconnection: Upgrade\r\nupgrade: SPDY/3.1\r\n"
+                b"content-length: 0\r\n\r\n")
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += await stream.receive_some(4096)
+            assert head.startswith(b"HTTP/1.1 101"), head
+            rest = head.split(b"\r\n\r\n", 1)[1]
+            await stream.send_all(b"hello over the hop")
+            while len(rest) < len(b"HELLO OVER THE HOP"):
+                rest += await stream.receive_some(4096)
+            assert rest == b"HELLO OVER THE HOP"
+            await stream.aclose()
+
+
+async def test_a_waiting_request_is_served_when_a_tunnel_appears_on_another_replica(tmp_path: Path) -> None:
+    world = MemoryWorld()
+    with trio.fail_after(10):
+        async with running_replicas(world, [replica_config(tmp_path)] * 2) as (a, b):
+            result: list[int] = []
+            done = trio.Event()
+
+            async def ask() -> None:
+                reply_ = await http_request(b.port("kubernetes_api"), "GET", "/api/v1/pods", [bearer(CI_TOKEN)])
+                result.append(reply_.status)
+                done.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ask)
+                await trio.testing.wait_all_tasks_blocked(cushion=0.05)  # the request is waiting on B
+                assert 1 in world._agent_events and not result
+                async with fake_agent(a):
+                    await done.wait()
+            assert result == [200]
+
+
+async def test_a_forwarded_request_is_never_forwarded_again(tmp_path: Path) -> None:
+    """B holds no tunnel; A does. A stream that came over a hop to B is refused by B, not passed to A."""
+    world = MemoryWorld()
+    with trio.fail_after(10):
+        async with running_replicas(world, [replica_config(tmp_path, agent_wait_timeout=0.5)] * 2) as (a, b), \
+                fake_agent(a) as agent:
+            head = RequestHead(method="GET", target="/api/v1/pods", headers=(), impersonate=None, request_id="r1")
+            url = f"http://{b.addresses['private']}{PEER_PATH}"
+            async with open_h2_session(url, token=PEER_SECRET) as session:
+                stream = await session.open_stream(forward_metadata(head.to_metadata(), agent_id=1, origin="test"))
+                await stream.send_eof()
+                with pytest.raises(StreamRefusedError) as refused:
+                    await stream.wait_accepted()
+            assert "no" in refused.value.message or "not connected" in refused.value.message
+            assert agent.opens == 0
+            assert _metric(b, 'kasd_forwarded_requests_total{direction="out"}') == 0
+
+
+async def test_the_private_port_wants_the_shared_secret(tmp_path: Path) -> None:
+    world = MemoryWorld()
+    async with running_replicas(world, [replica_config(tmp_path)]) as (a,):
+        url = f"http://{a.addresses['private']}{PEER_PATH}"
+        with pytest.raises(TunnelRejectedError) as rejected:
+            async with open_h2_session(url, token="not-the-secret-but-long-enough-0123456789"):
+                pass
+        assert rejected.value.status == 401
+        with pytest.raises(TunnelRejectedError) as rejected:
+            async with open_h2_session(f"http://{a.addresses['agent']}/tunnel", token=PEER_SECRET):
+                pass  # and the agent port does not take it either
+        assert rejected.value.status == 401
+
+
+async def _closed_port() -> int:
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    port: int = listener.socket.getsockname()[1]
+    await listener.aclose()
+    return port
+
+
+async def test_a_dead_holder_is_passed_over_at_once(tmp_path: Path) -> None:
+    """The directory names a holder that refuses connections first in ring order, then A: the
+    request goes to A without waiting (its wait would end in 503 after 5 s; the cap is 3 s)."""
+    world = MemoryWorld()
+    ghost = Member(name="127.0.0.1:1", private_url=f"http://127.0.0.1:{await _closed_port()}")
+    with trio.fail_after(3):
+        async with running_replicas(world, [replica_config(tmp_path)] * 2) as (a, b), fake_agent(a):
+            world.add_member(ghost)
+            world.add_holder(1, ghost.name)
+            world.order = [ghost.name, name_of(a), name_of(b)]
+            reply_ = await http_request(b.port("kubernetes_api"), "GET", "/api/v1/pods", [bearer(CI_TOKEN)])
+            assert reply_.status == 200
+
+
+async def test_the_only_holder_unreachable_is_a_502(tmp_path: Path) -> None:
+    world = MemoryWorld()
+    ghost = Member(name="127.0.0.1:1", private_url=f"http://127.0.0.1:{await _closed_port()}")
+    with trio.fail_after(5):
+        async with running_replicas(world, [replica_config(tmp_path, agent_wait_timeout=0.3)]) as (b,):
+            world.add_member(ghost)
+            world.add_holder(1, ghost.name)
+            reply_ = await http_request(b.port("kubernetes_api"), "GET", "/api/v1/pods", [bearer(CI_TOKEN)])
+            assert reply_.status == PeerUnreachable.status == 502
+            assert "127.0.0.1:1" in reply_.json()["message"]
+
+
+async def test_readiness_is_degraded_but_200_while_redis_is_away(tmp_path: Path) -> None:
+    world = MemoryWorld()
+    async with running_replicas(world, [replica_config(tmp_path)]) as (a,), fake_agent(a):
+        assert a.health.readiness() == (200, b"ready\n")
+        world.set_healthy(False)
+        status, body = a.health.readiness()
+        assert status == 200 and body.startswith(b"degraded: redis unreachable")
+        assert _metric(a, "kasd_redis_up") == 0
+        # and the local agent is still served
+        reply_ = await http_request(a.port("kubernetes_api"), "GET", "/api/v1/pods", [bearer(CI_TOKEN)])
+        assert reply_.status == 200
+        world.set_healthy(True)
+        assert a.health.readiness() == (200, b"ready\n")
+        assert _metric(a, "kasd_redis_up") == 1
