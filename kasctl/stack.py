@@ -23,6 +23,14 @@ from typing import Any
 
 import yaml
 
+from kasctl.redisproc import (
+    RedisNotFound,
+    free_port,
+    redis_args,
+    redis_server_binary,
+    wait_until_up,
+)
+
 AGENT_ID = 1
 AGENT_NAME = "demo"
 CONFIG_PROJECT = "group/demo"
@@ -159,22 +167,59 @@ class Stack:
         agent_wait_timeout: float = 10.0,
         agentd_shutdown_grace: float = AGENTD_SHUTDOWN_GRACE,
         kasd_shutdown_timeout: float = KASD_SHUTDOWN_TIMEOUT,
+        replicas: int = 1,
+        agentd_replicas: int = 1,
+        redis_url: str | None = None,
+        agentd_targets: Sequence[int] | None = None,
+        heartbeat_interval: float = 1.0,
     ) -> None:
+        """``replicas`` > 1 (or ``redis_url``): that many kasd replicas sharing a Redis (started here
+        unless ``redis_url`` names one), each agentd dialling every replica (or only the replicas
+        ``agentd_targets`` lists, by index) with one connection per replica."""
+        if replicas < 1 or agentd_replicas < 1:
+            raise StackError("a stack needs at least one kasd and one agentd")
         self.dir = workdir.resolve()
         self.python = python
         self.agent_wait_timeout = agent_wait_timeout
         self.agentd_shutdown_grace = agentd_shutdown_grace
         self.kasd_shutdown_timeout = kasd_shutdown_timeout
+        self.replicas = replicas
+        self.agentd_replicas = agentd_replicas
+        self.replicated = replicas > 1 or redis_url is not None
+        self.redis_url = redis_url
+        self.redis: Process | None = None
+        self.redis_port = 0
+        self.heartbeat_interval = heartbeat_interval
+        self.agentd_targets = list(agentd_targets) if agentd_targets is not None else list(range(replicas))
+        #: each replica's kasd process and bound addresses (index 0 is ``kasd``/``addresses``)
+        self.kasds: list[Process | None] = [None] * replicas
+        self.replica_addresses: list[dict[str, str]] = [{} for _ in range(replicas)]
+        self.agentds: list[Process | None] = [None] * agentd_replicas
+        self.agentd_healths: list[str] = [""] * agentd_replicas
         self.agent_token = "glagent-" + secrets.token_urlsafe(32)
         self.job_token = "glcbt-" + secrets.token_urlsafe(24)
         self.personal_token = "glpat-" + secrets.token_urlsafe(20)
         self.cluster_token = secrets.token_urlsafe(32)
+        self.peer_secret = secrets.token_urlsafe(32)
         self.kubesim: Process | None = None
-        self.kasd: Process | None = None
-        self.agentd: Process | None = None
-        self.addresses: dict[str, str] = {}
-        self.agentd_health = ""
         self.ca = _throwaway_ca()
+
+    # A lone stack's names (and replica 0's, agentd 0's among several).
+    @property
+    def kasd(self) -> Process | None:
+        return self.kasds[0]
+
+    @property
+    def agentd(self) -> Process | None:
+        return self.agentds[0]
+
+    @property
+    def addresses(self) -> dict[str, str]:
+        return self.replica_addresses[0]
+
+    @property
+    def agentd_health(self) -> str:
+        return self.agentd_healths[0]
 
     # ------------------------------------------------------------------ paths
 
@@ -189,7 +234,15 @@ class Stack:
 
     @property
     def proxy_url(self) -> str:
-        return f"https://{self.addresses['kubernetes_api']}"
+        return self.proxy_url_of(0)
+
+    def proxy_url_of(self, replica: int) -> str:
+        return f"https://{self.replica_addresses[replica]['kubernetes_api']}"
+
+    def context_of(self, replica: int) -> str:
+        """The kubeconfig context that reaches the cluster through ``replica`` (the default context
+        is replica 0's)."""
+        return CONTEXT if replica == 0 else f"{CONTEXT}@kasd-{replica + 1}"
 
     def _python(self, module: str, *args: str) -> list[str]:
         return [self.python, "-m", module, *args]
@@ -201,9 +254,13 @@ class Stack:
         os.chmod(self.dir, 0o700)
         try:
             self._start_kubesim(timeout)
+            if self.replicated and self.redis_url is None:
+                self.start_redis(timeout)
             self._write_kasd_config()
-            self.start_kasd(timeout)
-            self.start_agentd(timeout)
+            for replica in range(self.replicas):
+                self.start_kasd(timeout, replica=replica)
+            for index in range(self.agentd_replicas):
+                self.start_agentd(timeout, index=index)
             self._write_user_kubeconfig()
         except BaseException:
             self.stop()
@@ -230,6 +287,20 @@ class Stack:
         _wait_for_file(cluster_kubeconfig, self.kubesim, timeout)
         config = yaml.safe_load(cluster_kubeconfig.read_text())
         self.cluster_url = config["clusters"][0]["cluster"]["server"]
+
+    def start_redis(self, timeout: float = 30.0) -> None:
+        """A loopback redis-server for the replicas (the same port again on a restart)."""
+        try:
+            binary = redis_server_binary()
+        except RedisNotFound as exc:
+            raise StackError(str(exc)) from None
+        self.redis_port = self.redis_port or free_port()
+        self.redis = Process("redis", redis_args(binary, self.redis_port, self.dir), self.dir / "redis.log",
+                             stop_timeout=10.0)
+        self.redis.start()
+        if not wait_until_up(self.redis_port, lambda: self.redis is not None and self.redis.running, timeout):
+            raise StackError(f"redis-server did not answer PING within {timeout:.0f}s; its log ends:\n{self.redis.tail()}")
+        self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
 
     def _write_kasd_config(self) -> None:
         cert = self.ca.issue_cert("127.0.0.1", "localhost")
@@ -275,78 +346,92 @@ class Stack:
             ],
             "agent_wait_timeout": self.agent_wait_timeout,
         }
+        if self.replicated:
+            write_secret(self.dir / "peer-secret", self.peer_secret)
+            config["listeners"]["private"] = {"address": "127.0.0.1:0"}
+            config["routing"] = {
+                "redis": {"url": self.redis_url},
+                "peer_secret_file": str(self.dir / "peer-secret"),
+                "heartbeat_interval": self.heartbeat_interval,
+            }
         (self.dir / "kasd.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         write_secret(self.dir / "agent-token", self.agent_token)
         # agentd's drain bound is a config-file key only (no flag); the rest is given as flags.
         agentd_config = {"shutdown_grace": self.agentd_shutdown_grace}
         (self.dir / "agentd.yaml").write_text(yaml.safe_dump(agentd_config, sort_keys=False))
 
-    def start_kasd(self, timeout: float = 30.0) -> None:
-        ready = self.dir / "kasd-ready.json"
+    def start_kasd(self, timeout: float = 30.0, *, replica: int = 0) -> None:
+        """Start kasd (replica ``replica``); a restart keeps the ports it had, so agentd and
+        kubeconfigs keep working."""
+        name = "kasd" if self.replicas == 1 else f"kasd-{replica + 1}"
+        ready = self.dir / f"{name}-ready.json"
         ready.unlink(missing_ok=True)
-        previous = dict(self.addresses)
+        previous = dict(self.replica_addresses[replica])
         # A flag, so no KASD_SHUTDOWN_TIMEOUT in the environment can make it longer than stop() waits.
         args = ["--config", str(self.dir / "kasd.yaml"), "--ready-file", str(ready),
                 "--shutdown-timeout", str(self.kasd_shutdown_timeout)]  # fmt: skip
         if previous:
-            # A restart keeps its ports, so agentd and kubeconfigs keep working.
             args += [
                 "--agent-address", previous["agent"],
                 "--observability-address", previous["observability"],
                 "--kubernetes-api-address", previous["kubernetes_api"],
             ]  # fmt: skip
-        self.kasd = Process(
-            "kasd", self._python("kasd", *args), self.dir / "kasd.log",
+            if "private" in previous:
+                args += ["--private-address", previous["private"]]
+        process = self.kasds[replica] = Process(
+            name, self._python("kasd", *args), self.dir / f"{name}.log",
             stop_timeout=self.kasd_shutdown_timeout + STOP_MARGIN,
         )  # fmt: skip
-        self.kasd.start()
-        self.addresses = json.loads(_wait_for_file(ready, self.kasd, timeout))
+        process.start()
+        self.replica_addresses[replica] = json.loads(_wait_for_file(ready, process, timeout))
 
-    def start_agentd(self, timeout: float = 30.0) -> None:
-        ready = self.dir / "agentd-ready.json"
+    def agent_url_of(self, replica: int) -> str:
+        return f"http://{self.replica_addresses[replica]['agent']}/tunnel"
+
+    def start_agentd(self, timeout: float = 30.0, *, index: int = 0) -> None:
+        name = "agentd" if self.agentd_replicas == 1 else f"agentd-{index + 1}"
+        ready = self.dir / f"{name}-ready.json"
         ready.unlink(missing_ok=True)
-        self.agentd = Process(
-            "agentd",
+        kas = [arg for replica in self.agentd_targets for arg in ("--kas-address", self.agent_url_of(replica))]
+        process = self.agentds[index] = Process(
+            name,
             self._python(
                 "agentd",
                 "--config", str(self.dir / "agentd.yaml"),
-                "--kas-address", f"http://{self.addresses['agent']}/tunnel",
+                *kas,
+                "--connections", str(max(len(self.agentd_targets), 1)),
                 "--token-file", str(self.dir / "agent-token"),
                 "--kubeconfig", str(self.dir / "cluster.kubeconfig"),
                 "--agent-id", str(AGENT_ID),
                 "--health-address", "127.0.0.1:0",
                 "--ready-file", str(ready),
             ),
-            self.dir / "agentd.log",
-            env={**os.environ, "POD_NAME": "agentd-demo-0", "POD_UID": "00000000-0000-4000-8000-000000000001"},
+            self.dir / f"{name}.log",
+            env={**os.environ, "POD_NAME": f"agentd-demo-{index}", "POD_UID": f"00000000-0000-4000-8000-{index + 1:012d}"},
             stop_timeout=self.agentd_shutdown_grace + STOP_MARGIN,
         )  # fmt: skip
-        self.agentd.start()
-        self.agentd_health = json.loads(_wait_for_file(ready, self.agentd, timeout))["health"]
+        process.start()
+        self.agentd_healths[index] = json.loads(_wait_for_file(ready, process, timeout))["health"]
 
     def _write_user_kubeconfig(self) -> None:
-        ca_pem = self.ca.cert_pem.bytes()
+        ca_data = base64.b64encode(self.ca.cert_pem.bytes()).decode()
+        # One cluster and context per replica: any of them reaches the cluster (the first is the default).
+        contexts = [(self.context_of(i), self.proxy_url_of(i)) for i in range(self.replicas)]
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [
-                {
-                    "name": CONTEXT,
-                    "cluster": {
-                        "server": self.proxy_url,
-                        "certificate-authority-data": base64.b64encode(ca_pem).decode(),
-                    },
-                }
-            ],
+            "clusters": [{"name": name, "cluster": {"server": url, "certificate-authority-data": ca_data}}
+                         for name, url in contexts],
             "users": [{"name": "ci-job", "user": {"token": self.ci_token}}],
-            "contexts": [{"name": CONTEXT, "context": {"cluster": CONTEXT, "user": "ci-job"}}],
+            "contexts": [{"name": name, "context": {"cluster": name, "user": "ci-job"}} for name, _ in contexts],
             "current-context": CONTEXT,
         }
         write_secret(self.kubeconfig, yaml.safe_dump(config, sort_keys=False))
 
     def processes(self) -> list[Process]:
-        return [p for p in (self.agentd, self.kasd, self.kubesim) if p is not None]
+        """agentd first, then kasd, then the cluster and Redis: the order ``stop()`` goes in."""
+        return [p for p in (*self.agentds, *self.kasds, self.kubesim, self.redis) if p is not None]
 
     def stop(self) -> dict[str, int | None]:
-        """Stop agentd, then kasd, then the cluster; return their exit codes."""
+        """Stop agentd, then kasd, then the cluster (and Redis); return their exit codes."""
         return {p.name: p.stop() for p in self.processes()}
