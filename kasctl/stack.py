@@ -172,10 +172,13 @@ class Stack:
         redis_url: str | None = None,
         agentd_targets: Sequence[int] | None = None,
         heartbeat_interval: float = 1.0,
+        agentd_connections: int | None = None,
+        kasd_settings: dict[str, Any] | None = None,
     ) -> None:
         """``replicas`` > 1 (or ``redis_url``): that many kasd replicas sharing a Redis (started here
         unless ``redis_url`` names one), each agentd dialling every replica (or only the replicas
-        ``agentd_targets`` lists, by index) with one connection per replica."""
+        ``agentd_targets`` lists, by index) with one connection per replica (or ``agentd_connections``). ``kasd_settings`` are merged into
+        each replica's ``routing`` section."""
         if replicas < 1 or agentd_replicas < 1:
             raise StackError("a stack needs at least one kasd and one agentd")
         self.dir = workdir.resolve()
@@ -190,6 +193,8 @@ class Stack:
         self.redis: Process | None = None
         self.redis_port = 0
         self.heartbeat_interval = heartbeat_interval
+        self.agentd_connections = agentd_connections
+        self.kasd_settings = dict(kasd_settings or {})
         self.agentd_targets = list(agentd_targets) if agentd_targets is not None else list(range(replicas))
         #: each replica's kasd process and bound addresses (index 0 is ``kasd``/``addresses``)
         self.kasds: list[Process | None] = [None] * replicas
@@ -303,7 +308,8 @@ class Stack:
         self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
 
     def _write_kasd_config(self) -> None:
-        cert = self.ca.issue_cert("127.0.0.1", "localhost")
+        # kasd.internal: the name a front end (examples/nginx) verifies every replica by
+        cert = self.ca.issue_cert("127.0.0.1", "localhost", "kasd.internal")
         cert.cert_chain_pems[0].write_to_path(str(self.dir / "kasd-cert.pem"))
         for blob in cert.cert_chain_pems[1:]:
             blob.write_to_path(str(self.dir / "kasd-cert.pem"), append=True)
@@ -353,6 +359,7 @@ class Stack:
                 "redis": {"url": self.redis_url},
                 "peer_secret_file": str(self.dir / "peer-secret"),
                 "heartbeat_interval": self.heartbeat_interval,
+                **self.kasd_settings,
             }
         (self.dir / "kasd.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         write_secret(self.dir / "agent-token", self.agent_token)
@@ -399,7 +406,7 @@ class Stack:
                 "agentd",
                 "--config", str(self.dir / "agentd.yaml"),
                 *kas,
-                "--connections", str(max(len(self.agentd_targets), 1)),
+                "--connections", str(self.agentd_connections or max(len(self.agentd_targets), 1)),
                 "--token-file", str(self.dir / "agent-token"),
                 "--kubeconfig", str(self.dir / "cluster.kubeconfig"),
                 "--agent-id", str(AGENT_ID),

@@ -7,6 +7,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/venv.sh
+# The replica tests put a real nginx in front of kasd (tests/cluster/test_nginx_front.py):
+# Debian's nginx-light, installed when absent and this machine can (root with apt-get).
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "== installing nginx-light (for the nginx front-end test)"
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light) \
+            >/tmp/kasd-nginx-install.log 2>&1 || echo "   (could not install nginx: see /tmp/kasd-nginx-install.log)"
+        # Debian starts the packaged site on port 80; the tests run their own nginx.
+        (service nginx stop || pkill -x nginx) >/dev/null 2>&1 || true
+    fi
+fi
 echo "== ruff"
 ruff check .
 echo "== mypy"

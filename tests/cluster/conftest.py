@@ -1,0 +1,65 @@
+"""Several kasd replicas as real processes sharing a real redis-server, real agentd, kubesim and
+real kubectl (both versions): kasctl's Stack with ``replicas``."""
+
+from __future__ import annotations
+
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kasctl.stack import Stack
+from tests.e2e.conftest import KUBECTL_CAP, KUBECTLS, LineReader
+
+__all__ = ["KUBECTLS", "LineReader", "kubectl_at", "metric", "replicated_stack"]
+
+#: heartbeats every 0.3 s: joins and leaves are seen within 0.6 s in these tests
+HEARTBEAT = 0.3
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "kubectl_bin" in metafunc.fixturenames:
+        metafunc.parametrize(
+            "kubectl_bin", [path for _, path in KUBECTLS], ids=[f"kubectl-{minor}" for minor, _ in KUBECTLS]
+        )
+
+
+def replicated_stack(workdir: Path, **kwargs: object) -> Stack:
+    settings = {"replicas": 3, "heartbeat_interval": HEARTBEAT, "agent_wait_timeout": 5.0, **kwargs}
+    stack = Stack(workdir, **settings)  # type: ignore[arg-type]
+    stack.start()
+    return stack
+
+
+def kubectl_at(binary: str, stack: Stack, replica: int, *args: str, stdin: str | None = None,
+               timeout: float = KUBECTL_CAP) -> subprocess.CompletedProcess[str]:
+    """kubectl through replica ``replica`` (its context in the stack's kubeconfig)."""
+    return subprocess.run(
+        [binary, "--kubeconfig", str(stack.kubeconfig), "--context", stack.context_of(replica), *args],
+        input=stdin, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def metric(stack: Stack, replica: int, line_start: str) -> float:
+    """One sample of replica ``replica``'s /metrics (0 when the series is absent)."""
+    url = f"http://{stack.replica_addresses[replica]['observability']}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    for line in text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """Three replicas; agentd's one tunnel is on kasd-1 (replica 0) only, so a request on the
+    others crosses the hop."""
+    stack = replicated_stack(tmp_path_factory.mktemp("three"), agentd_targets=[0])
+    try:
+        yield stack
+    finally:
+        codes = stack.stop()
+        assert set(codes.values()) == {0}, codes

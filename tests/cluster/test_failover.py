@@ -1,0 +1,90 @@
+"""A replica killed with SIGKILL, and Redis away for a while: requests re-route without an
+operator; a replica without Redis keeps serving the agents connected to it."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kasctl.stack import Stack
+from tests.cluster.conftest import KUBECTLS, kubectl_at, metric, replicated_stack
+
+KUBECTL = KUBECTLS[-1][1]
+
+
+@pytest.fixture
+def spread(tmp_path: Path) -> Iterator[Stack]:
+    """Three replicas; agentd knows all three but keeps one tunnel, on kasd-1 first."""
+    stack = replicated_stack(tmp_path / "stack", agentd_connections=1)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def _get(stack: Stack, replica: int) -> tuple[int, str]:
+    result = kubectl_at(KUBECTL, stack, replica, "get", "namespaces", "-o", "name")
+    return result.returncode, result.stderr
+
+
+def _holder(stack: Stack) -> int:
+    """The replica that holds agentd's tunnel (its kasd_agent_sessions says so)."""
+    held = [i for i in range(stack.replicas) if metric(stack, i, "kasd_agent_sessions") > 0]
+    assert len(held) == 1, held
+    return held[0]
+
+
+def test_kill_9_of_the_holder_reroutes_without_an_operator(spread: Stack) -> None:
+    holder = _holder(spread)
+    other = (holder + 1) % 3
+    assert _get(spread, other)[0] == 0  # across the hop
+    process = spread.kasds[holder]
+    assert process is not None
+    process.kill()  # SIGKILL: no drain, no goodbye to Redis
+    started = time.monotonic()
+    # The very next request through a survivor succeeds, no retry by the client: it waits inside
+    # kasd until agentd's redial lands on a survivor and the directory says so (pub/sub).
+    code, stderr = _get(spread, other)
+    took = time.monotonic() - started
+    assert code == 0, stderr
+    assert took < spread.agent_wait_timeout, took  # served by the re-route, not by luck after a 503
+    # Both survivors serve; the dead one is gone from their view within two heartbeats.
+    for replica in (r for r in range(3) if r != holder):
+        assert _get(spread, replica)[0] == 0
+
+
+def _readiness(stack: Stack, replica: int) -> str:
+    url = f"http://{stack.replica_addresses[replica]['observability']}/readiness"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.read().decode().strip()
+
+
+def test_redis_away_local_agents_keep_working_and_routing_recovers(spread: Stack) -> None:
+    holder = _holder(spread)
+    other = (holder + 1) % 3
+    assert _get(spread, other)[0] == 0
+    assert spread.redis is not None
+    assert spread.redis.stop() == 0
+    # For 10 s without Redis: the holder serves its agent throughout; readiness and the metric say
+    # degraded (still 200: pulling every replica from the load balancer would cut everyone off).
+    deadline = time.monotonic() + 10
+    served = 0
+    while time.monotonic() < deadline:
+        code, stderr = _get(spread, holder)
+        assert code == 0, stderr
+        served += 1
+    assert served >= 3
+    assert _readiness(spread, holder).startswith("degraded")
+    assert metric(spread, holder, "kasd_redis_up") == 0
+    spread.start_redis()  # the same port, empty: every replica re-registers itself and its tunnels
+    code, stderr = _get(spread, other)  # waits inside kasd for the directory to be rebuilt
+    assert code == 0, stderr
+    assert _readiness(spread, holder) == "ready"
+    assert metric(spread, holder, "kasd_redis_up") == 1
+    # kasd logged the outage once, not once per request
+    log = (spread.dir / f"kasd-{holder + 1}.log").read_text()
+    assert 1 <= log.count("redis unreachable") <= 3, log.count("redis unreachable")
