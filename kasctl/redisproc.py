@@ -40,11 +40,15 @@ def redis_args(binary: str, port: int, workdir: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+def free_port(maximum: int = 65535) -> int:
+    """A free loopback port, at most ``maximum`` (a cluster node also binds port + 10000)."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if port <= maximum:
+            return port
+    raise RuntimeError(f"no free port <= {maximum}")
 
 
 def ping(port: int, timeout: float = 0.5) -> bool:

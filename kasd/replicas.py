@@ -9,7 +9,8 @@ A lone kasd (no ``routing.redis``) uses none of it: ``LocalRouter``, no private 
 from __future__ import annotations
 
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Protocol
 
 import attrs
@@ -86,28 +87,32 @@ class Replication:
         return self.membership.healthy and self.directory.healthy
 
 
-#: builds this replica's membership and directory once its listeners are bound (its identity known)
-ReplicationFactory = Callable[[Identity], Replication]
+#: builds this replica's membership and directory once its listeners are bound (its identity known):
+#: the pair itself, or an async context manager holding them (and their Redis connection) open
+ReplicationFactory = Callable[[Identity], "Replication | AbstractAsyncContextManager[Replication]"]
 
 
 def redis_replication(config: Config) -> ReplicationFactory:
     """The membership and directory in the Redis of ``routing.redis``."""
     from routing.directory import RedisDirectory
     from routing.membership import Member, RedisMembership
-    from routing.redisconn import redis_client
+    from routing.redisconn import RedisHealth, open_redis
 
     redis = config.routing.redis
     assert redis.url is not None
+    url = redis.url
 
-    def build(identity: Identity) -> Replication:
-        client = redis_client(redis.url or "", password=redis.password)
-        me = Member(name=identity.name, weight=identity.weight, private_url=identity.private_url,
-                    agent_url=identity.agent_url)
-        membership = RedisMembership(client, me, key_prefix=redis.key_prefix,
-                                     heartbeat_interval=config.routing.heartbeat_interval)
-        directory = RedisDirectory(client, membership, key_prefix=redis.key_prefix,
-                                   tunnel_ttl=config.routing.tunnel_ttl)
-        return Replication(membership=membership, directory=directory)
+    @asynccontextmanager
+    async def build(identity: Identity) -> AsyncIterator[Replication]:
+        health = RedisHealth(url)
+        async with open_redis(url, password=redis.password) as client:
+            me = Member(name=identity.name, weight=identity.weight, private_url=identity.private_url,
+                        agent_url=identity.agent_url)
+            membership = RedisMembership(client, me, health=health, key_prefix=redis.key_prefix,
+                                         heartbeat_interval=config.routing.heartbeat_interval)
+            directory = RedisDirectory(client, membership, health=health, key_prefix=redis.key_prefix,
+                                       tunnel_ttl=config.routing.tunnel_ttl)
+            yield Replication(membership=membership, directory=directory)
 
     return build
 

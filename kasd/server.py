@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+from contextlib import AsyncExitStack
 from typing import Any
 
 import attrs
@@ -234,10 +235,12 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
     private_listeners = [StoppableListener(runtime.admissions["private"].listener(s), stop) for s in private_sockets]
 
     directory = None
-    async with trio.open_nursery() as nursery:
+    async with AsyncExitStack() as resources, trio.open_nursery() as nursery:
         if replication is not None:
             me = identity(config, runtime.addresses, runtime.agent_url)
-            replicas = runtime.replication = replication(me)
+            made = replication(me)
+            replicas = runtime.replication = (
+                made if isinstance(made, Replication) else await resources.enter_async_context(made))
             directory = replicas.directory
             await nursery.start(replicas.membership.run)
             await nursery.start(replicas.directory.run)

@@ -1,0 +1,277 @@
+"""Which replicas hold tunnels of which agents (docs/routing.md, "Redis key layout").
+
+``MemoryDirectory`` is a lone kasd's: nobody else exists, so nobody else holds anything.
+``RedisDirectory`` keeps, per agent, ``kasd:tunnels:{<agent id>}`` — a HASH replica name → expiry
+(ms, Redis's clock), refreshed every ``tunnel_ttl / 3`` for each agent this replica holds — and, per
+replica, ``kasd:held:{<replica name>}`` — a SET of the agent ids it registered, so that whoever
+finds a crashed replica expired collects its entries. Every command touches one key (one slot):
+the layout runs unchanged on a Redis Cluster. Each change is PUBLISHed on ``kasd:tunnels`` as
+``"<agent id> <+|-> <replica>"``: a request waiting for an agent on any replica wakes at once.
+
+``holders()`` never raises for Redis trouble: Redis away, it answers "nobody" (the request waits
+for a local tunnel), ``healthy`` turns False and the outage is logged once (``RedisHealth``).
+``tunnels_up``/``tunnels_down`` are synchronous (the tunnel registry calls them) and never block:
+the Redis writes happen in ``run``'s task, which also re-registers everything when Redis returns.
+
+May import: ``routing.membership``, ``routing.redisconn``, coredis, trio, the standard library.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+import trio
+
+from routing.membership import RedisMembership
+from routing.redisconn import REDIS_ERRORS, RedisHealth, subscription
+
+log = logging.getLogger("routing.directory")
+
+
+class Directory(Protocol):
+    def tunnels_up(self, agent_id: int) -> None: ...
+    def tunnels_down(self, agent_id: int) -> None: ...
+    async def holders(self, agent_id: int) -> frozenset[str]: ...
+    def changed(self, agent_id: int) -> trio.Event: ...
+    @property
+    def healthy(self) -> bool: ...
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None: ...
+
+
+class _Events:
+    """One event per agent someone waits on, set (and dropped) when its holders may have changed."""
+
+    def __init__(self) -> None:
+        self._events: dict[int, trio.Event] = {}
+
+    def changed(self, agent_id: int) -> trio.Event:
+        event = self._events.get(agent_id)
+        if event is None:
+            event = self._events[agent_id] = trio.Event()
+        return event
+
+    def fire(self, agent_id: int) -> None:
+        event = self._events.pop(agent_id, None)
+        if event is not None:
+            event.set()
+
+    def fire_all(self) -> None:
+        events, self._events = self._events, {}
+        for event in events.values():
+            event.set()
+
+
+class MemoryDirectory(_Events):
+    """A lone kasd: holders are always nobody else."""
+
+    healthy = True
+
+    def tunnels_up(self, agent_id: int) -> None:
+        pass
+
+    def tunnels_down(self, agent_id: int) -> None:
+        pass
+
+    async def holders(self, agent_id: int) -> frozenset[str]:
+        await trio.lowlevel.checkpoint()
+        return frozenset()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        await trio.sleep_forever()
+
+
+# KEYS[1] kasd:tunnels:{id}; ARGV[1] replica, ARGV[2] TTL ms
+_UP = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], ARGV[1], now + tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
+return now
+"""
+
+# KEYS[1] kasd:tunnels:{id}: the fields not yet expired (the expired ones are deleted)
+_LIVE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local all = redis.call('HGETALL', KEYS[1])
+local live = {}
+for i = 1, #all, 2 do
+  if tonumber(all[i + 1]) > now then table.insert(live, all[i]) else redis.call('HDEL', KEYS[1], all[i]) end
+end
+return live
+"""
+
+
+class RedisDirectory(_Events):
+    def __init__(self, client: Any, membership: RedisMembership, *, health: RedisHealth, key_prefix: str = "kasd",
+                 tunnel_ttl: float = 30.0) -> None:
+        super().__init__()
+        self.client = client
+        self.membership = membership
+        self.health = health
+        self.prefix = key_prefix
+        self.tunnel_ttl = tunnel_ttl
+        self.channel = f"{key_prefix}:tunnels"
+        self._up_script = client.register_script(_UP)
+        self._live_script = client.register_script(_LIVE)
+        #: agents this replica holds tunnels of, as the registry told us
+        self._local: set[int] = set()
+        self._send, self._receive = trio.open_memory_channel[tuple[str, Any]](float("inf"))
+        membership.on_removed.append(self._collect_later)
+
+    @property
+    def me(self) -> str:
+        return self.membership.self_name
+
+    @property
+    def healthy(self) -> bool:
+        return self.health.healthy
+
+    def _tunnels_key(self, agent_id: int) -> str:
+        return f"{self.prefix}:tunnels:{{{agent_id}}}"
+
+    def _held_key(self, replica: str) -> str:
+        return f"{self.prefix}:held:{{{replica}}}"
+
+    # ---- what the tunnel registry says (sync, never blocks)
+
+    def tunnels_up(self, agent_id: int) -> None:
+        self._local.add(agent_id)
+        self._send.send_nowait(("+", agent_id))
+
+    def tunnels_down(self, agent_id: int) -> None:
+        self._local.discard(agent_id)
+        self._send.send_nowait(("-", agent_id))
+
+    def _collect_later(self, replicas: list[str]) -> None:
+        self._send.send_nowait(("gc", replicas))
+        self.fire_all()  # requests waiting on a holder that is gone look again
+
+    # ---- what the router asks
+
+    async def holders(self, agent_id: int) -> frozenset[str]:
+        """Live members other than this one holding a tunnel of ``agent_id`` now."""
+        if not self.health.healthy:
+            await trio.lowlevel.checkpoint()
+            return frozenset()
+        try:
+            with trio.fail_after(3):
+                names = await self._live_script(keys=[self._tunnels_key(agent_id)], args=[])
+        except REDIS_ERRORS as exc:
+            self.health.failed(exc)
+            return frozenset()
+        members = self.membership.members()
+        return frozenset(str(n) for n in names if n in members and n != self.me)
+
+    # ---- the background
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._write)
+            nursery.start_soon(self._refresh)
+            nursery.start_soon(self._listen)
+            nursery.start_soon(self._members_changed)
+            task_status.started()
+
+    async def _write(self) -> None:
+        async for op, arg in self._receive:
+            if op == "gc":
+                await self._collect(arg)
+                continue
+            agent_id = int(arg)
+            # The registry may have flipped again since: write what is true now.
+            up = agent_id in self._local
+            if (op == "+" and not up) or (op == "-" and up):
+                continue
+            await self._guard(self._announce(agent_id, up))
+
+    async def _announce(self, agent_id: int, up: bool) -> None:
+        key = self._tunnels_key(agent_id)
+        if up:
+            await self._up_script(keys=[key], args=[self.me, int(self.tunnel_ttl * 1000)])
+            await self.client.sadd(self._held_key(self.me), [str(agent_id)])
+        else:
+            await self.client.hdel(key, [self.me])
+            await self.client.srem(self._held_key(self.me), [str(agent_id)])
+        await self.client.publish(self.channel, f"{agent_id} {'+' if up else '-'} {self.me}")
+
+    async def _register_all(self) -> None:
+        """Every local agent written again (a refresh, or Redis came back empty)."""
+        held = self._held_key(self.me)
+        for agent_id in list(self._local):
+            await self._up_script(keys=[self._tunnels_key(agent_id)], args=[self.me, int(self.tunnel_ttl * 1000)])
+        if self._local:
+            await self.client.sadd(held, [str(a) for a in self._local])
+        # Agents whose last tunnel here went while Redis was away: their entries go now, so no
+        # other replica forwards to this one for them until the entries would have expired.
+        for agent in set(await self.client.smembers(held)) - {str(a) for a in self._local}:
+            await self.client.hdel(f"{self.prefix}:tunnels:{{{agent}}}", [self.me])
+            await self.client.srem(held, [agent])
+            await self.client.publish(self.channel, f"{agent} - {self.me}")
+        await self.client.pexpire(held, int(self.tunnel_ttl * 2000))
+
+    async def _refresh(self) -> None:
+        """Refresh every ``tunnel_ttl / 3``; re-register (and announce) at once when Redis returns."""
+        while True:
+            returned = self.health.returned
+            with trio.move_on_after(self.tunnel_ttl / 3):
+                await returned.wait()
+            came_back = returned.is_set()
+            if await self._guard(self._register_all()) and came_back:
+                for agent_id in list(self._local):
+                    await self._guard(self.client.publish(self.channel, f"{agent_id} + {self.me}"))
+                self.fire_all()
+
+    async def _collect(self, replicas: list[str]) -> None:
+        """Delete the tunnel entries of replicas that stopped heartbeating (this one removed them)."""
+        for replica in replicas:
+            if replica == self.me:
+                continue
+
+            async def collect(replica: str = replica) -> None:
+                held = self._held_key(replica)
+                agents = await self.client.smembers(held)
+                for agent in agents:
+                    await self.client.hdel(f"{self.prefix}:tunnels:{{{agent}}}", [replica])
+                    await self.client.publish(self.channel, f"{agent} - {replica}")
+                await self.client.delete([held])
+                log.info("collected the tunnel entries of a gone replica replica=%s agents=%d", replica, len(agents))
+
+            await self._guard(collect())
+
+    async def _guard(self, work: Any) -> bool:
+        try:
+            with trio.fail_after(5):
+                await work
+        except REDIS_ERRORS as exc:
+            self.health.failed(exc)
+            return False
+        self.health.succeeded()
+        return True
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                async with subscription(self.client, [self.channel]) as pubsub:
+                    first = True
+                    async for message in pubsub:
+                        if message["type"] == "message":
+                            agent, _, _ = str(message["data"]).partition(" ")
+                            if agent.isdigit():
+                                self.fire(int(agent))
+                        elif message["type"] == "subscribe":
+                            if not first:  # subscribed again after a reconnect: we may have missed changes
+                                self.fire_all()
+                            first = False
+            except REDIS_ERRORS:
+                await trio.sleep(1.0)
+
+    async def _members_changed(self) -> None:
+        while True:
+            await self.membership.wait_changed()
+            self.fire_all()  # a holder left (or came): waiting requests look again
+
+
+__all__ = ["Directory", "MemoryDirectory", "RedisDirectory"]
