@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import ssl
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
@@ -235,12 +236,12 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
     private_listeners = [StoppableListener(runtime.admissions["private"].listener(s), stop) for s in private_sockets]
 
     directory = None
-    async with AsyncExitStack() as resources, trio.open_nursery() as nursery:
-        if replication is not None:
-            me = identity(config, runtime.addresses, runtime.agent_url)
-            made = replication(me)
-            replicas = runtime.replication = (
-                made if isinstance(made, Replication) else await resources.enter_async_context(made))
+    me = identity(config, runtime.addresses, runtime.agent_url) if replication is not None else None
+    # The replication (its Redis connection and its tasks) opens before the nursery and closes after it.
+    async with _opened(replication, me) as opened, trio.open_nursery() as nursery:
+        if opened is not None:
+            assert me is not None
+            replicas = runtime.replication = opened
             directory = replicas.directory
             await nursery.start(replicas.membership.run)
             await nursery.start(replicas.directory.run)
@@ -324,6 +325,19 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
                 log.warning("drain timed out; closing what is left connections=%d", proxy.connections)
         nursery.cancel_scope.cancel()
     log.info("kasd stopped")
+
+
+@asynccontextmanager
+async def _opened(replication: ReplicationFactory | None, me: Any) -> AsyncIterator[Replication | None]:
+    if replication is None:
+        yield None
+        return
+    made = replication(me)
+    if isinstance(made, Replication):
+        yield made
+    else:
+        async with made as replicas:
+            yield replicas
 
 
 class _LateRouter:

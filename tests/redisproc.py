@@ -24,9 +24,9 @@ class RedisProcess:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisProcess:
-        log = open(self.dir / f"redis-{self.port}.log", "ab")
-        self.proc = subprocess.Popen(redis_args(redis_server_binary(), self.port, self.dir, *self.extra),
-                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        with open(self.dir / f"redis-{self.port}.log", "ab") as log:
+            self.proc = subprocess.Popen(redis_args(redis_server_binary(), self.port, self.dir, *self.extra),
+                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         assert wait_until_up(self.port, lambda: self.proc is not None and self.proc.poll() is None), \
             f"redis-server on {self.port} did not start"
         return self

@@ -62,8 +62,9 @@ class Nginx:
         binary = nginx_binary()
         check = subprocess.run([binary, "-t", "-c", str(conf), "-p", str(self.dir)], capture_output=True, text=True)
         assert check.returncode == 0, check.stderr
-        self.proc = subprocess.Popen([binary, "-c", str(conf), "-p", str(self.dir)],
-                                     stdout=subprocess.DEVNULL, stderr=open(self.dir / "stderr.log", "wb"))
+        with open(self.dir / "stderr.log", "wb") as stderr:
+            self.proc = subprocess.Popen([binary, "-c", str(conf), "-p", str(self.dir)],
+                                         stdout=subprocess.DEVNULL, stderr=stderr)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:

@@ -72,9 +72,10 @@ async def _replica(url: str, name: str, *, task_status: trio.TaskStatus[Replica]
 
 
 async def eventually(check: Callable[[], Any], bound: float) -> None:
-    """Await ``check()`` until it is truthy, at most ``bound`` seconds (a condition, polled)."""
+    """Await ``check()`` until it is truthy, at most ``bound`` seconds. The state is Redis's, which
+    signals nothing to a test, so it is polled (bounded)."""
     with trio.fail_after(bound):
-        while not await check():
+        while not await check():  # noqa: ASYNC110 - polling another process's state, bounded
             await trio.sleep(0.01)
 
 

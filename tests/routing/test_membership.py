@@ -43,7 +43,7 @@ async def test_joins_and_leaves_are_seen_at_once_and_crashes_within_two_heartbea
             assert a.members()["10.0.0.2:8154"].agent_url == "http://10.0.0.2:8154/tunnel"
             await b.leave()  # announced: seen well before a heartbeat
             await until(lambda: set(a.members()) == {"10.0.0.1:8154"}, a, HB)
-        async with member(redis_url, "10.0.0.3:8154") as c:
+        async with member(redis_url, "10.0.0.3:8154"):
             await until(lambda: "10.0.0.3:8154" in a.members(), a, 2 * HB + 0.3)
         # c's block ended without leave: a crash. It is gone within two heartbeats (TTL), plus one.
         with trio.fail_after(3 * HB + 0.3):
@@ -63,15 +63,17 @@ async def test_redis_away_and_back(tmp_path: object, redis_server: RedisProcess)
     redis_server.command("FLUSHALL")
     async with member(redis_server.url, "10.0.0.1:8154") as a:
         assert a.healthy
+        away = a.health.away
         redis_server.stop()
         with trio.fail_after(3 * HB + 5):
-            while a.healthy:
-                await trio.sleep(HB / 4)  # polling a condition, bounded
+            await away.wait()  # the next heartbeat finds Redis gone
+        assert not a.healthy
         assert set(a.members()) == {"10.0.0.1:8154"}  # the last table stays (the ring does not flap)
+        returned = a.health.returned
         redis_server.start()  # empty
         with trio.fail_after(3 * HB + 5):
-            while not a.healthy:
-                await trio.sleep(HB / 4)
+            await returned.wait()
+        assert a.healthy
         assert b"10.0.0.1:8154" in redis_server.command("ZRANGE", "{kasd}:members", "0", "-1")  # registered again
 
 
