@@ -7,6 +7,13 @@ most likely restarting: for ``quick_window`` seconds the slot redials every ``un
 seconds, so it is back within about a second of kasd; an outage that outlasts the window is backed off
 from exponentially again. On GOAWAY the slot dials a replacement at once while the old session drains
 its in-flight streams in the background.
+
+Among kasd replicas, kasd sends a ``placement`` NOTICE (docs/routing.md, "Home placement"): the
+replicas in ring order from the agent's home. Slot ``i`` then belongs on ``replicas[i % n]`` (slot 0
+on the home). A slot whose tunnel is elsewhere dials its replica first and only then drains the old
+tunnel (make-before-break); a replica it cannot reach is passed over for ``PLACEMENT_SKIP`` seconds
+(the configured addresses remain the fallback). A placement never moves a tunnel from https to http,
+and an https one is verified with the same CA as the configured addresses.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from daemonkit.logs import BurstLimitedLog
 from wire.carrier import TunnelRejectedError
 from wire.frames import Metadata
 from wire.h2carrier import open_h2_session
+from wire.notices import parse_placement
 from wire.session import MuxStream, Session, SessionClosedError
 
 log = logging.getLogger("agentd.connection")
@@ -36,6 +44,9 @@ log = logging.getLogger("agentd.connection")
 Dial = Callable[[str, str, Metadata], AbstractAsyncContextManager[Session]]
 StreamHandler = Callable[[MuxStream], Awaitable[None]]
 Sleep = Callable[[float], Awaitable[None]]
+
+#: seconds a placement's replica that could not be reached is passed over
+PLACEMENT_SKIP = 30.0
 
 #: what a failed dial is expected to raise (anything else is logged with its traceback, then retried)
 _DIAL_ERRORS = (OSError, TunnelRejectedError, SessionClosedError, trio.BrokenResourceError, ssl.SSLError, ValueError)
@@ -83,6 +94,8 @@ class Tunnel:
     draining: bool = False
     active: int = 0
     idle: trio.Event = attrs.field(factory=trio.Event)
+    #: set to retire the tunnel (its slot moved elsewhere): it drains and ends
+    retire: trio.Event = attrs.field(factory=trio.Event)
 
 
 class ConnectionManager:
@@ -136,6 +149,14 @@ class ConnectionManager:
         self._dial_failures_log = BurstLimitedLog(log, interval=10.0, clock=trio.current_time)
         #: set once the first tunnel is up (readiness, the ready file, sd_notify)
         self.first_up = trio.Event()
+        #: kasd's latest placement: agent URLs in ring order from the home (None: none received)
+        self.placement: tuple[str, ...] | None = None
+        self._placement_changed = trio.Event()
+        self._skip_until: dict[str, float] = {}
+        schemes = {urlsplit(u).scheme for u in self.urls}
+        #: a placement may name only these schemes (never http when https is configured)
+        self._placement_schemes = {"https"} if "https" in schemes else schemes
+        self._tunnels_nursery: trio.Nursery | None = None
 
     # ---- introspection
 
@@ -163,6 +184,7 @@ class ConnectionManager:
     async def run(self, *, task_status: trio.TaskStatus[ConnectionManager] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep tunnels up until ``stop()``; then drain in-flight streams (bounded) and return."""
         async with trio.open_nursery() as tunnels:
+            self._tunnels_nursery = tunnels
             with trio.CancelScope() as self._dial_scope:
                 if self._stopping:
                     self._dial_scope.cancel()
@@ -194,6 +216,76 @@ class ConnectionManager:
 
     # ---- one slot: dial, serve, dial again
 
+    # ---- placement (kasd replicas)
+
+    def on_notice(self, metadata: Metadata) -> None:
+        """A NOTICE from kasd (runs in the session's reader: no blocking)."""
+        replicas = parse_placement(metadata)
+        if replicas is None:
+            return  # not a placement, or not one this agentd understands
+        urls = []
+        for _name, url in replicas:
+            if urlsplit(url).scheme not in self._placement_schemes:
+                log.warning("ignored a placement URL with another scheme than the configured addresses url=%s", url)
+                continue
+            urls.append(url)
+        placement = tuple(urls) or None
+        if placement != self.placement:
+            self.placement = placement
+            log.info("placement home=%s replicas=%d", placement[0] if placement else None, len(urls))
+            self._placement_changed.set()
+            self._placement_changed = trio.Event()
+
+    def _placement_target(self, index: int) -> str | None:
+        """Where slot ``index`` belongs by kasd's placement (replicas found unreachable passed over)."""
+        if self.placement is None:
+            return None
+        now = trio.current_time()
+        usable = [u for u in self.placement if self._skip_until.get(u, -math.inf) <= now]
+        return usable[index % len(usable)] if usable else None
+
+    def _skip(self, url: str) -> None:
+        if self.placement is not None and url in self.placement:
+            self._skip_until[url] = trio.current_time() + PLACEMENT_SKIP
+
+    async def _until_ended_or_moved(self, tunnel: Tunnel, ended: trio.Event) -> bool:
+        """Wait until the tunnel ended (False) or its slot belongs on another replica (True)."""
+        while True:
+            changed = self._placement_changed
+            target = self._placement_target(tunnel.slot)
+            if ended.is_set():
+                return False
+            if target is not None and target != tunnel.url:
+                return True
+            async with trio.open_nursery() as nursery:
+
+                async def wait(event: trio.Event) -> None:
+                    await event.wait()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(wait, ended)
+                nursery.start_soon(wait, changed)
+
+    async def _move(self, tunnel: Tunnel, tunnels: trio.Nursery) -> tuple[Tunnel, trio.Event] | None:
+        """Make-before-break: a tunnel to the slot's placement target, then retire the old one.
+        None (the old one stays) when the target cannot be reached."""
+        target = self._placement_target(tunnel.slot)
+        assert target is not None
+        ended = trio.Event()
+        self._dials += 1
+        try:
+            with trio.fail_after(self.dial_timeout):
+                new: Tunnel = await tunnels.start(self._run_tunnel, target, tunnel.slot, ended)
+        except Exception as exc:
+            self._failures += 1
+            self._skip(target)
+            log.warning("placement: replica unreachable, staying put url=%s slot=%d error=%r skip=%gs",
+                        target, tunnel.slot, failure_reason(exc, host=urlsplit(target).hostname), PLACEMENT_SKIP)
+            return None
+        log.info("placement: slot moved slot=%d from=%s to=%s", tunnel.slot, tunnel.url, target)
+        tunnel.retire.set()
+        return new, ended
+
     def _next_url(self) -> str:
         url = self.urls[self._next % len(self.urls)]
         self._next += 1
@@ -207,7 +299,7 @@ class ConnectionManager:
         quick_until = -math.inf
         failed_dials = 0  # in a row, for the log
         while True:
-            url = self._next_url()
+            url = self._placement_target(index) or self._next_url()
             self._dials += 1
             ended = trio.Event()
             try:
@@ -228,11 +320,17 @@ class ConnectionManager:
                     failures += 1
                     delay = self.backoff.delay(failures, self._rand)
                 self._log_dial_failure(url, index, exc, failed_dials, delay)
+                self._skip(url)
                 await self._sleep(delay)
                 continue
             failed_dials = 0
             self._dial_failures_log.flush(index)
-            await ended.wait()
+            while await self._until_ended_or_moved(tunnel, ended):
+                moved = await self._move(tunnel, tunnels)
+                if moved is None:
+                    # Unreachable: skipped for a while; wait for the tunnel's end or the next change.
+                    continue
+                tunnel, ended = moved
             now = trio.current_time()
             up_for = now - tunnel.started_at
             if up_for >= self.stable_after:
@@ -292,7 +390,22 @@ class ConnectionManager:
                         tunnel.active += 1
 
                     session.hand_streams_to(serve)
-                    await session.wait_goaway()
+                    session.on_notice = self.on_notice
+                    async with trio.open_nursery() as until:
+
+                        async def goaway() -> None:
+                            await session.wait_goaway()
+                            until.cancel_scope.cancel()
+
+                        async def retired() -> None:
+                            await tunnel.retire.wait()
+                            tunnel.draining = True
+                            # Our own GOAWAY: kasd opens nothing new here; what is in flight finishes.
+                            await session.drain("agentd moves this tunnel to its placement")
+                            until.cancel_scope.cancel()
+
+                        until.start_soon(goaway)
+                        until.start_soon(retired)
                     tunnel.goaway = session.statistics().goaway_received and not session.closed
                     tunnel.draining = True
                     if tunnel.goaway:

@@ -39,6 +39,7 @@ from kasd.seams import Router
 from netio.admission import PER_SOURCE, TOTAL, Admission, CappedListener, ConnectionCaps, Refusal
 from routing.local import BreakerPolicy, LocalRouter, TunnelRegistry
 from routing.peers import PEER_LIMITS, PEER_PATH, PeerForwarder, PeerPool, peer_authenticator
+from routing.placement import PlacementNotices as Placements
 from routing.router import ReplicatedRouter
 from wire.h2carrier import serve_h2_tunnels, server_ssl_context
 
@@ -274,6 +275,8 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
                     task_status=task_status,
                 )
             )
+        if placement is None and runtime.replication is not None:
+            placement = Placements(runtime.replication.membership)
         agent_sessions = AgentSessions(registry, directory=directory, placement=placement)
         await nursery.start(
             lambda task_status: serve_h2_tunnels(

@@ -66,6 +66,7 @@ class Membership(Protocol):
     @property
     def ring(self) -> Ring: ...
     async def wait_changed(self) -> None: ...
+    def changes(self) -> trio.Event: ...
     @property
     def healthy(self) -> bool: ...
 
@@ -87,6 +88,11 @@ class _Changes:
 
     async def wait_changed(self) -> None:
         await self._event.wait()
+
+    def changes(self) -> trio.Event:
+        """The event the next change sets: take it before reading ``members()``, wait on it after,
+        and no change in between is missed."""
+        return self._event
 
     def _replace(self, members: dict[str, Member]) -> bool:
         if members == self._members:

@@ -26,6 +26,7 @@ from wire.frames import (
     HalfClose,
     Hello,
     Metadata,
+    Notice,
     Open,
     Ping,
     Pong,
@@ -88,6 +89,8 @@ def _fields(frame: Frame) -> list[Any]:
             return [frame.kind.value, frame.opaque]
         case GoAway():
             return [10, frame.last_stream_id, int(frame.code), frame.message]
+        case Notice():
+            return [11, frame.metadata]
     raise TypeError(f"not a frame: {frame!r}")  # pragma: no cover
 
 
@@ -131,6 +134,8 @@ def _maps(frame: Frame) -> tuple[object, ...]:
             _uint(frame.major, "major version", _CODE_MAX)
             _uint(frame.minor, "minor version", _CODE_MAX)
             return (frame.settings, frame.metadata)
+        case Notice():
+            return (frame.metadata,)
     raise _Unusual
 
 
@@ -456,6 +461,7 @@ _PARSERS: dict[int, tuple[int, Callable[[list[Any], Limits], Frame]]] = {
     ),
     FrameKind.PING: (2, lambda o, lim: Ping(opaque=_uint(o[1], "ping opaque", MAX_OPAQUE))),
     FrameKind.PONG: (2, lambda o, lim: Pong(opaque=_uint(o[1], "pong opaque", MAX_OPAQUE))),
+    FrameKind.NOTICE: (2, lambda o, lim: Notice(metadata=_metadata(o[1], lim))),
     FrameKind.GOAWAY: (
         4,
         lambda o, lim: GoAway(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import attrs
 
@@ -83,6 +83,11 @@ class GoAwayReceived:
     message: str
 
 
+@attrs.frozen(kw_only=True)
+class NoticeReceived:
+    metadata: dict[str, Any]
+
+
 Event: TypeAlias = (
     HandshakeCompleted
     | StreamOpened
@@ -94,4 +99,5 @@ Event: TypeAlias = (
     | WindowUpdated
     | PongReceived
     | GoAwayReceived
+    | NoticeReceived
 )

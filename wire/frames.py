@@ -28,6 +28,8 @@ class FrameKind(enum.IntEnum):
     PING = 8
     PONG = 9
     GOAWAY = 10
+    #: since protocol 1.1: a one-way control message (kasd → agentd: where to connect)
+    NOTICE = 11
 
 
 @attrs.frozen(kw_only=True)
@@ -119,6 +121,15 @@ class GoAway:
     message: str = ""
 
 
+@attrs.frozen(kw_only=True)
+class Notice:
+    """A one-way control message about the session as a whole (protocol 1.1). Its metadata has a
+    ``type``; a receiver ignores types it does not know. Sent only to a peer whose HELLO said 1.1+."""
+
+    kind = FrameKind.NOTICE
+    metadata: Metadata = attrs.field(factory=dict)
+
+
 Frame: TypeAlias = (
-    Hello | Open | Accept | Refuse | Data | WindowUpdate | HalfClose | Reset | Ping | Pong | GoAway
+    Hello | Open | Accept | Refuse | Data | WindowUpdate | HalfClose | Reset | Ping | Pong | GoAway | Notice
 )

@@ -20,6 +20,7 @@ from wire.events import (
     Event,
     GoAwayReceived,
     HandshakeCompleted,
+    NoticeReceived,
     PongReceived,
     StreamAccepted,
     StreamEnded,
@@ -37,6 +38,7 @@ from wire.frames import (
     HalfClose,
     Hello,
     Metadata,
+    Notice,
     Open,
     Ping,
     Pong,
@@ -44,7 +46,7 @@ from wire.frames import (
     Reset,
     WindowUpdate,
 )
-from wire.settings import MAX_WINDOW_LIMIT, PROTOCOL_VERSION, Limits, Settings
+from wire.settings import MAX_WINDOW_LIMIT, NOTICE_VERSION, PROTOCOL_VERSION, Limits, Settings
 from wire.streamstate import LOCAL_OPEN, REMOTE_OPEN, StreamInput, StreamState, next_state
 
 _MAX_OUTSTANDING_PINGS = 16
@@ -307,6 +309,17 @@ class MuxConnection:
         self._queue(Ping(opaque=opaque))
         return opaque
 
+    def notice(self, metadata: Metadata) -> bool:
+        """Queue a NOTICE if the peer understands it (its HELLO said 1.1 or later); False if not
+        (nothing is queued: an older peer would fail the session on an unknown frame kind).
+        ``UnsendableFrameError`` for metadata over the limits."""
+        if self.state is ConnectionState.FAILED:
+            raise LocalProtocolError(f"session failed: {self.error}")
+        if self.version is None or self.version < NOTICE_VERSION:
+            return False
+        self._queue_checked(Notice(metadata=dict(metadata)))
+        return True
+
     def goaway(self, code: int = ErrorCode.NO_ERROR, message: str = "") -> None:
         """Start draining: the peer may open no new streams; in-flight ones finish."""
         code = _check_code(code)
@@ -429,6 +442,8 @@ class MuxConnection:
                 events.append(PongReceived(opaque=frame.opaque, rtt=rtt))
             case GoAway():
                 self._receive_goaway(frame, events)
+            case Notice():
+                events.append(NoticeReceived(metadata=frame.metadata))
             case Hello():
                 raise RemoteProtocolError("second HELLO")
 

@@ -25,6 +25,7 @@ from wire.events import (
     Event,
     GoAwayReceived,
     HandshakeCompleted,
+    NoticeReceived,
     PongReceived,
     StreamAccepted,
     StreamEnded,
@@ -339,6 +340,8 @@ class Session(trio.abc.AsyncResource):
         backlog = accept_backlog if accept_backlog is not None else self.connection.local_settings.max_concurrent_streams
         self._accept_send, self._accept_recv = trio.open_memory_channel[MuxStream](backlog)
         self._on_stream: Callable[[MuxStream], None] | None = None
+        #: called (in the reader; must not block) with the metadata of each NOTICE the peer sends
+        self.on_notice: Callable[[Metadata], None] | None = None
         self._writer_wakeup = trio.Event()
         self._drained = trio.lowlevel.ParkingLot()
         self._slots = trio.lowlevel.ParkingLot()
@@ -455,6 +458,15 @@ class Session(trio.abc.AsyncResource):
             self._pongs.pop(opaque, None)
         self._raise_if_closed()
         return self.connection.rtt or 0.0
+
+    async def send_notice(self, metadata: Metadata) -> bool:
+        """Send a NOTICE; False (nothing sent) when the peer's protocol predates it."""
+        self._raise_if_closed()
+        sent = self._call(self.connection.notice, metadata)
+        if sent:
+            self._wake_writer()
+        await trio.lowlevel.checkpoint()
+        return bool(sent)
 
     async def wait_goaway(self) -> None:
         """Return once the peer sent GOAWAY (or the session ended): time to dial a replacement."""
@@ -698,6 +710,12 @@ class Session(trio.abc.AsyncResource):
                 log.info("peer sent GOAWAY name=%s code=%s message=%r", self.name, ErrorCode.describe(code), message)
                 self._goaway_event.set()
                 self._slots.unpark_all()
+            case NoticeReceived(metadata=metadata):
+                if self.on_notice is not None:
+                    try:
+                        self.on_notice(metadata)
+                    except Exception:  # a receiver's bug must not end the session
+                        log.exception("notice handler failed name=%s", self.name)
             case HandshakeCompleted(version=version):
                 log.debug("handshake done name=%s version=%d.%d", self.name, *version)
                 self._handshake.set()

@@ -9,7 +9,10 @@ import attrs
 from wire.errors import RemoteProtocolError
 
 #: (major, minor). Peers with a different major refuse each other; minors negotiate down.
-PROTOCOL_VERSION: tuple[int, int] = (1, 0)
+#: 1.1 added NOTICE (a one-way control message: kasd's placement of an agent's connections).
+PROTOCOL_VERSION: tuple[int, int] = (1, 1)
+#: the first version with NOTICE
+NOTICE_VERSION: tuple[int, int] = (1, 1)
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -60,28 +60,33 @@ def _home(stack: Stack) -> int:
 
 @pytest.fixture
 def homed(tmp_path: Path) -> Iterator[tuple[Stack, Nginx]]:
-    """agentd's one tunnel on the agent's home replica (by kasd's ring), nginx in front."""
-    probe = replicated_stack(tmp_path / "stack")  # ports first: the ring is over the bound names
+    """agentd knows every replica but keeps one tunnel: kasd's placement puts it on the agent's
+    home replica. nginx in front."""
+    stack = replicated_stack(tmp_path / "stack", agentd_connections=1)
     try:
-        home = _home(probe)
-        for index in range(probe.agentd_replicas):
-            process = probe.agentds[index]
-            assert process is not None
-            assert process.stop() == 0
-        probe.agentd_targets = [home]
-        probe.start_agentd()
-        nginx = _front(probe, tmp_path / "nginx")
+        nginx = _front(stack, tmp_path / "nginx")
         try:
-            yield probe, nginx
+            yield stack, nginx
         finally:
             nginx.stop()
     finally:
-        probe.stop()
+        stack.stop()
+
+
+def _wait_for_home(stack: Stack, home: int, bound: float = 10.0) -> None:
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        held = [metric(stack, i, "kasd_agent_sessions") for i in range(stack.replicas)]
+        if held[home] == 1 and sum(held) == 1:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"agentd's tunnel is not on the home kasd-{home + 1}: sessions per replica {held}")
 
 
 def test_nginx_and_kasd_agree_on_the_home_so_requests_take_no_hop(homed: tuple[Stack, Nginx]) -> None:
     stack, nginx = homed
     home = _home(stack)
+    _wait_for_home(stack, home)  # the placement NOTICE moved agentd's one tunnel there
     kubeconfig = _front_kubeconfig(stack, nginx)
     for _ in range(20):
         result = subprocess.run([KUBECTL, "--kubeconfig", str(kubeconfig), "get", "configmaps", "-A"],

@@ -115,6 +115,9 @@ class WorldMembership:
     async def wait_changed(self) -> None:
         await self.world.wait_members_changed()
 
+    def changes(self) -> trio.Event:
+        return self.world._members_changed
+
     @property
     def healthy(self) -> bool:
         return self.world.healthy

@@ -24,6 +24,7 @@ from wire.frames import (
     GoAway,
     HalfClose,
     Hello,
+    Notice,
     Open,
     Ping,
     Pong,
@@ -75,6 +76,7 @@ frames: st.SearchStrategy[Frame] = st.one_of(
     st.builds(
         GoAway, last_stream_id=st.integers(0, codec.MAX_STREAM_ID), code=codes, message=messages
     ),
+    st.builds(Notice, metadata=metadata),
 )
 
 

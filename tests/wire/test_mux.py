@@ -10,12 +10,13 @@ import pytest
 
 import wire.mux
 from wire import codec
-from wire.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
+from wire.errors import ErrorCode, LocalProtocolError, RemoteProtocolError, UnsendableFrameError
 from wire.events import (
     DataReceived,
     Event,
     GoAwayReceived,
     HandshakeCompleted,
+    NoticeReceived,
     PongReceived,
     StreamAccepted,
     StreamEnded,
@@ -962,3 +963,29 @@ def test_send_data_counts_bytes_of_any_buffer() -> None:
     assert pair.client.send_data(sid, words) == 10
     (event,) = pair.send(pair.client)
     assert event == DataReceived(stream_id=sid, data=words.tobytes()[:10])
+
+
+# ---------------------------------------------------------------------------- NOTICE (protocol 1.1)
+
+
+def test_a_notice_reaches_a_1_1_peer_as_an_event() -> None:
+    pair = ConnectionPair()
+    assert pair.server.version == (1, 1)
+    assert pair.server.notice({"type": "placement", "home": "a:1"}) is True
+    assert pair.send(pair.server) == [NoticeReceived(metadata={"type": "placement", "home": "a:1"})]
+
+
+def test_no_notice_is_sent_to_a_1_0_peer() -> None:
+    conn = MuxConnection(client=False)
+    peer = RawPeer(conn, version=(1, 0))  # an agentd from before NOTICE
+    assert conn.version == (1, 0)
+    assert conn.notice({"type": "placement"}) is False
+    assert conn.data_to_send() == b""  # nothing queued that would end its session
+    assert peer.received() == []
+
+
+def test_a_notice_over_the_control_frame_limit_fails_only_the_call() -> None:
+    pair = ConnectionPair()
+    with pytest.raises(UnsendableFrameError):
+        pair.server.notice({"type": "placement", "pad": "x" * (pair.server.limits.max_control_frame + 1)})
+    assert pair.server.notice({"type": "ok"}) is True

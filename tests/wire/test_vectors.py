@@ -20,6 +20,7 @@ from wire.frames import (
     GoAway,
     HalfClose,
     Hello,
+    Notice,
     Open,
     Ping,
     Pong,
@@ -47,6 +48,7 @@ CLASSES: dict[str, type[Frame]] = {
     "PING": Ping,
     "PONG": Pong,
     "GOAWAY": GoAway,
+    "NOTICE": Notice,
 }
 
 
