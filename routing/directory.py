@@ -82,12 +82,14 @@ class MemoryDirectory(_Events):
         await trio.sleep_forever()
 
 
-# KEYS[1] kasd:tunnels:{id}; ARGV[1] replica, ARGV[2] TTL ms
+# KEYS[1] kasd:tunnels:{id}; ARGV[1] replica, ARGV[2] TTL ms, ARGV[3] channel and ARGV[4] message
+# to publish once written (none on a refresh): one round trip from a tunnel to every replica's notice
 _UP = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], ARGV[1], now + tonumber(ARGV[2]))
 redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
+if ARGV[3] ~= '' then redis.call('PUBLISH', ARGV[3], ARGV[4]) end
 return now
 """
 
@@ -190,18 +192,20 @@ class RedisDirectory(_Events):
     async def _announce(self, agent_id: int, up: bool) -> None:
         key = self._tunnels_key(agent_id)
         if up:
-            await self._up_script(keys=[key], args=[self.me, int(self.tunnel_ttl * 1000)])
+            # written and announced in one script; the held set (for collection) after
+            await self._up_script(keys=[key], args=[self.me, int(self.tunnel_ttl * 1000), self.channel,
+                                                   f"{agent_id} + {self.me}"])
             await self.client.sadd(self._held_key(self.me), [str(agent_id)])
         else:
             await self.client.hdel(key, [self.me])
+            await self.client.publish(self.channel, f"{agent_id} - {self.me}")
             await self.client.srem(self._held_key(self.me), [str(agent_id)])
-        await self.client.publish(self.channel, f"{agent_id} {'+' if up else '-'} {self.me}")
 
     async def _register_all(self) -> None:
         """Every local agent written again (a refresh, or Redis came back empty)."""
         held = self._held_key(self.me)
         for agent_id in list(self._local):
-            await self._up_script(keys=[self._tunnels_key(agent_id)], args=[self.me, int(self.tunnel_ttl * 1000)])
+            await self._up_script(keys=[self._tunnels_key(agent_id)], args=[self.me, int(self.tunnel_ttl * 1000), "", ""])
         if self._local:
             await self.client.sadd(held, [str(a) for a in self._local])
         # Agents whose last tunnel here went while Redis was away: their entries go now, so no

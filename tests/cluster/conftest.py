@@ -55,9 +55,34 @@ def metric(stack: Stack, replica: int, line_start: str) -> float:
 
 @pytest.fixture(scope="module")
 def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """Three replicas; agentd's one tunnel is on kasd-1 (replica 0) only, so a request on the
-    others crosses the hop."""
-    stack = replicated_stack(tmp_path_factory.mktemp("three"), agentd_targets=[0])
+    """Three replicas; agentd knows them all but keeps one tunnel (on its home replica, where
+    kasd's placement puts it), so a request on the other two crosses the hop."""
+    stack = replicated_stack(tmp_path_factory.mktemp("three"), agentd_connections=1)
+    try:
+        yield stack
+    finally:
+        codes = stack.stop()
+        assert set(codes.values()) == {0}, codes
+
+
+@pytest.fixture(scope="module")
+def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A 3-master Redis Cluster for the module's stacks (they share it; each stack uses its own
+    agent and replica names, so nothing collides)."""
+    from tests.redisproc import RedisCluster
+
+    cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster")).start()
+    try:
+        yield cluster.url
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def three_on_cluster(tmp_path_factory: pytest.TempPathFactory, redis_cluster_url: str) -> Iterator[Stack]:
+    """``three``, with the replicas' Redis a 3-master Redis Cluster."""
+    stack = replicated_stack(tmp_path_factory.mktemp("three-cluster"), agentd_connections=1,
+                             redis_url=redis_cluster_url)
     try:
         yield stack
     finally:

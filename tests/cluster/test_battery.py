@@ -1,6 +1,7 @@
-"""The kubectl battery through each of three replicas, for an agent whose tunnel is on one of them
-(kasd-1): get, list, watch, logs -f, exec with stdin, port-forward and a 5 MiB object work the same
-through every replica; on the other two they cross exactly one hop."""
+"""The kubectl battery through each of three replicas, for an agent whose one tunnel is on one of
+them (its home, where kasd's placement put it): get, list, watch, logs -f, exec with stdin,
+port-forward and a 5 MiB object work the same through every replica; on the other two they cross
+exactly one hop."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import os
 import re
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from kasctl.stack import Stack
-from tests.cluster.conftest import LineReader, kubectl_at, metric
+from tests.cluster.conftest import KUBECTLS, LineReader, kubectl_at, metric
 
 
 def _ok(result: subprocess.CompletedProcess[str]) -> str:
@@ -42,9 +44,35 @@ def _port_forward_echo(binary: str, stack: Stack, replica: int, namespace: str, 
         forward.stop()
 
 
-@pytest.mark.parametrize("replica", [0, 1, 2], ids=["kasd-1-holds-the-tunnel", "kasd-2", "kasd-3"])
+REPLICAS = pytest.mark.parametrize("replica", [0, 1, 2], ids=["kasd-1", "kasd-2", "kasd-3"])
+
+
+@REPLICAS
 def test_the_kubectl_battery_through_each_replica(three: Stack, kubectl_bin: str, replica: int,
                                                   tmp_path: Path) -> None:
+    battery(three, kubectl_bin, replica, tmp_path)
+
+
+@REPLICAS
+def test_the_battery_with_a_redis_cluster(three_on_cluster: Stack, replica: int, tmp_path: Path) -> None:
+    battery(three_on_cluster, KUBECTLS[-1][1], replica, tmp_path)
+
+
+def holder(stack: Stack) -> int:
+    """The one replica holding agentd's tunnel (placement settled: one tunnel in all)."""
+    deadline = time.monotonic() + 10
+    while True:
+        held = [metric(stack, i, "kasd_agent_sessions") for i in range(stack.replicas)]
+        if sum(held) == 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert sum(held) == 1, held
+    return held.index(1)
+
+
+def battery(three: Stack, kubectl_bin: str, replica: int, tmp_path: Path) -> None:
+    where = holder(three)
+    holds = where == replica
     forwarded_before = metric(three, replica, 'kasd_forwarded_requests_total{direction="out"}')
     ns = f"r{replica}-k{abs(hash(kubectl_bin)) % 10_000}"
 
@@ -87,7 +115,8 @@ def test_the_kubectl_battery_through_each_replica(three: Stack, kubectl_bin: str
     assert k("get", "configmap", "big", "-o", "jsonpath={.data.blob}") == blob
 
     forwarded = metric(three, replica, 'kasd_forwarded_requests_total{direction="out"}') - forwarded_before
-    if replica == 0:
+    assert holder(three) == where  # the tunnel stayed put
+    if holds:
         assert forwarded == 0  # the holder serves from its own tunnel
     else:
-        assert forwarded >= 10  # every request above crossed the hop to kasd-1
+        assert forwarded >= 10  # every request above crossed the hop to the holder

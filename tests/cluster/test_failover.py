@@ -18,7 +18,7 @@ KUBECTL = KUBECTLS[-1][1]
 
 @pytest.fixture
 def spread(tmp_path: Path) -> Iterator[Stack]:
-    """Three replicas; agentd knows all three but keeps one tunnel, on kasd-1 first."""
+    """Three replicas; agentd knows all three but keeps one tunnel (on its home, by placement)."""
     stack = replicated_stack(tmp_path / "stack", agentd_connections=1)
     try:
         yield stack
@@ -32,13 +32,36 @@ def _get(stack: Stack, replica: int) -> tuple[int, str]:
 
 
 def _holder(stack: Stack) -> int:
-    """The replica that holds agentd's tunnel (its kasd_agent_sessions says so)."""
-    held = [i for i in range(stack.replicas) if metric(stack, i, "kasd_agent_sessions") > 0]
+    """The replica that holds agentd's one tunnel (its kasd_agent_sessions says so), once placement
+    settled it (a move makes the new tunnel before it breaks the old one)."""
+    deadline = time.monotonic() + 10
+    while True:
+        held = [i for i in range(stack.replicas) if metric(stack, i, "kasd_agent_sessions") > 0]
+        if len(held) == 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert len(held) == 1, held
     return held[0]
 
 
+@pytest.fixture
+def spread_on_cluster(tmp_path: Path, redis_cluster_url: str) -> Iterator[Stack]:
+    stack = replicated_stack(tmp_path / "stack", agentd_connections=1, redis_url=redis_cluster_url)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
 def test_kill_9_of_the_holder_reroutes_without_an_operator(spread: Stack) -> None:
+    kill_9_reroutes(spread)
+
+
+def test_kill_9_with_a_redis_cluster(spread_on_cluster: Stack) -> None:
+    kill_9_reroutes(spread_on_cluster)
+
+
+def kill_9_reroutes(spread: Stack) -> None:
     holder = _holder(spread)
     other = (holder + 1) % 3
     assert _get(spread, other)[0] == 0  # across the hop
