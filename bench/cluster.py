@@ -40,12 +40,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import trio  # noqa: E402
-import yaml  # noqa: E402
-from httpload import run_load  # noqa: E402
-from wire_throughput import describe_machine  # noqa: E402
+import trio
+import yaml
+from httpload import run_load
+from wire_throughput import describe_machine
 
-from kasctl.stack import Stack  # noqa: E402
+from kasctl.stack import Stack
 
 SMALL = "/api/v1/namespaces/default/configmaps/bench-small"
 
@@ -119,9 +119,8 @@ def bench_hop(quick: bool) -> None:
             for _ in range(rounds):
                 for label, replica in (("same", holder), ("hop", other)):
                     host, port = stack.replica_addresses[replica]["kubernetes_api"].rsplit(":", 1)
-                    result = trio.run(lambda h=host, p=port: run_load(
-                        h, int(p), SMALL, concurrency=concurrency, requests=count // rounds,
-                        headers=headers, ssl_context=ctx))
+                    result = trio.run(lambda h=host, p=port, c=concurrency, n=count: run_load(
+                        h, int(p), SMALL, concurrency=c, requests=n // rounds, headers=headers, ssl_context=ctx))
                     got[label] += list(result.latencies)
             same, hop = got["same"], got["hop"]
             print(f"  concurrency {concurrency:>2}: same p50 {ms(pct(same, 50))} p99 {ms(pct(same, 99))} | "
@@ -225,10 +224,10 @@ def bench_failover(quick: bool) -> None:
             process.proc.wait()
             while True:
                 try:
-                    trio.run(lambda: run_load(host, int(port), SMALL, concurrency=1, requests=1, warmup=0,
-                                              headers=headers, ssl_context=ctx))
+                    trio.run(lambda h=host, p=port: run_load(h, int(p), SMALL, concurrency=1, requests=1, warmup=0,
+                                                             headers=headers, ssl_context=ctx))
                     break
-                except Exception:  # noqa: BLE001 - a failed attempt is counted as time, then retried
+                except Exception:
                     if time.perf_counter() - started > 30:
                         raise
             took.append(time.perf_counter() - started)
@@ -302,8 +301,9 @@ def bench_idle(quick: bool, sessions: int | None) -> None:
     }
     (work / "kasd.yaml").write_text(yaml.safe_dump(config))
     ready = work / "ready.json"
-    kasd = subprocess.Popen([sys.executable, "-m", "kasd", "--config", str(work / "kasd.yaml"), "--ready-file", str(ready),
-                             "--log-level", "warning"], stderr=open(work / "kasd.log", "wb"))
+    with open(work / "kasd.log", "wb") as log:
+        kasd = subprocess.Popen([sys.executable, "-m", "kasd", "--config", str(work / "kasd.yaml"),
+                                 "--ready-file", str(ready), "--log-level", "warning"], stderr=log)
     driver = None
     try:
         while not ready.exists() or not ready.read_text().strip():

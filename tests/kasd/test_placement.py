@@ -86,7 +86,7 @@ async def test_an_unreachable_placement_is_passed_over(tmp_path: Path) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(manager.run)
             with trio.fail_after(5):
-                while manager.placement is None or manager._skip_until.get(ghost.agent_url) is None:
+                while manager.placement is None or manager._skip_until.get(ghost.agent_url) is None:  # noqa: ASYNC110
                     await trio.sleep(0.01)
             assert _holds(a) == 1  # it stayed where it could serve
             reply = await http_request(a.port("kubernetes_api"), "GET", "/api/v1/pods", [bearer(CI_TOKEN)])
