@@ -162,3 +162,25 @@ def test_smoke_runs_one_get_and_does_not_ask_for_ctrl_c(tmp_path: Path) -> None:
     assert "Ctrl-C" not in result.stdout
     assert "NAMESPACE" in result.stdout and "hello-" in result.stdout
     assert result.stdout.rstrip().splitlines()[-1] == "stopped: agentd exit 0, kasd exit 0, kubesim exit 0"
+
+
+@pytest.mark.timeout(120)
+def test_the_demo_with_three_replicas_answers_through_each(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "kasctl", "demo", "--replicas", "3", "--smoke",
+                             "--dir", str(tmp_path / "demo")],
+                            capture_output=True, text=True, timeout=110, cwd=REPO)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "redis-server, 3 kasd replicas and 2 agentd" in result.stdout
+    for context in ("group/demo:demo ", "group/demo:demo@kasd-2", "group/demo:demo@kasd-3"):
+        assert f"kubectl --context {context}" in result.stdout
+    assert result.stdout.count("NAMESPACE") == 3  # `get pods -A` through each replica in turn
+    assert result.stdout.rstrip().splitlines()[-1] == (
+        "stopped: agentd-1 exit 0, agentd-2 exit 0, kasd-1 exit 0, kasd-2 exit 0, kasd-3 exit 0, "
+        "kubesim exit 0, redis exit 0")
+
+
+def test_replicas_must_be_a_small_positive_number(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "kasctl", "demo", "--replicas", "0", "--dir", str(tmp_path)],
+                            capture_output=True, text=True, timeout=30, cwd=REPO)  # fmt: skip
+    assert result.returncode == 2
+    assert "--replicas: must be between 1 and 16, got 0" in result.stderr

@@ -1,0 +1,84 @@
+"""The replica settings, as an operator meets them: each mistake is one line naming the key and the
+problem, exit 2, and never a secret in it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kasd.config import ConfigError, config_from_mapping
+from tests.kasd.test_cli_errors import PORT_0, _config, _kasd
+
+SECRET = "peer-secret-0123456789abcdef0123456789"
+
+
+def _replica(tmp_path: Path, **routing: object) -> dict[str, object]:
+    (tmp_path / "secret").write_text(SECRET)
+    return {
+        "listeners": {"agent": {"address": "127.0.0.1:0"}, "observability": {"address": "127.0.0.1:0"},
+                      "kubernetes_api": {"address": "127.0.0.1:0"}, "private": {"address": "127.0.0.1:0"}},
+        "routing": {"redis": {"url": "redis://127.0.0.1:6379/0"}, "peer_secret_file": str(tmp_path / "secret"),
+                    **routing},
+    }
+
+
+def test_a_lone_kasd_needs_none_of_it() -> None:
+    config = config_from_mapping({})
+    assert not config.routing.replicated and config.routing.weight == 10
+
+
+def test_a_replica_configuration_loads_and_never_shows_the_secret(tmp_path: Path) -> None:
+    config = config_from_mapping(_replica(tmp_path, weight=20))
+    assert config.routing.replicated and config.routing.weight == 20
+    assert config.routing.peer_secret_file is not None and config.routing.peer_secret_file.value == SECRET
+    assert SECRET not in repr(config)
+
+
+@pytest.mark.parametrize(("routing", "words"), [
+    ({"redis": {"url": "redis://user:hunter2@10.0.0.1:6379"}}, "must not hold a password (put it in routing.redis.password_file)"),
+    ({"redis": {"url": "http://10.0.0.1"}}, "must start with one of redis://, rediss://, redis+cluster://, redis+sentinel://"),
+    ({"redis": {"url": "redis+sentinel://10.0.0.1:26379"}}, "must name the master"),
+    ({"weight": 0}, "routing.weight"),
+    ({"name": "10.0.0.5:0"}, "must name a real port"),
+    ({"private_url": "ftp://x"}, "must be http://host:port or https://host:port"),
+])
+def test_bad_replica_settings_name_the_key(tmp_path: Path, routing: dict[str, object], words: str) -> None:
+    doc = _replica(tmp_path)
+    merged = dict(doc["routing"])  # type: ignore[arg-type]
+    for key, value in routing.items():
+        merged[key] = {**merged[key], **value} if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+    doc["routing"] = merged
+    with pytest.raises(ConfigError) as error:
+        config_from_mapping(doc)
+    assert words in str(error.value)
+    assert "hunter2" not in str(error.value)
+
+
+def test_replicas_must_authenticate_each_other(tmp_path: Path) -> None:
+    doc = _replica(tmp_path)
+    del doc["routing"]["peer_secret_file"]  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="replicas must authenticate each other: set routing.peer_secret_file"):
+        config_from_mapping(doc)
+
+
+def test_a_short_peer_secret_is_refused_without_showing_it(tmp_path: Path) -> None:
+    doc = _replica(tmp_path)
+    (tmp_path / "secret").write_text("short-secret")
+    with pytest.raises(ConfigError) as error:
+        config_from_mapping(doc)
+    assert "is 12 characters; it needs at least 32" in str(error.value) and "short-secret" not in str(error.value)
+
+
+def test_a_wildcard_listener_needs_an_explicit_name(tmp_path: Path) -> None:
+    doc = _replica(tmp_path)
+    doc["listeners"]["kubernetes_api"] = {"address": "0.0.0.0:8154"}  # type: ignore[index]
+    with pytest.raises(ConfigError, match="routing.name.*missing.*cannot name this replica"):
+        config_from_mapping(doc)
+
+
+def test_the_command_line_says_it_in_one_line(tmp_path: Path) -> None:
+    result = _kasd("--config", _config(tmp_path), *PORT_0, "--redis-url", "redis://:hunter2@127.0.0.1:6379")
+    assert result.returncode == 2, result.stderr
+    assert "--redis-url" in result.stderr and "must not hold a password" in result.stderr
+    assert "hunter2" not in result.stderr and "Traceback" not in result.stderr
