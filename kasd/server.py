@@ -383,7 +383,8 @@ async def _drain_replica(runtime: Runtime, placement: PlacementNotices | None) -
     if drain_scope.cancelled_caught:
         log.warning("drain timed out; closing what is left connections=%d forwarded=%d",
                     proxy.connections, forwarder.active)
-    with trio.move_on_after(2.0, shield=True):
+    with trio.move_on_after(2.0, shield=True):  # bounded: Redis may be away
+        await replicas.directory.withdraw()
         await replicas.membership.leave()
 
 

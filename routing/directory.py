@@ -37,6 +37,7 @@ class Directory(Protocol):
     @property
     def healthy(self) -> bool: ...
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None: ...
+    async def withdraw(self) -> None: ...
 
 
 class _Events:
@@ -66,6 +67,9 @@ class MemoryDirectory(_Events):
     """A lone kasd: holders are always nobody else."""
 
     healthy = True
+
+    async def withdraw(self) -> None:
+        await trio.lowlevel.checkpoint()
 
     def tunnels_up(self, agent_id: int) -> None:
         pass
@@ -227,6 +231,18 @@ class RedisDirectory(_Events):
                 for agent_id in list(self._local):
                     await self._guard(self.client.publish(self.channel, f"{agent_id} + {self.me}"))
                 self.fire_all()
+
+    async def withdraw(self) -> None:
+        """This replica is leaving: its entries go now (not at their expiry), each announced."""
+        self._local.clear()
+        await self._guard(self._withdraw())
+
+    async def _withdraw(self) -> None:
+        held = self._held_key(self.me)
+        for agent in await self.client.smembers(held):
+            await self.client.hdel(f"{self.prefix}:tunnels:{{{agent}}}", [self.me])
+            await self.client.publish(self.channel, f"{agent} - {self.me}")
+        await self.client.delete([held])
 
     async def _collect(self, replicas: list[str]) -> None:
         """Delete the tunnel entries of replicas that stopped heartbeating (this one removed them)."""

@@ -58,7 +58,7 @@ def test_bad_replica_settings_name_the_key(tmp_path: Path, routing: dict[str, ob
 def test_replicas_must_authenticate_each_other(tmp_path: Path) -> None:
     doc = _replica(tmp_path)
     del doc["routing"]["peer_secret_file"]  # type: ignore[attr-defined]
-    with pytest.raises(ConfigError, match="replicas must authenticate each other: set routing.peer_secret_file"):
+    with pytest.raises(ConfigError, match=r"replicas must authenticate each other: set routing\.peer_secret_file"):
         config_from_mapping(doc)
 
 
@@ -73,7 +73,7 @@ def test_a_short_peer_secret_is_refused_without_showing_it(tmp_path: Path) -> No
 def test_a_wildcard_listener_needs_an_explicit_name(tmp_path: Path) -> None:
     doc = _replica(tmp_path)
     doc["listeners"]["kubernetes_api"] = {"address": "0.0.0.0:8154"}  # type: ignore[index]
-    with pytest.raises(ConfigError, match="routing.name.*missing.*cannot name this replica"):
+    with pytest.raises(ConfigError, match=r"routing\.name.*missing.*cannot name this replica"):
         config_from_mapping(doc)
 
 

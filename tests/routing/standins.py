@@ -171,3 +171,9 @@ class WorldDirectory:
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         await trio.sleep_forever()
+
+    async def withdraw(self) -> None:
+        self.calls.append((0, "withdraw"))
+        for holders in self.world.holders.values():
+            holders.discard(self.name)
+        await trio.lowlevel.checkpoint()

@@ -282,3 +282,17 @@ def test_the_directory_model(redis_server: RedisProcess) -> None:
         run.runTest()
     finally:
         loop.close()
+
+
+async def test_a_leaving_replica_withdraws_its_entries_at_once(redis_server: RedisProcess) -> None:
+    redis_server.command("FLUSHALL")
+    async with replicas(redis_server.url, ["a:1", "b:1"]) as r:
+        a, b = r["a:1"], r["b:1"]
+        a.directory.tunnels_up(4)
+        await eventually(lambda: _eq(b.directory.holders(4), {"a:1"}), 1)
+        changed = b.directory.changed(4)
+        await a.directory.withdraw()
+        with trio.fail_after(1):
+            await changed.wait()  # announced, not left to expire
+        assert b"a:1" not in redis_server.command("HGETALL", "kasd:tunnels:{4}")
+        assert redis_server.command("EXISTS", "kasd:held:{a:1}").startswith(b":0")
