@@ -19,6 +19,7 @@ May import: ``routing.membership``, ``routing.redisconn``, coredis, trio, the st
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Protocol
 
 import trio
@@ -124,8 +125,15 @@ class RedisDirectory(_Events):
         self._live_script = client.register_script(_LIVE)
         #: agents this replica holds tunnels of, as the registry told us
         self._local: set[int] = set()
-        self._send, self._receive = trio.open_memory_channel[tuple[str, Any]](float("inf"))
+        # What ``_write`` owes Redis, coalesced (so bounded by the agents and replicas there are,
+        # never by how often tunnels come and go): agents whose entry may be stale (an ordered
+        # set), replicas to collect, and whether everything must be written again.
+        self._dirty: dict[int, None] = {}
+        self._gone: list[str] = []
+        self._rewrite = False
+        self._wake = trio.Event()
         membership.on_removed.append(self._collect_later)
+        membership.on_rejoined.append(self._rewrite_later)
 
     @property
     def me(self) -> str:
@@ -145,15 +153,26 @@ class RedisDirectory(_Events):
 
     def tunnels_up(self, agent_id: int) -> None:
         self._local.add(agent_id)
-        self._send.send_nowait(("+", agent_id))
+        self._dirty[agent_id] = None
+        self._wake.set()
 
     def tunnels_down(self, agent_id: int) -> None:
         self._local.discard(agent_id)
-        self._send.send_nowait(("-", agent_id))
+        self._dirty[agent_id] = None
+        self._wake.set()
 
     def _collect_later(self, replicas: list[str]) -> None:
-        self._send.send_nowait(("gc", replicas))
+        self._gone.extend(r for r in replicas if r != self.me and r not in self._gone)
+        self._wake.set()
         self.fire_all()  # requests waiting on a holder that is gone look again
+
+    def _rewrite_later(self) -> None:
+        """This replica was taken for dead (it missed its heartbeats: a stall, a partition) and
+        joined again: whoever removed it collects its entries, so they are written again now,
+        and once more a heartbeat later in case that collection ran after the first rewrite.
+        The periodic refresh stays the last line of defence."""
+        self._rewrite = True
+        self._wake.set()
 
     # ---- what the router asks
 
@@ -182,16 +201,34 @@ class RedisDirectory(_Events):
             task_status.started()
 
     async def _write(self) -> None:
-        async for op, arg in self._receive:
-            if op == "gc":
-                await self._collect(arg)
-                continue
-            agent_id = int(arg)
-            # The registry may have flipped again since: write what is true now.
-            up = agent_id in self._local
-            if (op == "+" and not up) or (op == "-" and up):
-                continue
-            await self._guard(self._announce(agent_id, up))
+        """The one task that writes this replica's entries (so writes never race each other)."""
+        second_pass_at = math.inf
+        while True:
+            with trio.move_on_at(second_pass_at):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            if trio.current_time() >= second_pass_at:
+                second_pass_at = math.inf
+                await self._reannounce()
+            gone, self._gone = self._gone, []
+            if gone:
+                await self._collect(gone)
+            if self._rewrite:
+                self._rewrite = False
+                await self._reannounce()
+                second_pass_at = trio.current_time() + self.membership.heartbeat_interval
+            while self._dirty:
+                agent_id = next(iter(self._dirty))
+                del self._dirty[agent_id]
+                # The registry may have flipped again since it asked: write what is true now.
+                await self._guard(self._announce(agent_id, agent_id in self._local))
+
+    async def _reannounce(self) -> None:
+        """Every local agent written again and announced: requests waiting elsewhere wake at once."""
+        if await self._guard(self._register_all()):
+            for agent_id in list(self._local):
+                await self._guard(self.client.publish(self.channel, f"{agent_id} + {self.me}"))
+            self.fire_all()
 
     async def _announce(self, agent_id: int, up: bool) -> None:
         key = self._tunnels_key(agent_id)
@@ -226,11 +263,10 @@ class RedisDirectory(_Events):
             returned = self.health.returned
             with trio.move_on_after(self.tunnel_ttl / 3):
                 await returned.wait()
-            came_back = returned.is_set()
-            if await self._guard(self._register_all()) and came_back:
-                for agent_id in list(self._local):
-                    await self._guard(self.client.publish(self.channel, f"{agent_id} + {self.me}"))
-                self.fire_all()
+            if returned.is_set():
+                await self._reannounce()
+            else:
+                await self._guard(self._register_all())
 
     async def withdraw(self) -> None:
         """This replica is leaving: its entries go now (not at their expiry), each announced."""
@@ -247,8 +283,6 @@ class RedisDirectory(_Events):
     async def _collect(self, replicas: list[str]) -> None:
         """Delete the tunnel entries of replicas that stopped heartbeating (this one removed them)."""
         for replica in replicas:
-            if replica == self.me:
-                continue
 
             async def collect(replica: str = replica) -> None:
                 held = self._held_key(replica)

@@ -138,7 +138,8 @@ class StaticMembership(_Changes):
 
 
 # KEYS[1] the members ZSET, KEYS[2] the info HASH (one hash tag);
-# ARGV[1] name, ARGV[2] member JSON, ARGV[3] TTL ms, ARGV[4] channel, ARGV[5] "beat" | "read" | "leave"
+# ARGV[1] name, ARGV[2] member JSON, ARGV[3] TTL ms, ARGV[4] channel, ARGV[5] "beat" | "read" | "leave";
+# returns Redis's time, the expired members it removed, the live table, and 1 if a beat added the caller
 _HEARTBEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -148,18 +149,20 @@ for _, name in ipairs(removed) do
   redis.call('HDEL', KEYS[2], name)
 end
 local changed = #removed > 0
+local added = 0
 if ARGV[5] == 'leave' then
   if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then changed = true end
   redis.call('HDEL', KEYS[2], ARGV[1])
 elseif ARGV[5] == 'beat' then
-  if redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1]) == 1 then changed = true end
+  added = redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+  if added == 1 then changed = true end
   if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then
     redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
     changed = true
   end
 end
 if changed then redis.call('PUBLISH', ARGV[4], ARGV[1]) end
-return {now, removed, redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES'), redis.call('HGETALL', KEYS[2])}
+return {now, removed, redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES'), redis.call('HGETALL', KEYS[2]), added}
 """
 
 
@@ -186,6 +189,11 @@ class RedisMembership(_Changes):
         #: called with the names of members this replica found expired and removed (it, and only
         #: it, collects their tunnel entries: ``routing.directory``)
         self.on_removed: list[Callable[[list[str]], None]] = []
+        #: called when a beat finds this replica gone from the table after it had joined: others
+        #: took it for dead (it missed its heartbeats, or Redis lost its data) and may have
+        #: collected its tunnel entries, which ``routing.directory`` then writes again
+        self.on_rejoined: list[Callable[[], None]] = []
+        self._joined = False
 
     @property
     def self_name(self) -> str:
@@ -228,7 +236,7 @@ class RedisMembership(_Changes):
     async def _call(self, mode: str) -> bool:
         try:
             with trio.fail_after(self.heartbeat_interval * 2 + 1):
-                now, removed, live, info = await self._script(
+                now, removed, live, info, added = await self._script(
                     keys=[self.members_key, self.info_key],
                     args=[self.me.name, self.me.to_json(), int(self.ttl * 1000), self.channel, mode],
                 )
@@ -239,6 +247,13 @@ class RedisMembership(_Changes):
         if mode == "beat":
             self._last_beat = trio.current_time()
         self._apply(int(now), list(removed), _pairs(live), _pairs(info))
+        if mode == "beat" and int(added) == 1:
+            if self._joined:
+                log.warning("this replica had been taken for dead (missed heartbeats, or Redis lost its data) "
+                            "and joined again; its tunnels are registered again")
+                for callback in self.on_rejoined:
+                    callback()
+            self._joined = True
         if mode == "leave":
             self._replace({n: m for n, m in self._members.items() if n != self.me.name})
         return True

@@ -21,7 +21,7 @@ from routing.membership import Member, RedisMembership
 from routing.redisconn import RedisHealth, open_redis
 from tests.redisproc import RedisProcess
 
-HB = 0.1
+HB = 0.25  # a member's TTL is 2 beats: 0.5 s, well above a loaded test machine's stalls
 TTL = 1.0
 pytestmark = pytest.mark.timeout(60)
 
@@ -92,11 +92,18 @@ async def test_holders_and_change_notices(redis_url: str) -> None:
         assert await a.directory.holders(7) == frozenset()  # never itself
         c.directory.tunnels_up(7)
         await eventually(lambda: _eq(b.directory.holders(7), {"a:1", "c:1"}), 1)
-        changed = b.directory.changed(7)
         a.directory.tunnels_down(7)
-        with trio.fail_after(1):
+        await until_holders(b, 7, {"c:1"}, 1)  # woken by the notices (c's own "+" may come first)
+
+
+async def until_holders(replica: Replica, agent: int, want: set[str], bound: float) -> None:
+    """Event-driven: look again at each change notice for ``agent`` until the holders are ``want``."""
+    with trio.fail_after(bound):
+        while True:
+            changed = replica.directory.changed(agent)
+            if await replica.directory.holders(agent) == want:
+                return
             await changed.wait()
-        assert await b.directory.holders(7) == {"c:1"}
 
 
 async def _all_see(r: dict[str, Replica]) -> bool:
@@ -145,6 +152,10 @@ async def test_redis_restarted_empty_everything_is_registered_again(redis_server
         with trio.fail_after(10):
             await changed.wait()
         await eventually(lambda: _eq(b.directory.holders(5), {"a:1"}), 5)
+
+
+async def _collected(client: Any, agent: int, replica: str) -> bool:
+    return not await client.hexists(f"kasd:tunnels:{{{agent}}}", replica)
 
 
 async def _unhealthy(replica: Replica) -> bool:
@@ -296,3 +307,32 @@ async def test_a_leaving_replica_withdraws_its_entries_at_once(redis_server: Red
             await changed.wait()  # announced, not left to expire
         assert b"a:1" not in redis_server.command("HGETALL", "kasd:tunnels:{4}")
         assert redis_server.command("EXISTS", "kasd:held:{a:1}").startswith(b":0")
+
+
+async def test_a_replica_taken_for_dead_registers_its_tunnels_again(redis_url: str) -> None:
+    """a stalls past its TTL (its heartbeat stops; its tunnels stay up); b finds it expired and
+    collects its entries; a beats again: its tunnels are registered and announced at once, not
+    at the next refresh (``tunnel_ttl / 3`` = 10 s here)."""
+    async with replicas(redis_url, ["b:1"]) as r, open_redis(redis_url) as client, trio.open_nursery() as nursery:
+        b = r["b:1"]
+        health = RedisHealth(redis_url)
+        membership = RedisMembership(client, Member(name="a:1", private_url="http://a:1"), health=health,
+                                     heartbeat_interval=HB)
+        directory = RedisDirectory(client, membership, health=health, tunnel_ttl=30.0)
+        beating = trio.CancelScope()
+
+        async def heartbeat(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            with beating:
+                await membership.run(task_status=task_status)
+
+        await nursery.start(heartbeat)
+        await nursery.start(directory.run)
+        directory.tunnels_up(11)
+        await until_holders(b, 11, {"a:1"}, 2)
+        beating.cancel()  # the stall: no goodbye, the tunnels stay
+        await until_holders(b, 11, set(), 3 * HB + 0.5)  # expired
+        await eventually(lambda: _collected(client, 11, "a:1"), 2)  # and its entry deleted by b
+        beating = trio.CancelScope()
+        await nursery.start(heartbeat)  # a beats again
+        await until_holders(b, 11, {"a:1"}, 2)
+        nursery.cancel_scope.cancel()
