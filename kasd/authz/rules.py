@@ -1,0 +1,70 @@
+"""A ``rules:`` list, compiled at config load, and the first-match decision for one job.
+
+Rules are tried in order; the first whose ``if`` holds (a rule without ``if`` always does) decides:
+``when: always`` allows, with the rule's namespace resolved; ``when: never`` denies. When none
+matches, the entry denies. An expression that cannot be evaluated, or a namespace that resolves to
+no valid name under ``on_overflow: fail``, denies too, naming the rule. An entry without ``rules:``
+does not come here: what it grants is the loader's and Authority's decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+import attrs
+
+from kasd.authz.expand import NamespaceError, OnOverflow, resolve_namespace
+from kasd.authz.expr import Expr, ExprEvaluationError, print_expr
+
+__all__ = ["Rule", "RuleMatch", "first_match"]
+
+
+@attrs.frozen(kw_only=True)
+class Rule:
+    """One compiled entry of a ``rules:`` list."""
+
+    if_: Expr | None = None
+    """The parsed ``if:``; None matches every job."""
+    namespace: str | None = None
+    """The ``namespace:`` template, ``$VAR`` and all; None leaves the namespace to the entry."""
+    when: Literal["always", "never"] = "always"
+    on_overflow: OnOverflow = "fail"
+    name: str | None = None
+    """Where the rule was written, for errors (``ci_access.projects[0].rules[1]``); None: ``rules[i]``."""
+
+
+@attrs.frozen(kw_only=True)
+class RuleMatch:
+    """What a rule list decided for one job, and why, in words a 403 body or a log line can carry."""
+
+    allowed: bool
+    index: int | None
+    """The deciding rule's position in the list; None when no rule matched."""
+    namespace: str | None = None
+    """The resolved namespace, when allowed by a rule that has one."""
+    reason: str
+
+
+def first_match(rules: Sequence[Rule], variables: Mapping[str, str]) -> RuleMatch:
+    """Tries ``rules`` in order against ``variables`` (a job's CI variables); the first match decides."""
+    for index, rule in enumerate(rules):
+        label = rule.name or f"rules[{index}]"
+        condition = "" if rule.if_ is None else f" (if: {print_expr(rule.if_)})"
+        try:
+            if rule.if_ is not None and not rule.if_.evaluate(variables):
+                continue
+        except ExprEvaluationError as e:
+            return RuleMatch(allowed=False, index=index, reason=f"{label} could not be evaluated: {e}")
+        if rule.when == "never":
+            return RuleMatch(allowed=False, index=index, reason=f"{label} matched{condition}: when: never")
+        if rule.namespace is None:
+            return RuleMatch(allowed=True, index=index, reason=f"{label} matched{condition}")
+        try:
+            namespace = resolve_namespace(rule.namespace, variables, on_overflow=rule.on_overflow,
+                                          rule_name=label)
+        except NamespaceError as e:
+            return RuleMatch(allowed=False, index=index, reason=str(e))
+        return RuleMatch(allowed=True, index=index, namespace=namespace,
+                         reason=f"{label} matched{condition}: namespace {namespace}")
+    return RuleMatch(allowed=False, index=None, reason=f"none of the {len(rules)} rules matched")

@@ -1,0 +1,1 @@
+"""Tests of kasd.authz: the rules language, namespace templates, slugs, CI variables, rule lists."""

@@ -1,0 +1,55 @@
+"""First match decides: which rule, allowed or not, the namespace, and a reason a 403 can give."""
+
+from __future__ import annotations
+
+from kasd.authz.expr import parse
+from kasd.authz.rules import Rule, RuleMatch, first_match
+
+RULES = [
+    Rule(if_=parse('$CI_COMMIT_REF_NAME =~ /^wip\\//'), when="never"),
+    Rule(if_=parse('$CI_COMMIT_REF_PROTECTED == "true"'), namespace="prod-$CI_PROJECT_NAME"),
+    Rule(if_=parse("$CI_ENVIRONMENT_SLUG"), namespace="review-$CI_ENVIRONMENT_SLUG-$CI_PROJECT_NAME",
+         on_overflow="truncate"),
+    Rule(if_=parse("$CI_COMMIT_BRANCH =~ $ALLOWED"), namespace="$CI_COMMIT_REF_NAME"),
+]
+
+
+def test_the_first_matching_rule_decides() -> None:
+    job = {"CI_COMMIT_REF_NAME": "main", "CI_COMMIT_REF_PROTECTED": "true", "CI_PROJECT_NAME": "web",
+           "CI_ENVIRONMENT_SLUG": "review-x"}
+    assert first_match(RULES, job) == RuleMatch(
+        allowed=True, index=1, namespace="prod-web",
+        reason='rules[1] matched (if: $CI_COMMIT_REF_PROTECTED == "true"): namespace prod-web')
+
+
+def test_when_never_denies_even_if_a_later_rule_would_allow() -> None:
+    job = {"CI_COMMIT_REF_NAME": "wip/x", "CI_COMMIT_REF_PROTECTED": "true", "CI_PROJECT_NAME": "web"}
+    assert first_match(RULES, job) == RuleMatch(
+        allowed=False, index=0, reason="rules[0] matched (if: $CI_COMMIT_REF_NAME =~ /^wip\\//): when: never")
+
+
+def test_no_match_denies_and_says_so() -> None:
+    assert first_match(RULES, {"CI_COMMIT_REF_NAME": "main"}) == RuleMatch(
+        allowed=False, index=None, reason="none of the 4 rules matched")
+    assert not first_match([], {}).allowed
+
+
+def test_truncate_and_fail() -> None:
+    job = {"CI_COMMIT_REF_NAME": "x", "CI_PROJECT_NAME": "web", "CI_ENVIRONMENT_SLUG": "r" * 60}
+    match = first_match(RULES, job)
+    assert match.allowed and match.index == 2 and match.namespace is not None and len(match.namespace) <= 63
+    job = {"CI_COMMIT_BRANCH": "Feature/X", "CI_COMMIT_REF_NAME": "Feature/X", "ALLOWED": "/^feature/i"}
+    denied = first_match(RULES, job)
+    assert (denied.allowed, denied.index) == (False, 3)
+    assert denied.reason.startswith("rules[3]: namespace '$CI_COMMIT_REF_NAME' resolved to 'Feature/X'")
+
+
+def test_an_expression_that_cannot_be_evaluated_denies_naming_the_rule() -> None:
+    rule = Rule(if_=parse("$CI_COMMIT_BRANCH =~ $ALLOWED"), name="ci_access.projects[0].rules[0]")
+    match = first_match([rule, Rule()], {"CI_COMMIT_BRANCH": "main", "ALLOWED": "main"})
+    assert (match.allowed, match.index) == (False, 0)
+    assert match.reason.startswith("ci_access.projects[0].rules[0] could not be evaluated: $ALLOWED")
+
+
+def test_a_rule_without_if_matches_and_without_namespace_leaves_it_to_the_entry() -> None:
+    assert first_match([Rule()], {}) == RuleMatch(allowed=True, index=0, reason="rules[0] matched")
