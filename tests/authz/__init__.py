@@ -1,0 +1,1 @@
+"""Tests of kasd.authz: signed tokens and their keys."""
