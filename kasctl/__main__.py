@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+from kasctl import tokens
 from kasctl.stack import CONTEXT, DEMO_MANIFEST, Stack, StackError, find_kubectl
 
 DEMO_HELP = """\
@@ -174,7 +175,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="kasctl",
         description="kasctl: companion commands for kasd.",
-        epilog="example: kasctl demo    (then follow the printed kubectl commands)",
+        epilog=(
+            "examples:\n"
+            "  kasctl demo                              # then follow the printed kubectl commands\n"
+            "  kasctl keys generate --out keys/         # the key pair that signs tokens\n"
+            "  kasctl token ci --key keys/jobtoken-signing.pem --project group/app --job-id 42 \\\n"
+            "      --pipeline-id 7 --user alice --ref main --ttl 1h\n"
+            "  kasctl token pat --key keys/jobtoken-signing.pem --user alice --ttl 30d\n"
+            "\n"
+            "`kasctl COMMAND --help` explains each command."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = commands.add_parser(
@@ -188,11 +199,14 @@ def main(argv: list[str] | None = None) -> int:
                       help="kasd replicas sharing a Redis (default 1: a lone kasd, no Redis)")
     demo.add_argument("--agentd-replicas", type=_positive, default=None, metavar="M",
                       help="agentd pods (default: 1, or 2 with --replicas > 1)")
+    tokens.add_commands(commands)
     args = parser.parse_args(argv)
     if args.command == "demo" and args.agentd_replicas is None:
         args.agentd_replicas = 1 if args.replicas == 1 else 2
     if args.command == "demo":
         return _demo(args)
+    if args.command in ("keys", "token"):
+        return tokens.run(args)
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover
     return 2
 

@@ -1,1 +1,1 @@
-"""Tests of kasd.authz: the rules language, namespace templates, slugs, CI variables, rule lists."""
+"""Tests of kasd.authz: tokens and keys, the rules language, namespace templates, slugs, CI variables, rule lists, the access model."""

@@ -1,0 +1,1 @@
+"""Tests of kasctl commands that run without a stack: keys and tokens."""
