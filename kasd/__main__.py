@@ -87,6 +87,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure_logging(config.log_level)
     log.info("kasd starting version=%s", VERSION)
+    if config.groups or config.projects or config.users or config.authorization.enabled:
+        # checked, but not yet what decides: say so rather than let an operator believe it
+        log.warning("groups/projects/users/authorization are read and checked but not in force in this "
+                    "version: the static access: list decides (docs/authorization.md)")
     code = 0
     try:
         trio.run(partial(run_until_signalled, partial(_serve, config), log=log))

@@ -32,6 +32,14 @@ from daemonkit.settings import (
     setting,
 )
 from h2trio.budget import ResetLimit
+from kasd.authz.directory import (
+    Directory,
+    DirectoryError,
+    Role,
+    full_path_problem,
+    parse_role,
+    username_problem,
+)
 from kasd.tokens import is_token_hash
 from tunnelhttp.head import Impersonation
 
@@ -455,6 +463,106 @@ class AccessEntry:
     impersonate: Impersonation | None = setting(None, parse=_impersonation)
 
 
+# --------------------------------------------------------------------------- the directory (issue 16)
+# Groups, projects and users as GitLab lays them out (kasd.authz.directory checks them as a whole, in
+# _check below); agents are the ``agents:`` list. docs/authorization.md, "## The model".
+
+
+def _full_path(value: Any) -> str:
+    problem = full_path_problem(value)
+    if problem:
+        raise Problem(problem)
+    return value  # type: ignore[no-any-return]
+
+
+def _username(value: Any) -> str:
+    problem = username_problem(value)
+    if problem:
+        raise Problem(problem)
+    return value  # type: ignore[no-any-return]
+
+
+def _optional_id(value: Any) -> int | None:
+    return None if value is None else _positive_id(value)
+
+
+def _memberships(value: Any) -> dict[str, Role]:
+    """``{group or project path: role}``; the paths are checked against the directory in _check."""
+    if value is None:
+        return {}
+    raw = _expect(value, dict, "a mapping of group or project path to role")
+    out: dict[str, Role] = {}
+    for path, role in raw.items():
+        problem = full_path_problem(path)
+        if problem:
+            raise Problem(problem, at=f".{path}")
+        try:
+            out[path] = parse_role(role)
+        except ValueError as exc:
+            raise Problem(str(exc), at=f".{path}") from None
+    return out
+
+
+@attrs.frozen(kw_only=True)
+class GroupEntry:
+    #: full path, ``group/subgroup``; a subgroup's parent must be declared too
+    path: str = setting(parse=_full_path)
+    id: int = setting(parse=_positive_id)
+
+
+@attrs.frozen(kw_only=True)
+class ProjectEntry:
+    #: full path, ``group/subgroup/project``; its group must be declared (or be a user's namespace)
+    path: str = setting(parse=_full_path)
+    id: int = setting(parse=_positive_id)
+
+
+@attrs.frozen(kw_only=True)
+class UserEntry:
+    username: str = setting(parse=_username)
+    id: int | None = setting(None, parse=_optional_id)
+    #: project or group path → guest, reporter, developer, maintainer or owner
+    memberships: dict[str, Role] = setting(factory=dict, parse=_memberships)
+
+
+def _existing_dir(value: Any) -> Path | None:
+    if value is None:
+        return None
+    path = Path(_expect(value, str, "a directory path"))
+    if not path.is_dir():
+        raise Problem(f"directory {str(path)!r} does not exist")
+    return path
+
+
+def _strings_list(value: Any) -> tuple[str, ...]:
+    return _strings(value, "")
+
+
+def _optional_string(value: Any) -> str | None:
+    return None if value is None else _string(value)
+
+
+@attrs.frozen(kw_only=True)
+class JobTokenSettings:
+    """Reserved for the signed CI job tokens (the job-token work fills these in and checks them)."""
+
+    #: PEM files of the keys that verify job tokens
+    public_keys: tuple[str, ...] = setting((), parse=_strings_list)
+    audience: str | None = setting(None, parse=_optional_string)
+    issuer: str | None = setting(None, parse=_optional_string)
+
+
+@attrs.frozen(kw_only=True)
+class AuthorizationSettings:
+    #: where the agents' config projects are checked out: <config_root>/<project path>/.gitlab/agents/<name>/config.yaml
+    config_root: Path | None = setting(None, parse=_existing_dir)
+    job_token: JobTokenSettings = JobTokenSettings()
+
+    @property
+    def enabled(self) -> bool:
+        return self.config_root is not None
+
+
 _REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "redis+sentinel")
 
 
@@ -621,6 +729,10 @@ class Config:
     listeners: Listeners = Listeners()
     agents: tuple[Agent, ...] = ()
     access: tuple[AccessEntry, ...] = ()
+    groups: tuple[GroupEntry, ...] = ()
+    projects: tuple[ProjectEntry, ...] = ()
+    users: tuple[UserEntry, ...] = ()
+    authorization: AuthorizationSettings = AuthorizationSettings()
     routing: Routing = Routing()
     agent_wait_timeout: float = setting(
         10.0, parse=_seconds, env="KASD_AGENT_WAIT_TIMEOUT", flag="--agent-wait-timeout", metavar="SECONDS",
@@ -764,6 +876,7 @@ def _check(loaded: Loaded[Config]) -> Config:
         for j, agent_id in enumerate(entry["agents"]):
             if agent_id not in seen:
                 raise ConfigError(f"{loaded.where(f'access[{i}].agents[{j}]')}: agent {agent_id} is not defined under agents:")
+    _check_directory(loaded)
     routing = config.routing
     if routing.breaker_initial_hold > routing.breaker_max_hold:
         raise ConfigError(
@@ -773,6 +886,28 @@ def _check(loaded: Loaded[Config]) -> Config:
     if routing.replicated:
         _check_replicas(loaded)
     return config
+
+
+def _check_directory(loaded: Loaded[Config]) -> Directory:
+    """Groups, projects, users and agents as a whole: no duplicate path or id, every subgroup's and
+    project's group declared, memberships naming declared groups or projects; with
+    ``authorization.config_root``, every agent's config project declared."""
+    config = loaded.value
+    try:
+        return Directory.build(
+            groups=config.groups, projects=config.projects, users=config.users, agents=config.agents,
+            require_agent_projects=config.authorization.enabled,
+        )
+    except DirectoryError as exc:
+        raise ConfigError(f"{loaded.where(exc.key)}: {exc.problem}") from None
+
+
+def directory_of(config: Config) -> Directory:
+    """The directory of an already checked config (``load_config`` checked it)."""
+    return Directory.build(
+        groups=config.groups, projects=config.projects, users=config.users, agents=config.agents,
+        require_agent_projects=config.authorization.enabled,
+    )
 
 
 _WILDCARDS = ("0.0.0.0", "::", "")
@@ -826,4 +961,7 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
     return _check(LOADER.load(argv, environ))
 
 
-__all__ = ["VERSION", "Config", "ConfigError", "PrivateListener", "RedisSettings", "SecretFile", "config_from_mapping", "load_config"]
+__all__ = [
+    "VERSION", "AuthorizationSettings", "Config", "ConfigError", "GroupEntry", "JobTokenSettings", "PrivateListener",
+    "ProjectEntry", "RedisSettings", "SecretFile", "UserEntry", "config_from_mapping", "directory_of", "load_config",
+]

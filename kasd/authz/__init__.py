@@ -1,19 +1,21 @@
 """Authorization of CI jobs and users in kasd, without network I/O: the pieces an Authority is built from.
 
 Who a ``ci:``/``pat:`` bearer token says its holder is: ``keys`` (Ed25519 signing and verification
-keys, by ``kid``) and ``jobtokens`` (signed, expiring job and personal tokens). What GitLab's agent
-``config.yaml`` lets that identity do: ``ci_access`` project and group entries, plus a ``rules:``
-list on each (proposed upstream, never shipped) — ``regex`` (the RE2 subset ``=~`` uses, matched in
-linear time), ``expr`` (the ``rules:if`` language: parse once at config load, evaluate per request),
-``expand`` (``$VAR`` expansion of ``namespace:`` templates and the DNS-1123 label check), ``slugs``
-(GitLab's ``CI_ENVIRONMENT_SLUG`` and ``CI_COMMIT_REF_SLUG``), ``civars`` (a job → its predefined
-CI variables) and ``rules`` (a compiled rule list and its first-match decision).
+keys, by ``kid``) and ``jobtokens`` (signed, expiring job and personal tokens). Whom kasd knows:
+``directory`` (groups, projects, users and their roles, agents). What an agent's GitLab
+``config.yaml`` allows (``agentconfig``: ``ci_access``, ``user_access``) and the decision over both
+(``policy``: a job or a user → an allowed or denied ``Decision`` with its impersonation identity).
+The ``rules:`` list on each entry (proposed upstream, never shipped): ``regex`` (the RE2 subset
+``=~`` uses, matched in linear time), ``expr`` (the ``rules:if`` language: parse once at config load,
+evaluate per request), ``expand`` (``$VAR`` expansion of ``namespace:`` templates and the DNS-1123
+label check), ``slugs`` (GitLab's ``CI_ENVIRONMENT_SLUG`` and ``CI_COMMIT_REF_SLUG``), ``civars`` (a
+job → its predefined CI variables) and ``rules`` (a compiled rule list and its first-match decision).
 
 Apart from reading key and configuration files, everything here is a pure function of its
 arguments: no clock (time is an argument), no sockets, no logging.
 
-May import: the standard library, attrs, PyYAML, the JOSE library (joserfc, with cryptography
-beneath it). Never trio, never the proxy (``kasd.k8sproxy``), a front end or a listener, never
-``kasd.config`` (the loader builds on this package, not the other way round): the pipeline asks,
-this package answers.
+May import: ``tunnelhttp.head`` (the impersonation value the proxy sends), the standard library,
+attrs, PyYAML, the JOSE library (joserfc, with cryptography beneath it). Never trio, never the proxy
+(``kasd.k8sproxy``), a front end, a listener or ``routing``, never ``kasd.config`` (the config imports
+the directory's checks, not the reverse): the pipeline asks, this package answers.
 """

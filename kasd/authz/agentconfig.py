@@ -1,0 +1,528 @@
+"""Each agent's ``config.yaml``, in GitLab's schema: who may use the agent (``ci_access``,
+``user_access``) and as whom (``access_as``).
+
+kasd reads it from ``<config root>/<config project path>/.gitlab/agents/<agent name>/config.yaml``
+(``agent_config_path``), a checkout of the agent's config project. The file is parsed with PyYAML's
+node API so that every problem names its place: ``AgentConfigError`` reads
+``…/config.yaml:12:7: ci_access.projects[0].id: must be a string, got int 42``.
+
+Keys GitLab's agent configuration knows but kasd does not use (``gitops``, ``observability``,
+``remote_development``, …) are ignored silently; keys nobody knows are ignored too, as GitLab does,
+and each is reported once in ``LoadedAgentConfig.warnings`` (the caller logs them once). Inside
+``access_as``, ``impersonate`` and ``rules`` an unknown key is an error instead: a typo there would
+change whom the agent acts as. Environment templates
+(``.gitlab/agents/<agent>/environment_templates/<name>.yaml``) are not read here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal, NoReturn, TypeVar, cast
+
+import attrs
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from kasd.authz.directory import full_path_problem
+
+Mode = Literal["agent", "impersonate", "ci_job", "ci_user"]
+EntryKind = Literal["project", "group", "instance", "implicit"]
+When = Literal["always", "never"]
+OnOverflow = Literal["fail", "truncate"]
+
+#: a larger config.yaml is refused before it is parsed
+MAX_CONFIG_BYTES = 1024 * 1024
+#: YAML nodes one file may make kasd look at (aliases can repeat a subtree many times over)
+MAX_NODES = 100_000
+
+#: GitLab's agent names: a DNS label
+_AGENT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+#: a Kubernetes namespace name (RFC 1123 label)
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+#: top-level keys of GitLab's agent configuration that kasd does not use: ignored without a warning
+GITLAB_KEYS_IGNORED = (
+    "gitops", "observability", "cilium", "starboard", "container_scanning", "remote_development", "flux",
+)
+
+
+# --------------------------------------------------------------------------- the values
+
+
+@attrs.frozen(kw_only=True)
+class Mark:
+    """A place in a file, 1-based, as editors count."""
+
+    file: str
+    line: int
+    column: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}"
+
+
+@attrs.frozen(kw_only=True)
+class ImpersonateConfig:
+    """``access_as: {impersonate: …}``: a fixed identity."""
+
+    username: str
+    uid: str | None = None
+    groups: tuple[str, ...] = ()
+    #: GitLab's ``extra: [{key, val: [..]}]``, in the file's order
+    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class AccessAs:
+    """``access_as``: exactly one of ``agent`` (the default), ``impersonate``, ``ci_job``, ``ci_user``."""
+
+    mode: Mode = "agent"
+    #: only with mode ``impersonate``
+    impersonate: ImpersonateConfig | None = None
+
+
+@attrs.frozen(kw_only=True)
+class RawRule:
+    """One ``rules:`` entry as written, for the rules engine to compile (kasd.authz.rules).
+
+    ``if_mark`` is where the ``if:`` value starts in the file; ``if_style`` is its YAML style (None
+    plain, ``'`` or ``"`` quoted, ``|`` or ``>`` block): for a plain or quoted one-line value, an
+    expression column c is file column ``if_mark.column + c - 1`` (plus 1 when quoted).
+    """
+
+    if_text: str | None
+    if_mark: Mark | None
+    if_style: str | None = None
+    namespace: str | None = None
+    when: When = "always"
+    #: kasd's extension: a namespace template that expands past 63 characters fails the rule, or is cut
+    on_overflow: OnOverflow = "fail"
+    #: where the rule starts
+    mark: Mark | None = None
+
+
+@attrs.frozen(kw_only=True)
+class CiAccessEntry:
+    """One ``ci_access`` entry; never merged with another (the most specific one decides)."""
+
+    kind: EntryKind
+    #: the project or group full path as written; None for ``instance`` and the implicit entry
+    id: str | None = None
+    default_namespace: str | None = None
+    access_as: AccessAs = AccessAs()
+    #: empty: any job, with or without an environment
+    environments: tuple[str, ...] = ()
+    protected_branches_only: bool = False
+    resource_management: bool = False
+    rules: tuple[RawRule, ...] = ()
+    mark: Mark | None = None
+
+
+@attrs.frozen(kw_only=True)
+class CiAccess:
+    projects: tuple[CiAccessEntry, ...] = ()
+    groups: tuple[CiAccessEntry, ...] = ()
+    instance: CiAccessEntry | None = None
+
+
+@attrs.frozen(kw_only=True)
+class UserAccess:
+    """``user_access``: members (Developer or more) of these projects and groups may use the agent."""
+
+    access_as: Literal["agent", "user"]
+    projects: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+    mark: Mark | None = None
+
+
+@attrs.frozen(kw_only=True)
+class AgentConfig:
+    #: the file it was read from (for messages)
+    source: str
+    ci_access: CiAccess = CiAccess()
+    #: None: no ``user_access:``, no personal tokens
+    user_access: UserAccess | None = None
+
+
+@attrs.frozen(kw_only=True)
+class LoadedAgentConfig:
+    config: AgentConfig
+    #: each unknown key once, with its place; the caller logs them once
+    warnings: tuple[str, ...] = ()
+
+
+class AgentConfigError(ValueError):
+    """The file is unusable: ``str()`` is ``<file>:<line>:<column>: <key>: <problem>``."""
+
+    def __init__(self, message: str, *, mark: Mark | None = None, key: str = "", problem: str = "") -> None:
+        super().__init__(message)
+        self.mark = mark
+        self.key = key
+        self.problem = problem or message
+
+
+# --------------------------------------------------------------------------- finding and reading
+
+
+def agent_config_path(config_root: Path, config_project: str, agent_name: str) -> Path:
+    """``<config_root>/<config_project>/.gitlab/agents/<agent_name>/config.yaml``; a project path or
+    an agent name that could step outside ``config_root`` raises ``AgentConfigError``."""
+    problem = full_path_problem(config_project)
+    if problem:
+        raise AgentConfigError(f"agent config project {config_project!r}: {problem}")
+    if not _AGENT_NAME.fullmatch(agent_name):
+        raise AgentConfigError(
+            f"agent name {agent_name!r} is not a GitLab agent name (lower-case letters, digits and '-', "
+            "at most 63), so it names no .gitlab/agents/ directory"
+        )
+    return config_root / config_project / ".gitlab" / "agents" / agent_name / "config.yaml"
+
+
+def load_agent_config(config_root: Path, config_project: str, agent_name: str) -> LoadedAgentConfig:
+    """Read and check one agent's ``config.yaml``. A missing file is an empty configuration (as in
+    GitLab: only jobs of the config project itself may use the agent), reported as a warning."""
+    path = agent_config_path(config_root, config_project, agent_name)
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        return LoadedAgentConfig(
+            config=AgentConfig(source=str(path)),
+            warnings=(f"{path}: no such file: the agent has the default configuration (only CI/CD jobs "
+                      f"of its config project {config_project} may use it)",),
+        )
+    except OSError as exc:
+        raise AgentConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise AgentConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise AgentConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    return parse_agent_config(text, str(path))
+
+
+def parse_agent_config(text: str, source: str) -> LoadedAgentConfig:
+    """Check the text of a ``config.yaml``; ``source`` names it in messages."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
+        raise AgentConfigError(f"{where}: not valid YAML: {exc.problem or exc}") from None
+    except yaml.YAMLError as exc:
+        raise AgentConfigError(f"{source}: not valid YAML: {exc}") from None
+    reader = _Reader(source)
+    if node is None or _is_null(node):
+        return LoadedAgentConfig(config=AgentConfig(source=source))
+    config = reader.config(node)
+    return LoadedAgentConfig(config=config, warnings=tuple(reader.warnings))
+
+
+# --------------------------------------------------------------------------- the walk
+
+_STR = "tag:yaml.org,2002:str"
+_BOOL = "tag:yaml.org,2002:bool"
+_NULL = "tag:yaml.org,2002:null"
+
+T = TypeVar("T")
+
+
+def _is_null(node: Node) -> bool:
+    return isinstance(node, ScalarNode) and node.tag == _NULL
+
+
+def _describe(node: Node) -> str:
+    if isinstance(node, MappingNode):
+        return "a mapping"
+    if isinstance(node, SequenceNode):
+        return "a list"
+    kind = node.tag.rsplit(":", 1)[-1]
+    return f"{kind} {node.value!r}" if kind == "str" else f"{kind} {node.value}"
+
+
+class _Reader:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self._warnings: list[tuple[int, int, str]] = []
+        self._warned: set[str] = set()
+        self._nodes = 0
+
+    # ------------------------------------------------------------------- typed reads
+
+    def mark(self, node: Node) -> Mark:
+        return Mark(file=self.source, line=node.start_mark.line + 1, column=node.start_mark.column + 1)
+
+    def fail(self, node: Node, key: str, problem: str) -> NoReturn:
+        mark = self.mark(node)
+        raise AgentConfigError(f"{mark}: {key or '(top level)'}: {problem}", mark=mark, key=key, problem=problem)
+
+    def unknown(self, node: Node, key: str, known: tuple[str, ...]) -> None:
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        mark = self.mark(node)
+        self._warnings.append(
+            (mark.line, mark.column, f"{mark}: {key}: unknown key, ignored ("
+             + (f"known here: {', '.join(known)})" if known else "this mapping takes no keys)"))
+        )
+
+    @property
+    def warnings(self) -> list[str]:
+        """In the file's order."""
+        return [text for _, _, text in sorted(self._warnings)]
+
+    def _count(self, node: Node, key: str) -> None:
+        self._nodes += 1
+        if self._nodes > MAX_NODES:
+            self.fail(node, key, f"the file makes more than {MAX_NODES} YAML values (aliases repeating a large "
+                                 "subtree?)")
+
+    def mapping(self, node: Node, key: str, known: tuple[str, ...], *, strict: bool = False,
+                ) -> dict[str, tuple[Node, Node]]:
+        """The mapping's known keys → (key node, value node); unknown keys warned of (or, ``strict``,
+        an error); null is an empty mapping."""
+        self._count(node, key)
+        if _is_null(node):
+            return {}
+        if not isinstance(node, MappingNode):
+            self.fail(node, key, f"must be a mapping, got {_describe(node)}")
+        out: dict[str, tuple[Node, Node]] = {}
+        seen: set[str] = set()
+        for key_node, value_node in node.value:
+            if not (isinstance(key_node, ScalarNode) and key_node.tag == _STR):
+                self.fail(key_node, key, f"keys must be strings, got {_describe(key_node)}")
+            name = key_node.value
+            here = f"{key}.{name}" if key else name
+            if name in seen:
+                self.fail(key_node, here, "appears twice in one mapping")
+            seen.add(name)
+            if name in known:
+                out[name] = (key_node, value_node)
+            elif strict:
+                self.fail(key_node, here, f"unknown key (expected one of: {', '.join(known)})")
+            elif key or name not in GITLAB_KEYS_IGNORED:
+                self.unknown(key_node, here, known)
+        return out
+
+    def sequence(self, node: Node, key: str, what: str) -> list[Node]:
+        self._count(node, key)
+        if _is_null(node):
+            return []
+        if not isinstance(node, SequenceNode):
+            self.fail(node, key, f"must be a list of {what}, got {_describe(node)}")
+        return list(node.value)
+
+    def string(self, node: Node, key: str, *, empty: bool = False) -> str:
+        self._count(node, key)
+        if not (isinstance(node, ScalarNode) and node.tag == _STR):
+            self.fail(node, key, f"must be a string, got {_describe(node)}")
+        if not empty and not node.value:
+            self.fail(node, key, "must not be empty")
+        return cast(str, node.value)
+
+    def boolean(self, node: Node, key: str) -> bool:
+        self._count(node, key)
+        if not (isinstance(node, ScalarNode) and node.tag == _BOOL):
+            self.fail(node, key, f"must be true or false, got {_describe(node)}")
+        return cast(str, node.value).lower() in ("true", "yes", "on", "y")
+
+    def choice(self, node: Node, key: str, choices: tuple[str, ...]) -> str:
+        text = self.string(node, key)
+        if text not in choices:
+            self.fail(node, key, f"must be one of {', '.join(choices)}, got {text!r}")
+        return text
+
+    def strings(self, node: Node, key: str) -> tuple[str, ...]:
+        return tuple(self.string(item, f"{key}[{i}]") for i, item in enumerate(self.sequence(node, key, "strings")))
+
+    def optional(self, fields: dict[str, tuple[Node, Node]], name: str, key: str,
+                 read: Callable[[Node, str], T]) -> T | None:
+        """``read`` of the field ``name`` if present and not null."""
+        if name not in fields or _is_null(fields[name][1]):
+            return None
+        return read(fields[name][1], f"{key}.{name}" if key else name)
+
+    # ------------------------------------------------------------------- the schema
+
+    def config(self, node: Node) -> AgentConfig:
+        top = self.mapping(node, "", ("ci_access", "user_access", *GITLAB_KEYS_IGNORED))
+        ci_access = self.optional(top, "ci_access", "", self.ci_access) or CiAccess()
+        user_access = self.optional(top, "user_access", "", self.user_access)
+        return AgentConfig(source=self.source, ci_access=ci_access, user_access=user_access)
+
+    def ci_access(self, node: Node, key: str) -> CiAccess:
+        fields = self.mapping(node, key, ("projects", "groups", "instance"))
+        projects = self.optional(fields, "projects", key, lambda n, k: self.entries(n, k, "project")) or ()
+        groups = self.optional(fields, "groups", key, lambda n, k: self.entries(n, k, "group")) or ()
+        instance = None
+        if "instance" in fields:  # `instance: {}` (or null) authorizes every project
+            instance = self.entry(fields["instance"][1], f"{key}.instance", "instance")
+        return CiAccess(projects=projects, groups=groups, instance=instance)
+
+    def entries(self, node: Node, key: str, kind: EntryKind) -> tuple[CiAccessEntry, ...]:
+        out: list[CiAccessEntry] = []
+        seen: dict[str, int] = {}
+        for i, item in enumerate(self.sequence(node, key, f"{kind}s")):
+            entry = self.entry(item, f"{key}[{i}]", kind)
+            assert entry.id is not None
+            other = seen.setdefault(entry.id.lower(), i)
+            if other != i:
+                self.fail(item, f"{key}[{i}].id", f"{entry.id!r} is already {key}[{other}] (entries are never merged)")
+            out.append(entry)
+        return tuple(out)
+
+    _ENTRY_KEYS = ("default_namespace", "access_as", "environments", "protected_branches_only",
+                   "resource_management", "rules")
+
+    def entry(self, node: Node, key: str, kind: EntryKind) -> CiAccessEntry:
+        known = self._ENTRY_KEYS if kind == "instance" else ("id", *self._ENTRY_KEYS)
+        fields = self.mapping(node, key, known)
+        entry_id: str | None = None
+        if kind != "instance":
+            if "id" not in fields:
+                self.fail(node, f"{key}.id", f"missing (the {kind}'s full path, e.g. group/project)")
+            entry_id = self.string(fields["id"][1], f"{key}.id")
+            problem = full_path_problem(entry_id)
+            if problem:
+                self.fail(fields["id"][1], f"{key}.id", problem)
+        namespace = self.optional(fields, "default_namespace", key, self.namespace_name)
+        access_as = self.optional(fields, "access_as", key, self.ci_access_as) or AccessAs()
+        environments = self.optional(fields, "environments", key, self.strings) or ()
+        protected = self.optional(fields, "protected_branches_only", key, self.boolean) or False
+        resource_management = self.optional(fields, "resource_management", key, self.resource_management) or False
+        rules = self.optional(fields, "rules", key, self.rules) or ()
+        return CiAccessEntry(
+            kind=kind, id=entry_id, default_namespace=namespace, access_as=access_as,
+            environments=environments, protected_branches_only=protected,
+            resource_management=resource_management, rules=rules, mark=self.mark(node),
+        )
+
+    def namespace_name(self, node: Node, key: str) -> str:
+        name = self.string(node, key)
+        if not _NAMESPACE.fullmatch(name):
+            self.fail(node, key, f"{name!r} is not a Kubernetes namespace name (lower-case letters, digits "
+                                 "and '-', at most 63)")
+        return name
+
+    def resource_management(self, node: Node, key: str) -> bool:
+        fields = self.mapping(node, key, ("enabled",))
+        return self.optional(fields, "enabled", key, self.boolean) or False
+
+    def _one_of(self, node: Node, key: str, modes: tuple[str, ...]) -> tuple[str, Node] | None:
+        fields = self.mapping(node, key, modes, strict=True)
+        if len(fields) > 1:
+            names = list(fields)
+            self.fail(fields[names[1]][0], f"{key}.{names[1]}",
+                      f"access_as takes exactly one of {', '.join(modes)}; {names[0]} is given too")
+        if not fields:
+            return None
+        name, (_, value) = next(iter(fields.items()))
+        return name, value
+
+    def ci_access_as(self, node: Node, key: str) -> AccessAs:
+        chosen = self._one_of(node, key, ("agent", "impersonate", "ci_job", "ci_user"))
+        if chosen is None:  # `access_as: {}`: GitLab's default
+            return AccessAs()
+        mode, value = chosen
+        if mode == "impersonate":
+            return AccessAs(mode="impersonate", impersonate=self.impersonate(value, f"{key}.impersonate"))
+        self.mapping(value, f"{key}.{mode}", ())  # `{}` (or null); keys inside are warned of
+        return AccessAs(mode=cast(Mode, mode))
+
+    def impersonate(self, node: Node, key: str) -> ImpersonateConfig:
+        if _is_null(node):
+            self.fail(node, f"{key}.username", "missing (impersonation needs a username)")
+        fields = self.mapping(node, key, ("username", "uid", "groups", "extra"), strict=True)
+        if "username" not in fields:
+            self.fail(node, f"{key}.username", "missing (impersonation needs a username)")
+        username = self.string(fields["username"][1], f"{key}.username")
+        uid = self.optional(fields, "uid", key, self.string)
+        groups = self.optional(fields, "groups", key, self.strings) or ()
+        extra = self.optional(fields, "extra", key, self.extra) or ()
+        return ImpersonateConfig(username=username, uid=uid, groups=groups, extra=extra)
+
+    def extra(self, node: Node, key: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        out: list[tuple[str, tuple[str, ...]]] = []
+        seen: dict[str, int] = {}
+        for i, item in enumerate(self.sequence(node, key, "{key, val} mappings")):
+            here = f"{key}[{i}]"
+            fields = self.mapping(item, here, ("key", "val"), strict=True)
+            if "key" not in fields:
+                self.fail(item, f"{here}.key", "missing (GitLab's extra is a list of {key: …, val: [...]})")
+            name = self.string(fields["key"][1], f"{here}.key")
+            other = seen.setdefault(name, i)
+            if other != i:
+                self.fail(fields["key"][1], f"{here}.key", f"{name!r} is already {key}[{other}]")
+            values = self.optional(fields, "val", here, self.strings) or ()
+            out.append((name, values))
+        return tuple(out)
+
+    def rules(self, node: Node, key: str) -> tuple[RawRule, ...]:
+        out: list[RawRule] = []
+        for i, item in enumerate(self.sequence(node, key, "rules")):
+            here = f"{key}[{i}]"
+            fields = self.mapping(item, here, ("if", "namespace", "when", "on_overflow"), strict=True)
+            if_text = if_mark = if_style = None
+            if "if" in fields:
+                value = fields["if"][1]
+                if_text = self.string(value, f"{here}.if")
+                if_mark = self.mark(value)
+                if_style = cast(ScalarNode, value).style
+            namespace = self.optional(fields, "namespace", here, self.string)
+            when = self.optional(fields, "when", here, lambda n, k: self.choice(n, k, ("always", "never")))
+            overflow = self.optional(fields, "on_overflow", here, lambda n, k: self.choice(n, k, ("fail", "truncate")))
+            out.append(RawRule(
+                if_text=if_text, if_mark=if_mark, if_style=if_style, namespace=namespace,
+                when=cast(When, when or "always"), on_overflow=cast(OnOverflow, overflow or "fail"),
+                mark=self.mark(item),
+            ))
+        return tuple(out)
+
+    def user_access(self, node: Node, key: str) -> UserAccess:
+        fields = self.mapping(node, key, ("access_as", "projects", "groups"))
+        if "access_as" not in fields:
+            self.fail(node, f"{key}.access_as", "missing (user_access needs access_as: {agent: {}} or {user: {}})")
+        chosen = self._one_of(fields["access_as"][1], f"{key}.access_as", ("agent", "user"))
+        if chosen is None:
+            self.fail(fields["access_as"][1], f"{key}.access_as", "must be {agent: {}} or {user: {}}")
+        mode, value = chosen
+        self.mapping(value, f"{key}.access_as.{mode}", ())
+        projects = self.optional(fields, "projects", key, self.ids) or ()
+        groups = self.optional(fields, "groups", key, self.ids) or ()
+        return UserAccess(access_as=cast(Literal["agent", "user"], mode), projects=projects, groups=groups,
+                          mark=self.mark(node))
+
+    def ids(self, node: Node, key: str) -> tuple[str, ...]:
+        out: list[str] = []
+        for i, item in enumerate(self.sequence(node, key, "{id: path} mappings")):
+            fields = self.mapping(item, f"{key}[{i}]", ("id",))
+            if "id" not in fields:
+                self.fail(item, f"{key}[{i}].id", "missing (a full path, e.g. group/project)")
+            path = self.string(fields["id"][1], f"{key}[{i}].id")
+            problem = full_path_problem(path)
+            if problem:
+                self.fail(fields["id"][1], f"{key}[{i}].id", problem)
+            out.append(path)
+        return tuple(out)
+
+
+__all__ = [
+    "GITLAB_KEYS_IGNORED",
+    "AccessAs",
+    "AgentConfig",
+    "AgentConfigError",
+    "CiAccess",
+    "CiAccessEntry",
+    "ImpersonateConfig",
+    "LoadedAgentConfig",
+    "Mark",
+    "Mode",
+    "RawRule",
+    "UserAccess",
+    "agent_config_path",
+    "load_agent_config",
+    "parse_agent_config",
+]
