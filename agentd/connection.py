@@ -11,8 +11,9 @@ its in-flight streams in the background.
 Among kasd replicas, kasd sends a ``placement`` NOTICE (docs/routing.md, "Home placement"): the
 replicas in ring order from the agent's home. Slot ``i`` then belongs on ``replicas[i % n]`` (slot 0
 on the home). A slot whose tunnel is elsewhere dials its replica first and only then drains the old
-tunnel (make-before-break); a replica it cannot reach is passed over for ``PLACEMENT_SKIP`` seconds
-(the configured addresses remain the fallback). A placement never moves a tunnel from https to http,
+tunnel (make-before-break); a replica it cannot reach, or whose tunnel broke, is passed over for
+``PLACEMENT_SKIP`` seconds or until the next placement, and the slot fails over to the next replica
+within ``FAILOVER_JITTER`` instead of backing off (the configured addresses remain the fallback). A placement never moves a tunnel from https to http,
 and an https one is verified with the same CA as the configured addresses.
 """
 
@@ -45,8 +46,13 @@ Dial = Callable[[str, str, Metadata], AbstractAsyncContextManager[Session]]
 StreamHandler = Callable[[MuxStream], Awaitable[None]]
 Sleep = Callable[[float], Awaitable[None]]
 
-#: seconds a placement's replica that could not be reached is passed over
+#: seconds a placement's replica that could not be reached is passed over (or until a new placement)
 PLACEMENT_SKIP = 30.0
+
+#: a tunnel on a replica that broke (a crash, not a drain) or a dial it refused is replaced on the
+#: placement's next replica within this many seconds (spread: its other agents do the same), not
+#: after the backoff meant for kasd being away as a whole
+FAILOVER_JITTER = 0.2
 
 #: what a failed dial is expected to raise (anything else is logged with its traceback, then retried)
 _DIAL_ERRORS = (OSError, TunnelRejectedError, SessionClosedError, trio.BrokenResourceError, ssl.SSLError, ValueError)
@@ -232,6 +238,8 @@ class ConnectionManager:
         placement = tuple(urls) or None
         if placement != self.placement:
             self.placement = placement
+            # A new table is news about the replicas (one left, one came back): try them afresh.
+            self._skip_until.clear()
             log.info("placement home=%s replicas=%d", placement[0] if placement else None, len(urls))
             self._placement_changed.set()
             self._placement_changed = trio.Event()
@@ -248,6 +256,16 @@ class ConnectionManager:
         if self.placement is not None and url in self.placement:
             self._skip_until[url] = trio.current_time() + PLACEMENT_SKIP
 
+    def _elsewhere(self, index: int, url: str) -> bool:
+        """Passing over ``url``, slot ``index`` has another replica of the placement to go to."""
+        self._skip(url)
+        target = self._placement_target(index)
+        return target is not None and target != url
+
+    def _next_skip_expiry(self) -> float:
+        now = trio.current_time()
+        return min((t for t in self._skip_until.values() if t > now), default=math.inf)
+
     async def _until_ended_or_moved(self, tunnel: Tunnel, ended: trio.Event) -> bool:
         """Wait until the tunnel ended (False) or its slot belongs on another replica (True)."""
         while True:
@@ -258,6 +276,8 @@ class ConnectionManager:
             if target is not None and target != tunnel.url:
                 return True
             async with trio.open_nursery() as nursery:
+                # ... or until a replica passed over may be tried again (its slot's home, say)
+                nursery.cancel_scope.deadline = self._next_skip_expiry()
 
                 async def wait(event: trio.Event) -> None:
                     await event.wait()
@@ -314,13 +334,14 @@ class ConnectionManager:
                 failed_dials += 1
                 if isinstance(exc, TunnelRejectedError) and exc.status in (401, 403):
                     quick_until = -math.inf
-                if trio.current_time() < quick_until:
+                if self._elsewhere(index, url):
+                    delay = self._rand.uniform(0.0, FAILOVER_JITTER)  # the next replica, not a backoff
+                elif trio.current_time() < quick_until:
                     delay = self.backoff.quick_delay(self._rand)  # the count stays where the drop left it
                 else:
                     failures += 1
                     delay = self.backoff.delay(failures, self._rand)
                 self._log_dial_failure(url, index, exc, failed_dials, delay)
-                self._skip(url)
                 await self._sleep(delay)
                 continue
             failed_dials = 0
@@ -338,12 +359,18 @@ class ConnectionManager:
                 quick_until = now + self.quick_window
             else:
                 quick_until = -math.inf
-            failures += 1
             if tunnel.goaway:
                 # Replace at once (the old session drains meanwhile); only a kasd that keeps sending
                 # GOAWAY right after connecting (failures piling up) is backed off from.
+                failures += 1
                 delay = self.backoff.delay(failures - 1, self._rand)
+            elif self._elsewhere(index, tunnel.url):
+                # The replica broke the tunnel (crashed, most likely) and others are placed: fail over
+                # to the next one now; its requests are waiting for a tunnel to appear anywhere.
+                self._failures += 1
+                delay = self._rand.uniform(0.0, FAILOVER_JITTER)
             else:
+                failures += 1
                 self._failures += 1
                 delay = (self.backoff.quick_delay(self._rand) if now < quick_until
                          else self.backoff.delay(failures, self._rand))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from agentd.connection import ConnectionManager
+from agentd.connection import FAILOVER_JITTER, ConnectionManager
 from kasd.server import Runtime
 from tests.kasd.helpers import AGENT1_TOKEN, CI_TOKEN, bearer, http_request
 from tests.kasd.replicas_helpers import name_of, replica_config, running_replicas
@@ -91,6 +91,28 @@ async def test_an_unreachable_placement_is_passed_over(tmp_path: Path) -> None:
             assert _holds(a) == 1  # it stayed where it could serve
             reply = await http_request(a.port("kubernetes_api"), "GET", "/api/v1/pods", [bearer(CI_TOKEN)])
             assert reply.status == 200
+            manager.stop()
+
+
+async def test_a_tunnel_that_breaks_fails_over_to_the_next_replica_at_once(tmp_path: Path) -> None:
+    """The home's end of the tunnel breaks with no GOAWAY, as when its kasd is killed: agentd's one
+    slot redials the placement's next replica within FAILOVER_JITTER, not after a backoff, and not
+    the replica that just broke it."""
+    world = MemoryWorld()
+    async with running_replicas(world, [replica_config(tmp_path)] * 2) as (a, b):
+        world.order = [name_of(b), name_of(a)]  # b is the agent's home
+        world.members_changed()
+        manager = _manager(tmp_path, [a.agent_url])
+        async with trio.open_nursery() as nursery:
+            await nursery.start(manager.run)
+            await _until(lambda: _holds(b) == 1 and _holds(a) == 0, [a, b])
+            for tunnel in list(b.registry.tunnels(1)):
+                await tunnel.session.transport.aclose()  # no GOAWAY: a crash, as agentd sees it
+            # (b's own end of the session lingers in this one process; a killed kasd's would not)
+            await _until(lambda: _holds(a) == 1, [a, b], bound=FAILOVER_JITTER + 0.8)
+            assert manager.placement == (b.agent_url, a.agent_url)  # b is still the home: not a placement move
+            reply = await http_request(a.port("kubernetes_api"), "GET", "/api/v1/pods", [bearer(CI_TOKEN)])
+            assert reply.status == 200 and reply.json() == {"served": True}
             manager.stop()
 
 
