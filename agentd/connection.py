@@ -244,23 +244,32 @@ class ConnectionManager:
             self._placement_changed.set()
             self._placement_changed = trio.Event()
 
-    def _placement_target(self, index: int) -> str | None:
-        """Where slot ``index`` belongs by kasd's placement (replicas found unreachable passed over)."""
+    def _placement_target(self, index: int, *, afresh_but: str | None = None) -> str | None:
+        """Where slot ``index`` belongs by kasd's placement (replicas found unreachable passed over).
+
+        ``afresh_but``: when every replica is passed over, try all but this one again (a tunnel on
+        it just broke; the replicas that broke earlier ones were probably restarted since)."""
         if self.placement is None:
             return None
         now = trio.current_time()
         usable = [u for u in self.placement if self._skip_until.get(u, -math.inf) <= now]
+        if not usable and afresh_but is not None:
+            self._skip_until = {u: t for u, t in self._skip_until.items() if u == afresh_but}
+            usable = [u for u in self.placement if u != afresh_but]
         return usable[index % len(usable)] if usable else None
 
     def _skip(self, url: str) -> None:
         if self.placement is not None and url in self.placement:
             self._skip_until[url] = trio.current_time() + PLACEMENT_SKIP
 
-    def _elsewhere(self, index: int, url: str) -> bool:
-        """Passing over ``url``, slot ``index`` has another replica of the placement to go to."""
+    def _elsewhere(self, index: int, url: str, *, broke: bool = False) -> bool:
+        """Passing over ``url``, slot ``index`` has another replica of the placement to go to.
+
+        ``broke``: a tunnel on ``url`` broke (rather than a dial to it failing): replicas passed
+        over earlier are tried afresh if none is left. A failed dial never does that, so a fleet
+        that is down as a whole gets at most one quick dial per replica, then the backoff."""
         self._skip(url)
-        target = self._placement_target(index)
-        return target is not None and target != url
+        return self._placement_target(index, afresh_but=url if broke else None) is not None
 
     def _next_skip_expiry(self) -> float:
         now = trio.current_time()
@@ -364,7 +373,7 @@ class ConnectionManager:
                 # GOAWAY right after connecting (failures piling up) is backed off from.
                 failures += 1
                 delay = self.backoff.delay(failures - 1, self._rand)
-            elif self._elsewhere(index, tunnel.url):
+            elif self._elsewhere(index, tunnel.url, broke=True):
                 # The replica broke the tunnel (crashed, most likely) and others are placed: fail over
                 # to the next one now; its requests are waiting for a tunnel to appear anywhere.
                 self._failures += 1
