@@ -258,7 +258,11 @@ class RedisDirectory(_Events):
         await self.client.pexpire(held, int(self.tunnel_ttl * 2000))
 
     async def _refresh(self) -> None:
-        """Refresh every ``tunnel_ttl / 3``; re-register (and announce) at once when Redis returns."""
+        """Refresh every ``tunnel_ttl / 3``; re-register (and announce) at once when Redis returns.
+
+        The first refresh runs at once: the entries a previous run of this replica (same name) left
+        behind, crashed or killed, go before any peer forwards a request here for them."""
+        await self._guard(self._register_all())
         while True:
             returned = self.health.returned
             with trio.move_on_after(self.tunnel_ttl / 3):

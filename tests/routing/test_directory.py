@@ -54,14 +54,14 @@ async def replicas(url: str, names: list[str]) -> AsyncIterator[dict[str, Replic
         nursery.cancel_scope.cancel()
 
 
-async def _replica(url: str, name: str, *, task_status: trio.TaskStatus[Replica]) -> None:
+async def _replica(url: str, name: str, tunnel_ttl: float = TTL, *, task_status: trio.TaskStatus[Replica]) -> None:
     done = trio.Event()
     with trio.CancelScope() as scope:
         health = RedisHealth(url)
         async with open_redis(url) as client, trio.open_nursery() as nursery:
             membership = RedisMembership(client, Member(name=name, private_url=f"http://{name}"), health=health,
                                          heartbeat_interval=HB)
-            directory = RedisDirectory(client, membership, health=health, tunnel_ttl=TTL)
+            directory = RedisDirectory(client, membership, health=health, tunnel_ttl=tunnel_ttl)
             await nursery.start(membership.run)
             await nursery.start(directory.run)
             try:
@@ -335,4 +335,20 @@ async def test_a_replica_taken_for_dead_registers_its_tunnels_again(redis_url: s
         beating = trio.CancelScope()
         await nursery.start(heartbeat)  # a beats again
         await until_holders(b, 11, {"a:1"}, 2)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_restarted_replica_drops_what_its_previous_run_left_at_once(redis_url: str) -> None:
+    """a is killed and started again under the same name before its entries expire: the new run
+    holds no tunnel, so peers must not forward to it; its first refresh (at once, not after
+    ``tunnel_ttl / 3``) deletes and announces the stale entries."""
+    async with replicas(redis_url, ["b:1"]) as r, trio.open_nursery() as nursery:
+        b = r["b:1"]
+        first = await nursery.start(_replica, redis_url, "a:1", 30.0)
+        first.directory.tunnels_up(6)
+        await until_holders(b, 6, {"a:1"}, 2)
+        await first.crash()  # no goodbye: its entries stay (for 30 s)
+        await nursery.start(_replica, redis_url, "a:1", 30.0)  # back before its member TTL ran out
+        await until_holders(b, 6, set(), 0.5)
+        assert await b.directory.holders(6) == frozenset()
         nursery.cancel_scope.cancel()
