@@ -30,6 +30,13 @@ from routing.redisconn import REDIS_ERRORS, RedisHealth, subscription
 log = logging.getLogger("routing.directory")
 
 
+#: seconds a holders answer read from Redis is used again (changes are announced at once; this
+#: bounds what a lost notice could cost)
+HOLDERS_MAX_AGE = 1.0
+#: agents whose holders are remembered at once
+HOLDERS_CACHED = 4096
+
+
 class Directory(Protocol):
     def tunnels_up(self, agent_id: int) -> None: ...
     def tunnels_down(self, agent_id: int) -> None: ...
@@ -132,6 +139,13 @@ class RedisDirectory(_Events):
         self._gone: list[str] = []
         self._rewrite = False
         self._wake = trio.Event()
+        # The holders last read from Redis per agent, with when: every change is announced on the
+        # channel (and a lost subscription, a member leaving, a re-registration clear it all), so
+        # a forwarded request asks Redis only when something changed or the answer is older than
+        # HOLDERS_MAX_AGE. ``_version`` moves on each invalidation: a read that overlapped one is
+        # not kept.
+        self._holders: dict[int, tuple[float, frozenset[str]]] = {}
+        self._version = 0
         membership.on_removed.append(self._collect_later)
         membership.on_rejoined.append(self._rewrite_later)
 
@@ -174,6 +188,16 @@ class RedisDirectory(_Events):
         self._rewrite = True
         self._wake.set()
 
+    def fire(self, agent_id: int) -> None:
+        self._holders.pop(agent_id, None)
+        self._version += 1
+        super().fire(agent_id)
+
+    def fire_all(self) -> None:
+        self._holders.clear()
+        self._version += 1
+        super().fire_all()
+
     # ---- what the router asks
 
     async def holders(self, agent_id: int) -> frozenset[str]:
@@ -181,14 +205,25 @@ class RedisDirectory(_Events):
         if not self.health.healthy:
             await trio.lowlevel.checkpoint()
             return frozenset()
-        try:
-            with trio.fail_after(3):
-                names = await self._live_script(keys=[self._tunnels_key(agent_id)], args=[])
-        except REDIS_ERRORS as exc:
-            self.health.failed(exc)
-            return frozenset()
+        now = trio.current_time()
+        cached = self._holders.get(agent_id)
+        if cached is not None and now - cached[0] < HOLDERS_MAX_AGE:
+            await trio.lowlevel.checkpoint()
+            names = cached[1]
+        else:
+            version = self._version
+            try:
+                with trio.fail_after(3):
+                    names = frozenset(str(n) for n in await self._live_script(keys=[self._tunnels_key(agent_id)], args=[]))
+            except REDIS_ERRORS as exc:
+                self.health.failed(exc)
+                return frozenset()
+            if version == self._version:
+                if len(self._holders) >= HOLDERS_CACHED:
+                    del self._holders[next(iter(self._holders))]  # the oldest
+                self._holders[agent_id] = (now, names)
         members = self.membership.members()
-        return frozenset(str(n) for n in names if n in members and n != self.me)
+        return frozenset(n for n in names if n in members and n != self.me)
 
     # ---- the background
 

@@ -352,3 +352,25 @@ async def test_a_restarted_replica_drops_what_its_previous_run_left_at_once(redi
         await until_holders(b, 6, set(), 0.5)
         assert await b.directory.holders(6) == frozenset()
         nursery.cancel_scope.cancel()
+
+
+def _script_calls(server: RedisProcess) -> int:
+    stats = server.command("INFO", "commandstats").decode()
+    return sum(int(line.split("calls=")[1].split(",")[0]) for line in stats.splitlines()
+               if line.startswith(("cmdstat_evalsha:", "cmdstat_eval:")))
+
+
+async def test_holders_are_read_from_redis_again_only_after_a_change(redis_server: RedisProcess) -> None:
+    """A forwarded request must not cost a Redis round trip each: the answer is kept until a
+    change notice (or HOLDERS_MAX_AGE) says it may be stale."""
+    redis_server.command("FLUSHALL")
+    async with replicas(redis_server.url, ["a:1", "b:1"]) as r:
+        a, b = r["a:1"], r["b:1"]
+        a.directory.tunnels_up(8)
+        await until_holders(b, 8, {"a:1"}, 2)
+        before = _script_calls(redis_server)
+        for _ in range(50):
+            assert await b.directory.holders(8) == {"a:1"}
+        assert _script_calls(redis_server) - before <= 2  # (a heartbeat script may run meanwhile)
+        a.directory.tunnels_down(8)
+        await until_holders(b, 8, set(), 1)  # the notice made b ask again
