@@ -139,24 +139,25 @@ def bench_hop(quick: bool) -> None:
 async def _notice_once(stack: Stack, a: int, b: int, ctx: ssl.SSLContext) -> tuple[float, float]:
     """A request waiting on replica b; a fake agent session connecting to replica a: the seconds
     from the session's handshake to the request's answer, and those of the same request asked again
-    (the tunnel up: the hop alone) on the same kind of fresh connection."""
+    on the same connection (the tunnel up: the request and the hop alone)."""
+    from httpload import Connection, _checked
+
+    from tunnelhttp.head import ResponseHead
     from wire.h2carrier import open_h2_session
 
     answered = trio.Event()
     t_answer = 0.0
     host, port = stack.replica_addresses[b]["kubernetes_api"].rsplit(":", 1)
+    headers = [("authorization", f"Bearer {stack.ci_token}")]
+    conn = await Connection.open(host, int(port), ssl_context=ctx)  # TLS before the wait, not in it
 
     async def ask() -> None:
         nonlocal t_answer
-        result = await run_load(host, int(port), SMALL, concurrency=1, requests=1, warmup=0,
-                                headers=[("authorization", f"Bearer {stack.ci_token}")], ssl_context=ctx)
-        assert result.requests == 1
+        await _checked(conn, SMALL, headers)
         t_answer = time.perf_counter()
         answered.set()
 
     async def serve(session: object) -> None:
-        from tunnelhttp.head import ResponseHead
-
         while True:
             stream = await session.accept_stream()  # type: ignore[attr-defined]
             await stream.accept(ResponseHead(status=200, headers=(("content-length", "2"),)).to_metadata())
@@ -171,10 +172,12 @@ async def _notice_once(stack: Stack, a: int, b: int, ctx: ssl.SSLContext) -> tup
             t_up = time.perf_counter()
             nursery.start_soon(serve, session)
             await answered.wait()
-            again = await run_load(host, int(port), SMALL, concurrency=1, requests=1, warmup=0,
-                                   headers=[("authorization", f"Bearer {stack.ci_token}")], ssl_context=ctx)
+            t_again = time.perf_counter()
+            await _checked(conn, SMALL, headers)
+            again = time.perf_counter() - t_again
             nursery.cancel_scope.cancel()
-    return t_answer - t_up, again.latencies[0]
+    await conn.aclose()
+    return t_answer - t_up, again
 
 
 def bench_notice(quick: bool) -> None:
@@ -194,13 +197,24 @@ def bench_notice(quick: bool) -> None:
         print(f"notice: agent connects to kasd-1 while a request waits on kasd-2, {count} times:")
         print(f"  handshake → answer: p50 {ms(pct(took, 50))} p99 {ms(pct(took, 99))} max {ms(max(took))}"
               f"  (target ≤ 10 ms p99, GitLab polls every 50 ms)")
-        print(f"  of which the request itself (the same GET again, tunnel up): p50 {ms(pct(hop, 50))} p99 {ms(pct(hop, 99))};"
+        print(f"  of which the request itself (the same GET again on that connection, tunnel up): p50 {ms(pct(hop, 50))} p99 {ms(pct(hop, 99))};"
               f" the notice alone ≈ p50 {ms(pct(took, 50) - pct(hop, 50))}", flush=True)
     finally:
         stack.stop()
 
 
 # --------------------------------------------------------------------------- failover
+
+
+async def _get_once(host: str, port: int, headers: list[tuple[str, str]], ctx: ssl.SSLContext) -> None:
+    """One GET on a fresh connection (a client arriving after the kill); raises unless 200."""
+    from httpload import Connection, _checked
+
+    conn = await Connection.open(host, port, ssl_context=ctx)
+    try:
+        await _checked(conn, SMALL, headers)
+    finally:
+        await conn.aclose()
 
 
 def bench_failover(quick: bool) -> None:
@@ -224,8 +238,7 @@ def bench_failover(quick: bool) -> None:
             process.proc.wait()
             while True:
                 try:
-                    trio.run(lambda h=host, p=port: run_load(h, int(p), SMALL, concurrency=1, requests=1, warmup=0,
-                                                             headers=headers, ssl_context=ctx))
+                    trio.run(_get_once, host, int(port), headers, ctx)
                     break
                 except Exception:
                     if time.perf_counter() - started > 30:
