@@ -331,6 +331,11 @@ class Session(trio.abc.AsyncResource):
         self.connection = MuxConnection(client=client, settings=settings, limits=limits, metadata=metadata)
         self.keepalive_interval = keepalive_interval
         self.keepalive_timeout = keepalive_timeout
+        # The side that dialled keeps an idle session alive; the side that accepted pings only if
+        # the dialler fell silent for twice as long. Otherwise both timers, reset by the same
+        # PING/PONG, fire together and every idle session costs two exchanges per interval (half
+        # of an idle kasd's CPU with 10,000 agents).
+        self._ping_after = keepalive_interval if client else 2 * keepalive_interval
         self.handshake_timeout = handshake_timeout
         self.name = name or ("client" if client else "server")
         self._high_water = outbound_high_water
@@ -649,13 +654,17 @@ class Session(trio.abc.AsyncResource):
                     SessionClosedError(f"no data from peer for {idle:.1f}s (keepalive timeout)", ErrorCode.KEEPALIVE_TIMEOUT)
                 )
                 return
-            if idle >= self.keepalive_interval and (pinged_at is None or pinged_at <= self._last_received):
+            if idle >= self._ping_after and (pinged_at is None or pinged_at <= self._last_received):
                 self._call_quiet(self.connection.ping, now)
                 self._wake_writer()
                 pinged_at = now
             wake = self._last_received + self.keepalive_timeout
             if pinged_at is None or pinged_at <= self._last_received:
-                wake = min(wake, self._last_received + self.keepalive_interval)
+                wake = min(wake, self._last_received + self._ping_after)
+            else:  # look again an interval after the PING (its PONG sets when the next one is due),
+                # or, that moment passed without a PONG, an interval from now: never a busy loop
+                again = pinged_at + self._ping_after
+                wake = min(wake, again if again > now else now + self._ping_after)
             await trio.sleep_until(wake)
 
     # ------------------------------------------------------------------ helpers

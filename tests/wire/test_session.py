@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ssl
+from typing import Any
 
 import pytest
 import trio
@@ -460,3 +461,20 @@ async def test_a_stream_the_callback_cannot_take_is_refused_and_the_session_goes
     assert len(taken) == 1 and not server.closed
     await taken[0].accept()
     assert await fine.wait_accepted() == {}
+
+
+async def test_only_the_dialling_side_keeps_an_idle_session_alive(nursery: trio.Nursery,
+                                                                  autojump_clock: trio.abc.Clock) -> None:
+    """One PING/PONG per interval, not two: the accepting side hears the dialler's PINGs and never
+    pings itself (both timers used to fire together after each exchange)."""
+    client, server = await _session_pair(nursery, keepalive_interval=5, keepalive_timeout=15)
+    await trio.sleep(0.5)  # the handshake's rtt PINGs are done
+    pings = {"client": 0, "server": 0}
+    for name, session in (("client", client), ("server", server)):
+        def counted(now: float, _ping: Any = session.connection.ping, _name: str = name) -> Any:
+            pings[_name] += 1
+            return _ping(now)
+        session.connection.ping = counted  # type: ignore[method-assign]
+    await trio.sleep(60)
+    assert 10 <= pings["client"] <= 13 and pings["server"] == 0, pings
+    assert not client.closed and not server.closed
