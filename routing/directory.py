@@ -144,8 +144,11 @@ class RedisDirectory(_Events):
         # a forwarded request asks Redis only when something changed or the answer is older than
         # HOLDERS_MAX_AGE. ``_version`` moves on each invalidation: a read that overlapped one is
         # not kept.
+        # Only while subscribed: a change announced before the subscription was made (or while it
+        # was lost) is never heard, so an answer read then is not kept.
         self._holders: dict[int, tuple[float, frozenset[str]]] = {}
         self._version = 0
+        self._subscribed = False
         membership.on_removed.append(self._collect_later)
         membership.on_rejoined.append(self._rewrite_later)
 
@@ -218,7 +221,7 @@ class RedisDirectory(_Events):
             except REDIS_ERRORS as exc:
                 self.health.failed(exc)
                 return frozenset()
-            if version == self._version:
+            if version == self._version and self._subscribed:
                 if len(self._holders) >= HOLDERS_CACHED:
                     del self._holders[next(iter(self._holders))]  # the oldest
                 self._holders[agent_id] = (now, names)
@@ -348,18 +351,22 @@ class RedisDirectory(_Events):
         while True:
             try:
                 async with subscription(self.client, [self.channel]) as pubsub:
-                    first = True
                     async for message in pubsub:
                         if message["type"] == "message":
                             agent, _, _ = str(message["data"]).partition(" ")
                             if agent.isdigit():
                                 self.fire(int(agent))
                         elif message["type"] == "subscribe":
-                            if not first:  # subscribed again after a reconnect: we may have missed changes
-                                self.fire_all()
-                            first = False
+                            # From now on every change is heard; what was read before (and changes
+                            # missed while a lost subscription was made again) must be read afresh.
+                            self._subscribed = True
+                            self.fire_all()
             except REDIS_ERRORS:
+                self._subscribed = False
+                self.fire_all()
                 await trio.sleep(1.0)
+            finally:
+                self._subscribed = False
 
     async def _members_changed(self) -> None:
         while True:

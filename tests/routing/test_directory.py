@@ -374,3 +374,21 @@ async def test_holders_are_read_from_redis_again_only_after_a_change(redis_serve
         assert _script_calls(redis_server) - before <= 2  # (a heartbeat script may run meanwhile)
         a.directory.tunnels_down(8)
         await until_holders(b, 8, set(), 1)  # the notice made b ask again
+
+
+async def test_an_answer_read_before_the_subscription_is_never_kept(redis_server: RedisProcess) -> None:
+    """A change announced before a replica has subscribed is never heard: what it read then must be
+    read again, not trusted for HOLDERS_MAX_AGE (a replica just started forwarded to nobody)."""
+    redis_server.command("FLUSHALL")
+    async with replicas(redis_server.url, ["a:1"]) as r, open_redis(redis_server.url) as client, \
+            trio.open_nursery() as nursery:
+        health = RedisHealth(redis_server.url)
+        membership = RedisMembership(client, Member(name="b:1", private_url="http://b:1"), health=health,
+                                     heartbeat_interval=HB)
+        await nursery.start(membership.run)
+        b = RedisDirectory(client, membership, health=health, tunnel_ttl=TTL)  # not run: not subscribed
+        assert await b.holders(6) == frozenset()
+        r["a:1"].directory.tunnels_up(6)
+        await eventually(lambda: _sync(lambda: b"a:1" in redis_server.command("HGETALL", "kasd:tunnels:{6}")), 2)
+        assert await b.holders(6) == {"a:1"}
+        nursery.cancel_scope.cancel()
