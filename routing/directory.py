@@ -149,6 +149,8 @@ class RedisDirectory(_Events):
         self._holders: dict[int, tuple[float, frozenset[str]]] = {}
         self._version = 0
         self._subscribed = False
+        #: set once the change channel is first subscribed (from then on answers are kept)
+        self.listening = trio.Event()
         membership.on_removed.append(self._collect_later)
         membership.on_rejoined.append(self._rewrite_later)
 
@@ -271,10 +273,12 @@ class RedisDirectory(_Events):
     async def _announce(self, agent_id: int, up: bool) -> None:
         key = self._tunnels_key(agent_id)
         if up:
-            # written and announced in one script; the held set (for collection) after
+            # The held set first (what collection and a restart's cleanup go by): crashing between
+            # the two leaves a held agent without an entry (harmless), never an entry nothing
+            # would delete before it expires. Then written and announced in one script.
+            await self.client.sadd(self._held_key(self.me), [str(agent_id)])
             await self._up_script(keys=[key], args=[self.me, int(self.tunnel_ttl * 1000), self.channel,
                                                    f"{agent_id} + {self.me}"])
-            await self.client.sadd(self._held_key(self.me), [str(agent_id)])
         else:
             await self.client.hdel(key, [self.me])
             await self.client.publish(self.channel, f"{agent_id} - {self.me}")
@@ -361,6 +365,7 @@ class RedisDirectory(_Events):
                             # missed while a lost subscription was made again) must be read afresh.
                             self._subscribed = True
                             self.fire_all()
+                            self.listening.set()
             except REDIS_ERRORS:
                 self._subscribed = False
                 self.fire_all()

@@ -50,6 +50,9 @@ async def replicas(url: str, names: list[str]) -> AsyncIterator[dict[str, Replic
         made: dict[str, Replica] = {}
         for name in names:
             made[name] = await nursery.start(_replica, url, name)
+        with trio.fail_after(10):  # subscribed: a change notice from now on is heard (and no waiter
+            for replica in made.values():  # is woken by the subscription itself)
+                await replica.directory.listening.wait()
         yield made
         nursery.cancel_scope.cancel()
 
@@ -349,7 +352,7 @@ async def test_a_restarted_replica_drops_what_its_previous_run_left_at_once(redi
         await until_holders(b, 6, {"a:1"}, 2)
         await first.crash()  # no goodbye: its entries stay (for 30 s)
         await nursery.start(_replica, redis_url, "a:1", 30.0)  # back before its member TTL ran out
-        await until_holders(b, 6, set(), 0.5)
+        await until_holders(b, 6, set(), 2)  # at once: tunnel_ttl / 3 would be 10 s
         assert await b.directory.holders(6) == frozenset()
         nursery.cancel_scope.cancel()
 
