@@ -3,8 +3,8 @@
 - The first SIGTERM or SIGINT starts the graceful drain: ``main`` is told through its ``drain``
   event, finishes what is in flight (within its own bound) and returns.
 - A second one stops at once: ``main`` is cancelled.
-- SIGHUP is logged and ignored. It used to end the process without a drain (Python's default);
-  configuration reload is not supported yet, so a restart is what applies a new configuration.
+- SIGHUP calls ``on_hangup`` (kasd reloads its authorization configuration); without one it is
+  logged and ignored (never Python's default, which ends the process without a drain).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ async def run_until_signalled(
     main: Callable[[trio.Event], Awaitable[None]],
     *,
     log: logging.Logger,
+    on_hangup: Callable[[], object] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run ``main(drain)`` until it returns, handling the signals as the module says; ``log`` is
@@ -43,10 +44,12 @@ async def run_until_signalled(
                 async for signum in signals:
                     signame = signal.Signals(signum).name
                     if signum == signal.SIGHUP:
-                        log.warning(
-                            "signal received signal=%s: reload not supported yet; restart to apply configuration",
-                            signame,
-                        )
+                        if on_hangup is not None:
+                            log.info("signal received signal=%s: reloading", signame)
+                            on_hangup()
+                        else:
+                            log.warning("signal received signal=%s: ignored (nothing to reload; restart to apply "
+                                        "configuration)", signame)
                     elif not drain.is_set():
                         log.info("signal received signal=%s: shutting down gracefully", signame)
                         drain.set()

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from kasctl.authsetup import AuthSetup
 from kasctl.redisproc import (
     RedisNotFound,
     free_port,
@@ -36,6 +37,25 @@ AGENT_NAME = "demo"
 CONFIG_PROJECT = "group/demo"
 CONTEXT = f"{CONFIG_PROJECT}:{AGENT_NAME}"
 OFFLINE_AGENT_ID = 2
+OFFLINE_CONFIG_PROJECT = "group/offline"
+DEMO_USER = "demo"
+#: the demo agent's config.yaml: its own project's jobs, acting as the job
+DEMO_AGENT_CONFIG = """\
+ci_access:
+  projects:
+    - id: group/demo
+      access_as: {ci_job: {}}
+"""
+#: the offline agent's: the demo project's jobs (as the agent), and its developers' personal tokens
+OFFLINE_AGENT_CONFIG = """\
+ci_access:
+  projects:
+    - id: group/demo
+user_access:
+  access_as: {agent: {}}
+  projects:
+    - id: group/demo
+"""
 
 #: seconds agentd lets in-flight streams (a `kubectl get -w`, an exec) run on after SIGTERM
 AGENTD_SHUTDOWN_GRACE = 10.0
@@ -202,8 +222,14 @@ class Stack:
         self.agentds: list[Process | None] = [None] * agentd_replicas
         self.agentd_healths: list[str] = [""] * agentd_replicas
         self.agent_token = "glagent-" + secrets.token_urlsafe(32)
-        self.job_token = "glcbt-" + secrets.token_urlsafe(24)
-        self.personal_token = "glpat-" + secrets.token_urlsafe(20)
+        # Signed tokens (kasctl token ci|pat), checked against the agents' config.yaml files.
+        self.auth = AuthSetup(self.dir / "authorization")
+        self.auth.agent_config(CONFIG_PROJECT, AGENT_NAME, DEMO_AGENT_CONFIG)
+        self.auth.agent_config(OFFLINE_CONFIG_PROJECT, "offline", OFFLINE_AGENT_CONFIG)
+        #: a CI job of the demo project (its kubectl acts as the job: gitlab:ci_job:1)
+        self.job_token = self.auth.job_token(CONFIG_PROJECT, job_id=1, pipeline_id=1, user=DEMO_USER)
+        #: the demo user's personal token: user_access on the offline agent only (agent 1: 403)
+        self.personal_token = self.auth.personal_token(DEMO_USER)
         self.cluster_token = secrets.token_urlsafe(32)
         self.peer_secret = secrets.token_urlsafe(32)
         self.kubesim: Process | None = None
@@ -327,29 +353,13 @@ class Stack:
             "agents": [
                 {"id": AGENT_ID, "name": AGENT_NAME, "config_project": CONFIG_PROJECT, "token_sha256": sha256(self.agent_token)},
                 # A second agent that never connects: requests for it show the "not connected" error.
-                {"id": OFFLINE_AGENT_ID, "name": "offline", "config_project": "group/offline",
+                {"id": OFFLINE_AGENT_ID, "name": "offline", "config_project": OFFLINE_CONFIG_PROJECT,
                  "token_sha256": sha256(secrets.token_urlsafe(32))},
             ],
-            "access": [
-                {
-                    "name": "demo CI job",
-                    "kind": "ci",
-                    "token_sha256": sha256(self.job_token),
-                    "agents": [AGENT_ID, OFFLINE_AGENT_ID],
-                    "impersonate": {
-                        "user": "gitlab:ci_job:1",
-                        "groups": ["gitlab:ci_job", f"gitlab:project:{CONFIG_PROJECT}"],
-                    },
-                },
-                {
-                    # A personal token allowed only for the offline agent: using it for agent 1 is 403.
-                    "name": "demo personal token",
-                    "kind": "pat",
-                    "token_sha256": sha256(self.personal_token),
-                    "agents": [OFFLINE_AGENT_ID],
-                    "impersonate": None,
-                },
-            ],
+            "groups": [{"path": "group", "id": 1}],
+            "projects": [{"path": CONFIG_PROJECT, "id": 1}, {"path": OFFLINE_CONFIG_PROJECT, "id": 2}],
+            "users": [{"username": DEMO_USER, "memberships": {CONFIG_PROJECT: "developer"}}],
+            **self.auth.kasd_settings(),
             "agent_wait_timeout": self.agent_wait_timeout,
         }
         if self.replicated:

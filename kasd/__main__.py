@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
+from pathlib import Path
 
 import trio
 
@@ -15,7 +16,7 @@ from daemonkit.fatal import leaves, os_error_line
 from daemonkit.logs import configure_logging
 from daemonkit.settings import UsageError
 from daemonkit.signals import run_until_signalled
-from kasd.config import VERSION, Config, ConfigError, argument_parser, load_config
+from kasd.config import VERSION, Config, ConfigError, argument_parser, load_config_file
 from kasd.seams import AccessDenied, parse_bearer
 from kasd.server import Runtime, serve_kasd
 from kasd.tokens import hash_token, token_from_text
@@ -27,11 +28,11 @@ def hash_token_command(argv: Sequence[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(
             "usage: kasd hash-token < token-file\n\n"
-            "Reads one token on stdin and prints its sha256 hex digest, the value for token_sha256:\n"
-            "under agents: or access: in kasd's config. Surrounding whitespace (newlines, blank lines)\n"
-            "is ignored, as agentd ignores it in its --token-file, so an agent's token file can be\n"
-            "piped as it is. For ci:/pat: proxy tokens hash only the secret part, not the\n"
-            "'ci:<agent id>:' prefix (a whole ci:/pat: token on stdin gets a warning)."
+            "Reads one agent token on stdin and prints its sha256 hex digest, the value for\n"
+            "token_sha256: under agents: in kasd's config. Surrounding whitespace (newlines, blank\n"
+            "lines) is ignored, as agentd ignores it in its --token-file, so an agent's token file can\n"
+            "be piped as it is. CI job (ci:) and personal (pat:) tokens are signed, never stored: mint\n"
+            "them with 'kasctl token ci|pat' (a whole ci:/pat: token on stdin gets a warning)."
         )
         return 0
     if argv:
@@ -45,8 +46,8 @@ def hash_token_command(argv: Sequence[str]) -> int:
         kind = token.partition(":")[0]
         print(
             f"kasd hash-token: warning: this looks like a whole {kind}:<agent id>:<token> bearer token; "
-            f"access: entries hold the sha256 of the secret part only (after '{kind}:<agent id>:'). "
-            "Hashing it as it is.",
+            f"kasd stores no {kind}: tokens (they are signed: kasctl token {kind}); token_sha256 is for "
+            "agent tokens. Hashing it as it is.",
             file=sys.stderr,
         )
     print(hash_token(token))
@@ -62,10 +63,13 @@ def _is_bearer_token(token: str) -> bool:
     return True
 
 
-async def _serve(config: Config, drain: trio.Event) -> None:
-    """serve_kasd until ``drain`` is set (the first SIGTERM/SIGINT), then its graceful drain."""
+async def _serve(config: Config, reread: Callable[[], tuple[Config, Path | None]], hangup: list[Callable[[], object]],
+                 drain: trio.Event) -> None:
+    """serve_kasd until ``drain`` is set (the first SIGTERM/SIGINT), then its graceful drain; SIGHUP
+    (``hangup``) reloads the authorization configuration."""
     async with trio.open_nursery() as nursery:
-        runtime: Runtime = await nursery.start(serve_kasd, config)
+        runtime: Runtime = await nursery.start(partial(serve_kasd, config, reread=reread))
+        hangup.append(lambda: runtime.authority.reload("SIGHUP"))
         await drain.wait()
         runtime.request_shutdown()
 
@@ -77,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args and args[0] == "serve":
         args = args[1:]
     try:
-        config = load_config(args, os.environ)
+        config, _ = load_config_file(args, os.environ)
     except UsageError as exc:  # a wrong command line: argparse's usage and words
         argument_parser().print_usage(sys.stderr)
         print(f"kasd: error: {exc}", file=sys.stderr)
@@ -87,13 +91,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure_logging(config.log_level)
     log.info("kasd starting version=%s", VERSION)
-    if config.groups or config.projects or config.users or config.authorization.enabled:
-        # checked, but not yet what decides: say so rather than let an operator believe it
-        log.warning("groups/projects/users/authorization are read and checked but not in force in this "
-                    "version: the static access: list decides (docs/authorization.md)")
+    hangup: list[Callable[[], object]] = []
+
+    def on_hangup() -> None:
+        if hangup:
+            hangup[0]()
+
+    def reread() -> tuple[Config, Path | None]:
+        return load_config_file(args, os.environ)
+
     code = 0
     try:
-        trio.run(partial(run_until_signalled, partial(_serve, config), log=log))
+        trio.run(partial(run_until_signalled, partial(_serve, config, reread, hangup), log=log, on_hangup=on_hangup))
     except* ConfigError as group:
         for err in leaves(group):
             print(f"kasd: configuration error: {err}", file=sys.stderr)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import trio
@@ -21,15 +21,17 @@ log = logging.getLogger("kasd.agents")
 class AgentAuthenticator:
     """The ``authenticate`` callback of ``serve_h2_tunnels``: token → the agent record, or None (401)."""
 
-    def __init__(self, agents: Sequence[Agent]) -> None:
-        self._agents = tuple(agents)
+    def __init__(self, agents: Sequence[Agent] | Callable[[], Sequence[Agent]]) -> None:
+        # a callable: the agents of the configuration in force now (a reload may add or drop one;
+        # sessions already authenticated stay)
+        self._agents = agents if callable(agents) else (lambda held=tuple(agents): held)
         self._failures = BurstLimitedLog(log, interval=10.0)
 
     async def __call__(self, token: str, headers: dict[str, str]) -> Agent | None:
         await trio.lowlevel.checkpoint()
         found: Agent | None = None
         digest = hash_token(token)
-        for agent in self._agents:  # every one, so timing does not tell which matched
+        for agent in self._agents():  # every one, so timing does not tell which matched
             if digest_matches(digest, agent.token_sha256) and found is None:
                 found = agent
         if found is None:

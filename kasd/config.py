@@ -3,8 +3,9 @@
 Each setting is declared once below, as a field of a frozen attrs class (``setting()``: its file key,
 variable, flag, help and check); ``daemonkit.settings`` loads them. A bad value raises
 ``ConfigError`` naming the key and what is wrong, and the variable or flag when it came from one
-(``__main__`` prints it and exits 2). Raw tokens never appear here: agents and access entries hold
-``token_sha256`` digests (``kasd hash-token`` makes them).
+(``__main__`` prints it and exits 2). Raw tokens never appear here: agents hold ``token_sha256``
+digests (``kasd hash-token`` makes them); CI job and personal tokens are signed, and kasd holds only
+the public keys that verify them.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ from kasd.authz.directory import (
     username_problem,
 )
 from kasd.tokens import is_token_hash
-from tunnelhttp.head import Impersonation
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -171,22 +171,6 @@ def _token_hash(value: Any) -> str:
     return value  # type: ignore[no-any-return]
 
 
-def _access_kind(value: Any) -> str:
-    if value not in ("ci", "pat"):
-        raise Problem(f"must be 'ci' or 'pat', got {value!r}")
-    return value  # type: ignore[no-any-return]
-
-
-def _agent_ids(value: Any) -> frozenset[int]:
-    ids = _expect(value, list, "a list of agent ids")
-    for i, agent_id in enumerate(ids):
-        try:
-            _expect(agent_id, int, "an agent id (integer)")
-        except Problem as problem:
-            raise Problem(problem.text, at=f"[{i}]") from None
-    return frozenset(ids)
-
-
 def _strings(value: Any, at: str) -> tuple[str, ...]:
     if value is None:
         return ()
@@ -200,38 +184,6 @@ def _strings(value: Any, at: str) -> tuple[str, ...]:
         except Problem as problem:
             raise Problem(problem.text, at=f"{at}[{i}]") from None
     return tuple(items)
-
-
-_IMPERSONATE_KEYS = ("user", "groups", "uid", "extra")
-
-
-def _impersonation(value: Any) -> Impersonation | None:
-    """``impersonate:`` of an access entry; null acts as the agent itself."""
-    if value is None:
-        return None
-    raw = _expect(value, dict, "a mapping")
-    extra_keys = sorted(set(raw) - set(_IMPERSONATE_KEYS))
-    if extra_keys:
-        raise Problem(f"unknown key (expected one of: {', '.join(_IMPERSONATE_KEYS)})", at=f".{extra_keys[0]}")
-    if "user" not in raw:
-        raise Problem("missing (impersonation needs a user; use null to act as the agent)", at=".user")
-    try:
-        user = _expect(raw["user"], str, "a non-empty string")
-    except Problem as problem:
-        raise Problem(problem.text, at=".user") from None
-    if not user:
-        raise Problem("must not be empty", at=".user")
-    uid = raw.get("uid")
-    if uid is not None:
-        try:
-            _expect(uid, str, "a string")
-        except Problem as problem:
-            raise Problem(problem.text, at=".uid") from None
-    extra = raw.get("extra")
-    if extra is not None and not isinstance(extra, dict):
-        raise Problem(f"must be a mapping, got {type(extra).__name__} {extra!r}", at=".extra")
-    pairs = tuple(sorted((str(k), _strings(v, f".extra.{k}")) for k, v in (extra or {}).items()))
-    return Impersonation(user=user, groups=_strings(raw.get("groups"), ".groups"), uid=uid, extra=pairs)
 
 
 class _EncryptedKeyError(Exception):
@@ -451,18 +403,6 @@ class Agent:
     token_sha256: str = setting(parse=_token_hash, repr=False)
 
 
-@attrs.frozen(kw_only=True)
-class AccessEntry:
-    """One static grant: holders of this token may use these agents, acting as ``impersonate``."""
-
-    name: str = setting("", parse=_string)
-    kind: str = setting(parse=_access_kind)  # "ci" or "pat"
-    token_sha256: str = setting(parse=_token_hash, repr=False)
-    agents: frozenset[int] = setting(parse=_agent_ids)
-    #: None: act as the agent itself (no Impersonate-* headers)
-    impersonate: Impersonation | None = setting(None, parse=_impersonation)
-
-
 # --------------------------------------------------------------------------- the directory (issue 16)
 # Groups, projects and users as GitLab lays them out (kasd.authz.directory checks them as a whole, in
 # _check below); agents are the ``agents:`` list. docs/authorization.md, "## The model".
@@ -515,6 +455,8 @@ class ProjectEntry:
     #: full path, ``group/subgroup/project``; its group must be declared (or be a user's namespace)
     path: str = setting(parse=_full_path)
     id: int = setting(parse=_positive_id)
+    #: its jobs' ``CI_DEFAULT_BRANCH`` (for ``rules:``)
+    default_branch: str = setting("main", parse=_string)
 
 
 @attrs.frozen(kw_only=True)
@@ -534,29 +476,38 @@ def _existing_dir(value: Any) -> Path | None:
     return path
 
 
-def _strings_list(value: Any) -> tuple[str, ...]:
-    return _strings(value, "")
+def _key_files(value: Any) -> tuple[Path, ...]:
+    paths = tuple(Path(p) for p in _strings(value, ""))
+    for i, path in enumerate(paths):
+        if not path.is_file():
+            raise Problem(f"file {str(path)!r} does not exist", at=f"[{i}]")
+    return paths
 
 
-def _optional_string(value: Any) -> str | None:
-    return None if value is None else _string(value)
+def _token_ids(value: Any) -> frozenset[str]:
+    return frozenset(_strings(value, ""))
 
 
 @attrs.frozen(kw_only=True)
-class JobTokenSettings:
-    """Reserved for the signed CI job tokens (the job-token work fills these in and checks them)."""
+class TokenSettings:
+    """How CI job tokens (``ci:``) and personal tokens (``pat:``) are verified (``kasctl token``)."""
 
-    #: PEM files of the keys that verify job tokens
-    public_keys: tuple[str, ...] = setting((), parse=_strings_list)
-    audience: str | None = setting(None, parse=_optional_string)
-    issuer: str | None = setting(None, parse=_optional_string)
+    #: PEM files of the Ed25519 public keys tokens may be signed with (two while rotating); a
+    #: private key file stands for its public half
+    public_keys: tuple[Path, ...] = setting((), parse=_key_files)
+    audience: str = setting("kasd", parse=_string)
+    issuer: str = setting("kasd", parse=_string)
+    #: how far clocks may disagree
+    leeway: float = setting(60.0, parse=_seconds)
+    #: token ids (``jti``, printed by ``kasctl token``) refused before they expire
+    revoked: frozenset[str] = setting(frozenset(), parse=_token_ids)
 
 
 @attrs.frozen(kw_only=True)
 class AuthorizationSettings:
     #: where the agents' config projects are checked out: <config_root>/<project path>/.gitlab/agents/<name>/config.yaml
     config_root: Path | None = setting(None, parse=_existing_dir)
-    job_token: JobTokenSettings = JobTokenSettings()
+    tokens: TokenSettings = TokenSettings()
 
     @property
     def enabled(self) -> bool:
@@ -728,7 +679,6 @@ class Routing:
 class Config:
     listeners: Listeners = Listeners()
     agents: tuple[Agent, ...] = ()
-    access: tuple[AccessEntry, ...] = ()
     groups: tuple[GroupEntry, ...] = ()
     projects: tuple[ProjectEntry, ...] = ()
     users: tuple[UserEntry, ...] = ()
@@ -843,7 +793,7 @@ def argument_parser() -> argparse.ArgumentParser:
 
 def _check(loaded: Loaded[Config]) -> Config:
     """What no single value can tell: listeners on distinct addresses, agents told apart by id and
-    token, access entries naming defined agents."""
+    token."""
     config = loaded.value
     taken: dict[tuple[str, int], str] = {}
     names = ("agent", "observability", "kubernetes_api") + (("private",) if config.routing.replicated else ())
@@ -871,11 +821,6 @@ def _check(loaded: Loaded[Config]) -> Config:
                 f"agents[{tokens[agent.token_sha256]}], agent {first.id} ({first.name}); each agent needs a token of its own"
             )
         tokens[agent.token_sha256] = i
-    for i, entry in enumerate(loaded.document.get("access") or []):
-        # the file's order (the entry's frozenset has none), so the first undefined id is named
-        for j, agent_id in enumerate(entry["agents"]):
-            if agent_id not in seen:
-                raise ConfigError(f"{loaded.where(f'access[{i}].agents[{j}]')}: agent {agent_id} is not defined under agents:")
     _check_directory(loaded)
     routing = config.routing
     if routing.breaker_initial_hold > routing.breaker_max_hold:
@@ -961,7 +906,26 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
     return _check(LOADER.load(argv, environ))
 
 
+def load_config_file(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[Config, Path | None]:
+    """``load_config``, and the file it read (None: none), which a reload watches."""
+    loaded = LOADER.load(argv, environ)
+    return _check(loaded), loaded.config
+
+
 __all__ = [
-    "VERSION", "AuthorizationSettings", "Config", "ConfigError", "GroupEntry", "JobTokenSettings", "PrivateListener",
-    "ProjectEntry", "RedisSettings", "SecretFile", "UserEntry", "config_from_mapping", "directory_of", "load_config",
+    "VERSION",
+    "AuthorizationSettings",
+    "Config",
+    "ConfigError",
+    "GroupEntry",
+    "PrivateListener",
+    "ProjectEntry",
+    "RedisSettings",
+    "SecretFile",
+    "TokenSettings",
+    "UserEntry",
+    "config_from_mapping",
+    "directory_of",
+    "load_config",
+    "load_config_file",
 ]

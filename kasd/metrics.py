@@ -52,6 +52,14 @@ class Metrics:
             registry=r,
         )
         # Among replicas (routing.redis): Redis, the kasd-to-kasd hop. Set up by enable_replicas.
+        self.authz_config_ok = Gauge(
+            "kasd_authz_config_ok",
+            "1 when the last authorization (re)load succeeded; 0 when it failed and the previous configuration is in force",
+            registry=r,
+        )
+        self.authz_reloads = Counter(
+            "kasd_authz_reloads", "Authorization configuration reloads by result (ok, failed)", ["result"], registry=r
+        )
         self.redis_up = Gauge(
             "kasd_redis_up", "1 while this replica reaches Redis (membership and tunnel directory), else 0; "
             "absent on a lone kasd", registry=None)

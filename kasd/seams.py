@@ -53,8 +53,19 @@ class Grant:
     agent_id: int
     #: None: agentd acts as itself
     impersonate: Impersonation | None
-    #: who this is, for logs (never the token)
+    #: who this is, for logs (never the token): ``ci_job:42``, ``user:alice``
     subject: str
+    #: how the agent acts: ``agent`` (itself: the only mode where the client's own
+    #: ``Impersonate-*`` headers pass), ``impersonate``, ``ci_job``, ``ci_user`` or ``user``
+    access_as: str = "agent"
+    #: the namespace the request's context selects (a rule's, else the entry's default)
+    namespace: str | None = None
+    #: the CI job's environment, if any
+    environment: str | None = None
+
+    @property
+    def client_may_impersonate(self) -> bool:
+        return self.access_as == "agent"
 
 
 class AccessDenied(Exception):

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -19,8 +20,8 @@ from daemonkit.listeners import REFUSAL_LOG_INTERVAL, capped_admission
 from daemonkit.logs import BurstLimitedLog
 from daemonkit.notify import sd_notify, write_ready_file
 from h2trio.budget import ResetBuckets
-from kasd.access import StaticAccess
 from kasd.agents import AgentAuthenticator, AgentSessions, PlacementNotices
+from kasd.authority import CiAuthority, config_loader
 from kasd.config import Config, ConfigError, Listener
 from kasd.k8sproxy.pipeline import DROPPED, RequestPipeline
 from kasd.k8sproxy.server import ProxyServer, configure_alpn
@@ -58,6 +59,8 @@ class Runtime:
     metrics: Metrics
     health: Health
     proxy: ProxyServer
+    #: who may use which agent (``reload()`` on SIGHUP; ``watch`` reloads on file changes)
+    authority: CiAuthority
     #: "agent", "observability", "kubernetes_api" (and "private" among replicas) → "host:port" bound
     addresses: dict[str, str] = attrs.field(factory=dict)
     #: the router the proxy asks (``LocalRouter``, or ``ReplicatedRouter`` among replicas)
@@ -168,6 +171,7 @@ def _bound(listeners: list[trio.SocketListener]) -> str:
 
 async def serve_kasd(config: Config, *, replication: ReplicationFactory | None = None,
                      placement: PlacementNotices | None = None,
+                     reread: Callable[[], tuple[Config, Path | None]] | None = None,
                      task_status: trio.TaskStatus[Runtime] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve until ``request_shutdown()``; then drain (bounded by ``shutdown_timeout``) and return.
 
@@ -186,8 +190,11 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
     local = LocalRouter(registry, agent_wait_timeout=config.agent_wait_timeout)
     # Among replicas the router is made once the listeners are bound (this replica's name is known).
     router = _LateRouter(local)
+    # ``reread``: kasd's configuration read again (its file, environment and flags), for reloads;
+    # without it (tests) a reload reads the agents' config.yaml and key files again only.
+    authority = CiAuthority(config_loader(reread or (lambda: (config, None))), metrics)
     pipeline = RequestPipeline(
-        StaticAccess(config.access), router, metrics,
+        authority, router, metrics,
         dropped_headers=DROPPED.also(config.kubernetes_api.strip_request_headers),
         max_requests_per_principal=config.kubernetes_api.max_requests_per_principal,
     )
@@ -201,7 +208,8 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
         ssl_context=configure_alpn(proxy_tls) if proxy_tls else None,
         reset_buckets=reset_buckets,
     )
-    runtime = Runtime(config=config, registry=registry, metrics=metrics, health=health, proxy=proxy, router=local)
+    runtime = Runtime(config=config, registry=registry, metrics=metrics, health=health, proxy=proxy, router=local,
+                      authority=authority)
     stop = trio.Event()
 
     async def listen(name: str, listener: Listener) -> list[trio.SocketListener]:
@@ -282,7 +290,7 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
             lambda task_status: serve_h2_tunnels(
                 agent_sessions,
                 agent_listeners,
-                authenticate=AgentAuthenticator(config.agents),
+                authenticate=AgentAuthenticator(lambda: authority.loaded.agents),
                 path=config.agent.path,
                 ssl_context=server_ssl_context(agent_tls) if agent_tls else None,
                 handshake_timeout=config.agent.handshake_timeout,
@@ -291,6 +299,7 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
             )
         )
         await nursery.start(trio.serve_listeners, proxy.handle_connection, proxy_listeners)
+        nursery.start_soon(authority.watch)
         observability = ObservabilityServer(health, metrics, max_connections=config.observability.max_connections)
         await nursery.start(trio.serve_listeners, observability.handle_connection, obs_listeners)
         health.ready = True
@@ -298,12 +307,11 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
             write_ready_file(config.ready_file, runtime.addresses)
         sd_notify("READY=1")
         log.info(
-            "kasd listening agent=%s observability=%s kubernetes_api=%s agents=%d access_entries=%d%s",
+            "kasd listening agent=%s observability=%s kubernetes_api=%s agents=%d%s",
             runtime.addresses["agent"],
             runtime.addresses["observability"],
             runtime.addresses["kubernetes_api"],
             len(config.agents),
-            len(config.access),
             f" private={runtime.addresses['private']} replica={runtime.replication.membership.self_name}"
             if runtime.replication is not None else "",
         )

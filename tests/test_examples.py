@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -16,19 +17,19 @@ import trio
 import trustme
 
 from agentd.config import load_config as load_agentd_config
-from kasd.access import StaticAccess
 from kasd.agents import AgentAuthenticator
+from kasd.authority import load_authorization
+from kasd.authz.jobtokens import JobClaims, mint_job_token, mint_personal_token
+from kasd.authz.keys import load_signing_key, write_key_pair
+from kasd.authz.snapshot import Denied
 from kasd.config import Config
 from kasd.config import load_config as load_kasd_config
-from kasd.seams import parse_bearer
 from kasd.tokens import hash_token
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 DIGEST = re.compile(r"\b[0-9a-f]{64}\b")
 #: how a comment names the token of the digest on the next line
 DOCUMENTED = re.compile(r'#.*\bsha256 of the [\w ]*token "([^"]+)"')
-#: how an access entry's comment says what kubectl sends
-SENDS = re.compile(r"kubectl sends ((?:ci|pat):\d+:\S+)")
 #: how examples/agentd.yaml says what its token file holds
 AGENTD_TOKEN = re.compile(r"printf %s (\S+) > /etc/agentd/token")
 
@@ -56,6 +57,10 @@ def _kasd_example(tmp_path: Path) -> Config:
     cert.private_key_pem.write_to_path(str(tmp_path / "tls.key"))
     for name in ("tls.crt", "tls.key"):
         text = text.replace(f"/etc/kasd/tls/{name}", str(tmp_path / name))
+    if not (tmp_path / "keys" / "kasd-signing.pem").exists():
+        write_key_pair(tmp_path / "keys", name="kasd-signing")
+    text = text.replace("/etc/kasd/keys/", f"{tmp_path / 'keys'}/")
+    text = text.replace("/etc/kasd/config-projects", str(EXAMPLES / "config-projects"))
     (tmp_path / "kasd.yaml").write_text(text)
     return load_kasd_config(["--config", str(tmp_path / "kasd.yaml")], {})
 
@@ -86,23 +91,41 @@ def test_every_digest_in_examples_is_the_sha256_of_the_token_its_comment_names(p
 def test_kasd_example_loads_and_accepts_the_tokens_it_documents(tmp_path: Path) -> None:
     config = _kasd_example(tmp_path)
     documented = _documented_digests(EXAMPLES / "kasd.yaml")
-    stored = [agent.token_sha256 for agent in config.agents] + [entry.token_sha256 for entry in config.access]
-    assert [digest for _, digest, _ in documented] == stored  # every digest the loader kept is documented
+    assert [digest for _, digest, _ in documented] == [agent.token_sha256 for agent in config.agents]
 
     # The agent tokens authenticate as their agents, the way kasd's agent port checks them.
     authenticate = AgentAuthenticator(config.agents)
-    for agent, (token, _, _) in zip(config.agents, documented, strict=False):
+    for agent, (token, _, _) in zip(config.agents, documented, strict=True):
         assert trio.run(authenticate, token, {}) is agent
 
-    # The proxy tokens, as the comments say kubectl sends them, are granted their agents.
-    access = StaticAccess(config.access)
-    sends = [SENDS.search(comment) for _, _, comment in documented[len(config.agents):]]
-    assert all(sends), "every access: entry's comment says what kubectl sends"
-    for entry, sent in zip(config.access, sends, strict=True):
-        assert sent is not None
-        credentials = parse_bearer(f"Bearer {sent.group(1)}")
-        grant = trio.run(access.authorize, credentials, credentials.agent_id)
-        assert grant.subject == entry.name and grant.agent_id in entry.agents
+
+def test_the_example_agent_configs_decide_as_their_comments_say(tmp_path: Path) -> None:
+    config = _kasd_example(tmp_path)
+    snapshot = load_authorization(config, None).snapshot
+    key = load_signing_key(tmp_path / "keys" / "kasd-signing.pem")
+    now = 1_800_000_000.0
+    ttl = timedelta(hours=1)
+
+    def job(**claims: object) -> str:
+        base: dict[str, object] = {"project": "group/app", "job_id": 7, "pipeline_id": 3, "user": "alice", "ref": "main"}
+        return mint_job_token(key, JobClaims(**{**base, **claims}), ttl, now=now)  # type: ignore[arg-type]
+
+    # prod: protected refs only, as the job, in namespace app
+    verdict = snapshot.authorize("ci", job(protected=True), 1, now=now)
+    assert verdict.decision.access_as == "ci_job" and verdict.namespace == "app"
+    assert verdict.decision.identity is not None and verdict.decision.identity.username == "gitlab:ci_job:7"
+    with pytest.raises(Denied, match="protected_branches_only"):
+        snapshot.authorize("ci", job(protected=False), 1, now=now)
+    # prod: alice, a developer of group/app, as herself
+    user = snapshot.authorize("pat", mint_personal_token(key, "alice", ttl, now=now), 1, now=now)
+    assert user.decision.identity is not None and user.decision.identity.username == "gitlab:user:alice"
+    # staging: the rules
+    with pytest.raises(Denied, match="when: never"):
+        snapshot.authorize("ci", job(ref="wip/x"), 2, now=now)
+    review = snapshot.authorize("ci", job(ref="feat", environment="review/feat"), 2, now=now)
+    assert review.namespace == "review-review-feat-fo7aip"  # GitLab suffixes a slug that differs from its name
+    assert snapshot.authorize("ci", job(ref="feat"), 2, now=now).namespace == "app-staging"
+    assert snapshot.warnings == ()
 
 
 def test_agentd_example_is_an_agent_of_the_kasd_example(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Sequence
 from typing import Any
+from urllib.parse import unquote
 
 import attrs
 
@@ -119,6 +120,51 @@ class Impersonation:
                 raise RemoteProtocolError("impersonate extra must map strings to lists of strings")
             pairs.append((key, tuple(values)))
         return cls(user=raw["user"], groups=tuple(groups), uid=uid, extra=tuple(pairs))
+
+
+#: the answer (400) to a client's own ``Impersonate-*`` headers where the agent does not act as
+#: itself: the grant's identity is fixed, a client cannot choose another
+CLIENT_IMPERSONATION_REFUSED = (
+    "Impersonate-* headers are not allowed here: this agent's access_as is not agent, so it already acts "
+    "as a fixed identity for this request and a client cannot choose another"
+)
+
+
+class ImpersonationHeaderError(ValueError):
+    """Client ``Impersonate-*`` headers kube-apiserver would refuse; the message says why."""
+
+
+def impersonation_from_headers(headers: Sequence[tuple[str, str]]) -> Impersonation | None:
+    """The identity a client's own ``Impersonate-*`` headers (names lower-case) ask for, as
+    kube-apiserver reads them (``Impersonate-Extra-<key>`` keys percent-decoded); None without any.
+    Groups, a uid or extras without ``Impersonate-User`` raise ``ImpersonationHeaderError``."""
+    user: list[str] = []
+    groups: list[str] = []
+    uid: list[str] = []
+    extra: dict[str, list[str]] = {}
+    for name, value in headers:
+        if not name.startswith("impersonate-"):
+            continue
+        if name == "impersonate-user":
+            user.append(value)
+        elif name == "impersonate-group":
+            groups.append(value)
+        elif name == "impersonate-uid":
+            uid.append(value)
+        elif name.startswith("impersonate-extra-") and len(name) > len("impersonate-extra-"):
+            extra.setdefault(unquote(name[len("impersonate-extra-"):]), []).append(value)
+        # any other Impersonate-* name means nothing to kube-apiserver: ignored (and dropped)
+    if not (user or groups or uid or extra):
+        return None
+    if len(user) != 1 or not user[0]:
+        asked = ", ".join(f"{len(v)} {k}" for k, v in (("groups", groups), ("uids", uid), ("extras", extra)) if v)
+        raise ImpersonationHeaderError(
+            "requested " + (asked or "impersonation") + " without impersonating exactly one user"
+            if len(user) != 1 else "Impersonate-User is empty")
+    if len(uid) > 1:
+        raise ImpersonationHeaderError("more than one Impersonate-Uid")
+    return Impersonation(user=user[0], groups=tuple(groups), uid=uid[0] if uid else None,
+                         extra=tuple((k, tuple(v)) for k, v in sorted(extra.items())))
 
 
 def _percent_encode(key: str) -> str:

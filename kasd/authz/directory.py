@@ -101,6 +101,8 @@ class Group:
 class Project:
     path: str
     id: int
+    #: ``CI_DEFAULT_BRANCH`` of its jobs
+    default_branch: str = "main"
 
     @property
     def namespace(self) -> str:
@@ -249,7 +251,7 @@ class Directory:
                     f"the group {parent!r} of project {p.path!r} is not declared under groups: "
                     "(nor is it a user's personal namespace)",
                 )
-            project_list.append(Project(path=p.path, id=p.id))
+            project_list.append(Project(path=p.path, id=p.id, default_branch=getattr(p, "default_branch", "main")))
         user_list: list[User] = []
         for i, u in enumerate(users):
             memberships: dict[str, Role] = {}

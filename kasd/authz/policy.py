@@ -28,7 +28,7 @@ import attrs
 
 from kasd.authz.agentconfig import AgentConfig, CiAccessEntry, EntryKind, RawRule
 from kasd.authz.directory import Agent, Directory, Group, Project, Role, User
-from tunnelhttp.head import Impersonation
+from tunnelhttp.head import CLIENT_IMPERSONATION_REFUSED, Impersonation
 
 #: how the agent acts: itself, a configured identity, the CI job, the CI job's user, the token's user
 AccessMode = Literal["agent", "impersonate", "ci_job", "ci_user", "user"]
@@ -37,10 +37,6 @@ Slug = Callable[[str], str]
 #: the status and message when a client sends ``Impersonate-*`` headers but the decision's identity
 #: is not the agent's own (kasd's wording: GitLab's agentk refuses such requests too)
 CLIENT_IMPERSONATION_STATUS = 400
-CLIENT_IMPERSONATION_REFUSED = (
-    "Impersonate-* headers are not allowed here: this agent's access_as is not agent, so it already acts "
-    "as a fixed identity for this request and a client cannot choose another"
-)
 
 #: the role ``user_access`` asks of a member (GitLab's ``use_k8s_proxies``)
 USER_ACCESS_MIN_ROLE = Role.DEVELOPER

@@ -14,10 +14,11 @@ from typing import Literal
 
 import attrs
 
+from kasd.authz.agentconfig import AgentConfigError, Mark, RawRule
 from kasd.authz.expand import NamespaceError, OnOverflow, resolve_namespace
-from kasd.authz.expr import Expr, ExprEvaluationError, print_expr
+from kasd.authz.expr import Expr, ExprEvaluationError, ExprSyntaxError, parse, print_expr
 
-__all__ = ["Rule", "RuleMatch", "first_match"]
+__all__ = ["Rule", "RuleMatch", "compile_rules", "first_match"]
 
 
 @attrs.frozen(kw_only=True)
@@ -68,3 +69,35 @@ def first_match(rules: Sequence[Rule], variables: Mapping[str, str]) -> RuleMatc
         return RuleMatch(allowed=True, index=index, namespace=namespace,
                          reason=f"{label} matched{condition}: namespace {namespace}")
     return RuleMatch(allowed=False, index=None, reason=f"none of the {len(rules)} rules matched")
+
+
+def compile_rules(raw: Sequence[RawRule], key: str) -> tuple[Rule, ...]:
+    """A ``rules:`` list as read from a file (``kasd.authz.agentconfig``), each ``if:`` parsed once;
+    an expression that does not parse raises ``AgentConfigError`` as
+    ``<file>:<line>:<column>: <key>[i].if: <what was expected>``, the column the expression's own."""
+    out: list[Rule] = []
+    for index, rule in enumerate(raw):
+        name = f"{key}[{index}]"
+        expr: Expr | None = None
+        if rule.if_text is not None:
+            try:
+                expr = parse(rule.if_text)
+            except ExprSyntaxError as exc:
+                mark = _expression_mark(rule, exc.column)
+                where = f"{mark}: " if mark is not None else ""
+                raise AgentConfigError(f"{where}{name}.if: {exc.message} (in {rule.if_text!r})", mark=mark,
+                                       key=f"{name}.if", problem=exc.message) from None
+        out.append(Rule(if_=expr, namespace=rule.namespace, when=rule.when, on_overflow=rule.on_overflow, name=name))
+    return tuple(out)
+
+
+def _expression_mark(rule: RawRule, column: int) -> Mark | None:
+    """Where in the file column ``column`` of the ``if:`` text is: exact for a plain or quoted
+    one-line value, the value's start for a block scalar (whose lines the text does not keep)."""
+    at = rule.if_mark
+    if at is None:
+        return None
+    if rule.if_style in (None, "", "'", '"') and "\n" not in (rule.if_text or ""):
+        quoted = 1 if rule.if_style in ("'", '"') else 0
+        return Mark(file=at.file, line=at.line, column=at.column + quoted + column - 1)
+    return at

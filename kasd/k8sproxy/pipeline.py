@@ -42,10 +42,14 @@ from kasd.seams import (
 from netio.relay import relay
 from tunnelhttp.drain import Drain, answer_boundary
 from tunnelhttp.head import (
+    CLIENT_IMPERSONATION_REFUSED,
     HeadOverLimitError,
+    Impersonation,
+    ImpersonationHeaderError,
     RequestHead,
     ResponseHead,
     TunnelCode,
+    impersonation_from_headers,
     strip_hop_by_hop,
 )
 from tunnelhttp.watchbounds import EventBoundary
@@ -210,12 +214,13 @@ class RequestPipeline:
             if not request.target.startswith("/"):
                 raise ProxyError(400, f"request target must be a path, got {request.target[:100]!r}")
             record.agent_id, record.subject = grant.agent_id, grant.subject  # a request that goes on
+            impersonate = self._impersonation(request, grant)
             self._hold_principal_slot(principal, grant, held)
             head = RequestHead(
                 method=request.method,
                 target=request.target,
                 headers=clean_request_headers(request.headers, upgrade=request.upgrade, dropped=self.dropped_headers),
-                impersonate=grant.impersonate,
+                impersonate=impersonate,
                 request_id=record.request_id,
             )
             try:
@@ -257,6 +262,21 @@ class RequestPipeline:
             extra = (("www-authenticate", 'Bearer realm="kasd"'),) if exc.status == 401 else ()
             raise ProxyError(exc.status, exc.message, extra) from None
         return grant, (credentials.kind, credentials.secret)
+
+    @staticmethod
+    def _impersonation(request: ClientRequest, grant: Grant) -> Impersonation | None:
+        """Whom agentd impersonates: the grant's identity; or, where the agent acts as itself
+        (``access_as: agent``), whom the client's own ``Impersonate-*`` headers name (the agent's
+        RBAC then decides, as in GitLab). Those headers in any other mode: ProxyError 400."""
+        try:
+            asked = impersonation_from_headers(request.headers)
+        except ImpersonationHeaderError as exc:
+            raise ProxyError(400, f"bad Impersonate-* headers: {exc}") from None
+        if asked is None:
+            return grant.impersonate
+        if not grant.client_may_impersonate:
+            raise ProxyError(400, CLIENT_IMPERSONATION_REFUSED)
+        return asked
 
     def _hold_principal_slot(self, principal: Hashable, grant: Grant, held: ExitStack) -> None:
         """One of the principal's ``max_requests_per_principal`` slots until the request is over;

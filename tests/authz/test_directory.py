@@ -138,7 +138,8 @@ def test_with_authorization_every_agent_config_project_must_be_declared(tmp_path
     doc["agents"][0]["config_project"] = "acme/elsewhere"
     with pytest.raises(ConfigError, match=r"^agents\[0\]\.config_project: 'acme/elsewhere' is not declared under projects:"):
         config_from_mapping(doc)
-    # without authorization: (the static access: list) an agent's config project is only a name
+    # without authorization.config_root (every agent has GitLab's default configuration) an agent's
+    # config project need not be declared: no project's jobs are allowed then
     doc.pop("authorization")
     assert config_from_mapping(doc).agents[0].config_project == "acme/elsewhere"
 
@@ -146,8 +147,8 @@ def test_with_authorization_every_agent_config_project_must_be_declared(tmp_path
 def test_config_root_must_be_a_directory(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^authorization\.config_root: directory '.*missing' does not exist"):
         config_from_mapping({"authorization": {"config_root": str(tmp_path / "missing")}})
-    with pytest.raises(ConfigError, match=r"^authorization\.job_token\.audit: unknown key"):
-        config_from_mapping({"authorization": {"job_token": {"audit": 1}}})
+    with pytest.raises(ConfigError, match=r"^authorization\.tokens\.audit: unknown key"):
+        config_from_mapping({"authorization": {"tokens": {"audit": 1}}})
 
 
 def test_build_without_the_config() -> None:

@@ -53,3 +53,28 @@ def test_an_expression_that_cannot_be_evaluated_denies_naming_the_rule() -> None
 
 def test_a_rule_without_if_matches_and_without_namespace_leaves_it_to_the_entry() -> None:
     assert first_match([Rule()], {}) == RuleMatch(allowed=True, index=0, reason="rules[0] matched")
+
+
+def test_a_bad_expression_is_a_load_error_at_its_file_line_and_column() -> None:
+    import pytest
+
+    from kasd.authz.agentconfig import AgentConfigError, parse_agent_config
+    from kasd.authz.rules import compile_rules
+
+    text = (
+        "ci_access:\n"
+        "  projects:\n"
+        "    - id: acme/web\n"
+        "      rules:\n"
+        "        - if: '$CI_COMMIT_BRANCH == \"main\"'\n"
+        "        - if: $CI_COMMIT_BRANCH == && $X\n"
+    )
+    entry = parse_agent_config(text, "config.yaml").config.ci_access.projects[0]
+    with pytest.raises(AgentConfigError) as info:
+        compile_rules(entry.rules, "ci_access.projects[0].rules")
+    message = str(info.value)
+    # line 6; the value starts at column 15, and '&&' is the expression's column 22
+    assert message.startswith("config.yaml:6:36: ci_access.projects[0].rules[1].if: "), message
+    assert "'$CI_COMMIT_BRANCH == && $X'" in message
+    good = compile_rules(entry.rules[:1], "ci_access.projects[0].rules")
+    assert first_match(good, {"CI_COMMIT_BRANCH": "main"}).allowed

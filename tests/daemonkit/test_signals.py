@@ -62,14 +62,39 @@ async def test_sighup_is_ignored_then_sigterm_drains(lines: logging.Logger) -> N
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             await nursery.start(partial(run_until_signalled, main, log=lines))
-            logged = recorder.expect("reload not supported yet")
+            logged = recorder.expect("nothing to reload")
             os.kill(os.getpid(), signal.SIGHUP)
             await logged.wait()
             assert not drained.is_set()
             os.kill(os.getpid(), signal.SIGTERM)
     assert drained.is_set()
     assert recorder.messages == [
-        "signal received signal=SIGHUP: reload not supported yet; restart to apply configuration",
+        "signal received signal=SIGHUP: ignored (nothing to reload; restart to apply configuration)",
+        "signal received signal=SIGTERM: shutting down gracefully",
+    ]
+
+
+async def test_sighup_calls_the_reload_hook_and_the_daemon_goes_on(lines: logging.Logger) -> None:
+    recorder = _recorder(lines)
+    reloads: list[int] = []
+    reloaded = trio.Event()
+
+    def on_hangup() -> None:
+        reloads.append(1)
+        reloaded.set()
+
+    async def main(drain: trio.Event) -> None:
+        await drain.wait()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(run_until_signalled, main, log=lines, on_hangup=on_hangup))
+            os.kill(os.getpid(), signal.SIGHUP)
+            await reloaded.wait()
+            os.kill(os.getpid(), signal.SIGTERM)
+    assert reloads == [1]
+    assert recorder.messages == [
+        "signal received signal=SIGHUP: reloading",
         "signal received signal=SIGTERM: shutting down gracefully",
     ]
 
@@ -99,12 +124,12 @@ async def test_a_second_signal_cancels_the_drain(lines: logging.Logger) -> None:
     assert recorder.messages[-1] == "second signal received signal=SIGTERM: stopping now"
 
 
-async def test_kasd_outlives_sighup_and_drains_on_sigterm() -> None:
+async def test_kasd_reloads_on_sighup_and_drains_on_sigterm() -> None:
     args = ["--agent-address", "127.0.0.1:0", "--observability-address", "127.0.0.1:0",
             "--kubernetes-api-address", "127.0.0.1:0"]
     with trio.fail_after(15):
         async with running_daemon("kasd", args) as log:  # then SIGTERM, and exit 0
             await log.until("kasd listening")
             log.process.send_signal(signal.SIGHUP)
-            await log.until("restart to apply configuration")
+            await log.until("authorization reloaded (SIGHUP)")
     assert "kasd stopped" in log.text

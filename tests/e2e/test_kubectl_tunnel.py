@@ -149,7 +149,7 @@ def _get(stack: Stack, path: str, token: str | None) -> tuple[int, dict[str, obj
         (None, 401, "Unauthorized", "missing bearer token"),
         ("ci:1:not-the-job-token", 401, "Unauthorized", "bad token"),
         ("nonsense", 401, "Unauthorized", "bad token"),
-        ("pat:{agent}:{pat}", 403, "Forbidden", "not allowed"),
+        ("pat:{agent}:{pat}", 403, "Forbidden", "not configured for user access"),
         ("ci:{offline}:{job}", 503, "ServiceUnavailable", "not connected"),
     ],
 )

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import attrs
 import h11
 import trio
 
+from kasctl.authsetup import AuthSetup
 from kasd.config import Config, config_from_mapping
 from kasd.server import Runtime, serve_kasd
 from kasd.tokens import hash_token
@@ -20,10 +25,6 @@ from wire.session import MuxStream, Session
 
 AGENT1_TOKEN = "agent-one-token"
 AGENT2_TOKEN = "agent-two-token"
-CI_SECRET = "job-secret-7"
-PAT_SECRET = "pat-secret-alice"
-CI_TOKEN = f"ci:1:{CI_SECRET}"
-PAT_TOKEN = f"pat:1:{PAT_SECRET}"
 
 CI_IMPERSONATION = {
     "user": "gitlab:ci_job:7",
@@ -31,6 +32,35 @@ CI_IMPERSONATION = {
     "uid": "ci-7",
     "extra": {"agent.gitlab.com/job_id": ["7"]},
 }
+
+# The authorization files every in-process kasd of these tests reads: a signing key, and the agents'
+# config.yaml (both agents let group/app's jobs in, impersonating CI_IMPERSONATION; agent 1 lets
+# alice in as the agent itself with a personal token).
+_AUTH_DIR = Path(tempfile.mkdtemp(prefix="kasd-tests-auth-"))
+atexit.register(shutil.rmtree, _AUTH_DIR, True)
+AUTH = AuthSetup(_AUTH_DIR)
+_CI_ENTRY = f"""ci_access:
+  projects:
+    - id: group/app
+      access_as:
+        impersonate:
+          username: {CI_IMPERSONATION["user"]}
+          uid: {CI_IMPERSONATION["uid"]}
+          groups: [{", ".join(CI_IMPERSONATION["groups"])}]
+          extra: [{{key: agent.gitlab.com/job_id, val: ["7"]}}]
+"""
+AUTH.agent_config("group/infra", "prod", _CI_ENTRY + "user_access:\n  access_as: {agent: {}}\n  projects: [{id: group/app}]\n")
+AUTH.agent_config("group/infra", "stage", _CI_ENTRY)
+DIRECTORY = {
+    "groups": [{"path": "group", "id": 10}],
+    "projects": [{"path": "group/infra", "id": 1}, {"path": "group/app", "id": 42}],
+    "users": [{"username": "alice", "memberships": {"group/app": "developer"}}],
+}
+#: the secret parts (after ``ci:<agent id>:`` / ``pat:<agent id>:``): signed tokens
+CI_SECRET = AUTH.job_token("group/app", job_id=7, user="alice")
+PAT_SECRET = AUTH.personal_token("alice")
+CI_TOKEN = f"ci:1:{CI_SECRET}"
+PAT_TOKEN = f"pat:1:{PAT_SECRET}"
 
 
 def make_config(raw: dict[str, Any] | None = None, **listener_overrides: Any) -> Config:
@@ -44,16 +74,8 @@ def make_config(raw: dict[str, Any] | None = None, **listener_overrides: Any) ->
             {"id": 1, "name": "prod", "config_project": "group/infra", "token_sha256": hash_token(AGENT1_TOKEN)},
             {"id": 2, "name": "stage", "config_project": "group/infra", "token_sha256": hash_token(AGENT2_TOKEN)},
         ],
-        "access": [
-            {
-                "name": "ci-job-7",
-                "kind": "ci",
-                "token_sha256": hash_token(CI_SECRET),
-                "agents": [1, 2],
-                "impersonate": CI_IMPERSONATION,
-            },
-            {"name": "alice", "kind": "pat", "token_sha256": hash_token(PAT_SECRET), "agents": [1], "impersonate": None},
-        ],
+        **DIRECTORY,
+        **AUTH.kasd_settings(),
         "agent_wait_timeout": 5,
         "shutdown_timeout": 5,
     }

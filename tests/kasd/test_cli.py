@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +14,18 @@ import pytest
 import trio
 import yaml
 
+from kasctl.authsetup import AuthSetup
 from kasd.tokens import hash_token
 from tests.daemons import running_daemon
-from tests.kasd.helpers import AGENT1_TOKEN, CI_SECRET, CI_TOKEN, bearer, http_request
+from tests.kasd.helpers import (
+    AGENT1_TOKEN,
+    AUTH,
+    CI_SECRET,
+    CI_TOKEN,
+    DIRECTORY,
+    bearer,
+    http_request,
+)
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -44,13 +55,14 @@ def _write(tmp_path: Path, doc: object) -> str:
         ({"listeners": {"kubernetes_api": {"address": "8154"}}}, "listeners.kubernetes_api.address: '8154' is not host:port"),
         ({"listeners": {"agent": {"address": "0.0.0.0:99999"}}}, "listeners.agent.address: port 99999 is out of range"),
         ({"listeners": {"agent": {"tls": {"cert": "/nonexistent.crt", "key": "/nonexistent.key"}}}}, "listeners.agent.tls.cert: file '/nonexistent.crt' does not exist"),
+        ({"access": []}, "access: unknown key"),  # the static list is gone (docs/authorization.md)
         (
-            {"agents": [GOOD_AGENT], "access": [{"kind": "ci", "token_sha256": hash_token("x"), "agents": [9]}]},
-            "access[0].agents[0]: agent 9 is not defined under agents:",
+            {"authorization": {"tokens": {"public_keys": ["/nonexistent.pub.pem"]}}},
+            "authorization.tokens.public_keys[0]: file '/nonexistent.pub.pem' does not exist",
         ),
         (
-            {"access": [{"kind": "job", "token_sha256": hash_token("x"), "agents": []}]},
-            "access[0].kind: must be 'ci' or 'pat'",
+            {"agents": [GOOD_AGENT], "projects": [{"path": "group/infra", "id": 1}]},
+            "projects[0].path: the group 'group' of project 'group/infra' is not declared under groups:",
         ),
         ({"agent_wait_timeout": -1}, "agent_wait_timeout: must be greater than 0"),
         ({"log_level": "loud"}, "log_level: must be one of"),
@@ -84,8 +96,9 @@ async def test_process_serves_and_drains_on_sigterm(tmp_path: Path) -> None:
     config = _write(
         tmp_path,
         {
-            "agents": [GOOD_AGENT],
-            "access": [{"kind": "ci", "token_sha256": hash_token(CI_SECRET), "agents": [1]}],
+            "agents": [{**GOOD_AGENT, "config_project": "group/infra"}],
+            **DIRECTORY,
+            **AUTH.kasd_settings(),
             "agent_wait_timeout": 0.2,
         },
     )
@@ -105,15 +118,61 @@ async def test_process_serves_and_drains_on_sigterm(tmp_path: Path) -> None:
     assert CI_SECRET not in text
 
 
-def test_example_config_is_valid() -> None:
+async def test_sighup_and_file_changes_reload_and_a_bad_file_changes_nothing(tmp_path: Path) -> None:
+    """The operator edits an agent's config.yaml: kasd picks it up (the watch, or SIGHUP at once);
+    a broken edit is reported with file, line and column, and what was in force stays in force."""
+    auth = AuthSetup(tmp_path / "auth")
+    allow_app = "ci_access:\n  projects:\n    - id: group/app\n"
+    path = auth.agent_config("group/infra", "prod", "ci_access:\n  projects:\n    - id: group/other\n")
+    ready = tmp_path / "ready.json"
+    config = _write(tmp_path, {
+        "agents": [{**GOOD_AGENT, "config_project": "group/infra"}],
+        "groups": [{"path": "group", "id": 10}],
+        "projects": [{"path": "group/infra", "id": 1}, {"path": "group/app", "id": 42}, {"path": "group/other", "id": 43}],
+        **auth.kasd_settings(), "agent_wait_timeout": 0.2,
+        "listeners": {"agent": {"address": "127.0.0.1:0"}, "observability": {"address": "127.0.0.1:0"},
+                      "kubernetes_api": {"address": "127.0.0.1:0"}},
+    })
+    token = bearer(f"ci:1:{auth.job_token('group/app', job_id=9)}")
+    with trio.fail_after(20):
+        async with running_daemon("kasd", ["--config", config, "--ready-file", str(ready)]) as log:
+            await log.until("kasd listening")
+            addresses = json.loads(ready.read_text())
+            port = int(addresses["kubernetes_api"].rsplit(":", 1)[1])
+            obs = int(addresses["observability"].rsplit(":", 1)[1])
+            denied = await http_request(port, "GET", "/api", [token])
+            assert denied.status == 403 and "does not authorize project group/app" in json.loads(denied.body)["message"]
+
+            auth.agent_config("group/infra", "prod", allow_app)  # picked up by the watch
+            await log.until("authorization reloaded (changed:")
+            assert (await http_request(port, "GET", "/api", [token])).status == 503  # allowed; no agent
+
+            auth.agent_config("group/infra", "prod", allow_app + "      rules:\n        - if: $CI_COMMIT_BRANCH == ( \n")
+            os.kill(log.process.pid, signal.SIGHUP)  # (the watch may see it first: either way, once)
+            await log.until("authorization reload failed")
+            assert (await http_request(port, "GET", "/api", [token])).status == 503  # still allowed
+            metrics = (await http_request(obs, "GET", "/metrics", [])).body.decode()
+            assert "kasd_authz_config_ok 0.0" in metrics
+            assert 'kasd_authz_reloads_total{result="failed"}' in metrics
+    text = log.text
+    assert f"{path}:5:36: ci_access.projects[0].rules[0].if: expected a value after '=='" in text
+    assert "the previous configuration stays in force" in text
+    assert "kasd stopped" in text
+
+
+def test_example_config_is_valid(tmp_path: Path) -> None:
+    from kasd.authz.keys import write_key_pair
     from kasd.config import config_from_mapping
 
-    doc = yaml.safe_load((Path(__file__).parents[2] / "examples" / "kasd.yaml").read_text())
+    examples = Path(__file__).parents[2] / "examples"
+    keys = write_key_pair(tmp_path, name="kasd-signing")
+    text = (examples / "kasd.yaml").read_text().replace("/etc/kasd/keys/kasd-signing.pub.pem", str(keys.public))
+    doc = yaml.safe_load(text.replace("/etc/kasd/config-projects", str(examples / "config-projects")))
     for listener in doc["listeners"].values():
         listener.pop("tls", None)  # the example's certificate paths exist only on a real host
     config = config_from_mapping(doc)
     assert [a.id for a in config.agents] == [1, 2]
-    assert config.access[0].impersonate is not None and config.access[1].impersonate is None
+    assert config.authorization.enabled and config.authorization.tokens.public_keys == (keys.public,)
 
 
 def test_sd_notify_sends_to_the_notify_socket(tmp_path: Path) -> None:

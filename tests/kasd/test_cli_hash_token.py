@@ -68,7 +68,8 @@ def test_a_whole_bearer_token_gets_a_warning(stdin: str, kind: str) -> None:
     assert result.stdout == hash_token(stdin.strip()) + "\n"  # still hashed as given
     assert result.stderr == (
         f"kasd hash-token: warning: this looks like a whole {kind}:<agent id>:<token> bearer token; "
-        f"access: entries hold the sha256 of the secret part only (after '{kind}:<agent id>:'). Hashing it as it is.\n"
+        f"kasd stores no {kind}: tokens (they are signed: kasctl token {kind}); token_sha256 is for agent tokens. "
+        "Hashing it as it is.\n"
     )
     assert "Zq7x" not in result.stderr  # the token is never echoed
 
@@ -82,7 +83,7 @@ def test_a_secret_gets_no_warning(stdin: str) -> None:
 def test_help_says_what_is_hashed() -> None:
     result = _hash_token("", "--help")
     assert result.returncode == 0
-    assert "hash only the secret part" in result.stdout
+    assert "tokens are signed, never stored" in result.stdout and "kasctl token ci|pat" in result.stdout
     assert "as agentd ignores it in its --token-file" in result.stdout
     assert "a trailing newline" not in result.stdout
 

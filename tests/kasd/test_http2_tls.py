@@ -130,7 +130,7 @@ async def test_http2_over_tls(tls_files: tuple[trustme.CA, dict[str, str]]) -> N
         sid3 = await client.request("GET", "/api", [bearer("ci:1:nope")])
         headers3, body3 = await client.response(sid3)
         assert headers3[":status"] == "401"
-        assert json.loads(body3)["message"] == "bad token: unknown or invalid ci token"
+        assert json.loads(body3)["message"] == "bad token: CI job token malformed"
         await tls.aclose()
 
 

@@ -47,7 +47,9 @@ class FakeAuthority:
             raise AccessDenied(401, "bad token: unknown or invalid ci token")
         if agent_id != 1:
             raise AccessDenied(403, f"this ci token is not allowed to use agent {agent_id}")
-        return Grant(kind="ci", agent_id=1, impersonate=IMPERSONATE, subject="job 7")
+        if credentials.secret == "good" and credentials.kind == "pat":  # acts as the agent itself
+            return Grant(kind="pat", agent_id=1, impersonate=None, subject="user:alice", access_as="agent")
+        return Grant(kind="ci", agent_id=1, impersonate=IMPERSONATE, subject="job 7", access_as="impersonate")
 
 
 @attrs.define
@@ -239,17 +241,61 @@ async def test_a_granted_request_reaches_the_agent_cleaned_and_impersonated() ->
             await stream.send_eof()
 
         nursery.start_soon(agent)
-        ex = FakeExchange(request(has_body=True, headers=(("cookie", "c=1"), ("impersonate-user", "root"),
+        ex = FakeExchange(request(has_body=True, headers=(("cookie", "c=1"), ("x-remote-user", "root"),
                                                           ("accept", "application/json"))), nursery,
                           body=[b"hello ", b"agent"])
         await pipeline(FakeRouter(kasd_side)).serve(ex)
     assert ex.status == 201 and ex.ended and not ex.aborted
     seen = ex.json()
     assert seen["target"] == "/api/v1/pods" and seen["body"] == "hello agent"
-    assert seen["headers"] == [["accept", "application/json"]]  # no token, cookie or client impersonation
+    assert seen["headers"] == [["accept", "application/json"]]  # no token, cookie or front-proxy identity
     assert seen["user"] == "gitlab:ci_job:7"
     assert ("content-type", "application/json") in ex.headers
     assert any(name == "x-request-id" for name, _ in ex.headers)
+
+
+async def test_client_impersonation_is_400_where_the_grant_fixes_the_identity() -> None:
+    """access_as other than agent: the identity is the grant's; a client's Impersonate-* header
+    would be a way around it, so it is refused (never silently replaced), before any routing."""
+    async with trio.open_nursery() as nursery:
+        router = FakeRouter()
+        ex = FakeExchange(request(headers=(("impersonate-user", "root"), ("impersonate-group", "system:masters"))),
+                          nursery)
+        await pipeline(router).serve(ex)
+    assert ex.status == 400 and "Impersonate-* headers are not allowed" in ex.json()["message"]
+    assert router.opened == []
+
+
+async def test_client_impersonation_passes_where_the_agent_acts_as_itself() -> None:
+    """access_as agent (kubectl --as): the client's Impersonate-* headers reach agentd as the
+    stream's impersonation, so the agent's own RBAC decides them, as in GitLab."""
+    async with agent_session() as (kasd_side, agent_side), trio.open_nursery() as nursery:
+        heads: list[RequestHead] = []
+
+        async def agent() -> None:
+            stream = await agent_side.accept_stream()
+            heads.append(RequestHead.from_metadata(stream.metadata))
+            await stream.accept(ResponseHead(status=200, headers=(("content-length", "0"),)).to_metadata())
+            await stream.send_eof()
+
+        nursery.start_soon(agent)
+        headers = (("impersonate-user", "jane"), ("impersonate-group", "dev"),
+                   ("impersonate-extra-reason%2Fwhy", "audit"))
+        ex = FakeExchange(request("pat:1:good", headers=headers), nursery)
+        await pipeline(FakeRouter(kasd_side)).serve(ex)
+    assert ex.status == 200
+    (head,) = heads
+    assert head.impersonate == Impersonation(user="jane", groups=("dev",), extra=(("reason/why", ("audit",)),))
+    assert not any(name.startswith("impersonate-") for name, _ in head.headers)
+
+
+async def test_impersonation_headers_kube_apiserver_would_refuse_are_400() -> None:
+    async with trio.open_nursery() as nursery:
+        router = FakeRouter()
+        ex = FakeExchange(request("pat:1:good", headers=(("impersonate-group", "dev"),)), nursery)
+        await pipeline(router).serve(ex)
+    assert ex.status == 400 and "without impersonating exactly one user" in ex.json()["message"]
+    assert router.opened == []
 
 
 async def test_the_agent_refusing_is_a_status_naming_the_cause() -> None:

@@ -12,7 +12,9 @@ import trio
 
 from tests.kasd.helpers import (
     CI_IMPERSONATION,
+    CI_SECRET,
     CI_TOKEN,
+    PAT_SECRET,
     PAT_TOKEN,
     H1Client,
     accept,
@@ -46,8 +48,8 @@ async def test_get_reaches_agent_with_impersonation_and_without_client_credentia
                 ("keep-alive", "timeout=5"),
                 ("te", "trailers"),
                 ("proxy-authorization", "Basic eA=="),
-                ("impersonate-user", "system:admin"),
-                ("impersonate-group", "system:masters"),
+                ("x-remote-user", "system:admin"),
+                ("x-remote-group", "system:masters"),
                 ("accept", "application/json"),
                 ("user-agent", "kubectl/v1.37"),
             ],
@@ -73,6 +75,13 @@ async def test_get_reaches_agent_with_impersonation_and_without_client_credentia
         assert head.request_id and reply_.headers["x-request-id"] == head.request_id
         assert reply_.json()["target"] == "/api/v1/namespaces/default/pods?limit=5"
         assert CI_IMPERSONATION["user"] == head.impersonate.user
+        assert not any(n.startswith("x-remote-") for n in names)
+        # The client's own Impersonate-* headers cannot choose another identity: 400, never sent on.
+        refused = await http_request(kasd.port("kubernetes_api"), "GET", "/api",
+                                     [bearer(CI_TOKEN), ("impersonate-user", "system:admin"),
+                                      ("impersonate-group", "system:masters")])
+        assert refused.status == 400 and "Impersonate-* headers are not allowed" in refused.json()["message"]
+        assert len(agent.heads) == 1
 
 
 async def test_pat_without_impersonation_and_keep_alive() -> None:
@@ -111,8 +120,10 @@ def _status(reply_: object) -> dict[str, object]:
         ([("authorization", "Basic dXNlcjpwdw==")], "expected Authorization: Bearer"),
         ([bearer("ci-1-nope")], "malformed"),
         ([bearer("ci:x:secret")], "agent id"),
-        ([bearer("ci:1:wrong-secret")], "unknown or invalid ci token"),
-        ([bearer("pat:1:job-secret-7")], "unknown or invalid pat token"),
+        ([bearer("ci:1:wrong-secret")], "bad token: CI job token malformed"),
+        ([bearer("pat:1:job-secret-7")], "bad token: personal token malformed"),
+        ([bearer(f"pat:1:{CI_SECRET}")], "bad token: personal token not a personal token"),
+        ([bearer(f"ci:1:{CI_SECRET[:-4]}AAAA")], "bad token: CI job token bad signature"),
     ],
 )
 async def test_bad_tokens_are_401(headers: list[tuple[str, str]], fragment: str) -> None:
@@ -128,17 +139,17 @@ async def test_bad_tokens_are_401(headers: list[tuple[str, str]], fragment: str)
 
 async def test_agent_not_allowed_is_403() -> None:
     async with running_kasd() as kasd, fake_agent(kasd):
-        reply_ = await http_request(kasd.port("kubernetes_api"), "GET", "/api", [bearer("pat:2:pat-secret-alice")])
+        reply_ = await http_request(kasd.port("kubernetes_api"), "GET", "/api", [bearer(f"pat:2:{PAT_SECRET}")])
         assert reply_.status == 403
         body = _status(reply_)
         assert body["reason"] == "Forbidden"
-        assert body["message"] == "this pat token is not allowed to use agent 2"
+        assert body["message"] == "forbidden: agent 2 is not configured for user access (user_access)"
 
 
 async def test_agent_not_connected_is_503_after_bounded_wait() -> None:
     async with running_kasd(make_config({"agent_wait_timeout": 0.3})) as kasd:
         started = trio.current_time()
-        reply_ = await http_request(kasd.port("kubernetes_api"), "GET", "/api", [bearer("ci:2:job-secret-7")])
+        reply_ = await http_request(kasd.port("kubernetes_api"), "GET", "/api", [bearer(f"ci:2:{CI_SECRET}")])
         assert trio.current_time() - started >= 0.3
         assert reply_.status == 503
         body = _status(reply_)
@@ -329,7 +340,7 @@ async def test_unauthorized_large_upload_still_gets_its_401() -> None:
             response = await client.response()
             assert response.status_code == 401
             assert (b"connection", b"close") in response.headers
-            assert b"unknown or invalid ci token" in await client.body()
+            assert b"bad token: CI job token malformed" in await client.body()
         await client.aclose()
         assert agent.heads == []
 

@@ -128,7 +128,7 @@ async def test_a_principal_over_its_open_requests_gets_429_until_one_ends() -> N
         assert refused.headers["retry-after"] == "1"
         status = refused.json()
         assert status["reason"] == "TooManyRequests" and status["code"] == 429
-        assert "ci-job-7 has 2 open" in status["message"]
+        assert "ci_job:7 has 2 open" in status["message"]
         assert "max_requests_per_principal" in status["message"]
         # another token is not held back
         assert (await http_request(port, "GET", "/api", [bearer(PAT_TOKEN)])).status == 200
@@ -152,7 +152,7 @@ async def test_a_refused_request_is_logged_without_the_token(caplog: pytest.LogC
             for _ in range(5):
                 assert (await http_request(port, "GET", "/api", [bearer(CI_TOKEN)])).status == 429
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-        assert warnings == ["request refused: principal at its limit of open requests subject=ci-job-7 agent_id=1 limit=1"]
+        assert warnings == ["request refused: principal at its limit of open requests subject=ci_job:7 agent_id=1 limit=1"]
         assert CI_SECRET not in caplog.text
         release.set()
         await watch.body()

@@ -15,6 +15,7 @@ A server runs in one of two routes (`ROUTES`):
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
@@ -22,6 +23,7 @@ import shutil
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -32,6 +34,7 @@ import attrs
 import trio
 import trustme
 
+from kasctl.authsetup import AuthSetup
 from kubesim.server import KubeSim, open_kubesim
 
 T = TypeVar("T")
@@ -41,10 +44,16 @@ TOKEN = "kubesim-test-token"
 ROUTES = ("direct", "tunnel")
 #: the tunnel route's secrets: agentd's token at kasd, and the CI job token kubectl presents
 AGENT_TOKEN = "kubesim-harness-agent-token"
-JOB_TOKEN = "kubesim-harness-job-token"
 TUNNEL_AGENT_ID = 1
-#: who kasd tells agentd to impersonate for the CI job (what kubesim records)
+#: who kasd tells agentd to impersonate for the CI job (what kubesim records): the job itself
+#: (``access_as: {ci_job: {}}`` in the agent's config.yaml below)
 TUNNEL_USER = "gitlab:ci_job:1"
+_AUTH_DIR = Path(tempfile.mkdtemp(prefix="kubesim-harness-auth-"))
+atexit.register(shutil.rmtree, _AUTH_DIR, True)
+AUTH = AuthSetup(_AUTH_DIR)
+AUTH.agent_config("group/kubesim", "kubesim",
+                  "ci_access:\n  projects:\n    - id: group/kubesim\n      access_as: {ci_job: {}}\n")
+JOB_TOKEN = AUTH.job_token("group/kubesim", job_id=1)
 
 
 def kubectl_binaries() -> list[tuple[str, str]]:
@@ -209,9 +218,9 @@ async def _tunnel(workdir: Path, ca: trustme.CA, cluster_kubeconfig: Path) -> As
         },
         "agents": [{"id": TUNNEL_AGENT_ID, "name": "kubesim", "config_project": "group/kubesim",
                     "token_sha256": hash_token(AGENT_TOKEN)}],
-        "access": [{"name": "kubectl tests", "kind": "ci", "token_sha256": hash_token(JOB_TOKEN),
-                    "agents": [TUNNEL_AGENT_ID],
-                    "impersonate": {"user": TUNNEL_USER, "groups": ["gitlab:ci_job"]}}],
+        "groups": [{"path": "group", "id": 1}],
+        "projects": [{"path": "group/kubesim", "id": 1}],
+        **AUTH.kasd_settings(),
         "agent_wait_timeout": 10,
         "shutdown_timeout": 2,
     })

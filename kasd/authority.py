@@ -1,0 +1,218 @@
+"""kasd's ``Authority`` (``kasd.seams``): signed CI job and personal tokens, checked against the
+directory in kasd's config and each agent's GitLab ``config.yaml`` (``ci_access``, ``user_access``,
+``rules:``).
+
+The decision itself is ``kasd.authz.snapshot`` (pure); this module keeps the snapshot in force,
+replaces it on reload, and remembers recent verdicts:
+
+- ``reload()`` builds a whole new snapshot from the files; if any file cannot be used the previous
+  snapshot stays in force, the failure is logged (file, line, column, problem) and counted
+  (``kasd_authz_reloads{result="failed"}``, ``kasd_authz_config_ok 0``). Tunnels and requests in
+  flight are never touched: a request is authorized once, at its start.
+- ``watch()`` reloads when one of the files changes (kasd's config, the agents' config.yaml files,
+  the verification keys; polled once a second: stat calls, no reading), and SIGHUP reloads too.
+- A client sends the same token with every request, so the grants of the last ``GRANT_CACHE_SIZE``
+  (token, agent) pairs are remembered until the token expires or the snapshot is replaced.
+  Refusals are not: every bad token costs a full check.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from pathlib import Path
+
+import attrs
+import trio
+
+from kasd.authz.agentconfig import AgentConfig, AgentConfigError, agent_config_path
+from kasd.authz.directory import DirectoryError
+from kasd.authz.keys import KeyFileError, KeySet
+from kasd.authz.snapshot import CompiledAgent, Denied, Snapshot, TokenSettings, Verdict, load_agents
+from kasd.config import Agent as ConfigAgent
+from kasd.config import Config, ConfigError, directory_of
+from kasd.metrics import Metrics
+from kasd.seams import AccessDenied, Credentials, Grant
+
+log = logging.getLogger("kasd.authority")
+
+#: how many (token, agent) grants are remembered
+GRANT_CACHE_SIZE = 1024
+#: how often ``watch`` looks at the files' metadata
+WATCH_INTERVAL = 1.0
+
+
+class LoadError(ConfigError):
+    """The files do not make a configuration; ``str()`` names the file (and where) and the problem."""
+
+
+@attrs.frozen(kw_only=True)
+class Loaded:
+    snapshot: Snapshot
+    #: the agents of kasd's config (with their tunnel token hashes) as read with it
+    agents: tuple[ConfigAgent, ...] = ()
+    #: every file the snapshot was read from (kasd's config, config.yaml files, key files): ``watch``
+    #: reloads when one of them changes, appears or goes away
+    files: tuple[Path, ...] = ()
+
+
+def load_authorization(config: Config, config_file: Path | None) -> Loaded:
+    """The snapshot ``config`` (read from ``config_file``) and the agents' files make; ``LoadError``."""
+    settings = config.authorization
+    files: list[Path] = [config_file] if config_file is not None else []
+    try:
+        directory = directory_of(config)
+        tokens = settings.tokens
+        files += tokens.public_keys
+        keyset = KeySet.from_pem_files(tokens.public_keys) if tokens.public_keys else None
+        if settings.config_root is not None:
+            agents, warnings = load_agents(directory, settings.config_root)
+            files += [agent_config_path(settings.config_root, a.config_project, a.name) for a in directory.agents]
+        else:  # GitLab's default for every agent: only its config project's jobs, as the agent
+            agents = {a.id: CompiledAgent(config=AgentConfig(source="(no authorization.config_root)"))
+                      for a in directory.agents}
+            warnings = []
+    except (AgentConfigError, KeyFileError, DirectoryError) as exc:
+        raise LoadError(str(exc)) from None
+    snapshot = Snapshot(
+        directory=directory,
+        tokens=TokenSettings(keyset=keyset, audience=tokens.audience, issuer=tokens.issuer,
+                             leeway=timedelta(seconds=tokens.leeway), revoked=tokens.revoked),
+        agents=agents, warnings=tuple(warnings),
+    )
+    return Loaded(snapshot=snapshot, agents=config.agents, files=tuple(files))
+
+
+def config_loader(read: Callable[[], tuple[Config, Path | None]]) -> Callable[[], Loaded]:
+    """A ``load`` for ``CiAuthority`` that reads kasd's configuration again each time."""
+    def load() -> Loaded:
+        try:
+            config, path = read()
+        except ConfigError as exc:
+            raise LoadError(str(exc)) from None
+        return load_authorization(config, path)
+    return load
+
+
+def grant_of(verdict: Verdict) -> Grant:
+    decision = verdict.decision
+    identity = decision.identity
+    return Grant(
+        kind=verdict.kind,
+        agent_id=decision.agent_id,
+        impersonate=identity.to_impersonation() if identity is not None else None,
+        subject=decision.principal,
+        access_as=decision.access_as or "agent",
+        namespace=verdict.namespace,
+        environment=verdict.environment,
+    )
+
+
+class CiAuthority:
+    """Authorizes ``ci:`` and ``pat:`` tokens; ``load()`` gives the current files' snapshot or raises
+    ``LoadError``. The first load happens in the constructor (kasd does not start on a bad file)."""
+
+    def __init__(self, load: Callable[[], Loaded], metrics: Metrics | None = None, *,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._load = load
+        self._clock = clock
+        self._metrics = metrics
+        self._granted: dict[tuple[str, str, int], tuple[Grant, int]] = {}
+        self.loaded = load()
+        self._log_warnings(self.loaded)
+        self._stamps = _stamps(self.loaded.files)
+        self.generation = 1
+        self._reloaded = trio.Event()
+        if metrics is not None:
+            metrics.authz_config_ok.set(1)
+            metrics.authz_reloads.labels(result="ok").inc(0)
+            metrics.authz_reloads.labels(result="failed").inc(0)
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return self.loaded.snapshot
+
+    async def authorize(self, credentials: Credentials, agent_id: int) -> Grant:
+        await trio.lowlevel.checkpoint()
+        now = self._clock()
+        key = (credentials.kind, credentials.secret, agent_id)
+        cached = self._granted.get(key)
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        try:
+            verdict = self.snapshot.authorize(credentials.kind, credentials.secret, agent_id, now=now)
+        except Denied as exc:
+            raise AccessDenied(exc.status, exc.message) from None
+        grant = grant_of(verdict)
+        granted = self._granted
+        if len(granted) >= GRANT_CACHE_SIZE:
+            del granted[next(iter(granted))]  # the oldest
+        granted[key] = (grant, verdict.expires_at)
+        return grant
+
+    def verdict(self, kind: str, secret: str, agent_id: int) -> Verdict:
+        """The full verdict (for the REST API and kubeconfig): ``Denied`` when not allowed."""
+        return self.snapshot.authorize(kind, secret, agent_id, now=self._clock())
+
+    def reload(self, why: str) -> bool:
+        """Read every file again; the new snapshot replaces the old only if all of it loads."""
+        try:
+            loaded = self._load()
+        except LoadError as exc:
+            log.error("authorization reload failed (%s); the previous configuration stays in force: %s", why, exc)
+            if self._metrics is not None:
+                self._metrics.authz_reloads.labels(result="failed").inc()
+                self._metrics.authz_config_ok.set(0)
+            return False
+        self.loaded = loaded
+        self._granted = {}
+        self._stamps = _stamps(loaded.files)
+        self.generation += 1
+        self._reloaded.set()
+        self._reloaded = trio.Event()
+        self._log_warnings(loaded)
+        if self._metrics is not None:
+            self._metrics.authz_reloads.labels(result="ok").inc()
+            self._metrics.authz_config_ok.set(1)
+        log.info("authorization reloaded (%s) agents=%d generation=%d", why, len(loaded.snapshot.agents),
+                 self.generation)
+        return True
+
+    def _log_warnings(self, loaded: Loaded) -> None:
+        for warning in loaded.snapshot.warnings:
+            log.warning("agent configuration: %s", warning)
+
+    async def wait_reloaded(self) -> None:
+        """Until the next successful reload."""
+        await self._reloaded.wait()
+
+    async def watch(self, interval: float = WATCH_INTERVAL) -> None:
+        """Reload when a file the snapshot came from changes (its size, mtime or inode)."""
+        while True:
+            await trio.sleep(interval)
+            now = await trio.to_thread.run_sync(_stamps, self.loaded.files)
+            if now != self._stamps:  # (a bad save is reported once: its stamps are kept either way)
+                changed = sorted(str(p) for p in set(now) | set(self._stamps) if now.get(p) != self._stamps.get(p))
+                self._stamps = now
+                self.reload("changed: " + ", ".join(changed[:3]) + (" …" if len(changed) > 3 else ""))
+
+
+Stamp = tuple[int, int, int] | None
+
+
+def _stamps(files: Sequence[Path]) -> dict[Path, Stamp]:
+    out: dict[Path, Stamp] = {}
+    for path in files:
+        try:
+            st = os.stat(path)
+        except OSError:
+            out[path] = None
+        else:
+            out[path] = (st.st_ino, st.st_size, st.st_mtime_ns)
+    return out
+
+
+__all__ = ["GRANT_CACHE_SIZE", "CiAuthority", "LoadError", "Loaded", "config_loader", "grant_of", "load_authorization"]

@@ -1,0 +1,204 @@
+"""One consistent view of everything that authorizes a request, and the verdict it gives.
+
+A ``Snapshot`` is built whole from kasd's configuration (the directory, the token settings) and the
+agents' ``config.yaml`` files, or not at all: a file that cannot be used raises, naming file, line,
+column and problem, so a reload that fails leaves the previous snapshot in force (the caller keeps
+it). ``Snapshot.authorize(kind, secret, agent_id, now=…)`` is the whole decision for one bearer token
+and agent: verify the token, pick the ``ci_access`` entry (or ``user_access``), apply its ``rules:``,
+resolve the namespace; ``Denied`` (401: who are you?; 403: not for this agent) says why not in words
+a client may read.
+
+Pure, as the rest of this package: time is an argument, reading files is the only I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Literal
+
+import attrs
+
+from kasd.authz.agentconfig import AgentConfig, AgentConfigError, CiAccessEntry, load_agent_config
+from kasd.authz.civars import JobFacts, ci_variables
+from kasd.authz.directory import Directory
+from kasd.authz.jobtokens import (
+    DEFAULT_AUDIENCE,
+    DEFAULT_ISSUER,
+    DEFAULT_LEEWAY,
+    JobClaims,
+    TokenInvalid,
+    verify_job_token,
+    verify_personal_token,
+)
+from kasd.authz.keys import KeySet
+from kasd.authz.policy import Decision, Job, authorize_job, authorize_user
+from kasd.authz.rules import Rule, compile_rules, first_match
+from kasd.authz.slugs import environment_slug
+
+__all__ = ["CompiledAgent", "Denied", "Snapshot", "TokenSettings", "Verdict", "load_agents"]
+
+
+class Denied(Exception):
+    """Not allowed: ``status`` 401 (the token proves nothing) or 403 (not for this agent);
+    ``message`` is safe to show the client (never the token)."""
+
+    def __init__(self, status: int, message: str, *, principal: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        #: who asked, when the token said it (``ci_job:42``, ``user:alice``), for the audit line
+        self.principal = principal
+
+
+@attrs.frozen(kw_only=True)
+class TokenSettings:
+    """How job and personal tokens are checked (kasd's ``authorization.tokens``)."""
+
+    #: None: none configured, so every token is refused (saying so)
+    keyset: KeySet | None
+    audience: str = DEFAULT_AUDIENCE
+    issuer: str = DEFAULT_ISSUER
+    leeway: timedelta = DEFAULT_LEEWAY
+    #: token ids (``jti``) refused before they expire
+    revoked: Container[str] = frozenset()
+
+
+@attrs.frozen(kw_only=True)
+class CompiledAgent:
+    """An agent's ``config.yaml`` with each entry's ``rules:`` parsed (once, at load)."""
+
+    config: AgentConfig
+    #: by entry: (kind, id) → its compiled rules; an entry without rules has none here
+    rules: Mapping[tuple[str, str | None], tuple[Rule, ...]] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class Verdict:
+    """Allowed: the decision (mode, identity) with what the rules or the entry resolved."""
+
+    decision: Decision
+    kind: Literal["ci", "pat"]
+    #: the namespace the request's kubeconfig context selects: a rule's, else the entry's default
+    namespace: str | None = None
+    #: a CI job's environment, if it deploys to one
+    environment: str | None = None
+    #: the verified job (``ci``) or username (``pat``)
+    job: JobClaims | None = None
+    user: str | None = None
+    #: the token's expiry (seconds since the epoch): a cached verdict is good until then
+    expires_at: int
+
+
+def load_agents(directory: Directory, config_root: Path) -> tuple[dict[int, CompiledAgent], list[str]]:
+    """Every agent's configuration, from ``<config_root>/<project>/.gitlab/agents/<name>/config.yaml``;
+    ``AgentConfigError`` for the first file that cannot be used; the warnings to log once."""
+    agents: dict[int, CompiledAgent] = {}
+    warnings: list[str] = []
+    for agent in directory.agents:
+        loaded = load_agent_config(config_root, agent.config_project, agent.name)
+        warnings.extend(loaded.warnings)
+        config = loaded.config
+        rules: dict[tuple[str, str | None], tuple[Rule, ...]] = {}
+        entries: list[tuple[str, CiAccessEntry]] = [
+            *((f"ci_access.projects[{i}]", e) for i, e in enumerate(config.ci_access.projects)),
+            *((f"ci_access.groups[{i}]", e) for i, e in enumerate(config.ci_access.groups)),
+        ]
+        if config.ci_access.instance is not None:
+            entries.append(("ci_access.instance", config.ci_access.instance))
+        for key, entry in entries:
+            if entry.rules:
+                try:
+                    rules[(entry.kind, entry.id)] = compile_rules(entry.rules, f"{key}.rules")
+                except AgentConfigError as exc:
+                    if exc.mark is None:  # name the file at least
+                        raise AgentConfigError(f"{config.source}: {exc}", key=exc.key, problem=exc.problem) from None
+                    raise
+        agents[agent.id] = CompiledAgent(config=config, rules=rules)
+    return agents, warnings
+
+
+@attrs.frozen(kw_only=True)
+class Snapshot:
+    directory: Directory
+    tokens: TokenSettings
+    agents: Mapping[int, CompiledAgent]
+    #: warnings the load gave (unknown keys, missing files), logged once per load
+    warnings: tuple[str, ...] = ()
+
+    def authorize(self, kind: str, secret: str, agent_id: int, *, now: float) -> Verdict:
+        """The verdict for bearer token ``<kind>:<agent_id>:<secret>``; ``Denied`` otherwise."""
+        if kind == "ci":
+            return self._job(secret, agent_id, now)
+        if kind == "pat":
+            return self._user(secret, agent_id, now)
+        raise Denied(401, f"bad token: unknown token type {kind!r}")
+
+    def _agent(self, agent_id: int, principal: str) -> CompiledAgent:
+        compiled = self.agents.get(agent_id)
+        if compiled is None:
+            raise Denied(403, f"agent {agent_id} is not known", principal=principal)
+        return compiled
+
+    def _keyset(self) -> KeySet:
+        if self.tokens.keyset is None:
+            raise Denied(401, "bad token: kasd verifies no tokens (authorization.tokens.public_keys is empty)")
+        return self.tokens.keyset
+
+    def _job(self, secret: str, agent_id: int, now: float) -> Verdict:
+        t = self.tokens
+        keyset = self._keyset()
+        try:
+            claims = verify_job_token(secret, keyset, audience=t.audience, issuer=t.issuer, now=now,
+                                      leeway=t.leeway, revoked=t.revoked)
+        except TokenInvalid as exc:
+            raise Denied(401, f"bad token: CI job token {exc.reason}") from None
+        assert claims.stamp is not None
+        principal = f"ci_job:{claims.job_id}"
+        compiled = self._agent(agent_id, principal)
+        job = Job(project=claims.project, project_id=claims.project_id, job_id=claims.job_id,
+                  pipeline_id=claims.pipeline_id, user=claims.user, ref=claims.ref, ref_type=claims.ref_type,
+                  protected=claims.protected, environment=claims.environment,
+                  environment_tier=claims.environment_tier)
+        decision = authorize_job(self.directory, agent_id, compiled.config, job, slug=environment_slug)
+        if not decision.allowed:
+            raise Denied(403, f"forbidden: {decision.reason}", principal=principal)
+        namespace = decision.default_namespace
+        rules = compiled.rules.get((decision.entry_kind or "", decision.entry_id))
+        if rules:
+            project = self.directory.project(claims.project)
+            assert project is not None  # authorize_job found it
+            facts = JobFacts(
+                project_path=project.path, project_id=project.id, namespace=project.namespace,
+                ref=claims.ref, tag=claims.ref_type == "tag", protected=claims.protected,
+                default_branch=project.default_branch, environment=claims.environment,
+                environment_tier=claims.environment_tier, job_id=claims.job_id,
+                pipeline_id=claims.pipeline_id, user_login=claims.user,
+            )
+            match = first_match(rules, ci_variables(facts))
+            entry = f"ci_access.{decision.entry_kind}s entry {decision.entry_id}" if decision.entry_id else \
+                f"ci_access.{decision.entry_kind}"
+            if not match.allowed:
+                raise Denied(403, f"forbidden: agent {agent_id} does not allow this job: {entry}: {match.reason}",
+                             principal=principal)
+            if match.namespace is not None:
+                namespace = match.namespace
+        return Verdict(decision=decision, kind="ci", namespace=namespace, environment=claims.environment,
+                       job=claims, expires_at=claims.stamp.expires_at)
+
+    def _user(self, secret: str, agent_id: int, now: float) -> Verdict:
+        t = self.tokens
+        keyset = self._keyset()
+        try:
+            claims = verify_personal_token(secret, keyset, audience=t.audience, issuer=t.issuer, now=now,
+                                           leeway=t.leeway, revoked=t.revoked)
+        except TokenInvalid as exc:
+            raise Denied(401, f"bad token: personal token {exc.reason}") from None
+        assert claims.stamp is not None
+        principal = f"user:{claims.user}"
+        compiled = self._agent(agent_id, principal)
+        decision = authorize_user(self.directory, agent_id, compiled.config, claims.user)
+        if not decision.allowed:
+            raise Denied(403, f"forbidden: {decision.reason}", principal=principal)
+        return Verdict(decision=decision, kind="pat", user=claims.user, expires_at=claims.stamp.expires_at)

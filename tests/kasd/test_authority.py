@@ -1,0 +1,171 @@
+"""CiAuthority: grants from signed tokens and the agents' config.yaml, remembered between requests;
+reloads that replace the whole configuration or, when a file is bad, nothing at all."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from kasctl.authsetup import AuthSetup
+from kasd import authority as authority_module
+from kasd.authority import CiAuthority, Loaded, load_authorization
+from kasd.config import Config, config_from_mapping
+from kasd.metrics import Metrics
+from kasd.seams import AccessDenied, Grant, parse_bearer
+from kasd.tokens import hash_token
+from routing.local import TunnelRegistry
+
+APP_ONLY = "ci_access:\n  projects:\n    - id: acme/app\n"
+
+
+def _config(auth: AuthSetup, agents: int = 4) -> Config:
+    return config_from_mapping({
+        "agents": [{"id": i, "name": f"a{i}", "config_project": "acme/infra", "token_sha256": hash_token(f"agent-{i}")}
+                   for i in range(1, agents + 1)],
+        "groups": [{"path": "acme", "id": 1}],
+        "projects": [{"path": "acme/infra", "id": 10}, {"path": "acme/app", "id": 11}, {"path": "acme/other", "id": 12}],
+        "users": [{"username": "alice", "memberships": {"acme/app": "developer"}}],
+        **auth.kasd_settings(),
+    })
+
+
+@pytest.fixture
+def auth(tmp_path: Path) -> AuthSetup:
+    setup = AuthSetup(tmp_path)
+    setup.agent_config("acme/infra", "a1", APP_ONLY)
+    for i in (2, 3, 4):
+        setup.agent_config("acme/infra", f"a{i}", APP_ONLY + "user_access:\n  access_as: {agent: {}}\n"
+                                                            "  projects: [{id: acme/app}]\n")
+    return setup
+
+
+class _Files:
+    """A ``load`` that reads the config an attribute holds (a test swaps it to simulate an edit)."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.loads = 0
+
+    def __call__(self) -> Loaded:
+        self.loads += 1
+        return load_authorization(self.config, None)
+
+
+async def _authorize(authority: CiAuthority, authorization: str | None) -> Grant:
+    """What the pipeline does with a request's Authorization header: parse it, ask the authority."""
+    credentials = parse_bearer(authorization)
+    return await authority.authorize(credentials, credentials.agent_id)
+
+
+async def test_a_remembered_grant_is_the_same_answer_as_the_first(auth: AuthSetup) -> None:
+    authority = CiAuthority(_Files(_config(auth)))
+    token = auth.job_token("acme/app", job_id=5)
+    first = await _authorize(authority, f"Bearer ci:1:{token}")
+    again = await _authorize(authority, f"Bearer ci:1:{token}")
+    assert again == first
+    assert (again.kind, again.agent_id, again.subject, again.access_as) == ("ci", 1, "ci_job:5", "agent")
+
+
+async def test_a_remembered_grant_opens_nothing_else(auth: AuthSetup) -> None:
+    authority = CiAuthority(_Files(_config(auth)))
+    job = auth.job_token("acme/app")
+    await _authorize(authority, f"Bearer ci:1:{job}")
+    with pytest.raises(AccessDenied) as denied:
+        await _authorize(authority, f"Bearer pat:1:{job}")  # the same token under the wrong kind
+    assert denied.value.status == 401 and "not a personal token" in denied.value.message
+    with pytest.raises(AccessDenied) as denied:
+        await _authorize(authority, f"Bearer ci:9:{job}")  # an agent kasd does not know
+    assert denied.value.status == 403
+
+
+async def test_refusals_are_checked_every_time(auth: AuthSetup) -> None:
+    files = _Files(_config(auth))
+    authority = CiAuthority(files)
+    other = auth.job_token("acme/other")
+    for _ in range(2):
+        with pytest.raises(AccessDenied) as denied:
+            await _authorize(authority, f"Bearer ci:1:{other}")
+        assert denied.value.status == 403
+        assert "does not authorize project acme/other" in denied.value.message
+    assert authority._granted == {}
+    with pytest.raises(AccessDenied):
+        await _authorize(authority, None)
+
+
+async def test_the_remembered_grants_are_bounded(auth: AuthSetup, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(authority_module, "GRANT_CACHE_SIZE", 3)
+    authority = CiAuthority(_Files(_config(auth)))
+    pat = auth.personal_token("alice")
+    for agent in (2, 3, 4):
+        assert (await _authorize(authority, f"Bearer pat:{agent}:{pat}")).agent_id == agent
+    assert len(authority._granted) == 3
+    job = auth.job_token("acme/app")
+    await _authorize(authority, f"Bearer ci:1:{job}")
+    assert len(authority._granted) == 3 and ("pat", pat, 2) not in authority._granted  # the oldest went first
+
+
+async def test_an_expired_token_is_refused_even_if_its_grant_was_remembered(auth: AuthSetup) -> None:
+    now = [1_800_000_000.0]
+    authority = CiAuthority(_Files(_config(auth)), clock=lambda: now[0])
+    token = auth.job_token("acme/app", ttl=timedelta(minutes=5), now=now[0])
+    assert (await _authorize(authority, f"Bearer ci:1:{token}")).agent_id == 1
+    now[0] += 5 * 60 + 61  # past expiry and the leeway
+    with pytest.raises(AccessDenied) as denied:
+        await _authorize(authority, f"Bearer ci:1:{token}")
+    assert denied.value.status == 401 and "expired" in denied.value.message
+
+
+async def test_a_reload_replaces_everything_and_forgets_grants(auth: AuthSetup) -> None:
+    files = _Files(_config(auth))
+    metrics = Metrics(TunnelRegistry())
+    authority = CiAuthority(files, metrics)
+    job = auth.job_token("acme/app")
+    await _authorize(authority, f"Bearer ci:1:{job}")
+    auth.agent_config("acme/infra", "a1", "ci_access:\n  projects:\n    - id: acme/other\n")
+    assert authority.reload("test")
+    with pytest.raises(AccessDenied) as denied:  # the remembered grant went with the old files
+        await _authorize(authority, f"Bearer ci:1:{job}")
+    assert denied.value.status == 403
+    assert _sample(metrics, "kasd_authz_reloads_total", result="ok") == 1
+    assert _sample(metrics, "kasd_authz_config_ok") == 1
+
+
+async def test_a_bad_file_changes_nothing_and_says_where(auth: AuthSetup, caplog: pytest.LogCaptureFixture) -> None:
+    files = _Files(_config(auth))
+    metrics = Metrics(TunnelRegistry())
+    authority = CiAuthority(files, metrics)
+    job = auth.job_token("acme/app")
+    path = auth.agent_config("acme/infra", "a1", "ci_access:\n  projects:\n    - id: acme/app\n      rules:\n"
+                                                 "        - if: $CI_COMMIT_BRANCH ==\n")
+    assert not authority.reload("test")
+    assert (await _authorize(authority, f"Bearer ci:1:{job}")).agent_id == 1  # the previous configuration
+    assert f"{path}:5:35: ci_access.projects[0].rules[0].if: expected a value after" in caplog.text
+    assert "the previous configuration stays in force" in caplog.text
+    assert _sample(metrics, "kasd_authz_reloads_total", result="failed") == 1
+    assert _sample(metrics, "kasd_authz_config_ok") == 0
+
+
+async def test_a_changed_file_is_reloaded_by_the_watch(auth: AuthSetup) -> None:
+    files = _Files(_config(auth))
+    authority = CiAuthority(files)
+    job = auth.job_token("acme/other")
+    with pytest.raises(AccessDenied):
+        await _authorize(authority, f"Bearer ci:1:{job}")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(authority.watch, 0.02)
+        await trio.sleep(0.2)  # ten looks at the files
+        assert files.loads == 1  # nothing changed: nothing read
+        auth.agent_config("acme/infra", "a1", "ci_access:\n  projects:\n    - id: acme/other\n")
+        with trio.fail_after(5):
+            await authority.wait_reloaded()
+        assert files.loads == 2 and authority.generation == 2
+        nursery.cancel_scope.cancel()
+    assert (await _authorize(authority, f"Bearer ci:1:{job}")).agent_id == 1
+
+
+def _sample(metrics: Metrics, name: str, **labels: Any) -> float | None:
+    return metrics.registry.get_sample_value(name, labels)
