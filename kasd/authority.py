@@ -145,7 +145,7 @@ class CiAuthority:
         try:
             verdict = self.snapshot.authorize(credentials.kind, credentials.secret, agent_id, now=now)
         except Denied as exc:
-            raise AccessDenied(exc.status, exc.message) from None
+            raise AccessDenied(exc.status, exc.message, principal=exc.principal) from None
         grant = grant_of(verdict)
         granted = self._granted
         if len(granted) >= GRANT_CACHE_SIZE:

@@ -72,10 +72,13 @@ class AccessDenied(Exception):
     """Not allowed: ``status`` 401 (who are you?) or 403 (not for this agent); ``message`` is safe
     to show the client."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, principal: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        #: who was refused, when the credentials said it (``ci_job:42``, ``user:alice``): for the
+        #: audit line, never the token
+        self.principal = principal
 
 
 class Authority(Protocol):

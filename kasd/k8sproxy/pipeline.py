@@ -8,7 +8,7 @@ the ``Router`` for a logical stream to the agent, streams the body there, relays
 injected, so the pipeline runs in tests with fakes and memory streams, no socket.
 
 May import: ``kasd.seams``, ``kasd.metrics``, this package's ``exchange``/``status``/``accesslog``/
-``principals``, ``tunnelhttp``, ``wire``, ``netio``, ``daemonkit.logs``. Never a front end (``http1``,
+``principals``/``requestinfo``, ``tunnelhttp``, ``wire``, ``netio``, ``daemonkit.logs``. Never a front end (``http1``,
 ``http2``) or ``server``.
 """
 
@@ -28,6 +28,7 @@ from daemonkit.logs import BurstLimitedLog
 from kasd.k8sproxy.accesslog import RequestRecord, logfmt
 from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Exchange
 from kasd.k8sproxy.principals import PrincipalRequests
+from kasd.k8sproxy.requestinfo import request_info
 from kasd.k8sproxy.status import ProxyError, status_body, status_headers
 from kasd.metrics import Metrics
 from kasd.seams import (
@@ -184,12 +185,15 @@ class RequestPipeline:
         request the client dropped before any answer (``record.dropped``) gets no access line;
         the front end sums those up."""
         request = ex.request
+        info = request_info(request.method, request.target)
         record = RequestRecord(
             request_id=os.urandom(16).hex(),
             method=request.method,
             path=request.target,
             protocol=request.protocol,
             peer=request.peer,
+            verb=info.verb,
+            namespace=info.namespace,
         )
         held = ExitStack()  # what the request holds until it is over (its principal's slot)
         try:
@@ -210,11 +214,14 @@ class RequestPipeline:
         try:
             if refusal is not None:
                 raise refusal
-            grant, principal = await self._authorize(request)
+            grant, principal = await self._authorize(request, record)
             if not request.target.startswith("/"):
                 raise ProxyError(400, f"request target must be a path, got {request.target[:100]!r}")
             record.agent_id, record.subject = grant.agent_id, grant.subject  # a request that goes on
+            record.access_as = grant.access_as
             impersonate = self._impersonation(request, grant)
+            if impersonate is not None:
+                record.as_user, record.as_groups = impersonate.user, impersonate.groups
             self._hold_principal_slot(principal, grant, held)
             head = RequestHead(
                 method=request.method,
@@ -249,7 +256,7 @@ class RequestPipeline:
 
     # ------------------------------------------------------------------ authenticate, authorize, route
 
-    async def _authorize(self, request: ClientRequest) -> tuple[Grant, Hashable]:
+    async def _authorize(self, request: ClientRequest, record: RequestRecord) -> tuple[Grant, Hashable]:
         """The grant for this request's token, and who holds it (the principal: the token, never
         logged); ProxyError 401/403 otherwise."""
         auth = [v for k, v in request.headers if k == "authorization"]
@@ -259,6 +266,7 @@ class RequestPipeline:
             credentials = parse_bearer(auth[0] if auth else None)
             grant = await self.authority.authorize(credentials, credentials.agent_id)
         except AccessDenied as exc:
+            record.subject = exc.principal or ""
             extra = (("www-authenticate", 'Bearer realm="kasd"'),) if exc.status == 401 else ()
             raise ProxyError(exc.status, exc.message, extra) from None
         return grant, (credentials.kind, credentials.secret)

@@ -443,3 +443,29 @@ async def test_an_agent_stream_that_breaks_mid_response_cuts_the_client_connecti
         await client.aclose()
     assert "agent stream broke mid-response" in caplog.text
     assert "outcome=upstream-broken" in caplog.text
+
+
+async def test_the_audit_line_says_who_as_whom_what_and_where_and_never_the_token(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One access line per request: the principal, how the agent acted and whom it impersonated,
+    the Kubernetes verb and namespace; a refused request names the principal its token proved."""
+    caplog.set_level(logging.INFO, logger="kasd.access")
+    async with running_kasd() as kasd, fake_agent(kasd):
+        port = kasd.port("kubernetes_api")
+        assert (await http_request(port, "GET", "/api/v1/namespaces/web/pods?watch=1&labelSelector=x",
+                                   [bearer(CI_TOKEN)])).status == 200
+        assert (await http_request(port, "DELETE", "/apis/apps/v1/namespaces/web/deployments/site",
+                                   [bearer(PAT_TOKEN)])).status == 200
+        assert (await http_request(port, "GET", "/api/v1/pods", [bearer(f"pat:2:{PAT_SECRET}")])).status == 403
+    lines = [r.getMessage() for r in caplog.records if r.name == "kasd.access"]
+    assert len(lines) == 3
+    job, user, refused = lines
+    assert ("agent=1 subject=ci_job:7 access_as=impersonate as_user=gitlab:ci_job:7 "
+            'as_groups=gitlab:ci_job,gitlab:project:42 verb=watch namespace=web status=200') in job
+    assert "path=/api/v1/namespaces/web/pods " in job  # never the query
+    assert ("agent=1 subject=user:alice access_as=agent as_user=- as_groups=- verb=delete namespace=web "
+            "status=200") in user
+    assert "agent=- subject=user:alice access_as=- as_user=- as_groups=- verb=list namespace=- status=403" in refused
+    for secret in (CI_SECRET, PAT_SECRET, "labelSelector"):
+        assert secret not in caplog.text
