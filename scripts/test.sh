@@ -22,13 +22,16 @@ echo "== ruff"
 ruff check .
 echo "== mypy"
 mypy wire netio http11 tunnelhttp h2trio daemonkit routing kasd agentd kasctl
-echo "== pytest"
-python -m pytest "$@"
 for arg in "$@"; do
     if [[ "$arg" != -* && -e "${arg%%::*}" ]]; then
-        exit 0  # a selection: that is all
+        echo "== pytest"
+        exec python -m pytest "$@"  # a selection: that is all, in one process
     fi
 done
+# The whole suite on every core (pytest-xdist), each test file on one worker.
+PARALLEL=(-n "${KASD_TEST_WORKERS:-auto}" --dist loadfile)
+echo "== pytest"
+python -m pytest "${PARALLEL[@]}" "$@"
 echo "== pytest, KASD_SAFE_MODE=1: the wire and proxy tests without the fast paths"
-KASD_SAFE_MODE=1 exec python -m pytest "$@" tests/wire tests/netio tests/h2trio tests/http11 \
+KASD_SAFE_MODE=1 exec python -m pytest "${PARALLEL[@]}" "$@" tests/wire tests/netio tests/h2trio tests/http11 \
     tests/kasd/test_proxy.py tests/kasd/test_http2_tls.py tests/agentd
