@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from kasctl import tokens
+from kasctl import kubeconfig, tokens
 from kasctl.stack import CONTEXT, DEMO_MANIFEST, Stack, StackError, find_kubectl
 
 DEMO_HELP = """\
@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             "  kasctl token ci --key keys/jobtoken-signing.pem --project group/app --job-id 42 \\\n"
             "      --pipeline-id 7 --user alice --ref main --ttl 1h\n"
             "  kasctl token pat --key keys/jobtoken-signing.pem --user alice --ttl 30d\n"
+            "  kasctl kubeconfig > \"$KUBECONFIG\"       # in a CI job: a context per agent it may use\n"
             "\n"
             "`kasctl COMMAND --help` explains each command."
         ),
@@ -200,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--agentd-replicas", type=_positive, default=None, metavar="M",
                       help="agentd pods (default: 1, or 2 with --replicas > 1)")
     tokens.add_commands(commands)
+    kubeconfig.add_command(commands)
     args = parser.parse_args(argv)
     if args.command == "demo" and args.agentd_replicas is None:
         args.agentd_replicas = 1 if args.replicas == 1 else 2
@@ -207,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         return _demo(args)
     if args.command in ("keys", "token"):
         return tokens.run(args)
+    if args.command == "kubeconfig":
+        return kubeconfig.run(args)
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover
     return 2
 

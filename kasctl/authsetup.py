@@ -28,7 +28,7 @@ class AuthSetup:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.key = SigningKey.generate()
-        self.keys = write_key_pair(directory / "keys", name="kasd-signing", key=self.key)
+        self.keys = write_key_pair(directory / "keys", key=self.key)
         self.config_root = directory / "config-projects"
         self.config_root.mkdir(parents=True, exist_ok=True)
 

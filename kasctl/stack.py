@@ -270,6 +270,16 @@ class Stack:
     def proxy_url_of(self, replica: int) -> str:
         return f"https://{self.replica_addresses[replica]['kubernetes_api']}"
 
+    @property
+    def api_url(self) -> str:
+        """kasd's REST API (``GET /api/v4/job/allowed_agents``; ``kasctl kubeconfig``)."""
+        return f"https://{self.replica_addresses[0]['api']}"
+
+    @property
+    def ca_file(self) -> Path:
+        """The CA of kasd's certificates (PEM), for clients other than kubectl."""
+        return self.dir / "ca.pem"
+
     def context_of(self, replica: int) -> str:
         """The kubeconfig context that reaches the cluster through ``replica`` (the default context
         is replica 0's)."""
@@ -340,12 +350,17 @@ class Stack:
         for blob in cert.cert_chain_pems[1:]:
             blob.write_to_path(str(self.dir / "kasd-cert.pem"), append=True)
         cert.private_key_pem.write_to_path(str(self.dir / "kasd-key.pem"))
+        self.ca.cert_pem.write_to_path(str(self.ca_file))
         os.chmod(self.dir / "kasd-key.pem", 0o600)
         config: dict[str, Any] = {
             "listeners": {
                 "agent": {"address": "127.0.0.1:0", "path": "/tunnel"},
                 "observability": {"address": "127.0.0.1:0"},
                 "kubernetes_api": {
+                    "address": "127.0.0.1:0",
+                    "tls": {"cert": str(self.dir / "kasd-cert.pem"), "key": str(self.dir / "kasd-key.pem")},
+                },
+                "api": {
                     "address": "127.0.0.1:0",
                     "tls": {"cert": str(self.dir / "kasd-cert.pem"), "key": str(self.dir / "kasd-key.pem")},
                 },
@@ -395,6 +410,8 @@ class Stack:
             ]  # fmt: skip
             if "private" in previous:
                 args += ["--private-address", previous["private"]]
+            if "api" in previous:
+                args += ["--api-address", previous["api"]]
         process = self.kasds[replica] = Process(
             name, self._python("kasd", *args), self.dir / f"{name}.log",
             stop_timeout=self.kasd_shutdown_timeout + STOP_MARGIN,

@@ -387,12 +387,30 @@ class PrivateListener(Listener):
     http2: Http2Limits = Http2Limits()
 
 
+def _optional_address(value: Any) -> HostPort | None:
+    return None if value is None else parse_address(value)
+
+
+@attrs.frozen(kw_only=True)
+class ApiListener(Listener):
+    """The REST API (8153): ``GET /api/v4/job/allowed_agents`` for CI jobs. Off unless an address is set."""
+
+    address: HostPort | None = setting(  # type: ignore[assignment]
+        None, parse=_optional_address, env="KASD_API_ADDRESS", flag="--api-address", metavar="HOST:PORT",
+        help="REST API listener (GitLab's /api/v4/job/allowed_agents); off unless set",
+    )
+    # CI jobs ask once each; a burst of pipelines from one runner host shares a source.
+    max_connections: int = _max_connections("api", "REST API", 1024)
+    max_connections_per_source: int = _max_per_source("api", "REST API", 128)
+
+
 @attrs.frozen(kw_only=True)
 class Listeners:
     agent: AgentListener = AgentListener()
     observability: ObservabilityListener = ObservabilityListener()
     kubernetes_api: KubernetesAPIListener = KubernetesAPIListener()
     private: PrivateListener = PrivateListener()
+    api: ApiListener = ApiListener()
 
 
 @attrs.frozen(kw_only=True)
@@ -796,7 +814,8 @@ def _check(loaded: Loaded[Config]) -> Config:
     token."""
     config = loaded.value
     taken: dict[tuple[str, int], str] = {}
-    names = ("agent", "observability", "kubernetes_api") + (("private",) if config.routing.replicated else ())
+    names = ("agent", "observability", "kubernetes_api") + (("private",) if config.routing.replicated else ()) \
+        + (("api",) if config.listeners.api.address is not None else ())
     for name in names:
         listener: Listener = getattr(config.listeners, name)
         if listener.port == 0:  # port 0 picks a port for each

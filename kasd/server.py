@@ -36,6 +36,7 @@ from kasd.replicas import (
     private_server_ssl,
     redis_replication,
 )
+from kasd.restapi import RestApi, serve_api
 from kasd.seams import Router
 from netio.admission import PER_SOURCE, TOTAL, Admission, CappedListener, ConnectionCaps, Refusal
 from routing.local import BreakerPolicy, LocalRouter, TunnelRegistry
@@ -223,6 +224,8 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
     proxy_sockets = await listen("kubernetes_api", config.kubernetes_api)
     obs_sockets = await listen("observability", config.observability)
     private_sockets = await listen("private", config.private) if replicated else []
+    api_on = config.listeners.api.address is not None
+    api_sockets = await listen("api", config.listeners.api) if api_on else []
     runtime.addresses = {
         "agent": _bound(agent_sockets),
         "observability": _bound(obs_sockets),
@@ -230,6 +233,8 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
     }
     if replicated:
         runtime.addresses["private"] = _bound(private_sockets)
+    if api_on:
+        runtime.addresses["api"] = _bound(api_sockets)
     # Every listener's connections are counted here, once, at accept: before TLS or any parsing.
     refusals = BurstLimitedLog(logging.getLogger("kasd.listeners"), interval=REFUSAL_LOG_INTERVAL)
     # The private port is a stranger's port too: its own caps and an HTTP/2 reset budget, before TLS.
@@ -237,12 +242,18 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
     runtime.admissions = {
         name: _admission(name, getattr(config.listeners, name), metrics, refusals,
                          {"kubernetes_api": reset_buckets, "private": private_resets}.get(name))
-        for name in ("agent", "observability", "kubernetes_api", *(("private",) if replicated else ()))
+        for name in ("agent", "observability", "kubernetes_api", *(("private",) if replicated else ()),
+                     *(("api",) if api_on else ()))
     }
     agent_listeners = [StoppableListener(runtime.admissions["agent"].listener(s), stop) for s in agent_sockets]
     proxy_listeners = [StoppableListener(runtime.admissions["kubernetes_api"].listener(s), stop) for s in proxy_sockets]
     obs_listeners = [runtime.admissions["observability"].listener(s) for s in obs_sockets]
     private_listeners = [StoppableListener(runtime.admissions["private"].listener(s), stop) for s in private_sockets]
+    api_tls = _ssl_context(config.listeners.api, "api")
+    api_listeners: list[trio.abc.Listener[Any]] = [StoppableListener(runtime.admissions["api"].listener(s), stop)
+                                                   for s in api_sockets]
+    if api_tls is not None:
+        api_listeners = [trio.SSLListener(listener, api_tls, https_compatible=True) for listener in api_listeners]
 
     directory = None
     me = identity(config, runtime.addresses, runtime.agent_url) if replication is not None else None
@@ -300,6 +311,8 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
         )
         await nursery.start(trio.serve_listeners, proxy.handle_connection, proxy_listeners)
         nursery.start_soon(authority.watch)
+        if api_listeners:
+            await nursery.start(serve_api, RestApi(lambda: authority.snapshot), api_listeners)
         observability = ObservabilityServer(health, metrics, max_connections=config.observability.max_connections)
         await nursery.start(trio.serve_listeners, observability.handle_connection, obs_listeners)
         health.ready = True
@@ -312,8 +325,8 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
             runtime.addresses["observability"],
             runtime.addresses["kubernetes_api"],
             len(config.agents),
-            f" private={runtime.addresses['private']} replica={runtime.replication.membership.self_name}"
-            if runtime.replication is not None else "",
+            (f" private={runtime.addresses['private']} replica={runtime.replication.membership.self_name}"
+             if runtime.replication is not None else "") + (f" api={runtime.addresses['api']}" if api_on else ""),
         )
         task_status.started(runtime)
 

@@ -57,8 +57,8 @@ def _kasd_example(tmp_path: Path) -> Config:
     cert.private_key_pem.write_to_path(str(tmp_path / "tls.key"))
     for name in ("tls.crt", "tls.key"):
         text = text.replace(f"/etc/kasd/tls/{name}", str(tmp_path / name))
-    if not (tmp_path / "keys" / "kasd-signing.pem").exists():
-        write_key_pair(tmp_path / "keys", name="kasd-signing")
+    if not (tmp_path / "keys" / "jobtoken-signing.pem").exists():
+        write_key_pair(tmp_path / "keys")
     text = text.replace("/etc/kasd/keys/", f"{tmp_path / 'keys'}/")
     text = text.replace("/etc/kasd/config-projects", str(EXAMPLES / "config-projects"))
     (tmp_path / "kasd.yaml").write_text(text)
@@ -102,7 +102,7 @@ def test_kasd_example_loads_and_accepts_the_tokens_it_documents(tmp_path: Path) 
 def test_the_example_agent_configs_decide_as_their_comments_say(tmp_path: Path) -> None:
     config = _kasd_example(tmp_path)
     snapshot = load_authorization(config, None).snapshot
-    key = load_signing_key(tmp_path / "keys" / "kasd-signing.pem")
+    key = load_signing_key(tmp_path / "keys" / "jobtoken-signing.pem")
     now = 1_800_000_000.0
     ttl = timedelta(hours=1)
 

@@ -13,10 +13,10 @@ Pure, as the rest of this package: time is an argument, reading files is the onl
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping
+from collections.abc import Callable, Container, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import attrs
 
@@ -28,6 +28,7 @@ from kasd.authz.jobtokens import (
     DEFAULT_ISSUER,
     DEFAULT_LEEWAY,
     JobClaims,
+    PersonalClaims,
     TokenInvalid,
     verify_job_token,
     verify_personal_token,
@@ -36,6 +37,8 @@ from kasd.authz.keys import KeySet
 from kasd.authz.policy import Decision, Job, authorize_job, authorize_user
 from kasd.authz.rules import Rule, compile_rules, first_match
 from kasd.authz.slugs import environment_slug
+
+_Claims = TypeVar("_Claims", JobClaims, PersonalClaims)
 
 __all__ = ["CompiledAgent", "Denied", "Snapshot", "TokenSettings", "Verdict", "load_agents"]
 
@@ -146,14 +149,26 @@ class Snapshot:
             raise Denied(401, "bad token: kasd verifies no tokens (authorization.tokens.public_keys is empty)")
         return self.tokens.keyset
 
-    def _job(self, secret: str, agent_id: int, now: float) -> Verdict:
+    def _verified(self, verify: Callable[..., _Claims], secret: str, what: str, now: float) -> _Claims:
+        """``verify``'s claims of ``secret``; ``Denied`` (401) saying which check failed."""
         t = self.tokens
-        keyset = self._keyset()
         try:
-            claims = verify_job_token(secret, keyset, audience=t.audience, issuer=t.issuer, now=now,
-                                      leeway=t.leeway, revoked=t.revoked)
+            claims = verify(secret, self._keyset(), audience=t.audience, issuer=t.issuer, now=now,
+                            leeway=t.leeway, revoked=t.revoked)
         except TokenInvalid as exc:
-            raise Denied(401, f"bad token: CI job token {exc.reason}") from None
+            raise Denied(401, f"bad token: {what} {exc.reason}") from None
+        assert claims.stamp is not None
+        return claims
+
+    def verify_job(self, secret: str, *, now: float) -> JobClaims:
+        """The claims of a valid job token; ``Denied`` (401) saying which check failed."""
+        return self._verified(verify_job_token, secret, "CI job token", now)
+
+    def _job(self, secret: str, agent_id: int, now: float) -> Verdict:
+        return self.decide_job(self.verify_job(secret, now=now), agent_id)
+
+    def decide_job(self, claims: JobClaims, agent_id: int) -> Verdict:
+        """What agent ``agent_id``'s configuration allows the verified job ``claims``; ``Denied`` (403)."""
         assert claims.stamp is not None
         principal = f"ci_job:{claims.job_id}"
         compiled = self._agent(agent_id, principal)
@@ -187,15 +202,22 @@ class Snapshot:
         return Verdict(decision=decision, kind="ci", namespace=namespace, environment=claims.environment,
                        job=claims, expires_at=claims.stamp.expires_at)
 
+    def allowed_agents(self, secret: str, *, now: float) -> tuple[JobClaims, list[Verdict]]:
+        """The job a token proves, and every agent it may use (in agent id order); ``Denied`` (401)
+        for a token that proves nothing. What ``GET /api/v4/job/allowed_agents`` and ``kasctl
+        kubeconfig`` answer."""
+        claims = self.verify_job(secret, now=now)
+        allowed: list[Verdict] = []
+        for agent_id in sorted(self.agents):
+            try:
+                allowed.append(self.decide_job(claims, agent_id))
+            except Denied:
+                continue
+        return claims, allowed
+
     def _user(self, secret: str, agent_id: int, now: float) -> Verdict:
-        t = self.tokens
-        keyset = self._keyset()
-        try:
-            claims = verify_personal_token(secret, keyset, audience=t.audience, issuer=t.issuer, now=now,
-                                           leeway=t.leeway, revoked=t.revoked)
-        except TokenInvalid as exc:
-            raise Denied(401, f"bad token: personal token {exc.reason}") from None
-        assert claims.stamp is not None
+        claims = self._verified(verify_personal_token, secret, "personal token", now)
+        assert claims.stamp is not None  # (a verified token's)
         principal = f"user:{claims.user}"
         compiled = self._agent(agent_id, principal)
         decision = authorize_user(self.directory, agent_id, compiled.config, claims.user)

@@ -165,8 +165,8 @@ def test_example_config_is_valid(tmp_path: Path) -> None:
     from kasd.config import config_from_mapping
 
     examples = Path(__file__).parents[2] / "examples"
-    keys = write_key_pair(tmp_path, name="kasd-signing")
-    text = (examples / "kasd.yaml").read_text().replace("/etc/kasd/keys/kasd-signing.pub.pem", str(keys.public))
+    keys = write_key_pair(tmp_path)
+    text = (examples / "kasd.yaml").read_text().replace("/etc/kasd/keys/jobtoken-signing.pub.pem", str(keys.public))
     doc = yaml.safe_load(text.replace("/etc/kasd/config-projects", str(examples / "config-projects")))
     for listener in doc["listeners"].values():
         listener.pop("tls", None)  # the example's certificate paths exist only on a real host

@@ -13,6 +13,7 @@ import trio
 
 from kasctl.authsetup import AuthSetup
 from kasd.authority import CiAuthority, Loaded, load_authorization
+from kasd.authz.jobinfo import allowed_agents_response
 from kasd.authz.jobtokens import JobClaims, mint_job_token, mint_personal_token
 from kasd.authz.keys import SigningKey
 from kasd.authz.snapshot import Denied, Snapshot
@@ -210,3 +211,22 @@ def test_the_modes_are_the_five(world: tuple[Snapshot, AuthSetup]) -> None:
     snapshot, auth = world
     for mode, (agent, kind, make) in MODES.items():
         assert snapshot.authorize(kind, make(auth), agent, now=NOW).decision.access_as == mode
+
+
+def test_the_allowed_agents_of_a_job_are_the_cells_it_is_allowed_in(world: tuple[Snapshot, AuthSetup]) -> None:
+    """GET /api/v4/job/allowed_agents lists exactly the agents the matrix allows for that job."""
+    snapshot, auth = world
+    review = _job(auth.key, protected=False, ref="feat", environment="review/feat", environment_tier="development")
+    claims, allowed = snapshot.allowed_agents(review, now=NOW)
+    body = allowed_agents_response(snapshot, claims, allowed)
+    assert [a["id"] for a in body["allowed_agents"]] == [2]  # prod wants protected refs; locked, its own project
+    (agent,) = body["allowed_agents"]
+    assert agent["configuration"] == {"access_as": {"ci_user": {}}}
+    assert agent["kasd"]["context"] == "acme/infra:review" and agent["kasd"]["namespace"].startswith("shop-review-feat-")
+    assert body["environment"] == {"slug": agent["kasd"]["namespace"].removeprefix("shop-"), "tier": "development"}
+    assert body["project"] == {"id": 41, "path_with_namespace": "acme/web/shop", "groups": [{"id": 10}, {"id": 11}]}
+    protected = snapshot.allowed_agents(_job(auth.key), now=NOW)[1]
+    assert [v.decision.agent_id for v in protected] == [1]
+    with pytest.raises(Denied) as info:
+        snapshot.allowed_agents(_tampered(review), now=NOW)
+    assert info.value.status == 401

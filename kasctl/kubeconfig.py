@@ -1,0 +1,171 @@
+"""``kasctl kubeconfig --job-token T``: a CI job's kubeconfig, one context per agent it may use.
+
+It asks kasd's REST API (``GET /api/v4/job/allowed_agents`` with a ``Job-Token`` header, the call
+GitLab's own kubeconfig generation makes) and writes what GitLab writes for a job — one cluster (the
+Kubernetes API proxy, with its CA), one user per agent (``agent:<id>``, token ``ci:<id>:<job token>``)
+and one context per agent named ``<config project path>:<agent name>`` — and, unlike GitLab (their
+issue 521125), each context selects the namespace the job works in: a ``rules:`` namespace, else the
+entry's ``default_namespace``. Agents the job may not use are not there at all.
+
+The kubeconfig holds the job token: it goes to stdout (for ``> "$KUBECONFIG"``) or, with
+``--output``, to a new file readable by its owner only. Errors are one line on stderr, exit 1 (kasd
+unreachable or refusing) or 2 (a wrong command line), and never quote the token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import ssl
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ALLOWED_AGENTS_PATH = "/api/v4/job/allowed_agents"
+TOKEN_VARIABLE = "CI_JOB_TOKEN"
+API_VARIABLE = "KASCTL_API_URL"
+SERVER_VARIABLE = "KASCTL_PROXY_URL"
+CA_VARIABLE = "KASCTL_CA_FILE"
+CLUSTER = "kasd"
+
+HELP = f"""\
+Print a CI job's kubeconfig: one context per agent the job may use, named
+<config project path>:<agent name>, each with the job's token (ci:<agent id>:<job token>) and the
+namespace the job works in. Asks kasd's REST API (GET {ALLOWED_AGENTS_PATH}, listeners.api).
+
+In a CI job:
+  kasctl kubeconfig > "$KUBECONFIG"        # with CI_JOB_TOKEN, {API_VARIABLE}, {SERVER_VARIABLE} set
+  kubectl config get-contexts
+  kubectl --context group/infra:prod get pods
+"""
+
+
+class KubeconfigError(Exception):
+    """One line for stderr; ``code`` the exit status."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser("kubeconfig", help="print a CI job's kubeconfig (one context per allowed agent)",
+                                 description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--job-token", metavar="TOKEN",
+                        help=f"the job's token (default ${TOKEN_VARIABLE}); prefer the variable: "
+                             "arguments show in ps")
+    parser.add_argument("--api-url", metavar="URL", help=f"kasd's REST API, e.g. https://kas.example.com:8153 "
+                                                         f"(default ${API_VARIABLE})")
+    parser.add_argument("--server", metavar="URL", help=f"kasd's Kubernetes API proxy, e.g. "
+                                                        f"https://kas.example.com:8154 (default ${SERVER_VARIABLE})")
+    parser.add_argument("--certificate-authority", metavar="FILE", type=Path,
+                        help=f"CA (PEM) of kasd's certificates, for both calls (default ${CA_VARIABLE}; "
+                             "else the system's)")
+    parser.add_argument("--output", "-o", metavar="FILE", type=Path,
+                        help="write it to FILE (a new file, mode 0600) instead of stdout")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        text = kubeconfig_text(args, os.environ)
+        if args.output is None:
+            sys.stdout.write(text)
+        else:
+            _write_new(args.output, text)
+    except KubeconfigError as exc:
+        print(f"kasctl kubeconfig: {exc}", file=sys.stderr)
+        return exc.code
+    return 0
+
+
+def _setting(value: Any, environ: dict[str, str] | os._Environ[str], variable: str, what: str) -> str:
+    found = value if value is not None else environ.get(variable)
+    if not found:
+        raise KubeconfigError(f"missing {what}: pass it or set {variable}", 2)
+    return str(found)
+
+
+def kubeconfig_text(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> str:
+    token = _setting(args.job_token, environ, TOKEN_VARIABLE, "--job-token")
+    api = _setting(args.api_url, environ, API_VARIABLE, "--api-url").rstrip("/")
+    server = _setting(args.server, environ, SERVER_VARIABLE, "--server")
+    ca_value = args.certificate_authority or environ.get(CA_VARIABLE)
+    ca = Path(ca_value) if ca_value else None
+    ca_pem: bytes | None = None
+    if ca is not None:
+        try:
+            ca_pem = ca.read_bytes()
+        except OSError as exc:
+            raise KubeconfigError(f"cannot read --certificate-authority {ca}: {exc.strerror or exc}", 2) from None
+    for name, url in (("--api-url", api), ("--server", server)):
+        if not url.startswith(("https://", "http://")):
+            raise KubeconfigError(f"{name} must be an https:// (or http://) URL, got {url!r}", 2)
+    return str(yaml.safe_dump(build(allowed_agents(api, token, ca_pem), server, token, ca_pem), sort_keys=False))
+
+
+def allowed_agents(api: str, token: str, ca_pem: bytes | None) -> dict[str, Any]:
+    """kasd's answer to ``GET /api/v4/job/allowed_agents`` for ``token``."""
+    context = ssl.create_default_context(cadata=ca_pem.decode()) if ca_pem else ssl.create_default_context()
+    request = urllib.request.Request(f"{api}{ALLOWED_AGENTS_PATH}", headers={"Job-Token": token,
+                                                                            "Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30, context=context) as response:
+            return json.loads(response.read(4 * 1024 * 1024))  # type: ignore[no-any-return]
+    except urllib.error.HTTPError as exc:
+        try:
+            message = json.loads(exc.read(64 * 1024)).get("message", "")
+        except ValueError:
+            message = ""
+        raise KubeconfigError(f"kasd refused ({exc.code}): {message or exc.reason}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise KubeconfigError(f"cannot reach kasd's REST API at {api}: {reason}") from None
+
+
+def build(answer: dict[str, Any], server: str, token: str, ca_pem: bytes | None) -> dict[str, Any]:
+    """The kubeconfig for kasd's ``answer`` (see the module docstring)."""
+    cluster: dict[str, Any] = {"server": server}
+    if ca_pem is not None:
+        cluster["certificate-authority-data"] = base64.b64encode(ca_pem).decode()
+    users, contexts = [], []
+    for agent in answer.get("allowed_agents", []):
+        agent_id = int(agent["id"])
+        extra = agent.get("kasd") or {}
+        name = extra.get("context") or f"{agent['config_project']['path_with_namespace']}:{agent_id}"
+        namespace = extra.get("namespace") or (agent.get("configuration") or {}).get("default_namespace")
+        users.append({"name": f"agent:{agent_id}", "user": {"token": f"ci:{agent_id}:{token}"}})
+        context: dict[str, Any] = {"cluster": CLUSTER, "user": f"agent:{agent_id}"}
+        if namespace:
+            context["namespace"] = namespace
+        contexts.append({"name": name, "context": context})
+    config: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": CLUSTER, "cluster": cluster}],
+        "users": users,
+        "contexts": contexts,
+    }
+    if contexts:
+        config["current-context"] = contexts[0]["name"]
+    return config
+
+
+def _write_new(path: Path, text: str) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise KubeconfigError(f"{path} already exists; not overwriting it", 2) from None
+    except OSError as exc:
+        raise KubeconfigError(f"cannot write {path}: {exc.strerror or exc}", 2) from None
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+
+
+__all__ = ["add_command", "build", "run"]

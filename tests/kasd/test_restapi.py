@@ -1,0 +1,101 @@
+"""The REST API port: GitLab's GET /api/v4/job/allowed_agents for a CI job's token, in GitLab's shape,
+served by hypercorn on kasd's own capped listener."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from typing import Any
+
+import pytest
+
+from kasd.config import Config
+from kasd.restapi import ALLOWED_AGENTS_PATH
+from tests.kasd.helpers import AUTH, CI_SECRET, PAT_SECRET, http_request, make_config, running_kasd
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _config() -> Config:
+    return make_config({"listeners": {
+        "agent": {"address": "127.0.0.1:0"}, "observability": {"address": "127.0.0.1:0"},
+        "kubernetes_api": {"address": "127.0.0.1:0"}, "api": {"address": "127.0.0.1:0"},
+    }})
+
+
+async def _get(port: int, path: str, headers: list[tuple[str, str]], method: str = "GET") -> tuple[int, Any]:
+    reply = await http_request(port, method, path, headers)
+    assert reply.headers["content-type"] == "application/json"
+    return reply.status, json.loads(reply.body)
+
+
+async def test_a_job_learns_the_agents_it_may_use_in_gitlabs_shape() -> None:
+    async with running_kasd(_config()) as kasd:
+        port = kasd.port("api")
+        status, body = await _get(port, ALLOWED_AGENTS_PATH, [("job-token", CI_SECRET)])
+    assert status == 200
+    # helpers' configuration: group/app's jobs may use both agents, impersonating a fixed identity
+    assert [a["id"] for a in body["allowed_agents"]] == [1, 2]
+    prod = body["allowed_agents"][0]
+    assert prod["config_project"] == {"id": 1, "path_with_namespace": "group/infra"}
+    assert prod["configuration"]["access_as"]["impersonate"]["username"] == "gitlab:ci_job:7"
+    assert prod["kasd"] == {"name": "prod", "context": "group/infra:prod", "namespace": None,
+                            "access_as": "impersonate"}
+    assert body["job"] == {"id": 7} and body["pipeline"]["id"] == 1
+    assert body["project"] == {"id": 42, "path_with_namespace": "group/app", "groups": [{"id": 10}]}
+    assert body["user"]["username"] == "alice" and "environment" not in body
+
+
+async def test_a_job_of_a_project_no_agent_allows_gets_an_empty_list() -> None:
+    token = AUTH.job_token("group/infra", job_id=8)  # the config project: implicit access to both agents
+    other = AUTH.job_token("group/nowhere", job_id=9)
+    async with running_kasd(_config()) as kasd:
+        port = kasd.port("api")
+        assert [a["id"] for a in (await _get(port, ALLOWED_AGENTS_PATH, [("job-token", token)]))[1]["allowed_agents"]] \
+            == [1, 2]
+        status, body = await _get(port, ALLOWED_AGENTS_PATH, [("job-token", other)])
+    assert status == 200 and body["allowed_agents"] == []
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "headers", "status", "message"),
+    [
+        ("GET", ALLOWED_AGENTS_PATH, [], 401, "401 Unauthorized: send the CI job token in a Job-Token header"),
+        ("GET", ALLOWED_AGENTS_PATH, [("job-token", "nope")], 401, "401 Unauthorized: bad token: CI job token malformed"),
+        ("GET", ALLOWED_AGENTS_PATH, [("job-token", PAT_SECRET)], 401,
+         "401 Unauthorized: bad token: CI job token not a job token"),
+        ("POST", ALLOWED_AGENTS_PATH, [("job-token", CI_SECRET)], 405, "405 Method Not Allowed"),
+        ("GET", "/api/v4/projects", [("job-token", CI_SECRET)], 404, "404 Not Found"),
+    ],
+)
+async def test_what_is_refused_says_why(method: str, path: str, headers: list[tuple[str, str]], status: int,
+                                        message: str) -> None:
+    async with running_kasd(_config()) as kasd:
+        got, body = await _get(kasd.port("api"), path, headers, method)
+    assert (got, body) == (status, {"message": message})
+
+
+async def test_the_api_port_is_off_unless_an_address_is_set() -> None:
+    async with running_kasd() as kasd:
+        assert "api" not in kasd.addresses
+
+
+def test_the_hypercorn_internals_kasd_relies_on() -> None:
+    """kasd.restapi's fence, point by point (its docstring): if one fails after a hypercorn upgrade,
+    serve_api must change with it."""
+    from hypercorn.trio import run
+    from hypercorn.trio.tcp_server import TCPServer
+    from hypercorn.trio.worker_context import WorkerContext
+    from hypercorn.typing import ConnectionState
+    from hypercorn.utils import wrap_app
+
+    # 1. TCPServer(app, config, context, state, stream), awaitable, TLS by do_handshake, else .socket
+    assert list(inspect.signature(TCPServer.__init__).parameters)[1:] == ["app", "config", "context", "state", "stream"]
+    assert hasattr(TCPServer, "__await__")
+    source = inspect.getsource(TCPServer.run)
+    assert "do_handshake" in source and "self.stream.socket" in source and "ssl_handshake_timeout" in source
+    # 2. what worker_serve gives it
+    assert list(inspect.signature(WorkerContext.__init__).parameters)[1:] == ["max_requests"]
+    assert "ConnectionState(" in inspect.getsource(run.worker_serve) and ConnectionState({}) == {}
+    # 3. the app wrapper
+    assert list(inspect.signature(wrap_app).parameters) == ["app", "wsgi_max_body_size", "mode"]
