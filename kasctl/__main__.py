@@ -12,7 +12,15 @@ import time
 from pathlib import Path
 
 from kasctl import kubeconfig, tokens
-from kasctl.stack import CONTEXT, DEMO_MANIFEST, Stack, StackError, find_kubectl
+from kasctl.stack import (
+    APP_PROJECT,
+    CONTEXT,
+    DEMO_MANIFEST,
+    OTHER_PROJECT,
+    Stack,
+    StackError,
+    find_kubectl,
+)
 
 DEMO_HELP = """\
 Start kubesim (a simulated cluster), kasd and agentd on 127.0.0.1 with fresh tokens and TLS
@@ -122,8 +130,36 @@ The cluster is reachable only through agentd's tunnel to kasd ({stack.proxy_url}
   kubectl cp README.md {pod}:/tmp/README.md   # and back out: kubectl cp {pod}:/tmp/README.md /tmp/README.copy
 {apply}
 
+{_ci_lines(stack)}
 {_replica_lines(stack)}{"" if smoke else chr(10) + "Press Ctrl-C to stop."}""",
         flush=True,
+    )
+
+
+def _kasctl() -> str:
+    """kasctl as the user can run it: the script beside this Python, else ``python -m kasctl``."""
+    script = Path(sys.executable).parent / "kasctl"
+    on_path = shutil.which("kasctl")
+    if on_path is not None and script.exists() and Path(on_path).resolve() == script.resolve():
+        return "kasctl"
+    return str(script) if script.exists() else f"{sys.executable} -m kasctl"
+
+
+def _ci_lines(stack: Stack) -> str:
+    """A CI job's view (docs/authorization.md): an allowed job and a refused one, in three commands."""
+    kasctl = _kasctl()
+    job = stack.dir / "job.kubeconfig"
+    return (
+        f"CI jobs: the demo agent lets in {APP_PROJECT}'s jobs in review/* environments (each in a namespace\n"
+        f"of its own, acting as the job); {OTHER_PROJECT}'s jobs are refused (docs/authorization.md).\n"
+        f"  export KASCTL_SIGNING_KEY_FILE={stack.auth.keys.private} KASCTL_API_URL={stack.api_url} \\\n"
+        f"         KASCTL_PROXY_URL={stack.proxy_url} KASCTL_CA_FILE={stack.ca_file}\n"
+        f"  export CI_JOB_TOKEN=$({kasctl} token ci --project {APP_PROJECT} --job-id 7 --pipeline-id 3 --user demo "
+        f"--ref feat-x --environment review/feat-x --ttl 1h)\n"
+        f"  {kasctl} kubeconfig > {job}   # one context: {CONTEXT}, namespace review-review-feat-x-…\n"
+        f"  kubectl --kubeconfig {job} auth whoami   # gitlab:ci_job:7 and its groups\n"
+        f"  CI_JOB_TOKEN=$({kasctl} token ci --project {OTHER_PROJECT} --job-id 8 --pipeline-id 3 --user demo --ref main "
+        f"--ttl 1h) {kasctl} kubeconfig   # refused: no contexts\n"
     )
 
 

@@ -40,14 +40,22 @@ def redis_args(binary: str, port: int, workdir: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def free_port(maximum: int = 65535) -> int:
-    """A free loopback port, at most ``maximum`` (a cluster node also binds port + 10000)."""
+def free_port(maximum: int = 65535, *, cluster_bus: bool = False) -> int:
+    """A free loopback port, at most ``maximum``; with ``cluster_bus``, one whose port + 10000 (where
+    a Redis Cluster node listens for its peers) is free too."""
     for _ in range(1000):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port: int = s.getsockname()[1]
-        if port <= maximum:
-            return port
+        if port > maximum - (10000 if cluster_bus else 0):
+            continue
+        if cluster_bus:
+            with socket.socket() as bus:
+                try:
+                    bus.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    continue
+        return port
     raise RuntimeError(f"no free port <= {maximum}")
 
 

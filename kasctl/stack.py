@@ -39,12 +39,22 @@ CONTEXT = f"{CONFIG_PROJECT}:{AGENT_NAME}"
 OFFLINE_AGENT_ID = 2
 OFFLINE_CONFIG_PROJECT = "group/offline"
 DEMO_USER = "demo"
-#: the demo agent's config.yaml: its own project's jobs, acting as the job
+#: a second project whose review/* jobs the demo agent lets in, and a third it does not
+APP_PROJECT = "group/app"
+OTHER_PROJECT = "group/other"
+#: the demo agent's config.yaml: its own project's jobs, and group/app's review/* environments
+#: (each in a namespace of its own), acting as the job
 DEMO_AGENT_CONFIG = """\
 ci_access:
   projects:
     - id: group/demo
       access_as: {ci_job: {}}
+    - id: group/app
+      access_as: {ci_job: {}}
+      environments: ["review/*"]
+      rules:
+        - namespace: review-$CI_ENVIRONMENT_SLUG
+          on_overflow: truncate
 """
 #: the offline agent's: the demo project's jobs (as the agent), and its developers' personal tokens
 OFFLINE_AGENT_CONFIG = """\
@@ -372,7 +382,8 @@ class Stack:
                  "token_sha256": sha256(secrets.token_urlsafe(32))},
             ],
             "groups": [{"path": "group", "id": 1}],
-            "projects": [{"path": CONFIG_PROJECT, "id": 1}, {"path": OFFLINE_CONFIG_PROJECT, "id": 2}],
+            "projects": [{"path": CONFIG_PROJECT, "id": 1}, {"path": OFFLINE_CONFIG_PROJECT, "id": 2},
+                         {"path": APP_PROJECT, "id": 3}, {"path": OTHER_PROJECT, "id": 4}],
             "users": [{"username": DEMO_USER, "memberships": {CONFIG_PROJECT: "developer"}}],
             **self.auth.kasd_settings(),
             "agent_wait_timeout": self.agent_wait_timeout,

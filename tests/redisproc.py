@@ -15,7 +15,9 @@ class RedisProcess:
     def __init__(self, workdir: Path, port: int = 0, *extra: str) -> None:
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.port = port or free_port(55535 if "--cluster-enabled" in extra else 65535)
+        self.cluster = "--cluster-enabled" in extra
+        self.chosen = not port  # a port picked here may be taken before the server binds it: retried
+        self.port = port or free_port(cluster_bus=self.cluster)
         self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -24,12 +26,18 @@ class RedisProcess:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisProcess:
-        with open(self.dir / f"redis-{self.port}.log", "ab") as log:
-            self.proc = subprocess.Popen(redis_args(redis_server_binary(), self.port, self.dir, *self.extra),
-                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        assert wait_until_up(self.port, lambda: self.proc is not None and self.proc.poll() is None), \
-            f"redis-server on {self.port} did not start"
-        return self
+        # Other tests (other workers) bind ports at any moment: a port picked free may be taken by
+        # the time redis-server binds it (or its cluster bus port + 10000). Then another is picked.
+        for attempt in range(3 if self.chosen and self.proc is None else 1):
+            if attempt:
+                self.port = free_port(cluster_bus=self.cluster)
+            with open(self.dir / f"redis-{self.port}.log", "ab") as log:
+                self.proc = subprocess.Popen(redis_args(redis_server_binary(), self.port, self.dir, *self.extra),
+                                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            if wait_until_up(self.port, lambda: self.proc is not None and self.proc.poll() is None):
+                return self
+            self.kill()
+        raise AssertionError(f"redis-server on {self.port} did not start: {self.dir}/redis-{self.port}.log")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.e2e.conftest import KUBECTL_CAP, LineReader
 
@@ -31,6 +32,7 @@ PRINTED = [
     "kubectl cp {pod}:/tmp/README.md /tmp/README.copy",
     f"kubectl apply -f {MANIFEST}",
     f"kubectl delete -f {MANIFEST}",
+    "kubectl --kubeconfig {job} auth whoami",  # in the CI block, run as a whole below
 ]
 
 
@@ -51,7 +53,8 @@ def test_every_printed_command_works_and_ctrl_c_stops_cleanly(tmp_path: Path, ku
         env = {**os.environ, "KUBECONFIG": export.strip().removeprefix("export KUBECONFIG=").split()[0]}
         commands = _commands(guide)
         pod = next(word for line in guide for word in line.split() if word.startswith("hello-")).split(":")[0]
-        printed = [command.format(pod=pod) for command in PRINTED]
+        job = tmp_path / "demo" / "job.kubeconfig"
+        printed = [command.format(pod=pod, job=job) for command in PRINTED]
         assert commands == printed, guide
 
         def args(printed: str) -> list[str]:
@@ -63,7 +66,23 @@ def test_every_printed_command_works_and_ctrl_c_stops_cleanly(tmp_path: Path, ku
             return subprocess.run(args(printed), input=stdin, capture_output=True, text=True,
                                   timeout=KUBECTL_CAP, env=env, cwd=REPO)  # fmt: skip
 
-        get_all, get_watch, scale, logs, exec_sh, forward, copy_in, copy_out, apply, delete = printed
+        get_all, get_watch, scale, logs, exec_sh, forward, copy_in, copy_out, apply, delete, _whoami = printed
+
+        # The CI block, as a user pastes it into a shell: an allowed job's kubeconfig and whoami, then
+        # a refused job's (no contexts).
+        start = next(i for i, line in enumerate(guide) if line.startswith("CI jobs:"))
+        block = [line.strip() for line in guide[start + 2:] if line.startswith("  ")][:6]
+        script = "set -e\n" + "\n".join(block).replace("\\\n", " ").replace(
+            "kubectl --kubeconfig", f"{kubectl_bin} --kubeconfig")
+        ci = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
+                            env={"PATH": os.environ["PATH"]}, cwd=REPO)
+        assert ci.returncode == 0, (script, ci.stderr)
+        job_config = yaml.safe_load(job.read_text())
+        assert [c["name"] for c in job_config["contexts"]] == ["group/demo:demo"]
+        assert job_config["contexts"][0]["context"]["namespace"].startswith("review-review-feat-x-")
+        assert "gitlab:ci_job:7" in ci.stdout and "gitlab:project_env:3:review-feat-x-" in ci.stdout, ci.stdout
+        refused = yaml.safe_load(ci.stdout[ci.stdout.index("apiVersion"):])
+        assert refused["contexts"] == [] and "current-context" not in refused
 
         listed = run(get_all)
         assert listed.returncode == 0, listed.stderr
