@@ -180,4 +180,5 @@ def test_kasd_unit_runs_as_a_user_the_examples_create(tmp_path: Path) -> None:
     assert [line[:2] for line in sysusers] == [["u", "kasd"]]  # `u` makes the user and its group
     argv = _exec_start("kasd.service")
     assert argv[:2] == ["/usr/local/bin/kasd", "--config"] and argv[2] == "/etc/kasd/kasd.yaml"
+    assert "ExecReload=/bin/kill -HUP $MAINPID" in unit.splitlines()  # SIGHUP reloads authorization
     assert "Documentation=" not in unit
