@@ -39,6 +39,10 @@ log = logging.getLogger("kasd.api")
 ALLOWED_AGENTS_PATH = "/api/v4/job/allowed_agents"
 #: largest request head hypercorn accepts on this port
 MAX_HEAD_BYTES = 16 * 1024
+#: seconds a connection may go without sending a byte (mid-request or idle) before it is closed
+READ_TIMEOUT = 30
+#: seconds an idle keep-alive connection is kept (hypercorn closes a timed-out reader only then too)
+KEEP_ALIVE_TIMEOUT = 30
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -88,8 +92,10 @@ def _header(scope: Scope, name: bytes) -> str | None:
 def hypercorn_config() -> HypercornConfig:
     config = HypercornConfig()
     config.h11_max_incomplete_size = MAX_HEAD_BYTES
-    config.keep_alive_timeout = 30
+    config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT
     config.ssl_handshake_timeout = 10
+    # A client that stops sending (a slowloris) is cut off: nothing this API answers takes long.
+    config.read_timeout = READ_TIMEOUT
     config.include_server_header = False
     config.accesslog = None
     config.errorlog = logging.getLogger("kasd.api.server")

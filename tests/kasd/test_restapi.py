@@ -99,3 +99,32 @@ def test_the_hypercorn_internals_kasd_relies_on() -> None:
     assert "ConnectionState(" in inspect.getsource(run.worker_serve) and ConnectionState({}) == {}
     # 3. the app wrapper
     assert list(inspect.signature(wrap_app).parameters) == ["app", "wsgi_max_body_size", "mode"]
+
+
+async def test_a_silent_or_oversized_client_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API port is a stranger's port: a head that outgrows MAX_HEAD_BYTES is refused (431) and
+    the connection closed; a client that stops sending is closed after READ_TIMEOUT (shortened here)."""
+    import trio
+
+    from kasd import restapi
+
+    monkeypatch.setattr(restapi, "READ_TIMEOUT", 1)
+    monkeypatch.setattr(restapi, "KEEP_ALIVE_TIMEOUT", 1)
+    async with running_kasd(_config()) as kasd:
+        port = kasd.port("api")
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET " + ALLOWED_AGENTS_PATH.encode() + b" HTTP/1.1\r\nHost: k\r\n")  # never ends
+        with trio.fail_after(5):
+            while await stream.receive_some(4096):
+                pass  # closed (with or without an answer) within the read timeout
+        big = await trio.open_tcp_stream("127.0.0.1", port)
+        # (a head that arrives in one read of up to 64 KiB is parsed whole: the bound is per read)
+        try:
+            await big.send_all(b"GET / HTTP/1.1\r\nHost: k\r\nX-Pad: " + b"a" * (200 * 1024) + b"\r\n\r\n")
+        except trio.BrokenResourceError:
+            pass  # closed while we were still sending: refused all the same
+        with trio.fail_after(5):
+            answer = b""
+            while chunk := await big.receive_some(4096):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 431 ") and b"connection: close" in answer, answer[:100]
