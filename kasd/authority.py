@@ -86,14 +86,30 @@ def load_authorization(config: Config, config_file: Path | None) -> Loaded:
     return Loaded(snapshot=snapshot, agents=config.agents, files=tuple(files))
 
 
-def config_loader(read: Callable[[], tuple[Config, Path | None]]) -> Callable[[], Loaded]:
-    """A ``load`` for ``CiAuthority`` that reads kasd's configuration again each time."""
+#: what a reload does not apply (read at start only): named in a warning when the file changed them
+RESTART_ONLY = ("listeners", "routing", "agent_wait_timeout", "shutdown_timeout", "log_level")
+
+
+def restart_only_changes(running: Config, read: Config) -> list[str]:
+    """The settings ``read`` changes that only a restart applies."""
+    return [name for name in RESTART_ONLY if getattr(running, name) != getattr(read, name)]
+
+
+def config_loader(read: Callable[[], tuple[Config, Path | None]], running: Config | None = None) -> Callable[[], Loaded]:
+    """A ``load`` for ``CiAuthority`` that reads kasd's configuration again each time; with
+    ``running`` (the configuration kasd started with), a reload that finds other settings changed
+    says they wait for a restart."""
     def load() -> Loaded:
         try:
             config, path = read()
         except ConfigError as exc:
             raise LoadError(str(exc)) from None
-        return load_authorization(config, path)
+        loaded = load_authorization(config, path)
+        changed = restart_only_changes(running, config) if running is not None else []
+        if changed:
+            log.warning("configuration reload: %s changed; only a restart applies them (the authorization "
+                        "part is reloaded)", ", ".join(changed))
+        return loaded
     return load
 
 
@@ -215,4 +231,5 @@ def _stamps(files: Sequence[Path]) -> dict[Path, Stamp]:
     return out
 
 
-__all__ = ["GRANT_CACHE_SIZE", "CiAuthority", "LoadError", "Loaded", "config_loader", "grant_of", "load_authorization"]
+__all__ = ["GRANT_CACHE_SIZE", "RESTART_ONLY", "CiAuthority", "LoadError", "Loaded", "config_loader", "grant_of",
+           "load_authorization", "restart_only_changes"]

@@ -193,7 +193,7 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
     router = _LateRouter(local)
     # ``reread``: kasd's configuration read again (its file, environment and flags), for reloads;
     # without it (tests) a reload reads the agents' config.yaml and key files again only.
-    authority = CiAuthority(config_loader(reread or (lambda: (config, None))), metrics)
+    authority = CiAuthority(config_loader(reread or (lambda: (config, None)), running=config), metrics)
     pipeline = RequestPipeline(
         authority, router, metrics,
         dropped_headers=DROPPED.also(config.kubernetes_api.strip_request_headers),

@@ -7,12 +7,19 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
 from kasctl.authsetup import AuthSetup
 from kasd import authority as authority_module
-from kasd.authority import CiAuthority, Loaded, load_authorization
+from kasd.authority import (
+    CiAuthority,
+    Loaded,
+    config_loader,
+    load_authorization,
+    restart_only_changes,
+)
 from kasd.config import Config, config_from_mapping
 from kasd.metrics import Metrics
 from kasd.seams import AccessDenied, Grant, parse_bearer
@@ -169,3 +176,15 @@ async def test_a_changed_file_is_reloaded_by_the_watch(auth: AuthSetup) -> None:
 
 def _sample(metrics: Metrics, name: str, **labels: Any) -> float | None:
     return metrics.registry.get_sample_value(name, labels)
+
+
+def test_a_reload_names_the_settings_only_a_restart_applies(auth: AuthSetup, caplog: pytest.LogCaptureFixture) -> None:
+    """The operator edits kasd.yaml: the authorization part is reloaded, and a changed listener or
+    timeout is not silently ignored."""
+    running = _config(auth)
+    edited = attrs.evolve(running, agent_wait_timeout=running.agent_wait_timeout + 5)
+    assert restart_only_changes(running, running) == []
+    assert restart_only_changes(running, edited) == ["agent_wait_timeout"]
+    load = config_loader(lambda: (edited, None), running=running)
+    load()
+    assert "configuration reload: agent_wait_timeout changed; only a restart applies them" in caplog.text

@@ -157,6 +157,7 @@ async def test_sighup_and_file_changes_reload_and_a_bad_file_changes_nothing(tmp
     text = log.text
     assert f"{path}:5:36: ci_access.projects[0].rules[0].if: expected a value after '=='" in text
     assert "the previous configuration stays in force" in text
+    assert "only a restart applies" not in text  # kasd.yaml itself did not change
     assert "kasd stopped" in text
 
 
