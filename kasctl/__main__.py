@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from kasctl import kubeconfig, tokens
+from kasctl import kubeconfig, proxy, tokens
 from kasctl.stack import (
     APP_PROJECT,
     CONTEXT,
@@ -219,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             "      --pipeline-id 7 --user alice --ref main --ttl 1h\n"
             "  kasctl token pat --key keys/jobtoken-signing.pem --user alice --ttl 30d\n"
             "  kasctl kubeconfig > \"$KUBECONFIG\"       # in a CI job: a context per agent it may use\n"
+            "  kasctl proxy --token-file tok --server https://kas:8154   # then kubectl --server http://127.0.0.1:8001\n"
             "\n"
             "`kasctl COMMAND --help` explains each command."
         ),
@@ -238,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="agentd pods (default: 1, or 2 with --replicas > 1)")
     tokens.add_commands(commands)
     kubeconfig.add_command(commands)
+    proxy.add_command(commands)
     args = parser.parse_args(argv)
     if args.command == "demo" and args.agentd_replicas is None:
         args.agentd_replicas = 1 if args.replicas == 1 else 2
@@ -247,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         return tokens.run(args)
     if args.command == "kubeconfig":
         return kubeconfig.run(args)
+    if args.command == "proxy":
+        return proxy.run(args)
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover
     return 2
 

@@ -1,0 +1,262 @@
+"""``kasctl proxy --token … --listen 127.0.0.1:8001``: a local port that adds the credentials.
+
+kubectl (``--server http://127.0.0.1:8001``), curl and browsers talk plain HTTP/1.1 to it; each
+client connection gets one TLS connection to kasd's Kubernetes API proxy, and each request goes
+there with the client's ``Authorization`` replaced by ``Bearer <token>`` and ``Host`` by kasd's.
+Bodies stream both ways; after a ``101`` (exec, attach, port-forward) bytes are relayed as they
+are. Like ``kubectl proxy`` it listens on loopback only unless told otherwise (``--allow-remote``):
+anyone who can reach the port acts with the token.
+
+The token is read from ``--token-file`` or ``$KASCTL_TOKEN`` (``--token`` works, but shows in
+``ps``); it is never printed or logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import signal
+import ssl
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import trio
+
+import http11
+from http11 import CLOSED, END, NEED_DATA, BodyWriter, RequestParser, ResponseParser
+
+TOKEN_VARIABLE = "KASCTL_TOKEN"
+SERVER_VARIABLE = "KASCTL_PROXY_URL"
+CA_VARIABLE = "KASCTL_CA_FILE"
+MAX_HEAD = 64 * 1024
+CHUNK = 64 * 1024
+#: seconds to connect (TCP and TLS) to kasd
+CONNECT_TIMEOUT = 15.0
+
+HELP = """\
+Open a local port that adds your kasd credentials, for kubectl, curl and browsers:
+
+  kasctl proxy --token-file ~/.kasd-token --server https://kas.example.com:8154 &
+  kubectl --server http://127.0.0.1:8001 get pods
+  curl http://127.0.0.1:8001/api/v1/namespaces/default/pods
+
+The token is a whole bearer token: ci:<agent id>:<job token> or pat:<agent id>:<token>. Anyone who
+can reach the port uses it: the port is on loopback unless --allow-remote.
+"""
+
+
+class ProxyError(Exception):
+    """One line for stderr; ``code`` the exit status."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser("proxy", help="a local port that adds your kasd credentials (kubectl, curl)",
+                                 description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--token", metavar="TOKEN", help=f"ci:… or pat:… (default ${TOKEN_VARIABLE}); "
+                                                          "shows in ps: prefer --token-file")
+    parser.add_argument("--token-file", type=Path, metavar="FILE", help="read the token from FILE")
+    parser.add_argument("--server", metavar="URL", help=f"kasd's Kubernetes API proxy, https://host:8154 "
+                                                        f"(default ${SERVER_VARIABLE})")
+    parser.add_argument("--certificate-authority", type=Path, metavar="FILE",
+                        help=f"CA (PEM) of kasd's certificate (default ${CA_VARIABLE}; else the system's)")
+    parser.add_argument("--listen", default="127.0.0.1:8001", metavar="HOST:PORT",
+                        help="where to listen (default 127.0.0.1:8001; port 0 picks one)")
+    parser.add_argument("--allow-remote", action="store_true",
+                        help="allow a --listen address other than loopback (anyone reaching it uses your token)")
+    parser.set_defaults(run=run)
+
+
+class Upstream:
+    """Where requests go: kasd's proxy URL, its TLS context, the token to add."""
+
+    def __init__(self, server: str, token: str, ca: Path | None) -> None:
+        parts = urlsplit(server)
+        if parts.scheme not in ("https", "http") or not parts.hostname:
+            raise ProxyError(f"--server must be an https:// URL of kasd's Kubernetes API proxy, got {server!r}")
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.host_header = parts.netloc.rsplit("@", 1)[-1]
+        self.authorization = f"Bearer {token}"
+        self.ssl: ssl.SSLContext | None = None
+        if parts.scheme == "https":
+            try:
+                self.ssl = ssl.create_default_context(cafile=str(ca)) if ca else ssl.create_default_context()
+            except (OSError, ssl.SSLError) as exc:
+                raise ProxyError(f"cannot use --certificate-authority {ca}: {exc}") from None
+            self.ssl.set_alpn_protocols(["http/1.1"])
+
+    async def connect(self) -> trio.abc.Stream:
+        with trio.fail_after(CONNECT_TIMEOUT):
+            stream: trio.abc.Stream = await trio.open_tcp_stream(self.host, self.port)
+            if self.ssl is not None:
+                tls = trio.SSLStream(stream, self.ssl, server_hostname=self.host, https_compatible=True)
+                await tls.do_handshake()
+                stream = tls
+        return stream
+
+    def request_headers(self, headers: http11.framing.Headers) -> list[tuple[str, str]]:
+        kept = [(k, v) for k, v in headers if k not in ("authorization", "host", "proxy-authorization")]
+        return [("host", self.host_header), *kept, ("authorization", self.authorization)]
+
+
+async def _event(parser: RequestParser | ResponseParser, stream: trio.abc.ReceiveStream) -> object:
+    """The next event, reading as needed (EOF is fed to the parser)."""
+    while True:
+        event = parser.next_event()
+        if event is not NEED_DATA:
+            return event
+        data = await stream.receive_some(CHUNK)
+        if data:
+            parser.feed(data)
+        else:
+            parser.feed_eof()
+
+
+async def _pipe(source: trio.abc.ReceiveStream, sink: trio.abc.SendStream) -> None:
+    try:
+        while data := await source.receive_some(CHUNK):
+            await sink.send_all(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
+async def serve_connection(client: trio.abc.Stream, upstream: Upstream) -> None:
+    """One client connection: its requests, in order, over one connection to kasd."""
+    async with client:
+        try:
+            kasd = await upstream.connect()
+        except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+            message = f"kasctl proxy: cannot reach kasd at {upstream.host}:{upstream.port}: {exc}".encode()
+            await _answer(client, 502, message)
+            return
+        async with kasd:
+            try:
+                await _exchanges(client, kasd, upstream)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, http11.ProtocolError, http11.FramingError):
+                return  # either side went away or spoke nonsense: the connection ends
+
+
+async def _exchanges(client: trio.abc.Stream, kasd: trio.abc.Stream, upstream: Upstream) -> None:
+    requests = RequestParser(max_head=MAX_HEAD)
+    responses = ResponseParser(max_head=MAX_HEAD)
+    while True:
+        request = await _event(requests, client)
+        if request is CLOSED or not isinstance(request, http11.Request):
+            return
+        await kasd.send_all(http11.encode_request_head(request.method, request.target,
+                                                       upstream.request_headers(request.headers)))
+        if not request.upgrade:
+            body = BodyWriter.for_headers(request.headers)
+            while (event := await _event(requests, client)) is not END:
+                if isinstance(event, bytes):
+                    await kasd.send_all(body.data(event))
+            await kasd.send_all(body.end())
+        responses.expect(request.method)
+        response = await _event(responses, kasd)
+        if not isinstance(response, http11.Response):
+            return
+        await client.send_all(http11.encode_response_head(response.status, list(response.headers)))
+        if response.status == 101:  # a byte pipe from now on, both ways
+            if requests.trailing:
+                await kasd.send_all(bytes(requests.trailing))
+            if responses.trailing:
+                await client.send_all(bytes(responses.trailing))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_pipe, client, kasd)
+                await _pipe(kasd, client)
+                nursery.cancel_scope.cancel()
+            return
+        no_body = request.method == "HEAD" or response.status in (204, 304)
+        body = BodyWriter.for_headers(response.headers, no_body=no_body)
+        while (event := await _event(responses, kasd)) is not END:
+            if isinstance(event, bytes):
+                await client.send_all(body.data(event))
+        await client.send_all(body.end())
+        if request.upgrade or not (request.keep_alive and responses.keep_alive):
+            return  # (an upgrade refused: the parsers stopped at it, so the connection ends)
+        requests.start_next_cycle()
+        responses.start_next_cycle()
+
+
+async def _answer(client: trio.abc.SendStream, status: int, message: bytes) -> None:
+    head = http11.encode_response_head(status, [("content-type", "text/plain"), ("content-length", str(len(message))),
+                                                ("connection", "close")])
+    try:
+        await client.send_all(head + message)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
+def _token(args: argparse.Namespace) -> str:
+    token: str
+    if args.token_file is not None:
+        try:
+            token = args.token_file.read_text().strip()
+        except OSError as exc:
+            raise ProxyError(f"cannot read --token-file {args.token_file}: {exc.strerror or exc}") from None
+    else:
+        token = str(args.token or os.environ.get(TOKEN_VARIABLE, "")).strip()
+    if not token:
+        raise ProxyError(f"no token: pass --token-file, --token or set {TOKEN_VARIABLE}")
+    if not token.startswith(("ci:", "pat:")) or token.count(":") < 2:
+        raise ProxyError("the token must be a whole bearer token: ci:<agent id>:<job token> or pat:<agent id>:<token>")
+    return token
+
+
+def _listen_address(text: str, allow_remote: bool) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ProxyError(f"--listen must be HOST:PORT, got {text!r}")
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback and not allow_remote:
+        raise ProxyError(f"--listen {text} is not a loopback address: anyone who reaches it would use your "
+                         "token; add --allow-remote if that is what you want")
+    return host, int(port)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        token = _token(args)
+        server = args.server or os.environ.get(SERVER_VARIABLE)
+        if not server:
+            raise ProxyError(f"missing --server: pass kasd's proxy URL or set {SERVER_VARIABLE}")
+        ca_value = args.certificate_authority or os.environ.get(CA_VARIABLE)
+        upstream = Upstream(server, token, Path(ca_value) if ca_value else None)
+        host, port = _listen_address(args.listen, args.allow_remote)
+        trio.run(_serve, upstream, host, port)
+    except ProxyError as exc:
+        print(f"kasctl proxy: {exc}", file=sys.stderr)
+        return exc.code
+    except OSError as exc:
+        print(f"kasctl proxy: cannot listen on {args.listen}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+async def _serve(upstream: Upstream, host: str, port: int) -> None:
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    bound = listeners[0].socket.getsockname()
+    print(f"Starting to serve on {bound[0]}:{bound[1]} (to {upstream.host}:{upstream.port})", flush=True)
+    with trio.open_signal_receiver(*_STOP) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, lambda c: serve_connection(c, upstream), listeners)
+            async for _ in signals:
+                nursery.cancel_scope.cancel()
+                break
+
+
+_STOP = (signal.SIGTERM, signal.SIGINT)
+
+__all__ = ["Upstream", "add_command", "run", "serve_connection"]

@@ -1,0 +1,78 @@
+"""kasctl proxy: a local plain-HTTP port that adds the token, for kubectl (with exec through an
+upgrade), curl-like clients and browsers; loopback only unless told."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kasctl.stack import Stack, find_kubectl
+from tests.e2e.conftest import LineReader
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    running = Stack(tmp_path_factory.mktemp("proxy"), agent_wait_timeout=1.0)
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def proxy(stack: Stack, tmp_path: Path) -> Iterator[str]:
+    token = tmp_path / "token"
+    token.write_text(stack.ci_token + "\n")
+    reader = LineReader([sys.executable, "-m", "kasctl", "proxy", "--token-file", str(token),
+                         "--server", stack.proxy_url, "--certificate-authority", str(stack.ca_file),
+                         "--listen", "127.0.0.1:0"])
+    try:
+        line = reader.wait_for("Starting to serve on", timeout=30)
+        yield "http://" + line.split("Starting to serve on ", 1)[1].split()[0]
+    finally:
+        reader.stop()
+
+
+def test_kubectl_and_a_plain_client_go_through_with_the_token_added(stack: Stack, proxy: str) -> None:
+    kubectl = find_kubectl()
+    assert kubectl is not None
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")}
+
+    def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([kubectl, "--server", proxy, *args], input=stdin, capture_output=True, text=True,
+                              timeout=60, env=env)
+
+    created = run("run", "through-proxy", "--image=busybox", "--", "sleep", "3600")  # a POST with a body
+    assert created.returncode == 0, created.stderr
+    assert run("wait", "--for=condition=Ready", "pod/through-proxy", "--timeout=30s").returncode == 0
+    with urllib.request.urlopen(f"{proxy}/api/v1/namespaces/default/pods/through-proxy", timeout=30) as response:
+        assert json.loads(response.read())["metadata"]["name"] == "through-proxy"
+    shell = run("exec", "-i", "through-proxy", "--", "sh", stdin="echo through\nexit 4\n")  # an upgrade
+    assert shell.returncode == 4 and shell.stdout.strip() == "through", shell.stderr
+    # the client's own Authorization is replaced, never passed on
+    request = urllib.request.Request(f"{proxy}/api", headers={"Authorization": "Bearer ci:1:nonsense"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200
+    assert run("delete", "pod/through-proxy", "--wait=false").returncode == 0
+
+
+def test_it_listens_on_loopback_unless_told(stack: Stack, tmp_path: Path) -> None:
+    env = {"PATH": os.environ["PATH"], "KASCTL_TOKEN": stack.ci_token}
+    args = [sys.executable, "-m", "kasctl", "proxy", "--server", stack.proxy_url, "--listen", "0.0.0.0:0"]
+    refused = subprocess.run(args, capture_output=True, text=True, timeout=30, env=env)
+    assert refused.returncode == 2 and "not a loopback address" in refused.stderr and "--allow-remote" in refused.stderr
+    no_token = subprocess.run(args[:-2], capture_output=True, text=True, timeout=30, env={"PATH": os.environ["PATH"]})
+    assert no_token.returncode == 2 and "no token" in no_token.stderr
+    bad = subprocess.run([*args[:-2], "--token", "glpat-abc"], capture_output=True, text=True, timeout=30,
+                         env={"PATH": os.environ["PATH"]})
+    assert bad.returncode == 2 and "whole bearer token" in bad.stderr and "glpat-abc" not in bad.stderr
