@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,16 +13,6 @@ import yaml
 from kasctl.stack import AGENT_ID, CONFIG_PROJECT, OFFLINE_AGENT_ID, Stack, find_kubectl
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    running = Stack(tmp_path_factory.mktemp("kubeconfig"), agent_wait_timeout=1.0)
-    running.start()
-    try:
-        yield running
-    finally:
-        running.stop()
 
 
 def _kasctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

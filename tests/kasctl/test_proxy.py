@@ -19,16 +19,6 @@ from tests.e2e.conftest import LineReader
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    running = Stack(tmp_path_factory.mktemp("proxy"), agent_wait_timeout=1.0)
-    running.start()
-    try:
-        yield running
-    finally:
-        running.stop()
-
-
 @pytest.fixture
 def proxy(stack: Stack, tmp_path: Path) -> Iterator[str]:
     token = tmp_path / "token"
