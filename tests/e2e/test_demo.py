@@ -75,7 +75,7 @@ def test_every_printed_command_works_and_ctrl_c_stops_cleanly(tmp_path: Path, ku
         script = "set -e\n" + "\n".join(block).replace("\\\n", " ").replace(
             "kubectl --kubeconfig", f"{kubectl_bin} --kubeconfig")
         ci = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
-                            env={"PATH": os.environ["PATH"]}, cwd=REPO)
+                            env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)}, cwd=REPO)
         assert ci.returncode == 0, (script, ci.stderr)
         job_config = yaml.safe_load(job.read_text())
         assert [c["name"] for c in job_config["contexts"]] == ["group/demo:demo"]
