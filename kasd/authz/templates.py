@@ -1,0 +1,201 @@
+"""Environment templates of GitLab-managed Kubernetes resources, read and rendered (sans-I/O).
+
+An agent's ``.gitlab/agents/<agent>/environment_templates/<name>.yaml`` (``default.yaml`` replaces the
+built-in default) lists ``objects:`` to create for an environment, with ``apply_resources: on_start``
+and ``delete_resources: on_stop | never`` (GitLab's defaults). String values may hold GitLab's
+template variables, ``{{ .environment.slug }}``, ``{{ .project.id }}`` and the rest of
+``VARIABLES``; kasd supports exactly those references (GitLab's docs promise "limited variable
+substitution"), checked when the file is read — anything else (a pipeline, a function, an unknown
+variable) is an error naming file, line, column and the reference. Values are substituted after
+the YAML is parsed, so a value can never change the document's structure.
+
+Every rendered object gets GitLab's tracking labels (``agent.gitlab.com/id-<agent id>``,
+``…/project_id-<project id>``, ``…/env-<slug>-<project id>-<agent id>``,
+``…/environment_slug-<slug>``, all empty) and the ``agent.gitlab.com/env-<slug>-<project id>-<agent id>``
+annotation (a JSON object describing the environment), plus kasd's own
+``kasd.gitlab-agent.io/managed-by: kasd`` label: kasd deletes only what carries it.
+
+Not yet wired into the proxy: nothing applies these objects (docs/authorization.md, status).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import attrs
+import yaml
+
+__all__ = ["DEFAULT_TEMPLATE", "KINDS", "MANAGED_BY", "VARIABLES", "EnvironmentTemplate", "TemplateError",
+           "parse_template", "render"]
+
+#: GitLab's variables (docs: "Template variables"), by ``category.field``
+VARIABLES = frozenset({
+    "agent.id", "agent.name", "agent.url",
+    "environment.id", "environment.name", "environment.slug", "environment.url", "environment.page_url",
+    "environment.tier",
+    "project.id", "project.slug", "project.path", "project.url",
+    "ci_pipeline.id", "ci_job.id",
+    "user.id", "user.username",
+})
+#: the kinds GitLab applies (docs: "Supported Kubernetes resources"), by apiVersion group
+KINDS = frozenset({
+    "Namespace", "ServiceAccount", "RoleBinding",
+    "GitRepository", "HelmRepository", "HelmChart", "Bucket", "OCIRepository", "Kustomization", "HelmRelease",
+    "Alert", "Provider", "Receiver",
+})
+#: kasd's mark on what it created (it deletes nothing without it)
+MANAGED_BY = ("kasd.gitlab-agent.io/managed-by", "kasd")
+
+#: built in: the environment's namespace, and the job's environment group bound to ``admin`` in it
+DEFAULT_TEMPLATE = """\
+objects:
+  - apiVersion: v1
+    kind: Namespace
+    metadata:
+      name: '{{ .environment.slug }}-{{ .project.id }}-{{ .agent.id }}'
+  - apiVersion: rbac.authorization.k8s.io/v1
+    kind: RoleBinding
+    metadata:
+      name: 'bind-{{ .environment.slug }}-{{ .project.id }}-{{ .agent.id }}'
+      namespace: '{{ .environment.slug }}-{{ .project.id }}-{{ .agent.id }}'
+    subjects:
+      - kind: Group
+        apiGroup: rbac.authorization.k8s.io
+        name: 'gitlab:project_env:{{ .project.id }}:{{ .environment.slug }}'
+    roleRef:
+      apiGroup: rbac.authorization.k8s.io
+      kind: ClusterRole
+      name: admin
+apply_resources: on_start
+delete_resources: on_stop
+"""
+
+_REFERENCE = re.compile(r"\{\{(.*?)\}\}")
+_VARIABLE = re.compile(r"\s*\.([a-z_]+)\.([a-z_]+)\s*")
+
+
+class TemplateError(ValueError):
+    """The file is unusable: ``str()`` is ``<file>:<line>:<column>: <key>: <problem>``."""
+
+
+@attrs.frozen(kw_only=True)
+class EnvironmentTemplate:
+    name: str
+    source: str
+    #: the objects as parsed (string values still holding ``{{ … }}``)
+    objects: tuple[Mapping[str, Any], ...]
+    apply_resources: Literal["on_start"] = "on_start"
+    delete_resources: Literal["on_stop", "never"] = "on_stop"
+
+
+def parse_template(text: str, source: str, name: str) -> EnvironmentTemplate:
+    """Read and check a template (``source`` names it in messages)."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
+        raise TemplateError(f"{where}: not valid YAML: {exc.problem or exc}") from None
+    if node is None or not isinstance(node, yaml.MappingNode):
+        raise TemplateError(f"{source}: must be a mapping with objects:")
+    fields: dict[str, yaml.Node] = {}
+    for key, value in node.value:
+        if key.value not in ("objects", "apply_resources", "delete_resources"):
+            raise TemplateError(f"{_at(source, key)}: {key.value}: unknown key (expected objects, apply_resources, "
+                                "delete_resources)")
+        fields[key.value] = value
+        _check_references(value, source, key.value)
+    document = yaml.safe_load(text)
+    objects = document.get("objects")
+    if not isinstance(objects, list) or not objects:
+        raise TemplateError(f"{_at(source, fields.get('objects', node))}: objects: must be a non-empty list")
+    for i, item in enumerate(objects):
+        where = _at(source, fields["objects"].value[i])
+        if not isinstance(item, dict) or not isinstance(item.get("metadata"), dict) or \
+                not isinstance(item["metadata"].get("name"), str):
+            raise TemplateError(f"{where}: objects[{i}]: needs apiVersion, kind and metadata.name")
+        if item.get("kind") not in KINDS:
+            raise TemplateError(f"{where}: objects[{i}].kind: {item.get('kind')!r} is not one GitLab manages "
+                                f"({', '.join(sorted(KINDS))})")
+        if not isinstance(item.get("apiVersion"), str):
+            raise TemplateError(f"{where}: objects[{i}].apiVersion: missing")
+    apply = document.get("apply_resources", "on_start")
+    delete = document.get("delete_resources", "on_stop")
+    if apply != "on_start":
+        raise TemplateError(f"{_at(source, fields['apply_resources'])}: apply_resources: must be on_start")
+    if delete not in ("on_stop", "never"):
+        raise TemplateError(f"{_at(source, fields['delete_resources'])}: delete_resources: must be on_stop or never")
+    return EnvironmentTemplate(name=name, source=source, objects=tuple(objects), apply_resources=apply,
+                               delete_resources=delete)
+
+
+def _at(source: str, node: yaml.Node) -> str:
+    return f"{source}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
+
+
+def _check_references(node: yaml.Node, source: str, key: str) -> None:
+    if isinstance(node, yaml.ScalarNode):
+        for match in _REFERENCE.finditer(str(node.value)):
+            variable = _VARIABLE.fullmatch(match.group(1))
+            if variable is None:
+                raise TemplateError(f"{_at(source, node)}: {key}: {match.group()!r}: only variable references "
+                                    "such as {{ .environment.slug }} are supported")
+            if f"{variable.group(1)}.{variable.group(2)}" not in VARIABLES:
+                raise TemplateError(f"{_at(source, node)}: {key}: {match.group()!r}: unknown variable (one of: "
+                                    f"{', '.join('.' + v for v in sorted(VARIABLES))})")
+        if "{{" in _REFERENCE.sub("", str(node.value)):
+            raise TemplateError(f"{_at(source, node)}: {key}: an unclosed {{{{")
+    elif isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            _check_references(v, source, f"{key}.{k.value}")
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            _check_references(v, source, f"{key}[{i}]")
+
+
+def _value_of(reference: re.Match[str], variables: Mapping[str, str]) -> str:
+    variable = _VARIABLE.fullmatch(reference.group(1))
+    assert variable is not None  # checked when the template was read
+    return variables[f"{variable.group(1)}.{variable.group(2)}"]
+
+
+def _substitute(value: Any, variables: Mapping[str, str]) -> Any:
+    if isinstance(value, str):
+        return _REFERENCE.sub(lambda m: _value_of(m, variables), value)
+    if isinstance(value, dict):
+        return {k: _substitute(v, variables) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute(v, variables) for v in value]
+    return value
+
+
+def render(template: EnvironmentTemplate, variables: Mapping[str, str | int]) -> list[dict[str, Any]]:
+    """The objects for one environment: ``variables`` by ``category.field`` (all of ``VARIABLES``),
+    substituted, with GitLab's labels and annotation and kasd's mark added."""
+    missing = VARIABLES - set(variables)
+    if missing:
+        raise ValueError(f"variables missing: {', '.join(sorted(missing))}")
+    values = {k: str(v) for k, v in variables.items()}
+    slug, project, agent = values["environment.slug"], values["project.id"], values["agent.id"]
+    env_key = f"agent.gitlab.com/env-{slug}-{project}-{agent}"
+    labels = {f"agent.gitlab.com/id-{agent}": "", f"agent.gitlab.com/project_id-{project}": "", env_key: "",
+              f"agent.gitlab.com/environment_slug-{slug}": "", MANAGED_BY[0]: MANAGED_BY[1]}
+    annotation = json.dumps({
+        "environment_id": values["environment.id"], "environment_name": values["environment.name"],
+        "environment_slug": slug, "environment_url": values["environment.url"],
+        "environment_page_url": values["environment.page_url"], "environment_tier": values["environment.tier"],
+        "agent_id": agent, "agent_name": values["agent.name"], "agent_url": values["agent.url"],
+        "project_id": project, "project_slug": values["project.slug"], "project_path": values["project.path"],
+        "project_url": values["project.url"], "template_name": template.name,
+    }, separators=(",", ":"))
+    out = []
+    for raw in template.objects:
+        obj = _substitute(raw, values)
+        metadata = obj.setdefault("metadata", {})
+        metadata["labels"] = {**(metadata.get("labels") or {}), **labels}
+        metadata["annotations"] = {**(metadata.get("annotations") or {}), env_key: annotation}
+        out.append(obj)
+    return out

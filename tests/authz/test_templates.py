@@ -1,0 +1,82 @@
+"""Environment templates of GitLab-managed resources: GitLab's own example rendered, GitLab's labels
+and annotation, and every mistake at file:line:column."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kasd.authz.templates import (
+    DEFAULT_TEMPLATE,
+    MANAGED_BY,
+    VARIABLES,
+    TemplateError,
+    parse_template,
+    render,
+)
+
+VALUES: dict[str, str | int] = {
+    "agent.id": 1, "agent.name": "prod", "agent.url": "https://gitlab.example/group/infra/-/cluster_agents/prod",
+    "environment.id": 9, "environment.name": "review/feat-x", "environment.slug": "review-feat-x-abc123",
+    "environment.url": "", "environment.page_url": "https://gitlab.example/group/app/-/environments/9",
+    "environment.tier": "development",
+    "project.id": 42, "project.slug": "app", "project.path": "group/app", "project.url": "https://gitlab.example/group/app",
+    "ci_pipeline.id": 7, "ci_job.id": 1234, "user.id": 5, "user.username": "alice",
+}
+
+
+def test_the_default_template_is_gitlabs_namespace_and_rolebinding() -> None:
+    template = parse_template(DEFAULT_TEMPLATE, "(default)", "default")
+    assert (template.apply_resources, template.delete_resources) == ("on_start", "on_stop")
+    namespace, binding = render(template, VALUES)
+    assert namespace["kind"] == "Namespace" and namespace["metadata"]["name"] == "review-feat-x-abc123-42-1"
+    assert binding["metadata"]["namespace"] == "review-feat-x-abc123-42-1"
+    assert binding["subjects"] == [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io",
+                                    "name": "gitlab:project_env:42:review-feat-x-abc123"}]
+    assert binding["roleRef"]["name"] == "admin"
+    labels = namespace["metadata"]["labels"]
+    assert labels == {"agent.gitlab.com/id-1": "", "agent.gitlab.com/project_id-42": "",
+                      "agent.gitlab.com/env-review-feat-x-abc123-42-1": "",
+                      "agent.gitlab.com/environment_slug-review-feat-x-abc123": "", MANAGED_BY[0]: MANAGED_BY[1]}
+    annotation = json.loads(namespace["metadata"]["annotations"]["agent.gitlab.com/env-review-feat-x-abc123-42-1"])
+    assert annotation["environment_name"] == "review/feat-x" and annotation["template_name"] == "default"
+    assert annotation["project_path"] == "group/app" and annotation["agent_name"] == "prod"
+
+
+def test_a_value_is_substituted_after_parsing_so_it_cannot_add_structure() -> None:
+    template = parse_template("objects:\n  - apiVersion: v1\n    kind: Namespace\n    metadata:\n"
+                              "      name: 'ns-{{ .user.username }}'\n", "t.yaml", "t")
+    (obj,) = render(template, {**VALUES, "user.username": "x\nkind: Secret"})
+    assert obj["kind"] == "Namespace" and obj["metadata"]["name"] == "ns-x\nkind: Secret"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("objects: [\n", "t.yaml:2:1: not valid YAML"),
+        ("objects: []\n", "t.yaml:1:10: objects: must be a non-empty list"),
+        ("objects:\n  - {apiVersion: v1, kind: Secret, metadata: {name: s}}\n",
+         "t.yaml:2:5: objects[0].kind: 'Secret' is not one GitLab manages"),
+        ("objects:\n  - {apiVersion: v1, kind: Namespace, metadata: {name: '{{ .project.name }}'}}\n",
+         "t.yaml:2:56: objects[0].metadata.name: '{{ .project.name }}': unknown variable"),
+        ("objects:\n  - {apiVersion: v1, kind: Namespace, metadata: {name: '{{ .project.id | printf }}'}}\n",
+         "only variable references such as {{ .environment.slug }} are supported"),
+        ("objects:\n  - {apiVersion: v1, kind: Namespace, metadata: {name: 'a-{{ .project.id'}}\n",
+         "an unclosed {{"),
+        ("objects:\n  - {apiVersion: v1, kind: Namespace, metadata: {name: n}}\ndelete_resources: always\n",
+         "t.yaml:3:19: delete_resources: must be on_stop or never"),
+        ("objects:\n  - {apiVersion: v1, kind: Namespace, metadata: {name: n}}\ncolour: red\n",
+         "t.yaml:3:1: colour: unknown key"),
+    ],
+)
+def test_mistakes_name_file_line_and_column(text: str, message: str) -> None:
+    with pytest.raises(TemplateError) as info:
+        parse_template(text, "t.yaml", "t")
+    assert message in str(info.value), str(info.value)
+
+
+def test_every_variable_gitlab_documents_is_known() -> None:
+    assert set(VALUES) == VARIABLES
+    with pytest.raises(ValueError, match=r"variables missing: user\.username"):
+        render(parse_template(DEFAULT_TEMPLATE, "d", "default"), {k: v for k, v in VALUES.items() if k != "user.username"})
