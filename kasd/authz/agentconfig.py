@@ -204,16 +204,21 @@ def load_agent_config(config_root: Path, config_project: str, agent_name: str) -
     return parse_agent_config(text, str(path))
 
 
-def parse_agent_config(text: str, source: str) -> LoadedAgentConfig:
-    """Check the text of a ``config.yaml``; ``source`` names it in messages."""
+def compose_yaml(text: str, source: str, error: type[ValueError] = ValueError) -> Node | None:
+    """The YAML node tree of ``text`` (None for an empty document); ``error`` raised as ``<source>:<line>:<column>: not valid YAML: <problem>``."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        return yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
-        raise AgentConfigError(f"{where}: not valid YAML: {exc.problem or exc}") from None
+        raise error(f"{where}: not valid YAML: {exc.problem or exc}") from None
     except yaml.YAMLError as exc:
-        raise AgentConfigError(f"{source}: not valid YAML: {exc}") from None
+        raise error(f"{source}: not valid YAML: {exc}") from None
+
+
+def parse_agent_config(text: str, source: str) -> LoadedAgentConfig:
+    """Check the text of a ``config.yaml``; ``source`` names it in messages."""
+    node = compose_yaml(text, source, AgentConfigError)
     reader = _Reader(source)
     if node is None or _is_null(node):
         return LoadedAgentConfig(config=AgentConfig(source=source))
@@ -523,6 +528,7 @@ __all__ = [
     "RawRule",
     "UserAccess",
     "agent_config_path",
+    "compose_yaml",
     "load_agent_config",
     "parse_agent_config",
 ]

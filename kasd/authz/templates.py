@@ -28,6 +28,8 @@ from typing import Any, Literal
 import attrs
 import yaml
 
+from kasd.authz.agentconfig import compose_yaml
+
 __all__ = ["DEFAULT_TEMPLATE", "KINDS", "MANAGED_BY", "VARIABLES", "EnvironmentTemplate", "TemplateError",
            "parse_template", "render"]
 
@@ -93,12 +95,7 @@ class EnvironmentTemplate:
 
 def parse_template(text: str, source: str, name: str) -> EnvironmentTemplate:
     """Read and check a template (``source`` names it in messages)."""
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
-        raise TemplateError(f"{where}: not valid YAML: {exc.problem or exc}") from None
+    node = compose_yaml(text, source, TemplateError)
     if node is None or not isinstance(node, yaml.MappingNode):
         raise TemplateError(f"{source}: must be a mapping with objects:")
     fields: dict[str, yaml.Node] = {}

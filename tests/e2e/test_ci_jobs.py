@@ -1,6 +1,7 @@
 """CI jobs through real kubectl (every version found): an allowed job works from its own kubeconfig
 and the cluster sees the job; a refused job is told why, in kubectl's words; a reload that breaks
-the agent's config.yaml changes nothing. One stack for the module (its own: it edits the files)."""
+the agent's config.yaml changes nothing. The module's own stack (conftest's ``stack`` is one per
+module, so editing its files touches no other module)."""
 
 from __future__ import annotations
 
@@ -8,25 +9,15 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
 from kasctl.stack import AGENT_ID, AGENT_NAME, APP_PROJECT, CONFIG_PROJECT, OTHER_PROJECT, Stack
-from tests.e2e.conftest import KUBECTL_CAP, start_stack
+from tests.e2e.conftest import KUBECTL_CAP
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def ci_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    running = start_stack(tmp_path_factory.mktemp("ci"))
-    try:
-        yield running
-    finally:
-        running.stop()
 
 
 def _job_kubeconfig(stack: Stack, token: str) -> dict[str, object]:
@@ -45,10 +36,10 @@ def _kubectl(binary: str, config: object, *args: str, tmp: Path) -> subprocess.C
                           timeout=KUBECTL_CAP)
 
 
-def test_an_allowed_job_works_from_its_kubeconfig_as_the_job(ci_stack: Stack, kubectl_bin: str, tmp_path: Path) -> None:
-    token = ci_stack.auth.job_token(APP_PROJECT, job_id=41, pipeline_id=5, user="demo", ref="feat",
+def test_an_allowed_job_works_from_its_kubeconfig_as_the_job(stack: Stack, kubectl_bin: str, tmp_path: Path) -> None:
+    token = stack.auth.job_token(APP_PROJECT, job_id=41, pipeline_id=5, user="demo", ref="feat",
                                     environment="review/feat", environment_tier="development")
-    config = _job_kubeconfig(ci_stack, token)
+    config = _job_kubeconfig(stack, token)
     (context,) = config["contexts"]  # type: ignore[index]
     assert context["name"] == f"{CONFIG_PROJECT}:{AGENT_NAME}"
     namespace = context["context"]["namespace"]
@@ -72,11 +63,11 @@ def test_an_allowed_job_works_from_its_kubeconfig_as_the_job(ci_stack: Stack, ku
         ({"project": APP_PROJECT, "environment": "production"}, "in environment 'production'"),
     ],
 )
-def test_a_refused_job_is_told_why_by_kubectl(ci_stack: Stack, kubectl_bin: str, tmp_path: Path,
+def test_a_refused_job_is_told_why_by_kubectl(stack: Stack, kubectl_bin: str, tmp_path: Path,
                                               claims: dict[str, str], message: str) -> None:
-    token = ci_stack.auth.job_token(claims["project"], job_id=42, environment=claims.get("environment"))
-    assert _job_kubeconfig(ci_stack, token)["contexts"] == []  # no context for an agent it may not use
-    config = yaml.safe_load(ci_stack.kubeconfig.read_text())
+    token = stack.auth.job_token(claims["project"], job_id=42, environment=claims.get("environment"))
+    assert _job_kubeconfig(stack, token)["contexts"] == []  # no context for an agent it may not use
+    config = yaml.safe_load(stack.kubeconfig.read_text())
     for user in config["users"]:
         user["user"]["token"] = f"ci:{AGENT_ID}:{token}"
     refused = _kubectl(kubectl_bin, config, "get", "pods", tmp=tmp_path)
@@ -85,20 +76,20 @@ def test_a_refused_job_is_told_why_by_kubectl(ci_stack: Stack, kubectl_bin: str,
     assert message in refused.stderr, refused.stderr
 
 
-def test_a_reload_that_breaks_the_file_changes_nothing(ci_stack: Stack, kubectl_bin: str, tmp_path: Path) -> None:
-    path = ci_stack.auth.config_root / CONFIG_PROJECT / ".gitlab" / "agents" / AGENT_NAME / "config.yaml"
+def test_a_reload_that_breaks_the_file_changes_nothing(stack: Stack, kubectl_bin: str, tmp_path: Path) -> None:
+    path = stack.auth.config_root / CONFIG_PROJECT / ".gitlab" / "agents" / AGENT_NAME / "config.yaml"
     good = path.read_text()
     try:
-        ci_stack.auth.agent_config(CONFIG_PROJECT, AGENT_NAME, good + "      rules: [{if: '$X =='}]\n")
-        kasd = ci_stack.kasd
+        stack.auth.agent_config(CONFIG_PROJECT, AGENT_NAME, good + "      rules: [{if: '$X =='}]\n")
+        kasd = stack.kasd
         assert kasd is not None
         line = _wait_for_line(kasd.log, "authorization reload failed", 10)
         assert f"{path}:" in line and "the previous configuration stays in force" in line
-        listed = subprocess.run([kubectl_bin, "--kubeconfig", str(ci_stack.kubeconfig), "get", "pods"],
+        listed = subprocess.run([kubectl_bin, "--kubeconfig", str(stack.kubeconfig), "get", "pods"],
                                 capture_output=True, text=True, timeout=KUBECTL_CAP)
         assert listed.returncode == 0, listed.stderr  # the previous configuration is in force
     finally:
-        ci_stack.auth.agent_config(CONFIG_PROJECT, AGENT_NAME, good)
+        stack.auth.agent_config(CONFIG_PROJECT, AGENT_NAME, good)
 
 
 def _wait_for_line(log: Path, needle: str, timeout: float) -> str:
