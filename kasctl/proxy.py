@@ -26,10 +26,10 @@ import trio
 
 import http11
 from http11 import CLOSED, END, NEED_DATA, BodyWriter, RequestParser, ResponseParser
+from kasctl.kubeconfig import CA_VARIABLE, SERVER_VARIABLE
+from netio.relay import relay
 
 TOKEN_VARIABLE = "KASCTL_TOKEN"
-SERVER_VARIABLE = "KASCTL_PROXY_URL"
-CA_VARIABLE = "KASCTL_CA_FILE"
 MAX_HEAD = 64 * 1024
 CHUNK = 64 * 1024
 #: seconds to connect (TCP and TLS) to kasd
@@ -118,14 +118,6 @@ async def _event(parser: RequestParser | ResponseParser, stream: trio.abc.Receiv
             parser.feed_eof()
 
 
-async def _pipe(source: trio.abc.ReceiveStream, sink: trio.abc.SendStream) -> None:
-    try:
-        while data := await source.receive_some(CHUNK):
-            await sink.send_all(data)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
-
-
 async def serve_connection(client: trio.abc.Stream, upstream: Upstream) -> None:
     """One client connection: its requests, in order, over one connection to kasd."""
     async with client:
@@ -162,15 +154,9 @@ async def _exchanges(client: trio.abc.Stream, kasd: trio.abc.Stream, upstream: U
         if not isinstance(response, http11.Response):
             return
         await client.send_all(http11.encode_response_head(response.status, list(response.headers)))
-        if response.status == 101:  # a byte pipe from now on, both ways
-            if requests.trailing:
-                await kasd.send_all(bytes(requests.trailing))
-            if responses.trailing:
-                await client.send_all(bytes(responses.trailing))
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_pipe, client, kasd)
-                await _pipe(kasd, client)
-                nursery.cancel_scope.cancel()
+        if response.status == 101:  # a byte pipe from now on, both ways: the daemons' one relay
+            await relay(client, kasd, early_to_server=bytes(requests.trailing),
+                        early_to_client=bytes(responses.trailing), server_receive_error_is_eof=True)
             return
         no_body = request.method == "HEAD" or response.status in (204, 304)
         body = BodyWriter.for_headers(response.headers, no_body=no_body)
