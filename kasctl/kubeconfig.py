@@ -27,7 +27,8 @@ from typing import Any
 
 import yaml
 
-ALLOWED_AGENTS_PATH = "/api/v4/job/allowed_agents"
+from kasd.authz.jobinfo import ALLOWED_AGENTS_PATH
+
 TOKEN_VARIABLE = "CI_JOB_TOKEN"
 API_VARIABLE = "KASCTL_API_URL"
 SERVER_VARIABLE = "KASCTL_PROXY_URL"

@@ -169,10 +169,6 @@ class CiAuthority:
         granted[key] = (grant, verdict.expires_at)
         return grant
 
-    def verdict(self, kind: str, secret: str, agent_id: int) -> Verdict:
-        """The full verdict (for the REST API and kubeconfig): ``Denied`` when not allowed."""
-        return self.snapshot.authorize(kind, secret, agent_id, now=self._clock())
-
     def reload(self, why: str) -> bool:
         """Read every file again; the new snapshot replaces the old only if all of it loads."""
         try:

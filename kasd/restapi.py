@@ -31,12 +31,11 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import wrap_app
 
-from kasd.authz.jobinfo import allowed_agents_response
+from kasd.authz.jobinfo import ALLOWED_AGENTS_PATH, allowed_agents_response
 from kasd.authz.snapshot import Denied, Snapshot
 
 log = logging.getLogger("kasd.api")
 
-ALLOWED_AGENTS_PATH = "/api/v4/job/allowed_agents"
 #: largest request head hypercorn accepts on this port
 MAX_HEAD_BYTES = 16 * 1024
 #: seconds a connection may go without sending a byte (mid-request or idle) before it is closed

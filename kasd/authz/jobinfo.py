@@ -18,7 +18,10 @@ from kasd.authz.jobtokens import JobClaims
 from kasd.authz.slugs import environment_slug
 from kasd.authz.snapshot import Snapshot, Verdict
 
-__all__ = ["allowed_agents_response", "context_name"]
+__all__ = ["ALLOWED_AGENTS_PATH", "allowed_agents_response", "context_name"]
+
+#: GitLab's path of the call (kasd's REST API serves it, ``kasctl kubeconfig`` asks it)
+ALLOWED_AGENTS_PATH = "/api/v4/job/allowed_agents"
 
 
 def context_name(config_project: str, agent_name: str) -> str:
