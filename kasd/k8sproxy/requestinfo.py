@@ -59,7 +59,7 @@ def request_info(method: str, target: str) -> RequestInfo:
     subresource = rest[2] if len(rest) >= 3 else ""
     if not name and verb in ("get", "delete"):
         verb = "list" if verb == "get" else "deletecollection"
-    if verb in ("get", "list"):
+    if verb in ("get", "list") and "watch" in query:  # (most requests have no watch: no query parsing)
         values = parse_qs(query).get("watch", [])
         if values and values[0].lower() in ("1", "true"):
             verb = "watch"
