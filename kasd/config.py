@@ -495,11 +495,13 @@ def _existing_dir(value: Any) -> Path | None:
 
 
 def _key_files(value: Any) -> tuple[Path, ...]:
-    paths = tuple(Path(p) for p in _strings(value, ""))
-    for i, path in enumerate(paths):
-        if not path.is_file():
-            raise Problem(f"file {str(path)!r} does not exist", at=f"[{i}]")
-    return paths
+    paths = []
+    for i, item in enumerate(_strings(value, "")):
+        try:
+            paths.append(_existing_file(item))
+        except Problem as problem:
+            raise Problem(problem.text, at=f"[{i}]") from None
+    return tuple(paths)
 
 
 def _token_ids(value: Any) -> frozenset[str]:
