@@ -362,17 +362,18 @@ class Stack:
         cert.private_key_pem.write_to_path(str(self.dir / "kasd-key.pem"))
         self.ca.cert_pem.write_to_path(str(self.ca_file))
         os.chmod(self.dir / "kasd-key.pem", 0o600)
+        tls = {"cert": str(self.dir / "kasd-cert.pem"), "key": str(self.dir / "kasd-key.pem")}  # proxy and REST API
         config: dict[str, Any] = {
             "listeners": {
                 "agent": {"address": "127.0.0.1:0", "path": "/tunnel"},
                 "observability": {"address": "127.0.0.1:0"},
                 "kubernetes_api": {
                     "address": "127.0.0.1:0",
-                    "tls": {"cert": str(self.dir / "kasd-cert.pem"), "key": str(self.dir / "kasd-key.pem")},
+                    "tls": tls,
                 },
                 "api": {
                     "address": "127.0.0.1:0",
-                    "tls": {"cert": str(self.dir / "kasd-cert.pem"), "key": str(self.dir / "kasd-key.pem")},
+                    "tls": tls,
                 },
             },
             "agents": [
