@@ -67,6 +67,19 @@ user_access:
     - id: group/demo
 """
 
+#: The demo cluster's RBAC (kubesim enforces it for impersonated identities, as a real cluster
+#: does): the demo project's CI jobs (`gitlab:project:1`, `ci_job` access) are trusted with the
+#: whole cluster; the review apps' jobs (group/app) get only the namespaces made for them.
+DEMO_CLUSTER_RBAC = """\
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: gitlab-demo-project-jobs
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: cluster-admin}
+subjects:
+  - {apiGroup: rbac.authorization.k8s.io, kind: Group, name: "gitlab:project:1"}
+"""
+
 #: seconds agentd lets in-flight streams (a `kubectl get -w`, an exec) run on after SIGTERM
 AGENTD_SHUTDOWN_GRACE = 10.0
 #: seconds kasd's graceful drain may take after SIGTERM
@@ -325,11 +338,13 @@ class Stack:
         # In a file, not on the command line, where `ps` would show it to every local user.
         token_file = self.dir / "cluster-token"
         write_secret(token_file, self.cluster_token)
+        rbac_file = self.dir / "cluster-rbac.yaml"
+        rbac_file.write_text(DEMO_CLUSTER_RBAC)
         self.kubesim = Process(
             "kubesim",
             self._python(
                 "kubesim", "--host", "127.0.0.1", "--port", "0", "--token-file", str(token_file),
-                "--self-signed", "--kubeconfig-out", str(cluster_kubeconfig),
+                "--self-signed", "--kubeconfig-out", str(cluster_kubeconfig), "--manifest", str(rbac_file),
             ),
             self.dir / "kubesim.log",
             stop_timeout=KUBESIM_STOP_TIMEOUT,

@@ -454,12 +454,15 @@ def kubectl_version(kubectl: str) -> str:
 
 
 def restrict(tables: dict[str, list[list[Any]]], to: dict[str, list[list[Any]]]) -> tuple[dict[str, list[list[Any]]], int]:
-    """Only the messages and field numbers of ``to``; and how many fields that left out."""
+    """The field numbers ``to`` has for the messages it has (a message new to ``to``, reached from a
+    kind added to protobuf_kinds, comes whole); and how many fields that left out."""
     kept: dict[str, list[list[Any]]] = {}
     for name, rows in tables.items():
         if name in to:
             numbers = {row[0] for row in to[name]}
             kept[name] = [row for row in rows if row[0] in numbers]
+        else:
+            kept[name] = rows
     return kept, sum(map(len, tables.values())) - sum(map(len, kept.values()))
 
 

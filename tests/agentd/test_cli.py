@@ -18,12 +18,13 @@ import trio
 from kubesim.server import open_kubesim
 from tests.agentd.harness import AGENT_TOKEN, SIM_TOKEN, FakeKasd, exchange, head, start_fake_kasd
 from tests.agentd.test_tunnels import http_get
+from tests.trusted import TRUSTED
 
 pytestmark = pytest.mark.timeout(20)
 
 
 async def test_agentd_process_serves_and_drains_on_sigterm(nursery: trio.Nursery, tmp_path: Path) -> None:
-    async with open_kubesim(token=SIM_TOKEN) as sim:
+    async with open_kubesim(objects=TRUSTED, token=SIM_TOKEN) as sim:
         sim.write_kubeconfig(tmp_path / "kubeconfig")
         kasd = await start_fake_kasd(nursery)
         (tmp_path / "token").write_text(AGENT_TOKEN)

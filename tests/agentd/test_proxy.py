@@ -23,6 +23,7 @@ from tests.agentd.harness import (
     running_agent,
     start_fake_kasd,
 )
+from tests.trusted import TRUSTED
 from tunnelhttp.head import TunnelCode
 from wire.session import StreamRefusedError
 
@@ -45,7 +46,7 @@ class Setup:
 
 @pytest.fixture
 async def setup(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[Setup]:
-    async with open_kubesim(token=SIM_TOKEN, bookmark_interval=3600) as sim:
+    async with open_kubesim(objects=TRUSTED, token=SIM_TOKEN, bookmark_interval=3600) as sim:
         sim.write_kubeconfig(tmp_path / "kubeconfig")
         kasd = await start_fake_kasd(nursery)
         config = agent_config(tmp_path, kasd.url)

@@ -27,6 +27,7 @@ from tests.agentd.harness import (
     running_agent,
     start_fake_kasd,
 )
+from tests.trusted import TRUSTED
 from tunnelhttp.head import RequestHead, ResponseHead, TunnelCode
 from wire.h2carrier import server_ssl_context
 from wire.session import StreamResetError
@@ -104,7 +105,7 @@ async def test_upgrade_becomes_a_raw_pipe_both_ways(nursery: trio.Nursery, tmp_p
 
 
 async def test_goaway_dials_replacement_before_old_session_ends(nursery: trio.Nursery, tmp_path: Path) -> None:
-    async with open_kubesim(token=SIM_TOKEN, bookmark_interval=3600) as sim:
+    async with open_kubesim(objects=TRUSTED, token=SIM_TOKEN, bookmark_interval=3600) as sim:
         sim.write_kubeconfig(tmp_path / "kubeconfig")
         kasd = await start_fake_kasd(nursery)
         config = agent_config(tmp_path, kasd.url)
@@ -218,7 +219,7 @@ async def _start_stoppable_agent(nursery: trio.Nursery, config: AgentConfig) -> 
 
 
 async def test_stop_lets_in_flight_requests_finish(nursery: trio.Nursery, tmp_path: Path) -> None:
-    async with open_kubesim(token=SIM_TOKEN) as sim:
+    async with open_kubesim(objects=TRUSTED, token=SIM_TOKEN) as sim:
         sim.write_kubeconfig(tmp_path / "kubeconfig")
         kasd = await start_fake_kasd(nursery)
         config = agent_config(tmp_path, kasd.url, shutdown_grace=15.0)
@@ -241,7 +242,7 @@ async def test_stop_lets_in_flight_requests_finish(nursery: trio.Nursery, tmp_pa
 
 
 async def test_stop_ends_a_watch_between_events(nursery: trio.Nursery, tmp_path: Path) -> None:
-    async with open_kubesim(token=SIM_TOKEN, bookmark_interval=3600) as sim:
+    async with open_kubesim(objects=TRUSTED, token=SIM_TOKEN, bookmark_interval=3600) as sim:
         sim.write_kubeconfig(tmp_path / "kubeconfig")
         kasd = await start_fake_kasd(nursery)
         config = agent_config(tmp_path, kasd.url, shutdown_grace=30.0)
@@ -266,7 +267,7 @@ async def test_stop_ends_a_watch_between_events(nursery: trio.Nursery, tmp_path:
 
 
 async def test_stop_grace_bounds_the_drain(nursery: trio.Nursery, tmp_path: Path) -> None:
-    async with open_kubesim(token=SIM_TOKEN) as sim:
+    async with open_kubesim(objects=TRUSTED, token=SIM_TOKEN) as sim:
         sim.write_kubeconfig(tmp_path / "kubeconfig")
         kasd = await start_fake_kasd(nursery)
         config = agent_config(tmp_path, kasd.url, shutdown_grace=0.2)
@@ -285,7 +286,7 @@ async def test_kasd_over_tls_with_ca_file(nursery: trio.Nursery, tmp_path: Path)
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1").configure_cert(server)
     ca.cert_pem.write_to_path(str(tmp_path / "kas-ca.pem"))
-    async with open_kubesim(token=SIM_TOKEN) as sim:
+    async with open_kubesim(objects=TRUSTED, token=SIM_TOKEN) as sim:
         sim.write_kubeconfig(tmp_path / "kubeconfig")
         kasd = await start_fake_kasd(nursery, server_ssl_context(server))
         config = agent_config(tmp_path, kasd.url, kas_ca_file=tmp_path / "kas-ca.pem", connections=2)

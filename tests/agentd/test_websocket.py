@@ -24,6 +24,7 @@ from tests.agentd.harness import (
     running_agent,
     start_fake_kasd,
 )
+from tests.trusted import TRUSTED
 from tunnelhttp.head import TunnelCode
 
 pytestmark = pytest.mark.timeout(20)
@@ -50,7 +51,7 @@ async def wait_running(store: Any, name: str) -> None:
 
 
 async def test_exec_over_websocket(nursery: trio.Nursery, tmp_path: Path) -> None:
-    async with open_kubesim(token=SIM_TOKEN, controller_tick=0.05) as sim:
+    async with open_kubesim(objects=TRUSTED, token=SIM_TOKEN, controller_tick=0.05) as sim:
         store = sim.store
         store.create(store.kind("", "pods"), "default", POD)
         with trio.fail_after(10):

@@ -32,6 +32,7 @@ from tests.kasd.helpers import (
     wait_sessions,
 )
 from tests.kasd.test_http2_tls import H2Client
+from tests.trusted import TRUSTED
 from tunnelhttp.head import RequestHead, TunnelCode
 from wire.errors import ErrorCode
 from wire.session import MuxStream, Session
@@ -266,7 +267,7 @@ async def test_real_agentd_replicas_one_of_which_cannot_reach_its_api_server(tmp
     with socket.socket() as dead:  # bound, never listening: connections to it are refused
         dead.bind(("127.0.0.1", 0))
         dead_port = dead.getsockname()[1]
-        async with open_kubesim(token=SIM_TOKEN, bookmark_interval=3600) as sim, running_kasd(config) as kasd, \
+        async with open_kubesim(objects=TRUSTED, token=SIM_TOKEN, bookmark_interval=3600) as sim, running_kasd(config) as kasd, \
                 trio.open_nursery() as nursery:
             sim.write_kubeconfig(tmp_path / "kubeconfig")
 

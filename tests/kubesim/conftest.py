@@ -8,11 +8,19 @@ direct route only. See tests/kubesim/kubectl_harness.py.
 
 from __future__ import annotations
 
+import itertools
+import re
 from collections.abc import Iterator
 
 import pytest
 
-from tests.kubesim.kubectl_harness import ROUTES, ServerPool, ServerThread, kubectl_binaries
+from tests.kubesim.kubectl_harness import (
+    ROUTES,
+    Kubectl,
+    ServerPool,
+    ServerThread,
+    kubectl_binaries,
+)
 
 KUBECTLS = kubectl_binaries()
 
@@ -37,6 +45,18 @@ def kube_servers(request: pytest.FixtureRequest,
 def kube_server(kube_servers: ServerPool, request: pytest.FixtureRequest) -> ServerThread:
     """The module's server for this test's route (parametrized by the `routes` marker)."""
     return kube_servers.get(getattr(request, "param", "direct"))
+
+
+_NAMESPACES = itertools.count()
+
+
+@pytest.fixture
+def k(kube_server: ServerThread, kubectl_bin: str, request: pytest.FixtureRequest) -> Kubectl:
+    """kubectl (each version found) against the module's server, in a fresh namespace."""
+    base = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    namespace = f"{base}-{next(_NAMESPACES)}"
+    kube_server.make_namespace(namespace)
+    return Kubectl(kubectl_bin, kube_server, namespace)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -138,6 +138,15 @@ class ServerThread:
                 await self._stop.wait()
                 return
             sim.write_kubeconfig(self.workdir / "cluster.kubeconfig")
+            # kubesim enforces RBAC for the impersonated job: bind it to cluster-admin, as an
+            # operator does for a job trusted with the whole cluster, so these tests see what
+            # kubectl sees directly.
+            sim.store.create(sim.store.kind("rbac.authorization.k8s.io", "clusterrolebindings"), None, {
+                "metadata": {"name": "kubesim-harness-ci-job"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": "cluster-admin"},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                              "name": TUNNEL_USER}]})
             async with _tunnel(self.workdir, ca, self.workdir / "cluster.kubeconfig") as proxy_url:
                 _write_tunnel_kubeconfig(self.kubeconfig, proxy_url, ca.cert_pem.bytes())
                 self._ready.set()
@@ -311,3 +320,20 @@ class ServerPool:
     def stop(self) -> None:
         for server in self._servers.values():
             server.stop()
+
+
+class Kubectl:
+    """kubectl bound to one binary, the module's server and a fresh namespace."""
+
+    def __init__(self, binary: str, server: ServerThread, namespace: str) -> None:
+        self.binary = binary
+        self.server = server
+        self.namespace = namespace
+
+    async def __call__(self, *args: str, stdin: bytes | None = None, check: bool = True,
+                       namespaced: bool = True):  # type: ignore[no-untyped-def]
+        extra = ("-n", self.namespace) if namespaced else ()
+        return await kubectl(self.binary, self.server, *extra, *args, stdin=stdin, check=check)
+
+    async def out(self, *args: str, stdin: bytes | None = None, namespaced: bool = True) -> str:
+        return (await self(*args, stdin=stdin, namespaced=namespaced)).stdout

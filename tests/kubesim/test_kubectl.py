@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.kubesim.kubectl_harness import TOKEN, TUNNEL_USER, ServerThread, kubectl, table_rows
+from tests.kubesim.kubectl_harness import (
+    TOKEN,
+    TUNNEL_USER,
+    Kubectl,
+    ServerThread,
+    table_rows,
+)
 
 MANIFESTS = Path(__file__).with_name("manifests")
 ALL_KINDS = MANIFESTS / "all-kinds.yaml"
@@ -22,32 +28,7 @@ ALL_KINDS = MANIFESTS / "all-kinds.yaml"
 pytestmark = pytest.mark.timeout(30)
 
 
-class Kubectl:
-    """kubectl bound to one binary, the module's server and a fresh namespace."""
-
-    def __init__(self, binary: str, server: ServerThread, namespace: str) -> None:
-        self.binary = binary
-        self.server = server
-        self.namespace = namespace
-
-    async def __call__(self, *args: str, stdin: bytes | None = None, check: bool = True,
-                       namespaced: bool = True):  # type: ignore[no-untyped-def]
-        extra = ("-n", self.namespace) if namespaced else ()
-        return await kubectl(self.binary, self.server, *extra, *args, stdin=stdin, check=check)
-
-    async def out(self, *args: str, stdin: bytes | None = None, namespaced: bool = True) -> str:
-        return (await self(*args, stdin=stdin, namespaced=namespaced)).stdout
-
-
 _COUNTER = iter(range(10_000))
-
-
-@pytest.fixture
-def k(kube_server: ServerThread, kubectl_bin: str, request: pytest.FixtureRequest) -> Kubectl:
-    base = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
-    namespace = f"{base}-{next(_COUNTER)}"
-    kube_server.make_namespace(namespace)
-    return Kubectl(kubectl_bin, kube_server, namespace)
 
 
 def header(text: str) -> list[str]:
@@ -586,7 +567,11 @@ async def test_attach_with_stdin(k: Kubectl) -> None:
 
 
 async def test_requests_are_recorded_with_token_and_impersonation(k: Kubectl) -> None:
-    await k("get", "pods", "--as", "alice", "--as-group", "devs")
+    # kubesim's token may impersonate anyone; alice, bound to nothing, may not list pods.
+    denied = await k("get", "pods", "--as", "alice", "--as-group", "devs", check=False)
+    assert denied.returncode == 1
+    assert (f'Error from server (Forbidden): pods is forbidden: User "alice" cannot list resource '
+            f'"pods" in API group "" in the namespace "{k.namespace}"') in denied.stderr
     sim = k.server.sim
     assert sim is not None
     requests = await k.server.acall(lambda: list(sim.requests))

@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import trio
+import yaml
 
+from kubesim.errors import ApiError
 from kubesim.requests import RecordedRequest
 from kubesim.server import KubeSim, serve_kubesim
 
@@ -67,6 +69,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--self-signed", action="store_true",
                         help="serve TLS with a fresh throw-away CA (needs the trustme package)")
     parser.add_argument("--kubeconfig-out", type=Path, help="write a kubeconfig for this server here")
+    parser.add_argument("--manifest", type=Path, action="append", default=[], metavar="PATH",
+                        help="YAML objects to create at start (repeatable), as a cluster's add-on "
+                        "manifests: e.g. the ClusterRoleBindings impersonated users need, since "
+                        "kubesim enforces RBAC for every identity but its own token's")
     parser.add_argument("--log-requests", action="store_true", help="log one line per request served")
     parser.add_argument("--server-version", default="v1.32.0", help="version /version reports (default: v1.32.0)")
     args = parser.parse_args(argv)
@@ -82,6 +88,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if not token.strip():
             parser.error(f"--token-file: {args.token_file} is empty")
         args.token = token
+    args.objects = []
+    for path in args.manifest:
+        try:
+            docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+        except OSError as exc:
+            parser.error(f"--manifest: cannot read {path}: {exc.strerror or exc}")
+        except yaml.YAMLError as exc:
+            parser.error(f"--manifest: {path} is not YAML: {exc}")
+        for number, doc in enumerate(docs, 1):
+            if not isinstance(doc, dict) or not doc.get("apiVersion") or not doc.get("kind"):
+                parser.error(f"--manifest: {path}: document {number} is not an object with "
+                             "apiVersion and kind")
+        args.objects += docs
     return args
 
 
@@ -113,16 +132,19 @@ def log_request(request: RecordedRequest) -> None:
 
 async def run(args: argparse.Namespace) -> None:
     from kubesim.app import ServerVersion
+    from kubesim.store import Store
 
     context, ca_pem = tls_context(args)
     version_text = args.server_version.lstrip("v")
     major, minor = [*version_text.split("."), "0"][:2]
     version = ServerVersion(major=major, minor=minor, git_version=f"v{version_text}")
+    store = Store()
+    store.create_objects(args.objects)  # before listening: a refused object stops the start
     async with trio.open_nursery() as nursery:
         sim: KubeSim = await nursery.start(lambda task_status: serve_kubesim(
             host=args.host, port=args.port, token=args.token, tls=context, ca_pem=ca_pem,
             version=version, on_request=log_request if args.log_requests else None,
-            task_status=task_status))
+            store=store, task_status=task_status))
         log("listening", url=sim.url, tls=sim.tls, token_required=args.token is not None)
         if args.token is not None and not sim.tls:
             log("warning", message="kubectl sends bearer tokens only over TLS, so it will get 401 "
@@ -145,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         log("error", message=str(exc))
         return 1
+    except ApiError as exc:  # a --manifest object the cluster refuses
+        print(f"kubesim: error: --manifest: {exc.message}", file=sys.stderr)
+        return 2
     return 0
 
 

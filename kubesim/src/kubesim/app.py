@@ -21,6 +21,7 @@ from kubesim import (
     metrics,
     openapi,
     portforward_session,
+    rbac,
     tables,
     timefmt,
 )
@@ -50,6 +51,7 @@ from kubesim.podio import (
     serve_pod_websocket,
     spdy_refused,
 )
+from kubesim.rbac import UserInfo
 from kubesim.requests import RecordedRequest, header_map, record
 from kubesim.resources import Kind
 from kubesim.selectors import parse_field_selector, parse_label_selector, selector_string
@@ -65,6 +67,14 @@ PUBLIC_PATHS = ("/version", "/healthz", "/livez", "/readyz")
 #: The pod subresources served over SPDY (hyperraw's raw upgrade; see streaming.py).
 SPDY_SUBRESOURCES: dict[str, SpdySubresource] = {"exec": exec_spdy.EXEC, "attach": exec_spdy.ATTACH,
                                                    "portforward": portforward_session.PORT_FORWARD}
+
+
+@attrs.frozen(kw_only=True)
+class IssuedToken:
+    namespace: str
+    name: str
+    uid: str
+    expires: float
 
 
 @attrs.frozen(kw_only=True)
@@ -117,6 +127,9 @@ class KubeApp:
         self.metrics = metrics.Metrics()
         # False: no SPDY-in-WebSocket tunnel for port-forward, as API servers before 1.30.
         self.port_forward_websocket = port_forward_websocket
+        self.authorizer = rbac.Authorizer(store)
+        # The service-account tokens TokenRequest issued: kubesim authenticates those it made.
+        self.issued_tokens: dict[str, IssuedToken] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -135,17 +148,28 @@ class KubeApp:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    def _authenticate(self, scope: Scope, headers: dict[str, str]) -> None:
+    def _authenticate(self, scope: Scope, headers: dict[str, str]) -> UserInfo:
+        """Who is asking, after impersonation, once RBAC has allowed the request (else 401/403)."""
         recorded = record(scope, headers)
         self.requests.append(recorded)
         if self.on_request is not None:
             self.on_request(recorded)
-        if self.token is None:
-            return
-        if recorded.bearer_token == self.token:
-            return
-        if recorded.bearer_token is None and scope.get("path") in PUBLIC_PATHS:
-            return
+        caller = self._caller(scope, recorded.bearer_token)
+        user = rbac.impersonate(self.authorizer, caller, headers)
+        rbac.check(self.authorizer, user, scope.get("method") or "GET", scope.get("path", ""),
+                   scope.get("query_string", b"").decode("latin-1"))
+        return user
+
+    def _caller(self, scope: Scope, token: str | None) -> UserInfo:
+        if self.token is None or token == self.token:
+            return rbac.ADMIN
+        if token is None and scope.get("path") in PUBLIC_PATHS:
+            return rbac.ANONYMOUS
+        issued = self.issued_tokens.get(token or "")
+        if issued is not None and issued.expires > time.time():
+            account = self.store.find(self.store.kind("", "serviceaccounts"), issued.namespace, issued.name)
+            if account is not None and account["metadata"].get("uid") == issued.uid:
+                return rbac.service_account_user(issued.namespace, issued.name, issued.uid)
         raise errors.unauthorized()
 
     # -- HTTP ----------------------------------------------------------------------------------
@@ -153,14 +177,14 @@ class KubeApp:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = header_map(scope)
         try:
-            self._authenticate(scope, headers)
+            user = self._authenticate(scope, headers)
         except ApiError as exc:
             # Refused before the real server's instrumentation: not counted in /metrics.
             await send_reply(send, json_reply(exc.code, exc.status()))
             return
         labels = self._request_labels(scope, scope["method"], headers)
         if labels is None:
-            await self._http_authenticated(scope, headers, receive, send)
+            await self._http_authenticated(scope, headers, receive, send, user)
             return
         status = 0
         began = metrics.now()
@@ -173,13 +197,13 @@ class KubeApp:
 
         try:
             with self.metrics.in_flight(labels):
-                await self._http_authenticated(scope, headers, receive, counting_send)
+                await self._http_authenticated(scope, headers, receive, counting_send, user)
         finally:
             if status:
                 self.metrics.observe(labels, status, metrics.now() - began)
 
     async def _http_authenticated(self, scope: Scope, headers: dict[str, str], receive: Receive,
-                                  send: Send) -> None:
+                                  send: Send, user: UserInfo) -> None:
         started = False
 
         async def tracking_send(message: MutableMapping[str, Any]) -> None:
@@ -189,7 +213,7 @@ class KubeApp:
 
         try:
             body = await read_body(receive)
-            result = await self._route(scope, headers, body, receive, tracking_send)
+            result = await self._route(scope, headers, body, receive, tracking_send, user)
         except ApiError as exc:
             if started:
                 raise
@@ -244,7 +268,7 @@ class KubeApp:
         return Reply(status=200, body=body, content_type=metrics.CONTENT_TYPE)
 
     async def _route(self, scope: Scope, headers: dict[str, str], body: bytes,
-                     receive: Receive, send: Send) -> Reply | None:
+                     receive: Receive, send: Send, user: UserInfo) -> Reply | None:
         path = scope["path"].rstrip("/") or "/"
         method = scope["method"]
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
@@ -319,7 +343,7 @@ class KubeApp:
                 raise errors.method_not_allowed()
             await serve_logs(self.store, self.controllers, target, query, receive, send)
             return None
-        return self._verb(method, target, query, headers, body, accept)
+        return self._verb(method, target, query, headers, body, accept, user)
 
     def _aggregated(self, *, core: bool, version: str) -> Reply:
         api_version = f"apidiscovery.k8s.io/{version}"
@@ -347,7 +371,7 @@ class KubeApp:
     # -- verbs ---------------------------------------------------------------------------------
 
     def _verb(self, method: str, target: Target, query: Query, headers: dict[str, str],
-              body: bytes, accept: str) -> Reply:
+              body: bytes, accept: str, user: UserInfo) -> Reply:
         kind, ns, name, sub = target.kind, target.namespace, target.name, target.subresource
         store = self.store
         dry_run = bool(query.get("dryRun"))
@@ -357,7 +381,7 @@ class KubeApp:
             if method == "GET":
                 return self._list(target, query, accept)
             if method == "POST" and kind.virtual:
-                return json_reply(201, self._review(kind, headers, body))
+                return json_reply(201, self._review(kind, headers, body, user))
             if method == "POST":
                 obj = self._decode(headers, body)
                 warnings = fieldcheck.check(store.registry, kind, obj, one(query, "fieldValidation"))
@@ -440,25 +464,22 @@ class KubeApp:
             f"the body of the request was in an unknown format - accepted media types include: "
             f"application/json, application/yaml, {PROTOBUF}")
 
-    def _review(self, kind: Kind, headers: dict[str, str], body: bytes) -> dict[str, Any]:
-        """Access reviews and whoami: kubesim authorizes everything it authenticates."""
+    def _review(self, kind: Kind, headers: dict[str, str], body: bytes,
+                user: UserInfo) -> dict[str, Any]:
+        """Access reviews and whoami, answered for the (impersonated) user the request runs as."""
         try:
             request = self._decode(headers, body)
         except ApiError:
             request = {}  # a protobuf review kubesim cannot decode: the answer does not depend on it
         request = {k: v for k, v in request.items() if k in ("metadata", "spec")}
         request.setdefault("metadata", {})
+        spec = request.get("spec") if isinstance(request.get("spec"), dict) else {}
         if kind.kind == "SelfSubjectAccessReview":
-            status: dict[str, Any] = {"allowed": True, "reason": "kubesim authorizes every request"}
+            status: dict[str, Any] = self.authorizer.access_review(user, spec)
         elif kind.kind == "SelfSubjectRulesReview":
-            status = {"resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}],
-                      "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
-                      "incomplete": False}
+            status = self.authorizer.rules_review(user, str(spec.get("namespace") or ""))
         else:
-            user = headers.get("impersonate-user") or "kubesim-admin"
-            groups = [g.strip() for g in headers.get("impersonate-group", "").split(",") if g.strip()]
-            status = {"userInfo": {"username": user,
-                                   "groups": groups or ["system:masters", "system:authenticated"]}}
+            status = {"userInfo": user.document()}
         return {"kind": kind.kind, "apiVersion": kind.api_version, **request, "status": status}
 
     def _list(self, target: Target, query: Query, accept: str) -> Reply:
@@ -565,6 +586,9 @@ class KubeApp:
             lifetime = int(spec.get("expirationSeconds") or 3600)
             spec["expirationSeconds"] = lifetime
             token, expires = service_account_token(account, spec.get("audiences") or [], lifetime)
+            meta = account["metadata"]
+            self.issued_tokens[token] = IssuedToken(namespace=meta["namespace"], name=meta["name"],
+                                                    uid=meta["uid"], expires=time.time() + lifetime)
             return json_reply(201, {**request, "kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
                                     "status": {"token": token, "expirationTimestamp": expires}})
         if sub == "finalize":

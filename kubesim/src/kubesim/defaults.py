@@ -42,7 +42,20 @@ class Allocator:
         return f"10.244.{n // 250}.{n % 250 + 1}"
 
 
+#: RBAC objects are named by path segment (ValidateRBACName): `system:discovery` is a valid name.
+_PATH_SEGMENT_NAMED = ("roles", "rolebindings", "clusterroles", "clusterrolebindings")
+
+
 def validate_name(kind: Kind, name: str) -> None:
+    if kind.plural in _PATH_SEGMENT_NAMED and kind.group == "rbac.authorization.k8s.io":
+        bad = next((s for s in ("/", "%") if s in name), None)
+        if name in (".", ".."):
+            raise invalid(kind.kind, kind.group, name,
+                          [("metadata.name", f'Invalid value: "{name}": may not be \'{name}\'')])
+        if bad:
+            raise invalid(kind.kind, kind.group, name,
+                          [("metadata.name", f'Invalid value: "{name}": may not contain \'{bad}\'')])
+        return
     if kind.plural in _LABEL_NAMED:
         ok = bool(_LABEL.match(name)) and len(name) <= 63
         message = _LABEL_MESSAGE

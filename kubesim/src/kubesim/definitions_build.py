@@ -38,13 +38,18 @@ TOP_LEVEL = [
     ("V1HorizontalPodAutoscaler", "io.k8s.api.autoscaling.v1.HorizontalPodAutoscaler", "autoscaling", "v1", "HorizontalPodAutoscaler"),
     ("V1CustomResourceDefinition", "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinition", "apiextensions.k8s.io", "v1", "CustomResourceDefinition"),
     ("V1Scale", "io.k8s.api.autoscaling.v1.Scale", "autoscaling", "v1", "Scale"),
+    ("V1Role", "io.k8s.api.rbac.v1.Role", "rbac.authorization.k8s.io", "v1", "Role"),
+    ("V1RoleBinding", "io.k8s.api.rbac.v1.RoleBinding", "rbac.authorization.k8s.io", "v1", "RoleBinding"),
+    ("V1ClusterRole", "io.k8s.api.rbac.v1.ClusterRole", "rbac.authorization.k8s.io", "v1", "ClusterRole"),
+    ("V1ClusterRoleBinding", "io.k8s.api.rbac.v1.ClusterRoleBinding", "rbac.authorization.k8s.io", "v1",
+     "ClusterRoleBinding"),
 ]
 META = {"V1ObjectMeta", "V1ListMeta", "V1OwnerReference", "V1ManagedFieldsEntry", "V1LabelSelector",
         "V1LabelSelectorRequirement", "V1Status", "V1StatusDetails", "V1StatusCause",
         "V1DeleteOptions", "V1Preconditions", "V1Condition"}
 PACKAGES = {"": "io.k8s.api.core", "apps": "io.k8s.api.apps", "batch": "io.k8s.api.batch",
             "discovery.k8s.io": "io.k8s.api.discovery", "networking.k8s.io": "io.k8s.api.networking",
-            "autoscaling": "io.k8s.api.autoscaling",
+            "autoscaling": "io.k8s.api.autoscaling", "rbac.authorization.k8s.io": "io.k8s.api.rbac",
             "apiextensions.k8s.io": "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions"}
 _PREFIX = re.compile(r"^(?:[A-Z][a-z]+)?(V\d+(?:alpha\d+|beta\d+)?)(.+)$")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -125,6 +125,7 @@ async def serve_kubesim(
     clock: Clock | None = None,
     spdy: bool | None = None,
     port_forward_websocket: bool = True,
+    objects: Sequence[dict[str, Any]] = (),
     task_status: trio.TaskStatus[KubeSim] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled (or `KubeSim.stop()`); `task_status.started(sim)` once listening.
@@ -134,12 +135,15 @@ async def serve_kubesim(
     the switch `KUBESIM_SPDY` (on unless `0`). Off, SPDY upgrades get a 400 saying so.
     `port_forward_websocket=False` answers kubectl's WebSocket port-forward as an API server
     without the tunnel (before PortForwardWebsockets, 1.30) does, so kubectl falls back to SPDY.
+    `objects`: manifests created before the server listens (RBAC bindings, namespaces, ...), as a
+    cluster's add-on manifests are.
     """
     clock = clock or Clock()
     install(clock)  # this task's context: the HTTP side and the controllers started below
     if spdy is None:
         spdy = hyperraw.enabled_by_environment()
     store = store or Store()
+    store.create_objects(objects)
     controllers = Controllers(store, tick=controller_tick, root_ca=ca_pem,
                               restart_backoff=restart_backoff, clock=clock)
     requests: list[RecordedRequest] = []

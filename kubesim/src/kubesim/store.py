@@ -16,14 +16,14 @@ import json
 import random
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import attrs
 import trio
 
-from kubesim import conversion, errors
+from kubesim import conversion, errors, rbac
 from kubesim.defaults import Allocator, apply_defaults, validate, validate_name
 from kubesim.resources import Kind, Registry
 from kubesim.selectors import Predicate
@@ -154,6 +154,17 @@ class Store:
         self._changed = trio.Event()
         for name in SYSTEM_NAMESPACES:
             self.create(self.kind("", "namespaces"), None, {"metadata": {"name": name}})
+        rbac.bootstrap(self)
+
+    def create_objects(self, objects: Iterable[dict[str, Any]]) -> None:
+        """Create manifest objects (apiVersion and kind name the resource), as `kubectl create -f`."""
+        for obj in objects:
+            kind = self.registry.by_kind(str(obj.get("apiVersion", "")), str(obj.get("kind", "")))
+            if kind is None or kind.virtual:
+                raise errors.bad_request(f'no kind "{obj.get("kind")}" is registered for version '
+                                         f'"{obj.get("apiVersion")}"')
+            namespace = (obj.get("metadata") or {}).get("namespace") or "default" if kind.namespaced else None
+            self.create(kind, namespace, obj)
 
     # -- lookups -------------------------------------------------------------------------------
 
