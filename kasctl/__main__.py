@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from kasctl import kubeconfig, proxy, tokens
+from kasctl import env, kubeconfig, proxy, tokens
 from kasctl.stack import (
     APP_PROJECT,
     CONTEXT,
@@ -151,13 +151,15 @@ def _ci_lines(stack: Stack) -> str:
     job = stack.dir / "job.kubeconfig"
     return (
         f"CI jobs: the demo agent lets in {APP_PROJECT}'s jobs in review/* environments (each in a namespace\n"
-        f"of its own, acting as the job); {OTHER_PROJECT}'s jobs are refused (docs/authorization.md).\n"
+        f"kasd makes for it, acting as the job); {OTHER_PROJECT}'s jobs are refused (docs/authorization.md).\n"
         f"  export KASCTL_SIGNING_KEY_FILE={stack.auth.keys.private} KASCTL_API_URL={stack.api_url} \\\n"
         f"         KASCTL_PROXY_URL={stack.proxy_url} KASCTL_CA_FILE={stack.ca_file}\n"
         f"  export CI_JOB_TOKEN=$({kasctl} token ci --project {APP_PROJECT} --job-id 7 --pipeline-id 3 --user demo "
         f"--ref feat-x --environment review/feat-x --ttl 1h)\n"
         f"  {kasctl} kubeconfig > {job}   # one context: {CONTEXT}, namespace review-review-feat-x-…\n"
         f"  kubectl --kubeconfig {job} auth whoami   # gitlab:ci_job:7 and its groups\n"
+        f"  kubectl --kubeconfig {job} create deployment web --image=nginx   # its namespace, made on first use\n"
+        f"  {kasctl} env stop --project {APP_PROJECT} --environment review/feat-x   # deletes what kasd made for it\n"
         f"  CI_JOB_TOKEN=$({kasctl} token ci --project {OTHER_PROJECT} --job-id 8 --pipeline-id 3 --user demo --ref main "
         f"--ttl 1h) {kasctl} kubeconfig   # refused: no contexts\n"
     )
@@ -239,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="agentd pods (default: 1, or 2 with --replicas > 1)")
     tokens.add_commands(commands)
     kubeconfig.add_command(commands)
+    env.add_command(commands)
     proxy.add_command(commands)
     args = parser.parse_args(argv)
     if args.command == "demo" and args.agentd_replicas is None:
@@ -251,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         return kubeconfig.run(args)
     if args.command == "proxy":
         return proxy.run(args)
+    if args.command == "env":
+        return env.run(args)
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover
     return 2
 

@@ -4,8 +4,8 @@ It asks kasd's REST API (``GET /api/v4/job/allowed_agents`` with a ``Job-Token``
 GitLab's own kubeconfig generation makes) and writes what GitLab writes for a job — one cluster (the
 Kubernetes API proxy, with its CA), one user per agent (``agent:<id>``, token ``ci:<id>:<job token>``)
 and one context per agent named ``<config project path>:<agent name>`` — and, unlike GitLab (their
-issue 521125), each context selects the namespace the job works in: a ``rules:`` namespace, else the
-entry's ``default_namespace``. Agents the job may not use are not there at all.
+issue 521125), each context selects the namespace the job works in: its managed namespace (which kasd
+creates on the job's first request), else a ``rules:`` namespace, else the entry's ``default_namespace``. Agents the job may not use are not there at all.
 
 The kubeconfig holds the job token: it goes to stdout (for ``> "$KUBECONFIG"``) or, with
 ``--output``, to a new file readable by its owner only. Errors are one line on stderr, exit 1 (kasd
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _setting(value: Any, environ: dict[str, str] | os._Environ[str], variable: str, what: str) -> str:
+def setting(value: Any, environ: dict[str, str] | os._Environ[str], variable: str, what: str) -> str:
     found = value if value is not None else environ.get(variable)
     if not found:
         raise KubeconfigError(f"missing {what}: pass it or set {variable}", 2)
@@ -94,17 +94,10 @@ def _setting(value: Any, environ: dict[str, str] | os._Environ[str], variable: s
 
 
 def kubeconfig_text(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> str:
-    token = _setting(args.job_token, environ, TOKEN_VARIABLE, "--job-token")
-    api = _setting(args.api_url, environ, API_VARIABLE, "--api-url").rstrip("/")
-    server = _setting(args.server, environ, SERVER_VARIABLE, "--server")
-    ca_value = args.certificate_authority or environ.get(CA_VARIABLE)
-    ca = Path(ca_value) if ca_value else None
-    ca_pem: bytes | None = None
-    if ca is not None:
-        try:
-            ca_pem = ca.read_bytes()
-        except OSError as exc:
-            raise KubeconfigError(f"cannot read --certificate-authority {ca}: {exc.strerror or exc}", 2) from None
+    token = setting(args.job_token, environ, TOKEN_VARIABLE, "--job-token")
+    api = setting(args.api_url, environ, API_VARIABLE, "--api-url").rstrip("/")
+    server = setting(args.server, environ, SERVER_VARIABLE, "--server")
+    ca_pem = read_ca(args.certificate_authority or environ.get(CA_VARIABLE))
     for name, url in (("--api-url", api), ("--server", server)):
         if not url.startswith(("https://", "http://")):
             raise KubeconfigError(f"{name} must be an https:// (or http://) URL, got {url!r}", 2)
@@ -113,8 +106,24 @@ def kubeconfig_text(args: argparse.Namespace, environ: dict[str, str] | os._Envi
 
 def allowed_agents(api: str, token: str, ca_pem: bytes | None) -> dict[str, Any]:
     """kasd's answer to ``GET /api/v4/job/allowed_agents`` for ``token``."""
+    return rest_call(api, ALLOWED_AGENTS_PATH, token, ca_pem)
+
+
+def read_ca(ca_value: str | Path | None) -> bytes | None:
+    """The PEM of ``--certificate-authority`` (or ``$KASCTL_CA_FILE``); None for the system's."""
+    if not ca_value:
+        return None
+    try:
+        return Path(ca_value).read_bytes()
+    except OSError as exc:
+        raise KubeconfigError(f"cannot read --certificate-authority {ca_value}: {exc.strerror or exc}", 2) from None
+
+
+def rest_call(api: str, path: str, token: str, ca_pem: bytes | None, *, method: str = "GET") -> dict[str, Any]:
+    """kasd's JSON answer to ``method path`` on its REST API with a ``Job-Token``; ``KubeconfigError``
+    with kasd's own message when it refuses, or saying why it could not be reached."""
     context = ssl.create_default_context(cadata=ca_pem.decode()) if ca_pem else ssl.create_default_context()
-    request = urllib.request.Request(f"{api}{ALLOWED_AGENTS_PATH}", headers={"Job-Token": token,
+    request = urllib.request.Request(f"{api}{path}", method=method, headers={"Job-Token": token,
                                                                             "Accept": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=30, context=context) as response:

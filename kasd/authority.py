@@ -32,6 +32,7 @@ from kasd.authz.agentconfig import AgentConfig, AgentConfigError, agent_config_p
 from kasd.authz.directory import DirectoryError
 from kasd.authz.keys import KeyFileError, KeySet
 from kasd.authz.snapshot import CompiledAgent, Denied, Snapshot, TokenSettings, Verdict, load_agents
+from kasd.authz.templates import TemplateError, templates_dir
 from kasd.config import Agent as ConfigAgent
 from kasd.config import Config, ConfigError, directory_of
 from kasd.metrics import Metrics
@@ -70,12 +71,16 @@ def load_authorization(config: Config, config_file: Path | None) -> Loaded:
         keyset = KeySet.from_pem_files(tokens.public_keys) if tokens.public_keys else None
         if settings.config_root is not None:
             agents, warnings = load_agents(directory, settings.config_root)
-            files += [agent_config_path(settings.config_root, a.config_project, a.name) for a in directory.agents]
+            for a in directory.agents:
+                config_file = agent_config_path(settings.config_root, a.config_project, a.name)
+                templates = templates_dir(config_file)
+                # the directory too: a template added or removed changes its stamp
+                files += [config_file, templates, *(Path(t.source) for t in agents[a.id].templates.values())]
         else:  # GitLab's default for every agent: only its config project's jobs, as the agent
             agents = {a.id: CompiledAgent(config=AgentConfig(source="(no authorization.config_root)"))
                       for a in directory.agents}
             warnings = []
-    except (AgentConfigError, KeyFileError, DirectoryError) as exc:
+    except (AgentConfigError, TemplateError, KeyFileError, DirectoryError) as exc:
         raise LoadError(str(exc)) from None
     snapshot = Snapshot(
         directory=directory,
@@ -124,6 +129,7 @@ def grant_of(verdict: Verdict) -> Grant:
         access_as=decision.access_as or "agent",
         namespace=verdict.namespace,
         environment=verdict.environment,
+        managed=verdict.managed,
     )
 
 

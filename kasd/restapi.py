@@ -1,6 +1,8 @@
 """kasd's REST API port (8153, ``listeners.api``): GitLab's ``GET /api/v4/job/allowed_agents``, which
 a CI job (``Job-Token`` header) asks to learn which agents it may use — what ``kasctl kubeconfig
---job-token`` turns into a kubeconfig. An ASGI app served by hypercorn on kasd's own listeners.
+--job-token`` turns into a kubeconfig — and ``POST /api/v4/projects/:project/environments/:name/stop``,
+which deletes what kasd created for an environment (``kasctl env stop``). An ASGI app served by
+hypercorn on kasd's own listeners.
 
 The fence around hypercorn's internals (checked against hypercorn 0.18; the test
 ``tests/kasd/test_restapi.py::test_the_hypercorn_internals_kasd_relies_on`` names each):
@@ -23,6 +25,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
+from urllib.parse import quote, unquote
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -33,8 +36,18 @@ from hypercorn.utils import wrap_app
 
 from kasd.authz.jobinfo import ALLOWED_AGENTS_PATH, allowed_agents_response
 from kasd.authz.snapshot import Denied, Snapshot
+from kasd.k8sproxy.accesslog import logfmt
+from kasd.managed import Provisioner, ProvisionError
 
 log = logging.getLogger("kasd.api")
+
+#: GitLab's stop call, kasd's form (the environment by name): ``kasctl env stop`` calls it
+STOP_PATH = "/api/v4/projects/{project}/environments/{environment}/stop"
+
+
+def stop_path(project: str, environment: str) -> str:
+    """``STOP_PATH`` for a project path (or id) and environment name, each percent-encoded."""
+    return STOP_PATH.format(project=quote(project, safe=""), environment=quote(environment, safe=""))
 
 #: largest request head hypercorn accepts on this port
 MAX_HEAD_BYTES = 16 * 1024
@@ -51,14 +64,21 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 class RestApi:
     """The ASGI app. ``snapshot()`` is the authorization in force now (reloads included)."""
 
-    def __init__(self, snapshot: Callable[[], Snapshot], clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, snapshot: Callable[[], Snapshot], provisioner: Provisioner | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self._snapshot = snapshot
+        self._provisioner = provisioner
         self._clock = clock
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # (no lifespan: served without hypercorn's worker)
             return
-        status, body = self.answer(scope["method"], scope["path"], _header(scope, b"job-token"))
+        job_token = _header(scope, b"job-token")
+        stop = _stop_path(bytes(scope.get("raw_path") or scope["path"].encode()))
+        if stop is not None:
+            status, body = await self.stop_environment(scope["method"], *stop, job_token)
+        else:
+            status, body = self.answer(scope["method"], scope["path"], job_token)
         payload = json.dumps(body, separators=(",", ":")).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
@@ -79,6 +99,53 @@ class RestApi:
         except Denied as exc:
             return 401, {"message": f"401 Unauthorized: {exc.message}"}
         return 200, allowed_agents_response(snapshot, claims, allowed)
+
+
+    async def stop_environment(self, method: str, project: str, environment: str,
+                               job_token: str | None) -> tuple[int, dict[str, Any]]:
+        """``POST /api/v4/projects/:project/environments/:environment/stop`` (GitLab's stop call, with
+        the environment's name where GitLab has its id): what kasd created for the environment on
+        every agent the job may use is deleted per ``delete_resources``. The job token must be one
+        of that project's jobs for that environment: the stop job's own ``CI_JOB_TOKEN``."""
+        if method != "POST":
+            return 405, {"message": "405 Method Not Allowed"}
+        if not job_token:
+            return 401, {"message": "401 Unauthorized: send the stop job's CI job token in a Job-Token header"}
+        snapshot = self._snapshot()
+        try:
+            claims, allowed = snapshot.allowed_agents(job_token, now=self._clock())
+        except Denied as exc:
+            return 401, {"message": f"401 Unauthorized: {exc.message}"}
+        known = snapshot.directory.project(claims.project)
+        if known is None or project.lower() not in (known.path.lower(), str(known.id)):
+            return 403, {"message": f"403 Forbidden: the job token is for project {claims.project}, not {project}"}
+        if claims.environment != environment:
+            return 403, {"message": f"403 Forbidden: the job token is for environment {claims.environment!r}, "
+                                    f"not {environment!r}"}
+        agents = []
+        for verdict in allowed:
+            plan = verdict.managed
+            if plan is None or self._provisioner is None:
+                continue
+            try:
+                report = await self._provisioner.stop(plan)
+            except ProvisionError as exc:
+                return 502, {"message": f"502 Bad Gateway: {exc.message}"}
+            agents.append({"id": plan.agent_id, "namespace": plan.namespace, "delete_resources": plan.delete_resources,
+                           "deleted": list(report.deleted), "kept": list(report.kept), "absent": list(report.absent)})
+        log.info("environment stopped project=%s environment=%s job_id=%d agents=%s", claims.project,
+                 logfmt(environment), claims.job_id, ",".join(str(a["id"]) for a in agents) or "-")
+        return 200, {"project": claims.project, "environment": environment, "agents": agents}
+
+
+def _stop_path(raw_path: bytes) -> tuple[str, str] | None:
+    """(project, environment) of ``/api/v4/projects/<project>/environments/<environment>/stop``,
+    each percent-decoded (``group%2Fapp``, ``review%2Ffeat``); None for any other path."""
+    parts = raw_path.decode("latin-1").split("?", 1)[0].split("/")
+    if len(parts) != 8 or parts[:4] != ["", "api", "v4", "projects"] or parts[5] != "environments" \
+            or parts[7] != "stop" or not parts[4] or not parts[6]:
+        return None
+    return unquote(parts[4]), unquote(parts[6])
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -111,4 +178,4 @@ async def serve_api(app: RestApi, listeners: Sequence[trio.abc.Listener[trio.abc
     await trio.serve_listeners(handler, list(listeners), task_status=task_status)  # type: ignore[arg-type]
 
 
-__all__ = ["ALLOWED_AGENTS_PATH", "RestApi", "serve_api"]
+__all__ = ["ALLOWED_AGENTS_PATH", "STOP_PATH", "RestApi", "serve_api", "stop_path"]

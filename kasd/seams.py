@@ -7,7 +7,7 @@ registry (``routing.local.LocalRouter``); CI authorization and the replicated ``
 plug in here without touching a protocol front end. Tests inject fakes.
 
 May import: ``wire`` (a router answers with a logical stream), ``routing.errors`` (its failures),
-``tunnelhttp`` (impersonation), the
+``tunnelhttp`` (impersonation), ``kasd.authz`` (pure values: a grant's managed resources), the
 standard library, attrs. Never the proxy, a front end or a listener.
 """
 
@@ -17,6 +17,7 @@ from typing import Protocol
 
 import attrs
 
+from kasd.authz.templates import ManagedResources
 from routing.errors import (
     AgentNotConnected,
     NoFreeStream,
@@ -62,6 +63,8 @@ class Grant:
     namespace: str | None = None
     #: the CI job's environment, if any
     environment: str | None = None
+    #: what must exist before the request goes on (a managed namespace): ``kasd.managed`` applies it
+    managed: ManagedResources | None = None
 
     @property
     def client_may_impersonate(self) -> bool:

@@ -25,6 +25,7 @@ from kasd.authority import CiAuthority, config_loader
 from kasd.config import Config, ConfigError, Listener
 from kasd.k8sproxy.pipeline import DROPPED, RequestPipeline
 from kasd.k8sproxy.server import ProxyServer, configure_alpn
+from kasd.managed import AgentClient, Provisioner
 from kasd.metrics import Metrics
 from kasd.observability import Health, ObservabilityServer
 from kasd.replicas import (
@@ -194,10 +195,13 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
     # ``reread``: kasd's configuration read again (its file, environment and flags), for reloads;
     # without it (tests) a reload reads the agents' config.yaml and key files again only.
     authority = CiAuthority(config_loader(reread or (lambda: (config, None)), running=config), metrics)
+    # Managed namespaces go through the same router as the jobs' requests, as the agent itself.
+    provisioner = Provisioner(AgentClient(router))
     pipeline = RequestPipeline(
         authority, router, metrics,
         dropped_headers=DROPPED.also(config.kubernetes_api.strip_request_headers),
         max_requests_per_principal=config.kubernetes_api.max_requests_per_principal,
+        provisioner=provisioner,
     )
     # The proxy's HTTP/2 reset budget per source; a source that spent it is turned away at accept
     # until it refills (its next connection would cost a TLS handshake, then end at its first reset).
@@ -312,7 +316,7 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
         await nursery.start(trio.serve_listeners, proxy.handle_connection, proxy_listeners)
         nursery.start_soon(authority.watch)
         if api_listeners:
-            await nursery.start(serve_api, RestApi(lambda: authority.snapshot), api_listeners)
+            await nursery.start(serve_api, RestApi(lambda: authority.snapshot, provisioner), api_listeners)
         observability = ObservabilityServer(health, metrics, max_connections=config.observability.max_connections)
         await nursery.start(trio.serve_listeners, observability.handle_connection, obs_listeners)
         health.ready = True

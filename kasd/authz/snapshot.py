@@ -20,9 +20,15 @@ from typing import Literal, TypeVar
 
 import attrs
 
-from kasd.authz.agentconfig import AgentConfig, AgentConfigError, CiAccessEntry, load_agent_config
-from kasd.authz.civars import JobFacts, ci_variables
-from kasd.authz.directory import Directory
+from kasd.authz.agentconfig import (
+    AgentConfig,
+    AgentConfigError,
+    CiAccessEntry,
+    agent_config_path,
+    load_agent_config,
+)
+from kasd.authz.civars import JobFacts, ci_variables, guess_environment_tier
+from kasd.authz.directory import Directory, Project
 from kasd.authz.jobtokens import (
     DEFAULT_AUDIENCE,
     DEFAULT_ISSUER,
@@ -36,7 +42,16 @@ from kasd.authz.jobtokens import (
 from kasd.authz.keys import KeySet
 from kasd.authz.policy import Decision, Job, authorize_job, authorize_user
 from kasd.authz.rules import Rule, compile_rules, first_match
-from kasd.authz.slugs import environment_slug
+from kasd.authz.slugs import environment_slug, ref_slug
+from kasd.authz.templates import (
+    BUILTIN,
+    EnvironmentTemplate,
+    ManagedResources,
+    load_templates,
+    render,
+    rules_objects,
+    templates_dir,
+)
 
 _Claims = TypeVar("_Claims", JobClaims, PersonalClaims)
 
@@ -75,6 +90,12 @@ class CompiledAgent:
     config: AgentConfig
     #: by entry: (kind, id) → its compiled rules; an entry without rules has none here
     rules: Mapping[tuple[str, str | None], tuple[Rule, ...]] = attrs.field(factory=dict)
+    #: ``environment_templates/<name>.yaml`` by name (``default`` replaces the built-in one)
+    templates: Mapping[str, EnvironmentTemplate] = attrs.field(factory=dict)
+
+    def template(self) -> EnvironmentTemplate:
+        """The template ``resource_management`` applies: the agent's ``default.yaml``, else the built-in."""
+        return self.templates.get("default", BUILTIN)
 
 
 @attrs.frozen(kw_only=True)
@@ -92,11 +113,14 @@ class Verdict:
     user: str | None = None
     #: the token's expiry (seconds since the epoch): a cached verdict is good until then
     expires_at: int
+    #: what kasd creates before the job's first request through the agent (a managed namespace)
+    managed: ManagedResources | None = None
 
 
 def load_agents(directory: Directory, config_root: Path) -> tuple[dict[int, CompiledAgent], list[str]]:
-    """Every agent's configuration, from ``<config_root>/<project>/.gitlab/agents/<name>/config.yaml``;
-    ``AgentConfigError`` for the first file that cannot be used; the warnings to log once."""
+    """Every agent's configuration, from ``<config_root>/<project>/.gitlab/agents/<name>/config.yaml``
+    and its ``environment_templates/*.yaml``; ``AgentConfigError`` or ``TemplateError`` for the first
+    file that cannot be used; the warnings to log once."""
     agents: dict[int, CompiledAgent] = {}
     warnings: list[str] = []
     for agent in directory.agents:
@@ -118,8 +142,21 @@ def load_agents(directory: Directory, config_root: Path) -> tuple[dict[int, Comp
                     if exc.mark is None:  # name the file at least
                         raise AgentConfigError(f"{config.source}: {exc}", key=exc.key, problem=exc.problem) from None
                     raise
-        agents[agent.id] = CompiledAgent(config=config, rules=rules)
+        config_file = agent_config_path(config_root, agent.config_project, agent.name)
+        agents[agent.id] = CompiledAgent(config=config, rules=rules,
+                                         templates=load_templates(templates_dir(config_file)))
     return agents, warnings
+
+
+def _own_groups(decision: Decision, project: Project, slug: str) -> list[str]:
+    """The groups of a job acting as itself that a rules namespace's RoleBinding names: the job's
+    environment (``ci_job``), or its project; a ``ci_user`` job's developer role in the project
+    (held by maintainers and owners too: role groups list every lower role)."""
+    if decision.access_as == "ci_job":
+        return [f"gitlab:project_env:{project.id}:{slug}" if slug else f"gitlab:project:{project.id}"]
+    if decision.access_as == "ci_user":
+        return [f"gitlab:project_role:{project.id}:developer"]
+    return []  # the agent itself, or an identity the agent's config names: their RBAC is the operator's
 
 
 @attrs.frozen(kw_only=True)
@@ -181,9 +218,10 @@ class Snapshot:
             raise Denied(403, f"forbidden: {decision.reason}", principal=principal)
         namespace = decision.default_namespace
         rules = compiled.rules.get((decision.entry_kind or "", decision.entry_id))
+        project = self.directory.project(claims.project)
+        assert project is not None  # authorize_job found it
+        rules_namespace: str | None = None
         if rules:
-            project = self.directory.project(claims.project)
-            assert project is not None  # authorize_job found it
             facts = JobFacts(
                 project_path=project.path, project_id=project.id, namespace=project.namespace,
                 ref=claims.ref, tag=claims.ref_type == "tag", protected=claims.protected,
@@ -198,9 +236,47 @@ class Snapshot:
                 raise Denied(403, f"forbidden: agent {agent_id} does not allow this job: {entry}: {match.reason}",
                              principal=principal)
             if match.namespace is not None:
-                namespace = match.namespace
+                namespace = rules_namespace = match.namespace
+        managed = self._managed(compiled, decision, claims, project, rules_namespace)
+        if managed is not None and managed.namespace is not None:
+            namespace = managed.namespace
         return Verdict(decision=decision, kind="ci", namespace=namespace, environment=claims.environment,
-                       job=claims, expires_at=claims.stamp.expires_at)
+                       job=claims, expires_at=claims.stamp.expires_at, managed=managed)
+
+    def _managed(self, compiled: CompiledAgent, decision: Decision, claims: JobClaims, project: Project,
+                 rules_namespace: str | None) -> ManagedResources | None:
+        """What kasd creates for this job: GitLab's form (``resource_management`` on a ``ci_job``
+        entry, for a job with an environment: the agent's template) or the rules form (the namespace
+        a rule resolved to); None when neither applies."""
+        gitlab_form = decision.resource_management and decision.access_as == "ci_job" and claims.environment
+        if not gitlab_form and rules_namespace is None:
+            return None
+        agent = self.directory.agent(decision.agent_id)
+        assert agent is not None  # authorize_job found it
+        slug = environment_slug(claims.environment) if claims.environment is not None else ""
+        user = self.directory.user(claims.user)
+        variables: dict[str, str | int] = {
+            "agent.id": agent.id, "agent.name": agent.name, "agent.url": "",
+            "environment.id": "", "environment.name": claims.environment or "", "environment.slug": slug,
+            "environment.url": "", "environment.page_url": "",
+            "environment.tier": (claims.environment_tier or guess_environment_tier(claims.environment))
+            if claims.environment is not None else "",
+            "project.id": project.id, "project.slug": ref_slug(project.path), "project.path": project.path,
+            "project.url": "", "ci_pipeline.id": claims.pipeline_id, "ci_job.id": claims.job_id,
+            "user.id": user.id if user is not None and user.id is not None else "", "user.username": claims.user,
+        }
+        if gitlab_form:
+            template = compiled.template()
+        else:
+            assert rules_namespace is not None
+            template = rules_objects(rules_namespace, _own_groups(decision, project, slug))
+        objects = render(template, variables)
+        names = [o["metadata"]["name"] for o in objects if o.get("kind") == "Namespace" and o.get("apiVersion") == "v1"]
+        return ManagedResources(
+            agent_id=agent.id, project_id=project.id, environment=claims.environment, slug=slug,
+            source="rules" if not gitlab_form else f"resource_management (template {template.name})",
+            namespace=names[0] if names else rules_namespace, objects=tuple(objects),
+            delete_resources=template.delete_resources)
 
     def allowed_agents(self, secret: str, *, now: float) -> tuple[JobClaims, list[Verdict]]:
         """The job a token proves, and every agent it may use (in agent id order); ``Denied`` (401)

@@ -15,14 +15,18 @@ Every rendered object gets GitLab's tracking labels (``agent.gitlab.com/id-<agen
 annotation (a JSON object describing the environment), plus kasd's own
 ``kasd.gitlab-agent.io/managed-by: kasd`` label: kasd deletes only what carries it.
 
-Not yet wired into the proxy: nothing applies these objects (docs/authorization.md, status).
+``ManagedResources`` is what one job's verdict asks kasd to create before its first request through
+an agent: the objects rendered for its environment (GitLab's form: ``resource_management`` and a
+template) or the namespace a ``rules:`` entry resolved to (``rules_objects``). ``kasd.managed``
+applies and deletes them; this module only decides what they are.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import attrs
@@ -30,8 +34,9 @@ import yaml
 
 from kasd.authz.agentconfig import compose_yaml
 
-__all__ = ["DEFAULT_TEMPLATE", "KINDS", "MANAGED_BY", "VARIABLES", "EnvironmentTemplate", "TemplateError",
-           "parse_template", "render"]
+__all__ = ["BUILTIN", "DEFAULT_TEMPLATE", "KINDS", "MANAGED_BY", "VARIABLES", "EnvironmentTemplate",
+           "ManagedResources", "TemplateError", "load_templates", "parse_template", "render", "rules_objects",
+           "templates_dir"]
 
 #: GitLab's variables (docs: "Template variables"), by ``category.field``
 VARIABLES = frozenset({
@@ -171,15 +176,19 @@ def _substitute(value: Any, variables: Mapping[str, str]) -> Any:
 
 def render(template: EnvironmentTemplate, variables: Mapping[str, str | int]) -> list[dict[str, Any]]:
     """The objects for one environment: ``variables`` by ``category.field`` (all of ``VARIABLES``),
-    substituted, with GitLab's labels and annotation and kasd's mark added."""
+    substituted, with GitLab's labels and annotation and kasd's mark added. Without an environment
+    (``environment.slug`` empty: a rules namespace of a job that deploys nowhere) only the agent's
+    and project's labels and kasd's mark are added."""
     missing = VARIABLES - set(variables)
     if missing:
         raise ValueError(f"variables missing: {', '.join(sorted(missing))}")
     values = {k: str(v) for k, v in variables.items()}
     slug, project, agent = values["environment.slug"], values["project.id"], values["agent.id"]
     env_key = f"agent.gitlab.com/env-{slug}-{project}-{agent}"
-    labels = {f"agent.gitlab.com/id-{agent}": "", f"agent.gitlab.com/project_id-{project}": "", env_key: "",
-              f"agent.gitlab.com/environment_slug-{slug}": "", MANAGED_BY[0]: MANAGED_BY[1]}
+    labels = {f"agent.gitlab.com/id-{agent}": "", f"agent.gitlab.com/project_id-{project}": "",
+              MANAGED_BY[0]: MANAGED_BY[1]}
+    if slug:
+        labels |= {env_key: "", f"agent.gitlab.com/environment_slug-{slug}": ""}
     annotation = json.dumps({
         "environment_id": values["environment.id"], "environment_name": values["environment.name"],
         "environment_slug": slug, "environment_url": values["environment.url"],
@@ -193,6 +202,72 @@ def render(template: EnvironmentTemplate, variables: Mapping[str, str | int]) ->
         obj = _substitute(raw, values)
         metadata = obj.setdefault("metadata", {})
         metadata["labels"] = {**(metadata.get("labels") or {}), **labels}
-        metadata["annotations"] = {**(metadata.get("annotations") or {}), env_key: annotation}
+        if slug:
+            metadata["annotations"] = {**(metadata.get("annotations") or {}), env_key: annotation}
         out.append(obj)
     return out
+
+
+#: the built-in template, used where an agent has no ``environment_templates/default.yaml``
+BUILTIN = parse_template(DEFAULT_TEMPLATE, "(built-in default template)", "default")
+
+
+def templates_dir(agent_config_file: Path) -> Path:
+    """``.gitlab/agents/<agent>/environment_templates`` beside the agent's config.yaml."""
+    return agent_config_file.parent / "environment_templates"
+
+
+def load_templates(directory: Path) -> dict[str, EnvironmentTemplate]:
+    """Every ``<name>.yaml`` of an agent's ``environment_templates`` (none if there is no such
+    directory); ``TemplateError`` for the first that cannot be used."""
+    try:
+        paths = sorted(p for p in directory.iterdir() if p.suffix == ".yaml" and p.is_file())
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise TemplateError(f"{directory}: cannot read: {exc.strerror or exc}") from None
+    templates = {}
+    for path in paths:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TemplateError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+        templates[path.stem] = parse_template(text, str(path), path.stem)
+    return templates
+
+
+@attrs.frozen(kw_only=True)
+class ManagedResources:
+    """The objects kasd creates for one job's environment (or rules namespace) on one agent, before
+    the job's first request through it, and deletes (``delete_resources: on_stop``) when the
+    environment stops. Equal plans are the same work: ``key`` names it."""
+
+    agent_id: int
+    project_id: int
+    #: the environment's name and slug ("" and None for a rules namespace without environment)
+    environment: str | None
+    slug: str
+    #: ``resource_management`` (a template's name) or ``rules`` (the namespace a rule resolved to)
+    source: str
+    #: the namespace the job's kubeconfig context selects
+    namespace: str | None
+    objects: tuple[Mapping[str, Any], ...] = attrs.field(hash=False, eq=False)
+    delete_resources: Literal["on_stop", "never"] = "on_stop"
+
+    @property
+    def key(self) -> tuple[int, int, str, str]:
+        return (self.agent_id, self.project_id, self.slug, self.namespace or "")
+
+
+def rules_objects(namespace: str, subjects: Sequence[str]) -> EnvironmentTemplate:
+    """The rules form as a template: the namespace a rule resolved to and, when the job acts as
+    itself (``ci_job``/``ci_user``), a RoleBinding of ``admin`` in it for ``subjects`` (groups)."""
+    objects: list[Mapping[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}]
+    if subjects:
+        objects.append({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "gitlab-job-access", "namespace": namespace},
+            "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": s} for s in subjects],
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
+        })
+    return EnvironmentTemplate(name="rules", source="(a rules: namespace)", objects=tuple(objects))

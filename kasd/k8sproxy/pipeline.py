@@ -30,6 +30,7 @@ from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Exchange
 from kasd.k8sproxy.principals import PrincipalRequests
 from kasd.k8sproxy.requestinfo import request_info
 from kasd.k8sproxy.status import ProxyError, status_body, status_headers
+from kasd.managed import Provisioner, ProvisionError
 from kasd.metrics import Metrics
 from kasd.seams import (
     AccessDenied,
@@ -158,9 +159,12 @@ class RequestPipeline:
     def __init__(
         self, authority: Authority, router: Router, metrics: Metrics, *, drain: Drain | None = None,
         dropped_headers: DroppedHeaders = DROPPED, max_requests_per_principal: int = MAX_REQUESTS_PER_PRINCIPAL,
+        provisioner: Provisioner | None = None,
     ) -> None:
         self.authority = authority
         self.router = router
+        #: creates a grant's managed namespace before its first request goes on
+        self.provisioner = provisioner
         self.metrics = metrics
         self.dropped_headers = dropped_headers
         #: requests each token has open (authorized, not yet over), capped
@@ -223,6 +227,11 @@ class RequestPipeline:
             if impersonate is not None:
                 record.as_user, record.as_groups = impersonate.user, impersonate.groups
             self._hold_principal_slot(principal, grant, held)
+            if grant.managed is not None and self.provisioner is not None:
+                try:
+                    await self.provisioner.ensure(grant.managed, request_id=record.request_id)
+                except ProvisionError as exc:
+                    raise ProxyError(exc.status, exc.message) from None
             head = RequestHead(
                 method=request.method,
                 target=request.target,

@@ -9,12 +9,14 @@ import json
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import pytest
 import yaml
 
 from kasctl.stack import AGENT_ID, AGENT_NAME, APP_PROJECT, CONFIG_PROJECT, OTHER_PROJECT, Stack
+from kasd.authz.slugs import environment_slug
 from tests.e2e.conftest import KUBECTL_CAP
 
 pytestmark = pytest.mark.timeout(120)
@@ -36,22 +38,54 @@ def _kubectl(binary: str, config: object, *args: str, tmp: Path) -> subprocess.C
                           timeout=KUBECTL_CAP)
 
 
-def test_an_allowed_job_works_from_its_kubeconfig_as_the_job(stack: Stack, kubectl_bin: str, tmp_path: Path) -> None:
+def test_an_allowed_job_works_in_its_managed_namespace_until_the_environment_stops(
+        stack: Stack, kubectl_bin: str, tmp_path: Path) -> None:
+    environment = f"review/feat-{zlib.crc32(kubectl_bin.encode()) % 10000}"  # one per kubectl
     token = stack.auth.job_token(APP_PROJECT, job_id=41, pipeline_id=5, user="demo", ref="feat",
-                                    environment="review/feat", environment_tier="development")
+                                 environment=environment, environment_tier="development")
     config = _job_kubeconfig(stack, token)
     (context,) = config["contexts"]  # type: ignore[index]
     assert context["name"] == f"{CONFIG_PROJECT}:{AGENT_NAME}"
     namespace = context["context"]["namespace"]
-    assert namespace.startswith("review-review-feat-")
+    assert namespace == f"review-{environment_slug(environment)}"  # the demo's rule: review-$CI_ENVIRONMENT_SLUG
     whoami = _kubectl(kubectl_bin, config, "auth", "whoami", "-o", "json", tmp=tmp_path)
     assert whoami.returncode == 0, whoami.stderr
     user = json.loads(whoami.stdout)["status"]["userInfo"]
     assert user["username"] == "gitlab:ci_job:41"
-    assert f"gitlab:project_env:3:{namespace.removeprefix('review-')}" in user["groups"]
+    assert f"gitlab:project_env:3:{environment_slug(environment)}" in user["groups"]
     assert "gitlab:project_env_tier:3:development" in user["groups"]
-    listed = _kubectl(kubectl_bin, config, "get", "pods", tmp=tmp_path)  # in its namespace
-    assert listed.returncode == 0, listed.stderr
+    # kasd made the namespace on the job's first request, bound the job's environment to admin in
+    # it (kubesim's RBAC decides from here), and marked it as its own.
+    made = _kubectl(kubectl_bin, config, "create", "deployment", "web", "--image=nginx", tmp=tmp_path)
+    assert made.returncode == 0, made.stderr
+    assert _kubectl(kubectl_bin, config, "get", "deployment", "web", tmp=tmp_path).returncode == 0
+    assert _kubectl(kubectl_bin, config, "auth", "can-i", "create", "rolebindings", tmp=tmp_path).stdout.strip() == "yes"
+    elsewhere = _kubectl(kubectl_bin, config, "-n", "default", "get", "pods", tmp=tmp_path)
+    assert elsewhere.returncode == 1
+    assert ('Error from server (Forbidden): pods is forbidden: User "gitlab:ci_job:41" cannot list resource '
+            '"pods" in API group "" in the namespace "default"') in elsewhere.stderr
+    admin = [kubectl_bin, "--kubeconfig", str(stack.kubeconfig)]  # the demo project's job: cluster-admin
+    labels = json.loads(subprocess.run([*admin, "get", "namespace", namespace, "-o", "json"], capture_output=True,
+                                       text=True, timeout=KUBECTL_CAP, check=True).stdout)["metadata"]["labels"]
+    assert labels["kasd.gitlab-agent.io/managed-by"] == "kasd"
+    # The stop job (GitLab's environment: action: stop) stops it: kasd deletes what it made.
+    stop_token = stack.auth.job_token(APP_PROJECT, job_id=42, pipeline_id=5, user="demo", ref="feat",
+                                      environment=environment)
+    env = {"CI_JOB_TOKEN": stop_token, "CI_PROJECT_PATH": APP_PROJECT, "CI_ENVIRONMENT_NAME": environment,
+           "KASCTL_API_URL": stack.api_url, "KASCTL_CA_FILE": str(stack.ca_file), "PATH": "/usr/bin:/bin"}
+    stopped = subprocess.run([sys.executable, "-m", "kasctl", "env", "stop"], capture_output=True, text=True,
+                             timeout=60, env=env)
+    assert stopped.returncode == 0, stopped.stderr
+    assert f"deleted  RoleBinding {namespace}/gitlab-job-access" in stopped.stdout
+    assert f"deleted  Namespace {namespace}" in stopped.stdout
+    gone = subprocess.run([*admin, "get", "deployment", "web", "-n", namespace], capture_output=True, text=True,
+                          timeout=KUBECTL_CAP)
+    assert "NotFound" in gone.stderr, gone.stderr
+    denied = subprocess.run([sys.executable, "-m", "kasctl", "env", "stop"], capture_output=True, text=True,
+                            timeout=60, env={**env, "CI_ENVIRONMENT_NAME": "review/other"})
+    assert denied.returncode == 1
+    assert "kasd refused (403): 403 Forbidden: the job token is for environment" in denied.stderr
+    assert stop_token not in denied.stderr
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,7 @@ PRINTED = [
     f"kubectl apply -f {MANIFEST}",
     f"kubectl delete -f {MANIFEST}",
     "kubectl --kubeconfig {job} auth whoami",  # in the CI block, run as a whole below
+    "kubectl --kubeconfig {job} create deployment web --image=nginx",
 ]
 
 
@@ -66,12 +67,13 @@ def test_every_printed_command_works_and_ctrl_c_stops_cleanly(tmp_path: Path, ku
             return subprocess.run(args(printed), input=stdin, capture_output=True, text=True,
                                   timeout=KUBECTL_CAP, env=env, cwd=REPO)  # fmt: skip
 
-        get_all, get_watch, scale, logs, exec_sh, forward, copy_in, copy_out, apply, delete, _whoami = printed
+        get_all, get_watch, scale, logs, exec_sh, forward, copy_in, copy_out, apply, delete, _whoami, _create = printed
 
-        # The CI block, as a user pastes it into a shell: an allowed job's kubeconfig and whoami, then
-        # a refused job's (no contexts).
+        # The CI block, as a user pastes it into a shell: an allowed job's kubeconfig and whoami, a
+        # Deployment in the namespace kasd made for it, the environment stopped; then a refused
+        # job's kubeconfig (no contexts).
         start = next(i for i, line in enumerate(guide) if line.startswith("CI jobs:"))
-        block = [line.strip() for line in guide[start + 2:] if line.startswith("  ")][:6]
+        block = [line.strip() for line in guide[start + 2:] if line.startswith("  ")][:8]
         script = "set -e\n" + "\n".join(block).replace("\\\n", " ").replace(
             "kubectl --kubeconfig", f"{kubectl_bin} --kubeconfig")
         ci = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
@@ -81,6 +83,9 @@ def test_every_printed_command_works_and_ctrl_c_stops_cleanly(tmp_path: Path, ku
         assert [c["name"] for c in job_config["contexts"]] == ["group/demo:demo"]
         assert job_config["contexts"][0]["context"]["namespace"].startswith("review-review-feat-x-")
         assert "gitlab:ci_job:7" in ci.stdout and "gitlab:project_env:3:review-feat-x-" in ci.stdout, ci.stdout
+        assert "deployment.apps/web created" in ci.stdout, ci.stdout
+        namespace = job_config["contexts"][0]["context"]["namespace"]
+        assert f"deleted  Namespace {namespace}" in ci.stdout, ci.stdout
         refused = yaml.safe_load(ci.stdout[ci.stdout.index("apiVersion"):])
         assert refused["contexts"] == [] and "current-context" not in refused
 

@@ -3,6 +3,7 @@ reloads that replace the whole configuration or, when a file is bad, nothing at 
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from kasd.authority import (
     load_authorization,
     restart_only_changes,
 )
+from kasd.authz.slugs import environment_slug
 from kasd.config import Config, config_from_mapping
 from kasd.metrics import Metrics
 from kasd.seams import AccessDenied, Grant, parse_bearer
@@ -188,3 +190,48 @@ def test_a_reload_names_the_settings_only_a_restart_applies(auth: AuthSetup, cap
     load = config_loader(lambda: (edited, None), running=running)
     load()
     assert "configuration reload: agent_wait_timeout changed; only a restart applies them" in caplog.text
+
+
+MANAGED = ("ci_access:\n  projects:\n    - id: acme/app\n      access_as: {ci_job: {}}\n"
+           "      resource_management: {enabled: true}\n")
+
+
+def _templates(auth: AuthSetup, agent: str) -> Path:
+    directory = auth.agent_config("acme/infra", agent, MANAGED).parent / "environment_templates"
+    directory.mkdir(exist_ok=True)
+    return directory
+
+
+async def test_a_bad_template_changes_nothing_and_says_where(auth: AuthSetup, caplog: pytest.LogCaptureFixture) -> None:
+    templates = _templates(auth, "a1")
+    authority = CiAuthority(_Files(_config(auth)))
+    job = auth.job_token("acme/app", environment="review/x")
+    namespace = f"{environment_slug('review/x')}-11-1"  # the built-in template's
+    assert (await _authorize(authority, f"Bearer ci:1:{job}")).namespace == namespace
+    bad = templates / "default.yaml"
+    bad.write_text("objects:\n  - apiVersion: v1\n    kind: Namespace\n    metadata: {name: '{{ .environment.nam }}'}\n")
+    assert not authority.reload("test")
+    assert f"{bad}:4:22: objects[0].metadata.name: '{{{{ .environment.nam }}}}': unknown variable" in caplog.text
+    assert (await _authorize(authority, f"Bearer ci:1:{job}")).namespace == namespace
+
+
+async def test_a_template_added_is_read_by_the_watch_and_replaces_the_builtin(auth: AuthSetup) -> None:
+    templates = _templates(auth, "a1")
+    files = _Files(_config(auth))
+    authority = CiAuthority(files)
+    job = auth.job_token("acme/app", job_id=3, environment="review/x")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(authority.watch, 0.02)
+        (templates / "default.yaml").write_text(
+            "objects:\n  - apiVersion: v1\n    kind: Namespace\n    metadata: {name: 'app-{{ .ci_job.id }}'}\n"
+            "delete_resources: never\n")
+        with trio.fail_after(5):
+            await authority.wait_reloaded()
+        nursery.cancel_scope.cancel()
+    grant = await _authorize(authority, f"Bearer ci:1:{job}")
+    assert grant.namespace == "app-3"
+    assert grant.managed is not None and grant.managed.delete_resources == "never"
+    assert [o["metadata"]["name"] for o in grant.managed.objects] == ["app-3"]
+    # the kubeconfig's context selects it too (GET /api/v4/job/allowed_agents)
+    _, allowed = authority.snapshot.allowed_agents(job, now=time.time())
+    assert [v.namespace for v in allowed if v.decision.agent_id == 1] == ["app-3"]

@@ -1,0 +1,281 @@
+"""Managed namespaces: what a job's verdict asks to exist (``kasd.authz.templates.ManagedResources``)
+is created through the tunnel, as the agent, before the job's first request; and deleted when the
+environment stops.
+
+- ``AgentClient``: one JSON request to an agent's Kubernetes API over the router (no impersonation:
+  the agent's own service account acts, as GitLab's agentk applies environment templates).
+- ``Provisioner.ensure(plan)``: server-side dry-run of every object first (a namespaced object
+  whose namespace the plan itself creates is checked when created), then create-or-get: 201 made
+  it, 409 means it exists (kasd never adopts an object it did not make). One plan is applied once
+  at a time per replica (a lock per key): concurrent first requests create once, the others wait
+  and go on. A plan applied is remembered for ``RECHECK`` seconds, then checked again (a replica
+  does not hear that another stopped the environment).
+- ``Provisioner.stop(plan)``: per ``delete_resources``, each object (in reverse order) that
+  carries kasd's mark *and* this environment's label is deleted; any other is kept and named.
+
+Each create and delete is an audit line (logger ``kasd.audit``): agent, project, environment,
+kind, namespace, name, outcome. Never a token.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+import attrs
+import trio
+
+from kasd.authz.templates import MANAGED_BY, ManagedResources
+from kasd.k8sproxy.accesslog import logfmt
+from kasd.seams import RouteError, Router
+from tunnelhttp.head import RequestHead, ResponseHead
+from wire.errors import RemoteProtocolError, UnsendableFrameError
+from wire.session import SessionClosedError, StreamRefusedError, StreamResetError
+
+log = logging.getLogger("kasd.audit")
+
+#: seconds a plan applied here is trusted before it is checked again
+RECHECK = 60.0
+#: the most of an answer kasd reads (a Status or one object)
+MAX_ANSWER = 1 << 20
+#: seconds one request to the agent may take
+REQUEST_TIMEOUT = 30.0
+
+
+class ProvisionError(Exception):
+    """The plan could not be applied: ``status`` for the job's answer, ``message`` safe to show."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@attrs.frozen
+class Answer:
+    status: int
+    body: Mapping[str, Any]
+
+    @property
+    def message(self) -> str:
+        return str(self.body.get("message") or f"HTTP {self.status}")
+
+
+class AgentClient:
+    """JSON requests to an agent's Kubernetes API through the tunnel, as the agent itself."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    async def request(self, agent_id: int, method: str, target: str, body: Mapping[str, Any] | None = None) -> Answer:
+        payload = json.dumps(body).encode() if body is not None else b""
+        headers: list[tuple[str, str]] = [("accept", "application/json"), ("user-agent", "kasd/managed-namespaces")]
+        if body is not None:
+            headers += [("content-type", "application/json"), ("content-length", str(len(payload)))]
+        head = RequestHead(method=method, target=target, headers=tuple(headers), impersonate=None,
+                           request_id=os.urandom(16).hex())
+        try:
+            with trio.fail_after(REQUEST_TIMEOUT):
+                stream = await self.router.open_stream(agent_id, head.to_metadata())
+                try:
+                    if payload:
+                        await stream.send_all(payload)
+                    await stream.send_eof()
+                    try:
+                        metadata = await stream.wait_accepted()
+                    except StreamRefusedError as exc:
+                        self.router.report(stream, exc)
+                        raise
+                    self.router.report(stream, None)
+                    answer = ResponseHead.from_metadata(metadata)
+                    data = bytearray()
+                    while chunk := await stream.receive_some(65536):
+                        data += chunk
+                        if len(data) > MAX_ANSWER:
+                            raise ProvisionError(502, f"agent {agent_id} answered {method} {target} with "
+                                                      f"more than {MAX_ANSWER} bytes")
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await stream.aclose()
+        except trio.TooSlowError:
+            raise ProvisionError(504, f"agent {agent_id} did not answer {method} {target} within "
+                                      f"{REQUEST_TIMEOUT:.0f} s") from None
+        except RouteError as exc:
+            raise ProvisionError(exc.status, exc.message) from None
+        except (StreamRefusedError, StreamResetError, SessionClosedError, trio.BrokenResourceError,
+                RemoteProtocolError, UnsendableFrameError) as exc:
+            raise ProvisionError(502, f"tunnel to agent {agent_id} failed: {exc}") from None
+        try:
+            parsed = json.loads(bytes(data)) if data else {}
+        except ValueError:
+            parsed = {}
+        return Answer(status=answer.status, body=parsed if isinstance(parsed, dict) else {})
+
+
+@attrs.frozen(kw_only=True)
+class Resource:
+    """Where one manifest object lives in the API (from its apiVersion, kind and names)."""
+
+    api_version: str
+    kind: str
+    plural: str
+    name: str
+    namespace: str | None
+
+    @property
+    def collection(self) -> str:
+        prefix = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        if self.namespace is not None:
+            return f"{prefix}/namespaces/{quote(self.namespace, safe='')}/{self.plural}"
+        return f"{prefix}/{self.plural}"
+
+    @property
+    def path(self) -> str:
+        return f"{self.collection}/{quote(self.name, safe='')}"
+
+    def describe(self) -> str:
+        where = f"{self.namespace}/" if self.namespace else ""
+        return f"{self.kind} {where}{self.name}"
+
+
+#: kind → (plural, namespaced) for what templates may hold (kasd.authz.templates.KINDS)
+_RESOURCES = {
+    "Namespace": ("namespaces", False), "ServiceAccount": ("serviceaccounts", True),
+    "RoleBinding": ("rolebindings", True),
+    "GitRepository": ("gitrepositories", True), "HelmRepository": ("helmrepositories", True),
+    "HelmChart": ("helmcharts", True), "Bucket": ("buckets", True), "OCIRepository": ("ocirepositories", True),
+    "Kustomization": ("kustomizations", True), "HelmRelease": ("helmreleases", True),
+    "Alert": ("alerts", True), "Provider": ("providers", True), "Receiver": ("receivers", True),
+}
+
+
+def resource_of(obj: Mapping[str, Any]) -> Resource:
+    plural, namespaced = _RESOURCES[str(obj["kind"])]
+    meta = obj.get("metadata") or {}
+    return Resource(api_version=str(obj["apiVersion"]), kind=str(obj["kind"]), plural=plural,
+                    name=str(meta["name"]), namespace=str(meta.get("namespace") or "default") if namespaced else None)
+
+
+def _env_label(plan: ManagedResources) -> str | None:
+    if not plan.slug:
+        return None
+    return f"agent.gitlab.com/env-{plan.slug}-{plan.project_id}-{plan.agent_id}"
+
+
+def _ours(obj: Mapping[str, Any], plan: ManagedResources) -> bool:
+    """kasd made it, for this plan's environment (or, without one, for this project)."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    if labels.get(MANAGED_BY[0]) != MANAGED_BY[1]:
+        return False
+    env = _env_label(plan)
+    if env is not None:
+        return env in labels
+    return f"agent.gitlab.com/project_id-{plan.project_id}" in labels
+
+
+@attrs.frozen(kw_only=True)
+class StopReport:
+    deleted: tuple[str, ...] = ()
+    kept: tuple[str, ...] = ()
+    absent: tuple[str, ...] = ()
+
+
+class Provisioner:
+    """Applies and deletes ``ManagedResources`` through an ``AgentClient``."""
+
+    def __init__(self, client: AgentClient, *, clock: Any = trio.current_time) -> None:
+        self.client = client
+        self._clock = clock
+        self._applied: dict[tuple[int, int, str, str], float] = {}
+        self._locks: dict[tuple[int, int, str, str], trio.Lock] = {}
+
+    def _audit(self, event: str, plan: ManagedResources, resource: Resource, outcome: str, request_id: str = "") -> None:
+        log.info("%s agent=%d project_id=%d environment=%s source=%s kind=%s namespace=%s name=%s outcome=%s%s",
+                 event, plan.agent_id, plan.project_id, logfmt(plan.environment) if plan.environment else "-",
+                 logfmt(plan.source), resource.kind, resource.namespace or "-", logfmt(resource.name), outcome,
+                 f" request_id={request_id}" if request_id else "")
+
+    async def ensure(self, plan: ManagedResources, *, request_id: str = "") -> None:
+        """Make sure ``plan``'s objects exist; ``ProvisionError`` naming the object that failed."""
+        key = plan.key
+        if self._fresh(key):
+            return
+        lock = self._locks.setdefault(key, trio.Lock())
+        try:
+            async with lock:
+                if self._fresh(key):
+                    return  # another request applied it while this one waited
+                await self._apply(plan, request_id)
+                self._applied[key] = self._clock()
+        finally:
+            if not lock.statistics().tasks_waiting and not lock.locked():
+                self._locks.pop(key, None)
+
+    def _fresh(self, key: tuple[int, int, str, str]) -> bool:
+        at = self._applied.get(key)
+        return at is not None and self._clock() - at < RECHECK
+
+    async def _apply(self, plan: ManagedResources, request_id: str) -> None:
+        resources = [(resource_of(obj), obj) for obj in plan.objects]
+        created_here = {r.name for r, _ in resources if r.kind == "Namespace"}
+        for resource, obj in resources:  # server-side dry-run: refuse before changing anything
+            answer = await self.client.request(plan.agent_id, "POST", f"{resource.collection}?dryRun=All", obj)
+            if answer.status in (200, 201, 409):
+                continue
+            if answer.status == 404 and resource.namespace in created_here:
+                continue  # its namespace is made by this plan: checked when created
+            raise ProvisionError(answer.status if answer.status in (400, 403, 422) else 502,
+                                 f"cannot create {resource.describe()} for this job's environment "
+                                 f"(agent {plan.agent_id}, dry run): {answer.message}")
+        for resource, obj in resources:
+            answer = await self.client.request(plan.agent_id, "POST", resource.collection, obj)
+            if answer.status in (200, 201):
+                self._audit("managed resource created", plan, resource, "created", request_id)
+            elif answer.status == 409:
+                self._audit("managed resource created", plan, resource, "exists", request_id)
+            else:
+                self._audit("managed resource created", plan, resource, f"failed:{answer.status}", request_id)
+                raise ProvisionError(answer.status if answer.status in (400, 403, 422) else 502,
+                                     f"cannot create {resource.describe()} for this job's environment "
+                                     f"(agent {plan.agent_id}): {answer.message}")
+
+    async def stop(self, plan: ManagedResources) -> StopReport:
+        """Delete what kasd made for ``plan`` (``delete_resources: on_stop``), never anything else."""
+        self._applied.pop(plan.key, None)
+        deleted: list[str] = []
+        kept: list[str] = []
+        absent: list[str] = []
+        if plan.delete_resources != "on_stop":
+            return StopReport(kept=tuple(resource_of(o).describe() for o in plan.objects))
+        for obj in reversed(plan.objects):
+            resource = resource_of(obj)
+            current = await self.client.request(plan.agent_id, "GET", resource.path)
+            if current.status == 404:
+                absent.append(resource.describe())
+                continue
+            if current.status != 200:
+                raise ProvisionError(502, f"cannot read {resource.describe()} (agent {plan.agent_id}): {current.message}")
+            if not _ours(current.body, plan):
+                kept.append(resource.describe())
+                self._audit("managed resource deleted", plan, resource, "kept:not-made-by-kasd")
+                continue
+            uid = (current.body.get("metadata") or {}).get("uid")
+            options = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background",
+                       **({"preconditions": {"uid": uid}} if uid else {})}
+            answer = await self.client.request(plan.agent_id, "DELETE", resource.path, options)
+            if answer.status in (200, 202):
+                deleted.append(resource.describe())
+                self._audit("managed resource deleted", plan, resource, "deleted")
+            elif answer.status == 404:
+                absent.append(resource.describe())
+            else:
+                self._audit("managed resource deleted", plan, resource, f"failed:{answer.status}")
+                raise ProvisionError(502, f"cannot delete {resource.describe()} (agent {plan.agent_id}): {answer.message}")
+        return StopReport(deleted=tuple(deleted), kept=tuple(kept), absent=tuple(absent))
+
+
+__all__ = ["RECHECK", "AgentClient", "Answer", "ProvisionError", "Provisioner", "Resource", "StopReport", "resource_of"]

@@ -1,0 +1,234 @@
+"""Managed namespaces, applied: before a CI job's first request through an agent, kasd creates the
+objects of its environment's template (or its rules namespace) through the tunnel as the agent —
+dry-run first, create-or-get, once under concurrency — and `POST .../environments/<name>/stop`
+deletes only what kasd made. A real kasd, a real agentd and kubesim (enforcing RBAC) in-process."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from agentd.kubeapi import kubeconfig_target
+from kasctl.authsetup import AuthSetup
+from kasd.authz.slugs import environment_slug
+from kasd.config import config_from_mapping
+from kasd.restapi import stop_path
+from kasd.server import Runtime
+from kasd.tokens import hash_token
+from kubesim.server import KubeSim, open_kubesim
+from tests.agentd.harness import AGENT_TOKEN, SIM_TOKEN, agent_config, running_agent
+from tests.kasd.helpers import Reply, bearer, http_request, running_kasd, wait_sessions
+
+pytestmark = pytest.mark.timeout(30)
+
+ENV = "review/feat-x"
+SLUG = environment_slug(ENV)
+NAMESPACE = f"{SLUG}-42-7"  # the built-in template's {{ .environment.slug }}-{{ .project.id }}-{{ .agent.id }}
+MANAGED = """\
+ci_access:
+  projects:
+    - id: group/app
+      access_as: {ci_job: {}}
+      environments: ["review/*"]
+      resource_management: {enabled: true}
+"""
+
+
+@asynccontextmanager
+async def _stack(tmp_path: Path, agent_yaml: str = MANAGED, templates: dict[str, str] | None = None,
+                 ) -> AsyncIterator[tuple[Runtime, KubeSim, AuthSetup]]:
+    auth = AuthSetup(tmp_path / "auth")
+    config_file = auth.agent_config("group/infra", "prod", agent_yaml)
+    for name, text in (templates or {}).items():
+        (config_file.parent / "environment_templates").mkdir(exist_ok=True)
+        (config_file.parent / "environment_templates" / f"{name}.yaml").write_text(text)
+    config = config_from_mapping({
+        "listeners": {"agent": {"address": "127.0.0.1:0"}, "observability": {"address": "127.0.0.1:0"},
+                      "kubernetes_api": {"address": "127.0.0.1:0"}, "api": {"address": "127.0.0.1:0"}},
+        "agents": [{"id": 7, "name": "prod", "config_project": "group/infra", "token_sha256": hash_token(AGENT_TOKEN)}],
+        "groups": [{"path": "group", "id": 10}],
+        "projects": [{"path": "group/infra", "id": 1}, {"path": "group/app", "id": 42}],
+        **auth.kasd_settings(), "agent_wait_timeout": 5, "shutdown_timeout": 5,
+    })
+    async with open_kubesim(token=SIM_TOKEN, bookmark_interval=3600) as sim, running_kasd(config) as kasd, \
+            trio.open_nursery() as nursery:
+        sim.write_kubeconfig(tmp_path / "kubeconfig")
+        async with running_agent(nursery, agent_config(tmp_path, kasd.agent_url), kubeconfig_target(tmp_path / "kubeconfig")):
+            await wait_sessions(kasd, 7, 1)
+            yield kasd, sim, auth
+        nursery.cancel_scope.cancel()
+
+
+def _job(auth: AuthSetup, environment: str | None = ENV, job_id: int = 5) -> str:
+    return f"ci:7:{auth.job_token('group/app', job_id=job_id, user='alice', environment=environment)}"
+
+
+async def _call(kasd: Runtime, token: str, method: str, target: str, body: dict[str, Any] | None = None) -> Reply:
+    headers = [bearer(token)]
+    payload = b""
+    if body is not None:
+        payload = json.dumps(body).encode()
+        headers.append(("content-type", "application/json"))
+    return await http_request(kasd.port("kubernetes_api"), method, target, headers, payload)
+
+
+def _creates(sim: KubeSim, path: str) -> int:
+    """How many real (not dry-run) creates kubesim served at ``path``."""
+    return sum(1 for r in sim.requests if r.method == "POST" and r.path == path and "dryRun" not in r.query)
+
+
+def _stored(sim: KubeSim, group: str, plural: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+    return sim.store.find(sim.store.kind(group, plural), namespace, name)
+
+
+async def test_concurrent_first_requests_create_the_environment_once_and_the_job_works_in_it(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="kasd.audit")
+    async with _stack(tmp_path) as (kasd, sim, auth):
+        token = _job(auth)
+        answers: list[Reply] = []
+
+        async def one() -> None:
+            answers.append(await _call(kasd, token, "GET", f"/api/v1/namespaces/{NAMESPACE}/pods"))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(12):
+                nursery.start_soon(one)
+        assert [a.status for a in answers] == [200] * 12, [a.body[:200] for a in answers]
+        assert _creates(sim, "/api/v1/namespaces") == 1
+        assert _creates(sim, f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/rolebindings") == 1
+        namespace = _stored(sim, "", "namespaces", None, NAMESPACE)
+        assert namespace is not None
+        labels = namespace["metadata"]["labels"]
+        assert labels["kasd.gitlab-agent.io/managed-by"] == "kasd"
+        for label in ("agent.gitlab.com/id-7", "agent.gitlab.com/project_id-42",
+                      f"agent.gitlab.com/env-{SLUG}-42-7", f"agent.gitlab.com/environment_slug-{SLUG}"):
+            assert labels[label] == ""
+        annotation = json.loads(namespace["metadata"]["annotations"][f"agent.gitlab.com/env-{SLUG}-42-7"])
+        assert annotation["environment_name"] == ENV and annotation["template_name"] == "default"
+        binding = _stored(sim, "rbac.authorization.k8s.io", "rolebindings", NAMESPACE, f"bind-{SLUG}-42-7")
+        assert binding is not None
+        assert binding["subjects"][0]["name"] == f"gitlab:project_env:42:{SLUG}"
+        assert binding["roleRef"]["name"] == "admin"
+        # kubesim's RBAC: the job (ci_job access) is admin in its namespace and nothing elsewhere
+        made = await _call(kasd, token, "POST", f"/api/v1/namespaces/{NAMESPACE}/configmaps",
+                           {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app"}})
+        assert made.status == 201, made.body
+        elsewhere = await _call(kasd, token, "GET", "/api/v1/namespaces/default/configmaps")
+        assert elsewhere.status == 403
+        assert elsewhere.json()["message"] == ('configmaps is forbidden: User "gitlab:ci_job:5" cannot list resource '
+                                               '"configmaps" in API group "" in the namespace "default"')
+    created = [r.getMessage() for r in caplog.records if r.getMessage().startswith("managed resource created")]
+    assert len(created) == 2, created
+    assert all("agent=7 project_id=42 environment=review/feat-x" in line and "outcome=created" in line
+               for line in created), created
+    assert not any(t in line for line in created for t in (token, token.split(":", 2)[2]))
+
+
+async def test_stop_deletes_only_what_kasd_made(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="kasd.audit")
+    template = """\
+objects:
+  - apiVersion: v1
+    kind: Namespace
+    metadata: {name: 'env-{{ .environment.slug }}'}
+  - apiVersion: v1
+    kind: ServiceAccount
+    metadata: {name: deployer, namespace: 'env-{{ .environment.slug }}'}
+  - apiVersion: rbac.authorization.k8s.io/v1
+    kind: RoleBinding
+    metadata: {name: job-edit, namespace: 'env-{{ .environment.slug }}'}
+    subjects: [{kind: Group, apiGroup: rbac.authorization.k8s.io, name: 'gitlab:project_env:{{ .project.id }}:{{ .environment.slug }}'}]
+    roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: edit}
+delete_resources: on_stop
+"""
+    namespace = f"env-{SLUG}"
+    async with _stack(tmp_path, templates={"default": template}) as (kasd, sim, auth):
+        # The namespace exists already (an operator made it): kasd uses it, never adopts it.
+        sim.store.create(sim.store.kind("", "namespaces"), None, {"metadata": {"name": namespace}})
+        token = _job(auth)
+        first = await _call(kasd, token, "GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/deployer")
+        assert first.status == 200, first.body
+        api = kasd.port("api")
+        secret = token.split(":", 2)[2]
+        wrong_env = auth.job_token("group/app", job_id=6, user="alice", environment="review/other")
+        for headers, path, status in (
+            ([], stop_path("group/app", ENV), 401),
+            ([("job-token", wrong_env)], stop_path("group/app", ENV), 403),
+            ([("job-token", secret)], stop_path("group/infra", ENV), 403),
+        ):
+            refused = await http_request(api, "POST", path, headers)
+            assert refused.status == status, refused.body
+        assert _stored(sim, "", "serviceaccounts", namespace, "deployer") is not None  # nothing deleted
+        stopped = await http_request(api, "POST", stop_path("group/app", ENV), [("job-token", secret)])
+        assert stopped.status == 200, stopped.body
+        (agent,) = stopped.json()["agents"]
+        assert agent["id"] == 7 and agent["namespace"] == namespace
+        assert agent["deleted"] == [f"RoleBinding {namespace}/job-edit", f"ServiceAccount {namespace}/deployer"]
+        assert agent["kept"] == [f"Namespace {namespace}"]
+        assert _stored(sim, "", "namespaces", None, namespace) is not None
+        assert _stored(sim, "", "serviceaccounts", namespace, "deployer") is None
+        again = await http_request(api, "POST", stop_path("42", ENV), [("job-token", secret)])
+        assert again.json()["agents"][0]["absent"] == [f"RoleBinding {namespace}/job-edit",
+                                                      f"ServiceAccount {namespace}/deployer"]
+        # The next request of a job in that environment makes them again.
+        assert (await _call(kasd, token, "GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/deployer")).status == 200
+    deleted = [r.getMessage() for r in caplog.records if r.getMessage().startswith("managed resource deleted")]
+    assert any("kind=Namespace" in line and "outcome=kept:not-made-by-kasd" in line for line in deleted), deleted
+
+
+async def test_a_dry_run_refusal_creates_nothing_and_tells_the_job(tmp_path: Path) -> None:
+    template = """\
+objects:
+  - apiVersion: v1
+    kind: ServiceAccount
+    metadata: {name: 'sa-{{ .environment.slug }}', namespace: default}
+  - apiVersion: v1
+    kind: Namespace
+    metadata: {name: 'Not_A_Label-{{ .environment.slug }}'}
+"""
+    async with _stack(tmp_path, templates={"default": template}) as (kasd, sim, auth):
+        answer = await _call(kasd, _job(auth), "GET", "/api/v1/namespaces/default/pods")
+        assert answer.status == 422, answer.body
+        assert answer.json()["message"].startswith(
+            f"cannot create Namespace Not_A_Label-{SLUG} for this job's environment (agent 7, dry run): ")
+        assert _stored(sim, "", "serviceaccounts", "default", f"sa-{SLUG}") is None
+        assert _creates(sim, "/api/v1/namespaces/default/serviceaccounts") == 0
+
+
+async def test_the_rules_form_creates_the_namespace_a_rule_resolved_to(tmp_path: Path) -> None:
+    rules = """\
+ci_access:
+  projects:
+    - id: group/app
+      access_as: {ci_job: {}}
+      rules:
+        - namespace: ci-$CI_PROJECT_ID-$CI_COMMIT_REF_SLUG
+"""
+    async with _stack(tmp_path, agent_yaml=rules) as (kasd, sim, auth):
+        token = _job(auth, environment=None)
+        answer = await _call(kasd, token, "GET", "/api/v1/namespaces/ci-42-main/pods")
+        assert answer.status == 200, answer.body
+        namespace = _stored(sim, "", "namespaces", None, "ci-42-main")
+        assert namespace is not None
+        assert namespace["metadata"]["labels"]["kasd.gitlab-agent.io/managed-by"] == "kasd"
+        binding = _stored(sim, "rbac.authorization.k8s.io", "rolebindings", "ci-42-main", "gitlab-job-access")
+        assert binding is not None and binding["subjects"][0]["name"] == "gitlab:project:42"
+        assert (await _call(kasd, token, "GET", "/api/v1/namespaces/default/pods")).status == 403
+
+
+async def test_jobs_without_an_environment_or_resource_management_create_nothing(tmp_path: Path) -> None:
+    plain = "ci_access:\n  projects:\n    - id: group/app\n      access_as: {ci_job: {}}\n"
+    async with _stack(tmp_path, agent_yaml=plain) as (kasd, sim, auth):
+        before = sim.store.count("", "namespaces")
+        answer = await _call(kasd, _job(auth), "GET", "/api/v1/namespaces/default/pods")
+        assert answer.status == 403  # no namespace of its own, and no binding anywhere
+        assert sim.store.count("", "namespaces") == before
+        assert _creates(sim, "/api/v1/namespaces") == 0
