@@ -44,6 +44,10 @@ RECHECK = 60.0
 MAX_ANSWER = 1 << 20
 #: seconds one request to the agent may take
 REQUEST_TIMEOUT = 30.0
+#: seconds applying one plan may take in all (a job's request waits for it)
+ENSURE_TIMEOUT = 60.0
+#: plans remembered before the stale ones are forgotten
+REMEMBERED = 1024
 
 
 class ProvisionError(Exception):
@@ -209,11 +213,22 @@ class Provisioner:
             async with lock:
                 if self._fresh(key):
                     return  # another request applied it while this one waited
-                await self._apply(plan, request_id)
-                self._applied[key] = self._clock()
+                try:
+                    with trio.fail_after(ENSURE_TIMEOUT):
+                        await self._apply(plan, request_id)
+                except trio.TooSlowError:
+                    raise ProvisionError(504, f"creating this job's environment objects through agent "
+                                              f"{plan.agent_id} took over {ENSURE_TIMEOUT:.0f} s") from None
+                self._remember(key)
         finally:
             if not lock.statistics().tasks_waiting and not lock.locked():
                 self._locks.pop(key, None)
+
+    def _remember(self, key: tuple[int, int, str, str]) -> None:
+        now = self._clock()
+        if len(self._applied) >= REMEMBERED:  # bounded: forget what is due for a check anyway
+            self._applied = {k: at for k, at in self._applied.items() if now - at < RECHECK}
+        self._applied[key] = now
 
     def _fresh(self, key: tuple[int, int, str, str]) -> bool:
         at = self._applied.get(key)

@@ -176,6 +176,8 @@ class Authorizer:
 
     def __init__(self, store: Any) -> None:
         self.store = store
+        # aggregated rules by role name, with the ClusterRoles' versions they were computed from
+        self._aggregated: dict[str, tuple[tuple[tuple[str, str], ...], tuple[Mapping[str, Any], ...]]] = {}
 
     def _objects(self, plural: str, namespace: str | None = None) -> Iterator[dict[str, Any]]:
         yield from self.store.iter_objects(RBAC_GROUP, plural, namespace)
@@ -188,6 +190,17 @@ class Authorizer:
         aggregation = role.get("aggregationRule")
         if not aggregation:
             return tuple(role.get("rules") or ())
+        versions = tuple(sorted((n, str(r["metadata"].get("resourceVersion", ""))) for n, r in roles.items()))
+        cached = self._aggregated.get(name)
+        if cached is not None and cached[0] == versions:
+            return cached[1]
+        rules = self._aggregate(name, aggregation, roles)
+        self._aggregated[name] = (versions, rules)
+        return rules
+
+    @staticmethod
+    def _aggregate(name: str, aggregation: Mapping[str, Any],
+                   roles: Mapping[str, dict[str, Any]]) -> tuple[Mapping[str, Any], ...]:
         # What the clusterrole-aggregation controller keeps in `rules`, computed when asked.
         selectors = [selector_from_match_labels(s) for s in aggregation.get("clusterRoleSelectors") or ()]
         rules: list[Mapping[str, Any]] = []
