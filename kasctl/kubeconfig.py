@@ -5,7 +5,8 @@ GitLab's own kubeconfig generation makes) and writes what GitLab writes for a jo
 Kubernetes API proxy, with its CA), one user per agent (``agent:<id>``, token ``ci:<id>:<job token>``)
 and one context per agent named ``<config project path>:<agent name>`` — and, unlike GitLab (their
 issue 521125), each context selects the namespace the job works in: its managed namespace (which kasd
-creates on the job's first request), else a ``rules:`` namespace, else the entry's ``default_namespace``. Agents the job may not use are not there at all.
+creates on the job's first request), else a ``rules:`` namespace, else the entry's
+``default_namespace``. Agents the job may not use are not there at all.
 
 The kubeconfig holds the job token: it goes to stdout (for ``> "$KUBECONFIG"``) or, with
 ``--output``, to a new file readable by its owner only. Errors are one line on stderr, exit 1 (kasd

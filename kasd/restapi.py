@@ -100,7 +100,6 @@ class RestApi:
             return 401, {"message": f"401 Unauthorized: {exc.message}"}
         return 200, allowed_agents_response(snapshot, claims, allowed)
 
-
     async def stop_environment(self, method: str, project: str, environment: str,
                                job_token: str | None) -> tuple[int, dict[str, Any]]:
         """``POST /api/v4/projects/:project/environments/:environment/stop`` (GitLab's stop call, with
@@ -133,7 +132,7 @@ class RestApi:
                 return 502, {"message": f"502 Bad Gateway: {exc.message}"}
             agents.append({"id": plan.agent_id, "namespace": plan.namespace, "delete_resources": plan.delete_resources,
                            "deleted": list(report.deleted), "kept": list(report.kept), "absent": list(report.absent)})
-        log.info("environment stopped project=%s environment=%s job_id=%d agents=%s", claims.project,
+        log.info("environment stopped project=%s environment=%s job_id=%d agents=%s", logfmt(claims.project),
                  logfmt(environment), claims.job_id, ",".join(str(a["id"]) for a in agents) or "-")
         return 200, {"project": claims.project, "environment": environment, "agents": agents}
 

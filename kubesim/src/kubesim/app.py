@@ -587,6 +587,8 @@ class KubeApp:
             spec["expirationSeconds"] = lifetime
             token, expires = service_account_token(account, spec.get("audiences") or [], lifetime)
             meta = account["metadata"]
+            now = time.time()
+            self.issued_tokens = {t: i for t, i in self.issued_tokens.items() if i.expires > now}
             self.issued_tokens[token] = IssuedToken(namespace=meta["namespace"], name=meta["name"],
                                                     uid=meta["uid"], expires=time.time() + lifetime)
             return json_reply(201, {**request, "kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
