@@ -13,6 +13,7 @@ import trio
 import yaml
 
 from kubesim import rbac
+from kubesim.errors import ApiError
 from kubesim.store import Store
 from tests.kubesim.kubectl_harness import Kubectl
 
@@ -211,3 +212,25 @@ async def test_a_service_account_token_needs_impersonate_rights(k: Kubectl) -> N
     # a token kubesim did not issue is no one's
     forged = await k("--token", token[:-3] + "xyz", "get", "pods", check=False)
     assert "Unauthorized" in forged.stderr
+
+
+def test_malformed_rbac_objects_are_refused_as_the_server_refuses_them() -> None:
+    store = Store()
+    bindings = store.kind(RBAC, "clusterrolebindings")
+    with pytest.raises(ApiError) as refused:
+        store.create(bindings, None, {"metadata": {"name": "x"}, "roleRef": {"kind": "Role", "name": "", "apiGroup": ""},
+                                      "subjects": ["alice", {"kind": "Robot", "name": "r"},
+                                                   {"kind": "ServiceAccount", "name": "sa"}]})
+    message = refused.value.message
+    for cause in ('roleRef.apiGroup: Unsupported value: "": supported values: "rbac.authorization.k8s.io"',
+                  'roleRef.kind: Unsupported value: "Role": supported values: "ClusterRole"',
+                  "roleRef.name: Required value", "subjects[0]: Invalid value",
+                  'subjects[1].kind: Unsupported value: "Robot"', "subjects[2].namespace: Required value"):
+        assert cause in message, message
+    with pytest.raises(ApiError) as refused:
+        store.create(store.kind(RBAC, "roles"), "default", {"metadata": {"name": "r"}, "rules": [
+            {"nonResourceURLs": ["/metrics"], "verbs": ["get"]}, {"verbs": ["get"], "resources": ["pods"]}]})
+    message = refused.value.message
+    assert 'rules[0].nonResourceURLs: Invalid value: []string{"/metrics"}: namespaced rules cannot apply' in message
+    assert "rules[1].apiGroups: Required value: resource rules must supply at least one api group" in message
+    assert refused.value.code == 422

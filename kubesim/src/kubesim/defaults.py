@@ -252,8 +252,78 @@ def validate(kind: Kind, obj: dict[str, Any]) -> None:
         for key in [*(obj.get("data") or {}), *(obj.get("binaryData") or {})]:
             if not re.match(r"^[-._a-zA-Z0-9]+$", key):
                 causes.append((f"data[{key}]", f'Invalid value: "{key}": a valid config key must consist of alphanumeric characters, \'-\', \'_\' or \'.\' (e.g. \'key.name\',  or \'KEY_NAME\',  or \'key-name\', regex used for validation is \'[-._a-zA-Z0-9]+\')'))
+    if kind.group == "rbac.authorization.k8s.io":
+        causes.extend(_rbac_causes(kind.plural, obj))
     if causes:
         raise invalid(kind.kind, kind.group, name, causes)
+
+
+_RBAC_GROUP = "rbac.authorization.k8s.io"
+
+
+def _quoted(values: Any) -> str:
+    return f"[]string{{{', '.join(json.dumps(str(v)) for v in values)}}}"
+
+
+def _rbac_causes(plural: str, obj: dict[str, Any]) -> list[tuple[str, str]]:
+    """kube's rbac validation (pkg/apis/rbac/validation) for the mistakes one makes by hand."""
+    causes: list[tuple[str, str]] = []
+    if plural in ("roles", "clusterroles"):
+        rules = obj.get("rules")
+        if rules is not None and not isinstance(rules, list):
+            return [("rules", "Invalid value: must be a list of PolicyRules")]
+        for i, rule in enumerate(rules or []):
+            where = f"rules[{i}]"
+            if not isinstance(rule, dict):
+                causes.append((where, "Invalid value: must be a PolicyRule object"))
+                continue
+            if not rule.get("verbs"):
+                causes.append((f"{where}.verbs", "Required value: verbs must contain at least one value"))
+            urls = rule.get("nonResourceURLs") or []
+            if urls:
+                if plural == "roles":
+                    causes.append((f"{where}.nonResourceURLs", f"Invalid value: {_quoted(urls)}: namespaced "
+                                   "rules cannot apply to non-resource URLs"))
+                if rule.get("apiGroups") or rule.get("resources"):
+                    causes.append((f"{where}.nonResourceURLs", f"Invalid value: {_quoted(urls)}: rules cannot "
+                                   "apply to both regular resources and non-resource URLs"))
+            else:
+                if not rule.get("apiGroups"):
+                    causes.append((f"{where}.apiGroups", "Required value: resource rules must supply at least "
+                                   "one api group"))
+                if not rule.get("resources"):
+                    causes.append((f"{where}.resources", "Required value: resource rules must supply at least "
+                                   "one resource"))
+        return causes
+    ref = obj.get("roleRef")
+    if not isinstance(ref, dict):
+        return [("roleRef.name", "Required value")]
+    kinds = ("Role", "ClusterRole") if plural == "rolebindings" else ("ClusterRole",)
+    if ref.get("apiGroup") != _RBAC_GROUP:
+        causes.append(("roleRef.apiGroup", f'Unsupported value: {json.dumps(ref.get("apiGroup", ""))}: supported '
+                       f'values: "{_RBAC_GROUP}"'))
+    if ref.get("kind") not in kinds:
+        causes.append(("roleRef.kind", f'Unsupported value: {json.dumps(ref.get("kind", ""))}: supported values: '
+                       + ", ".join(f'"{k}"' for k in kinds)))
+    if not ref.get("name"):
+        causes.append(("roleRef.name", "Required value"))
+    subjects = obj.get("subjects")
+    if subjects is not None and not isinstance(subjects, list):
+        return [*causes, ("subjects", "Invalid value: must be a list of Subjects")]
+    for i, subject in enumerate(subjects or []):
+        where = f"subjects[{i}]"
+        if not isinstance(subject, dict):
+            causes.append((where, "Invalid value: must be a Subject object"))
+            continue
+        if not subject.get("name"):
+            causes.append((f"{where}.name", "Required value"))
+        kind = subject.get("kind")
+        if kind not in ("ServiceAccount", "User", "Group"):
+            causes.append((f"{where}.kind", f'Unsupported value: {json.dumps(kind or "")}: supported values: '
+                           '"ServiceAccount", "User", "Group"'))
+        elif kind == "ServiceAccount" and plural == "clusterrolebindings" and not subject.get("namespace"):
+            causes.append((f"{where}.namespace", "Required value"))
+    return causes
 
 
 def _cronjob_causes(spec: dict[str, Any]) -> list[tuple[str, str]]:

@@ -134,7 +134,7 @@ def _resource_matches(rule: Mapping[str, Any], attrs_: Attributes) -> bool:
 
 
 def rule_allows(rule: Mapping[str, Any], attrs_: Attributes) -> bool:
-    if not _has(rule.get("verbs") or (), attrs_.verb):
+    if not isinstance(rule, Mapping) or not _has(rule.get("verbs") or (), attrs_.verb):
         return False
     if not attrs_.resource_request:
         for url in rule.get("nonResourceURLs") or ():
@@ -149,7 +149,9 @@ def rule_allows(rule: Mapping[str, Any], attrs_: Attributes) -> bool:
     return not names or attrs_.name in names
 
 
-def _subject_applies(subject: Mapping[str, Any], user: UserInfo, binding_namespace: str) -> bool:
+def _subject_applies(subject: Any, user: UserInfo, binding_namespace: str) -> bool:
+    if not isinstance(subject, Mapping):
+        return False
     kind, name = subject.get("kind"), subject.get("name")
     if kind == "User":
         return bool(name == user.username)
@@ -188,7 +190,7 @@ class Authorizer:
         if role is None:
             return ()
         aggregation = role.get("aggregationRule")
-        if not aggregation:
+        if not isinstance(aggregation, dict) or not aggregation:
             return tuple(role.get("rules") or ())
         versions = tuple(sorted((n, str(r["metadata"].get("resourceVersion", ""))) for n, r in roles.items()))
         cached = self._aggregated.get(name)
@@ -202,7 +204,8 @@ class Authorizer:
     def _aggregate(name: str, aggregation: Mapping[str, Any],
                    roles: Mapping[str, dict[str, Any]]) -> tuple[Mapping[str, Any], ...]:
         # What the clusterrole-aggregation controller keeps in `rules`, computed when asked.
-        selectors = [selector_from_match_labels(s) for s in aggregation.get("clusterRoleSelectors") or ()]
+        selectors = [selector_from_match_labels(s) for s in aggregation.get("clusterRoleSelectors") or ()
+                     if isinstance(s, dict)]
         rules: list[Mapping[str, Any]] = []
         for other_name in sorted(roles):
             other = roles[other_name]
@@ -228,7 +231,7 @@ class Authorizer:
             where = meta.get("namespace", "") if kind == "RoleBinding" else ""
             for subject in binding.get("subjects") or ():
                 if _subject_applies(subject, user, where):
-                    ref = binding.get("roleRef") or {}
+                    ref = binding.get("roleRef") if isinstance(binding.get("roleRef"), dict) else {}
                     label = f'{meta["name"]}/{where}' if where else meta["name"]
                     yield Grant(binding=f'{kind} "{label}"',
                                 role=f'{ref.get("kind")} "{ref.get("name")}"',
