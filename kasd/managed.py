@@ -22,7 +22,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import quote
 
@@ -208,18 +209,25 @@ class Provisioner:
         key = plan.key
         if self._fresh(key):
             return
+        async with self._holding(key):
+            if self._fresh(key):
+                return  # another request applied it while this one waited
+            try:
+                with trio.fail_after(ENSURE_TIMEOUT):
+                    await self._apply(plan, request_id)
+            except trio.TooSlowError:
+                raise ProvisionError(504, f"creating this job's environment objects through agent "
+                                          f"{plan.agent_id} took over {ENSURE_TIMEOUT:.0f} s") from None
+            self._remember(key)
+
+    @asynccontextmanager
+    async def _holding(self, key: tuple[int, int, str, str]) -> AsyncIterator[None]:
+        """The plan's lock (made when first wanted, dropped when nobody holds or waits for it):
+        one apply or stop of a plan at a time on this replica."""
         lock = self._locks.setdefault(key, trio.Lock())
         try:
             async with lock:
-                if self._fresh(key):
-                    return  # another request applied it while this one waited
-                try:
-                    with trio.fail_after(ENSURE_TIMEOUT):
-                        await self._apply(plan, request_id)
-                except trio.TooSlowError:
-                    raise ProvisionError(504, f"creating this job's environment objects through agent "
-                                              f"{plan.agent_id} took over {ENSURE_TIMEOUT:.0f} s") from None
-                self._remember(key)
+                yield
         finally:
             if not lock.statistics().tasks_waiting and not lock.locked():
                 self._locks.pop(key, None)
@@ -259,8 +267,14 @@ class Provisioner:
                                      f"(agent {plan.agent_id}): {answer.message}")
 
     async def stop(self, plan: ManagedResources) -> StopReport:
-        """Delete what kasd made for ``plan`` (``delete_resources: on_stop``), never anything else."""
-        self._applied.pop(plan.key, None)
+        """Delete what kasd made for ``plan`` (``delete_resources: on_stop``), never anything else.
+        Never while a first request applies the same plan here (it waits for it): a request that
+        comes after the stop makes the objects again."""
+        async with self._holding(plan.key):
+            self._applied.pop(plan.key, None)
+            return await self._delete(plan)
+
+    async def _delete(self, plan: ManagedResources) -> StopReport:
         deleted: list[str] = []
         kept: list[str] = []
         absent: list[str] = []
