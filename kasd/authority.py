@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -179,8 +180,10 @@ class CiAuthority:
         """Read every file again; the new snapshot replaces the old only if all of it loads."""
         try:
             loaded = self._load()
-        except LoadError as exc:
-            log.error("authorization reload failed (%s); the previous configuration stays in force: %s", why, exc)
+        except Exception as exc:  # a LoadError names file and problem; anything else is a kasd bug
+            problem = str(exc) if isinstance(exc, LoadError) else f"unexpected {type(exc).__name__}: {exc}"
+            log.error("authorization reload failed (%s); the previous configuration stays in force: %s", why, problem,
+                      exc_info=not isinstance(exc, LoadError))
             if self._metrics is not None:
                 self._metrics.authz_reloads.labels(result="failed").inc()
                 self._metrics.authz_config_ok.set(0)
@@ -222,10 +225,19 @@ Stamp = tuple[int, int, int] | None
 
 
 def _stamps(files: Sequence[Path]) -> dict[Path, Stamp]:
+    """Each file's (inode, size, mtime); a directory's (inode, its entries' stamps, mtime), so a file
+    added to it is noticed, and so is an edit in place of one a failed load never got to list."""
     out: dict[Path, Stamp] = {}
     for path in files:
         try:
             st = os.stat(path)
+            if stat.S_ISDIR(st.st_mode):
+                entries = []
+                for entry in sorted(os.scandir(path), key=lambda e: e.name):
+                    est = entry.stat()
+                    entries.append((entry.name, est.st_ino, est.st_size, est.st_mtime_ns))
+                out[path] = (st.st_ino, hash(tuple(entries)), st.st_mtime_ns)
+                continue
         except OSError:
             out[path] = None
         else:

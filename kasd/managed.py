@@ -171,15 +171,24 @@ def _env_label(plan: ManagedResources) -> str | None:
     return f"agent.gitlab.com/env-{plan.slug}-{plan.project_id}-{plan.agent_id}"
 
 
-def _ours(obj: Mapping[str, Any], plan: ManagedResources) -> bool:
-    """kasd made it, for this plan's environment (or, without one, for this project)."""
+def _project_ours(obj: Mapping[str, Any], plan: ManagedResources) -> bool:
+    """kasd made it for this plan's project through this plan's agent (any environment of it)."""
     labels = (obj.get("metadata") or {}).get("labels") or {}
-    if labels.get(MANAGED_BY[0]) != MANAGED_BY[1]:
+    return (labels.get(MANAGED_BY[0]) == MANAGED_BY[1] and f"agent.gitlab.com/project_id-{plan.project_id}" in labels
+            and f"agent.gitlab.com/id-{plan.agent_id}" in labels)
+
+
+def _ours(obj: Mapping[str, Any], plan: ManagedResources) -> bool:
+    """kasd made it for this plan's environment (without one: for this project and agent). A
+    namespace is the project's: environments may share one, so it goes once no other
+    environment's binding is left in it (``Provisioner._others_inside``)."""
+    if not _project_ours(obj, plan):
         return False
     env = _env_label(plan)
-    if env is not None:
-        return env in labels
-    return f"agent.gitlab.com/project_id-{plan.project_id}" in labels
+    if env is None or obj.get("kind") == "Namespace":
+        return True
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return env in labels
 
 
 @attrs.frozen(kw_only=True)
@@ -254,10 +263,19 @@ class Provisioner:
             raise ProvisionError(answer.status if answer.status in (400, 403, 422) else 502,
                                  f"cannot create {resource.describe()} for this job's environment "
                                  f"(agent {plan.agent_id}, dry run): {answer.message}")
+        owned: dict[str, bool] = {}
         for resource, obj in resources:
+            if resource.namespace is not None and not await self._owned(plan, resource.namespace, owned):
+                # Never grant or place anything in a namespace kasd did not make for this project
+                # and agent (a rule or an environment name could name kube-system).
+                self._audit("managed resource created", plan, resource, "skipped:namespace-not-made-by-kasd",
+                            request_id)
+                continue
             answer = await self.client.request(plan.agent_id, "POST", resource.collection, obj)
             if answer.status in (200, 201):
                 self._audit("managed resource created", plan, resource, "created", request_id)
+                if resource.kind == "Namespace":
+                    owned[resource.name] = True
             elif answer.status == 409:
                 self._audit("managed resource created", plan, resource, "exists", request_id)
             else:
@@ -265,6 +283,24 @@ class Provisioner:
                 raise ProvisionError(answer.status if answer.status in (400, 403, 422) else 502,
                                      f"cannot create {resource.describe()} for this job's environment "
                                      f"(agent {plan.agent_id}): {answer.message}")
+
+    async def _owned(self, plan: ManagedResources, namespace: str, known: dict[str, bool]) -> bool:
+        """Whether ``namespace`` carries kasd's mark with this plan's project and agent labels."""
+        if namespace not in known:
+            answer = await self.client.request(plan.agent_id, "GET", f"/api/v1/namespaces/{quote(namespace, safe='')}")
+            known[namespace] = answer.status == 200 and _project_ours(answer.body, plan)
+        return known[namespace]
+
+    async def _others_inside(self, plan: ManagedResources, namespace: str) -> bool:
+        """Whether kasd-made RoleBindings of other environments remain in ``namespace``."""
+        selector = quote(f"{MANAGED_BY[0]}={MANAGED_BY[1]}", safe="")
+        answer = await self.client.request(
+            plan.agent_id, "GET",
+            f"/apis/rbac.authorization.k8s.io/v1/namespaces/{quote(namespace, safe='')}/rolebindings?labelSelector={selector}")
+        if answer.status != 200:
+            raise ProvisionError(502, f"cannot list the RoleBindings in namespace {namespace} (agent {plan.agent_id}): "
+                                      f"{answer.message}")
+        return any(not _ours(item, plan) for item in answer.body.get("items") or ())
 
     async def stop(self, plan: ManagedResources) -> StopReport:
         """Delete what kasd made for ``plan`` (``delete_resources: on_stop``), never anything else.
@@ -291,6 +327,10 @@ class Provisioner:
             if not _ours(current.body, plan):
                 kept.append(resource.describe())
                 self._audit("managed resource deleted", plan, resource, "kept:not-made-by-kasd")
+                continue
+            if resource.kind == "Namespace" and await self._others_inside(plan, resource.name):
+                kept.append(resource.describe())
+                self._audit("managed resource deleted", plan, resource, "kept:used-by-another-environment")
                 continue
             uid = (current.body.get("metadata") or {}).get("uid")
             options = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background",

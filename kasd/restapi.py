@@ -118,6 +118,9 @@ class RestApi:
         known = snapshot.directory.project(claims.project)
         if known is None or project.lower() not in (known.path.lower(), str(known.id)):
             return 403, {"message": f"403 Forbidden: the job token is for project {claims.project}, not {project}"}
+        if claims.environment is None:
+            return 403, {"message": f"403 Forbidden: the job token has no environment; {environment!r} cannot be "
+                                    "stopped with it"}
         if claims.environment != environment:
             return 403, {"message": f"403 Forbidden: the job token is for environment {claims.environment!r}, "
                                     f"not {environment!r}"}

@@ -269,7 +269,7 @@ class Snapshot:
             template = compiled.template()
         else:
             assert rules_namespace is not None
-            template = rules_objects(rules_namespace, _own_groups(decision, project, slug))
+            template = rules_objects(rules_namespace, _own_groups(decision, project, slug), slug)
         objects = render(template, variables)
         names = [o["metadata"]["name"] for o in objects if o.get("kind") == "Namespace" and o.get("apiVersion") == "v1"]
         return ManagedResources(

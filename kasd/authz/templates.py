@@ -34,7 +34,7 @@ import yaml
 
 from kasd.authz.agentconfig import compose_yaml
 
-__all__ = ["BUILTIN", "DEFAULT_TEMPLATE", "KINDS", "MANAGED_BY", "VARIABLES", "EnvironmentTemplate",
+__all__ = ["BUILTIN", "DEFAULT_TEMPLATE", "GROUPS", "KINDS", "MANAGED_BY", "VARIABLES", "EnvironmentTemplate",
            "ManagedResources", "TemplateError", "load_templates", "parse_template", "render", "rules_objects",
            "templates_dir"]
 
@@ -47,12 +47,16 @@ VARIABLES = frozenset({
     "ci_pipeline.id", "ci_job.id",
     "user.id", "user.username",
 })
-#: the kinds GitLab applies (docs: "Supported Kubernetes resources"), by apiVersion group
-KINDS = frozenset({
-    "Namespace", "ServiceAccount", "RoleBinding",
-    "GitRepository", "HelmRepository", "HelmChart", "Bucket", "OCIRepository", "Kustomization", "HelmRelease",
-    "Alert", "Provider", "Receiver",
-})
+#: the kinds GitLab applies (docs: "Supported Kubernetes resources"), each with its API group
+GROUPS = {
+    "Namespace": "", "ServiceAccount": "", "RoleBinding": "rbac.authorization.k8s.io",
+    "GitRepository": "source.toolkit.fluxcd.io", "HelmRepository": "source.toolkit.fluxcd.io",
+    "HelmChart": "source.toolkit.fluxcd.io", "Bucket": "source.toolkit.fluxcd.io",
+    "OCIRepository": "source.toolkit.fluxcd.io", "Kustomization": "kustomize.toolkit.fluxcd.io",
+    "HelmRelease": "helm.toolkit.fluxcd.io", "Alert": "notification.toolkit.fluxcd.io",
+    "Provider": "notification.toolkit.fluxcd.io", "Receiver": "notification.toolkit.fluxcd.io",
+}
+KINDS = frozenset(GROUPS)
 #: kasd's mark on what it created (it deletes nothing without it)
 MANAGED_BY = ("kasd.gitlab-agent.io/managed-by", "kasd")
 
@@ -108,9 +112,19 @@ def parse_template(text: str, source: str, name: str) -> EnvironmentTemplate:
         if key.value not in ("objects", "apply_resources", "delete_resources"):
             raise TemplateError(f"{_at(source, key)}: {key.value}: unknown key (expected objects, apply_resources, "
                                 "delete_resources)")
+        if key.value in fields:
+            raise TemplateError(f"{_at(source, key)}: {key.value}: given twice")
         fields[key.value] = value
         _check_references(value, source, key.value)
-    document = yaml.safe_load(text)
+    try:
+        document = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:  # composed, but not constructed: an unhashable key, a tag
+        mark = exc.problem_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
+        hint = " (a {{ … }} reference must be quoted: '{{ .environment.slug }}')" if "unhashable" in str(exc) else ""
+        raise TemplateError(f"{where}: not valid YAML: {exc.problem or exc}{hint}") from None
+    except yaml.YAMLError as exc:
+        raise TemplateError(f"{source}: not valid YAML: {exc}") from None
     objects = document.get("objects")
     if not isinstance(objects, list) or not objects:
         raise TemplateError(f"{_at(source, fields.get('objects', node))}: objects: must be a non-empty list")
@@ -122,8 +136,23 @@ def parse_template(text: str, source: str, name: str) -> EnvironmentTemplate:
         if item.get("kind") not in KINDS:
             raise TemplateError(f"{where}: objects[{i}].kind: {item.get('kind')!r} is not one GitLab manages "
                                 f"({', '.join(sorted(KINDS))})")
-        if not isinstance(item.get("apiVersion"), str):
+        api_version = item.get("apiVersion")
+        if not isinstance(api_version, str):
             raise TemplateError(f"{where}: objects[{i}].apiVersion: missing")
+        group = api_version.rpartition("/")[0]
+        if group != GROUPS[item["kind"]] or not api_version.rpartition("/")[2]:
+            wanted = f"{GROUPS[item['kind']]}/<version>" if GROUPS[item["kind"]] else "v1"
+            raise TemplateError(f"{where}: objects[{i}].apiVersion: {api_version!r} does not serve "
+                                f"{item['kind']} (expected {wanted})")
+        metadata = item["metadata"]
+        for field in ("labels", "annotations"):
+            value = metadata.get(field)
+            if value is not None and (not isinstance(value, dict) or
+                                      not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())):
+                raise TemplateError(f"{where}: objects[{i}].metadata.{field}: must map strings to strings")
+        namespace = metadata.get("namespace")
+        if namespace is not None and not isinstance(namespace, str):
+            raise TemplateError(f"{where}: objects[{i}].metadata.namespace: must be a string")
     apply = document.get("apply_resources", "on_start")
     delete = document.get("delete_resources", "on_stop")
     if apply != "on_start":
@@ -152,7 +181,10 @@ def _check_references(node: yaml.Node, source: str, key: str) -> None:
             raise TemplateError(f"{_at(source, node)}: {key}: an unclosed {{{{")
     elif isinstance(node, yaml.MappingNode):
         for k, v in node.value:
-            _check_references(v, source, f"{key}.{k.value}")
+            if isinstance(k, yaml.ScalarNode) and "{{" in str(k.value):
+                raise TemplateError(f"{_at(source, k)}: {key}: {k.value!r}: references are substituted in "
+                                    "values only, not in keys")
+            _check_references(v, source, f"{key}.{getattr(k, 'value', '?')}")
     elif isinstance(node, yaml.SequenceNode):
         for i, v in enumerate(node.value):
             _check_references(v, source, f"{key}[{i}]")
@@ -259,14 +291,15 @@ class ManagedResources:
         return (self.agent_id, self.project_id, self.slug, self.namespace or "")
 
 
-def rules_objects(namespace: str, subjects: Sequence[str]) -> EnvironmentTemplate:
+def rules_objects(namespace: str, subjects: Sequence[str], slug: str = "") -> EnvironmentTemplate:
     """The rules form as a template: the namespace a rule resolved to and, when the job acts as
-    itself (``ci_job``/``ci_user``), a RoleBinding of ``admin`` in it for ``subjects`` (groups)."""
+    itself (``ci_job``/``ci_user``), a RoleBinding of ``admin`` in it for ``subjects`` (groups), one
+    per environment (``gitlab-job-access-<slug>``: environments may share a rules namespace)."""
     objects: list[Mapping[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}]
     if subjects:
         objects.append({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": "gitlab-job-access", "namespace": namespace},
+            "metadata": {"name": f"gitlab-job-access-{slug}" if slug else "gitlab-job-access", "namespace": namespace},
             "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": s} for s in subjects],
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
         })

@@ -13,10 +13,12 @@ REASONS = {
     413: "RequestEntityTooLarge",
     414: "RequestURITooLong",
     429: "TooManyRequests",
+    422: "Invalid",
     431: "RequestHeaderFieldsTooLarge",
     500: "InternalError",
     502: "BadGateway",
     503: "ServiceUnavailable",
+    504: "Timeout",
 }
 
 

@@ -68,6 +68,20 @@ def test_a_value_is_substituted_after_parsing_so_it_cannot_add_structure() -> No
          "t.yaml:3:19: delete_resources: must be on_stop or never"),
         ("objects:\n  - {apiVersion: v1, kind: Namespace, metadata: {name: n}}\ncolour: red\n",
          "t.yaml:3:1: colour: unknown key"),
+        # an unquoted reference is a YAML mapping used as a key: said where, with the fix
+        ("objects:\n  - apiVersion: v1\n    kind: Namespace\n    metadata:\n      name: {{ .environment.slug }}\n",
+         "t.yaml:5:14: not valid YAML: found unhashable key (a {{ … }} reference must be quoted"),
+        ("objects:\n  - !!python/object:os.system {}\n", "t.yaml:2:5: not valid YAML: could not determine a constructor"),
+        ("objects:\n  - {apiVersion: v1, kind: Namespace, metadata: {name: n, labels: oops}}\n",
+         "t.yaml:2:5: objects[0].metadata.labels: must map strings to strings"),
+        ("objects:\n  - {apiVersion: apps/v1, kind: Namespace, metadata: {name: n}}\n",
+         "t.yaml:2:5: objects[0].apiVersion: 'apps/v1' does not serve Namespace (expected v1)"),
+        ("objects:\n  - {apiVersion: v1, kind: RoleBinding, metadata: {name: n}}\n",
+         "objects[0].apiVersion: 'v1' does not serve RoleBinding (expected rbac.authorization.k8s.io/<version>)"),
+        ("objects:\n  - {apiVersion: v1, kind: Namespace, metadata: {name: a}}\n"
+         "objects:\n  - {apiVersion: v1, kind: Namespace, metadata: {name: b}}\n", "t.yaml:3:1: objects: given twice"),
+        ("objects:\n  - {apiVersion: v1, kind: Namespace, metadata: {name: n, labels: {'{{ .project.id }}': x}}}\n",
+         "references are substituted in values only, not in keys"),
     ],
 )
 def test_mistakes_name_file_line_and_column(text: str, message: str) -> None:

@@ -76,7 +76,7 @@ def test_an_allowed_job_works_in_its_managed_namespace_until_the_environment_sto
     stopped = subprocess.run([sys.executable, "-m", "kasctl", "env", "stop"], capture_output=True, text=True,
                              timeout=60, env=env)
     assert stopped.returncode == 0, stopped.stderr
-    assert f"deleted  RoleBinding {namespace}/gitlab-job-access" in stopped.stdout
+    assert f"deleted  RoleBinding {namespace}/gitlab-job-access-{environment_slug(environment)}" in stopped.stdout
     assert f"deleted  Namespace {namespace}" in stopped.stdout
     gone = subprocess.run([*admin, "get", "deployment", "web", "-n", namespace], capture_output=True, text=True,
                           timeout=KUBECTL_CAP)

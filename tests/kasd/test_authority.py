@@ -17,6 +17,7 @@ from kasd import authority as authority_module
 from kasd.authority import (
     CiAuthority,
     Loaded,
+    LoadError,
     config_loader,
     load_authorization,
     restart_only_changes,
@@ -235,3 +236,33 @@ async def test_a_template_added_is_read_by_the_watch_and_replaces_the_builtin(au
     # the kubeconfig's context selects it too (GET /api/v4/job/allowed_agents)
     _, allowed = authority.snapshot.allowed_agents(job, now=time.time())
     assert [v.namespace for v in allowed if v.decision.agent_id == 1] == ["app-3"]
+
+
+async def test_a_bad_new_template_fixed_in_place_is_read_by_the_watch(auth: AuthSetup) -> None:
+    # The failed load never listed the new file; the watch still sees it change (the directory's
+    # stamp covers its entries).
+    templates = _templates(auth, "a1")
+    files = _Files(_config(auth))
+    failed = trio.Event()
+
+    def load() -> Loaded:
+        try:
+            return files()
+        except LoadError:
+            failed.set()
+            raise
+
+    authority = CiAuthority(load)
+    job = auth.job_token("acme/app", job_id=4, environment="review/x")
+    path = templates / "default.yaml"
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(authority.watch, 0.02)
+        path.write_text("objects:\n  - apiVersion: v1\n    kind: Namespace\n    metadata: {name: {{ .ci_job.id }}}\n")
+        with trio.fail_after(5):
+            await failed.wait()
+        with path.open("w") as handle:  # in place: same inode, the directory's mtime unchanged
+            handle.write("objects:\n  - apiVersion: v1\n    kind: Namespace\n    metadata: {name: 'fixed-{{ .ci_job.id }}'}\n")
+        with trio.fail_after(5):
+            await authority.wait_reloaded()
+        nursery.cancel_scope.cancel()
+    assert (await _authorize(authority, f"Bearer ci:1:{job}")).namespace == "fixed-4"

@@ -140,6 +140,9 @@ objects:
     kind: Namespace
     metadata: {name: 'env-{{ .environment.slug }}'}
   - apiVersion: v1
+    kind: Namespace
+    metadata: {name: shared-tools}
+  - apiVersion: v1
     kind: ServiceAccount
     metadata: {name: deployer, namespace: 'env-{{ .environment.slug }}'}
   - apiVersion: rbac.authorization.k8s.io/v1
@@ -151,8 +154,8 @@ delete_resources: on_stop
 """
     namespace = f"env-{SLUG}"
     async with _stack(tmp_path, templates={"default": template}) as (kasd, sim, auth):
-        # The namespace exists already (an operator made it): kasd uses it, never adopts it.
-        sim.store.create(sim.store.kind("", "namespaces"), None, {"metadata": {"name": namespace}})
+        # shared-tools exists already (an operator made it): kasd uses it, never adopts it.
+        sim.store.create(sim.store.kind("", "namespaces"), None, {"metadata": {"name": "shared-tools"}})
         token = _job(auth)
         first = await _call(kasd, token, "GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/deployer")
         assert first.status == 200, first.body
@@ -171,25 +174,26 @@ delete_resources: on_stop
         assert stopped.status == 200, stopped.body
         (agent,) = stopped.json()["agents"]
         assert agent["id"] == 7 and agent["namespace"] == namespace
-        assert agent["deleted"] == [f"RoleBinding {namespace}/job-edit", f"ServiceAccount {namespace}/deployer"]
-        assert agent["kept"] == [f"Namespace {namespace}"]
-        assert _stored(sim, "", "namespaces", None, namespace) is not None
-        assert _stored(sim, "", "serviceaccounts", namespace, "deployer") is None
+        assert agent["deleted"] == [f"RoleBinding {namespace}/job-edit", f"ServiceAccount {namespace}/deployer",
+                                    f"Namespace {namespace}"]
+        assert agent["kept"] == ["Namespace shared-tools"]
+        assert _stored(sim, "", "namespaces", None, "shared-tools") is not None
+        assert _stored(sim, "", "namespaces", None, namespace) is None
         again = await http_request(api, "POST", stop_path("42", ENV), [("job-token", secret)])
         assert again.json()["agents"][0]["absent"] == [f"RoleBinding {namespace}/job-edit",
-                                                      f"ServiceAccount {namespace}/deployer"]
+                                                      f"ServiceAccount {namespace}/deployer", f"Namespace {namespace}"]
         # The next request of a job in that environment makes them again.
         assert (await _call(kasd, token, "GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/deployer")).status == 200
     deleted = [r.getMessage() for r in caplog.records if r.getMessage().startswith("managed resource deleted")]
-    assert any("kind=Namespace" in line and "outcome=kept:not-made-by-kasd" in line for line in deleted), deleted
+    assert any("name=shared-tools outcome=kept:not-made-by-kasd" in line for line in deleted), deleted
 
 
 async def test_a_dry_run_refusal_creates_nothing_and_tells_the_job(tmp_path: Path) -> None:
     template = """\
 objects:
   - apiVersion: v1
-    kind: ServiceAccount
-    metadata: {name: 'sa-{{ .environment.slug }}', namespace: default}
+    kind: Namespace
+    metadata: {name: 'ok-{{ .environment.slug }}'}
   - apiVersion: v1
     kind: Namespace
     metadata: {name: 'Not_A_Label-{{ .environment.slug }}'}
@@ -197,10 +201,61 @@ objects:
     async with _stack(tmp_path, templates={"default": template}) as (kasd, sim, auth):
         answer = await _call(kasd, _job(auth), "GET", "/api/v1/namespaces/default/pods")
         assert answer.status == 422, answer.body
-        assert answer.json()["message"].startswith(
+        status = answer.json()
+        assert status["reason"] == "Invalid"
+        assert status["message"].startswith(
             f"cannot create Namespace Not_A_Label-{SLUG} for this job's environment (agent 7, dry run): ")
-        assert _stored(sim, "", "serviceaccounts", "default", f"sa-{SLUG}") is None
-        assert _creates(sim, "/api/v1/namespaces/default/serviceaccounts") == 0
+        assert _stored(sim, "", "namespaces", None, f"ok-{SLUG}") is None  # the valid one was not made either
+        assert _creates(sim, "/api/v1/namespaces") == 0
+
+
+async def test_nothing_is_granted_in_a_namespace_kasd_did_not_make(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A rule built from what a developer picks (the branch) could name kube-system: kasd uses the
+    # namespace as it is and adds nothing to it.
+    caplog.set_level(logging.INFO, logger="kasd.audit")
+    rules = ("ci_access:\n  projects:\n    - id: group/app\n      access_as: {ci_job: {}}\n"
+             "      rules:\n        - namespace: $CI_COMMIT_REF_SLUG\n")
+    async with _stack(tmp_path, agent_yaml=rules) as (kasd, sim, auth):
+        token = f"ci:7:{auth.job_token('group/app', job_id=9, user='alice', ref='kube-system')}"
+        answer = await _call(kasd, token, "GET", "/api/v1/namespaces/kube-system/secrets")
+        assert answer.status == 403, answer.body
+        assert _stored(sim, "rbac.authorization.k8s.io", "rolebindings", "kube-system", "gitlab-job-access") is None
+        kube_system = _stored(sim, "", "namespaces", None, "kube-system")
+        assert kube_system is not None and "kasd.gitlab-agent.io/managed-by" not in (kube_system["metadata"].get("labels") or {})
+        # and a stop of such a job deletes nothing there
+        plan_stop = await http_request(kasd.port("api"), "POST", stop_path("group/app", "none"),
+                                       [("job-token", token.split(":", 2)[2])])
+        assert plan_stop.status == 403
+        assert plan_stop.json()["message"] == "403 Forbidden: the job token has no environment; 'none' cannot be stopped with it"
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("kind=Namespace" in line and "name=kube-system outcome=exists" in line for line in lines), lines
+    assert any("kind=RoleBinding namespace=kube-system" in line and "outcome=skipped:namespace-not-made-by-kasd" in line
+               for line in lines), lines
+
+
+async def test_environments_sharing_a_rules_namespace_each_get_their_binding_and_keep_it(tmp_path: Path) -> None:
+    rules = ("ci_access:\n  projects:\n    - id: group/app\n      access_as: {ci_job: {}}\n"
+             "      rules:\n        - namespace: shared\n")
+    async with _stack(tmp_path, agent_yaml=rules) as (kasd, sim, auth):
+        a, b = _job(auth, "review/a", job_id=1), _job(auth, "review/b", job_id=2)
+        for token, name in ((a, "from-a"), (b, "from-b")):
+            made = await _call(kasd, token, "POST", "/api/v1/namespaces/shared/configmaps",
+                               {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}})
+            assert made.status == 201, made.body
+        api = kasd.port("api")
+        stopped = await http_request(api, "POST", stop_path("group/app", "review/a"), [("job-token", a.split(":", 2)[2])])
+        (agent,) = stopped.json()["agents"]
+        assert agent["deleted"] == [f"RoleBinding shared/gitlab-job-access-{environment_slug('review/a')}"]
+        assert agent["kept"] == ["Namespace shared"]  # review/b's binding is still in it
+        assert (await _call(kasd, b, "GET", "/api/v1/namespaces/shared/configmaps/from-a")).status == 200
+        # review/a made the namespace; once review/b stops too, nothing holds it: it goes
+        stopped = await http_request(api, "POST", stop_path("group/app", "review/b"), [("job-token", b.split(":", 2)[2])])
+        (agent,) = stopped.json()["agents"]
+        assert agent["deleted"] == [f"RoleBinding shared/gitlab-job-access-{environment_slug('review/b')}",
+                                    "Namespace shared"]
+        assert _stored(sim, "", "namespaces", None, "shared") is None
+        assert (await _call(kasd, a, "GET", "/api/v1/namespaces/shared/configmaps")).status == 200  # made again
 
 
 async def test_the_rules_form_creates_the_namespace_a_rule_resolved_to(tmp_path: Path) -> None:
