@@ -84,3 +84,28 @@ async def test_a_bad_token_file_is_a_usage_error(tmp_path: Path, content: str | 
             capture_stdout=True, capture_stderr=True, check=False)
     assert result.returncode == 2
     assert message in result.stderr.decode()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("apiVersion: v1\nkind: Namespace\nmetadata: {name: ok}\n---\napiVersion: v1\nkind: Nope\nmetadata: {name: x}\n",
+         'document 2: no kind "Nope" is registered for version "v1"'),
+        ("apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: b}\n"
+         "roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: view}\nsubjects: [{kind: Robot, name: r}]\n",
+         'document 1: ClusterRoleBinding.rbac.authorization.k8s.io "b" is invalid: subjects[0].kind: Unsupported value'),
+        ("- not an object\n", "document 1 is not an object with apiVersion and kind"),
+        ("key: [\n", "is not YAML"),
+    ],
+)
+async def test_a_manifest_the_cluster_refuses_stops_the_start_naming_file_and_document(
+        tmp_path: Path, text: str, message: str) -> None:
+    manifest = tmp_path / "rbac.yaml"
+    manifest.write_text(text)
+    with trio.fail_after(15):
+        result = await trio.run_process(
+            [sys.executable, "-m", "kubesim", "--port", "0", "--manifest", str(manifest)],
+            capture_stdout=True, capture_stderr=True, check=False)
+    assert result.returncode == 2
+    stderr = result.stderr.decode()
+    assert f"--manifest: {manifest}" in stderr and message in stderr, stderr

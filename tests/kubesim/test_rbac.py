@@ -50,6 +50,12 @@ def _user(name: str) -> dict[str, str]:
     ("DELETE", "/api/v1/namespaces/ns/configmaps", "", ("deletecollection", "", "configmaps", "", "ns", "")),
     ("DELETE", "/api/v1/namespaces/ns", "", ("delete", "", "namespaces", "", "ns", "ns")),
     ("GET", "/api/v1/nodes", "", ("list", "", "nodes", "", "", "")),
+    ("GET", "/api/v1/namespaces/dev/status", "", ("get", "", "namespaces", "status", "dev", "dev")),
+    ("PUT", "/api/v1/namespaces/dev/finalize", "", ("update", "", "namespaces", "finalize", "dev", "dev")),
+    ("GET", "/api/v1/namespaces/ns/pods", "fieldSelector=metadata.name%3Dweb&watch=1",
+     ("watch", "", "pods", "", "ns", "web")),
+    ("GET", "/api/v1/namespaces/ns/pods", "fieldSelector=metadata.name%3Dweb,status.phase%3DRunning",
+     ("list", "", "pods", "", "ns", "")),
 ])
 def test_request_attributes_name_what_kube_apiserver_names(
         method: str, path: str, query: str, expected: tuple[str, ...]) -> None:
@@ -219,14 +225,35 @@ def test_malformed_rbac_objects_are_refused_as_the_server_refuses_them() -> None
     bindings = store.kind(RBAC, "clusterrolebindings")
     with pytest.raises(ApiError) as refused:
         store.create(bindings, None, {"metadata": {"name": "x"}, "roleRef": {"kind": "Role", "name": "", "apiGroup": ""},
-                                      "subjects": ["alice", {"kind": "Robot", "name": "r"},
+                                      "subjects": [{"kind": "User"}, {"kind": "Robot", "name": "r"},
                                                    {"kind": "ServiceAccount", "name": "sa"}]})
     message = refused.value.message
     for cause in ('roleRef.apiGroup: Unsupported value: "": supported values: "rbac.authorization.k8s.io"',
                   'roleRef.kind: Unsupported value: "Role": supported values: "ClusterRole"',
-                  "roleRef.name: Required value", "subjects[0]: Invalid value",
+                  "roleRef.name: Required value", "subjects[0].name: Required value",
                   'subjects[1].kind: Unsupported value: "Robot"', "subjects[2].namespace: Required value"):
         assert cause in message, message
+    # A value of the wrong JSON type does not decode: 400, as the server says it
+    for plural, body, field in (
+        ("clusterrolebindings", {"subjects": ["alice"]}, "ClusterRoleBinding.subjects of type v1.Subject"),
+        ("clusterroles", {"rules": [{"verbs": "*", "apiGroups": ["*"], "resources": ["*"]}]},
+         "PolicyRule.rules.verbs of type []string"),
+        ("clusterroles", {"aggregationRule": {"clusterRoleSelectors": [{"matchLabels": "x"}]}},
+         "LabelSelector.aggregationRule.clusterRoleSelectors.matchLabels of type map[string]string"),
+    ):
+        with pytest.raises(ApiError) as undecodable:
+            store.create(store.kind(RBAC, plural), None, {"metadata": {"name": "y"}, **body})
+        assert undecodable.value.code == 400
+        assert f"json: cannot unmarshal string into Go struct field {field}" in undecodable.value.message
+    # and a binding's role is fixed once made
+    store.create(bindings, None, _binding_doc("b", "view", [_user("u")], kind="ClusterRoleBinding"))
+    changed = store.get(bindings, None, "b")
+    changed["roleRef"]["name"] = "cluster-admin"
+    with pytest.raises(ApiError) as fixed:
+        store.update(bindings, None, "b", changed)
+    assert fixed.value.message.endswith(
+        'roleRef: Invalid value: rbac.RoleRef{APIGroup:"rbac.authorization.k8s.io", Kind:"ClusterRole", '
+        'Name:"cluster-admin"}: cannot change roleRef')
     with pytest.raises(ApiError) as refused:
         store.create(store.kind(RBAC, "roles"), "default", {"metadata": {"name": "r"}, "rules": [
             {"nonResourceURLs": ["/metrics"], "verbs": ["get"]}, {"verbs": ["get"], "resources": ["pods"]}]})
@@ -234,3 +261,16 @@ def test_malformed_rbac_objects_are_refused_as_the_server_refuses_them() -> None
     assert 'rules[0].nonResourceURLs: Invalid value: []string{"/metrics"}: namespaced rules cannot apply' in message
     assert "rules[1].apiGroups: Required value: resource rules must supply at least one api group" in message
     assert refused.value.code == 422
+
+
+async def test_impersonation_headers_are_read_as_the_real_filter_reads_them(k: Kubectl) -> None:
+    who = json.loads(await k.out("auth", "whoami", "-o", "json", "--as", "bob", "--as-group", "a,b",
+                                 namespaced=False))
+    assert who["status"]["userInfo"]["groups"] == ["a,b", "system:authenticated"]  # one header, one group
+    # asked to be unauthenticated, bob is not made authenticated: self-reviews are not his to make
+    unauthenticated = await k("auth", "whoami", "--as", "bob", "--as-group", "system:unauthenticated",
+                              namespaced=False, check=False)
+    assert "the selfsubjectreviews API is not enabled in the cluster or you do not have permission" in \
+        unauthenticated.stderr
+    anonymous = await k("get", "--raw", "/version", "--as", "system:anonymous", namespaced=False)
+    assert '"gitVersion"' in anonymous.stdout  # system:public-info-viewer holds for system:unauthenticated

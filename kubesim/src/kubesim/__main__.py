@@ -100,7 +100,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             if not isinstance(doc, dict) or not doc.get("apiVersion") or not doc.get("kind"):
                 parser.error(f"--manifest: {path}: document {number} is not an object with "
                              "apiVersion and kind")
-        args.objects += docs
+            args.objects.append((path, number, doc))
     return args
 
 
@@ -139,7 +139,11 @@ async def run(args: argparse.Namespace) -> None:
     major, minor = [*version_text.split("."), "0"][:2]
     version = ServerVersion(major=major, minor=minor, git_version=f"v{version_text}")
     store = Store()
-    store.create_objects(args.objects)  # before listening: a refused object stops the start
+    for path, number, doc in args.objects:  # before listening: a refused object stops the start
+        try:
+            store.create_objects([doc])
+        except ApiError as exc:
+            raise ApiError(exc.code, exc.reason, f"{path}: document {number}: {exc.message}") from None
     async with trio.open_nursery() as nursery:
         sim: KubeSim = await nursery.start(lambda task_status: serve_kubesim(
             host=args.host, port=args.port, token=args.token, tls=context, ca_pem=ca_pem,

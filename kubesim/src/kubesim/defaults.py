@@ -265,8 +265,80 @@ def _quoted(values: Any) -> str:
     return f"[]string{{{', '.join(json.dumps(str(v)) for v in values)}}}"
 
 
+_STRING_LISTS = ("verbs", "apiGroups", "resources", "resourceNames", "nonResourceURLs")
+
+
+def _decode_error(kind_name: str, field: str, value: Any, go_type: str) -> ApiError:
+    """What the API server answers a body it cannot decode into the Go type (400, not 422)."""
+    json_type = {str: "string", bool: "bool", int: "number", float: "number", list: "array",
+                 dict: "object"}.get(type(value), "null")
+    return ApiError(400, "BadRequest", f'{kind_name} in version "v1" cannot be handled as a {kind_name}: json: '
+                    f"cannot unmarshal {json_type} into Go struct field {field} of type {go_type}")
+
+
+def _rbac_types(kind_name: str, plural: str, obj: dict[str, Any]) -> None:
+    """The shapes the Go types impose: a string where a list belongs is a decode error."""
+    def strings(value: Any, field: str) -> None:
+        if value is None:
+            return
+        if not isinstance(value, list):
+            raise _decode_error(kind_name, field, value, "[]string")
+        for item in value:
+            if not isinstance(item, str):
+                raise _decode_error(kind_name, field, item, "string")
+
+    def mapping(value: Any, field: str, go_type: str) -> None:
+        if value is not None and not isinstance(value, dict):
+            raise _decode_error(kind_name, field, value, go_type)
+
+    if plural in ("roles", "clusterroles"):
+        rules = obj.get("rules")
+        if rules is not None and not isinstance(rules, list):
+            raise _decode_error(kind_name, f"{kind_name}.rules", rules, "[]v1.PolicyRule")
+        for rule in rules or []:
+            mapping(rule, f"{kind_name}.rules", "v1.PolicyRule")
+            for field in _STRING_LISTS:
+                strings((rule or {}).get(field), f"PolicyRule.rules.{field}")
+        aggregation = obj.get("aggregationRule")
+        mapping(aggregation, f"{kind_name}.aggregationRule", "v1.AggregationRule")
+        selectors = (aggregation or {}).get("clusterRoleSelectors")
+        if selectors is not None and not isinstance(selectors, list):
+            raise _decode_error(kind_name, "AggregationRule.aggregationRule.clusterRoleSelectors", selectors,
+                                "[]v1.LabelSelector")
+        for selector in selectors or []:
+            mapping(selector, "AggregationRule.aggregationRule.clusterRoleSelectors", "v1.LabelSelector")
+            labels = (selector or {}).get("matchLabels")
+            mapping(labels, "LabelSelector.aggregationRule.clusterRoleSelectors.matchLabels", "map[string]string")
+            for value in (labels or {}).values():
+                if not isinstance(value, str):
+                    raise _decode_error(kind_name, "LabelSelector.aggregationRule.clusterRoleSelectors.matchLabels",
+                                        value, "string")
+            expressions = (selector or {}).get("matchExpressions")
+            if expressions is not None and not isinstance(expressions, list):
+                raise _decode_error(kind_name, "LabelSelector.aggregationRule.clusterRoleSelectors.matchExpressions",
+                                    expressions, "[]v1.LabelSelectorRequirement")
+            for expression in expressions or []:
+                mapping(expression, "LabelSelector.aggregationRule.clusterRoleSelectors.matchExpressions",
+                        "v1.LabelSelectorRequirement")
+                strings((expression or {}).get("values"), "LabelSelectorRequirement.values")
+        return
+    mapping(obj.get("roleRef"), f"{kind_name}.roleRef", "v1.RoleRef")
+    subjects = obj.get("subjects")
+    if subjects is not None and not isinstance(subjects, list):
+        raise _decode_error(kind_name, f"{kind_name}.subjects", subjects, "[]v1.Subject")
+    for subject in subjects or []:
+        mapping(subject, f"{kind_name}.subjects", "v1.Subject")
+        for field in ("kind", "name", "namespace", "apiGroup"):
+            value = (subject or {}).get(field)
+            if value is not None and not isinstance(value, str):
+                raise _decode_error(kind_name, f"Subject.subjects.{field}", value, "string")
+
+
 def _rbac_causes(plural: str, obj: dict[str, Any]) -> list[tuple[str, str]]:
     """kube's rbac validation (pkg/apis/rbac/validation) for the mistakes one makes by hand."""
+    kind_name = {"roles": "Role", "clusterroles": "ClusterRole", "rolebindings": "RoleBinding",
+                 "clusterrolebindings": "ClusterRoleBinding"}[plural]
+    _rbac_types(kind_name, plural, obj)
     causes: list[tuple[str, str]] = []
     if plural in ("roles", "clusterroles"):
         rules = obj.get("rules")
@@ -355,8 +427,19 @@ def _cronjob_causes(spec: dict[str, Any]) -> list[tuple[str, str]]:
     return causes
 
 
+def validate_update(kind: Kind, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """What may not change once created (ValidateRoleBindingUpdate: a binding's roleRef)."""
+    if kind.group == _RBAC_GROUP and kind.plural in ("rolebindings", "clusterrolebindings"):
+        ref = new.get("roleRef") or {}
+        if ref != (old.get("roleRef") or {}):
+            text = (f'rbac.RoleRef{{APIGroup:"{ref.get("apiGroup", "")}", Kind:"{ref.get("kind", "")}", '
+                    f'Name:"{ref.get("name", "")}"}}')
+            raise invalid(kind.kind, kind.group, new.get("metadata", {}).get("name", ""),
+                          [("roleRef", f"Invalid value: {text}: cannot change roleRef")])
+
+
 def _go_map(labels: dict[str, str]) -> str:
     return "map[string]string{" + ", ".join(f'"{k}":"{v}"' for k, v in sorted(labels.items())) + "}"
 
 
-__all__ = ["Allocator", "ApiError", "apply_defaults", "default_pod_spec", "validate", "validate_name"]
+__all__ = ["Allocator", "ApiError", "apply_defaults", "default_pod_spec", "validate", "validate_name", "validate_update"]

@@ -15,7 +15,7 @@ the server's own (apiserver/pkg/endpoints/handlers/responsewriters/errors.go, fo
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
@@ -27,6 +27,7 @@ from kubesim.selectors import selector_from_match_labels
 RBAC_GROUP = "rbac.authorization.k8s.io"
 MASTERS = "system:masters"
 AUTHENTICATED = "system:authenticated"
+UNAUTHENTICATED = "system:unauthenticated"
 
 
 @attrs.frozen(kw_only=True)
@@ -51,7 +52,7 @@ class UserInfo:
 #: Whoever holds kubesim's own token.
 ADMIN = UserInfo(username="kubesim-admin", groups=(MASTERS, AUTHENTICATED))
 #: A request without credentials (allowed only where kubesim lets one through at all).
-ANONYMOUS = UserInfo(username="system:anonymous", groups=("system:unauthenticated",))
+ANONYMOUS = UserInfo(username="system:anonymous", groups=(UNAUTHENTICATED,))
 
 
 def service_account_user(namespace: str, name: str, uid: str) -> UserInfo:
@@ -75,6 +76,19 @@ class Attributes:
 
 
 _CONNECT = ("exec", "attach", "portforward")
+_NAMESPACE_SUBRESOURCES = ("status", "finalize")
+
+
+def _name_from_field_selector(selector: str) -> str:
+    """``metadata.name=<x>`` (or ``==``) as the only term of a field selector: ``x``."""
+    terms = [t for t in selector.split(",") if t]
+    if len(terms) != 1:
+        return ""
+    for op in ("==", "="):
+        key, sep, value = terms[0].partition(op)
+        if sep and key.strip() == "metadata.name" and not key.endswith("!"):
+            return value.strip()
+    return ""
 
 
 def request_attributes(method: str, path: str, query_string: str) -> Attributes:
@@ -96,18 +110,22 @@ def request_attributes(method: str, path: str, query_string: str) -> Attributes:
     namespace = ""
     if rest[0] == "namespaces" and len(rest) > 1:
         namespace = rest[1]
-        if len(rest) > 2:
+        # /namespaces/<name>/status and /finalize are the namespace's own subresources
+        if len(rest) > 2 and rest[2] not in _NAMESPACE_SUBRESOURCES:
             rest = rest[2:]
     resource = rest[0]
     name = rest[1] if len(rest) > 1 else ""
     subresource = rest[2] if len(rest) > 2 else ""
     if not name:
+        query = parse_qs(query_string)
         if verb == "get":
-            query = parse_qs(query_string)
             watch = (query.get("watch") or [""])[0].lower() in ("1", "true")
             verb = "watch" if watch else "list"
         elif verb == "delete":
             verb = "deletecollection"
+        if verb in ("list", "watch"):
+            # a list or watch of one object by name is authorized as that object (resourceNames)
+            name = _name_from_field_selector((query.get("fieldSelector") or [""])[0])
     if resource == "pods" and subresource in _CONNECT:
         # Since 1.31 a WebSocket (GET) exec, attach or port-forward needs `create` as SPDY's POST
         # does (the AuthorizePodWebsocketUpgradeCreatePermission gate, on by default).
@@ -233,9 +251,12 @@ class Authorizer:
                 if _subject_applies(subject, user, where):
                     ref = binding.get("roleRef") if isinstance(binding.get("roleRef"), dict) else {}
                     label = f'{meta["name"]}/{where}' if where else meta["name"]
+                    who = subject.get("name")
+                    if subject.get("kind") == "ServiceAccount":
+                        who = f'{who}/{subject.get("namespace") or where}'
                     yield Grant(binding=f'{kind} "{label}"',
                                 role=f'{ref.get("kind")} "{ref.get("name")}"',
-                                subject=f'{subject.get("kind")} "{subject.get("name")}"',
+                                subject=f'{subject.get("kind")} "{who}"',
                                 rules=self._role_rules(ref, where))
                     break
 
@@ -318,26 +339,21 @@ def forbidden(user: UserInfo, attrs_: Attributes) -> ApiError:
 # -- impersonation ----------------------------------------------------------------------------
 
 
-def impersonation_requested(headers: Mapping[str, str]) -> bool:
-    return any(name.startswith("impersonate-") for name in headers)
-
-
-def _values(text: str) -> list[str]:
-    return [v.strip() for v in text.split(",") if v.strip()]
-
-
-def impersonate(authorizer: Authorizer, caller: UserInfo, headers: Mapping[str, str]) -> UserInfo:
-    """The user a request runs as: `caller`, or whom its Impersonate-* headers name if allowed."""
-    if not impersonation_requested(headers):
+def impersonate(authorizer: Authorizer, caller: UserInfo, headers: Sequence[tuple[str, str]]) -> UserInfo:
+    """The user a request runs as: `caller`, or whom its Impersonate-* headers name if allowed.
+    `headers`: (lower-cased name, value) as sent — each Impersonate-Group or -Extra-* header is one
+    value, commas and all, as the real filter reads them."""
+    asked = [(n, v) for n, v in headers if n.startswith("impersonate-")]
+    if not asked:
         return caller
-    username = headers.get("impersonate-user", "")
-    uid = headers.get("impersonate-uid", "")
-    groups = _values(headers.get("impersonate-group", ""))
+    username = next((v for n, v in asked if n == "impersonate-user"), "")
+    uid = next((v for n, v in asked if n == "impersonate-uid"), "")
+    groups = [v for n, v in asked if n == "impersonate-group"]
     extra: dict[str, tuple[str, ...]] = {}
-    for name, value in headers.items():
+    for name, value in asked:
         if name.startswith("impersonate-extra-"):
             key = unquote(name[len("impersonate-extra-"):]).lower()
-            extra[key] = tuple(_values(value))
+            extra[key] = (*extra.get(key, ()), value)
     if not username:
         raise ApiError(500, "InternalError", "Internal error occurred: requested impersonation "
                        "of groups, extra or uid without impersonating a user")
@@ -365,7 +381,10 @@ def impersonate(authorizer: Authorizer, caller: UserInfo, headers: Mapping[str, 
         allowed, _ = authorizer.authorize(caller, check)
         if not allowed:
             raise forbidden(caller, check)
-    if username != "system:anonymous" and AUTHENTICATED not in groups:
+    if username == "system:anonymous":
+        if UNAUTHENTICATED not in groups:
+            groups.append(UNAUTHENTICATED)
+    elif AUTHENTICATED not in groups and UNAUTHENTICATED not in groups:
         groups.append(AUTHENTICATED)
     return UserInfo(username=username, uid=uid, groups=tuple(groups), extra=extra)
 

@@ -29,6 +29,11 @@ def header_map(scope: Mapping[str, Any]) -> dict[str, str]:
     return headers
 
 
+def header_pairs(scope: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(lower-cased name, value) of each header as sent, repeated ones apart."""
+    return [(n.decode("latin-1").lower(), v.decode("latin-1")) for n, v in scope.get("headers") or []]
+
+
 def record(scope: Mapping[str, Any], headers: Mapping[str, str]) -> RecordedRequest:
     auth = headers.get("authorization", "")
     token = auth[7:].strip() if auth[:7].lower() == "bearer " else None

@@ -24,7 +24,7 @@ import attrs
 import trio
 
 from kubesim import conversion, errors, rbac
-from kubesim.defaults import Allocator, apply_defaults, validate, validate_name
+from kubesim.defaults import Allocator, apply_defaults, validate, validate_name, validate_update
 from kubesim.resources import Kind, Registry
 from kubesim.selectors import Predicate
 from kubesim.timefmt import now, rfc3339
@@ -425,6 +425,7 @@ class Store:
                     if field in old_spec:
                         spec[field] = old_spec[field]
             validate(kind, new)
+            validate_update(kind, existing, new)
         new_meta = new["metadata"]
         for field in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds"):
             if field in old_meta:
