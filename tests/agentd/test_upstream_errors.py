@@ -263,19 +263,17 @@ async def _refusal(nursery: trio.Nursery, tmp_path: Path, server: str, *,
 
 
 async def test_connection_refused_is_named(nursery: trio.Nursery, tmp_path: Path) -> None:
-    sock = trio.socket.socket()
-    await sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()  # nothing listens there now
-    refusal = await _refusal(nursery, tmp_path, f"http://127.0.0.1:{port}")
+    with trio.socket.socket() as sock:  # bound, never listening: refused, and no other test can take the port
+        await sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        refusal = await _refusal(nursery, tmp_path, f"http://127.0.0.1:{port}")
     assert refusal.message == f"cannot reach http://127.0.0.1:{port}: Connection refused"
 
 
 async def test_through_kasd_the_502_names_the_cause(nursery: trio.Nursery, tmp_path: Path) -> None:
-    sock = trio.socket.socket()
+    sock = trio.socket.socket()  # bound, never listening: refused, and no other test can take the port
     await sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    sock.close()
     async with running_kasd() as kasd:
         config = agent_config(tmp_path, kasd.agent_url, agent_id="1")
         config.token_file.write_text(AGENT1_TOKEN + "\n")
@@ -287,6 +285,7 @@ async def test_through_kasd_the_502_names_the_cause(nursery: trio.Nursery, tmp_p
             message = json.loads(reply.body)["message"]
             assert message.endswith(f"cannot reach http://127.0.0.1:{port}: Connection refused"), message
             agent.stop()
+    sock.close()
 
 
 async def test_a_name_that_does_not_resolve_is_named(nursery: trio.Nursery, tmp_path: Path) -> None:
