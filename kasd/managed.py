@@ -8,8 +8,9 @@ environment stops.
   whose namespace the plan itself creates is checked when created), then create-or-get: 201 made
   it, 409 means it exists (kasd never adopts an object it did not make). One plan is applied once
   at a time per replica (a lock per key): concurrent first requests create once, the others wait
-  and go on. A plan applied is remembered for ``RECHECK`` seconds, then checked again (a replica
-  does not hear that another stopped the environment).
+  and go on; a failure is answered from memory for ``FAILURE_HOLD`` seconds to the requests that
+  queued behind it. A plan applied is remembered for ``RECHECK`` seconds, then checked again (a
+  replica does not hear that another stopped the environment).
 - ``Provisioner.stop(plan)``: per ``delete_resources``, each object (in reverse order) that
   carries kasd's mark *and* this environment's label is deleted; any other is kept and named.
 
@@ -49,6 +50,9 @@ REQUEST_TIMEOUT = 30.0
 ENSURE_TIMEOUT = 60.0
 #: plans remembered before the stale ones are forgotten
 REMEMBERED = 1024
+#: seconds a failed apply is answered from memory (the requests that queued behind it, a retry
+#: loop) before it is tried again: a hung agent costs one timeout, not one per queued request
+FAILURE_HOLD = 5.0
 
 
 class ProvisionError(Exception):
@@ -205,6 +209,7 @@ class Provisioner:
         self.client = client
         self._clock = clock
         self._applied: dict[tuple[int, int, str, str], float] = {}
+        self._failed: dict[tuple[int, int, str, str], tuple[float, ProvisionError]] = {}
         self._locks: dict[tuple[int, int, str, str], trio.Lock] = {}
 
     def _audit(self, event: str, plan: ManagedResources, resource: Resource, outcome: str, request_id: str = "") -> None:
@@ -221,13 +226,28 @@ class Provisioner:
         async with self._holding(key):
             if self._fresh(key):
                 return  # another request applied it while this one waited
+            failed = self._failed.get(key)
+            if failed is not None and self._clock() - failed[0] < FAILURE_HOLD:
+                raise ProvisionError(failed[1].status, failed[1].message)
             try:
                 with trio.fail_after(ENSURE_TIMEOUT):
                     await self._apply(plan, request_id)
             except trio.TooSlowError:
-                raise ProvisionError(504, f"creating this job's environment objects through agent "
-                                          f"{plan.agent_id} took over {ENSURE_TIMEOUT:.0f} s") from None
+                error = ProvisionError(504, f"creating this job's environment objects through agent "
+                                            f"{plan.agent_id} took over {ENSURE_TIMEOUT:.0f} s")
+                self._fail(key, error)
+                raise error from None
+            except ProvisionError as exc:
+                self._fail(key, exc)
+                raise
+            self._failed.pop(key, None)
             self._remember(key)
+
+    def _fail(self, key: tuple[int, int, str, str], error: ProvisionError) -> None:
+        now = self._clock()
+        if len(self._failed) >= REMEMBERED:
+            self._failed = {k: v for k, v in self._failed.items() if now - v[0] < FAILURE_HOLD}
+        self._failed[key] = (now, error)
 
     @asynccontextmanager
     async def _holding(self, key: tuple[int, int, str, str]) -> AsyncIterator[None]:
@@ -308,6 +328,7 @@ class Provisioner:
         comes after the stop makes the objects again."""
         async with self._holding(plan.key):
             self._applied.pop(plan.key, None)
+            self._failed.pop(plan.key, None)
             return await self._delete(plan)
 
     async def _delete(self, plan: ManagedResources) -> StopReport:

@@ -199,7 +199,19 @@ objects:
     metadata: {name: 'Not_A_Label-{{ .environment.slug }}'}
 """
     async with _stack(tmp_path, templates={"default": template}) as (kasd, sim, auth):
-        answer = await _call(kasd, _job(auth), "GET", "/api/v1/namespaces/default/pods")
+        answers: list[Reply] = []
+
+        async def one() -> None:
+            answers.append(await _call(kasd, _job(auth), "GET", "/api/v1/namespaces/default/pods"))
+
+        async with trio.open_nursery() as nursery:  # the same plan, asked for at once
+            for _ in range(6):
+                nursery.start_soon(one)
+        assert len({(a.status, a.body) for a in answers}) == 1
+        # the first tried; those queued behind it got its answer without asking the cluster again
+        dry_runs = [r for r in sim.requests if r.method == "POST" and r.path == "/api/v1/namespaces"]
+        assert len(dry_runs) == 2, dry_runs  # ok-…, then Not_A_Label-…: once
+        answer = answers[0]
         assert answer.status == 422, answer.body
         status = answer.json()
         assert status["reason"] == "Invalid"
