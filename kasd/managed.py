@@ -31,7 +31,14 @@ from urllib.parse import quote
 import attrs
 import trio
 
-from kasd.authz.templates import MANAGED_BY, ManagedResources
+from kasd.authz.templates import (
+    MANAGED_BY,
+    MANAGED_KINDS,
+    ManagedResources,
+    agent_label,
+    env_label,
+    project_label,
+)
 from kasd.k8sproxy.accesslog import logfmt
 from kasd.seams import RouteError, Router
 from tunnelhttp.head import RequestHead, ResponseHead
@@ -151,35 +158,23 @@ class Resource:
         return f"{self.kind} {where}{self.name}"
 
 
-#: kind → (plural, namespaced) for what templates may hold (kasd.authz.templates.KINDS)
-_RESOURCES = {
-    "Namespace": ("namespaces", False), "ServiceAccount": ("serviceaccounts", True),
-    "RoleBinding": ("rolebindings", True),
-    "GitRepository": ("gitrepositories", True), "HelmRepository": ("helmrepositories", True),
-    "HelmChart": ("helmcharts", True), "Bucket": ("buckets", True), "OCIRepository": ("ocirepositories", True),
-    "Kustomization": ("kustomizations", True), "HelmRelease": ("helmreleases", True),
-    "Alert": ("alerts", True), "Provider": ("providers", True), "Receiver": ("receivers", True),
-}
-
-
 def resource_of(obj: Mapping[str, Any]) -> Resource:
-    plural, namespaced = _RESOURCES[str(obj["kind"])]
+    served = MANAGED_KINDS[str(obj["kind"])]
     meta = obj.get("metadata") or {}
-    return Resource(api_version=str(obj["apiVersion"]), kind=str(obj["kind"]), plural=plural,
-                    name=str(meta["name"]), namespace=str(meta.get("namespace") or "default") if namespaced else None)
+    return Resource(api_version=str(obj["apiVersion"]), kind=str(obj["kind"]), plural=served.plural,
+                    name=str(meta["name"]),
+                    namespace=str(meta.get("namespace") or "default") if served.namespaced else None)
 
 
 def _env_label(plan: ManagedResources) -> str | None:
-    if not plan.slug:
-        return None
-    return f"agent.gitlab.com/env-{plan.slug}-{plan.project_id}-{plan.agent_id}"
+    return env_label(plan.slug, plan.project_id, plan.agent_id) if plan.slug else None
 
 
 def _project_ours(obj: Mapping[str, Any], plan: ManagedResources) -> bool:
     """kasd made it for this plan's project through this plan's agent (any environment of it)."""
     labels = (obj.get("metadata") or {}).get("labels") or {}
-    return (labels.get(MANAGED_BY[0]) == MANAGED_BY[1] and f"agent.gitlab.com/project_id-{plan.project_id}" in labels
-            and f"agent.gitlab.com/id-{plan.agent_id}" in labels)
+    return (labels.get(MANAGED_BY[0]) == MANAGED_BY[1] and project_label(plan.project_id) in labels
+            and agent_label(plan.agent_id) in labels)
 
 
 def _ours(obj: Mapping[str, Any], plan: ManagedResources) -> bool:

@@ -34,9 +34,26 @@ import yaml
 
 from kasd.authz.agentconfig import compose_yaml
 
-__all__ = ["BUILTIN", "DEFAULT_TEMPLATE", "GROUPS", "KINDS", "MANAGED_BY", "VARIABLES", "EnvironmentTemplate",
-           "ManagedResources", "TemplateError", "load_templates", "parse_template", "render", "rules_objects",
-           "templates_dir"]
+__all__ = [
+    "BUILTIN",
+    "DEFAULT_TEMPLATE",
+    "KINDS",
+    "MANAGED_BY",
+    "MANAGED_KINDS",
+    "VARIABLES",
+    "EnvironmentTemplate",
+    "ManagedKind",
+    "ManagedResources",
+    "TemplateError",
+    "agent_label",
+    "env_label",
+    "load_templates",
+    "parse_template",
+    "project_label",
+    "render",
+    "rules_objects",
+    "templates_dir",
+]
 
 #: GitLab's variables (docs: "Template variables"), by ``category.field``
 VARIABLES = frozenset({
@@ -47,16 +64,43 @@ VARIABLES = frozenset({
     "ci_pipeline.id", "ci_job.id",
     "user.id", "user.username",
 })
-#: the kinds GitLab applies (docs: "Supported Kubernetes resources"), each with its API group
-GROUPS = {
-    "Namespace": "", "ServiceAccount": "", "RoleBinding": "rbac.authorization.k8s.io",
-    "GitRepository": "source.toolkit.fluxcd.io", "HelmRepository": "source.toolkit.fluxcd.io",
-    "HelmChart": "source.toolkit.fluxcd.io", "Bucket": "source.toolkit.fluxcd.io",
-    "OCIRepository": "source.toolkit.fluxcd.io", "Kustomization": "kustomize.toolkit.fluxcd.io",
-    "HelmRelease": "helm.toolkit.fluxcd.io", "Alert": "notification.toolkit.fluxcd.io",
-    "Provider": "notification.toolkit.fluxcd.io", "Receiver": "notification.toolkit.fluxcd.io",
+@attrs.frozen
+class ManagedKind:
+    """Where the API serves a kind a template may hold."""
+
+    group: str  # "" is the core group (apiVersion v1)
+    plural: str
+    namespaced: bool = True
+
+
+_SOURCE, _NOTIFY = "source.toolkit.fluxcd.io", "notification.toolkit.fluxcd.io"
+#: the kinds GitLab applies (docs: "Supported Kubernetes resources"): what templates are checked
+#: against and what ``kasd.managed`` sends them to
+MANAGED_KINDS = {
+    "Namespace": ManagedKind("", "namespaces", namespaced=False), "ServiceAccount": ManagedKind("", "serviceaccounts"),
+    "RoleBinding": ManagedKind("rbac.authorization.k8s.io", "rolebindings"),
+    "GitRepository": ManagedKind(_SOURCE, "gitrepositories"), "HelmRepository": ManagedKind(_SOURCE, "helmrepositories"),
+    "HelmChart": ManagedKind(_SOURCE, "helmcharts"), "Bucket": ManagedKind(_SOURCE, "buckets"),
+    "OCIRepository": ManagedKind(_SOURCE, "ocirepositories"),
+    "Kustomization": ManagedKind("kustomize.toolkit.fluxcd.io", "kustomizations"),
+    "HelmRelease": ManagedKind("helm.toolkit.fluxcd.io", "helmreleases"),
+    "Alert": ManagedKind(_NOTIFY, "alerts"), "Provider": ManagedKind(_NOTIFY, "providers"),
+    "Receiver": ManagedKind(_NOTIFY, "receivers"),
 }
-KINDS = frozenset(GROUPS)
+KINDS = frozenset(MANAGED_KINDS)
+
+
+def agent_label(agent_id: int | str) -> str:
+    return f"agent.gitlab.com/id-{agent_id}"
+
+
+def project_label(project_id: int | str) -> str:
+    return f"agent.gitlab.com/project_id-{project_id}"
+
+
+def env_label(slug: str, project_id: int | str, agent_id: int | str) -> str:
+    """GitLab's label (and annotation key) of one environment's objects on one agent."""
+    return f"agent.gitlab.com/env-{slug}-{project_id}-{agent_id}"
 #: kasd's mark on what it created (it deletes nothing without it)
 MANAGED_BY = ("kasd.gitlab-agent.io/managed-by", "kasd")
 
@@ -140,8 +184,9 @@ def parse_template(text: str, source: str, name: str) -> EnvironmentTemplate:
         if not isinstance(api_version, str):
             raise TemplateError(f"{where}: objects[{i}].apiVersion: missing")
         group = api_version.rpartition("/")[0]
-        if group != GROUPS[item["kind"]] or not api_version.rpartition("/")[2]:
-            wanted = f"{GROUPS[item['kind']]}/<version>" if GROUPS[item["kind"]] else "v1"
+        served = MANAGED_KINDS[item["kind"]].group
+        if group != served or not api_version.rpartition("/")[2]:
+            wanted = f"{served}/<version>" if served else "v1"
             raise TemplateError(f"{where}: objects[{i}].apiVersion: {api_version!r} does not serve "
                                 f"{item['kind']} (expected {wanted})")
         metadata = item["metadata"]
@@ -216,8 +261,8 @@ def render(template: EnvironmentTemplate, variables: Mapping[str, str | int]) ->
         raise ValueError(f"variables missing: {', '.join(sorted(missing))}")
     values = {k: str(v) for k, v in variables.items()}
     slug, project, agent = values["environment.slug"], values["project.id"], values["agent.id"]
-    env_key = f"agent.gitlab.com/env-{slug}-{project}-{agent}"
-    labels = {f"agent.gitlab.com/id-{agent}": "", f"agent.gitlab.com/project_id-{project}": "",
+    env_key = env_label(slug, project, agent)
+    labels = {agent_label(agent): "", project_label(project): "",
               MANAGED_BY[0]: MANAGED_BY[1]}
     if slug:
         labels |= {env_key: "", f"agent.gitlab.com/environment_slug-{slug}": ""}
