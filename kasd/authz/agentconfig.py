@@ -185,23 +185,33 @@ def load_agent_config(config_root: Path, config_project: str, agent_name: str) -
     GitLab: only jobs of the config project itself may use the agent), reported as a warning."""
     path = agent_config_path(config_root, config_project, agent_name)
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
+        text = read_config_text(path, AgentConfigError)
     except FileNotFoundError:
         return LoadedAgentConfig(
             config=AgentConfig(source=str(path)),
             warnings=(f"{path}: no such file: the agent has the default configuration (only CI/CD jobs "
                       f"of its config project {config_project} may use it)",),
         )
-    except OSError as exc:
-        raise AgentConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise AgentConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise AgentConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     return parse_agent_config(text, str(path))
+
+
+def read_config_text(path: Path, error: type[ValueError]) -> str:
+    """The text of a file of an agent's configuration (``config.yaml``, a template): at most
+    ``MAX_CONFIG_BYTES``, UTF-8; ``error`` naming the path otherwise. ``FileNotFoundError`` is the
+    caller's to read (a missing ``config.yaml`` is the default configuration)."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise error(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not UTF-8 text (byte {exc.start})") from None
 
 
 def compose_yaml(text: str, source: str, error: type[ValueError] = ValueError) -> Node | None:
@@ -531,4 +541,5 @@ __all__ = [
     "compose_yaml",
     "load_agent_config",
     "parse_agent_config",
+    "read_config_text",
 ]

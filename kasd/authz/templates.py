@@ -32,7 +32,7 @@ from typing import Any, Literal
 import attrs
 import yaml
 
-from kasd.authz.agentconfig import compose_yaml
+from kasd.authz.agentconfig import compose_yaml, read_config_text
 
 __all__ = [
     "BUILTIN",
@@ -306,9 +306,9 @@ def load_templates(directory: Path) -> dict[str, EnvironmentTemplate]:
     templates = {}
     for path in paths:
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise TemplateError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+            text = read_config_text(path, TemplateError)
+        except FileNotFoundError as exc:  # removed since the listing: the next look reloads
+            raise TemplateError(f"{path}: cannot read: {exc.strerror or exc}") from None
         templates[path.stem] = parse_template(text, str(path), path.stem)
     return templates
 

@@ -4,14 +4,17 @@ and annotation, and every mistake at file:line:column."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from kasd.authz.agentconfig import MAX_CONFIG_BYTES
 from kasd.authz.templates import (
     DEFAULT_TEMPLATE,
     MANAGED_BY,
     VARIABLES,
     TemplateError,
+    load_templates,
     parse_template,
     render,
 )
@@ -94,3 +97,17 @@ def test_every_variable_gitlab_documents_is_known() -> None:
     assert set(VALUES) == VARIABLES
     with pytest.raises(ValueError, match=r"variables missing: user\.username"):
         render(parse_template(DEFAULT_TEMPLATE, "d", "default"), {k: v for k, v in VALUES.items() if k != "user.username"})
+
+
+def test_template_files_are_read_as_config_yaml_is(tmp_path: Path) -> None:
+    (tmp_path / "default.yaml").write_text(DEFAULT_TEMPLATE)
+    (tmp_path / "notes.txt").write_text("not a template")
+    assert list(load_templates(tmp_path)) == ["default"]
+    assert load_templates(tmp_path / "absent") == {}
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"#" * (MAX_CONFIG_BYTES + 1))
+    with pytest.raises(TemplateError, match=f"big.yaml: larger than {MAX_CONFIG_BYTES} bytes"):
+        load_templates(tmp_path)
+    big.write_bytes(b"objects: \xff\n")
+    with pytest.raises(TemplateError, match=r"big.yaml: not UTF-8 text \(byte 9\)"):
+        load_templates(tmp_path)
