@@ -253,7 +253,7 @@ def validate(kind: Kind, obj: dict[str, Any]) -> None:
             if not re.match(r"^[-._a-zA-Z0-9]+$", key):
                 causes.append((f"data[{key}]", f'Invalid value: "{key}": a valid config key must consist of alphanumeric characters, \'-\', \'_\' or \'.\' (e.g. \'key.name\',  or \'KEY_NAME\',  or \'key-name\', regex used for validation is \'[-._a-zA-Z0-9]+\')'))
     if kind.group == "rbac.authorization.k8s.io":
-        causes.extend(_rbac_causes(kind.plural, obj))
+        causes.extend(_rbac_causes(kind, obj))
     if causes:
         raise invalid(kind.kind, kind.group, name, causes)
 
@@ -334,17 +334,14 @@ def _rbac_types(kind_name: str, plural: str, obj: dict[str, Any]) -> None:
                 raise _decode_error(kind_name, f"Subject.subjects.{field}", value, "string")
 
 
-def _rbac_causes(plural: str, obj: dict[str, Any]) -> list[tuple[str, str]]:
-    """kube's rbac validation (pkg/apis/rbac/validation) for the mistakes one makes by hand."""
-    kind_name = {"roles": "Role", "clusterroles": "ClusterRole", "rolebindings": "RoleBinding",
-                 "clusterrolebindings": "ClusterRoleBinding"}[plural]
-    _rbac_types(kind_name, plural, obj)
+def _rbac_causes(kind: Kind, obj: dict[str, Any]) -> list[tuple[str, str]]:
+    """kube's rbac validation (pkg/apis/rbac/validation) for the mistakes one makes by hand, once
+    ``_rbac_types`` found the shapes right (lists are lists; an item may still be null)."""
+    plural = kind.plural
+    _rbac_types(kind.kind, plural, obj)
     causes: list[tuple[str, str]] = []
     if plural in ("roles", "clusterroles"):
-        rules = obj.get("rules")
-        if rules is not None and not isinstance(rules, list):
-            return [("rules", "Invalid value: must be a list of PolicyRules")]
-        for i, rule in enumerate(rules or []):
+        for i, rule in enumerate(obj.get("rules") or []):
             where = f"rules[{i}]"
             if not isinstance(rule, dict):
                 causes.append((where, "Invalid value: must be a PolicyRule object"))
@@ -379,21 +376,18 @@ def _rbac_causes(plural: str, obj: dict[str, Any]) -> list[tuple[str, str]]:
                        + ", ".join(f'"{k}"' for k in kinds)))
     if not ref.get("name"):
         causes.append(("roleRef.name", "Required value"))
-    subjects = obj.get("subjects")
-    if subjects is not None and not isinstance(subjects, list):
-        return [*causes, ("subjects", "Invalid value: must be a list of Subjects")]
-    for i, subject in enumerate(subjects or []):
+    for i, subject in enumerate(obj.get("subjects") or []):
         where = f"subjects[{i}]"
         if not isinstance(subject, dict):
             causes.append((where, "Invalid value: must be a Subject object"))
             continue
         if not subject.get("name"):
             causes.append((f"{where}.name", "Required value"))
-        kind = subject.get("kind")
-        if kind not in ("ServiceAccount", "User", "Group"):
-            causes.append((f"{where}.kind", f'Unsupported value: {json.dumps(kind or "")}: supported values: '
+        subject_kind = subject.get("kind")
+        if subject_kind not in ("ServiceAccount", "User", "Group"):
+            causes.append((f"{where}.kind", f'Unsupported value: {json.dumps(subject_kind or "")}: supported values: '
                            '"ServiceAccount", "User", "Group"'))
-        elif kind == "ServiceAccount" and plural == "clusterrolebindings" and not subject.get("namespace"):
+        elif subject_kind == "ServiceAccount" and plural == "clusterrolebindings" and not subject.get("namespace"):
             causes.append((f"{where}.namespace", "Required value"))
     return causes
 
