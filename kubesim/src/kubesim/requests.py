@@ -22,9 +22,7 @@ class RecordedRequest:
 def header_map(scope: Mapping[str, Any]) -> dict[str, str]:
     """Lower-cased header names; repeated headers joined with ", " as HTTP allows."""
     headers: dict[str, str] = {}
-    for raw_name, raw_value in scope.get("headers") or []:
-        name = raw_name.decode("latin-1").lower()
-        value = raw_value.decode("latin-1")
+    for name, value in header_pairs(scope):
         headers[name] = f"{headers[name]}, {value}" if name in headers else value
     return headers
 
