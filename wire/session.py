@@ -45,6 +45,9 @@ _RECEIVE_SIZE = 256 * KiB
 #: largest slice of one send_all queued before re-checking the outbound high-water mark
 _SEND_CHUNK = 256 * KiB
 _CLOSE_TIMEOUT = 5.0
+#: NOTICEs kept for a receiver that has not set ``on_notice`` yet (the newest win: a later
+#: placement supersedes an earlier one)
+MAX_EARLY_NOTICES = 16
 
 
 class SessionClosedError(trio.BrokenResourceError):
@@ -345,8 +348,10 @@ class Session(trio.abc.AsyncResource):
         backlog = accept_backlog if accept_backlog is not None else self.connection.local_settings.max_concurrent_streams
         self._accept_send, self._accept_recv = trio.open_memory_channel[MuxStream](backlog)
         self._on_stream: Callable[[MuxStream], None] | None = None
-        #: called (in the reader; must not block) with the metadata of each NOTICE the peer sends
-        self.on_notice: Callable[[Metadata], None] | None = None
+        self._on_notice: Callable[[Metadata], None] | None = None
+        # NOTICEs read before anyone set ``on_notice`` (a peer may send one right after the
+        # handshake, before its receiver got the session): handed over when it is set
+        self._early_notices: deque[Metadata] = deque(maxlen=MAX_EARLY_NOTICES)
         self._writer_wakeup = trio.Event()
         self._drained = trio.lowlevel.ParkingLot()
         self._slots = trio.lowlevel.ParkingLot()
@@ -411,6 +416,25 @@ class Session(trio.abc.AsyncResource):
         self._streams[stream_id] = stream
         self._wake_writer()
         return stream
+
+    @property
+    def on_notice(self) -> Callable[[Metadata], None] | None:
+        """Called (in the reader; must not block) with the metadata of each NOTICE the peer sends.
+        NOTICEs that came before it was set are passed to it at once, oldest first (at most
+        ``MAX_EARLY_NOTICES``, the newest kept), as ``hand_streams_to`` hands over queued streams."""
+        return self._on_notice
+
+    @on_notice.setter
+    def on_notice(self, handler: Callable[[Metadata], None] | None) -> None:
+        self._on_notice = handler
+        while handler is not None and self._early_notices:
+            self._notify(handler, self._early_notices.popleft())
+
+    def _notify(self, handler: Callable[[Metadata], None], metadata: Metadata) -> None:
+        try:
+            handler(metadata)
+        except Exception:  # a receiver's bug must not end the session
+            log.exception("notice handler failed name=%s", self.name)
 
     def hand_streams_to(self, on_stream: Callable[[MuxStream], None]) -> None:
         """From now on, call ``on_stream`` with each stream the peer opens, as its OPEN is read,
@@ -720,11 +744,10 @@ class Session(trio.abc.AsyncResource):
                 self._goaway_event.set()
                 self._slots.unpark_all()
             case NoticeReceived(metadata=metadata):
-                if self.on_notice is not None:
-                    try:
-                        self.on_notice(metadata)
-                    except Exception:  # a receiver's bug must not end the session
-                        log.exception("notice handler failed name=%s", self.name)
+                if self._on_notice is not None:
+                    self._notify(self._on_notice, metadata)
+                else:
+                    self._early_notices.append(metadata)
             case HandshakeCompleted(version=version):
                 log.debug("handshake done name=%s version=%d.%d", self.name, *version)
                 self._handshake.set()

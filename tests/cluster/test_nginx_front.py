@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentd.connection import PLACEMENT_SKIP
 from kasctl.stack import AGENT_ID, Stack
 from routing.ring import Ring
 from tests.cluster.conftest import KUBECTLS, LineReader, metric, replicated_stack
@@ -74,9 +73,7 @@ def homed(tmp_path: Path) -> Iterator[tuple[Stack, Nginx]]:
         stack.stop()
 
 
-def _wait_for_home(stack: Stack, home: int, bound: float = PLACEMENT_SKIP + 15.0) -> None:
-    # Usually at once; under a loaded CI machine the move's dial may time out, and agentd then
-    # passes the home over for PLACEMENT_SKIP seconds before it moves (agentd/connection.py).
+def _wait_for_home(stack: Stack, home: int, bound: float = 10.0) -> None:
     deadline = time.monotonic() + bound
     while time.monotonic() < deadline:
         held = [metric(stack, i, "kasd_agent_sessions") for i in range(stack.replicas)]

@@ -16,6 +16,7 @@ from wire.errors import ErrorCode
 from wire.frames import GoAway, Hello
 from wire.mux import MuxConnection
 from wire.session import (
+    MAX_EARLY_NOTICES,
     MuxStream,
     Session,
     SessionClosedError,
@@ -478,3 +479,29 @@ async def test_only_the_dialling_side_keeps_an_idle_session_alive(nursery: trio.
     await trio.sleep(60)
     assert 10 <= pings["client"] <= 13 and pings["server"] == 0, pings
     assert not client.closed and not server.closed
+
+
+async def test_a_notice_read_before_its_receiver_is_set_is_handed_over_when_it_is(nursery: trio.Nursery) -> None:
+    # kasd sends its placement right after the handshake; agentd sets on_notice only once its dial
+    # returned the session. A NOTICE read in between must not be lost (it was: agentd then never
+    # learned its home replica until the ring changed).
+    client, server = await _session_pair(nursery)
+    assert await server.send_notice({"type": "placement", "n": 1})
+    assert await server.send_notice({"type": "placement", "n": 2})
+    await client.ping()  # the ping's answer follows both NOTICEs: they were read, with no receiver
+    seen: list[dict[str, Any]] = []
+    client.on_notice = lambda metadata: seen.append(dict(metadata))
+    assert [m["n"] for m in seen] == [1, 2]
+    assert await server.send_notice({"type": "placement", "n": 3})
+    await client.ping()
+    assert [m["n"] for m in seen] == [1, 2, 3]  # and later ones as they come
+
+
+async def test_early_notices_are_bounded_the_newest_kept(nursery: trio.Nursery) -> None:
+    client, server = await _session_pair(nursery)
+    for n in range(MAX_EARLY_NOTICES + 5):
+        assert await server.send_notice({"type": "placement", "n": n})
+    await client.ping()
+    seen: list[int] = []
+    client.on_notice = lambda metadata: seen.append(int(metadata["n"]))
+    assert seen == list(range(5, MAX_EARLY_NOTICES + 5))
