@@ -97,14 +97,31 @@ async def subscription(client: Any, channels: list[str]) -> AsyncIterator[Any]:
     """``client.pubsub(channels=...)`` for the ``async with`` block (coredis re-subscribes by itself
     after a reconnect: each time, a ``subscribe`` message comes again).
 
-    Fenced here: coredis 6.9, when the block is cancelled while its connection is already closed,
-    sends UNSUBSCRIBE into that closed connection and raises anyio.ClosedResourceError from its
-    cleanup. Nothing is lost by ignoring it (the subscription is gone with the connection)."""
+    Fenced here (coredis 6.9):
+
+    - when the block is cancelled while its connection is already closed, coredis sends UNSUBSCRIBE
+      into that closed connection and raises anyio.ClosedResourceError from its cleanup. Nothing
+      is lost by ignoring it (the subscription is gone with the connection);
+    - its SUBSCRIBE runs in a task group of its own, so a connection lost just then (``Connection
+      not usable``) comes out wrapped in an ExceptionGroup, which a caller's ``except REDIS_ERRORS``
+      does not catch: the listener, and the replica with it, would end. A group of nothing but
+      Redis errors is raised as its first error."""
     try:
-        async with client.pubsub(channels=channels) as pubsub:
-            yield pubsub
-    except* anyio.ClosedResourceError:
-        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            async with client.pubsub(channels=channels) as pubsub:
+                yield pubsub
+        except* anyio.ClosedResourceError:
+            await trio.lowlevel.checkpoint_if_cancelled()
+    except BaseExceptionGroup as group:
+        matched, rest = group.split(REDIS_ERRORS)
+        if matched is None or rest is not None:
+            raise
+        raise _first_leaf(matched) from group
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 class RedisHealth:
