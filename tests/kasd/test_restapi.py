@@ -46,13 +46,20 @@ async def test_a_job_learns_the_agents_it_may_use_in_gitlabs_shape() -> None:
     # helpers' configuration: group/app's jobs may use both agents, impersonating a fixed identity
     assert [a["id"] for a in body["allowed_agents"]] == [1, 2]
     prod = body["allowed_agents"][0]
-    assert prod["config_project"] == {"id": 1, "path_with_namespace": "group/infra"}
-    assert prod["configuration"]["access_as"]["impersonate"]["username"] == "gitlab:ci_job:7"
+    # GitLab's ProjectIdentity; standalone kasd knows no description or creation time
+    assert prod["config_project"] == {"id": 1, "description": None, "name": "infra", "name_with_namespace": "group / infra",
+                                      "path": "infra", "path_with_namespace": "group/infra", "created_at": None}
+    # the ci_access entry as written in config.yaml, without its id
+    assert prod["configuration"] == {"access_as": {"impersonate": {
+        "username": "gitlab:ci_job:7", "uid": "ci-7", "groups": ["gitlab:ci_job", "gitlab:project:42"],
+        "extra": [{"key": "agent.gitlab.com/job_id", "val": ["7"]}]}}}
     assert prod["kasd"] == {"name": "prod", "context": "group/infra:prod", "namespace": None,
                             "access_as": "impersonate"}
     assert body["job"] == {"id": 7} and body["pipeline"]["id"] == 1
     assert body["project"] == {"id": 42, "path_with_namespace": "group/app", "groups": [{"id": 10}]}
-    assert body["user"]["username"] == "alice" and "environment" not in body
+    assert body["user"] == {"id": None, "name": "alice", "username": "alice", "state": "active", "avatar_url": None,
+                            "web_url": None, "roles_in_project": ["guest", "planner", "reporter", "developer"]}
+    assert "environment" not in body
 
 
 async def test_a_job_of_a_project_no_agent_allows_gets_an_empty_list() -> None:
