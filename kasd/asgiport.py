@@ -178,9 +178,14 @@ class _Body:
         self.ex = ex
         self.limit = limit
         self.size = 0
-        self.done = not ex.request.has_body and ex.take_empty_body()
+        #: the body's last message was given to the app
+        self.done = False
+        self._empty = not ex.request.has_body and ex.take_empty_body()
 
     async def receive(self) -> Message:
+        if self._empty and not self.done:
+            self.done = True
+            return {"type": "http.request", "body": b"", "more_body": False}
         if self.done:
             try:
                 await self.ex.watch_client()
