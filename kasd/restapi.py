@@ -63,7 +63,12 @@ class RestApi:
         self._clock = clock
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":  # (lifespan: nothing to start or stop)
+        if scope["type"] == "lifespan":  # nothing to start or stop; served by any ASGI server
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        if scope["type"] != "http":
             return
         job_token = job_token_of(scope)
         stop = _stop_path(bytes(scope.get("raw_path") or scope["path"].encode()))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from functools import partial
 from typing import Any
 
 import pytest
@@ -189,3 +190,24 @@ async def test_the_job_token_may_come_as_a_query_parameter_and_is_never_logged(c
     lines = [r.getMessage() for r in caplog.records if r.name.startswith("kasd.api")]
     assert any(f"path={ALLOWED_AGENTS_PATH} " in line and "status=200" in line for line in lines), lines
     assert CI_SECRET not in caplog.text and "job_token" not in caplog.text
+
+
+async def test_the_api_stays_an_asgi_app_any_asgi_server_can_serve() -> None:
+    """The architecture's next layer serves it with hypercorn on trio: its public ``serve`` runs it
+    as it is (lifespan included)."""
+    from hypercorn.config import Config as HypercornConfig
+    from hypercorn.trio import serve
+
+    from kasd.authority import load_authorization
+    from kasd.restapi import RestApi
+
+    snapshot = load_authorization(_config(), None).snapshot
+    config = HypercornConfig()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = config.errorlog = None
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(partial(serve, RestApi(lambda: snapshot), config))  # type: ignore[arg-type]
+        port = int(binds[0].rsplit(":", 1)[1])
+        reply = await http_request(port, "GET", f"{ALLOWED_AGENTS_PATH}?job_token={CI_SECRET}")
+        nursery.cancel_scope.cancel()
+    assert reply.status == 200 and [a["id"] for a in json.loads(reply.body)["allowed_agents"]] == [1, 2]
