@@ -1,39 +1,25 @@
 """kasd's REST API port (8153, ``listeners.api``): GitLab's ``GET /api/v4/job/allowed_agents``, which
-a CI job (``Job-Token`` header) asks to learn which agents it may use — what ``kasctl kubeconfig
---job-token`` turns into a kubeconfig — and ``POST /api/v4/projects/:project/environments/:name/stop``,
-which deletes what kasd created for an environment (``kasctl env stop``). An ASGI app served by
-hypercorn on kasd's own listeners.
-
-The fence around hypercorn's internals (checked against hypercorn 0.18; the test
-``tests/kasd/test_restapi.py::test_the_hypercorn_internals_kasd_relies_on`` names each):
-
-1. ``hypercorn.trio.tcp_server.TCPServer(app, config, context, state, stream)`` serves one accepted
-   stream when awaited: a TLS stream (it has ``do_handshake``) or a plain one with a ``socket``.
-2. ``hypercorn.trio.worker_context.WorkerContext(max_requests)`` and
-   ``hypercorn.typing.ConnectionState`` are what ``hypercorn.trio.run.worker_serve`` gives it.
-3. ``hypercorn.utils.wrap_app(app, wsgi_max_body_size, mode)`` makes the ``AppWrapper`` it takes.
-
-Why not ``hypercorn.trio.serve``: it binds and accepts by itself, and every public port of kasd
-counts its connections at accept, before TLS or any parsing (``netio.admission``), as the others do.
+a CI job (``JOB-TOKEN`` header or ``?job_token=``) asks to learn which agents it may use — what
+``kasctl kubeconfig --job-token`` turns into a kubeconfig — and ``POST
+/api/v4/projects/:project/environments/:name/stop``, which deletes what kasd created for an
+environment (``kasctl env stop``). An ASGI app, served on kasd's own HTTP/1.1 front end
+(``kasd.asgiport``: the proxy port's framing, so the same smuggling and head-size rules) on kasd's
+own capped listener (docs/dependencies.md says why not hypercorn).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from functools import partial
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import parse_qsl, quote, unquote
 
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio.tcp_server import TCPServer
-from hypercorn.trio.worker_context import WorkerContext
-from hypercorn.typing import ConnectionState
-from hypercorn.utils import wrap_app
 
+from kasd.asgiport import AsgiPort, PortLimits
 from kasd.authz.jobinfo import ALLOWED_AGENTS_PATH, allowed_agents_response
 from kasd.authz.snapshot import Denied, Snapshot
 from kasd.k8sproxy.accesslog import logfmt
@@ -49,12 +35,18 @@ def stop_path(project: str, environment: str) -> str:
     """``STOP_PATH`` for a project path (or id) and environment name, each percent-encoded."""
     return STOP_PATH.format(project=quote(project, safe=""), environment=quote(environment, safe=""))
 
-#: largest request head hypercorn accepts on this port
+#: largest request head (request line and headers) this port accepts: beyond, 431 and a close
 MAX_HEAD_BYTES = 16 * 1024
-#: seconds a connection may go without sending a byte (mid-request or idle) before it is closed
-READ_TIMEOUT = 30
-#: seconds an idle keep-alive connection is kept (hypercorn closes a timed-out reader only then too)
-KEEP_ALIVE_TIMEOUT = 30
+#: seconds from accept (TLS included) or a kept-alive request's first byte to its whole head: beyond, 408
+HEAD_TIMEOUT = 30.0
+#: seconds an idle keep-alive connection is kept
+KEEP_ALIVE_TIMEOUT = 30.0
+#: bytes of request body read (no call here takes one): beyond, 413 and a close
+MAX_BODY_BYTES = 64 * 1024
+
+#: where GitLab's API takes a job token, first found wins (``Gitlab::Auth::AuthFinders``:
+#: ``params[:job_token]``, then ``params[:token]``, then the ``JOB-TOKEN`` header)
+JOB_TOKEN_PARAMS = ("job_token", "token")
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -71,9 +63,14 @@ class RestApi:
         self._clock = clock
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":  # (no lifespan: served without hypercorn's worker)
+        if scope["type"] == "lifespan":  # nothing to start or stop; served by any ASGI server
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
             return
-        job_token = _header(scope, b"job-token")
+        if scope["type"] != "http":
+            return
+        job_token = job_token_of(scope)
         stop = _stop_path(bytes(scope.get("raw_path") or scope["path"].encode()))
         if stop is not None:
             status, body = await self.stop_environment(scope["method"], *stop, job_token)
@@ -92,7 +89,8 @@ class RestApi:
         if method not in ("GET", "HEAD"):
             return 405, {"message": "405 Method Not Allowed"}
         if not job_token:
-            return 401, {"message": "401 Unauthorized: send the CI job token in a Job-Token header"}
+            return 401, {"message": "401 Unauthorized: send the CI job token in a JOB-TOKEN header or a job_token "
+                                    "parameter"}
         snapshot = self._snapshot()
         try:
             claims, allowed = snapshot.allowed_agents(job_token, now=self._clock())
@@ -109,7 +107,8 @@ class RestApi:
         if method != "POST":
             return 405, {"message": "405 Method Not Allowed"}
         if not job_token:
-            return 401, {"message": "401 Unauthorized: send the stop job's CI job token in a Job-Token header"}
+            return 401, {"message": "401 Unauthorized: send the stop job's CI job token in a JOB-TOKEN header or a "
+                                    "job_token parameter"}
         snapshot = self._snapshot()
         try:
             claims, allowed = snapshot.allowed_agents(job_token, now=self._clock())
@@ -150,6 +149,18 @@ def _stop_path(raw_path: bytes) -> tuple[str, str] | None:
     return unquote(parts[4]), unquote(parts[6])
 
 
+def job_token_of(scope: Scope) -> str | None:
+    """The job token as GitLab's API reads it: the ``job_token`` query parameter, else ``token``,
+    else the ``JOB-TOKEN`` header (an empty one counts as absent). A repeated parameter: its last
+    value, as Rack reads a query."""
+    query = bytes(scope.get("query_string") or b"").decode("latin-1")
+    params = dict(parse_qsl(query, keep_blank_values=True)) if query else {}
+    for name in JOB_TOKEN_PARAMS:
+        if value := params.get(name, "").strip():
+            return value
+    return _header(scope, b"job-token") or None
+
+
 def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope["headers"]:
         if key.lower() == name:
@@ -157,27 +168,19 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-def hypercorn_config() -> HypercornConfig:
-    config = HypercornConfig()
-    config.h11_max_incomplete_size = MAX_HEAD_BYTES
-    config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT
-    config.ssl_handshake_timeout = 10
-    # A client that stops sending (a slowloris) is cut off: nothing this API answers takes long.
-    config.read_timeout = READ_TIMEOUT
-    config.include_server_header = False
-    config.accesslog = None
-    config.errorlog = logging.getLogger("kasd.api.server")
-    return config
+def port_limits() -> PortLimits:
+    return PortLimits(max_header_bytes=MAX_HEAD_BYTES, header_timeout=HEAD_TIMEOUT, idle_timeout=KEEP_ALIVE_TIMEOUT,
+                      max_body_bytes=MAX_BODY_BYTES)
 
 
 async def serve_api(app: RestApi, listeners: Sequence[trio.abc.Listener[trio.abc.Stream]], *,
-                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve ``app`` on ``listeners`` (already capped, TLS already wrapped) until cancelled."""
-    config = hypercorn_config()
-    wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]
-    context = WorkerContext(None)
-    handler = partial(TCPServer, wrapped, config, context, ConnectionState({}))
-    await trio.serve_listeners(handler, list(listeners), task_status=task_status)  # type: ignore[arg-type]
+                    ssl_context: ssl.SSLContext | None = None,
+                    task_status: trio.TaskStatus[list[trio.abc.Listener[trio.abc.Stream]]] = trio.TASK_STATUS_IGNORED,
+                    ) -> None:
+    """Serve ``app`` on ``listeners`` (already capped; TLS, if any, is done here, within the head
+    timeout) until cancelled."""
+    port = AsgiPort(app, limits=port_limits(), ssl_context=ssl_context, log=log)
+    await trio.serve_listeners(port.handle_connection, list(listeners), task_status=task_status)
 
 
 __all__ = ["ALLOWED_AGENTS_PATH", "STOP_PATH", "RestApi", "serve_api", "stop_path"]

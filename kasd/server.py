@@ -10,6 +10,7 @@ import logging
 import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -254,10 +255,7 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
     obs_listeners = [runtime.admissions["observability"].listener(s) for s in obs_sockets]
     private_listeners = [StoppableListener(runtime.admissions["private"].listener(s), stop) for s in private_sockets]
     api_tls = _ssl_context(config.listeners.api, "api")
-    api_listeners: list[trio.abc.Listener[Any]] = [StoppableListener(runtime.admissions["api"].listener(s), stop)
-                                                   for s in api_sockets]
-    if api_tls is not None:
-        api_listeners = [trio.SSLListener(listener, api_tls, https_compatible=True) for listener in api_listeners]
+    api_listeners = [StoppableListener(runtime.admissions["api"].listener(s), stop) for s in api_sockets]
 
     directory = None
     me = identity(config, runtime.addresses, runtime.agent_url) if replication is not None else None
@@ -316,7 +314,8 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
         await nursery.start(trio.serve_listeners, proxy.handle_connection, proxy_listeners)
         nursery.start_soon(authority.watch)
         if api_listeners:
-            await nursery.start(serve_api, RestApi(lambda: authority.snapshot, provisioner), api_listeners)
+            await nursery.start(partial(serve_api, RestApi(lambda: authority.snapshot, provisioner), api_listeners,
+                                        ssl_context=api_tls))
         observability = ObservabilityServer(health, metrics, max_connections=config.observability.max_connections)
         await nursery.start(trio.serve_listeners, observability.handle_connection, obs_listeners)
         health.ready = True

@@ -16,13 +16,15 @@ change whom the agent acts as. Environment templates
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Literal, NoReturn, TypeVar, cast
+from typing import Any, Literal, NoReturn, TypeVar, cast
 
 import attrs
 import yaml
+from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from kasd.authz.directory import full_path_problem
@@ -118,6 +120,9 @@ class CiAccessEntry:
     resource_management: bool = False
     rules: tuple[RawRule, ...] = ()
     mark: Mark | None = None
+    #: the entry as written in config.yaml, without ``id``, as plain JSON data: what GitLab's
+    #: ``allowed_agents`` answers as the agent's ``configuration``
+    written: Mapping[str, Any] = attrs.field(factory=dict, eq=False)
 
 
 @attrs.frozen(kw_only=True)
@@ -241,6 +246,10 @@ def parse_agent_config(text: str, source: str) -> LoadedAgentConfig:
 _STR = "tag:yaml.org,2002:str"
 _BOOL = "tag:yaml.org,2002:bool"
 _NULL = "tag:yaml.org,2002:null"
+_INT = "tag:yaml.org,2002:int"
+_FLOAT = "tag:yaml.org,2002:float"
+#: reads a plain scalar (bool, null, int, float) as YAML 1.1 does
+_SCALARS = SafeConstructor()
 
 T = TypeVar("T")
 
@@ -413,7 +422,28 @@ class _Reader:
             kind=kind, id=entry_id, default_namespace=namespace, access_as=access_as,
             environments=environments, protected_branches_only=protected,
             resource_management=resource_management, rules=rules, mark=self.mark(node),
+            written={name: self.plain(value, f"{key}.{name}") for name, value in self.pairs(node) if name != "id"},
         )
+
+    def pairs(self, node: Node) -> list[tuple[str, Node]]:
+        """A mapping's entries in the file's order, every key (null: none)."""
+        if not isinstance(node, MappingNode):
+            return []
+        return [(str(self.plain(key_node, "")), value) for key_node, value in node.value]
+
+    def plain(self, node: Node, key: str) -> Any:
+        """``node`` as JSON data (mappings, lists, strings, numbers, booleans, null), as YAML reads
+        it; each value counts against the file's node budget (an alias repeats its subtree)."""
+        self._count(node, key)
+        if isinstance(node, MappingNode):
+            return {name: self.plain(value, f"{key}.{name}") for name, value in self.pairs(node)}
+        if isinstance(node, SequenceNode):
+            return [self.plain(item, f"{key}[{i}]") for i, item in enumerate(node.value)]
+        if node.tag in (_BOOL, _NULL, _INT, _FLOAT):
+            value = _SCALARS.construct_object(node)
+            if not (isinstance(value, float) and not math.isfinite(value)):
+                return value
+        return node.value
 
     def namespace_name(self, node: Node, key: str) -> str:
         name = self.string(node, key)

@@ -1,24 +1,36 @@
 """GitLab's answer to ``GET /api/v4/job/allowed_agents`` for a job and the agents it may use.
 
-The shape is GitLab's (``lib/api/ci/jobs.rb``, what gitlab-kas reads): ``allowed_agents`` (each with
-``id``, ``config_project`` and ``configuration`` — the ``ci_access`` entry that allowed the job),
-``job``, ``pipeline``, ``project`` (with its ``groups``, root first), ``user`` and, for a job with an
-environment, ``environment``. kasd adds one object per allowed agent, ``kasd``, with what a
-kubeconfig needs and GitLab's answer leaves to its caller: the agent's ``name``, the kubeconfig
-``context`` name (``<config project path>:<agent name>``) and the ``namespace`` the job works in
-(a rule's, else the entry's ``default_namespace``). Pure.
+The shape is GitLab's (``lib/api/ci/jobs.rb`` and its entities, what gitlab-kas reads; the example
+in GitLab's Jobs API documentation): ``allowed_agents``, each with ``id``, ``config_project`` (a
+``ProjectIdentity``: ``id``, ``description``, ``name``, ``name_with_namespace``, ``path``,
+``path_with_namespace``, ``created_at``) and ``configuration`` — the ``ci_access`` entry that allowed
+the job as written in ``config.yaml``, without its ``id`` (``{}`` for the config project's implicit
+access); ``job`` ``{id}``; ``pipeline`` ``{id}``; ``project`` ``{id, groups: [{id}], root first}``;
+``user`` (``id``, ``name``, ``username``, ``state``, ``avatar_url``, ``web_url`` as documented, and
+``roles_in_project`` as GitLab's code sends); ``environment`` ``{tier, slug}`` for a job with one.
+
+Standalone kasd has no GitLab to ask for some of these; what it sends instead (docs/authorization.md):
+a project's ``name`` is its path's last segment and ``name_with_namespace`` its path segments joined
+by `` / `` (GitLab joins display names); ``description`` and ``created_at`` are null; a user's
+``name`` is the username, ``state`` is ``active`` (the token verified), ``avatar_url`` and
+``web_url`` are null; an ``id`` kasd's directory does not know is null.
+
+kasd adds, beside GitLab's fields: ``project.path_with_namespace``, ``pipeline.ref``, and per allowed
+agent ``kasd`` — what a kubeconfig needs and GitLab's answer leaves to its caller: the agent's
+``name``, the kubeconfig ``context`` name (``<config project path>:<agent name>``), the
+``namespace`` the job works in (a rule's, else the entry's ``default_namespace``) and the
+``access_as`` mode in force. Pure.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kasd.authz.agentconfig import AccessAs
 from kasd.authz.jobtokens import JobClaims
 from kasd.authz.slugs import environment_slug
 from kasd.authz.snapshot import Snapshot, Verdict
 
-__all__ = ["ALLOWED_AGENTS_PATH", "allowed_agents_response", "context_name"]
+__all__ = ["ALLOWED_AGENTS_PATH", "allowed_agents_response", "context_name", "project_identity"]
 
 #: GitLab's path of the call (kasd's REST API serves it, ``kasctl kubeconfig`` asks it)
 ALLOWED_AGENTS_PATH = "/api/v4/job/allowed_agents"
@@ -29,18 +41,24 @@ def context_name(config_project: str, agent_name: str) -> str:
     return f"{config_project}:{agent_name}"
 
 
-def _access_as(access_as: AccessAs) -> dict[str, Any]:
-    if access_as.mode == "impersonate" and access_as.impersonate is not None:
-        imp = access_as.impersonate
-        body: dict[str, Any] = {"username": imp.username}
-        if imp.uid is not None:
-            body["uid"] = imp.uid
-        if imp.groups:
-            body["groups"] = list(imp.groups)
-        if imp.extra:
-            body["extra"] = [{"key": key, "val": list(values)} for key, values in imp.extra]
-        return {"impersonate": body}
-    return {access_as.mode: {}}
+#: GitLab's ``Gitlab::Access.sym_options_with_owner``, lowest first: ``roles_in_project`` lists those
+#: up to the user's access level (kasd's directory has no Planner role; GitLab lists it below Reporter)
+_GITLAB_ROLES = (("guest", 10), ("planner", 15), ("reporter", 20), ("developer", 30), ("maintainer", 40),
+                 ("owner", 50))
+
+
+def project_identity(path: str, project_id: int | None) -> dict[str, Any]:
+    """GitLab's ``ProjectIdentity`` entity for the project at ``path`` (see the module docstring for
+    what standalone kasd fills in)."""
+    return {
+        "id": project_id,
+        "description": None,
+        "name": path.rsplit("/", 1)[-1],
+        "name_with_namespace": " / ".join(path.split("/")),
+        "path": path.rsplit("/", 1)[-1],
+        "path_with_namespace": path,
+        "created_at": None,
+    }
 
 
 def allowed_agents_response(snapshot: Snapshot, claims: JobClaims, allowed: list[Verdict]) -> dict[str, Any]:
@@ -53,19 +71,14 @@ def allowed_agents_response(snapshot: Snapshot, claims: JobClaims, allowed: list
         assert agent is not None  # it was decided
         config_project = directory.project(agent.config_project)
         entry = _entry_of(snapshot, verdict)
-        configuration: dict[str, Any] = {}
-        if entry is not None:
-            if entry.default_namespace is not None:
-                configuration["default_namespace"] = entry.default_namespace
-            configuration["access_as"] = _access_as(entry.access_as)
         agents.append({
             "id": agent.id,
-            "config_project": {"id": config_project.id if config_project else None,
-                               "path_with_namespace": agent.config_project},
-            "configuration": configuration,
+            "config_project": project_identity(agent.config_project, config_project.id if config_project else None),
+            "configuration": dict(entry.written) if entry is not None else {},
             "kasd": {"name": agent.name, "context": context_name(agent.config_project, agent.name),
                      "namespace": verdict.namespace, "access_as": verdict.decision.access_as},
         })
+    role = directory.role_of(user, project) if user is not None and project is not None else None
     body: dict[str, Any] = {
         "allowed_agents": agents,
         "job": {"id": claims.job_id},
@@ -75,7 +88,15 @@ def allowed_agents_response(snapshot: Snapshot, claims: JobClaims, allowed: list
             "path_with_namespace": claims.project,
             "groups": [{"id": g.id} for g in directory.ancestors(project)] if project else [],
         },
-        "user": {"id": user.id if user else None, "username": claims.user},
+        "user": {
+            "id": user.id if user else None,
+            "name": claims.user,
+            "username": claims.user,
+            "state": "active",
+            "avatar_url": None,
+            "web_url": None,
+            "roles_in_project": [name for name, level in _GITLAB_ROLES if role is not None and level <= role],
+        },
     }
     if claims.environment is not None:
         body["environment"] = {"slug": environment_slug(claims.environment), "tier": claims.environment_tier}

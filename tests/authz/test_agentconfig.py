@@ -230,3 +230,24 @@ def test_files_are_found_under_the_config_root(tmp_path: Path) -> None:
 def test_paths_cannot_step_outside_the_root(tmp_path: Path, project: str, name: str) -> None:
     with pytest.raises(AgentConfigError):
         agent_config_path(tmp_path, project, name)
+
+
+def test_each_ci_access_entry_is_kept_as_written_without_its_id() -> None:
+    """GitLab's ``allowed_agents`` answers the entry as written (``configuration``): every key,
+    unknown ones too, with YAML's types; an alias bomb under a key kasd does not read is bounded
+    by the same node budget."""
+    ci = parse_agent_config(FULL, SRC).config.ci_access
+    assert ci.projects[0].written == {
+        "default_namespace": "shop", "access_as": {"ci_job": {}}, "environments": ["production", "review/*"],
+        "protected_branches_only": True, "resource_management": {"enabled": True},
+        "rules": [{"if": '$CI_COMMIT_BRANCH == "main"', "namespace": "shop-$CI_ENVIRONMENT_SLUG", "when": "always",
+                   "on_overflow": "truncate"}, {"when": "never"}],
+    }
+    assert ci.groups[0].written["access_as"]["impersonate"]["uid"] == "1000"  # a string stays a string
+    assert ci.instance is not None and ci.instance.written == {"access_as": {"agent": {}}, "environments": ["sandbox"]}
+    odd = parse_agent_config("ci_access:\n  projects:\n    - id: a/b\n      future_key: {n: 0x10, f: .inf, z: ~}\n", SRC)
+    assert odd.config.ci_access.projects[0].written == {"future_key": {"n": 16, "f": ".inf", "z": None}}
+    head = "x: &e [" + ", ".join(["n"] * 1000) + "]\nci_access:\n  projects:\n"
+    bomb = head + "".join(f"    - id: a/p{i}\n      future_key: *e\n" for i in range(300))
+    with pytest.raises(AgentConfigError, match=r"future_key.*: the file makes more than 100000 YAML values"):
+        parse_agent_config(bomb, SRC)

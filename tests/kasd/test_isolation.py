@@ -221,7 +221,11 @@ def test_the_allowed_agents_of_a_job_are_the_cells_it_is_allowed_in(world: tuple
     body = allowed_agents_response(snapshot, claims, allowed)
     assert [a["id"] for a in body["allowed_agents"]] == [2]  # prod wants protected refs; locked, its own project
     (agent,) = body["allowed_agents"]
-    assert agent["configuration"] == {"access_as": {"ci_user": {}}}
+    # the ci_access entry as written (GitLab's ``configuration``), without its id
+    assert agent["configuration"] == {
+        "access_as": {"ci_user": {}}, "environments": ["review/*"],
+        "rules": [{"if": "$CI_COMMIT_REF_NAME =~ /^wip-/", "when": "never"},
+                  {"namespace": "shop-$CI_ENVIRONMENT_SLUG", "on_overflow": "truncate"}]}
     assert agent["kasd"]["context"] == "acme/infra:review" and agent["kasd"]["namespace"].startswith("shop-review-feat-")
     assert body["environment"] == {"slug": agent["kasd"]["namespace"].removeprefix("shop-"), "tier": "development"}
     assert body["project"] == {"id": 41, "path_with_namespace": "acme/web/shop", "groups": [{"id": 10}, {"id": 11}]}
