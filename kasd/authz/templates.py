@@ -40,6 +40,7 @@ __all__ = [
     "KINDS",
     "MANAGED_BY",
     "MANAGED_KINDS",
+    "USED_BY",
     "VARIABLES",
     "EnvironmentTemplate",
     "ManagedKind",
@@ -103,6 +104,9 @@ def env_label(slug: str, project_id: int | str, agent_id: int | str) -> str:
     return f"agent.gitlab.com/env-{slug}-{project_id}-{agent_id}"
 #: kasd's mark on what it created (it deletes nothing without it)
 MANAGED_BY = ("kasd.gitlab-agent.io/managed-by", "kasd")
+#: kasd's record on a namespace it made of the environments that use it (``kasd.managed``): a JSON
+#: list of ``<agent id>:<project id>:<environment slug>`` (``-`` for a job without environment)
+USED_BY = "kasd.gitlab-agent.io/used-by"
 
 #: built in: the environment's namespace, and the job's environment group bound to ``admin`` in it
 DEFAULT_TEMPLATE = """\
