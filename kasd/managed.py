@@ -327,7 +327,7 @@ class Provisioner:
                                  f"cannot create {resource.describe()} for this job's environment "
                                  f"(agent {plan.agent_id}, dry run): {answer.message}")
         for resource, obj in resources:  # the API takes a binding to a role that is not there: kasd does not
-            if resource.kind == "RoleBinding":
+            if resource.kind == "RoleBinding" and (obj.get("roleRef") or {}).get("kind") == "ClusterRole":
                 await self._check_role(plan, resource, obj, request_id)
         owned: dict[str, bool] = {}
         for resource, obj in resources:
@@ -340,6 +340,9 @@ class Provisioner:
                 self._audit("managed resource created", plan, resource, "skipped:namespace-not-made-by-kasd",
                             request_id)
                 continue
+            if resource.kind == "RoleBinding" and (obj.get("roleRef") or {}).get("kind") == "Role":
+                # A Role lives in the namespace, which this plan may just have made: looked for now.
+                await self._check_role(plan, resource, obj, request_id)
             answer = await self.client.request(plan.agent_id, "POST", resource.collection, obj)
             if answer.status in (200, 201):
                 self._audit("managed resource created", plan, resource, "created", request_id)

@@ -33,8 +33,10 @@ import attrs
 import yaml
 
 from kasd.authz.agentconfig import compose_yaml, read_config_text
+from kasd.authz.expand import RoleRef
 
 __all__ = [
+    "ADMIN",
     "BUILTIN",
     "DEFAULT_TEMPLATE",
     "KINDS",
@@ -107,6 +109,9 @@ MANAGED_BY = ("kasd.gitlab-agent.io/managed-by", "kasd")
 #: kasd's record on a namespace it made of the environments that use it (``kasd.managed``): a JSON
 #: list of ``<agent id>:<project id>:<environment slug>`` (``-`` for a job without environment)
 USED_BY = "kasd.gitlab-agent.io/used-by"
+
+#: what a managed namespace's binding grants unless a rule's ``roles:`` says otherwise
+ADMIN = RoleRef("ClusterRole", "admin")
 
 #: built in: the environment's namespace, and the job's environment group bound to ``admin`` in it
 DEFAULT_TEMPLATE = """\
@@ -340,16 +345,22 @@ class ManagedResources:
         return (self.agent_id, self.project_id, self.slug, self.namespace or "")
 
 
-def rules_objects(namespace: str, subjects: Sequence[str], slug: str = "") -> EnvironmentTemplate:
+def rules_objects(namespace: str, subjects: Sequence[str], slug: str = "",
+                  roles: Sequence[RoleRef] = ()) -> EnvironmentTemplate:
     """The rules form as a template: the namespace a rule resolved to and, when the job acts as
-    itself (``ci_job``/``ci_user``), a RoleBinding of ``admin`` in it for ``subjects`` (groups), one
-    per environment (``gitlab-job-access-<slug>``: environments may share a rules namespace)."""
+    itself (``ci_job``/``ci_user``), a RoleBinding in it for ``subjects`` (groups) per role the rule
+    names (``roles``; without: ``admin``), per environment (environments may share a rules
+    namespace): ``gitlab-job-access-<slug>`` for ``admin``, ``….clusterrole.<name>`` or
+    ``….role.<name>`` for the others (a RoleBinding has one roleRef; ``.`` is in no slug)."""
     objects: list[Mapping[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}]
     if subjects:
-        objects.append({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": f"gitlab-job-access-{slug}" if slug else "gitlab-job-access", "namespace": namespace},
-            "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": s} for s in subjects],
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
-        })
+        base = f"gitlab-job-access-{slug}" if slug else "gitlab-job-access"
+        for role in dict.fromkeys(roles or (ADMIN,)):
+            name = base if role == ADMIN else f"{base}.{role.kind.lower()}.{role.name}"
+            objects.append({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": name, "namespace": namespace},
+                "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": s} for s in subjects],
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role.kind, "name": role.name},
+            })
     return EnvironmentTemplate(name="rules", source="(a rules: namespace)", objects=tuple(objects))

@@ -18,6 +18,7 @@ import trio
 import kasd.k8sproxy  # noqa: F401  (first: kasd.managed → kasd.k8sproxy → kasd.managed is an import cycle)
 from agentd.kubeapi import kubeconfig_target
 from kasctl.authsetup import AuthSetup
+from kasd import managed
 from kasd.authz.slugs import environment_slug
 from kasd.authz.templates import VARIABLES, ManagedResources, render, rules_objects
 from kasd.config import config_from_mapping
@@ -439,3 +440,68 @@ async def test_a_namespace_without_a_record_of_its_users_is_never_deleted(tmp_pa
         report = await provisioner.stop(plan)
         assert report.kept == ("Namespace app-42",)
         assert _stored(sim, "", "namespaces", None, "app-42") is not None
+
+
+async def test_a_rules_roles_are_what_its_binding_grants_and_a_role_the_cluster_lacks_is_the_jobs_error(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    rules = """\
+ci_access:
+  projects:
+    - id: group/app
+      access_as: {ci_job: {}}
+      rules:
+        - if: $CI_ENVIRONMENT_NAME == "production"
+          namespace: app-$CI_PROJECT_ID
+          roles: [edit]
+        - if: $CI_ENVIRONMENT_NAME == "staging"
+          namespace: app-$CI_PROJECT_ID
+          roles: [Role/reader]
+        - namespace: app-$CI_PROJECT_ID
+          roles: [view, ClusterRole/edti]
+"""
+    async with _stack(tmp_path, agent_yaml=rules) as (kasd, sim, auth):
+        prod = _job(auth, "production", job_id=1)
+        made = await _call(kasd, prod, "POST", "/api/v1/namespaces/app-42/configmaps",
+                           {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app"}})
+        assert made.status == 201, made.body
+        rbac = (sim, "rbac.authorization.k8s.io", "rolebindings", "app-42")
+        binding = _stored(*rbac, "gitlab-job-access-production.clusterrole.edit")
+        assert binding is not None and binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
+                                                              "kind": "ClusterRole", "name": "edit"}
+        assert binding["subjects"][0]["name"] == "gitlab:project_env:42:production"
+        assert _stored(*rbac, "gitlab-job-access-production") is None  # edit instead of admin, not besides it
+        grant = await _call(kasd, prod, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/app-42/rolebindings",
+                            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                             "metadata": {"name": "mine"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
+                                                                       "kind": "ClusterRole", "name": "admin"},
+                             "subjects": [{"kind": "User", "name": "mallory"}]})
+        assert grant.status == 403  # edit may not grant
+        caplog.set_level(logging.INFO, logger="kasd.audit")
+        review = _job(auth, "review/x", job_id=2)
+        answer = await _call(kasd, review, "GET", "/api/v1/namespaces/app-42/configmaps")
+        slug = environment_slug("review/x")
+        assert answer.status == 422, answer.body
+        assert answer.json()["message"] == (f"cannot create RoleBinding app-42/gitlab-job-access-{slug}.clusterrole.edti "
+                                            "for this job's environment (agent 7): it grants ClusterRole 'edti', "
+                                            "which the cluster does not have")
+        assert _stored(*rbac, f"gitlab-job-access-{slug}.clusterrole.view") is None  # nothing half made
+        # A Role is looked for in its namespace when the binding is made: until someone makes it, the
+        # job is told; then the next request binds it.
+        staging = _job(auth, "staging", job_id=3)
+        answer = await _call(kasd, staging, "GET", "/api/v1/namespaces/app-42/configmaps")
+        assert answer.status == 422, answer.body
+        assert answer.json()["message"] == ("cannot create RoleBinding app-42/gitlab-job-access-staging.role.reader for "
+                                            "this job's environment (agent 7): it grants Role 'reader' in namespace "
+                                            "app-42, which the cluster does not have")
+        sim.store.create(sim.store.kind("rbac.authorization.k8s.io", "roles"), "app-42", {
+            "metadata": {"name": "reader"},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]}]})
+        monkeypatch.setattr(managed, "FAILURE_HOLD", 0.0)  # not answered from memory: tried again
+        answer = await _call(kasd, staging, "GET", "/api/v1/namespaces/app-42/configmaps")
+        assert answer.status == 200, answer.body
+        binding = _stored(*rbac, "gitlab-job-access-staging.role.reader")
+        assert binding is not None and binding["roleRef"]["kind"] == "Role"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "kasd.audit"]
+    assert warnings[0] == (f"managed resource refused agent=7 project_id=42 environment=review/x kind=RoleBinding "
+                           f"namespace=app-42 name=gitlab-job-access-{slug}.clusterrole.edti role_kind=ClusterRole "
+                           "role=edti problem=role-not-found")
