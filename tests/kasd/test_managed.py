@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -368,7 +368,7 @@ class _Gated(AgentClient):
         self.method, self.barrier, self.waiting, self.opened, self.arrived = method, barrier, waiting, opened, arrived
         self.held = False
 
-    async def request(self, agent_id: int, method: str, target: str, body: dict[str, Any] | None = None) -> Answer:
+    async def request(self, agent_id: int, method: str, target: str, body: Mapping[str, Any] | None = None) -> Answer:
         if method == self.method and not self.held:
             self.held = True
             self.barrier[0] += 1
