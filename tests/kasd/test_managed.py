@@ -350,11 +350,11 @@ async def test_a_stop_keeps_a_namespace_another_environment_uses_in_every_access
         assert _stored(sim, "", "namespaces", None, "app-42") is None
 
 
-def _plan(environment: str, namespace: str = "app-42") -> ManagedResources:
+def _plan(environment: str, namespace: str = "app-42", project_id: int = 42) -> ManagedResources:
     slug = environment_slug(environment)
     variables: dict[str, str | int] = {v: "" for v in VARIABLES}
-    variables |= {"agent.id": 7, "project.id": 42, "environment.slug": slug, "environment.name": environment}
-    return ManagedResources(agent_id=7, project_id=42, environment=environment, slug=slug, source="rules",
+    variables |= {"agent.id": 7, "project.id": project_id, "environment.slug": slug, "environment.name": environment}
+    return ManagedResources(agent_id=7, project_id=project_id, environment=environment, slug=slug, source="rules",
                             namespace=namespace, objects=tuple(render(rules_objects(namespace, []), variables)))
 
 
@@ -426,6 +426,24 @@ async def test_first_requests_racing_on_two_replicas_are_both_recorded_and_a_rac
         assert reports[0].kept == ("Namespace app-42",) and reports[0].deleted == ()
         namespace = _stored(sim, "", "namespaces", None, "app-42")
         assert namespace is not None and users_of(namespace) == [f"7:42:{environment_slug('review/c')}"]
+
+
+async def test_users_of_other_projects_are_recorded_and_a_stop_of_a_non_user_changes_nothing(tmp_path: Path) -> None:
+    async with _stack(tmp_path) as (kasd, sim, _):
+        assert kasd.router is not None
+        provisioner = Provisioner(AgentClient(kasd.router))
+        ours, theirs, idle = _plan("production"), _plan("production", project_id=43), _plan("review/idle")
+        await provisioner.ensure(ours)
+        await provisioner.ensure(theirs)  # project 43's job uses project 42's namespace (as the agent)
+        namespace = _stored(sim, "", "namespaces", None, "app-42")
+        assert namespace is not None and users_of(namespace) == ["7:42:production", "7:43:production"]
+        # an environment that never used it (any job of the project may stop its own) changes nothing
+        assert (await provisioner.stop(idle)).kept == ("Namespace app-42",)
+        assert (await provisioner.stop(ours)).kept == ("Namespace app-42",)  # project 43 still uses it
+        namespace = _stored(sim, "", "namespaces", None, "app-42")
+        assert namespace is not None and users_of(namespace) == ["7:43:production"]
+        assert (await provisioner.stop(theirs)).deleted == ("Namespace app-42",)
+        assert _stored(sim, "", "namespaces", None, "app-42") is None
 
 
 async def test_a_namespace_without_a_record_of_its_users_is_never_deleted(tmp_path: Path) -> None:
