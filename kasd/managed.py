@@ -6,7 +6,9 @@ environment stops.
   the agent's own service account acts, as GitLab's agentk applies environment templates).
 - ``Provisioner.ensure(plan)``: server-side dry-run of every object first (a namespaced object
   whose namespace the plan itself creates is checked when created), then create-or-get: 201 made
-  it, 409 means it exists (kasd never adopts an object it did not make). One plan is applied once
+  it, 409 means it exists (kasd never adopts an object it did not make); the role each RoleBinding
+  grants is looked up first (the API takes a binding to a missing role, which then grants nothing:
+  the job is told instead). One plan is applied once
   at a time per replica (a lock per key): concurrent first requests create once, the others wait
   and go on; a failure is answered from memory for ``FAILURE_HOLD`` seconds to the requests that
   queued behind it. A plan applied is remembered for ``RECHECK`` seconds, then checked again (a
