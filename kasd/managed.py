@@ -253,8 +253,9 @@ class Provisioner:
     def __init__(self, client: AgentClient, *, clock: Any = trio.current_time) -> None:
         self.client = client
         self._clock = clock
-        self._applied: dict[tuple[int, int, str, str], float] = {}
-        self._failed: dict[tuple[int, int, str, str], tuple[float, ProvisionError]] = {}
+        #: by (key, fingerprint): plans of one key that create different objects are each applied
+        self._applied: dict[tuple[tuple[int, int, str, str], str], float] = {}
+        self._failed: dict[tuple[tuple[int, int, str, str], str], tuple[float, ProvisionError]] = {}
         self._locks: dict[tuple[int, int, str, str], trio.Lock] = {}
 
     def _audit(self, event: str, plan: ManagedResources, resource: Resource, outcome: str, request_id: str = "") -> None:
@@ -265,10 +266,10 @@ class Provisioner:
 
     async def ensure(self, plan: ManagedResources, *, request_id: str = "") -> None:
         """Make sure ``plan``'s objects exist; ``ProvisionError`` naming the object that failed."""
-        key = plan.key
+        key = (plan.key, plan.fingerprint)
         if self._fresh(key):
             return
-        async with self._holding(key):
+        async with self._holding(plan.key):
             if self._fresh(key):
                 return  # another request applied it while this one waited
             failed = self._failed.get(key)
@@ -288,7 +289,7 @@ class Provisioner:
             self._failed.pop(key, None)
             self._remember(key)
 
-    def _fail(self, key: tuple[int, int, str, str], error: ProvisionError) -> None:
+    def _fail(self, key: tuple[tuple[int, int, str, str], str], error: ProvisionError) -> None:
         now = self._clock()
         if len(self._failed) >= REMEMBERED:
             self._failed = {k: v for k, v in self._failed.items() if now - v[0] < FAILURE_HOLD}
@@ -306,13 +307,13 @@ class Provisioner:
             if not lock.statistics().tasks_waiting and not lock.locked():
                 self._locks.pop(key, None)
 
-    def _remember(self, key: tuple[int, int, str, str]) -> None:
+    def _remember(self, key: tuple[tuple[int, int, str, str], str]) -> None:
         now = self._clock()
         if len(self._applied) >= REMEMBERED:  # bounded: forget what is due for a check anyway
             self._applied = {k: at for k, at in self._applied.items() if now - at < RECHECK}
         self._applied[key] = now
 
-    def _fresh(self, key: tuple[int, int, str, str]) -> bool:
+    def _fresh(self, key: tuple[tuple[int, int, str, str], str]) -> bool:
         at = self._applied.get(key)
         return at is not None and self._clock() - at < RECHECK
 
@@ -451,8 +452,8 @@ class Provisioner:
         Never while a first request applies the same plan here (it waits for it): a request that
         comes after the stop makes the objects again."""
         async with self._holding(plan.key):
-            self._applied.pop(plan.key, None)
-            self._failed.pop(plan.key, None)
+            self._applied = {k: at for k, at in self._applied.items() if k[0] != plan.key}
+            self._failed = {k: v for k, v in self._failed.items() if k[0] != plan.key}
             return await self._delete(plan)
 
     async def _delete(self, plan: ManagedResources) -> StopReport:

@@ -23,6 +23,7 @@ applies and deletes them; this module only decides what they are.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -343,6 +344,12 @@ class ManagedResources:
     @property
     def key(self) -> tuple[int, int, str, str]:
         return (self.agent_id, self.project_id, self.slug, self.namespace or "")
+
+    @property
+    def fingerprint(self) -> str:
+        """What the plan creates, digested: two plans of one ``key`` may differ (rules that give one
+        environment's jobs different ``roles:``, an edited template), and each is applied."""
+        return hashlib.sha256(json.dumps(self.objects, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def rules_objects(namespace: str, subjects: Sequence[str], slug: str = "",

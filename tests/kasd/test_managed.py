@@ -523,3 +523,28 @@ ci_access:
     assert warnings[0] == (f"managed resource refused agent=7 project_id=42 environment=review/x kind=RoleBinding "
                            f"namespace=app-42 name=gitlab-job-access-{slug}.clusterrole.edti role_kind=ClusterRole "
                            "role=edti problem=role-not-found")
+
+
+async def test_rules_that_give_one_environments_jobs_different_roles_each_get_their_binding(tmp_path: Path) -> None:
+    # Both plans have one key (agent, project, environment, namespace): the second is not taken for
+    # the first, applied a moment ago. (The subjects are the environment's group: it holds both.)
+    rules = """\
+ci_access:
+  projects:
+    - id: group/app
+      access_as: {ci_job: {}}
+      rules:
+        - if: $CI_COMMIT_REF_PROTECTED == "true"
+          namespace: app-$CI_PROJECT_ID
+          roles: [edit]
+        - namespace: app-$CI_PROJECT_ID
+          roles: [view]
+"""
+    async with _stack(tmp_path, agent_yaml=rules) as (kasd, sim, auth):
+        protected = f"ci:7:{auth.job_token('group/app', job_id=1, user='alice', environment='production', protected=True)}"
+        branch = f"ci:7:{auth.job_token('group/app', job_id=2, user='alice', environment='production', ref='feat')}"
+        for token in (protected, branch):
+            assert (await _call(kasd, token, "GET", "/api/v1/namespaces/app-42/configmaps")).status == 200
+        rbac = (sim, "rbac.authorization.k8s.io", "rolebindings", "app-42")
+        assert _stored(*rbac, "gitlab-job-access-production.clusterrole.edit") is not None
+        assert _stored(*rbac, "gitlab-job-access-production.clusterrole.view") is not None
