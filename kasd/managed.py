@@ -463,6 +463,7 @@ class Provisioner:
         if plan.delete_resources != "on_stop":
             return StopReport(kept=tuple(resource_of(o).describe() for o in plan.objects))
         outcomes = {"deleted": deleted, "kept": kept, "absent": absent}
+        deleted += await self._unnamed_bindings(plan)
         for obj in reversed(plan.objects):
             resource = resource_of(obj)
             if resource.kind == "Namespace":
@@ -489,6 +490,49 @@ class Provisioner:
                 self._audit("managed resource deleted", plan, resource, f"failed:{answer.status}")
                 raise ProvisionError(502, f"cannot delete {resource.describe()} (agent {plan.agent_id}): {answer.message}")
         return StopReport(deleted=tuple(deleted), kept=tuple(kept), absent=tuple(absent))
+
+    async def _unnamed_bindings(self, plan: ManagedResources) -> list[str]:
+        """Delete this environment's kasd-made RoleBindings that the plan no longer names (a
+        ``roles:`` or template edited since they were made): a grant never outlives its environment."""
+        env = _env_label(plan)
+        if env is None:
+            return []
+        resources = [resource_of(obj) for obj in plan.objects]
+        named = {(r.namespace, r.name) for r in resources if r.kind == "RoleBinding"}
+        namespaces = dict.fromkeys(r.name if r.kind == "Namespace" else r.namespace for r in resources)
+        selector = quote(f"{MANAGED_BY[0]}={MANAGED_BY[1]},{env}", safe="")
+        deleted: list[str] = []
+        for namespace in namespaces:
+            if namespace is None:
+                continue
+            answer = await self.client.request(
+                plan.agent_id, "GET",
+                f"/apis/rbac.authorization.k8s.io/v1/namespaces/{quote(namespace, safe='')}/rolebindings"
+                f"?labelSelector={selector}")
+            if answer.status == 404:
+                continue
+            if answer.status != 200:
+                raise ProvisionError(502, f"cannot list the RoleBindings in namespace {namespace} (agent "
+                                          f"{plan.agent_id}): {answer.message}")
+            for item in answer.body.get("items") or ():
+                if not isinstance(item, dict):
+                    continue
+                meta = item.get("metadata") or {}
+                name = meta.get("name")
+                if not isinstance(name, str) or (namespace, name) in named or not _ours(item, plan):
+                    continue
+                resource = Resource(api_version="rbac.authorization.k8s.io/v1", kind="RoleBinding",
+                                    plural="rolebindings", name=name, namespace=namespace)
+                gone = await self.client.request(plan.agent_id, "DELETE", resource.path,
+                                                 _delete_options(uid=meta.get("uid")))
+                if gone.status in (200, 202):
+                    deleted.append(resource.describe())
+                    self._audit("managed resource deleted", plan, resource, "deleted")
+                elif gone.status != 404:
+                    self._audit("managed resource deleted", plan, resource, f"failed:{gone.status}")
+                    raise ProvisionError(502, f"cannot delete {resource.describe()} (agent {plan.agent_id}): "
+                                              f"{gone.message}")
+        return deleted
 
     async def _leave(self, plan: ManagedResources, resource: Resource) -> str:
         """Remove this plan's user from the namespace's record; delete the namespace if that user was

@@ -19,6 +19,7 @@ import kasd.k8sproxy  # noqa: F401  (first: kasd.managed → kasd.k8sproxy → k
 from agentd.kubeapi import kubeconfig_target
 from kasctl.authsetup import AuthSetup
 from kasd import managed
+from kasd.authz.expand import RoleRef
 from kasd.authz.slugs import environment_slug
 from kasd.authz.templates import VARIABLES, ManagedResources, render, rules_objects
 from kasd.config import config_from_mapping
@@ -350,12 +351,15 @@ async def test_a_stop_keeps_a_namespace_another_environment_uses_in_every_access
         assert _stored(sim, "", "namespaces", None, "app-42") is None
 
 
-def _plan(environment: str, namespace: str = "app-42", project_id: int = 42) -> ManagedResources:
+def _plan(environment: str, namespace: str = "app-42", project_id: int = 42,
+          roles: tuple[RoleRef, ...] | None = None) -> ManagedResources:
     slug = environment_slug(environment)
     variables: dict[str, str | int] = {v: "" for v in VARIABLES}
     variables |= {"agent.id": 7, "project.id": project_id, "environment.slug": slug, "environment.name": environment}
     return ManagedResources(agent_id=7, project_id=project_id, environment=environment, slug=slug, source="rules",
-                            namespace=namespace, objects=tuple(render(rules_objects(namespace, []), variables)))
+                            namespace=namespace, objects=tuple(render(rules_objects(
+                                namespace, [] if roles is None else [f"gitlab:project_env:{project_id}:{slug}"],
+                                slug, roles or ()), variables)))
 
 
 class _Gated(AgentClient):
@@ -444,6 +448,22 @@ async def test_users_of_other_projects_are_recorded_and_a_stop_of_a_non_user_cha
         assert namespace is not None and users_of(namespace) == ["7:43:production"]
         assert (await provisioner.stop(theirs)).deleted == ("Namespace app-42",)
         assert _stored(sim, "", "namespaces", None, "app-42") is None
+
+
+async def test_a_stop_deletes_the_environments_bindings_its_config_no_longer_names(tmp_path: Path) -> None:
+    async with _stack(tmp_path) as (kasd, sim, _):
+        assert kasd.router is not None
+        provisioner = Provisioner(AgentClient(kasd.router))
+        edit, view = RoleRef("ClusterRole", "edit"), RoleRef("ClusterRole", "view")
+        await provisioner.ensure(_plan("production", roles=(edit,)))
+        await provisioner.ensure(_plan("other", roles=(edit,)))
+        await provisioner.ensure(_plan("production", roles=(view,)))  # roles: edited from edit to view
+        report = await provisioner.stop(_plan("production", roles=(view,)))
+        assert report.deleted == ("RoleBinding app-42/gitlab-job-access-production.clusterrole.edit",
+                                  "RoleBinding app-42/gitlab-job-access-production.clusterrole.view")
+        assert report.kept == ("Namespace app-42",)  # "other" uses it, and keeps its binding
+        left = sim.store.list(sim.store.kind("rbac.authorization.k8s.io", "rolebindings"), "app-42").items
+        assert [b["metadata"]["name"] for b in left] == ["gitlab-job-access-other.clusterrole.edit"]
 
 
 async def test_a_namespace_without_a_record_of_its_users_is_never_deleted(tmp_path: Path) -> None:
