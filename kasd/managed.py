@@ -6,13 +6,25 @@ environment stops.
   the agent's own service account acts, as GitLab's agentk applies environment templates).
 - ``Provisioner.ensure(plan)``: server-side dry-run of every object first (a namespaced object
   whose namespace the plan itself creates is checked when created), then create-or-get: 201 made
-  it, 409 means it exists (kasd never adopts an object it did not make). One plan is applied once
+  it, 409 means it exists (kasd never adopts an object it did not make); the role each RoleBinding
+  grants is looked up first (the API takes a binding to a missing role, which then grants nothing:
+  the job is told instead). One plan is applied once
   at a time per replica (a lock per key): concurrent first requests create once, the others wait
   and go on; a failure is answered from memory for ``FAILURE_HOLD`` seconds to the requests that
   queued behind it. A plan applied is remembered for ``RECHECK`` seconds, then checked again (a
   replica does not hear that another stopped the environment).
 - ``Provisioner.stop(plan)``: per ``delete_resources``, each object (in reverse order) that
   carries kasd's mark *and* this environment's label is deleted; any other is kept and named.
+
+Who uses a namespace kasd made is recorded on the namespace itself: its ``USED_BY`` annotation
+lists every user (``<agent>:<project>:<environment slug>``, ``-`` for a job without environment),
+whatever the ``access_as`` mode. A namespace is created with its first user recorded; each later
+user adds itself by read-modify-write on the namespace's ``resourceVersion`` (a ``409`` from a
+concurrent writer, another replica, is read again and retried). A stop removes only its own user;
+the namespace is deleted only when that user is the last, with the ``resourceVersion`` read as a
+delete precondition, so a user that recorded itself meanwhile makes the delete a ``409`` and the
+namespace stays. A namespace without a record (made by a kasd before it kept one) is never deleted:
+who uses it cannot be proved.
 
 Each create and delete is an audit line (logger ``kasd.audit``): agent, project, environment,
 kind, namespace, name, outcome. Never a token.
@@ -34,6 +46,7 @@ import trio
 from kasd.authz.templates import (
     MANAGED_BY,
     MANAGED_KINDS,
+    USED_BY,
     ManagedResources,
     agent_label,
     env_label,
@@ -60,6 +73,11 @@ REMEMBERED = 1024
 #: seconds a failed apply is answered from memory (the requests that queued behind it, a retry
 #: loop) before it is tried again: a hung agent costs one timeout, not one per queued request
 FAILURE_HOLD = 5.0
+#: users one namespace's record may list: bounds what is read and written per request (the
+#: annotation stays far below Kubernetes' 256 KiB for all of an object's annotations)
+MAX_USERS = 1000
+#: read-modify-write rounds lost to concurrent writers before kasd gives up (and says so)
+MAX_CONFLICTS = 16
 
 
 class ProvisionError(Exception):
@@ -179,15 +197,47 @@ def _project_ours(obj: Mapping[str, Any], plan: ManagedResources) -> bool:
 
 def _ours(obj: Mapping[str, Any], plan: ManagedResources) -> bool:
     """kasd made it for this plan's environment (without one: for this project and agent). A
-    namespace is the project's: environments may share one, so it goes once no other
-    environment's binding is left in it (``Provisioner._others_inside``)."""
+    namespace is shared: whether it may go is its record's to say (``Provisioner._leave``)."""
     if not _project_ours(obj, plan):
         return False
     env = _env_label(plan)
-    if env is None or obj.get("kind") == "Namespace":
+    if env is None:
         return True
     labels = (obj.get("metadata") or {}).get("labels") or {}
     return env in labels
+
+
+def user_of(plan: ManagedResources) -> str:
+    """How ``plan``'s environment is named in a namespace's ``USED_BY`` record."""
+    return f"{plan.agent_id}:{plan.project_id}:{plan.slug or '-'}"
+
+
+def _marked(obj: Mapping[str, Any]) -> bool:
+    """It carries kasd's mark (made by kasd, for whichever project and agent)."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return bool(labels.get(MANAGED_BY[0]) == MANAGED_BY[1])
+
+
+def users_of(obj: Mapping[str, Any]) -> list[str] | None:
+    """The namespace's record of its users; None when it has none that can be read (made by a
+    kasd before it kept one, or edited into something else): then nobody can prove who uses it."""
+    raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(USED_BY)
+    if not isinstance(raw, str):
+        return None
+    try:
+        users = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(users, list) or not all(isinstance(u, str) for u in users):
+        return None
+    return users
+
+
+def _recording(obj: Mapping[str, Any], users: list[str]) -> dict[str, Any]:
+    """``obj`` with its record saying ``users`` (the rest as it was, ``resourceVersion`` too)."""
+    meta = dict(obj.get("metadata") or {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), USED_BY: json.dumps(users, separators=(",", ":"))}
+    return {**obj, "metadata": meta}
 
 
 @attrs.frozen(kw_only=True)
@@ -203,8 +253,9 @@ class Provisioner:
     def __init__(self, client: AgentClient, *, clock: Any = trio.current_time) -> None:
         self.client = client
         self._clock = clock
-        self._applied: dict[tuple[int, int, str, str], float] = {}
-        self._failed: dict[tuple[int, int, str, str], tuple[float, ProvisionError]] = {}
+        #: by (key, fingerprint): plans of one key that create different objects are each applied
+        self._applied: dict[tuple[tuple[int, int, str, str], str], float] = {}
+        self._failed: dict[tuple[tuple[int, int, str, str], str], tuple[float, ProvisionError]] = {}
         self._locks: dict[tuple[int, int, str, str], trio.Lock] = {}
 
     def _audit(self, event: str, plan: ManagedResources, resource: Resource, outcome: str, request_id: str = "") -> None:
@@ -215,10 +266,10 @@ class Provisioner:
 
     async def ensure(self, plan: ManagedResources, *, request_id: str = "") -> None:
         """Make sure ``plan``'s objects exist; ``ProvisionError`` naming the object that failed."""
-        key = plan.key
+        key = (plan.key, plan.fingerprint)
         if self._fresh(key):
             return
-        async with self._holding(key):
+        async with self._holding(plan.key):
             if self._fresh(key):
                 return  # another request applied it while this one waited
             failed = self._failed.get(key)
@@ -238,7 +289,7 @@ class Provisioner:
             self._failed.pop(key, None)
             self._remember(key)
 
-    def _fail(self, key: tuple[int, int, str, str], error: ProvisionError) -> None:
+    def _fail(self, key: tuple[tuple[int, int, str, str], str], error: ProvisionError) -> None:
         now = self._clock()
         if len(self._failed) >= REMEMBERED:
             self._failed = {k: v for k, v in self._failed.items() if now - v[0] < FAILURE_HOLD}
@@ -256,13 +307,13 @@ class Provisioner:
             if not lock.statistics().tasks_waiting and not lock.locked():
                 self._locks.pop(key, None)
 
-    def _remember(self, key: tuple[int, int, str, str]) -> None:
+    def _remember(self, key: tuple[tuple[int, int, str, str], str]) -> None:
         now = self._clock()
         if len(self._applied) >= REMEMBERED:  # bounded: forget what is due for a check anyway
             self._applied = {k: at for k, at in self._applied.items() if now - at < RECHECK}
         self._applied[key] = now
 
-    def _fresh(self, key: tuple[int, int, str, str]) -> bool:
+    def _fresh(self, key: tuple[tuple[int, int, str, str], str]) -> bool:
         at = self._applied.get(key)
         return at is not None and self._clock() - at < RECHECK
 
@@ -278,26 +329,116 @@ class Provisioner:
             raise ProvisionError(answer.status if answer.status in (400, 403, 422) else 502,
                                  f"cannot create {resource.describe()} for this job's environment "
                                  f"(agent {plan.agent_id}, dry run): {answer.message}")
+        for resource, obj in resources:  # the API takes a binding to a role that is not there: kasd does not
+            if resource.kind == "RoleBinding" and (obj.get("roleRef") or {}).get("kind") == "ClusterRole":
+                await self._check_role(plan, resource, obj, request_id)
         owned: dict[str, bool] = {}
         for resource, obj in resources:
+            if resource.kind == "Namespace":
+                owned[resource.name] = await self._use(plan, resource, obj, request_id)
+                continue
             if resource.namespace is not None and not await self._owned(plan, resource.namespace, owned):
                 # Never grant or place anything in a namespace kasd did not make for this project
                 # and agent (a rule or an environment name could name kube-system).
                 self._audit("managed resource created", plan, resource, "skipped:namespace-not-made-by-kasd",
                             request_id)
                 continue
+            if resource.kind == "RoleBinding" and (obj.get("roleRef") or {}).get("kind") == "Role":
+                # A Role lives in the namespace, which this plan may just have made: looked for now.
+                await self._check_role(plan, resource, obj, request_id)
             answer = await self.client.request(plan.agent_id, "POST", resource.collection, obj)
             if answer.status in (200, 201):
                 self._audit("managed resource created", plan, resource, "created", request_id)
-                if resource.kind == "Namespace":
-                    owned[resource.name] = True
             elif answer.status == 409:
                 self._audit("managed resource created", plan, resource, "exists", request_id)
             else:
                 self._audit("managed resource created", plan, resource, f"failed:{answer.status}", request_id)
-                raise ProvisionError(answer.status if answer.status in (400, 403, 422) else 502,
-                                     f"cannot create {resource.describe()} for this job's environment "
-                                     f"(agent {plan.agent_id}): {answer.message}")
+                raise self._create_failed(plan, resource, answer)
+
+    @staticmethod
+    def _create_failed(plan: ManagedResources, resource: Resource, answer: Answer) -> ProvisionError:
+        return ProvisionError(answer.status if answer.status in (400, 403, 422) else 502,
+                              f"cannot create {resource.describe()} for this job's environment "
+                              f"(agent {plan.agent_id}): {answer.message}")
+
+    async def _check_role(self, plan: ManagedResources, resource: Resource, obj: Mapping[str, Any],
+                          request_id: str) -> None:
+        """The role ``obj`` (a RoleBinding) grants exists: a binding to a missing role is accepted by
+        the API and grants nothing, so the job would meet a bare 403 with no word of why."""
+        ref = obj.get("roleRef") or {}
+        kind, name = str(ref.get("kind") or ""), str(ref.get("name") or "")
+        if kind == "ClusterRole":
+            path, what = f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{quote(name, safe='')}", f"ClusterRole {name!r}"
+        elif kind == "Role" and resource.namespace is not None:
+            path = (f"/apis/rbac.authorization.k8s.io/v1/namespaces/{quote(resource.namespace, safe='')}/roles/"
+                    f"{quote(name, safe='')}")
+            what = f"Role {name!r} in namespace {resource.namespace}"
+        else:
+            return  # the dry run refused any other roleRef
+        answer = await self.client.request(plan.agent_id, "GET", path)
+        if answer.status == 200:
+            return
+        if answer.status == 404:
+            self._audit("managed resource created", plan, resource, "failed:role-not-found", request_id)
+            log.warning("managed resource refused agent=%d project_id=%d environment=%s kind=RoleBinding "
+                        "namespace=%s name=%s role_kind=%s role=%s problem=role-not-found",
+                        plan.agent_id, plan.project_id, logfmt(plan.environment) if plan.environment else "-",
+                        resource.namespace or "-", logfmt(resource.name), kind, logfmt(name))
+            raise ProvisionError(422, f"cannot create {resource.describe()} for this job's environment "
+                                      f"(agent {plan.agent_id}): it grants {what}, which the cluster does not have")
+        raise ProvisionError(answer.status if answer.status == 403 else 502,
+                             f"cannot check that {what}, which {resource.describe()} grants, exists "
+                             f"(agent {plan.agent_id}): {answer.message}")
+
+    async def _use(self, plan: ManagedResources, resource: Resource, obj: Mapping[str, Any],
+                   request_id: str) -> bool:
+        """Create the namespace with this plan's user recorded, or record the user on the one that
+        exists (if kasd made it); whether kasd made it for this plan's project and agent (only then
+        is anything placed inside)."""
+        me = user_of(plan)
+        creating = _recording(obj, [me])
+        first = True
+        for _ in range(MAX_CONFLICTS):
+            answer = await self.client.request(plan.agent_id, "POST", resource.collection, creating)
+            if answer.status in (200, 201):
+                self._audit("managed resource created", plan, resource, "created", request_id)
+                return True
+            if answer.status != 409:
+                self._audit("managed resource created", plan, resource, f"failed:{answer.status}", request_id)
+                raise self._create_failed(plan, resource, answer)
+            if first:
+                self._audit("managed resource created", plan, resource, "exists", request_id)
+                first = False
+            current = await self.client.request(plan.agent_id, "GET", resource.path)
+            if current.status == 404:
+                continue  # deleted since (the last environment stopped): made again
+            if current.status != 200:
+                raise ProvisionError(502, f"cannot read {resource.describe()} (agent {plan.agent_id}): "
+                                          f"{current.message}")
+            if not _marked(current.body):
+                return False  # not kasd's: used as it is, and nothing of kasd's goes in or on it
+            if (current.body.get("metadata") or {}).get("deletionTimestamp"):
+                raise ProvisionError(409, f"{resource.describe()} is being deleted (the last environment that "
+                                          "used it stopped); try again once it is gone")
+            users = users_of(current.body)
+            if users is None:
+                # Made before kasd recorded users: it is never deleted, so recording is moot.
+                return _project_ours(current.body, plan)
+            if me in users:
+                return _project_ours(current.body, plan)
+            if len(users) >= MAX_USERS:
+                raise ProvisionError(409, f"{resource.describe()} is already used by {len(users)} environments, "
+                                          f"the most kasd records; stop some of them")
+            put = await self.client.request(plan.agent_id, "PUT", resource.path, _recording(current.body, [*users, me]))
+            if put.status == 200:
+                self._audit("managed namespace used", plan, resource, "recorded", request_id)
+                return _project_ours(current.body, plan)
+            if put.status not in (404, 409):  # 409: changed since read (another replica): read again
+                raise ProvisionError(put.status if put.status in (403, 422) else 502,
+                                     f"cannot record this environment on {resource.describe()} "
+                                     f"(agent {plan.agent_id}): {put.message}")
+        raise ProvisionError(409, f"{resource.describe()} changed {MAX_CONFLICTS} times while this environment "
+                                  "was recorded on it; try again")
 
     async def _owned(self, plan: ManagedResources, namespace: str, known: dict[str, bool]) -> bool:
         """Whether ``namespace`` carries kasd's mark with this plan's project and agent labels."""
@@ -306,24 +447,13 @@ class Provisioner:
             known[namespace] = answer.status == 200 and _project_ours(answer.body, plan)
         return known[namespace]
 
-    async def _others_inside(self, plan: ManagedResources, namespace: str) -> bool:
-        """Whether kasd-made RoleBindings of other environments remain in ``namespace``."""
-        selector = quote(f"{MANAGED_BY[0]}={MANAGED_BY[1]}", safe="")
-        answer = await self.client.request(
-            plan.agent_id, "GET",
-            f"/apis/rbac.authorization.k8s.io/v1/namespaces/{quote(namespace, safe='')}/rolebindings?labelSelector={selector}")
-        if answer.status != 200:
-            raise ProvisionError(502, f"cannot list the RoleBindings in namespace {namespace} (agent {plan.agent_id}): "
-                                      f"{answer.message}")
-        return any(not _ours(item, plan) for item in answer.body.get("items") or ())
-
     async def stop(self, plan: ManagedResources) -> StopReport:
         """Delete what kasd made for ``plan`` (``delete_resources: on_stop``), never anything else.
         Never while a first request applies the same plan here (it waits for it): a request that
         comes after the stop makes the objects again."""
         async with self._holding(plan.key):
-            self._applied.pop(plan.key, None)
-            self._failed.pop(plan.key, None)
+            self._applied = {k: at for k, at in self._applied.items() if k[0] != plan.key}
+            self._failed = {k: v for k, v in self._failed.items() if k[0] != plan.key}
             return await self._delete(plan)
 
     async def _delete(self, plan: ManagedResources) -> StopReport:
@@ -332,8 +462,13 @@ class Provisioner:
         absent: list[str] = []
         if plan.delete_resources != "on_stop":
             return StopReport(kept=tuple(resource_of(o).describe() for o in plan.objects))
+        outcomes = {"deleted": deleted, "kept": kept, "absent": absent}
+        deleted += await self._unnamed_bindings(plan)
         for obj in reversed(plan.objects):
             resource = resource_of(obj)
+            if resource.kind == "Namespace":
+                outcomes[await self._leave(plan, resource)].append(resource.describe())
+                continue
             current = await self.client.request(plan.agent_id, "GET", resource.path)
             if current.status == 404:
                 absent.append(resource.describe())
@@ -344,14 +479,8 @@ class Provisioner:
                 kept.append(resource.describe())
                 self._audit("managed resource deleted", plan, resource, "kept:not-made-by-kasd")
                 continue
-            if resource.kind == "Namespace" and await self._others_inside(plan, resource.name):
-                kept.append(resource.describe())
-                self._audit("managed resource deleted", plan, resource, "kept:used-by-another-environment")
-                continue
             uid = (current.body.get("metadata") or {}).get("uid")
-            options = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background",
-                       **({"preconditions": {"uid": uid}} if uid else {})}
-            answer = await self.client.request(plan.agent_id, "DELETE", resource.path, options)
+            answer = await self.client.request(plan.agent_id, "DELETE", resource.path, _delete_options(uid=uid))
             if answer.status in (200, 202):
                 deleted.append(resource.describe())
                 self._audit("managed resource deleted", plan, resource, "deleted")
@@ -362,5 +491,99 @@ class Provisioner:
                 raise ProvisionError(502, f"cannot delete {resource.describe()} (agent {plan.agent_id}): {answer.message}")
         return StopReport(deleted=tuple(deleted), kept=tuple(kept), absent=tuple(absent))
 
+    async def _unnamed_bindings(self, plan: ManagedResources) -> list[str]:
+        """Delete this environment's kasd-made RoleBindings that the plan no longer names (a
+        ``roles:`` or template edited since they were made): a grant never outlives its environment."""
+        env = _env_label(plan)
+        if env is None:
+            return []
+        resources = [resource_of(obj) for obj in plan.objects]
+        named = {(r.namespace, r.name) for r in resources if r.kind == "RoleBinding"}
+        namespaces = dict.fromkeys(r.name if r.kind == "Namespace" else r.namespace for r in resources)
+        selector = quote(f"{MANAGED_BY[0]}={MANAGED_BY[1]},{env}", safe="")
+        deleted: list[str] = []
+        for namespace in namespaces:
+            if namespace is None:
+                continue
+            answer = await self.client.request(
+                plan.agent_id, "GET",
+                f"/apis/rbac.authorization.k8s.io/v1/namespaces/{quote(namespace, safe='')}/rolebindings"
+                f"?labelSelector={selector}")
+            if answer.status == 404:
+                continue
+            if answer.status != 200:
+                raise ProvisionError(502, f"cannot list the RoleBindings in namespace {namespace} (agent "
+                                          f"{plan.agent_id}): {answer.message}")
+            for item in answer.body.get("items") or ():
+                if not isinstance(item, dict):
+                    continue
+                meta = item.get("metadata") or {}
+                name = meta.get("name")
+                if not isinstance(name, str) or (namespace, name) in named or not _ours(item, plan):
+                    continue
+                resource = Resource(api_version="rbac.authorization.k8s.io/v1", kind="RoleBinding",
+                                    plural="rolebindings", name=name, namespace=namespace)
+                gone = await self.client.request(plan.agent_id, "DELETE", resource.path,
+                                                 _delete_options(uid=meta.get("uid")))
+                if gone.status in (200, 202):
+                    deleted.append(resource.describe())
+                    self._audit("managed resource deleted", plan, resource, "deleted")
+                elif gone.status != 404:
+                    self._audit("managed resource deleted", plan, resource, f"failed:{gone.status}")
+                    raise ProvisionError(502, f"cannot delete {resource.describe()} (agent {plan.agent_id}): "
+                                              f"{gone.message}")
+        return deleted
 
-__all__ = ["RECHECK", "AgentClient", "Answer", "ProvisionError", "Provisioner", "Resource", "StopReport", "resource_of"]
+    async def _leave(self, plan: ManagedResources, resource: Resource) -> str:
+        """Remove this plan's user from the namespace's record; delete the namespace if that user was
+        its only one. ``deleted``, ``kept`` or ``absent``."""
+        me = user_of(plan)
+        for _ in range(MAX_CONFLICTS):
+            current = await self.client.request(plan.agent_id, "GET", resource.path)
+            if current.status == 404:
+                return "absent"
+            if current.status != 200:
+                raise ProvisionError(502, f"cannot read {resource.describe()} (agent {plan.agent_id}): {current.message}")
+            if not _marked(current.body):
+                self._audit("managed resource deleted", plan, resource, "kept:not-made-by-kasd")
+                return "kept"
+            users = users_of(current.body)
+            if users is None:
+                self._audit("managed resource deleted", plan, resource, "kept:users-not-recorded")
+                return "kept"
+            meta = current.body.get("metadata") or {}
+            others = [u for u in users if u != me]
+            if others or me not in users:
+                if others == users:  # not a user of it (never applied here): nothing to remove
+                    self._audit("managed resource deleted", plan, resource, "kept:used-by-another-environment")
+                    return "kept"
+                answer = await self.client.request(plan.agent_id, "PUT", resource.path,
+                                                   _recording(current.body, others))
+                if answer.status == 200:
+                    self._audit("managed resource deleted", plan, resource, "kept:used-by-another-environment")
+                    return "kept"
+            else:
+                # Only this user: deleted unless the record changed since it was read (a user that
+                # recorded itself meanwhile, on any replica, makes this a 409 and is seen next round).
+                answer = await self.client.request(
+                    plan.agent_id, "DELETE", resource.path,
+                    _delete_options(uid=meta.get("uid"), resource_version=meta.get("resourceVersion")))
+                if answer.status in (200, 202):
+                    self._audit("managed resource deleted", plan, resource, "deleted")
+                    return "deleted"
+            if answer.status not in (404, 409):
+                self._audit("managed resource deleted", plan, resource, f"failed:{answer.status}")
+                raise ProvisionError(502, f"cannot remove this environment from {resource.describe()} "
+                                          f"(agent {plan.agent_id}): {answer.message}")
+        raise ProvisionError(409, f"{resource.describe()} changed {MAX_CONFLICTS} times while this environment "
+                                  "was removed from it; try again")
+
+
+def _delete_options(*, uid: object, resource_version: object = None) -> dict[str, Any]:
+    preconditions = {**({"uid": uid} if uid else {}), **({"resourceVersion": resource_version} if resource_version else {})}
+    return {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background",
+            **({"preconditions": preconditions} if preconditions else {})}
+
+
+__all__ = ["MAX_USERS", "RECHECK", "AgentClient", "Answer", "ProvisionError", "Provisioner", "Resource", "StopReport",
+           "resource_of", "user_of", "users_of"]

@@ -28,6 +28,7 @@ from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from kasd.authz.directory import full_path_problem
+from kasd.authz.expand import role_template_problem
 
 Mode = Literal["agent", "impersonate", "ci_job", "ci_user"]
 EntryKind = Literal["project", "group", "instance", "implicit"]
@@ -38,6 +39,8 @@ OnOverflow = Literal["fail", "truncate"]
 MAX_CONFIG_BYTES = 1024 * 1024
 #: YAML nodes one file may make kasd look at (aliases can repeat a subtree many times over)
 MAX_NODES = 100_000
+#: roles one rule's ``roles:`` may name (one RoleBinding each)
+MAX_ROLES = 16
 
 #: GitLab's agent names: a DNS label
 _AGENT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -101,6 +104,9 @@ class RawRule:
     when: When = "always"
     #: kasd's extension: a namespace template that expands past 63 characters fails the rule, or is cut
     on_overflow: OnOverflow = "fail"
+    #: kasd's extension: the roles the managed namespace's binding grants (``kasd.authz.expand``); ()
+    #: is ``admin``
+    roles: tuple[str, ...] = ()
     #: where the rule starts
     mark: Mark | None = None
 
@@ -509,7 +515,7 @@ class _Reader:
         out: list[RawRule] = []
         for i, item in enumerate(self.sequence(node, key, "rules")):
             here = f"{key}[{i}]"
-            fields = self.mapping(item, here, ("if", "namespace", "when", "on_overflow"), strict=True)
+            fields = self.mapping(item, here, ("if", "namespace", "when", "on_overflow", "roles"), strict=True)
             if_text = if_mark = if_style = None
             if "if" in fields:
                 value = fields["if"][1]
@@ -519,11 +525,31 @@ class _Reader:
             namespace = self.optional(fields, "namespace", here, self.string)
             when = self.optional(fields, "when", here, lambda n, k: self.choice(n, k, ("always", "never")))
             overflow = self.optional(fields, "on_overflow", here, lambda n, k: self.choice(n, k, ("fail", "truncate")))
+            roles = self.optional(fields, "roles", here, self.roles) or ()
+            if roles and namespace is None:
+                self.fail(fields["roles"][0], f"{here}.roles", "needs namespace: (the roles are granted in the "
+                                                                "namespace the rule resolves to)")
             out.append(RawRule(
                 if_text=if_text, if_mark=if_mark, if_style=if_style, namespace=namespace,
                 when=cast(When, when or "always"), on_overflow=cast(OnOverflow, overflow or "fail"),
-                mark=self.mark(item),
+                roles=roles, mark=self.mark(item),
             ))
+        return tuple(out)
+
+    def roles(self, node: Node, key: str) -> tuple[str, ...]:
+        """``roles:``: 1 to ``MAX_ROLES`` distinct ``<name>``, ``ClusterRole/<name>`` or ``Role/<name>``."""
+        items = self.sequence(node, key, "roles")
+        if not items or len(items) > MAX_ROLES:
+            self.fail(node, key, f"must list 1 to {MAX_ROLES} roles (leave it out for admin)")
+        out: list[str] = []
+        for i, item in enumerate(items):
+            role = self.string(item, f"{key}[{i}]")
+            problem = role_template_problem(role)
+            if problem:
+                self.fail(item, f"{key}[{i}]", problem)
+            if role in out:
+                self.fail(item, f"{key}[{i}]", f"{role!r} is already {key}[{out.index(role)}]")
+            out.append(role)
         return tuple(out)
 
     def user_access(self, node: Node, key: str) -> UserAccess:

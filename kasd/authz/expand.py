@@ -8,6 +8,11 @@ by a name stays as it is.
 
 A namespace must be a DNS-1123 label: lowercase letters, digits and ``-``, starting and ending with a
 letter or digit, 1 to 63 characters.
+
+A rule's ``roles:`` entry is ``<name>`` or ``ClusterRole/<name>`` (a ClusterRole) or ``Role/<name>`` (a
+Role in the managed namespace); the kind is read as written, only the name is expanded, and the
+result must be an RBAC role name kasd accepts: a letter or digit, then letters, digits, ``:``,
+``.``, ``_`` and ``-``, at most ``MAX_ROLE_LENGTH`` characters (the binding's name holds it).
 """
 
 from __future__ import annotations
@@ -17,13 +22,20 @@ import re
 from collections.abc import Mapping
 from typing import Literal
 
+import attrs
+
 __all__ = [
     "MAX_LABEL_LENGTH",
+    "MAX_ROLE_LENGTH",
     "NamespaceError",
     "OnOverflow",
+    "RoleError",
+    "RoleRef",
     "expand",
     "is_dns1123_label",
     "resolve_namespace",
+    "resolve_role",
+    "role_template_problem",
     "to_dns1123_label",
 ]
 
@@ -36,6 +48,69 @@ _REFERENCE = re.compile(
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _INVALID = re.compile(r"[^a-z0-9]+")
 _DIGEST_LENGTH = 8
+#: the longest role name: ``gitlab-job-access-<24-character slug>.clusterrole.<name>`` stays within the
+#: 253 characters of an object name
+MAX_ROLE_LENGTH = 190
+_ROLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9:._-]*")
+RoleKind = Literal["ClusterRole", "Role"]
+
+
+@attrs.frozen
+class RoleRef:
+    """What a managed namespace's RoleBinding grants: a ClusterRole, or a Role in that namespace."""
+
+    kind: RoleKind
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}/{self.name}"
+
+
+class RoleError(ValueError):
+    """A ``roles:`` entry resolved to something that is not a role name; says which rule and value."""
+
+
+def _split_role(template: str) -> tuple[RoleKind, str]:
+    kind, slash, name = template.partition("/")
+    if not slash:
+        return "ClusterRole", template
+    if kind not in ("ClusterRole", "Role"):
+        raise RoleError(f"{kind!r} is not a kind of role (write <name> or ClusterRole/<name> for a ClusterRole, "
+                        "Role/<name> for a Role in the managed namespace)")
+    return ("Role" if kind == "Role" else "ClusterRole"), name
+
+
+def _role_name_problem(name: str) -> str | None:
+    if not name:
+        return "is empty"
+    if len(name) > MAX_ROLE_LENGTH:
+        return f"is longer than {MAX_ROLE_LENGTH} characters"
+    if not _ROLE_NAME.fullmatch(name):
+        return "is not a role name (a letter or digit, then letters, digits, ':', '.', '_' and '-')"
+    return None
+
+
+def role_template_problem(template: str) -> str | None:
+    """What is wrong with a ``roles:`` entry as written (its kind, the literal parts of its name),
+    None when nothing is: a name made of variables is checked once they are expanded."""
+    try:
+        _, name = _split_role(template)
+    except RoleError as exc:
+        return str(exc)
+    if not name:
+        return f"{template!r} names no role"
+    problem = _role_name_problem(_REFERENCE.sub("a", name))  # each variable as some valid value
+    return f"{template!r} {problem}" if problem else None
+
+
+def resolve_role(template: str, variables: Mapping[str, str], *, rule_name: str = "rule") -> RoleRef:
+    """The role a ``roles:`` entry names for these variables; ``RoleError`` naming the rule and value."""
+    kind, name = _split_role(template)
+    value = expand(name, variables)
+    problem = _role_name_problem(value)
+    if problem:
+        raise RoleError(f"{rule_name}: role {template!r} resolved to {value!r}, which {problem}")
+    return RoleRef(kind, value)
 
 
 class NamespaceError(ValueError):

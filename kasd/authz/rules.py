@@ -1,7 +1,7 @@
 """A ``rules:`` list, compiled at config load, and the first-match decision for one job.
 
 Rules are tried in order; the first whose ``if`` holds (a rule without ``if`` always does) decides:
-``when: always`` allows, with the rule's namespace resolved; ``when: never`` denies. When none
+``when: always`` allows, with the rule's namespace (and ``roles:``) resolved; ``when: never`` denies. When none
 matches, the entry denies. An expression that cannot be evaluated, or a namespace that resolves to
 no valid name under ``on_overflow: fail``, denies too, naming the rule. An entry without ``rules:``
 does not come here: what it grants is the loader's and Authority's decision.
@@ -15,7 +15,14 @@ from typing import Literal
 import attrs
 
 from kasd.authz.agentconfig import AgentConfigError, Mark, RawRule
-from kasd.authz.expand import NamespaceError, OnOverflow, resolve_namespace
+from kasd.authz.expand import (
+    NamespaceError,
+    OnOverflow,
+    RoleError,
+    RoleRef,
+    resolve_namespace,
+    resolve_role,
+)
 from kasd.authz.expr import Expr, ExprEvaluationError, ExprSyntaxError, parse, print_expr
 
 __all__ = ["Rule", "RuleMatch", "compile_rules", "first_match"]
@@ -31,6 +38,8 @@ class Rule:
     """The ``namespace:`` template, ``$VAR`` and all; None leaves the namespace to the entry."""
     when: Literal["always", "never"] = "always"
     on_overflow: OnOverflow = "fail"
+    roles: tuple[str, ...] = ()
+    """The ``roles:`` templates (``edit``, ``Role/deployer-$CI_PROJECT_ID``); () grants ``admin``."""
     name: str | None = None
     """Where the rule was written, for errors (``ci_access.projects[0].rules[1]``); None: ``rules[i]``."""
 
@@ -44,6 +53,8 @@ class RuleMatch:
     """The deciding rule's position in the list; None when no rule matched."""
     namespace: str | None = None
     """The resolved namespace, when allowed by a rule that has one."""
+    roles: tuple[RoleRef, ...] = ()
+    """The resolved ``roles:`` (with the namespace); () when the rule names none."""
     reason: str
 
 
@@ -64,10 +75,12 @@ def first_match(rules: Sequence[Rule], variables: Mapping[str, str]) -> RuleMatc
         try:
             namespace = resolve_namespace(rule.namespace, variables, on_overflow=rule.on_overflow,
                                           rule_name=label)
-        except NamespaceError as e:
+            roles = tuple(resolve_role(role, variables, rule_name=label) for role in rule.roles)
+        except (NamespaceError, RoleError) as e:
             return RuleMatch(allowed=False, index=index, reason=str(e))
-        return RuleMatch(allowed=True, index=index, namespace=namespace,
-                         reason=f"{label} matched{condition}: namespace {namespace}")
+        granted = f" ({', '.join(map(str, roles))})" if roles else ""
+        return RuleMatch(allowed=True, index=index, namespace=namespace, roles=roles,
+                         reason=f"{label} matched{condition}: namespace {namespace}{granted}")
     return RuleMatch(allowed=False, index=None, reason=f"none of the {len(rules)} rules matched")
 
 
@@ -87,7 +100,8 @@ def compile_rules(raw: Sequence[RawRule], key: str) -> tuple[Rule, ...]:
                 where = f"{mark}: " if mark is not None else ""
                 raise AgentConfigError(f"{where}{name}.if: {exc.message} (in {rule.if_text!r})", mark=mark,
                                        key=f"{name}.if", problem=exc.message) from None
-        out.append(Rule(if_=expr, namespace=rule.namespace, when=rule.when, on_overflow=rule.on_overflow, name=name))
+        out.append(Rule(if_=expr, namespace=rule.namespace, when=rule.when, on_overflow=rule.on_overflow,
+                        roles=rule.roles, name=name))
     return tuple(out)
 
 

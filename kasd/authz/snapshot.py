@@ -29,6 +29,7 @@ from kasd.authz.agentconfig import (
 )
 from kasd.authz.civars import JobFacts, ci_variables, guess_environment_tier
 from kasd.authz.directory import Directory, Project
+from kasd.authz.expand import RoleRef
 from kasd.authz.jobtokens import (
     DEFAULT_AUDIENCE,
     DEFAULT_ISSUER,
@@ -135,6 +136,7 @@ def load_agents(directory: Directory, config_root: Path) -> tuple[dict[int, Comp
         if config.ci_access.instance is not None:
             entries.append(("ci_access.instance", config.ci_access.instance))
         for key, entry in entries:
+            _check_roles_apply(entry, key, config.source)
             if entry.rules:
                 try:
                     rules[(entry.kind, entry.id)] = compile_rules(entry.rules, f"{key}.rules")
@@ -146,6 +148,19 @@ def load_agents(directory: Directory, config_root: Path) -> tuple[dict[int, Comp
         agents[agent.id] = CompiledAgent(config=config, rules=rules,
                                          templates=load_templates(templates_dir(config_file)))
     return agents, warnings
+
+
+def _check_roles_apply(entry: CiAccessEntry, key: str, source: str) -> None:
+    """``roles:`` only where kasd makes a binding (the job acts as itself): for ``agent`` and
+    ``impersonate`` it would grant nothing, and a setting that does nothing must not look as if it did."""
+    if entry.access_as.mode in ("ci_job", "ci_user"):
+        return
+    for i, rule in enumerate(entry.rules):
+        if rule.roles:
+            here, problem = f"{key}.rules[{i}].roles", (f"applies to access_as ci_job or ci_user only (with "
+                                                       f"{entry.access_as.mode}, kasd binds nothing: RBAC is the operator's)")
+            where = f"{rule.mark}: " if rule.mark is not None else f"{source}: "
+            raise AgentConfigError(f"{where}{here}: {problem}", mark=rule.mark, key=here, problem=problem)
 
 
 def _own_groups(decision: Decision, project: Project, slug: str) -> list[str]:
@@ -221,6 +236,7 @@ class Snapshot:
         project = self.directory.project(claims.project)
         assert project is not None  # authorize_job found it
         rules_namespace: str | None = None
+        rules_roles: tuple[RoleRef, ...] = ()
         if rules:
             facts = JobFacts(
                 project_path=project.path, project_id=project.id, namespace=project.namespace,
@@ -237,17 +253,18 @@ class Snapshot:
                              principal=principal)
             if match.namespace is not None:
                 namespace = rules_namespace = match.namespace
-        managed = self._managed(compiled, decision, claims, project, rules_namespace)
+                rules_roles = match.roles
+        managed = self._managed(compiled, decision, claims, project, rules_namespace, rules_roles)
         if managed is not None and managed.namespace is not None:
             namespace = managed.namespace
         return Verdict(decision=decision, kind="ci", namespace=namespace, environment=claims.environment,
                        job=claims, expires_at=claims.stamp.expires_at, managed=managed)
 
     def _managed(self, compiled: CompiledAgent, decision: Decision, claims: JobClaims, project: Project,
-                 rules_namespace: str | None) -> ManagedResources | None:
+                 rules_namespace: str | None, rules_roles: tuple[RoleRef, ...] = ()) -> ManagedResources | None:
         """What kasd creates for this job: GitLab's form (``resource_management`` on a ``ci_job``
         entry, for a job with an environment: the agent's template) or the rules form (the namespace
-        a rule resolved to); None when neither applies."""
+        a rule resolved to, bound to the rule's ``roles``); None when neither applies."""
         gitlab_form = decision.resource_management and decision.access_as == "ci_job" and claims.environment
         if not gitlab_form and rules_namespace is None:
             return None
@@ -269,7 +286,7 @@ class Snapshot:
             template = compiled.template()
         else:
             assert rules_namespace is not None
-            template = rules_objects(rules_namespace, _own_groups(decision, project, slug), slug)
+            template = rules_objects(rules_namespace, _own_groups(decision, project, slug), slug, rules_roles)
         objects = render(template, variables)
         names = [o["metadata"]["name"] for o in objects if o.get("kind") == "Namespace" and o.get("apiVersion") == "v1"]
         return ManagedResources(

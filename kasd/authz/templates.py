@@ -23,6 +23,7 @@ applies and deletes them; this module only decides what they are.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -33,13 +34,16 @@ import attrs
 import yaml
 
 from kasd.authz.agentconfig import compose_yaml, read_config_text
+from kasd.authz.expand import RoleRef
 
 __all__ = [
+    "ADMIN",
     "BUILTIN",
     "DEFAULT_TEMPLATE",
     "KINDS",
     "MANAGED_BY",
     "MANAGED_KINDS",
+    "USED_BY",
     "VARIABLES",
     "EnvironmentTemplate",
     "ManagedKind",
@@ -103,6 +107,12 @@ def env_label(slug: str, project_id: int | str, agent_id: int | str) -> str:
     return f"agent.gitlab.com/env-{slug}-{project_id}-{agent_id}"
 #: kasd's mark on what it created (it deletes nothing without it)
 MANAGED_BY = ("kasd.gitlab-agent.io/managed-by", "kasd")
+#: kasd's record on a namespace it made of the environments that use it (``kasd.managed``): a JSON
+#: list of ``<agent id>:<project id>:<environment slug>`` (``-`` for a job without environment)
+USED_BY = "kasd.gitlab-agent.io/used-by"
+
+#: what a managed namespace's binding grants unless a rule's ``roles:`` says otherwise
+ADMIN = RoleRef("ClusterRole", "admin")
 
 #: built in: the environment's namespace, and the job's environment group bound to ``admin`` in it
 DEFAULT_TEMPLATE = """\
@@ -335,17 +345,29 @@ class ManagedResources:
     def key(self) -> tuple[int, int, str, str]:
         return (self.agent_id, self.project_id, self.slug, self.namespace or "")
 
+    @property
+    def fingerprint(self) -> str:
+        """What the plan creates, digested: two plans of one ``key`` may differ (rules that give one
+        environment's jobs different ``roles:``, an edited template), and each is applied."""
+        return hashlib.sha256(json.dumps(self.objects, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
-def rules_objects(namespace: str, subjects: Sequence[str], slug: str = "") -> EnvironmentTemplate:
+
+def rules_objects(namespace: str, subjects: Sequence[str], slug: str = "",
+                  roles: Sequence[RoleRef] = ()) -> EnvironmentTemplate:
     """The rules form as a template: the namespace a rule resolved to and, when the job acts as
-    itself (``ci_job``/``ci_user``), a RoleBinding of ``admin`` in it for ``subjects`` (groups), one
-    per environment (``gitlab-job-access-<slug>``: environments may share a rules namespace)."""
+    itself (``ci_job``/``ci_user``), a RoleBinding in it for ``subjects`` (groups) per role the rule
+    names (``roles``; without: ``admin``), per environment (environments may share a rules
+    namespace): ``gitlab-job-access-<slug>`` for ``admin``, ``….clusterrole.<name>`` or
+    ``….role.<name>`` for the others (a RoleBinding has one roleRef; ``.`` is in no slug)."""
     objects: list[Mapping[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}]
     if subjects:
-        objects.append({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": f"gitlab-job-access-{slug}" if slug else "gitlab-job-access", "namespace": namespace},
-            "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": s} for s in subjects],
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
-        })
+        base = f"gitlab-job-access-{slug}" if slug else "gitlab-job-access"
+        for role in dict.fromkeys(roles or (ADMIN,)):
+            name = base if role == ADMIN else f"{base}.{role.kind.lower()}.{role.name}"
+            objects.append({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": name, "namespace": namespace},
+                "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": s} for s in subjects],
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role.kind, "name": role.name},
+            })
     return EnvironmentTemplate(name="rules", source="(a rules: namespace)", objects=tuple(objects))

@@ -147,7 +147,23 @@ def test_empty_is_the_default_configuration(text: str) -> None:
     ("ci_access:\n  projects:\n    - id: a/b\n      rules:\n        - on_overflow: wrap\n",
      "5:24: ci_access.projects[0].rules[0].on_overflow: must be one of fail, truncate, got 'wrap'"),
     ("ci_access:\n  projects:\n    - id: a/b\n      rules:\n        - iff: x\n",
-     "5:11: ci_access.projects[0].rules[0].iff: unknown key (expected one of: if, namespace, when, on_overflow)"),
+     "5:11: ci_access.projects[0].rules[0].iff: unknown key (expected one of: if, namespace, when, on_overflow, "
+     "roles)"),
+    ("ci_access:\n  projects:\n    - id: a/b\n      rules:\n        - {namespace: n, roles: []}\n",
+     "5:33: ci_access.projects[0].rules[0].roles: must list 1 to 16 roles (leave it out for admin)"),
+    ("ci_access:\n  projects:\n    - id: a/b\n      rules:\n        - {namespace: n, roles: [Binding/x]}\n",
+     "5:34: ci_access.projects[0].rules[0].roles[0]: 'Binding' is not a kind of role (write <name> or "
+     "ClusterRole/<name> for a ClusterRole, Role/<name> for a Role in the managed namespace)"),
+    ("ci_access:\n  projects:\n    - id: a/b\n      rules:\n        - {namespace: n, roles: ['x%2F..', Role/]}\n",
+     "5:34: ci_access.projects[0].rules[0].roles[0]: 'x%2F..' is not a role name (a letter or digit, then "
+     "letters, digits, ':', '.', '_' and '-')"),
+    ("ci_access:\n  projects:\n    - id: a/b\n      rules:\n        - {namespace: n, roles: [Role/]}\n",
+     "5:34: ci_access.projects[0].rules[0].roles[0]: 'Role/' names no role"),
+    ("ci_access:\n  projects:\n    - id: a/b\n      rules:\n        - {namespace: n, roles: [edit, edit]}\n",
+     "5:40: ci_access.projects[0].rules[0].roles[1]: 'edit' is already ci_access.projects[0].rules[0].roles[0]"),
+    ("ci_access:\n  projects:\n    - id: a/b\n      rules:\n        - {roles: [edit]}\n",
+     "5:12: ci_access.projects[0].rules[0].roles: needs namespace: (the roles are granted in the namespace the "
+     "rule resolves to)"),
     ("ci_access:\n  projects:\n    - id: a/b\n    - id: a/c\n      id: a/d\n",
      "5:7: ci_access.projects[1].id: appears twice in one mapping"),
     ("user_access:\n  projects: [{id: a/b}]\n",

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from kasd.authz.agentconfig import AgentConfigError, agent_config_path, parse_agent_config
+from kasd.authz.directory import Agent, Directory, Group, Project
+from kasd.authz.expand import RoleRef
 from kasd.authz.expr import parse
-from kasd.authz.rules import Rule, RuleMatch, first_match
+from kasd.authz.rules import Rule, RuleMatch, compile_rules, first_match
+from kasd.authz.snapshot import load_agents
 
 RULES = [
     Rule(if_=parse('$CI_COMMIT_REF_NAME =~ /^wip\\//'), when="never"),
@@ -78,3 +86,35 @@ def test_a_bad_expression_is_a_load_error_at_its_file_line_and_column() -> None:
     assert "'$CI_COMMIT_BRANCH == && $X'" in message
     good = compile_rules(entry.rules[:1], "ci_access.projects[0].rules")
     assert first_match(good, {"CI_COMMIT_BRANCH": "main"}).allowed
+
+
+def test_roles_are_read_expanded_and_a_variable_never_picks_the_kind(tmp_path: Path) -> None:
+    text = (
+        "ci_access:\n"
+        "  projects:\n"
+        "    - id: acme/web\n"
+        "      access_as: {ci_job: {}}\n"
+        "      rules:\n"
+        "        - namespace: app-$CI_PROJECT_ID\n"
+        "          roles: [edit, ClusterRole/view, Role/deploy-$CI_ENVIRONMENT_SLUG]\n"
+    )
+    entry = parse_agent_config(text, "config.yaml").config.ci_access.projects[0]
+    rules = compile_rules(entry.rules, "rules")
+    match = first_match(rules, {"CI_PROJECT_ID": "42", "CI_ENVIRONMENT_SLUG": "production"})
+    assert match.roles == (RoleRef("ClusterRole", "edit"), RoleRef("ClusterRole", "view"),
+                           RoleRef("Role", "deploy-production"))
+    assert match.reason == "rules[0] matched: namespace app-42 (ClusterRole/edit, ClusterRole/view, Role/deploy-production)"
+    denied = first_match(rules, {"CI_PROJECT_ID": "42", "CI_ENVIRONMENT_SLUG": "x/../admin"})
+    assert (denied.allowed, denied.roles) == (False, ())
+    assert denied.reason == ("rules[0]: role 'Role/deploy-$CI_ENVIRONMENT_SLUG' resolved to 'deploy-x/../admin', "
+                             "which is not a role name (a letter or digit, then letters, digits, ':', '.', '_' and '-')")
+    # With agent or impersonate kasd binds nothing: roles there would be a setting that does nothing.
+    directory = Directory.build(groups=[Group(path="acme", id=2)], projects=[Project(path="acme/web", id=1)],
+                                agents=[Agent(id=1, name="prod", config_project="acme/web")])
+    path = agent_config_path(tmp_path, "acme/web", "prod")
+    path.parent.mkdir(parents=True)
+    path.write_text(text.replace("ci_job", "agent"))
+    with pytest.raises(AgentConfigError) as info:
+        load_agents(directory, tmp_path)
+    assert str(info.value) == (f"{path}:6:11: ci_access.projects[0].rules[0].roles: applies to access_as ci_job or "
+                               "ci_user only (with agent, kasd binds nothing: RBAC is the operator's)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -15,10 +15,15 @@ from typing import Any
 import pytest
 import trio
 
+import kasd.k8sproxy  # noqa: F401  (first: kasd.managed → kasd.k8sproxy → kasd.managed is an import cycle)
 from agentd.kubeapi import kubeconfig_target
 from kasctl.authsetup import AuthSetup
+from kasd import managed
+from kasd.authz.expand import RoleRef
 from kasd.authz.slugs import environment_slug
+from kasd.authz.templates import VARIABLES, ManagedResources, render, rules_objects
 from kasd.config import config_from_mapping
+from kasd.managed import AgentClient, Answer, Provisioner, users_of
 from kasd.restapi import stop_path
 from kasd.server import Runtime
 from kasd.tokens import hash_token
@@ -299,3 +304,267 @@ async def test_jobs_without_an_environment_or_resource_management_create_nothing
         assert answer.status == 403  # no namespace of its own, and no binding anywhere
         assert sim.store.count("", "namespaces") == before
         assert _creates(sim, "/api/v1/namespaces") == 0
+
+
+SHARED = """\
+ci_access:
+  projects:
+    - id: group/app
+      access_as: {access_as}
+      rules:
+        - namespace: app-$CI_PROJECT_ID
+"""
+
+
+@pytest.mark.parametrize("access_as", ["{agent: {}}", "{impersonate: {username: deployer}}", "{ci_job: {}}",
+                                       "{ci_user: {}}"])
+async def test_a_stop_keeps_a_namespace_another_environment_uses_in_every_access_mode(
+        tmp_path: Path, access_as: str) -> None:
+    # The issue's scenario: production and review/feat-y share app-42; review/feat-y stops.
+    async with _stack(tmp_path, agent_yaml=SHARED.format(access_as=access_as)) as (kasd, sim, auth):
+        prod, review = _job(auth, "production", job_id=1), _job(auth, "review/feat-y", job_id=2)
+        for token in (prod, review):  # each one's first request (whatever the cluster then answers it)
+            assert (await _call(kasd, token, "GET", "/api/v1/namespaces/app-42/configmaps")).status in (200, 403)
+        # what production wrote there (as whichever identity its mode gives it)
+        sim.store.create(sim.store.kind("", "configmaps"), "app-42", {"metadata": {"name": "prod-config"}})
+        namespace = _stored(sim, "", "namespaces", None, "app-42")
+        assert namespace is not None
+        users = ["7:42:production", f"7:42:{environment_slug('review/feat-y')}"]
+        assert users_of(namespace) == users
+        bindings = access_as in ("{ci_job: {}}", "{ci_user: {}}")
+        api = kasd.port("api")
+        stopped = await http_request(api, "POST", stop_path("group/app", "review/feat-y"),
+                                     [("job-token", review.split(":", 2)[2])])
+        assert stopped.status == 200, stopped.body
+        (agent,) = stopped.json()["agents"]
+        assert agent["kept"] == ["Namespace app-42"] and "Namespace app-42" not in agent["deleted"]
+        namespace = _stored(sim, "", "namespaces", None, "app-42")
+        assert namespace is not None and users_of(namespace) == users[:1]
+        assert _stored(sim, "", "configmaps", "app-42", "prod-config") is not None
+        rbac = (sim, "rbac.authorization.k8s.io", "rolebindings", "app-42")
+        assert (_stored(*rbac, "gitlab-job-access-production") is not None) == bindings
+        assert _stored(*rbac, f"gitlab-job-access-{environment_slug('review/feat-y')}") is None
+        # the last user stops: the namespace goes, with what is in it
+        stopped = await http_request(api, "POST", stop_path("group/app", "production"),
+                                     [("job-token", prod.split(":", 2)[2])])
+        assert stopped.json()["agents"][0]["deleted"][-1] == "Namespace app-42", stopped.body
+        assert _stored(sim, "", "namespaces", None, "app-42") is None
+
+
+def _plan(environment: str, namespace: str = "app-42", project_id: int = 42,
+          roles: tuple[RoleRef, ...] | None = None) -> ManagedResources:
+    slug = environment_slug(environment)
+    variables: dict[str, str | int] = {v: "" for v in VARIABLES}
+    variables |= {"agent.id": 7, "project.id": project_id, "environment.slug": slug, "environment.name": environment}
+    return ManagedResources(agent_id=7, project_id=project_id, environment=environment, slug=slug, source="rules",
+                            namespace=namespace, objects=tuple(render(rules_objects(
+                                namespace, [] if roles is None else [f"gitlab:project_env:{project_id}:{slug}"],
+                                slug, roles or ()), variables)))
+
+
+class _Gated(AgentClient):
+    """Another replica's client, whose first request of ``method`` waits until ``arrived`` has
+    been set ``waiting`` times (every replica got there) and ``opened`` is set."""
+
+    def __init__(self, client: AgentClient, method: str, barrier: list[int], waiting: int,
+                 opened: trio.Event, arrived: trio.Event) -> None:
+        super().__init__(client.router)
+        self.method, self.barrier, self.waiting, self.opened, self.arrived = method, barrier, waiting, opened, arrived
+        self.held = False
+
+    async def request(self, agent_id: int, method: str, target: str, body: Mapping[str, Any] | None = None) -> Answer:
+        if method == self.method and not self.held:
+            self.held = True
+            self.barrier[0] += 1
+            if self.barrier[0] == self.waiting:
+                self.arrived.set()
+            await self.opened.wait()
+        return await super().request(agent_id, method, target, body)
+
+
+async def test_first_requests_racing_on_two_replicas_are_both_recorded_and_a_racing_stop_keeps_the_namespace(
+        tmp_path: Path) -> None:
+    async with _stack(tmp_path) as (kasd, sim, _):
+        assert kasd.router is not None
+        client = AgentClient(kasd.router)
+        await Provisioner(client).ensure(_plan("production"))
+        # Two replicas record review/a and review/b at once: both read the same resourceVersion and
+        # write; the loser's 409 is read again and retried.
+        barrier, opened, arrived = [0], trio.Event(), trio.Event()
+        replicas = [Provisioner(_Gated(client, "PUT", barrier, 2, opened, arrived)) for _ in range(2)]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(replicas[0].ensure, _plan("review/a"))
+            nursery.start_soon(replicas[1].ensure, _plan("review/b"))
+            await arrived.wait()
+            opened.set()
+        namespace = _stored(sim, "", "namespaces", None, "app-42")
+        assert namespace is not None
+        assert sorted(users_of(namespace) or ()) == ["7:42:production", *(f"7:42:{environment_slug(f'review/{x}')}"
+                                                                          for x in "ab")]
+        puts = [r for r in sim.requests if r.method == "PUT" and r.path == "/api/v1/namespaces/app-42"]
+        assert len(puts) == 3  # one of the two lost the race once
+        # Two stops at once on two replicas: each removes only itself.
+        barrier, opened, arrived = [0], trio.Event(), trio.Event()
+        replicas = [Provisioner(_Gated(client, "PUT", barrier, 2, opened, arrived)) for _ in range(2)]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(replicas[0].stop, _plan("review/a"))
+            nursery.start_soon(replicas[1].stop, _plan("review/b"))
+            await arrived.wait()
+            opened.set()
+        namespace = _stored(sim, "", "namespaces", None, "app-42")
+        assert namespace is not None and users_of(namespace) == ["7:42:production"]
+        # production's stop reads itself as the only user; review/c's first request records itself
+        # before the delete is sent: the delete's precondition fails, and the namespace stays for review/c.
+        barrier, opened, arrived = [0], trio.Event(), trio.Event()
+        stopping = Provisioner(_Gated(client, "DELETE", barrier, 1, opened, arrived))
+        reports = []
+
+        async def stop() -> None:
+            reports.append(await stopping.stop(_plan("production")))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stop)
+            await arrived.wait()
+            await Provisioner(client).ensure(_plan("review/c"))
+            opened.set()
+        assert reports[0].kept == ("Namespace app-42",) and reports[0].deleted == ()
+        namespace = _stored(sim, "", "namespaces", None, "app-42")
+        assert namespace is not None and users_of(namespace) == [f"7:42:{environment_slug('review/c')}"]
+
+
+async def test_users_of_other_projects_are_recorded_and_a_stop_of_a_non_user_changes_nothing(tmp_path: Path) -> None:
+    async with _stack(tmp_path) as (kasd, sim, _):
+        assert kasd.router is not None
+        provisioner = Provisioner(AgentClient(kasd.router))
+        ours, theirs, idle = _plan("production"), _plan("production", project_id=43), _plan("review/idle")
+        await provisioner.ensure(ours)
+        await provisioner.ensure(theirs)  # project 43's job uses project 42's namespace (as the agent)
+        namespace = _stored(sim, "", "namespaces", None, "app-42")
+        assert namespace is not None and users_of(namespace) == ["7:42:production", "7:43:production"]
+        # an environment that never used it (any job of the project may stop its own) changes nothing
+        assert (await provisioner.stop(idle)).kept == ("Namespace app-42",)
+        assert (await provisioner.stop(ours)).kept == ("Namespace app-42",)  # project 43 still uses it
+        namespace = _stored(sim, "", "namespaces", None, "app-42")
+        assert namespace is not None and users_of(namespace) == ["7:43:production"]
+        assert (await provisioner.stop(theirs)).deleted == ("Namespace app-42",)
+        assert _stored(sim, "", "namespaces", None, "app-42") is None
+
+
+async def test_a_stop_deletes_the_environments_bindings_its_config_no_longer_names(tmp_path: Path) -> None:
+    async with _stack(tmp_path) as (kasd, sim, _):
+        assert kasd.router is not None
+        provisioner = Provisioner(AgentClient(kasd.router))
+        edit, view = RoleRef("ClusterRole", "edit"), RoleRef("ClusterRole", "view")
+        await provisioner.ensure(_plan("production", roles=(edit,)))
+        await provisioner.ensure(_plan("other", roles=(edit,)))
+        await provisioner.ensure(_plan("production", roles=(view,)))  # roles: edited from edit to view
+        report = await provisioner.stop(_plan("production", roles=(view,)))
+        assert report.deleted == ("RoleBinding app-42/gitlab-job-access-production.clusterrole.edit",
+                                  "RoleBinding app-42/gitlab-job-access-production.clusterrole.view")
+        assert report.kept == ("Namespace app-42",)  # "other" uses it, and keeps its binding
+        left = sim.store.list(sim.store.kind("rbac.authorization.k8s.io", "rolebindings"), "app-42").items
+        assert [b["metadata"]["name"] for b in left] == ["gitlab-job-access-other.clusterrole.edit"]
+
+
+async def test_a_namespace_without_a_record_of_its_users_is_never_deleted(tmp_path: Path) -> None:
+    # Made by a kasd that kept no record: who uses it cannot be proved, so no stop deletes it.
+    async with _stack(tmp_path) as (kasd, sim, _):
+        assert kasd.router is not None
+        plan = _plan("review/a")
+        sim.store.create(sim.store.kind("", "namespaces"), None, {"metadata": {"name": "app-42", "labels": dict(
+            plan.objects[0]["metadata"]["labels"])}})
+        provisioner = Provisioner(AgentClient(kasd.router))
+        await provisioner.ensure(plan)
+        report = await provisioner.stop(plan)
+        assert report.kept == ("Namespace app-42",)
+        assert _stored(sim, "", "namespaces", None, "app-42") is not None
+
+
+async def test_a_rules_roles_are_what_its_binding_grants_and_a_role_the_cluster_lacks_is_the_jobs_error(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    rules = """\
+ci_access:
+  projects:
+    - id: group/app
+      access_as: {ci_job: {}}
+      rules:
+        - if: $CI_ENVIRONMENT_NAME == "production"
+          namespace: app-$CI_PROJECT_ID
+          roles: [edit]
+        - if: $CI_ENVIRONMENT_NAME == "staging"
+          namespace: app-$CI_PROJECT_ID
+          roles: [Role/reader]
+        - namespace: app-$CI_PROJECT_ID
+          roles: [view, ClusterRole/edti]
+"""
+    async with _stack(tmp_path, agent_yaml=rules) as (kasd, sim, auth):
+        prod = _job(auth, "production", job_id=1)
+        made = await _call(kasd, prod, "POST", "/api/v1/namespaces/app-42/configmaps",
+                           {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app"}})
+        assert made.status == 201, made.body
+        rbac = (sim, "rbac.authorization.k8s.io", "rolebindings", "app-42")
+        binding = _stored(*rbac, "gitlab-job-access-production.clusterrole.edit")
+        assert binding is not None and binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
+                                                              "kind": "ClusterRole", "name": "edit"}
+        assert binding["subjects"][0]["name"] == "gitlab:project_env:42:production"
+        assert _stored(*rbac, "gitlab-job-access-production") is None  # edit instead of admin, not besides it
+        grant = await _call(kasd, prod, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/app-42/rolebindings",
+                            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                             "metadata": {"name": "mine"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
+                                                                       "kind": "ClusterRole", "name": "admin"},
+                             "subjects": [{"kind": "User", "name": "mallory"}]})
+        assert grant.status == 403  # edit may not grant
+        caplog.set_level(logging.INFO, logger="kasd.audit")
+        review = _job(auth, "review/x", job_id=2)
+        answer = await _call(kasd, review, "GET", "/api/v1/namespaces/app-42/configmaps")
+        slug = environment_slug("review/x")
+        assert answer.status == 422, answer.body
+        assert answer.json()["message"] == (f"cannot create RoleBinding app-42/gitlab-job-access-{slug}.clusterrole.edti "
+                                            "for this job's environment (agent 7): it grants ClusterRole 'edti', "
+                                            "which the cluster does not have")
+        assert _stored(*rbac, f"gitlab-job-access-{slug}.clusterrole.view") is None  # nothing half made
+        # A Role is looked for in its namespace when the binding is made: until someone makes it, the
+        # job is told; then the next request binds it.
+        staging = _job(auth, "staging", job_id=3)
+        answer = await _call(kasd, staging, "GET", "/api/v1/namespaces/app-42/configmaps")
+        assert answer.status == 422, answer.body
+        assert answer.json()["message"] == ("cannot create RoleBinding app-42/gitlab-job-access-staging.role.reader for "
+                                            "this job's environment (agent 7): it grants Role 'reader' in namespace "
+                                            "app-42, which the cluster does not have")
+        sim.store.create(sim.store.kind("rbac.authorization.k8s.io", "roles"), "app-42", {
+            "metadata": {"name": "reader"},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]}]})
+        monkeypatch.setattr(managed, "FAILURE_HOLD", 0.0)  # not answered from memory: tried again
+        answer = await _call(kasd, staging, "GET", "/api/v1/namespaces/app-42/configmaps")
+        assert answer.status == 200, answer.body
+        binding = _stored(*rbac, "gitlab-job-access-staging.role.reader")
+        assert binding is not None and binding["roleRef"]["kind"] == "Role"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "kasd.audit"]
+    assert warnings[0] == (f"managed resource refused agent=7 project_id=42 environment=review/x kind=RoleBinding "
+                           f"namespace=app-42 name=gitlab-job-access-{slug}.clusterrole.edti role_kind=ClusterRole "
+                           "role=edti problem=role-not-found")
+
+
+async def test_rules_that_give_one_environments_jobs_different_roles_each_get_their_binding(tmp_path: Path) -> None:
+    # Both plans have one key (agent, project, environment, namespace): the second is not taken for
+    # the first, applied a moment ago. (The subjects are the environment's group: it holds both.)
+    rules = """\
+ci_access:
+  projects:
+    - id: group/app
+      access_as: {ci_job: {}}
+      rules:
+        - if: $CI_COMMIT_REF_PROTECTED == "true"
+          namespace: app-$CI_PROJECT_ID
+          roles: [edit]
+        - namespace: app-$CI_PROJECT_ID
+          roles: [view]
+"""
+    async with _stack(tmp_path, agent_yaml=rules) as (kasd, sim, auth):
+        protected = f"ci:7:{auth.job_token('group/app', job_id=1, user='alice', environment='production', protected=True)}"
+        branch = f"ci:7:{auth.job_token('group/app', job_id=2, user='alice', environment='production', ref='feat')}"
+        for token in (protected, branch):
+            assert (await _call(kasd, token, "GET", "/api/v1/namespaces/app-42/configmaps")).status == 200
+        rbac = (sim, "rbac.authorization.k8s.io", "rolebindings", "app-42")
+        assert _stored(*rbac, "gitlab-job-access-production.clusterrole.edit") is not None
+        assert _stored(*rbac, "gitlab-job-access-production.clusterrole.view") is not None

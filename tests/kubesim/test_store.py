@@ -62,6 +62,28 @@ async def test_update_generation_conflict_and_noop() -> None:
     assert after_status["status"] == {"replicas": 7} and after_status["spec"]["replicas"] == 3
 
 
+async def test_a_namespace_is_updated_and_deleted_only_at_the_version_read() -> None:
+    # What kasd's record of a managed namespace's users relies on (kasd.managed): an annotation
+    # written back with the resourceVersion read is a 409 once another writer came first, and so is
+    # a delete whose precondition names an older version; neither changes anything.
+    store = Store()
+    kind = store.kind("", "namespaces")
+    read = store.create(kind, None, {"metadata": {"name": "app", "annotations": {"users": "[a]"}}})
+    mine = dict(read, metadata={**read["metadata"], "annotations": {"users": "[a,b]"}})
+    theirs = dict(read, metadata={**read["metadata"], "annotations": {"users": "[a,c]"}})
+    written = store.update(kind, None, "app", theirs)
+    with pytest.raises(ApiError) as lost:
+        store.update(kind, None, "app", mine)
+    assert lost.value.code == 409 and lost.value.reason == "Conflict"
+    with pytest.raises(ApiError) as stale:
+        store.delete(kind, None, "app", precondition_uid=read["metadata"]["uid"],
+                     precondition_rv=read["metadata"]["resourceVersion"])
+    assert stale.value.code == 409
+    assert store.get(kind, None, "app")["metadata"]["annotations"] == {"users": "[a,c]"}
+    store.delete(kind, None, "app", precondition_rv=written["metadata"]["resourceVersion"])
+    assert store.find(kind, None, "app") is None
+
+
 async def test_selectors_and_paging() -> None:
     store = Store()
     kind = store.kind("", "configmaps")
