@@ -118,8 +118,8 @@ _HINTS = (
 
 
 def _encode(text: str) -> bytes:
-    # A lone surrogate (from JSON's "\udc80") has no UTF-8 form; RE2 reads the bytes surrogatepass
-    # writes as one character that matches nothing but itself and '.', which is what Python means.
+    # A lone surrogate (from JSON's "\udc80") has no UTF-8 form; RE2 reads the three bytes
+    # surrogatepass writes as one character (matched by '.', '[^x]', '\x{dc80}'), as Python means it.
     return text.encode("utf-8", "surrogatepass")
 
 
