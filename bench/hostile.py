@@ -44,6 +44,11 @@ The attacks (issue 13; each prints a row per case and whether the issue's target
                 closed, its RSS per connection, and whether kubectl still gets through.
                 Target (the issue's "a clean refusal" beyond a per-source cap): kasd refuses
                 or closes some before the cap.
+  regex         (issue 25) A rules: entry whose regex is costly, `$CI_COMMIT_REF_NAME =~ /[a-z]{600}x/`,
+                and a job whose ref is 1,024 letters (the longest value a pattern is matched
+                against), refused by that rule --regex-requests times on one keep-alive connection.
+                The pure-Python matcher it replaced took 0.1-0.4 s per evaluation, each time.
+                Target: each refusal answered in < 50 ms.
 
 Every attack comes from --attacker-source (127.0.0.2), the kubectl loop from 127.0.0.1: a stranger
 and a user are two hosts. With --attacker-source 127.0.0.1 they share one address, as behind a NAT,
@@ -90,16 +95,23 @@ from e2e import _context
 from httpload import Connection, LoadResult
 from wire_throughput import describe_machine
 
-from kasctl.stack import Stack, find_kubectl
+from kasctl.stack import (
+    OFFLINE_AGENT_CONFIG,
+    OFFLINE_AGENT_ID,
+    OFFLINE_CONFIG_PROJECT,
+    OTHER_PROJECT,
+    Stack,
+    find_kubectl,
+)
 
-ATTACKS = ("memory", "rapid-reset", "tunnel-limit", "flood")
+ATTACKS = ("memory", "rapid-reset", "tunnel-limit", "flood", "regex")
 
 # Targets from issue 13.
 PER_CONNECTION_TARGET = 64 * 1024  # bytes of kasd memory per hostile connection
 RSS_AFTER_TARGET = 10 * 1000 * 1000  # bytes above the baseline once they closed
 CPU_TARGET = 10.0  # % of one core during rapid reset
 LATENCY_RATIO_TARGET = 2.0  # kubectl p50 during / before
-ANSWER_TARGET = 0.050  # seconds to answer a request over a tunnel limit
+ANSWER_TARGET = 0.050  # seconds to answer a request over a tunnel limit (and, issue 25, one refused by a costly rule)
 LOG_LINES_TARGET = 3  # fewer than this many lines for it
 
 SAMPLE_EVERY = 0.1  # seconds between /proc samples
@@ -968,11 +980,73 @@ def attack_flood(bench: Bench) -> list[Row]:
     return rows
 
 
+# --------------------------------------------------------------------------- 5. a costly rules: regex
+
+REGEX_RULE = "$CI_COMMIT_REF_NAME =~ /[a-z]{600}x/"
+REGEX_REF = "a" * 1024  # the longest value a pattern is matched against
+
+
+def attack_regex(bench: Bench) -> list[Row]:
+    stack, args = bench.stack, bench.args
+    bench.fresh_kasd(tunnel=False)  # the offline agent is refused by its rule before any tunnel is needed
+    entry = f"    - id: {OTHER_PROJECT}\n      rules:\n        - if: '{REGEX_RULE}'\n"
+    config = OFFLINE_AGENT_CONFIG.replace("  projects:\n", "  projects:\n" + entry, 1)
+    token = stack.auth.job_token(OTHER_PROJECT, job_id=25, pipeline_id=25, ref=REGEX_REF)
+    headers = [("authorization", f"Bearer ci:{OFFLINE_AGENT_ID}:{token}")]
+    pods = "/api/v1/namespaces/default/pods"
+    seconds: list[float] = []
+    answer = ""
+
+    async def refuse() -> None:
+        nonlocal answer
+        conn = await Connection.open("127.0.0.1", bench.proxy_port, ssl_context=bench.h1_tls)
+        try:
+            with trio.fail_after(10 + stack.agent_wait_timeout):  # kasd notices the file within a second
+                while "rules" not in answer:
+                    body = bytearray()
+                    _, _ = await conn.get(pods, headers, keep=body)
+                    answer = _message(body)
+                    await trio.sleep(0.1)
+            for _ in range(args.regex_requests):
+                body = bytearray()
+                started = time.monotonic()
+                status, _ = await conn.get(pods, headers, keep=body)
+                seconds.append(time.monotonic() - started)
+                answer = f"{status} {_message(body)}"
+        finally:
+            with trio.move_on_after(1, shield=True):
+                await conn.aclose()
+
+    say(f"regex: {args.regex_requests} requests refused by `{REGEX_RULE}` for a {len(REGEX_REF):,}-character ref …")
+    stack.auth.agent_config(OFFLINE_CONFIG_PROJECT, "offline", config)
+    try:
+        start = time.monotonic()
+        trio.run(refuse)
+        end = time.monotonic()
+    finally:
+        stack.auth.agent_config(OFFLINE_CONFIG_PROJECT, "offline", OFFLINE_AGENT_CONFIG)
+    cpu = bench.probe.cpu_percent(start, end)
+    ordered = sorted(seconds)
+    p50, worst = ordered[len(ordered) // 2], ordered[-1]
+    met = worst < ANSWER_TARGET and answer.startswith("403")
+    row = Row(
+        attack="regex", case=f"[a-z]{{600}}x, {len(REGEX_REF):,}-char ref",
+        summary=f"{len(seconds):,} refusals: p50 {p50 * 1e3:.1f} ms, slowest {worst * 1e3:.1f} ms, "
+                f"kasd CPU {cpu:.0f} %; {answer}",
+        target="each refusal answered in < 50 ms", met=met,
+        figures={"requests": len(seconds), "p50_seconds": round(p50, 5), "max_seconds": round(worst, 5),
+                 "first_seconds": round(seconds[0], 5), "kasd_cpu_percent": round(cpu, 1), "answer": answer},
+    )  # fmt: skip
+    say(row.text())
+    return [row]
+
+
 RUNNERS: dict[str, Callable[[Bench], list[Row]]] = {
     "memory": attack_memory,
     "rapid-reset": attack_rapid_reset,
     "tunnel-limit": attack_tunnel_limit,
     "flood": attack_flood,
+    "regex": attack_regex,
 }
 
 # --------------------------------------------------------------------------- main
@@ -1003,6 +1077,8 @@ def _parser() -> argparse.ArgumentParser:
                              "NAT, where kasd's per-source limits turn kubectl away too")
     parser.add_argument("--flood-cap", type=int, default=2000, metavar="N",
                         help="most connections the flood opens per port (default 2000)")
+    parser.add_argument("--regex-requests", type=int, default=200, metavar="N",
+                        help="regex: refused requests timed (default 200)")
     parser.add_argument("--agent-wait", type=float, default=10.0, metavar="SECONDS",
                         help="kasd's agent_wait_timeout (default 10, the demo's)")
     parser.add_argument("--reconnect", action=argparse.BooleanOptionalAction, default=True,

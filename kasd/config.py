@@ -42,6 +42,7 @@ from kasd.authz.directory import (
     username_problem,
 )
 from kasd.tokens import is_token_hash
+from routing.peers import is_loopback_host, plaintext_crosses_network
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -104,6 +105,15 @@ def _seconds(value: Any) -> float:
     if seconds <= 0:
         raise Problem(f"must be greater than 0 seconds, got {value!r}")
     return seconds
+
+
+def _boolean(value: Any) -> bool:
+    """``true``/``false`` in the file; the same words (any case) in a variable."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise Problem(f"must be true or false, got {value!r}")
 
 
 def _existing_file(value: Any) -> Path:
@@ -379,6 +389,9 @@ class PrivateListener(Listener):
     )
     #: CA file that verifies peers' client certificates: mutual TLS between replicas (needs tls)
     client_ca: Path | None = setting(None, parse=_existing_file)
+    #: let the peer secret cross a network in clear (h2c on a non-loopback address, or an http://
+    #: peer on another host): whoever reads it there has every agent's rights. A WARNING at start
+    insecure_plaintext: bool = setting(False, parse=_boolean, env="KASD_PRIVATE_INSECURE_PLAINTEXT")
     #: seconds a peer connection has for TLS, HTTP/2 preface and the tunnel request
     handshake_timeout: float = setting(10.0, parse=_seconds)
     # One pooled connection per peer replica (a few more across restarts).
@@ -893,6 +906,14 @@ def _check_replicas(loaded: Loaded[Config]) -> None:
             f"routing.peer_secret_file (a shared secret of at least {PEER_SECRET_MIN} characters) or "
             "listeners.private.tls with listeners.private.client_ca (mutual TLS)"
         )
+    if plaintext_peer_secret(config) and not private.insecure_plaintext:
+        raise ConfigError(
+            f"{loaded.where('listeners.private.tls')}: missing; the peer secret (routing.peer_secret_file) would "
+            f"cross the network in clear ({_plaintext_why(config)}), and whoever reads it has every agent's "
+            "rights: set listeners.private.tls (cert and key; peers dial https:// with routing.peer_ca_file), "
+            "or listen on a loopback address, or accept the risk on a network you trust with "
+            "listeners.private.insecure_plaintext: true (KASD_PRIVATE_INSECURE_PLAINTEXT)"
+        )
     if routing.name is None and config.kubernetes_api.host in _WILDCARDS:
         raise ConfigError(
             f"{loaded.where('routing.name')}: missing; the kubernetes_api listener's address "
@@ -915,6 +936,24 @@ def _check_replicas(loaded: Loaded[Config]) -> None:
             f"({'TLS' if private.tls is not None else 'plain HTTP/2'}): use "
             f"{'https' if private.tls is not None else 'http'}://"
         )
+
+
+def plaintext_peer_secret(config: Config) -> bool:
+    """Whether this replica's peer secret crosses a network in clear: a shared secret (not mutual
+    TLS) on a private port without TLS that listens beyond loopback, or is reached over ``http://``
+    at another host (``routing.private_url``)."""
+    routing, private = config.routing, config.private
+    if routing.peer_secret_file is None or private.tls is not None:
+        return False
+    url = routing.private_url
+    return not is_loopback_host(private.host) or (url is not None and plaintext_crosses_network(url))
+
+
+def _plaintext_why(config: Config) -> str:
+    private, url = config.private, config.routing.private_url
+    if not is_loopback_host(private.host):
+        return f"listeners.private listens on {private.address} without TLS"
+    return f"routing.private_url {url!r} is plain http:// to another host"
 
 
 def config_from_mapping(raw: Any) -> Config:
@@ -949,4 +988,5 @@ __all__ = [
     "directory_of",
     "load_config",
     "load_config_file",
+    "plaintext_peer_secret",
 ]

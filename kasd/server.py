@@ -23,7 +23,7 @@ from daemonkit.notify import sd_notify, write_ready_file
 from h2trio.budget import ResetBuckets
 from kasd.agents import AgentAuthenticator, AgentSessions, PlacementNotices
 from kasd.authority import CiAuthority, config_loader
-from kasd.config import Config, ConfigError, Listener
+from kasd.config import Config, ConfigError, Listener, plaintext_peer_secret
 from kasd.k8sproxy.pipeline import DROPPED, RequestPipeline
 from kasd.k8sproxy.server import ProxyServer, configure_alpn
 from kasd.managed import AgentClient, Provisioner
@@ -267,8 +267,12 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
             directory = replicas.directory
             await nursery.start(replicas.membership.run)
             await nursery.start(replicas.directory.run)
+            if plaintext_peer_secret(config):  # the config check let it pass: insecure_plaintext is set
+                log.warning("the peer secret crosses the network in clear: listeners.private has no TLS and "
+                            "listeners.private.insecure_plaintext is true; whoever reads it there has every agent's "
+                            "rights private=%s", runtime.addresses["private"])
             pool = runtime.pool = PeerPool(token=peer_token(config), ssl_context=peer_client_ssl(config),
-                                           origin=me.name)
+                                           origin=me.name, insecure_plaintext=config.private.insecure_plaintext)
             await nursery.start(pool.run)
             nursery.start_soon(_forget_departed, replicas, pool)
             runtime.router = router.inner = ReplicatedRouter(

@@ -17,6 +17,7 @@ attrs, the standard library. Never ``kasd``.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import ssl
 from collections.abc import Callable, Mapping
@@ -84,6 +85,24 @@ def forwarded_request(metadata: Metadata) -> tuple[int, str, Metadata]:
     return agent_id, origin if isinstance(origin, str) else "", {k: v for k, v in metadata.items() if k != FORWARD_KEY}
 
 
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) stays on this machine: what crosses no network.
+    A wildcard (``0.0.0.0``, ``::``, empty) is every interface, so no."""
+    host = host.strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: where it resolves is not ours to promise
+
+
+def plaintext_crosses_network(url: str) -> bool:
+    """Whether dialling ``url`` sends bytes in clear over a network: ``http://`` to another host."""
+    parts = urlsplit(url)
+    return parts.scheme != "https" and not is_loopback_host(parts.hostname or "")
+
+
 def peer_tunnel_url(private_url: str) -> str:
     """The URL a peer dials: ``private_url`` with the peer path when it names none."""
     parts = urlsplit(private_url)
@@ -129,8 +148,11 @@ class PeerPool:
     """
 
     def __init__(self, *, token: str, ssl_context: ssl.SSLContext | None = None, dial_timeout: float = 5.0,
-                 keepalive_interval: float = 15.0, keepalive_timeout: float = 45.0, origin: str = "") -> None:
+                 keepalive_interval: float = 15.0, keepalive_timeout: float = 45.0, origin: str = "",
+                 insecure_plaintext: bool = False) -> None:
         self._token = token
+        #: whether ``token`` may be sent over plain ``http://`` to another host (it is a secret)
+        self._insecure_plaintext = insecure_plaintext
         self._ssl_context = ssl_context
         self.dial_timeout = dial_timeout
         self._session_kwargs: dict[str, Any] = {
@@ -205,6 +227,11 @@ class PeerPool:
         url = peer_tunnel_url(peer.url)
         with peer.scope:
             try:
+                if plaintext_crosses_network(url) and not self._insecure_plaintext:
+                    # A member's URL comes from Redis: whoever can write there must not be able to
+                    # make this replica hand its peer secret over in clear.
+                    raise PeerDialError(peer.name, f"refusing to send the peer secret to {url} in clear "
+                                                   "(http:// to another host; listeners.private.insecure_plaintext allows it)")
                 try:
                     with trio.fail_after(self.dial_timeout):
                         transport = await dial_h2_tunnel(url, token=self._token, ssl_context=self._ssl_context)
@@ -468,6 +495,8 @@ __all__ = [
     "PoolStatistics",
     "forward_metadata",
     "forwarded_request",
+    "is_loopback_host",
     "peer_authenticator",
     "peer_tunnel_url",
+    "plaintext_crosses_network",
 ]

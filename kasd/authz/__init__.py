@@ -5,8 +5,8 @@ keys, by ``kid``) and ``jobtokens`` (signed, expiring job and personal tokens). 
 ``directory`` (groups, projects, users and their roles, agents). What an agent's GitLab
 ``config.yaml`` allows (``agentconfig``: ``ci_access``, ``user_access``) and the decision over both
 (``policy``: a job or a user → an allowed or denied ``Decision`` with its impersonation identity).
-The ``rules:`` list on each entry (proposed upstream, never shipped): ``regex`` (the RE2 subset
-``=~`` uses, matched in linear time), ``expr`` (the ``rules:if`` language: parse once at config load,
+The ``rules:`` list on each entry (proposed upstream, never shipped): ``regex`` (RE2, which ``=~``
+uses as GitLab does, matched in linear time), ``expr`` (the ``rules:if`` language: parse once at config load,
 evaluate per request), ``expand`` (``$VAR`` expansion of ``namespace:`` templates and the DNS-1123
 label check), ``slugs`` (GitLab's ``CI_ENVIRONMENT_SLUG`` and ``CI_COMMIT_REF_SLUG``), ``civars`` (a
 job → its predefined CI variables) and ``rules`` (a compiled rule list and its first-match decision).
@@ -15,7 +15,7 @@ Apart from reading key and configuration files, everything here is a pure functi
 arguments: no clock (time is an argument), no sockets, no logging.
 
 May import: ``tunnelhttp.head`` (the impersonation value the proxy sends), the standard library,
-attrs, PyYAML, the JOSE library (joserfc, with cryptography beneath it). Never trio, never the proxy
+attrs, PyYAML, the JOSE library (joserfc, with cryptography beneath it), google-re2 (only in ``regex``). Never trio, never the proxy
 (``kasd.k8sproxy``), a front end, a listener or ``routing``, never ``kasd.config`` (the config imports
 the directory's checks, not the reverse): the pipeline asks, this package answers.
 """

@@ -23,7 +23,8 @@ Where kasd differs from GitLab, it does so to be predictable where an authorizat
 * ``$A =~ $PATTERN`` needs ``$PATTERN`` to hold ``/re/flags``. Undefined or empty, it matches nothing
   (``=~`` false, ``!~`` true, as GitLab). Anything else is an ``ExprEvaluationError``, which a rule
   list turns into a denial; GitLab would compare it as a plain string (gitlab-org/gitlab#426313).
-* Regexes are RE2 (``kasd.authz.regex``): the constructs RE2 refuses are syntax errors here too.
+* Regexes are RE2 itself (``kasd.authz.regex``, google-re2): the patterns RE2 refuses are syntax
+  errors here, at load, with RE2's message.
 """
 
 from __future__ import annotations
@@ -37,7 +38,14 @@ from typing import Literal
 
 import attrs
 
-from kasd.authz.regex import Regex, RegexError, RegexInputTooLong, compile_regex
+from kasd.authz.regex import (
+    FLAGS,
+    MAX_PATTERN_LENGTH,
+    Regex,
+    RegexError,
+    RegexInputTooLong,
+    compile_regex,
+)
 
 __all__ = [
     "MAX_DEPTH",
@@ -256,9 +264,11 @@ def _pattern_in_variable(name: str, held: str) -> Regex:
     return regex
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=64)
 def _compile_held(held: str) -> Regex | str:
     """A variable's ``/re/flags`` compiled, or why it is not one. Cached: the same few recur."""
+    if len(held) > MAX_PATTERN_LENGTH + 2 + len(FLAGS):
+        return f"a pattern is at most {MAX_PATTERN_LENGTH} characters"
     found = re.fullmatch(r"/(.+)/([ismU]*)", held)
     if found is None or "\n" in held:
         return "expected /pattern/ with flags among i, m, s, U"

@@ -118,3 +118,24 @@ def test_roles_are_read_expanded_and_a_variable_never_picks_the_kind(tmp_path: P
         load_agents(directory, tmp_path)
     assert str(info.value) == (f"{path}:6:11: ci_access.projects[0].rules[0].roles: applies to access_as ci_job or "
                                "ci_user only (with agent, kasd binds nothing: RBAC is the operator's)")
+
+
+def test_a_pattern_re2_refuses_is_a_load_error_at_the_refused_fragment() -> None:
+    import pytest
+
+    from kasd.authz.agentconfig import AgentConfigError, parse_agent_config
+    from kasd.authz.rules import compile_rules
+
+    text = (
+        "ci_access:\n"
+        "  projects:\n"
+        "    - id: acme/web\n"
+        "      rules:\n"
+        "        - if: $CI_COMMIT_REF_NAME =~ /^v(?=1)/\n"
+    )
+    entry = parse_agent_config(text, "config.yaml").config.ci_access.projects[0]
+    with pytest.raises(AgentConfigError) as info:
+        compile_rules(entry.rules, "ci_access.projects[0].rules")
+    # the value starts at column 15; '(?=' is the expression's column 27
+    assert str(info.value).startswith("config.yaml:5:41: ci_access.projects[0].rules[0].if: invalid regex: "
+                                      "invalid perl operator: (?= (RE2 has no lookahead)"), str(info.value)

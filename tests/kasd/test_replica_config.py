@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kasd.config import ConfigError, config_from_mapping
 from tests.kasd.test_cli_errors import PORT_0, _config, _kasd
@@ -69,6 +70,48 @@ def test_a_short_peer_secret_is_refused_without_showing_it(tmp_path: Path) -> No
         config_from_mapping(doc)
     assert "is 12 characters; it needs at least 32" in str(error.value) and "short-secret" not in str(error.value)
 
+
+@pytest.mark.parametrize(("private", "routing", "why"), [
+    ({"address": "0.0.0.0:8155"}, {"private_url": "http://10.0.0.5:8155"},
+     "listeners.private listens on 0.0.0.0:8155 without TLS"),
+    ({"address": "10.0.0.5:8155"}, {}, "listeners.private listens on 10.0.0.5:8155 without TLS"),
+    ({"address": "127.0.0.1:8155"}, {"private_url": "http://10.0.0.5:8155"},
+     "routing.private_url 'http://10.0.0.5:8155' is plain http:// to another host"),
+])
+def test_a_peer_secret_that_would_cross_the_network_in_clear_is_refused(
+        tmp_path: Path, private: dict[str, object], routing: dict[str, object], why: str) -> None:
+    doc = _replica(tmp_path, **routing)
+    doc["listeners"]["private"] = private  # type: ignore[index]
+    with pytest.raises(ConfigError) as error:
+        config_from_mapping(doc)
+    message = str(error.value)
+    assert message.startswith("listeners.private.tls: missing; the peer secret (routing.peer_secret_file) would "
+                              f"cross the network in clear ({why})"), message
+    assert "listeners.private.insecure_plaintext: true" in message and SECRET not in message
+    doc["listeners"]["private"] = {**private, "insecure_plaintext": True}  # type: ignore[index]
+    assert config_from_mapping(doc).private.insecure_plaintext  # on purpose: allowed (and a WARNING at start)
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:0", "127.0.0.2:8155", "[::1]:8155", "localhost:8155"])
+def test_a_loopback_private_port_needs_no_tls(tmp_path: Path, address: str) -> None:
+    doc = _replica(tmp_path)
+    doc["listeners"]["private"] = {"address": address}  # type: ignore[index]
+    assert not config_from_mapping(doc).private.insecure_plaintext
+
+
+def test_insecure_plaintext_from_the_environment(tmp_path: Path) -> None:
+    from kasd.config import load_config
+
+    doc = _replica(tmp_path)
+    doc["listeners"]["private"] = {"address": "0.0.0.0:8155"}  # type: ignore[index]
+    doc["routing"]["private_url"] = "http://10.0.0.5:8155"  # type: ignore[index]
+    (tmp_path / "kasd.yaml").write_text(yaml.safe_dump(doc))
+    argv = ["--config", str(tmp_path / "kasd.yaml")]
+    with pytest.raises(ConfigError, match=r"kasd\.yaml: listeners\.private\.tls: missing"):
+        load_config(argv, {})
+    assert load_config(argv, {"KASD_PRIVATE_INSECURE_PLAINTEXT": "true"}).private.insecure_plaintext
+    with pytest.raises(ConfigError, match=r"KASD_PRIVATE_INSECURE_PLAINTEXT: .*must be true or false, got 'yes'"):
+        load_config(argv, {"KASD_PRIVATE_INSECURE_PLAINTEXT": "yes"})
 
 def test_a_wildcard_listener_needs_an_explicit_name(tmp_path: Path) -> None:
     doc = _replica(tmp_path)

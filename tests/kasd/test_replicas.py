@@ -246,6 +246,35 @@ async def test_the_only_holder_unreachable_is_a_502(tmp_path: Path) -> None:
             assert "127.0.0.1:1" in reply_.json()["message"]
 
 
+async def test_the_peer_secret_is_never_sent_in_clear_to_another_host(tmp_path: Path) -> None:
+    """A member's URL comes from Redis: an http:// one on another host (192.0.2.1, TEST-NET) is
+    not dialled at all, since the bearer token would be the peer secret in clear."""
+    world = MemoryWorld()
+    ghost = Member(name="192.0.2.1:8154", private_url="http://192.0.2.1:8155")
+    with trio.fail_after(5):
+        async with running_replicas(world, [replica_config(tmp_path, agent_wait_timeout=0.3)]) as (b,):
+            world.add_member(ghost)
+            world.add_holder(1, ghost.name)
+            reply_ = await http_request(b.port("kubernetes_api"), "GET", "/api/v1/pods", [bearer(CI_TOKEN)])
+            assert reply_.status == 502
+            message = reply_.json()["message"]
+            assert "refusing to send the peer secret to http://192.0.2.1:8155/peer in clear" in message, message
+            assert PEER_SECRET not in message
+
+
+async def test_a_peer_secret_in_clear_on_purpose_is_a_warning_at_start(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    world = MemoryWorld()
+    config = replica_config(tmp_path, private={"insecure_plaintext": True},
+                            routing={"private_url": "http://10.0.0.5:8155"})
+    with trio.fail_after(5):
+        async with running_replicas(world, [config]):
+            pass
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and r.name == "kasd"]
+    assert any("the peer secret crosses the network in clear" in w and "insecure_plaintext" in w for w in warnings), \
+        warnings
+    assert not any(PEER_SECRET in r.getMessage() for r in caplog.records)
+
 async def test_readiness_is_degraded_but_200_while_redis_is_away(tmp_path: Path) -> None:
     world = MemoryWorld()
     async with running_replicas(world, [replica_config(tmp_path)]) as (a,), fake_agent(a):
