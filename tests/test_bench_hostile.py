@@ -37,6 +37,7 @@ def test_every_attack_runs_and_reports_its_figures() -> None:
     assert {case for attack, case in cases if attack == "tunnel-limit"} == {
         "17 KiB path", "17 KiB header value", "300 headers"}  # fmt: skip
     assert [row["attack"] for row in rows].count("flood") == 2, cases
+    assert {case for attack, case in cases if attack == "yaml-bomb"} == {"639-byte template, SIGHUP"}
     for row in rows:
         assert "error" not in row["figures"], row
         assert isinstance(row["met"], bool), row
@@ -45,3 +46,5 @@ def test_every_attack_runs_and_reports_its_figures() -> None:
     assert all(f["pairs"] > 0 for (a, _), f in by.items() if a == "rapid-reset")
     assert all(f["status"] >= 400 for (a, _), f in by.items() if a == "tunnel-limit")  # answered, not 200
     assert all(f["opened"] == 10 or f["refused"] for (a, _), f in by.items() if a == "flood")
+    assert all(f["refused"] and f["restored"] and not f["readiness_failures"]
+               for (a, _), f in by.items() if a == "yaml-bomb")
