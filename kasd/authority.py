@@ -21,6 +21,7 @@ replaces it on reload, and remembers recent verdicts:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import stat
@@ -52,6 +53,8 @@ WATCH_INTERVAL = 1.0
 #: seconds one load of the configuration may take: past it the reload fails (the reading thread
 #: stops at its next YAML node; the event loop stops waiting for it a moment later in any case)
 LOAD_TIME_LIMIT = 10.0
+#: entries of a watched directory looked at each time (one symlinked elsewhere costs no more)
+MAX_WATCHED_ENTRIES = 1024
 #: how much longer than ``LOAD_TIME_LIMIT`` the event loop waits for the thread before abandoning it
 LOAD_GRACE = 1.0
 
@@ -284,9 +287,10 @@ def _stamps(files: Sequence[Path]) -> dict[Path, Stamp]:
             st = os.stat(path)
             if stat.S_ISDIR(st.st_mode):
                 entries = []
-                for entry in sorted(os.scandir(path), key=lambda e: e.name):
-                    est = entry.stat()
-                    entries.append((entry.name, est.st_ino, est.st_size, est.st_mtime_ns))
+                with os.scandir(path) as listing:  # (a templates directory is small: a few entries looked at)
+                    for entry in sorted(itertools.islice(listing, MAX_WATCHED_ENTRIES), key=lambda e: e.name):
+                        est = entry.stat()
+                        entries.append((entry.name, est.st_ino, est.st_size, est.st_mtime_ns))
                 out[path] = (st.st_ino, hash(tuple(entries)), st.st_mtime_ns)
                 continue
         except OSError:
