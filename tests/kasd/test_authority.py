@@ -351,3 +351,18 @@ async def test_sighup_asks_the_watch_to_reload(auth: AuthSetup) -> None:
             await authority.wait_reloaded()
         nursery.cancel_scope.cancel()
     assert files.loads == 2 and authority.generation == 2
+
+
+async def test_a_config_yaml_symlinked_to_a_secret_is_refused_and_the_secret_never_logged(
+        auth: AuthSetup, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    files = _Files(_config(auth))
+    authority = CiAuthority(files)
+    secret = tmp_path / "cluster-token"
+    secret.write_text("eyJhbGciOiJSUzI1NiJ9.s3cr3t-cluster-token\n")
+    config_yaml = auth.agent_config("acme/infra", "a1", APP_ONLY)
+    config_yaml.unlink()
+    config_yaml.symlink_to(secret)
+    assert not await authority.reload("test")
+    assert f"{config_yaml}: refused: its real path is outside authorization.config_root" in caplog.text
+    assert "s3cr3t" not in caplog.text and "eyJhbGci" not in caplog.text
+    assert (await _authorize(authority, f"Bearer ci:1:{auth.job_token('acme/app')}")).agent_id == 1
