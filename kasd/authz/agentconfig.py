@@ -4,7 +4,7 @@
 kasd reads it from ``<config root>/<config project path>/.gitlab/agents/<agent name>/config.yaml``
 (``agent_config_path``), a checkout of the agent's config project. The file is parsed with PyYAML's
 node API so that every problem names its place: ``AgentConfigError`` reads
-``…/config.yaml:12:7: ci_access.projects[0].id: must be a string, got an int (2 characters)``;
+``…/config.yaml:12:7: ci_access.projects[0].id: must be a string, got an int of 2 characters``;
 no message quotes a value of the file whole (``daemonkit.yamldoc.describe``: its type and size).
 
 Top-level keys of GitLab's agent configuration that kasd does not use (``GITLAB_KEYS_IGNORED``:
