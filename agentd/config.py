@@ -17,10 +17,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import attrs
-import yaml
 
 from agentd import __version__
 from agentd.upstream import DEFAULT_RESPONSE_HEADER_TIMEOUT
+from daemonkit import yamldoc
 from daemonkit.notify import ready_file_problem
 from daemonkit.settings import (
     HostPort,
@@ -75,7 +75,7 @@ def _text(value: Any, *, allow_int: bool = False) -> str:
         return "" if value is None else str(value)
     if allow_int and isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    raise Problem(f"expected a string, got {type(value).__name__} {value!r}")
+    raise Problem(f"expected a string, got {yamldoc.describe(value)}")
 
 
 def _optional_path(value: Any) -> Path | None:
@@ -336,8 +336,9 @@ class _AgentdBlame:
     def unreadable(self, config: Path, named_by: str, reason: str) -> str:
         return f"cannot read config file {config}: {reason}"
 
-    def not_yaml(self, config: Path, error: yaml.YAMLError) -> str:
-        return f"config file {config} is not valid YAML: {error}"
+    def not_yaml(self, config: Path, error: yamldoc.YamlError) -> str:
+        where = f" at line {error.line}, column {error.column}" if error.line is not None else ""
+        return f"config file {config} is not valid YAML{where}: {error.problem.removeprefix('not valid YAML: ')}"
 
     def not_a_mapping(self, config: Path, document: object) -> str | None:
         return f"config file {config} must be a mapping of settings, not {type(document).__name__}"

@@ -19,7 +19,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import attrs
-import yaml
+
+from daemonkit import yamldoc
 
 log = logging.getLogger("agentd.kubeapi")
 
@@ -143,11 +144,11 @@ def in_cluster_target(directory: Path, environ: Mapping[str, str], *, refresh: f
 
 def kubeconfig_target(path: Path, *, context: str | None = None, refresh: float = TOKEN_REFRESH) -> KubeTarget:
     """The cluster and user of ``context`` (default: current-context) in the kubeconfig at ``path``."""
-    try:
-        raw = yaml.safe_load(path.read_text())
+    try:  # the one bounded reader; its errors never quote the file (a kubeconfig holds credentials)
+        raw = yamldoc.load(yamldoc.read_text(path))
     except OSError as exc:
         raise KubeConfigError(f"cannot read kubeconfig {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
+    except yamldoc.YamlError as exc:
         raise KubeConfigError(f"kubeconfig {path} is not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise KubeConfigError(f"kubeconfig {path} is not a mapping")

@@ -49,6 +49,11 @@ The attacks (issue 13; each prints a row per case and whether the issue's target
                 against), refused by that rule --regex-requests times on one keep-alive connection.
                 The pure-Python matcher it replaced took 0.1-0.4 s per evaluation, each time.
                 Target: each refusal answered in < 50 ms.
+  yaml-bomb     A config project's committer drops a ~700-byte alias-bomb environment template
+                (10⁹ strings once expanded) into a running kasd and SIGHUPs it (issue 25). Time
+                from the signal to the failed reload in kasd's log; /readiness polled every 50 ms
+                meanwhile (answers, failures, slowest); then the bomb is removed and kasd reloads.
+                Target: the reload fails within 1 s, readiness is answered throughout.
 
 Every attack comes from --attacker-source (127.0.0.2), the kubectl loop from 127.0.0.1: a stranger
 and a user are two hosts. With --attacker-source 127.0.0.1 they share one address, as behind a NAT,
@@ -62,6 +67,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import os
 import resource
@@ -96,6 +102,8 @@ from httpload import Connection, LoadResult
 from wire_throughput import describe_machine
 
 from kasctl.stack import (
+    AGENT_NAME,
+    CONFIG_PROJECT,
     OFFLINE_AGENT_CONFIG,
     OFFLINE_AGENT_ID,
     OFFLINE_CONFIG_PROJECT,
@@ -103,8 +111,9 @@ from kasctl.stack import (
     Stack,
     find_kubectl,
 )
+from kasd.authz.agentconfig import agent_config_path
 
-ATTACKS = ("memory", "rapid-reset", "tunnel-limit", "flood", "regex")
+ATTACKS = ("memory", "rapid-reset", "tunnel-limit", "flood", "regex", "yaml-bomb")
 
 # Targets from issue 13.
 PER_CONNECTION_TARGET = 64 * 1024  # bytes of kasd memory per hostile connection
@@ -1041,12 +1050,113 @@ def attack_regex(bench: Bench) -> list[Row]:
     return [row]
 
 
+# --------------------------------------------------------------------------- 6. YAML alias bomb (issue 25)
+
+#: 9 levels of ten aliases over ten strings: 10⁹ strings once expanded, ~700 bytes written
+YAML_BOMB = ("objects:\n  - apiVersion: v1\n    kind: Namespace\n    metadata: {name: x}\n"
+             "    x0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+             + "".join(f"    x{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 9)))
+BOMB_RELOAD_TARGET = 1.0  # seconds from SIGHUP to the failed reload
+
+
+class _Readiness:
+    """``GET /readiness`` on kasd's observability port every 50 ms, each timed, by a thread."""
+
+    def __init__(self, address: str) -> None:
+        self.host, port = address.rsplit(":", 1)
+        self.port = int(port)
+        self.latencies: list[float] = []
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            start = time.monotonic()
+            try:
+                connection = http.client.HTTPConnection(self.host, self.port, timeout=2)
+                connection.request("GET", "/readiness")
+                status = connection.getresponse().status
+                connection.close()
+                if status != 200:
+                    self.failures.append(f"status {status}")
+            except OSError as exc:
+                self.failures.append(f"{type(exc).__name__} {exc}")
+            self.latencies.append(time.monotonic() - start)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def _wait_for_log(path: Path, offset: int, needles: Sequence[str], limit: float) -> tuple[str, float] | None:
+    """The first line of kasd's log after ``offset`` holding one of ``needles``, and when it was seen."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        with open(path, "rb") as log:
+            log.seek(offset)
+            for line in log.read().decode(errors="replace").splitlines():
+                if any(n in line for n in needles):
+                    return line, time.monotonic()
+        time.sleep(0.01)
+    return None
+
+
+def attack_yaml_bomb(bench: Bench) -> list[Row]:
+    bench.fresh_kasd(tunnel=False)
+    stack = bench.stack
+    assert stack.kasd is not None and stack.kasd.proc is not None
+    templates = agent_config_path(stack.auth.config_root, CONFIG_PROJECT, AGENT_NAME).parent / "environment_templates"
+    templates.mkdir(exist_ok=True)
+    bomb = templates / "default.yaml"
+    log_path = stack.dir / "kasd.log"
+    say(f"yaml bomb: a {len(YAML_BOMB)}-byte alias-bomb template into the running kasd, then SIGHUP …")
+    readiness = _Readiness(stack.addresses["observability"])
+    try:
+        bench.probe.wait(0.3)  # a few answers before
+        offset = log_path.stat().st_size
+        bomb.write_text(YAML_BOMB)
+        start = time.monotonic()
+        stack.kasd.proc.send_signal(signal.SIGHUP)
+        seen = _wait_for_log(log_path, offset, ["authorization reload failed", "authorization reloaded"], 30.0)
+        end = seen[1] if seen is not None else time.monotonic()
+        bench.probe.wait(0.3)  # and a few after
+        cpu = bench.probe.cpu_percent(start, end)
+    finally:
+        offset = log_path.stat().st_size
+        bomb.unlink(missing_ok=True)
+        stack.kasd.proc.send_signal(signal.SIGHUP)
+        readiness.stop()
+    restored = _wait_for_log(log_path, offset, ["authorization reloaded"], 30.0) is not None
+    seconds = end - start
+    line = seen[0] if seen is not None else "(no reload in 30 s)"
+    refused = seen is not None and "reload failed" in line
+    slowest = max(readiness.latencies, default=0.0)
+    met = refused and seconds < BOMB_RELOAD_TARGET and not readiness.failures
+    message = line.split("stays in force: ", 1)[-1].replace(f"{templates}/", "…/")[:160]
+    row = Row(
+        attack="yaml-bomb", case=f"{len(YAML_BOMB)}-byte template, SIGHUP",
+        summary=(f"{'refused' if refused else 'NOT refused'} in {seconds * 1e3:,.0f} ms ({message}); readiness "
+                 f"{len(readiness.latencies):,} answers, {len(readiness.failures):,} failed, slowest "
+                 f"{slowest * 1e3:,.0f} ms; kasd CPU {cpu:.0f} %; reloaded once removed: {restored}"),
+        target=f"reload fails in < {BOMB_RELOAD_TARGET:g} s, readiness answered throughout", met=met,
+        figures={"bytes": len(YAML_BOMB), "refused": refused, "seconds": round(seconds, 4), "message": message,
+                 "readiness_answers": len(readiness.latencies), "readiness_failures": readiness.failures[:5],
+                 "readiness_slowest_seconds": round(slowest, 4), "kasd_cpu_percent": round(cpu, 1),
+                 "restored": restored},
+    )  # fmt: skip
+    say(row.text())
+    return [row]
+
+
 RUNNERS: dict[str, Callable[[Bench], list[Row]]] = {
     "memory": attack_memory,
     "rapid-reset": attack_rapid_reset,
     "tunnel-limit": attack_tunnel_limit,
     "flood": attack_flood,
     "regex": attack_regex,
+    "yaml-bomb": attack_yaml_bomb,
 }
 
 # --------------------------------------------------------------------------- main

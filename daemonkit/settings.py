@@ -22,7 +22,6 @@ from typing import Any, Generic, Literal, NoReturn, Protocol, TypeVar
 
 import attrs
 import cattrs
-import yaml
 from cattrs.errors import (
     AttributeValidationNote,
     ClassValidationError,
@@ -31,6 +30,8 @@ from cattrs.errors import (
     IterableValidationNote,
 )
 from cattrs.gen import make_dict_structure_fn, override
+
+from daemonkit import yamldoc
 
 T = TypeVar("T")
 
@@ -178,7 +179,7 @@ class Blame(Protocol):
 
     def unreadable(self, config: Path, named_by: str, reason: str) -> str: ...
 
-    def not_yaml(self, config: Path, error: yaml.YAMLError) -> str: ...
+    def not_yaml(self, config: Path, error: yamldoc.YamlError) -> str: ...
 
     def not_a_mapping(self, config: Path, document: object) -> str | None:
         """The message for a file whose top level is not a mapping (None: the usual per-key one)."""
@@ -196,8 +197,7 @@ def _tuple_of_classes(tp: Any) -> bool:
     return typing.get_origin(tp) is tuple and len(args) == 2 and args[1] is Ellipsis and _is_attrs_class(args[0])
 
 
-def _describe(value: object) -> str:
-    return f"{type(value).__name__} {value!r}"
+_describe = yamldoc.describe  # (its type and size: never the value, which may be a secret)
 
 
 def _converter() -> cattrs.Converter:
@@ -436,13 +436,12 @@ class SettingsLoader(Generic[T]):
         return Loaded(value=value, document=document, sources=sources, config=config, blame=self.blame)
 
     def _read(self, config: Path, named_by: str) -> dict[str, Any]:
+        # The one bounded YAML reader (daemonkit.yamldoc): bytes, nodes with aliases expanded, depth.
         try:
-            text = config.read_text()
+            document = yamldoc.load(yamldoc.read_text(config))
         except OSError as exc:
             raise SettingsError(self.blame.unreadable(config, named_by, str(exc.strerror or exc))) from None
-        try:
-            document = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
+        except yamldoc.YamlError as exc:
             raise SettingsError(self.blame.not_yaml(config, exc)) from None
         if document is None:
             return {}

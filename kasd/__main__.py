@@ -69,7 +69,7 @@ async def _serve(config: Config, reread: Callable[[], tuple[Config, Path | None]
     (``hangup``) reloads the authorization configuration."""
     async with trio.open_nursery() as nursery:
         runtime: Runtime = await nursery.start(partial(serve_kasd, config, reread=reread))
-        hangup.append(lambda: runtime.authority.reload("SIGHUP"))
+        hangup.append(lambda: runtime.authority.request_reload("SIGHUP"))
         await drain.wait()
         runtime.request_shutdown()
 

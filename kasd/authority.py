@@ -5,12 +5,15 @@ directory in kasd's config and each agent's GitLab ``config.yaml`` (``ci_access`
 The decision itself is ``kasd.authz.snapshot`` (pure); this module keeps the snapshot in force,
 replaces it on reload, and remembers recent verdicts:
 
-- ``reload()`` builds a whole new snapshot from the files; if any file cannot be used the previous
-  snapshot stays in force, the failure is logged (file, line, column, problem) and counted
-  (``kasd_authz_reloads{result="failed"}``, ``kasd_authz_config_ok 0``). Tunnels and requests in
-  flight are never touched: a request is authorized once, at its start.
+- ``reload()`` builds a whole new snapshot from the files, in a worker thread (the event loop goes
+  on answering readiness, requests and signals) and within ``LOAD_TIME_LIMIT`` (every YAML document
+  within one budget, ``daemonkit.yamldoc``); if any file cannot be used, or the load takes too long,
+  the previous snapshot stays in force, the failure is logged (file, line, column, problem) and
+  counted (``kasd_authz_reloads{result="failed"}``, ``kasd_authz_config_ok 0``). Tunnels and
+  requests in flight are never touched: a request is authorized once, at its start.
 - ``watch()`` reloads when one of the files changes (kasd's config, the agents' config.yaml files,
-  the verification keys; polled once a second: stat calls, no reading), and SIGHUP reloads too.
+  the verification keys; polled once a second: stat calls, no reading), and when
+  ``request_reload()`` asks (SIGHUP): one reload at a time.
 - A client sends the same token with every request, so the grants of the last ``GRANT_CACHE_SIZE``
   (token, agent) pairs are remembered until the token expires or the snapshot is replaced.
   Refusals are not: every bad token costs a full check.
@@ -18,6 +21,7 @@ replaces it on reload, and remembers recent verdicts:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import stat
@@ -29,6 +33,7 @@ from pathlib import Path
 import attrs
 import trio
 
+from daemonkit import yamldoc
 from kasd.authz.agentconfig import AgentConfig, AgentConfigError, agent_config_path
 from kasd.authz.directory import DirectoryError
 from kasd.authz.keys import KeyFileError, KeySet
@@ -45,6 +50,13 @@ log = logging.getLogger("kasd.authority")
 GRANT_CACHE_SIZE = 1024
 #: how often ``watch`` looks at the files' metadata
 WATCH_INTERVAL = 1.0
+#: seconds one load of the configuration may take: past it the reload fails (the reading thread
+#: stops at its next YAML node; the event loop stops waiting for it a moment later in any case)
+LOAD_TIME_LIMIT = 10.0
+#: entries of a watched directory looked at each time (one symlinked elsewhere costs no more)
+MAX_WATCHED_ENTRIES = 1024
+#: how much longer than ``LOAD_TIME_LIMIT`` the event loop waits for the thread before abandoning it
+LOAD_GRACE = 1.0
 
 
 class LoadError(ConfigError):
@@ -134,25 +146,50 @@ def grant_of(verdict: Verdict) -> Grant:
     )
 
 
+def _load_within_limit(load: Callable[[], Loaded]) -> tuple[Loaded, dict[Path, Stamp]]:
+    """``load()`` under the YAML time limit, and the stamps of the files it read (blocking)."""
+    with yamldoc.time_limit(LOAD_TIME_LIMIT):
+        loaded = load()
+    return loaded, _stamps(loaded.files)
+
+
+async def _load_off_loop(load: Callable[[], Loaded]) -> tuple[Loaded, dict[Path, Stamp]]:
+    """``_load_within_limit`` in a worker thread; ``LoadError`` when it takes too long (the thread is
+    left to stop at its next YAML node, its result unused). Cancellable at once."""
+    with trio.move_on_after(LOAD_TIME_LIMIT + LOAD_GRACE):
+        return await trio.to_thread.run_sync(_load_within_limit, load, abandon_on_cancel=True)
+    raise LoadError(f"reading the configuration took longer than {LOAD_TIME_LIMIT:g} s")
+
+
 class CiAuthority:
     """Authorizes ``ci:`` and ``pat:`` tokens; ``load()`` gives the current files' snapshot or raises
-    ``LoadError``. The first load happens in the constructor (kasd does not start on a bad file)."""
+    ``LoadError``. The first load happens in the constructor, or, given as ``loaded``, in ``open()``
+    off the event loop (kasd does not start on a bad file)."""
 
     def __init__(self, load: Callable[[], Loaded], metrics: Metrics | None = None, *,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, loaded: tuple[Loaded, dict[Path, Stamp]] | None = None,
+                 ) -> None:
         self._load = load
         self._clock = clock
         self._metrics = metrics
         self._granted: dict[tuple[str, str, int], tuple[Grant, int]] = {}
-        self.loaded = load()
+        self.loaded, self._stamps = loaded if loaded is not None else _load_within_limit(load)
         self._log_warnings(self.loaded)
-        self._stamps = _stamps(self.loaded.files)
         self.generation = 1
         self._reloaded = trio.Event()
+        self._reloading = trio.Lock()
+        self._wake = trio.Event()
+        self._requested: str | None = None
         if metrics is not None:
             metrics.authz_config_ok.set(1)
             metrics.authz_reloads.labels(result="ok").inc(0)
             metrics.authz_reloads.labels(result="failed").inc(0)
+
+    @classmethod
+    async def open(cls, load: Callable[[], Loaded], metrics: Metrics | None = None, *,
+                   clock: Callable[[], float] = time.time) -> CiAuthority:
+        """The authority, its first load read off the event loop (signals are answered meanwhile)."""
+        return cls(load, metrics, clock=clock, loaded=await _load_off_loop(load))
 
     @property
     def snapshot(self) -> Snapshot:
@@ -176,10 +213,15 @@ class CiAuthority:
         granted[key] = (grant, verdict.expires_at)
         return grant
 
-    def reload(self, why: str) -> bool:
-        """Read every file again; the new snapshot replaces the old only if all of it loads."""
+    async def reload(self, why: str) -> bool:
+        """Read every file again, off the event loop and within ``LOAD_TIME_LIMIT``; the new snapshot
+        replaces the old only if all of it loads. One reload at a time."""
+        async with self._reloading:
+            return await self._reload(why)
+
+    async def _reload(self, why: str) -> bool:
         try:
-            loaded = self._load()
+            loaded, stamps = await _load_off_loop(self._load)
         except Exception as exc:  # a LoadError names file and problem; anything else is a kasd bug
             problem = str(exc) if isinstance(exc, LoadError) else f"unexpected {type(exc).__name__}: {exc}"
             log.error("authorization reload failed (%s); the previous configuration stays in force: %s", why, problem,
@@ -190,7 +232,7 @@ class CiAuthority:
             return False
         self.loaded = loaded
         self._granted = {}
-        self._stamps = _stamps(loaded.files)
+        self._stamps = stamps
         self.generation += 1
         self._reloaded.set()
         self._reloaded = trio.Event()
@@ -210,15 +252,27 @@ class CiAuthority:
         """Until the next successful reload."""
         await self._reloaded.wait()
 
+    def request_reload(self, why: str) -> None:
+        """Ask ``watch`` to reload now (SIGHUP); it does, off the event loop, one reload at a time."""
+        self._requested = why
+        self._wake.set()
+
     async def watch(self, interval: float = WATCH_INTERVAL) -> None:
-        """Reload when a file the snapshot came from changes (its size, mtime or inode)."""
+        """Reload when a file the snapshot came from changes (its size, mtime or inode), or when
+        ``request_reload`` asks."""
         while True:
-            await trio.sleep(interval)
+            with trio.move_on_after(interval):
+                await self._wake.wait()
+            if self._wake.is_set():
+                self._wake = trio.Event()
+                why, self._requested = self._requested or "requested", None
+                await self.reload(why)
+                continue
             now = await trio.to_thread.run_sync(_stamps, self.loaded.files)
             if now != self._stamps:  # (a bad save is reported once: its stamps are kept either way)
                 changed = sorted(str(p) for p in set(now) | set(self._stamps) if now.get(p) != self._stamps.get(p))
                 self._stamps = now
-                self.reload("changed: " + ", ".join(changed[:3]) + (" …" if len(changed) > 3 else ""))
+                await self.reload("changed: " + ", ".join(changed[:3]) + (" …" if len(changed) > 3 else ""))
 
 
 Stamp = tuple[int, int, int] | None
@@ -233,9 +287,10 @@ def _stamps(files: Sequence[Path]) -> dict[Path, Stamp]:
             st = os.stat(path)
             if stat.S_ISDIR(st.st_mode):
                 entries = []
-                for entry in sorted(os.scandir(path), key=lambda e: e.name):
-                    est = entry.stat()
-                    entries.append((entry.name, est.st_ino, est.st_size, est.st_mtime_ns))
+                with os.scandir(path) as listing:  # (a templates directory is small: a few entries looked at)
+                    for entry in sorted(itertools.islice(listing, MAX_WATCHED_ENTRIES), key=lambda e: e.name):
+                        est = entry.stat()
+                        entries.append((entry.name, est.st_ino, est.st_size, est.st_mtime_ns))
                 out[path] = (st.st_ino, hash(tuple(entries)), st.st_mtime_ns)
                 continue
         except OSError:
@@ -245,5 +300,5 @@ def _stamps(files: Sequence[Path]) -> dict[Path, Stamp]:
     return out
 
 
-__all__ = ["GRANT_CACHE_SIZE", "RESTART_ONLY", "CiAuthority", "LoadError", "Loaded", "config_loader", "grant_of",
+__all__ = ["GRANT_CACHE_SIZE", "LOAD_TIME_LIMIT", "RESTART_ONLY", "CiAuthority", "LoadError", "Loaded", "config_loader", "grant_of",
            "load_authorization", "restart_only_changes"]

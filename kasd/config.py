@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import yaml
 
+from daemonkit import yamldoc
 from daemonkit.notify import ready_file_problem
 from daemonkit.settings import (
     HostPort,
@@ -62,9 +62,9 @@ ConfigError = SettingsError
 def _expect(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if isinstance(value, bool) and bool not in kinds:
-        raise Problem(f"must be {what}, got {value!r}")
+        raise Problem(f"must be {what}, got {yamldoc.describe(value)}")
     if not isinstance(value, kind):
-        raise Problem(f"must be {what}, got {type(value).__name__} {value!r}")
+        raise Problem(f"must be {what}, got {yamldoc.describe(value)}")
     return value
 
 
@@ -623,7 +623,7 @@ def _http_url(value: Any) -> str | None:
     text = _expect(value, str, "an http:// or https:// URL")
     scheme, sep, rest = text.partition("://")
     if scheme not in ("http", "https") or not sep or not rest.split("/", 1)[0]:
-        raise Problem(f"must be http://host:port or https://host:port, got {text!r}")
+        raise Problem(f"must be http://host:port or https://host:port, got {yamldoc.describe(text)}")
     return text  # type: ignore[no-any-return]
 
 
@@ -776,11 +776,9 @@ class _KasdBlame:
     def unreadable(self, config: Path, named_by: str, reason: str) -> str:
         return f"{named_by}: cannot read {str(config)!r}: {reason}"
 
-    def not_yaml(self, config: Path, error: yaml.YAMLError) -> str:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(error, "problem", None) or str(error)
-        return f"{config}: not valid YAML{where}: {problem}"
+    def not_yaml(self, config: Path, error: yamldoc.YamlError) -> str:
+        where = f" at line {error.line}, column {error.column}" if error.line is not None else ""
+        return f"{config}: not valid YAML{where}: {error.problem.removeprefix('not valid YAML: ')}"
 
     def not_a_mapping(self, config: Path, document: object) -> str | None:
         return None

@@ -195,7 +195,7 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
     router = _LateRouter(local)
     # ``reread``: kasd's configuration read again (its file, environment and flags), for reloads;
     # without it (tests) a reload reads the agents' config.yaml and key files again only.
-    authority = CiAuthority(config_loader(reread or (lambda: (config, None)), running=config), metrics)
+    authority = await CiAuthority.open(config_loader(reread or (lambda: (config, None)), running=config), metrics)
     # Managed namespaces go through the same router as the jobs' requests, as the agent itself.
     provisioner = Provisioner(AgentClient(router))
     pipeline = RequestPipeline(

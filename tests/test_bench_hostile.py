@@ -38,6 +38,7 @@ def test_every_attack_runs_and_reports_its_figures() -> None:
         "17 KiB path", "17 KiB header value", "300 headers"}  # fmt: skip
     assert [row["attack"] for row in rows].count("flood") == 2, cases
     assert [row["attack"] for row in rows].count("regex") == 1, cases
+    assert {case for attack, case in cases if attack == "yaml-bomb"} == {"639-byte template, SIGHUP"}
     for row in rows:
         assert "error" not in row["figures"], row
         assert isinstance(row["met"], bool), row
@@ -47,3 +48,5 @@ def test_every_attack_runs_and_reports_its_figures() -> None:
     assert all(f["status"] >= 400 for (a, _), f in by.items() if a == "tunnel-limit")  # answered, not 200
     assert all(f["opened"] == 10 or f["refused"] for (a, _), f in by.items() if a == "flood")
     assert all(f["requests"] == 5 and f["answer"].startswith("403") for (a, _), f in by.items() if a == "regex")
+    assert all(f["refused"] and f["restored"] and not f["readiness_failures"]
+               for (a, _), f in by.items() if a == "yaml-bomb")

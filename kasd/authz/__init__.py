@@ -14,8 +14,10 @@ job → its predefined CI variables) and ``rules`` (a compiled rule list and its
 Apart from reading key and configuration files, everything here is a pure function of its
 arguments: no clock (time is an argument), no sockets, no logging.
 
-May import: ``tunnelhttp.head`` (the impersonation value the proxy sends), the standard library,
-attrs, PyYAML, the JOSE library (joserfc, with cryptography beneath it), google-re2 (only in ``regex``). Never trio, never the proxy
+May import: ``tunnelhttp.head`` (the impersonation value the proxy sends), ``daemonkit.yamldoc``
+(the one bounded YAML reader, and its words for values that never quote them), the standard library,
+attrs, PyYAML, the JOSE library (joserfc, with cryptography beneath it), google-re2 (only in
+``regex``). Never trio, never the proxy
 (``kasd.k8sproxy``), a front end, a listener or ``routing``, never ``kasd.config`` (the config imports
 the directory's checks, not the reverse): the pipeline asks, this package answers.
 """

@@ -4,29 +4,34 @@
 kasd reads it from ``<config root>/<config project path>/.gitlab/agents/<agent name>/config.yaml``
 (``agent_config_path``), a checkout of the agent's config project. The file is parsed with PyYAML's
 node API so that every problem names its place: ``AgentConfigError`` reads
-``…/config.yaml:12:7: ci_access.projects[0].id: must be a string, got int 42``.
+``…/config.yaml:12:7: ci_access.projects[0].id: must be a string, got an int of 2 characters``;
+no message quotes a value of the file whole (``daemonkit.yamldoc.describe``: its type and size).
 
-Keys GitLab's agent configuration knows but kasd does not use (``gitops``, ``observability``,
-``remote_development``, …) are ignored silently; keys nobody knows are ignored too, as GitLab does,
-and each is reported once in ``LoadedAgentConfig.warnings`` (the caller logs them once). Inside
-``access_as``, ``impersonate`` and ``rules`` an unknown key is an error instead: a typo there would
-change whom the agent acts as. Environment templates
-(``.gitlab/agents/<agent>/environment_templates/<name>.yaml``) are not read here.
+Top-level keys of GitLab's agent configuration that kasd does not use (``GITLAB_KEYS_IGNORED``:
+``gitops``, ``observability``, ``remote_development``, …) are ignored by name, their contents
+unread. Any other unknown key, at any level, is an error naming file, line, column and key (with
+the closest known key): a typo (``user_acess:``) would otherwise take access away, or grant it,
+without a word. Environment templates (``.gitlab/agents/<agent>/environment_templates/<name>.yaml``)
+are not parsed here, but read through the same ``read_config_text``: nothing under the config root
+is read through a symlink that leads out of it.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
+import os
 import re
+import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, NoReturn, TypeVar, cast
 
 import attrs
-import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from daemonkit import yamldoc
 from kasd.authz.directory import full_path_problem
 from kasd.authz.expand import role_template_problem
 
@@ -35,10 +40,10 @@ EntryKind = Literal["project", "group", "instance", "implicit"]
 When = Literal["always", "never"]
 OnOverflow = Literal["fail", "truncate"]
 
-#: a larger config.yaml is refused before it is parsed
-MAX_CONFIG_BYTES = 1024 * 1024
-#: YAML nodes one file may make kasd look at (aliases can repeat a subtree many times over)
-MAX_NODES = 100_000
+#: a larger config.yaml (or template) is refused before it is parsed: the budget of every YAML document
+MAX_CONFIG_BYTES = yamldoc.DEFAULT_BUDGET.max_bytes
+#: YAML nodes one file may make kasd look at, aliases expanded (``daemonkit.yamldoc``)
+MAX_NODES = yamldoc.DEFAULT_BUDGET.max_nodes
 #: roles one rule's ``roles:`` may name (one RoleBinding each)
 MAX_ROLES = 16
 
@@ -47,9 +52,10 @@ _AGENT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 #: a Kubernetes namespace name (RFC 1123 label)
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
-#: top-level keys of GitLab's agent configuration that kasd does not use: ignored without a warning
+#: top-level keys of GitLab's agent configuration that kasd does not use: ignored by name, unread
 GITLAB_KEYS_IGNORED = (
     "gitops", "observability", "cilium", "starboard", "container_scanning", "remote_development", "flux",
+    "workspaces",
 )
 
 
@@ -160,7 +166,7 @@ class AgentConfig:
 @attrs.frozen(kw_only=True)
 class LoadedAgentConfig:
     config: AgentConfig
-    #: each unknown key once, with its place; the caller logs them once
+    #: notes for the log (a missing file); the caller logs them once
     warnings: tuple[str, ...] = ()
 
 
@@ -196,7 +202,7 @@ def load_agent_config(config_root: Path, config_project: str, agent_name: str) -
     GitLab: only jobs of the config project itself may use the agent), reported as a warning."""
     path = agent_config_path(config_root, config_project, agent_name)
     try:
-        text = read_config_text(path, AgentConfigError)
+        text = read_config_text(config_root, path, AgentConfigError)
     except FileNotFoundError:
         return LoadedAgentConfig(
             config=AgentConfig(source=str(path)),
@@ -206,35 +212,71 @@ def load_agent_config(config_root: Path, config_project: str, agent_name: str) -
     return parse_agent_config(text, str(path))
 
 
-def read_config_text(path: Path, error: type[ValueError]) -> str:
-    """The text of a file of an agent's configuration (``config.yaml``, a template): at most
-    ``MAX_CONFIG_BYTES``, UTF-8; ``error`` naming the path otherwise. ``FileNotFoundError`` is the
-    caller's to read (a missing ``config.yaml`` is the default configuration)."""
+def read_config_text(root: Path, path: Path, error: type[ValueError]) -> str:
+    """The text of a file of an agent's configuration (``config.yaml``, a template) under ``root``
+    (``authorization.config_root``): at most ``MAX_CONFIG_BYTES``, UTF-8, a regular file whose real
+    path is inside ``root`` — a symlink (the file's or a directory's on the way) that stays inside
+    is followed, one that leads out is refused, so that a config project's committer cannot make
+    kasd read, and quote, another file. ``error`` naming the path otherwise (never the target).
+    ``FileNotFoundError`` is the caller's to read (a missing ``config.yaml`` is the default
+    configuration). Blocking: call it off the event loop."""
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
+        fd = _open_within(root, path)
     except FileNotFoundError:
         raise
+    except _Outside:
+        raise error(f"{path}: refused: its real path is outside authorization.config_root ({root}); a "
+                    "symlink there may point only to files inside it") from None
     except OSError as exc:
         raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise error(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_CONFIG_BYTES + 1)
     try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise error(f"{path}: not UTF-8 text (byte {exc.start})") from None
+        return yamldoc.decode(data)
+    except yamldoc.YamlError as exc:
+        raise error(f"{path}: {exc.problem}") from None
+
+
+class _Outside(Exception):
+    pass
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _open_within(root: Path, path: Path) -> int:
+    """A descriptor of ``path`` opened for reading, if its real path is inside ``root`` and it is a
+    regular file (opened without blocking: a FIFO would wait for a writer)."""
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(path)
+    if not _inside(real, real_root):
+        raise _Outside
+    fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(0, "not a regular file")
+        # What the kernel opened: a directory on the way swapped for a symlink after realpath shows here.
+        try:
+            opened = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # no /proc: the realpath check stands alone
+            opened = real
+        if not _inside(opened, real_root):
+            raise _Outside
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def compose_yaml(text: str, source: str, error: type[ValueError] = ValueError) -> Node | None:
-    """The YAML node tree of ``text`` (None for an empty document); ``error`` raised as ``<source>:<line>:<column>: not valid YAML: <problem>``."""
+    """The YAML node tree of ``text`` (None for an empty document) through ``daemonkit.yamldoc``, the
+    one bounded reader (node, alias, depth and time budget); ``error`` raised as
+    ``<source>:<line>:<column>: <problem>`` (never quoting the file)."""
     try:
-        return yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
-        raise error(f"{where}: not valid YAML: {exc.problem or exc}") from None
-    except yaml.YAMLError as exc:
-        raise error(f"{source}: not valid YAML: {exc}") from None
+        return yamldoc.compose(text)
+    except yamldoc.YamlError as exc:
+        raise error(exc.at(source)) from None
 
 
 def parse_agent_config(text: str, source: str) -> LoadedAgentConfig:
@@ -243,8 +285,7 @@ def parse_agent_config(text: str, source: str) -> LoadedAgentConfig:
     reader = _Reader(source)
     if node is None or _is_null(node):
         return LoadedAgentConfig(config=AgentConfig(source=source))
-    config = reader.config(node)
-    return LoadedAgentConfig(config=config, warnings=tuple(reader.warnings))
+    return LoadedAgentConfig(config=reader.config(node))
 
 
 # --------------------------------------------------------------------------- the walk
@@ -264,21 +305,19 @@ def _is_null(node: Node) -> bool:
     return isinstance(node, ScalarNode) and node.tag == _NULL
 
 
-def _describe(node: Node) -> str:
-    if isinstance(node, MappingNode):
-        return "a mapping"
-    if isinstance(node, SequenceNode):
-        return "a list"
-    kind = node.tag.rsplit(":", 1)[-1]
-    return f"{kind} {node.value!r}" if kind == "str" else f"{kind} {node.value}"
+_describe = yamldoc.describe
+
+
+def _shown(name: str) -> str:
+    """A key as written, for a key path: cut short, and escaped when it holds control characters."""
+    if len(name) <= 40 and name.isprintable():
+        return name
+    return yamldoc.excerpt(name)
 
 
 class _Reader:
     def __init__(self, source: str) -> None:
         self.source = source
-        self._warnings: list[tuple[int, int, str]] = []
-        self._warned: set[str] = set()
-        self._nodes = 0
 
     # ------------------------------------------------------------------- typed reads
 
@@ -289,32 +328,17 @@ class _Reader:
         mark = self.mark(node)
         raise AgentConfigError(f"{mark}: {key or '(top level)'}: {problem}", mark=mark, key=key, problem=problem)
 
-    def unknown(self, node: Node, key: str, known: tuple[str, ...]) -> None:
-        if key in self._warned:
-            return
-        self._warned.add(key)
-        mark = self.mark(node)
-        self._warnings.append(
-            (mark.line, mark.column, f"{mark}: {key}: unknown key, ignored ("
-             + (f"known here: {', '.join(known)})" if known else "this mapping takes no keys)"))
-        )
+    def unknown(self, node: Node, key: str, name: str, known: tuple[str, ...]) -> NoReturn:
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        self.fail(node, key, f"unknown key ({hint}" + (f"expected one of: {', '.join(known)})" if known else
+                                                         "this mapping takes no keys)"))
 
-    @property
-    def warnings(self) -> list[str]:
-        """In the file's order."""
-        return [text for _, _, text in sorted(self._warnings)]
-
-    def _count(self, node: Node, key: str) -> None:
-        self._nodes += 1
-        if self._nodes > MAX_NODES:
-            self.fail(node, key, f"the file makes more than {MAX_NODES} YAML values (aliases repeating a large "
-                                 "subtree?)")
-
-    def mapping(self, node: Node, key: str, known: tuple[str, ...], *, strict: bool = False,
-                ) -> dict[str, tuple[Node, Node]]:
-        """The mapping's known keys → (key node, value node); unknown keys warned of (or, ``strict``,
-        an error); null is an empty mapping."""
-        self._count(node, key)
+    def mapping(self, node: Node, key: str, known: tuple[str, ...], *, strict: bool = True,
+                ignored: tuple[str, ...] = ()) -> dict[str, tuple[Node, Node]]:
+        """The mapping's known keys → (key node, value node); an unknown key is an error (``strict``
+        is kept for the callers that say so: every mapping is), ``ignored`` ones are skipped unread;
+        null is an empty mapping. (The document's size is bounded when composed: ``yamldoc``.)"""
         if _is_null(node):
             return {}
         if not isinstance(node, MappingNode):
@@ -325,20 +349,17 @@ class _Reader:
             if not (isinstance(key_node, ScalarNode) and key_node.tag == _STR):
                 self.fail(key_node, key, f"keys must be strings, got {_describe(key_node)}")
             name = key_node.value
-            here = f"{key}.{name}" if key else name
+            here = f"{key}.{_shown(name)}" if key else _shown(name)
             if name in seen:
                 self.fail(key_node, here, "appears twice in one mapping")
             seen.add(name)
             if name in known:
                 out[name] = (key_node, value_node)
-            elif strict:
-                self.fail(key_node, here, f"unknown key (expected one of: {', '.join(known)})")
-            elif key or name not in GITLAB_KEYS_IGNORED:
-                self.unknown(key_node, here, known)
+            elif name not in ignored:
+                self.unknown(key_node, here, name, known)
         return out
 
     def sequence(self, node: Node, key: str, what: str) -> list[Node]:
-        self._count(node, key)
         if _is_null(node):
             return []
         if not isinstance(node, SequenceNode):
@@ -346,7 +367,6 @@ class _Reader:
         return list(node.value)
 
     def string(self, node: Node, key: str, *, empty: bool = False) -> str:
-        self._count(node, key)
         if not (isinstance(node, ScalarNode) and node.tag == _STR):
             self.fail(node, key, f"must be a string, got {_describe(node)}")
         if not empty and not node.value:
@@ -354,7 +374,6 @@ class _Reader:
         return cast(str, node.value)
 
     def boolean(self, node: Node, key: str) -> bool:
-        self._count(node, key)
         if not (isinstance(node, ScalarNode) and node.tag == _BOOL):
             self.fail(node, key, f"must be true or false, got {_describe(node)}")
         return cast(str, node.value).lower() in ("true", "yes", "on", "y")
@@ -362,7 +381,7 @@ class _Reader:
     def choice(self, node: Node, key: str, choices: tuple[str, ...]) -> str:
         text = self.string(node, key)
         if text not in choices:
-            self.fail(node, key, f"must be one of {', '.join(choices)}, got {text!r}")
+            self.fail(node, key, f"must be one of {', '.join(choices)}, got {_describe(node)}")
         return text
 
     def strings(self, node: Node, key: str) -> tuple[str, ...]:
@@ -378,7 +397,7 @@ class _Reader:
     # ------------------------------------------------------------------- the schema
 
     def config(self, node: Node) -> AgentConfig:
-        top = self.mapping(node, "", ("ci_access", "user_access", *GITLAB_KEYS_IGNORED))
+        top = self.mapping(node, "", ("ci_access", "user_access"), ignored=GITLAB_KEYS_IGNORED)
         ci_access = self.optional(top, "ci_access", "", self.ci_access) or CiAccess()
         user_access = self.optional(top, "user_access", "", self.user_access)
         return AgentConfig(source=self.source, ci_access=ci_access, user_access=user_access)
@@ -400,7 +419,7 @@ class _Reader:
             assert entry.id is not None
             other = seen.setdefault(entry.id.lower(), i)
             if other != i:
-                self.fail(item, f"{key}[{i}].id", f"{entry.id!r} is already {key}[{other}] (entries are never merged)")
+                self.fail(item, f"{key}[{i}].id", f"{yamldoc.excerpt(entry.id)} is already {key}[{other}] (entries are never merged)")
             out.append(entry)
         return tuple(out)
 
@@ -439,8 +458,8 @@ class _Reader:
 
     def plain(self, node: Node, key: str) -> Any:
         """``node`` as JSON data (mappings, lists, strings, numbers, booleans, null), as YAML reads
-        it; each value counts against the file's node budget (an alias repeats its subtree)."""
-        self._count(node, key)
+        it. The reader already counted every value against the file's YAML budget (``daemonkit.yamldoc``:
+        an alias counts its whole subtree), so this walk is bounded by it."""
         if isinstance(node, MappingNode):
             return {name: self.plain(value, f"{key}.{name}") for name, value in self.pairs(node)}
         if isinstance(node, SequenceNode):
@@ -454,8 +473,8 @@ class _Reader:
     def namespace_name(self, node: Node, key: str) -> str:
         name = self.string(node, key)
         if not _NAMESPACE.fullmatch(name):
-            self.fail(node, key, f"{name!r} is not a Kubernetes namespace name (lower-case letters, digits "
-                                 "and '-', at most 63)")
+            self.fail(node, key, f"{_describe(node)} that is not a Kubernetes namespace name (lower-case "
+                                 "letters, digits and '-', at most 63)")
         return name
 
     def resource_management(self, node: Node, key: str) -> bool:
@@ -480,7 +499,7 @@ class _Reader:
         mode, value = chosen
         if mode == "impersonate":
             return AccessAs(mode="impersonate", impersonate=self.impersonate(value, f"{key}.impersonate"))
-        self.mapping(value, f"{key}.{mode}", ())  # `{}` (or null); keys inside are warned of
+        self.mapping(value, f"{key}.{mode}", ())  # `{}` (or null)
         return AccessAs(mode=cast(Mode, mode))
 
     def impersonate(self, node: Node, key: str) -> ImpersonateConfig:
@@ -506,7 +525,7 @@ class _Reader:
             name = self.string(fields["key"][1], f"{here}.key")
             other = seen.setdefault(name, i)
             if other != i:
-                self.fail(fields["key"][1], f"{here}.key", f"{name!r} is already {key}[{other}]")
+                self.fail(fields["key"][1], f"{here}.key", f"the same as {key}[{other}].key")
             values = self.optional(fields, "val", here, self.strings) or ()
             out.append((name, values))
         return tuple(out)
@@ -554,13 +573,12 @@ class _Reader:
 
     def user_access(self, node: Node, key: str) -> UserAccess:
         fields = self.mapping(node, key, ("access_as", "projects", "groups"))
-        if "access_as" not in fields:
-            self.fail(node, f"{key}.access_as", "missing (user_access needs access_as: {agent: {}} or {user: {}})")
-        chosen = self._one_of(fields["access_as"][1], f"{key}.access_as", ("agent", "user"))
-        if chosen is None:
-            self.fail(fields["access_as"][1], f"{key}.access_as", "must be {agent: {}} or {user: {}}")
-        mode, value = chosen
-        self.mapping(value, f"{key}.access_as.{mode}", ())
+        mode = "agent"  # GitLab 18.3: user_access without access_as (or with {}) acts as the agent
+        if "access_as" in fields:
+            chosen = self._one_of(fields["access_as"][1], f"{key}.access_as", ("agent", "user"))
+            if chosen is not None:
+                mode, value = chosen
+                self.mapping(value, f"{key}.access_as.{mode}", ())
         projects = self.optional(fields, "projects", key, self.ids) or ()
         groups = self.optional(fields, "groups", key, self.ids) or ()
         return UserAccess(access_as=cast(Literal["agent", "user"], mode), projects=projects, groups=groups,

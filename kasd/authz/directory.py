@@ -21,6 +21,8 @@ from typing import Protocol
 
 import attrs
 
+from daemonkit.yamldoc import describe, excerpt
+
 
 class Role(enum.IntEnum):
     """GitLab's membership roles, by access level (``Gitlab::Access``)."""
@@ -62,18 +64,19 @@ _USERNAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
 def full_path_problem(path: object) -> str | None:
     """Why ``path`` is not a GitLab full path (``group/sub/project``), or None."""
     if not isinstance(path, str):
-        return f"must be a path like group/project, got {type(path).__name__} {path!r}"
+        return f"must be a path like group/project, got {describe(path)}"
     if not path:
         return "must not be empty"
     for segment in path.split("/"):
         if not _SEGMENT.fullmatch(segment) or segment.endswith("."):
-            return f"{path!r} is not a path like group/sub/project (segment {segment!r})"
+            return f"{excerpt(path)} is not a path like group/sub/project (segment {excerpt(segment, 20)})"
     return None
 
 
 def username_problem(name: object) -> str | None:
     if not isinstance(name, str) or not _USERNAME.fullmatch(name) or name.endswith("."):
-        return f"must be a GitLab username (letters, digits, '_', '.', '-'), got {name!r}"
+        shown = excerpt(name) if isinstance(name, str) else describe(name)
+        return f"must be a GitLab username (letters, digits, '_', '.', '-'), got {shown}"
     return None
 
 

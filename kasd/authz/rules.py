@@ -14,6 +14,7 @@ from typing import Literal
 
 import attrs
 
+from daemonkit.yamldoc import excerpt
 from kasd.authz.agentconfig import AgentConfigError, Mark, RawRule
 from kasd.authz.expand import (
     NamespaceError,
@@ -98,7 +99,7 @@ def compile_rules(raw: Sequence[RawRule], key: str) -> tuple[Rule, ...]:
             except ExprSyntaxError as exc:
                 mark = _expression_mark(rule, exc.column)
                 where = f"{mark}: " if mark is not None else ""
-                raise AgentConfigError(f"{where}{name}.if: {exc.message} (in {rule.if_text!r})", mark=mark,
+                raise AgentConfigError(f"{where}{name}.if: {exc.message} (in {excerpt(rule.if_text, 60)})", mark=mark,
                                        key=f"{name}.if", problem=exc.message) from None
         out.append(Rule(if_=expr, namespace=rule.namespace, when=rule.when, on_overflow=rule.on_overflow,
                         roles=rule.roles, name=name))

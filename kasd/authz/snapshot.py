@@ -146,7 +146,7 @@ def load_agents(directory: Directory, config_root: Path) -> tuple[dict[int, Comp
                     raise
         config_file = agent_config_path(config_root, agent.config_project, agent.name)
         agents[agent.id] = CompiledAgent(config=config, rules=rules,
-                                         templates=load_templates(templates_dir(config_file)))
+                                         templates=load_templates(templates_dir(config_file), config_root))
     return agents, warnings
 
 

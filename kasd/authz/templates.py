@@ -7,7 +7,9 @@ template variables, ``{{ .environment.slug }}``, ``{{ .project.id }}`` and the r
 ``VARIABLES``; kasd supports exactly those references (GitLab's docs promise "limited variable
 substitution"), checked when the file is read — anything else (a pipeline, a function, an unknown
 variable) is an error naming file, line, column and the reference. Values are substituted after
-the YAML is parsed, so a value can never change the document's structure.
+the YAML is parsed, so a value can never change the document's structure. A template is read
+through the one bounded YAML reader (``daemonkit.yamldoc``: its aliases cost what they expand to)
+and kept expanded, so rendering one for a request walks a tree of bounded size, once.
 
 Every rendered object gets GitLab's tracking labels (``agent.gitlab.com/id-<agent id>``,
 ``…/project_id-<project id>``, ``…/env-<slug>-<project id>-<agent id>``,
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,6 +36,7 @@ from typing import Any, Literal
 import attrs
 import yaml
 
+from daemonkit import yamldoc
 from kasd.authz.agentconfig import compose_yaml, read_config_text
 from kasd.authz.expand import RoleRef
 
@@ -163,22 +167,19 @@ def parse_template(text: str, source: str, name: str) -> EnvironmentTemplate:
         raise TemplateError(f"{source}: must be a mapping with objects:")
     fields: dict[str, yaml.Node] = {}
     for key, value in node.value:
-        if key.value not in ("objects", "apply_resources", "delete_resources"):
-            raise TemplateError(f"{_at(source, key)}: {key.value}: unknown key (expected objects, apply_resources, "
+        if not isinstance(key, yaml.ScalarNode) or key.value not in ("objects", "apply_resources", "delete_resources"):
+            name = _key_name(key)
+            raise TemplateError(f"{_at(source, key)}: {name}: unknown key (expected objects, apply_resources, "
                                 "delete_resources)")
         if key.value in fields:
             raise TemplateError(f"{_at(source, key)}: {key.value}: given twice")
         fields[key.value] = value
         _check_references(value, source, key.value)
     try:
-        document = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:  # composed, but not constructed: an unhashable key, a tag
-        mark = exc.problem_mark
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
-        hint = " (a {{ … }} reference must be quoted: '{{ .environment.slug }}')" if "unhashable" in str(exc) else ""
-        raise TemplateError(f"{where}: not valid YAML: {exc.problem or exc}{hint}") from None
-    except yaml.YAMLError as exc:
-        raise TemplateError(f"{source}: not valid YAML: {exc}") from None
+        document = _expanded(yamldoc.construct(node))
+    except yamldoc.YamlError as exc:  # composed, but not constructed: an unhashable key, a tag
+        hint = " (a {{ … }} reference must be quoted: '{{ .environment.slug }}')" if "unhashable" in exc.problem else ""
+        raise TemplateError(f"{exc.at(source)}{hint}") from None
     objects = document.get("objects")
     if not isinstance(objects, list) or not objects:
         raise TemplateError(f"{_at(source, fields.get('objects', node))}: objects: must be a non-empty list")
@@ -188,7 +189,7 @@ def parse_template(text: str, source: str, name: str) -> EnvironmentTemplate:
                 not isinstance(item["metadata"].get("name"), str):
             raise TemplateError(f"{where}: objects[{i}]: needs apiVersion, kind and metadata.name")
         if item.get("kind") not in KINDS:
-            raise TemplateError(f"{where}: objects[{i}].kind: {item.get('kind')!r} is not one GitLab manages "
+            raise TemplateError(f"{where}: objects[{i}].kind: {_shown(item.get('kind'))} is not one GitLab manages "
                                 f"({', '.join(sorted(KINDS))})")
         api_version = item.get("apiVersion")
         if not isinstance(api_version, str):
@@ -197,7 +198,7 @@ def parse_template(text: str, source: str, name: str) -> EnvironmentTemplate:
         served = MANAGED_KINDS[item["kind"]].group
         if group != served or not api_version.rpartition("/")[2]:
             wanted = f"{served}/<version>" if served else "v1"
-            raise TemplateError(f"{where}: objects[{i}].apiVersion: {api_version!r} does not serve "
+            raise TemplateError(f"{where}: objects[{i}].apiVersion: {_shown(api_version)} does not serve "
                                 f"{item['kind']} (expected {wanted})")
         metadata = item["metadata"]
         for field in ("labels", "annotations"):
@@ -218,6 +219,28 @@ def parse_template(text: str, source: str, name: str) -> EnvironmentTemplate:
                                delete_resources=delete)
 
 
+def _shown(value: object) -> str:
+    """A value of the file in a message: a short excerpt of a string, else its type."""
+    return yamldoc.excerpt(value) if isinstance(value, str) else yamldoc.describe(value)
+
+
+def _key_name(key: yaml.Node) -> str:
+    """A mapping key for a key path: as written when short and printable, else an excerpt or its type."""
+    if not isinstance(key, yaml.ScalarNode):
+        return yamldoc.describe(key)
+    return key.value if len(key.value) <= 40 and key.value.isprintable() else yamldoc.excerpt(key.value)
+
+
+def _expanded(value: Any) -> Any:
+    """``value`` with no object shared between two places (PyYAML shares an aliased subtree): the
+    form kept and rendered, its size the document's with aliases expanded (bounded by ``yamldoc``)."""
+    if isinstance(value, dict):
+        return {k: _expanded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expanded(v) for v in value]
+    return value
+
+
 def _at(source: str, node: yaml.Node) -> str:
     return f"{source}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
 
@@ -227,19 +250,19 @@ def _check_references(node: yaml.Node, source: str, key: str) -> None:
         for match in _REFERENCE.finditer(str(node.value)):
             variable = _VARIABLE.fullmatch(match.group(1))
             if variable is None:
-                raise TemplateError(f"{_at(source, node)}: {key}: {match.group()!r}: only variable references "
+                raise TemplateError(f"{_at(source, node)}: {key}: {yamldoc.excerpt(match.group())}: only variable references "
                                     "such as {{ .environment.slug }} are supported")
             if f"{variable.group(1)}.{variable.group(2)}" not in VARIABLES:
-                raise TemplateError(f"{_at(source, node)}: {key}: {match.group()!r}: unknown variable (one of: "
+                raise TemplateError(f"{_at(source, node)}: {key}: {yamldoc.excerpt(match.group())}: unknown variable (one of: "
                                     f"{', '.join('.' + v for v in sorted(VARIABLES))})")
         if "{{" in _REFERENCE.sub("", str(node.value)):
             raise TemplateError(f"{_at(source, node)}: {key}: an unclosed {{{{")
     elif isinstance(node, yaml.MappingNode):
         for k, v in node.value:
             if isinstance(k, yaml.ScalarNode) and "{{" in str(k.value):
-                raise TemplateError(f"{_at(source, k)}: {key}: {k.value!r}: references are substituted in "
+                raise TemplateError(f"{_at(source, k)}: {key}: {yamldoc.excerpt(k.value)}: references are substituted in "
                                     "values only, not in keys")
-            _check_references(v, source, f"{key}.{getattr(k, 'value', '?')}")
+            _check_references(v, source, f"{key}.{_key_name(k)}")
     elif isinstance(node, yaml.SequenceNode):
         for i, v in enumerate(node.value):
             _check_references(v, source, f"{key}[{i}]")
@@ -304,11 +327,18 @@ def templates_dir(agent_config_file: Path) -> Path:
     return agent_config_file.parent / "environment_templates"
 
 
-def load_templates(directory: Path) -> dict[str, EnvironmentTemplate]:
+def load_templates(directory: Path, root: Path) -> dict[str, EnvironmentTemplate]:
     """Every ``<name>.yaml`` of an agent's ``environment_templates`` (none if there is no such
-    directory); ``TemplateError`` for the first that cannot be used."""
+    directory); ``TemplateError`` for the first that cannot be used. Nothing is read, or listed,
+    through a symlink leading out of ``root`` (``authorization.config_root``). Blocking: call it
+    off the event loop."""
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(directory)
+    if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
+        raise TemplateError(f"{directory}: refused: its real path is outside authorization.config_root ({root}); a "
+                            "symlink there may point only to directories inside it")
     try:
-        paths = sorted(p for p in directory.iterdir() if p.suffix == ".yaml" and p.is_file())
+        paths = sorted(p for p in directory.iterdir() if p.suffix == ".yaml" and not p.is_dir())
     except FileNotFoundError:
         return {}
     except OSError as exc:
@@ -316,7 +346,7 @@ def load_templates(directory: Path) -> dict[str, EnvironmentTemplate]:
     templates = {}
     for path in paths:
         try:
-            text = read_config_text(path, TemplateError)
+            text = read_config_text(root, path, TemplateError)
         except FileNotFoundError as exc:  # removed since the listing: the next look reloads
             raise TemplateError(f"{path}: cannot read: {exc.strerror or exc}") from None
         templates[path.stem] = parse_template(text, str(path), path.stem)

@@ -102,12 +102,53 @@ def test_every_variable_gitlab_documents_is_known() -> None:
 def test_template_files_are_read_as_config_yaml_is(tmp_path: Path) -> None:
     (tmp_path / "default.yaml").write_text(DEFAULT_TEMPLATE)
     (tmp_path / "notes.txt").write_text("not a template")
-    assert list(load_templates(tmp_path)) == ["default"]
-    assert load_templates(tmp_path / "absent") == {}
+    assert list(load_templates(tmp_path, tmp_path)) == ["default"]
+    assert load_templates(tmp_path / "absent", tmp_path) == {}
     big = tmp_path / "big.yaml"
     big.write_bytes(b"#" * (MAX_CONFIG_BYTES + 1))
     with pytest.raises(TemplateError, match=f"big.yaml: larger than {MAX_CONFIG_BYTES} bytes"):
-        load_templates(tmp_path)
+        load_templates(tmp_path, tmp_path)
     big.write_bytes(b"objects: \xff\n")
     with pytest.raises(TemplateError, match=r"big.yaml: not UTF-8 text \(byte 9\)"):
-        load_templates(tmp_path)
+        load_templates(tmp_path, tmp_path)
+
+
+def test_a_template_alias_bomb_is_refused_at_once(tmp_path: Path) -> None:
+    """650 bytes that would expand to 10⁹ strings: refused by the reader's budget, naming the file."""
+    text = ("objects:\n  - apiVersion: v1\n    kind: Namespace\n    metadata: {name: x}\n    x0: &a0 ['{{ .project.id }}', lol]\n"
+            + "".join(f"    x{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 10)))
+    assert len(text) < 800
+    path = tmp_path / "default.yaml"
+    path.write_text(text)
+    with pytest.raises(TemplateError, match=rf"^{path}:\d+:\d+: more than 100000 YAML nodes once aliases are expanded"):
+        load_templates(tmp_path, tmp_path)
+
+
+def test_a_template_is_kept_expanded_and_renders_each_alias_as_its_own_copy() -> None:
+    text = ("objects:\n  - apiVersion: v1\n    kind: Namespace\n    metadata:\n      name: n\n"
+            "      labels: &l {team: '{{ .project.id }}'}\n      annotations: *l\n")
+    (namespace,) = render(parse_template(text, "t", "t"), VALUES)
+    metadata = namespace["metadata"]
+    assert metadata["labels"]["team"] == "42" and metadata["annotations"]["team"] == "42"
+    assert metadata["labels"] is not metadata["annotations"]  # one's added labels are not the other's
+
+
+def test_nothing_is_read_through_a_symlink_leading_out_of_the_config_root(tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    templates = root / "acme" / "infra" / ".gitlab" / "agents" / "a" / "environment_templates"
+    templates.mkdir(parents=True)
+    outside.mkdir()
+    secret = outside / "secret.yaml"
+    secret.write_text("s3cr3t-token-value\n")
+    (templates / "default.yaml").symlink_to(secret)
+    with pytest.raises(TemplateError) as info:
+        load_templates(templates, root)
+    assert "outside authorization.config_root" in str(info.value) and "s3cr3t" not in str(info.value)
+    (templates / "default.yaml").unlink()
+    (root / "shared.yaml").write_text(DEFAULT_TEMPLATE)  # a symlink that stays inside is followed
+    (templates / "default.yaml").symlink_to(root / "shared.yaml")
+    assert list(load_templates(templates, root)) == ["default"]
+    linked = templates.parent / "linked"  # a whole directory leading out
+    linked.symlink_to(outside)
+    with pytest.raises(TemplateError, match=r"outside authorization\.config_root"):
+        load_templates(linked, root)

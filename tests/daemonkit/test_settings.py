@@ -11,6 +11,7 @@ import attrs
 import pytest
 import yaml
 
+from daemonkit import yamldoc
 from daemonkit.settings import Problem, SettingsError, SettingsLoader, Source, UsageError, setting
 
 pytestmark = pytest.mark.timeout(10)
@@ -70,8 +71,8 @@ class _Blame:
     def unreadable(self, config: Path, named_by: str, reason: str) -> str:
         return f"{named_by}: unreadable"
 
-    def not_yaml(self, config: Path, error: yaml.YAMLError) -> str:
-        return "not yaml"
+    def not_yaml(self, config: Path, error: yamldoc.YamlError) -> str:
+        return f"not yaml: {error}"
 
     def not_a_mapping(self, config: Path, document: object) -> str | None:
         return None
@@ -137,3 +138,24 @@ def test_help_names_each_flags_variable_and_default() -> None:
 def test_a_wrong_command_line_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="unrecognized arguments: --bogus"):
         LOADER.load(["--bogus"], {})
+
+
+def test_the_file_is_read_within_the_yaml_budget_and_never_quoted(tmp_path: Path) -> None:
+    """The daemons' own config files go through the same bounded reader as an agent's config.yaml:
+    an alias bomb is refused at once, and a file that is one scalar (a config flag pointed at a
+    token file) is described, not quoted."""
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+        f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)))
+    with pytest.raises(SettingsError, match=r"^not yaml: line \d+, column \d+: more than 100000 YAML nodes"):
+        LOADER.load(["--config", str(bomb)], {})
+    token = tmp_path / "token"
+    token.write_text("glpat-s3cr3tZq9xWv7Tb2\n")
+    with pytest.raises(SettingsError) as info:
+        LOADER.load(["--config", str(token)], {})
+    assert "must be a mapping, got a string of 22 characters" in str(info.value)
+    assert "s3cr3t" not in str(info.value)
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"#" * (yamldoc.DEFAULT_BUDGET.max_bytes + 1))
+    with pytest.raises(SettingsError, match="larger than"):
+        LOADER.load(["--config", str(big)], {})

@@ -3,6 +3,7 @@ reloads that replace the whole configuration or, when a file is bad, nothing at 
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -136,7 +137,7 @@ async def test_a_reload_replaces_everything_and_forgets_grants(auth: AuthSetup) 
     job = auth.job_token("acme/app")
     await _authorize(authority, f"Bearer ci:1:{job}")
     auth.agent_config("acme/infra", "a1", "ci_access:\n  projects:\n    - id: acme/other\n")
-    assert authority.reload("test")
+    assert await authority.reload("test")
     with pytest.raises(AccessDenied) as denied:  # the remembered grant went with the old files
         await _authorize(authority, f"Bearer ci:1:{job}")
     assert denied.value.status == 403
@@ -151,7 +152,7 @@ async def test_a_bad_file_changes_nothing_and_says_where(auth: AuthSetup, caplog
     job = auth.job_token("acme/app")
     path = auth.agent_config("acme/infra", "a1", "ci_access:\n  projects:\n    - id: acme/app\n      rules:\n"
                                                  "        - if: $CI_COMMIT_BRANCH ==\n")
-    assert not authority.reload("test")
+    assert not await authority.reload("test")
     assert (await _authorize(authority, f"Bearer ci:1:{job}")).agent_id == 1  # the previous configuration
     assert f"{path}:5:35: ci_access.projects[0].rules[0].if: expected a value after" in caplog.text
     assert "the previous configuration stays in force" in caplog.text
@@ -211,7 +212,7 @@ async def test_a_bad_template_changes_nothing_and_says_where(auth: AuthSetup, ca
     assert (await _authorize(authority, f"Bearer ci:1:{job}")).namespace == namespace
     bad = templates / "default.yaml"
     bad.write_text("objects:\n  - apiVersion: v1\n    kind: Namespace\n    metadata: {name: '{{ .environment.nam }}'}\n")
-    assert not authority.reload("test")
+    assert not await authority.reload("test")
     assert f"{bad}:4:22: objects[0].metadata.name: '{{{{ .environment.nam }}}}': unknown variable" in caplog.text
     assert (await _authorize(authority, f"Bearer ci:1:{job}")).namespace == namespace
 
@@ -249,7 +250,7 @@ async def test_a_bad_new_template_fixed_in_place_is_read_by_the_watch(auth: Auth
         try:
             return files()
         except LoadError:
-            failed.set()
+            trio.from_thread.run_sync(failed.set)  # (loads run in a worker thread)
             raise
 
     authority = CiAuthority(load)
@@ -266,3 +267,102 @@ async def test_a_bad_new_template_fixed_in_place_is_read_by_the_watch(auth: Auth
             await authority.wait_reloaded()
         nursery.cancel_scope.cancel()
     assert (await _authorize(authority, f"Bearer ci:1:{job}")).namespace == "fixed-4"
+
+
+#: 10 levels of ten: 10¹⁰ strings once expanded, from ~700 bytes
+BOMB = ("objects:\n  - apiVersion: v1\n    kind: Namespace\n    metadata: {name: x}\n    x0: &a0 [lol, lol]\n"
+        + "".join(f"    x{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 11)))
+
+
+async def test_a_bomb_dropped_into_a_running_kasd_costs_one_failed_reload(
+        auth: AuthSetup, caplog: pytest.LogCaptureFixture) -> None:
+    """The reload reads in a worker thread: while it reads, the event loop goes on authorizing
+    requests (shown by a load that waits for this test's task to let it go on); the bomb is refused
+    by the YAML budget; the previous configuration stays in force and the failure is counted."""
+    templates = _templates(auth, "a1")
+    files = _Files(_config(auth))
+    reading, release = threading.Event(), threading.Event()
+    blocked: list[bool] = []
+
+    def load() -> Loaded:
+        if files.loads:  # a reload: wait until a task on the event loop lets it go on
+            reading.set()
+            blocked.append(not release.wait(5))
+        return files()
+
+    metrics = Metrics(TunnelRegistry())
+    authority = CiAuthority(load, metrics)
+    job = auth.job_token("acme/app", environment="review/x")
+    namespace = f"{environment_slug('review/x')}-11-1"
+    (templates / "default.yaml").write_text(BOMB)
+    results: list[bool] = []
+    async with trio.open_nursery() as nursery:
+        async def reload() -> None:
+            results.append(await authority.reload("test"))
+
+        nursery.start_soon(reload)
+        await trio.to_thread.run_sync(reading.wait, abandon_on_cancel=True)
+        # the reload is reading; requests are still answered (a full check: nothing remembered yet)
+        assert (await _authorize(authority, f"Bearer ci:1:{job}")).namespace == namespace
+        release.set()
+    assert results == [False] and blocked == [False]
+    path = templates / "default.yaml"
+    assert f"{path}:" in caplog.text and "more than 100000 YAML nodes once aliases are expanded" in caplog.text
+    assert "the previous configuration stays in force" in caplog.text
+    assert (await _authorize(authority, f"Bearer ci:1:{auth.job_token('acme/app', job_id=9, environment='review/x')}")
+            ).namespace == namespace
+    assert _sample(metrics, "kasd_authz_config_ok") == 0
+    assert _sample(metrics, "kasd_authz_reloads_total", result="failed") == 1
+
+
+async def test_a_load_past_the_time_limit_fails_and_a_cancel_ends_one_at_once(
+        auth: AuthSetup, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture) -> None:
+    """A load that never ends (a hung file system) costs one failed reload after LOAD_TIME_LIMIT; a
+    reload in progress is cancelled at once (SIGTERM does not wait for the thread)."""
+    files = _Files(_config(auth))
+    release = threading.Event()
+
+    def load() -> Loaded:
+        if files.loads:
+            release.wait(30)
+        return files()
+
+    metrics = Metrics(TunnelRegistry())
+    authority = CiAuthority(load, metrics)
+    try:
+        assert not await authority.reload("test")
+        assert "reading the configuration took longer than 10 s" in caplog.text
+        assert _sample(metrics, "kasd_authz_config_ok") == 0
+        with trio.move_on_after(1) as scope:
+            await authority.reload("test")
+        assert scope.cancelled_caught
+    finally:
+        release.set()
+    assert (await _authorize(authority, f"Bearer ci:1:{auth.job_token('acme/app')}")).agent_id == 1
+
+
+async def test_sighup_asks_the_watch_to_reload(auth: AuthSetup) -> None:
+    files = _Files(_config(auth))
+    authority = CiAuthority(files)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(authority.watch, 60.0)
+        authority.request_reload("SIGHUP")
+        with trio.fail_after(5):
+            await authority.wait_reloaded()
+        nursery.cancel_scope.cancel()
+    assert files.loads == 2 and authority.generation == 2
+
+
+async def test_a_config_yaml_symlinked_to_a_secret_is_refused_and_the_secret_never_logged(
+        auth: AuthSetup, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    files = _Files(_config(auth))
+    authority = CiAuthority(files)
+    secret = tmp_path / "cluster-token"
+    secret.write_text("eyJhbGciOiJSUzI1NiJ9.s3cr3t-cluster-token\n")
+    config_yaml = auth.agent_config("acme/infra", "a1", APP_ONLY)
+    config_yaml.unlink()
+    config_yaml.symlink_to(secret)
+    assert not await authority.reload("test")
+    assert f"{config_yaml}: refused: its real path is outside authorization.config_root" in caplog.text
+    assert "s3cr3t" not in caplog.text and "eyJhbGci" not in caplog.text
+    assert (await _authorize(authority, f"Bearer ci:1:{auth.job_token('acme/app')}")).agent_id == 1
