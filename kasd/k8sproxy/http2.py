@@ -245,6 +245,9 @@ class Http2Connection:
             with ex.scope:
                 h2s.cancel_when_broken(ex.scope)
                 await self.port.serve(ex, refusal=refusal, log_dropped=False, done=records.append)
+        except Exception as exc:  # past the pipeline's own net (a bug): this stream alone is reset
+            self.port.unexpected.report(exc, "HTTP/2 request failed unexpectedly peer=%s stream=%d", self.peer, h2s.stream_id)
+            ex.aborted = True
         finally:
             self._request_done(ex, records[0] if records else None)
             if ex.client_gone or ex.aborted:

@@ -60,6 +60,7 @@ class ProxyServer:
             serve=pipeline.serve,
             count_rejected=self.count_rejected,
             reset_buckets=reset_buckets if reset_buckets is not None else ResetBuckets(settings.http2.reset_limit),
+            unexpected=pipeline.unexpected,
         )
         self.connections = 0
         self._no_connections = trio.Event()
@@ -97,8 +98,8 @@ class ProxyServer:
             await self._serve(stream, peer)
         except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError) as exc:
             log.debug("proxy connection ended peer=%s error=%r", peer, exc)
-        except Exception:  # one bad connection must never take the listener down
-            log.exception("proxy connection failed peer=%s", peer)
+        except Exception as exc:  # one bad connection must never take the listener down
+            self.port.unexpected.report(exc, "proxy connection failed unexpectedly peer=%s", peer)
         finally:
             with trio.move_on_after(1, shield=True):
                 await stream.aclose()
