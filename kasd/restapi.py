@@ -34,6 +34,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import wrap_app
 
+from daemonkit.logs import UnexpectedErrors
 from kasd.authz.jobinfo import ALLOWED_AGENTS_PATH, allowed_agents_response
 from kasd.authz.snapshot import Denied, Snapshot
 from kasd.k8sproxy.accesslog import logfmt
@@ -170,14 +171,44 @@ def hypercorn_config() -> HypercornConfig:
     return config
 
 
+def guarded(app: Callable[[Scope, Receive, Send], Awaitable[None]],
+            unexpected: UnexpectedErrors) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+    """``app``, with an exception nobody expected (a bug) answered ``500`` in GitLab's words (if no
+    answer began) and reported in one rate-limited line without its message, which may quote the
+    request: never the server's traceback per request."""
+
+    async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracked(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await app(scope, receive, tracked)
+        except Exception as exc:
+            unexpected.report(exc, "API request failed unexpectedly method=%s", str(scope.get("method"))[:16])
+            if not started:
+                payload = b'{"message":"500 Internal Server Error"}'
+                await send({"type": "http.response.start", "status": 500,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(payload)).encode()), (b"cache-control", b"no-store")]})
+                await send({"type": "http.response.body", "body": payload})
+
+    return serve
+
+
 async def serve_api(app: RestApi, listeners: Sequence[trio.abc.Listener[trio.abc.Stream]], *,
+                    unexpected: UnexpectedErrors | None = None,
                     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``app`` on ``listeners`` (already capped, TLS already wrapped) until cancelled."""
     config = hypercorn_config()
-    wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]
+    served = guarded(app, unexpected if unexpected is not None else UnexpectedErrors(log))
+    wrapped = wrap_app(served, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]
     context = WorkerContext(None)
     handler = partial(TCPServer, wrapped, config, context, ConnectionState({}))
     await trio.serve_listeners(handler, list(listeners), task_status=task_status)  # type: ignore[arg-type]
 
 
-__all__ = ["ALLOWED_AGENTS_PATH", "STOP_PATH", "RestApi", "serve_api", "stop_path"]
+__all__ = ["ALLOWED_AGENTS_PATH", "STOP_PATH", "RestApi", "guarded", "serve_api", "stop_path"]

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 from typing import Any
 
 import pytest
 
 from kasd.config import Config
-from kasd.restapi import ALLOWED_AGENTS_PATH
+from kasd.restapi import ALLOWED_AGENTS_PATH, RestApi
 from tests.kasd.helpers import AUTH, CI_SECRET, PAT_SECRET, http_request, make_config, running_kasd
 
 pytestmark = pytest.mark.timeout(30)
@@ -128,3 +129,18 @@ async def test_a_silent_or_oversized_client_is_cut_off(monkeypatch: pytest.Monke
             while chunk := await big.receive_some(4096):
                 answer += chunk
         assert answer.startswith(b"HTTP/1.1 431 ") and b"connection: close" in answer, answer[:100]
+
+
+async def test_an_unexpected_exception_is_a_500_in_gitlabs_words_and_one_error_line(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    def broken(self: RestApi, method: str, path: str, job_token: str | None) -> Any:
+        raise RuntimeError(f"bug while looking at {job_token}")
+
+    monkeypatch.setattr(RestApi, "answer", broken)
+    async with running_kasd(_config()) as kasd:
+        for _ in range(5):
+            assert await _get(kasd.port("api"), ALLOWED_AGENTS_PATH, [("job-token", CI_SECRET)]) \
+                == (500, {"message": "500 Internal Server Error"})
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and not errors[0].exc_info and "error=RuntimeError" in errors[0].getMessage()
+    assert CI_SECRET not in caplog.text
