@@ -11,7 +11,7 @@ import trio
 
 import http11
 from daemonkit.logs import BurstLimitedLog
-from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Headers
+from kasd.k8sproxy.exchange import CONNECTION_LOST, ClientGone, ClientRequest, Headers
 from kasd.k8sproxy.frontend import FrontEndContext
 from kasd.k8sproxy.status import status_body, status_headers
 from netio.fastio import peer_host
@@ -232,6 +232,8 @@ class Http1Connection:
         ex = _H1Exchange(self, request)
         try:
             await self.port.serve(ex)
+        except CONNECTION_LOST:
+            raise  # the connection broke: nothing left to answer on
         except Exception as exc:  # past the pipeline's own net (a bug): answer it if we still can, and close
             self.port.unexpected.report(exc, "HTTP/1.1 request failed unexpectedly peer=%s", self.peer)
             if not ex.head_sent and not self.client_gone:

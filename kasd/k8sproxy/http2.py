@@ -32,7 +32,7 @@ from h2trio.budget import BudgetExceededError
 from h2trio.driver import H2Driver, H2Stream
 from h2trio.lean import new_connection
 from kasd.k8sproxy.accesslog import RequestRecord
-from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Headers
+from kasd.k8sproxy.exchange import CONNECTION_LOST, ClientGone, ClientRequest, Headers
 from kasd.k8sproxy.frontend import FrontEndContext
 from kasd.k8sproxy.status import ProxyError
 from netio.fastio import peer_host
@@ -245,6 +245,8 @@ class Http2Connection:
             with ex.scope:
                 h2s.cancel_when_broken(ex.scope)
                 await self.port.serve(ex, refusal=refusal, log_dropped=False, done=records.append)
+        except CONNECTION_LOST:
+            ex.aborted = True  # this stream alone is reset; the connection's reader sees what broke
         except Exception as exc:  # past the pipeline's own net (a bug): this stream alone is reset
             self.port.unexpected.report(exc, "HTTP/2 request failed unexpectedly peer=%s stream=%d", self.peer, h2s.stream_id)
             ex.aborted = True

@@ -26,7 +26,7 @@ from prometheus_client import Counter
 
 from daemonkit.logs import BurstLimitedLog
 from kasd.k8sproxy.accesslog import RequestRecord, logfmt
-from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Exchange
+from kasd.k8sproxy.exchange import CONNECTION_LOST, ClientGone, ClientRequest, Exchange
 from kasd.k8sproxy.principals import PrincipalRequests
 from kasd.k8sproxy.requestinfo import request_info
 from kasd.k8sproxy.status import ProxyError, status_body, status_headers
@@ -206,6 +206,8 @@ class RequestPipeline:
         held = ExitStack()  # what the request holds until it is over (its principal's slot)
         try:
             await self._serve(ex, record, refusal, held)
+        except CONNECTION_LOST:  # a connection broke under the front end, which ends it quietly
+            raise
         except Exception as exc:  # a bug: it ends this request alone, answered if it still can be
             await self._fail(ex, record, exc)
         finally:

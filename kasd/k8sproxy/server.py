@@ -12,6 +12,7 @@ import trio
 from daemonkit.logs import BurstLimitedLog
 from h2trio.budget import ResetBuckets
 from kasd.config import KubernetesAPIListener
+from kasd.k8sproxy.exchange import CONNECTION_LOST
 from kasd.k8sproxy.frontend import FrontEndContext
 from kasd.k8sproxy.http1 import Http1Connection
 from kasd.k8sproxy.http2 import Http2Connection
@@ -96,7 +97,7 @@ class ProxyServer:
         peer = peer_name(stream)
         try:
             await self._serve(stream, peer)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError) as exc:
+        except CONNECTION_LOST as exc:
             log.debug("proxy connection ended peer=%s error=%r", peer, exc)
         except Exception as exc:  # one bad connection must never take the listener down
             self.port.unexpected.report(exc, "proxy connection failed unexpectedly peer=%s", peer)
