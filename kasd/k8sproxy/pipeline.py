@@ -353,7 +353,10 @@ class RequestPipeline:
             if t.failure is not None:
                 raise t.failure  # the reader's bug: answered (or cut) in serve, like one of this task's
         except Exception:
-            with trio.CancelScope(shield=True):
+            with trio.move_on_after(1, shield=True):
+                if t.reader is not None:  # it reads the client: stopped before serve answers there
+                    t.reader.scope.cancel()
+                    await t.reader.done.wait()
                 await t.stream.reset(ErrorCode.INTERNAL_ERROR, "kasd failed to serve the request")
             raise
         finally:

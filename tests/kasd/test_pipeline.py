@@ -558,3 +558,36 @@ async def test_a_body_reader_that_fails_unexpectedly_ends_its_request_alone() ->
             await pipeline(FakeRouter(kasd_side)).serve(ex)
             await reset.wait()
     assert ex.status == 500 and ex.ended  # the connection's nursery did not end with it
+
+
+async def test_a_failure_while_the_body_is_read_stops_the_reader_before_serve_returns() -> None:
+    # Whoever answers the client next (the 500, the front end) must be alone in reading it.
+    async with agent_session() as (kasd_side, agent_side), trio.open_nursery() as nursery:
+        reading = trio.Event()
+
+        async def agent() -> None:
+            stream = await agent_side.accept_stream()
+            await stream.accept(ResponseHead(status=200, headers=()).to_metadata())
+            await stream.send_all(b"early answer")
+
+        class SlowBody(FakeExchange):
+            reader_busy = False
+
+            async def receive_body(self) -> bytes:
+                self.reader_busy = True
+                reading.set()
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    self.reader_busy = False
+                raise AssertionError("unreachable")
+
+            async def respond(self, status: int, headers: Headers, body: bytes, *, end: bool) -> None:
+                await reading.wait()
+                raise RuntimeError("bug in the front end")
+
+        nursery.start_soon(agent)
+        ex = SlowBody(request(has_body=True), nursery, body=[b"x"])
+        with trio.fail_after(5):
+            await pipeline(FakeRouter(kasd_side)).serve(ex)
+        assert ex.aborted and not ex.reader_busy
