@@ -32,6 +32,7 @@ from daemonkit.settings import (
     UsageError,
     setting,
 )
+from wire.ids import InvalidNumber, parse_decimal
 
 DEFAULT_CONNECTIONS = 2
 #: a kasd restart or a rescheduled kasd pod is back within this; a longer outage is backed off from
@@ -164,8 +165,8 @@ def _connections(value: Any) -> int:
         number = value
     elif isinstance(value, str):
         try:
-            number = int(value)
-        except ValueError:
+            number = parse_decimal(value.strip(), "connections", maximum=999)
+        except InvalidNumber:
             pass
     if number is None:
         raise Problem(f"expected a whole number, got {value!r}")
@@ -177,11 +178,12 @@ def _connections(value: Any) -> int:
 def _health_address(value: Any) -> HostPort:
     text = _text(value)
     host, sep, port_text = text.rpartition(":")
-    if not sep or not port_text.isdigit():
+    if not sep:
         raise Problem(f"expected HOST:PORT (e.g. 0.0.0.0:8080), got {text!r}")
-    port = int(port_text)
-    if port > 65535:
-        raise Problem(f"port {port} is out of range")
+    try:
+        port = parse_decimal(port_text, "port", maximum=65535)
+    except InvalidNumber as exc:
+        raise Problem(f"expected HOST:PORT (e.g. 0.0.0.0:8080): {exc.message}") from None
     return HostPort(host.strip("[]") or "0.0.0.0", port)
 
 

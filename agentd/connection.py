@@ -33,7 +33,7 @@ import attrs
 import trio
 
 from agentd.neterrors import failure_reason
-from daemonkit.logs import BurstLimitedLog
+from daemonkit.logs import BurstLimitedLog, UnexpectedErrors
 from wire.carrier import TunnelRejectedError
 from wire.frames import Metadata
 from wire.h2carrier import open_h2_session
@@ -41,6 +41,8 @@ from wire.notices import parse_placement
 from wire.session import MuxStream, Session, SessionClosedError
 
 log = logging.getLogger("agentd.connection")
+#: a stream whose handler failed unexpectedly (a bug a request reached): one line per kind a minute
+_unexpected = UnexpectedErrors(log)
 
 Dial = Callable[[str, str, Metadata], AbstractAsyncContextManager[Session]]
 StreamHandler = Callable[[MuxStream], Awaitable[None]]
@@ -463,8 +465,8 @@ class ConnectionManager:
     async def _serve_stream(self, tunnel: Tunnel, stream: MuxStream) -> None:
         try:
             await self.handler(stream)
-        except Exception:  # one stream's failure never takes the tunnel down
-            log.exception("stream handler failed stream=%d", stream.stream_id)
+        except Exception as exc:  # one stream's failure never takes the tunnel down
+            _unexpected.report(exc, "stream handler failed unexpectedly stream=%d", stream.stream_id)
             with trio.move_on_after(1, shield=True):
                 await stream.reset()
         finally:

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from daemonkit import yamldoc
+from wire.ids import InvalidNumber, parse_decimal
 
 log = logging.getLogger("agentd.kubeapi")
 
@@ -114,8 +115,10 @@ def in_cluster_target(directory: Path, environ: Mapping[str, str], *, refresh: f
         raise KubeConfigError(
             "in-cluster: KUBERNETES_SERVICE_HOST is not set (not running in a pod?); use --kubeconfig instead"
         )
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise KubeConfigError(f"in-cluster: KUBERNETES_SERVICE_PORT is not a port: {port_text!r}")
+    try:
+        port = parse_decimal(port_text, "port", minimum=1, maximum=65535)
+    except InvalidNumber:
+        raise KubeConfigError(f"in-cluster: KUBERNETES_SERVICE_PORT is not a port: {port_text[:20]!r}") from None
     ca = directory / "ca.crt"
     token_path = directory / "token"
     if not ca.is_file():
@@ -131,7 +134,7 @@ def in_cluster_target(directory: Path, environ: Mapping[str, str], *, refresh: f
     return KubeTarget(
         scheme="https",
         host=host.strip("[]"),
-        port=int(port_text),
+        port=port,
         ssl_context=_http11(context),
         token=TokenSource(path=token_path, refresh=refresh),
         source=f"in-cluster service account {directory}",

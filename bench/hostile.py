@@ -39,6 +39,11 @@ The attacks (issue 13; each prints a row per case and whether the issue's target
                 path, one 17 KiB header value, 300 headers (all under the proxy's own 64 KiB head
                 limit). Time to the answer, its status and message, kasd's log lines for it.
                 Target: answered in < 50 ms with fewer than 3 log lines.
+  strange-id    --requests GETs over one keep-alive HTTP/1.1 TLS connection whose token's agent id
+                str.isdigit() takes and int() refuses (issue 25): ``ci:²:x`` (the latin-1 byte 0xB2)
+                and a 5,000-digit id, alternately. Answers by status, connections kasd dropped,
+                kasd's log per request (lines, bytes) and its ERROR lines.
+                Target: every request answered 401 on the one connection, no ERROR line.
   flood         Idle TCP connections to one port from one source (--attacker-source), as fast as
                 possible until one is refused or --flood-cap is reached; then how many kasd
                 closed, its RSS per connection, and whether kubectl still gets through.
@@ -113,7 +118,7 @@ from kasctl.stack import (
 )
 from kasd.authz.agentconfig import agent_config_path
 
-ATTACKS = ("memory", "rapid-reset", "tunnel-limit", "flood", "regex", "yaml-bomb")
+ATTACKS = ("memory", "rapid-reset", "tunnel-limit", "strange-id", "flood", "regex", "yaml-bomb")
 
 # Targets from issue 13.
 PER_CONNECTION_TARGET = 64 * 1024  # bytes of kasd memory per hostile connection
@@ -922,6 +927,61 @@ def attack_tunnel_limit(bench: Bench) -> list[Row]:
     return rows
 
 
+# --------------------------------------------------------------------------- agent ids int() refuses
+
+STRANGE_IDS = (b"\xb2", b"7" * 5000)  # str.isdigit() says yes to both; int() says no
+
+
+def attack_strange_id(bench: Bench) -> list[Row]:
+    bench.fresh_kasd(tunnel=False)  # refused before any agent is asked
+    requests = bench.args.requests
+    say(f"strange agent ids: {requests} GETs with ci:²:x and a 5,000-digit id over one connection …")
+    log_path = bench.stack.dir / "kasd.log"
+    size, lines = log_path.stat().st_size, bench.log.count()
+    statuses: Counter[int] = Counter()
+    dropped = 0
+
+    async def run() -> None:
+        nonlocal dropped
+        conn = await Connection.open("127.0.0.1", bench.proxy_port, ssl_context=bench.h1_tls)
+        try:
+            for i in range(requests):
+                token = b"Bearer ci:" + STRANGE_IDS[i % 2] + b":x"
+                try:
+                    with trio.fail_after(IO_TIMEOUT):
+                        status, _ = await conn.get("/api", [("authorization", token)])  # type: ignore[list-item]
+                except (ConnectionError, OSError, trio.BrokenResourceError, trio.TooSlowError, h11.ProtocolError):
+                    dropped += 1  # no answer: dial again, as a client would
+                    with contextlib.suppress(OSError, trio.BrokenResourceError):
+                        await conn.aclose()
+                    conn = await Connection.open("127.0.0.1", bench.proxy_port, ssl_context=bench.h1_tls)
+                    continue
+                statuses[status] += 1
+        finally:
+            with trio.move_on_after(1, shield=True):
+                await conn.aclose()
+
+    start = time.monotonic()
+    trio.run(run)
+    seconds = time.monotonic() - start
+    bench.probe.wait(0.5)
+    lines = bench.log.count() - lines
+    grown = log_path.stat().st_size - size
+    errors = sum(1 for line in log_path.read_bytes()[size:].splitlines() if b"level=ERROR" in line)
+    met = statuses[401] == requests and not dropped and not errors
+    answers = ", ".join(f"{n} x {s}" for s, n in sorted(statuses.items())) or "none"
+    row = Row(
+        attack="strange-id", case="ci:²:x and 5,000 digits",
+        summary=f"{requests} requests in {seconds:.1f} s: answered {answers}, {dropped} dropped unanswered; "
+                f"kasd log +{lines:,} lines, {grown / max(requests, 1):,.0f} bytes per request, {errors} at ERROR",
+        target="all 401 on one connection, no ERROR line", met=met,
+        figures={"requests": requests, "seconds": round(seconds, 3), "statuses": dict(statuses), "dropped": dropped,
+                 "log_lines": lines, "log_bytes": grown, "error_lines": errors},
+    )  # fmt: skip
+    say(row.text())
+    return [row]
+
+
 # --------------------------------------------------------------------------- 4. connection flood
 
 
@@ -1154,6 +1214,7 @@ RUNNERS: dict[str, Callable[[Bench], list[Row]]] = {
     "memory": attack_memory,
     "rapid-reset": attack_rapid_reset,
     "tunnel-limit": attack_tunnel_limit,
+    "strange-id": attack_strange_id,
     "flood": attack_flood,
     "regex": attack_regex,
     "yaml-bomb": attack_yaml_bomb,
@@ -1185,6 +1246,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="the loopback address the attacks come from (default %(default)s): another host than "
                              "kubectl's 127.0.0.1, as a stranger is; 127.0.0.1 puts them behind one address, like a "
                              "NAT, where kasd's per-source limits turn kubectl away too")
+    parser.add_argument("--requests", type=int, default=200, metavar="N",
+                        help="strange-id: requests sent over the one connection (default 200)")
     parser.add_argument("--flood-cap", type=int, default=2000, metavar="N",
                         help="most connections the flood opens per port (default 2000)")
     parser.add_argument("--regex-requests", type=int, default=200, metavar="N",

@@ -12,6 +12,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Hashable
+from types import TracebackType
 from typing import Any, TextIO
 
 FORMAT = "time=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
@@ -113,3 +114,62 @@ class BurstLimitedLog:
         _, suppressed, level, message, args = self._held.pop(key)
         if suppressed:
             self.logger.log(level, message + " suppressed=%d", *args, suppressed)
+
+
+def _where(tb: TracebackType | None) -> list[str]:
+    """``file.py:123 function`` for each frame of ``tb``, outermost first."""
+    frames = []
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        frames.append(f"{code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno} {code.co_name}")
+        tb = tb.tb_next
+    return frames
+
+
+class UnexpectedErrors:
+    """Exceptions that are a bug, not the peer's fault, caught where one request or connection is
+    served so that nothing else ends with it. Each is one line at ERROR, rate-limited like
+    ``BurstLimitedLog`` per kind (the exception's type and the place it was raised: a peer that
+    found a way to trigger one can repeat it, but cannot invent new kinds). The line names the type
+    and the frames it went through (``file.py:line function``, innermost last), never the
+    exception's message or arguments, which may quote what the peer sent (a token, a header).
+    ``on_suppressed`` is called for each line held back (a metric), ``on_error`` for every one.
+
+        unexpected = UnexpectedErrors(log, interval=60, on_suppressed=metric.inc)
+        unexpected.report(exc, "request failed request_id=%s", request_id)
+    """
+
+    #: frames a line shows, the innermost ones (where the bug is)
+    MAX_FRAMES = 12
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        *,
+        interval: float = 60.0,
+        on_error: Callable[[], object] | None = None,
+        on_suppressed: Callable[[], object] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._lines = BurstLimitedLog(logger, interval=interval, max_keys=256, clock=clock)
+        self.on_error = on_error
+        self.on_suppressed = on_suppressed
+
+    def report(self, exc: BaseException, message: str, *args: object) -> bool:
+        """Write ``message`` with the kind of ``exc`` and where it came from (True), or count it (False)."""
+        frames = _where(exc.__traceback__)
+        kind = type(exc).__qualname__
+        if isinstance(exc, BaseExceptionGroup):
+            inner = exc.exceptions[0] if exc.exceptions else exc
+            kind = f"{kind}[{type(inner).__qualname__}]"
+            frames += _where(inner.__traceback__)
+        shown = frames[-self.MAX_FRAMES:]
+        if self.on_error is not None:
+            self.on_error()
+        written = self._lines.log(
+            logging.ERROR, (kind, shown[-1] if shown else ""),
+            message + " error=%s trace=%s", *args, kind, "\"" + " < ".join(reversed(shown)) + "\"",
+        )
+        if not written and self.on_suppressed is not None:
+            self.on_suppressed()
+        return written

@@ -4,7 +4,7 @@ hop both speak. Bytes in, events out; heads and chunked bodies encoded for sendi
 Errors are the project's one ``ProtocolError`` family from ``wire.errors`` (a sans-I/O leaf):
 ``ProtocolError`` here is that base class, and a malformed message raises its ``RemoteProtocolError``.
 
-May import: the standard library, attrs, httptools, ``wire.errors``. Never trio (nor anything that
+May import: the standard library, attrs, httptools, ``wire.errors``, ``wire.ids``. Never trio (nor anything that
 imports it: the rest of ``wire``), ``kasd`` or ``agentd``.
 """
 

@@ -31,6 +31,7 @@ import attrs
 import httptools
 
 from wire.errors import ProtocolError, RemoteProtocolError
+from wire.ids import InvalidNumber, parse_decimal
 
 __all__ = [
     "CLOSED",
@@ -370,12 +371,10 @@ class BodyWriter:
         length: int | None = None
         for name, value in headers:
             if name == "content-length":
-                try:
-                    length = int(value)
-                except ValueError:
+                try:  # ASCII digits only: int() also takes " 7", "7_0" and "+7", which a client reads otherwise
+                    length = parse_decimal(value, "Content-Length")
+                except InvalidNumber:
                     raise FramingError(f"illegal Content-Length {value[:100]!r}") from None
-                if length < 0:
-                    raise FramingError(f"illegal Content-Length {value[:100]!r}")
             elif name == "transfer-encoding":
                 chunked = True
         return cls(length=None if chunked else length, chunked=chunked)

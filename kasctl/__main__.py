@@ -21,6 +21,7 @@ from kasctl.stack import (
     StackError,
     find_kubectl,
 )
+from wire.ids import InvalidNumber, parse_decimal
 
 DEMO_HELP = """\
 Start kubesim (a simulated cluster), kasd and agentd on 127.0.0.1 with fresh tokens and TLS
@@ -201,9 +202,9 @@ def _smoke(stack: Stack, kubectl: str | None) -> int:
 
 def _positive(text: str) -> int:
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        value = parse_decimal(text, "the count", maximum=99)
+    except InvalidNumber:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text[:20]!r}") from None
     if not 1 <= value <= 16:
         raise argparse.ArgumentTypeError(f"must be between 1 and 16, got {value}")
     return value

@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from kasd.authz.jobinfo import ALLOWED_AGENTS_PATH
+from wire.ids import InvalidNumber, check_id
 
 TOKEN_VARIABLE = "CI_JOB_TOKEN"
 API_VARIABLE = "KASCTL_API_URL"
@@ -147,7 +148,10 @@ def build(answer: dict[str, Any], server: str, token: str, ca_pem: bytes | None)
         cluster["certificate-authority-data"] = base64.b64encode(ca_pem).decode()
     users, contexts = [], []
     for agent in answer.get("allowed_agents", []):
-        agent_id = int(agent["id"])
+        try:
+            agent_id = check_id(agent.get("id"), "agent id")
+        except InvalidNumber as exc:
+            raise KubeconfigError(f"kasd's answer is not what kasctl expects: {exc.message}") from None
         extra = agent.get("kasd") or {}
         name = extra.get("context") or f"{agent['config_project']['path_with_namespace']}:{agent_id}"
         namespace = extra.get("namespace") or (agent.get("configuration") or {}).get("default_namespace")

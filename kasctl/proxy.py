@@ -28,6 +28,7 @@ import http11
 from http11 import CLOSED, END, NEED_DATA, BodyWriter, RequestParser, ResponseParser
 from kasctl.kubeconfig import CA_VARIABLE, SERVER_VARIABLE
 from netio.relay import relay
+from wire.ids import InvalidNumber, parse_decimal
 
 TOKEN_VARIABLE = "KASCTL_TOKEN"
 MAX_HEAD = 64 * 1024
@@ -198,7 +199,11 @@ def _token(args: argparse.Namespace) -> str:
 def _listen_address(text: str, allow_remote: bool) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     host = host.strip("[]")
-    if not sep or not port.isdigit() or int(port) > 65535:
+    try:
+        number = parse_decimal(port, "port", maximum=65535) if sep else None
+    except InvalidNumber:
+        number = None
+    if number is None:
         raise ProxyError(f"--listen must be HOST:PORT, got {text!r}")
     try:
         loopback = ipaddress.ip_address(host).is_loopback
@@ -207,7 +212,7 @@ def _listen_address(text: str, allow_remote: bool) -> tuple[str, int]:
     if not loopback and not allow_remote:
         raise ProxyError(f"--listen {text} is not a loopback address: anyone who reaches it would use your "
                          "token; add --allow-remote if that is what you want")
-    return host, int(port)
+    return host, number
 
 
 def run(args: argparse.Namespace) -> int:

@@ -35,6 +35,7 @@ from kasd.authz.keys import (
     load_signing_key,
     write_key_pair,
 )
+from wire.ids import MAX_ID_DIGITS, InvalidNumber, parse_id
 
 #: where ``--key`` comes from when it is not given
 KEY_FILE_VARIABLE = "KASCTL_SIGNING_KEY_FILE"
@@ -117,9 +118,11 @@ def parse_ttl(text: str) -> timedelta:
 
 
 def _positive_id(text: str) -> int:
-    if not text.isdigit() or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number; got {text!r}")
-    return int(text)
+    try:
+        return parse_id(text, "the id")
+    except InvalidNumber as exc:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number of at most {MAX_ID_DIGITS} digits "
+                                         f"({exc.message})") from None
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

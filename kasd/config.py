@@ -43,6 +43,7 @@ from kasd.authz.directory import (
 )
 from kasd.tokens import is_token_hash
 from routing.peers import is_loopback_host, plaintext_crosses_network
+from wire.ids import MAX_ID, InvalidNumber, check_id, parse_decimal
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -79,11 +80,9 @@ def parse_address(value: Any) -> HostPort:
     if not sep or not host:
         raise Problem(f"{text!r} is not host:port (e.g. 0.0.0.0:8154)")
     try:
-        port = int(port_text)
-    except ValueError:
-        raise Problem(f"port {port_text!r} is not a number") from None
-    if not 0 <= port <= 65535:
-        raise Problem(f"port {port} is out of range 0-65535")
+        port = parse_decimal(port_text, "port", maximum=65535)
+    except InvalidNumber as exc:
+        raise Problem(exc.message) from None
     return HostPort(host.strip("[]"), port)
 
 
@@ -142,8 +141,11 @@ def _count(value: Any) -> int:
     number: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
-    elif isinstance(value, str) and value.strip().isdigit():
-        number = int(value)
+    elif isinstance(value, str):
+        try:
+            number = parse_decimal(value.strip(), "the number")
+        except InvalidNumber:
+            number = None
     if number is None:
         raise Problem(f"must be a whole number, got {value!r}")
     if number < 1:
@@ -172,7 +174,10 @@ def _positive_id(value: Any) -> int:
     agent_id = _expect(value, int, "a positive integer")
     if agent_id <= 0:
         raise Problem(f"must be a positive integer, got {agent_id}")
-    return agent_id  # type: ignore[no-any-return]
+    try:
+        return check_id(agent_id)  # GitLab's ids are bigint: what a token or a database can carry
+    except InvalidNumber:
+        raise Problem(f"must be at most {MAX_ID} (a signed 64-bit integer)") from None
 
 
 def _token_hash(value: Any) -> str:

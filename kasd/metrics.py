@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from daemonkit.logs import UnexpectedErrors
 from routing.local import TunnelRegistry
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+#: seconds between two ERROR lines of one kind of unexpected exception (the rest are counted)
+UNEXPECTED_LINE_INTERVAL = 60.0
 
 
 class Metrics:
@@ -51,6 +55,15 @@ class Metrics:
             ["listener", "reason"],
             registry=r,
         )
+        self.internal_errors = Counter(
+            "kasd_internal_errors",
+            "Unexpected exceptions (bugs) caught while serving one request or connection, by port (kubernetes_api, "
+            "agent, private, api): each ended only that request (500 or a reset stream) or connection",
+            ["port"], registry=r)
+        self.internal_error_lines_suppressed = Counter(
+            "kasd_internal_error_lines_suppressed",
+            "Of kasd_internal_errors, those whose ERROR line was held back (one line per kind per minute is written)",
+            ["port"], registry=r)
         # Among replicas (routing.redis): Redis, the kasd-to-kasd hop. Set up by enable_replicas.
         self.authz_config_ok = Gauge(
             "kasd_authz_config_ok",
@@ -86,6 +99,14 @@ class Metrics:
         self.peer_sessions.labels(direction="in").set_function(peers_in)
         for metric in (self.redis_up, self.forwarded_requests, self.peer_sessions):
             self.registry.register(metric)
+
+    def unexpected_errors(self, port: str, logger: logging.Logger) -> UnexpectedErrors:
+        """Where ``port``'s unexpected exceptions are reported: rate-limited lines, counted here."""
+        return UnexpectedErrors(
+            logger, interval=UNEXPECTED_LINE_INTERVAL,
+            on_error=self.internal_errors.labels(port=port).inc,
+            on_suppressed=self.internal_error_lines_suppressed.labels(port=port).inc,
+        )
 
     def count_request(self, status: int) -> None:
         child = self._requests_by_code.get(status)

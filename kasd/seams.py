@@ -27,6 +27,7 @@ from routing.errors import (
 )
 from tunnelhttp.head import Impersonation
 from wire.frames import Metadata
+from wire.ids import InvalidNumber, parse_id
 from wire.session import MuxStream, Session, StreamRefusedError
 
 #: the bearer token formats on the Kubernetes API proxy port, as in GitLab
@@ -101,9 +102,11 @@ def parse_bearer(authorization: str | None) -> Credentials:
     agent_text, sep2, secret = rest.partition(":")
     if kind not in ("ci", "pat") or not (sep1 and sep2) or not secret:
         raise AccessDenied(401, f"bad token: malformed, expected {TOKEN_FORMATS}")
-    if not agent_text.isdigit() or agent_text.startswith("0"):
-        raise AccessDenied(401, f"bad token: agent id {agent_text[:20]!r} is not a number (expected {TOKEN_FORMATS})")
-    return Credentials(kind=kind, agent_id=int(agent_text), secret=secret)
+    try:
+        agent_id = parse_id(agent_text, "agent id")
+    except InvalidNumber as exc:
+        raise AccessDenied(401, f"bad token: {exc.message} (expected {TOKEN_FORMATS})") from None
+    return Credentials(kind=kind, agent_id=agent_id, secret=secret)
 
 
 # ------------------------------------------------------------------ Router

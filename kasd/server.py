@@ -280,7 +280,8 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
                 on_forward=lambda _peer: metrics.forwarded_out.inc(),
             )
             forwarder = runtime.forwarder = PeerForwarder(
-                local, drain=pipeline.drain, name=me.name, on_forward=metrics.forwarded_in.inc)
+                local, drain=pipeline.drain, name=me.name, on_forward=metrics.forwarded_in.inc,
+                unexpected=metrics.unexpected_errors("private", logging.getLogger("routing.peers")))
             metrics.enable_replicas(redis_up=lambda: replicas.healthy,
                                     peers_out=lambda: pool.statistics().sessions,
                                     peers_in=lambda: len(forwarder.sessions))
@@ -297,6 +298,7 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
                     handshake_timeout=config.private.handshake_timeout,
                     reset_limit=config.private.http2.reset_limit,
                     session_kwargs={"limits": PEER_LIMITS, "name": "peer"},
+                    unexpected=metrics.unexpected_errors("private", logging.getLogger("wire.h2carrier")),
                     task_status=task_status,
                 )
             )
@@ -312,6 +314,7 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
                 ssl_context=server_ssl_context(agent_tls) if agent_tls else None,
                 handshake_timeout=config.agent.handshake_timeout,
                 reset_limit=config.agent.http2.reset_limit,
+                unexpected=metrics.unexpected_errors("agent", logging.getLogger("wire.h2carrier")),
                 task_status=task_status,
             )
         )
@@ -319,7 +322,8 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
         nursery.start_soon(authority.watch)
         if api_listeners:
             await nursery.start(partial(serve_api, RestApi(lambda: authority.snapshot, provisioner), api_listeners,
-                                        ssl_context=api_tls))
+                                        ssl_context=api_tls,
+                                        unexpected=metrics.unexpected_errors("api", logging.getLogger("kasd.api"))))
         observability = ObservabilityServer(health, metrics, max_connections=config.observability.max_connections)
         await nursery.start(trio.serve_listeners, observability.handle_connection, obs_listeners)
         health.ready = True

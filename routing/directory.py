@@ -18,6 +18,7 @@ May import: ``routing.membership``, ``routing.redisconn``, coredis, trio, the st
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from typing import Any, Protocol
@@ -26,6 +27,7 @@ import trio
 
 from routing.membership import RedisMembership
 from routing.redisconn import REDIS_ERRORS, RedisHealth, subscription
+from wire.ids import InvalidNumber, parse_id
 
 log = logging.getLogger("routing.directory")
 
@@ -358,8 +360,8 @@ class RedisDirectory(_Events):
                     async for message in pubsub:
                         if message["type"] == "message":
                             agent, _, _ = str(message["data"]).partition(" ")
-                            if agent.isdigit():
-                                self.fire(int(agent))
+                            with contextlib.suppress(InvalidNumber):  # not one of ours: nothing to wake
+                                self.fire(parse_id(agent, "agent id"))
                         elif message["type"] == "subscribe":
                             # From now on every change is heard; what was read before (and changes
                             # missed while a lost subscription was made again) must be read afresh.

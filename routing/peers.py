@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import attrs
 import trio
 
-from daemonkit.logs import BurstLimitedLog
+from daemonkit.logs import BurstLimitedLog, UnexpectedErrors
 from routing.errors import RouteError
 from routing.local import LocalRouter
 from tunnelhttp.drain import Drain, answer_boundary
@@ -38,6 +38,7 @@ from wire.carrier import TunnelRejectedError
 from wire.errors import ErrorCode, RemoteProtocolError, UnsendableFrameError
 from wire.frames import Metadata
 from wire.h2carrier import dial_h2_tunnel, run_h2_reader
+from wire.ids import InvalidNumber, check_id
 from wire.session import (
     MuxStream,
     Session,
@@ -79,8 +80,10 @@ def forwarded_request(metadata: Metadata) -> tuple[int, str, Metadata]:
     if not isinstance(forward, dict):
         raise RemoteProtocolError(f"a stream on the private port needs the {FORWARD_KEY!r} map")
     agent_id = forward.get("agent_id")
-    if type(agent_id) is not int or agent_id <= 0:
-        raise RemoteProtocolError(f"{FORWARD_KEY}.agent_id must be a positive integer")
+    try:
+        agent_id = check_id(agent_id, f"{FORWARD_KEY}.agent_id")
+    except InvalidNumber as exc:
+        raise RemoteProtocolError(exc.message) from None
     origin = forward.get("from", "")
     return agent_id, origin if isinstance(origin, str) else "", {k: v for k, v in metadata.items() if k != FORWARD_KEY}
 
@@ -313,7 +316,7 @@ class PeerForwarder:
     is passed on to a local tunnel of its agent (see the module docstring)."""
 
     def __init__(self, local: LocalRouter, *, drain: Drain, name: str = "", wait: float = HOLDER_WAIT,
-                 on_forward: Callable[[], object] | None = None) -> None:
+                 on_forward: Callable[[], object] | None = None, unexpected: UnexpectedErrors | None = None) -> None:
         self.local = local
         self.drain = drain
         self.name = name
@@ -326,6 +329,8 @@ class PeerForwarder:
         self.active = 0
         self._idle = trio.Event()
         self._log = BurstLimitedLog(log, interval=10.0)
+        #: a forwarded request that fails unexpectedly (a bug): one rate-limited line, its stream reset
+        self.unexpected = unexpected if unexpected is not None else UnexpectedErrors(log)
 
     async def __call__(self, session: Session, principal: object) -> None:
         self.sessions.add(session)
@@ -381,8 +386,8 @@ class PeerForwarder:
                 return
             assert agent is not None
             await self._relay(peer, agent, metadata)
-        except Exception:
-            log.exception("forwarded request failed agent_id=%d from=%s", agent_id, origin)
+        except Exception as exc:
+            self.unexpected.report(exc, "forwarded request failed unexpectedly agent_id=%d from=%s", agent_id, origin)
             with trio.CancelScope(shield=True):
                 await peer.reset(ErrorCode.INTERNAL_ERROR, "kasd failed to forward the request")
         finally:

@@ -16,7 +16,7 @@ HOSTILE = Path(__file__).resolve().parent.parent / "bench" / "hostile.py"
 
 TINY = ["--connections", "2", "--seconds", "0.5", "--settle", "0.2", "--baseline-seconds", "0.5",
         "--flood-cap", "10", "--continuation-mib", "0.1", "--partial-mib", "0.1", "--agent-wait", "1",
-        "--max-pairs", "640", "--regex-requests", "5", "--no-fresh", "--json"]  # fmt: skip
+        "--max-pairs", "640", "--regex-requests", "5", "--requests", "10", "--no-fresh", "--json"]  # fmt: skip
 
 
 @pytest.mark.skipif(find_kubectl() is None, reason="the legitimate client is real kubectl")
@@ -38,6 +38,7 @@ def test_every_attack_runs_and_reports_its_figures() -> None:
         "17 KiB path", "17 KiB header value", "300 headers"}  # fmt: skip
     assert [row["attack"] for row in rows].count("flood") == 2, cases
     assert [row["attack"] for row in rows].count("regex") == 1, cases
+    assert {case for attack, case in cases if attack == "strange-id"} == {"ci:²:x and 5,000 digits"}
     assert {case for attack, case in cases if attack == "yaml-bomb"} == {"639-byte template, SIGHUP"}
     for row in rows:
         assert "error" not in row["figures"], row
@@ -47,6 +48,8 @@ def test_every_attack_runs_and_reports_its_figures() -> None:
     assert all(f["pairs"] > 0 for (a, _), f in by.items() if a == "rapid-reset")
     assert all(f["status"] >= 400 for (a, _), f in by.items() if a == "tunnel-limit")  # answered, not 200
     assert all(f["opened"] == 10 or f["refused"] for (a, _), f in by.items() if a == "flood")
+    assert all(f["requests"] == 10 and not f["dropped"] and not f["error_lines"]
+               for (a, _), f in by.items() if a == "strange-id")
     assert all(f["requests"] == 5 and f["answer"].startswith("403") for (a, _), f in by.items() if a == "regex")
     assert all(f["refused"] and f["restored"] and not f["readiness_failures"]
                for (a, _), f in by.items() if a == "yaml-bomb")

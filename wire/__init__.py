@@ -2,6 +2,8 @@
 
 The core (``errors``, ``frames``, ``codec``, ``events``, ``settings``, ``streamstate``, ``flow``,
 ``mux``) imports neither trio nor h2 and never reads a clock: bytes in, events out, bytes to send.
+``ids`` is the one strict parser of the numbers clients and files write as text (agent, project and
+job ids, ports), here so that kasd, agentd, kasctl and ``routing`` all share it.
 The adapters beside it (``session`` over any ``trio.abc.Stream``, ``h2carrier`` carrying a session on
 one HTTP/2 stream, driven by ``h2trio``) are thin; ``carrier`` is what every carrier shares (the
 authenticate callback, the request checks, ``TunnelRejectedError``), sans-I/O. ``errors`` holds the

@@ -34,7 +34,7 @@ import h2.errors
 import h2.settings
 import trio
 
-from daemonkit.logs import BurstLimitedLog
+from daemonkit.logs import BurstLimitedLog, UnexpectedErrors
 from h2trio.budget import DEFAULT_RESET_LIMIT, ResetLimit
 from h2trio.driver import H2Driver, H2Stream
 from h2trio.lean import new_connection
@@ -65,6 +65,8 @@ __all__ = [
 log = logging.getLogger("wire.h2carrier")
 #: lines a stranger can repeat at will (a bad token, a broken preface): one per source per 10 s
 _strangers = BurstLimitedLog(log, interval=10.0)
+#: a connection that fails unexpectedly (a bug) when its server was given no reporter of its own
+_unexpected = UnexpectedErrors(log)
 
 _MAX_WINDOW = 2**31 - 1
 _MAX_FRAME = 1 << 20  # fewer, larger DATA frames: per-frame Python overhead dominates on loopback
@@ -255,9 +257,11 @@ async def serve_h2_tunnels(
     handshake_timeout: float = 10.0,
     reset_limit: ResetLimit = DEFAULT_RESET_LIMIT,
     session_kwargs: dict[str, Any] | None = None,
+    unexpected: UnexpectedErrors | None = None,
     task_status: trio.TaskStatus[Sequence[trio.abc.Listener[Any]]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Accept tunnel connections on ``listeners`` and run ``handler(session, principal)`` for each.
+    A connection that fails unexpectedly (a bug) ends alone, in one line ``unexpected`` rate-limits.
 
     ``authenticate(token, headers)`` returns the principal, None (401), or raises
     TunnelRejectedError (see ``wire.carrier``). ``handshake_timeout`` bounds TLS, preface and the
@@ -274,6 +278,7 @@ async def serve_h2_tunnels(
             handshake_timeout=handshake_timeout,
             reset_limit=reset_limit,
             session_kwargs=session_kwargs or {},
+            unexpected=unexpected,
         )
 
     await trio.serve_listeners(on_connection, list(listeners), task_status=task_status)
@@ -296,6 +301,7 @@ async def _serve_connection(
     handshake_timeout: float,
     reset_limit: ResetLimit,
     session_kwargs: dict[str, Any],
+    unexpected: UnexpectedErrors | None = None,
 ) -> None:
     stream = fast_stream(stream)
     peer = peer_name(stream)
@@ -332,7 +338,7 @@ async def _serve_connection(
         if isinstance(exc, SessionClosedError):
             log.info("tunnel session ended during handshake peer=%s reason=%s", peer, exc)
         else:
-            log.exception("tunnel connection failed peer=%s", peer)
+            (unexpected or _unexpected).report(exc, "tunnel connection failed unexpectedly peer=%s", peer)
     finally:
         with trio.move_on_after(1, shield=True):
             await stream.aclose()

@@ -33,6 +33,7 @@ from joserfc.errors import ClaimError, ExpiredTokenError, JoseError, MissingClai
 from joserfc.jwt import ClaimsOption, JWTClaimsRegistry
 
 from kasd.authz.keys import KeySet, SigningKey
+from wire.ids import check_id
 
 #: the one signature algorithm minted and accepted: EdDSA over Ed25519, RFC 9864's name for it
 ALGORITHM: Final = "Ed25519"
@@ -71,8 +72,7 @@ class TokenInvalid(Exception):
 
 
 def _positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if type(value) is not int or value <= 0:
-        raise ValueError(f"{attribute.name} must be a positive whole number, got {value!r}")
+    check_id(value, attribute.name)  # an InvalidNumber is a ValueError: a refused claim, never a crash
 
 
 def _text(_: object, attribute: attrs.Attribute[str], value: str) -> None:

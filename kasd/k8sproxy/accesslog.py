@@ -38,6 +38,8 @@ class RequestRecord:
     outcome: str = "ok"
     #: the whole response reached the client's connection: leaving afterwards is not "client-gone"
     answered: bool = False
+    #: a response head went to the client (or began to): a failure now can only cut the answer short
+    head_sent: bool = False
 
     @property
     def dropped(self) -> bool:

@@ -10,6 +10,7 @@ May import: the standard library, attrs, trio. Never a front end, the pipeline o
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -21,6 +22,11 @@ Headers = Sequence[tuple[str, str]]
 
 class ClientGone(Exception):
     """The client closed or broke its connection (or reset its stream): nobody is listening."""
+
+
+#: what a broken connection raises where a front end does not turn it into ``ClientGone``: the end
+#: of a connection, never a bug (the proxy's listener ends the connection on it, quietly)
+CONNECTION_LOST = (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError)
 
 
 @attrs.frozen(kw_only=True)

@@ -7,12 +7,14 @@ the drain state, where rejected requests are counted, and where exchanges go.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import attrs
 import trio
 
+from daemonkit.logs import UnexpectedErrors
 from h2trio.budget import ResetBucket, ResetBuckets, ResetLimit
 from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.exchange import Exchange
@@ -66,6 +68,9 @@ class FrontEndContext:
     #: the HTTP/2 reset budget of each source address, shared by its connections (None: each
     #: connection has its own)
     reset_buckets: ResetBuckets | None = None
+    #: where an exception nobody expected is reported (one rate-limited line): the request it hit
+    #: ends, its connection's other requests go on
+    unexpected: UnexpectedErrors = attrs.field(factory=lambda: UnexpectedErrors(logging.getLogger("kasd.k8sproxy")))
 
     def reset_bucket(self, peer: str) -> ResetBucket | None:
         """The reset budget of ``peer``'s (``host:port``) source, shared with its other connections."""

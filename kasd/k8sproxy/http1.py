@@ -4,13 +4,14 @@ decides everything else."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import trio
 
 import http11
 from daemonkit.logs import BurstLimitedLog
-from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Headers
+from kasd.k8sproxy.exchange import CONNECTION_LOST, ClientGone, ClientRequest, Headers
 from kasd.k8sproxy.frontend import FrontEndContext
 from kasd.k8sproxy.status import status_body, status_headers
 from netio.fastio import peer_host
@@ -229,7 +230,18 @@ class Http1Connection:
     async def _handle(self, request: http11.Request) -> bool:
         """Serve one request; True if the connection may carry another."""
         ex = _H1Exchange(self, request)
-        await self.port.serve(ex)
+        try:
+            await self.port.serve(ex)
+        except CONNECTION_LOST:
+            raise  # the connection broke: nothing left to answer on
+        except Exception as exc:  # past the pipeline's own net (a bug): answer it if we still can, and close
+            self.port.unexpected.report(exc, "HTTP/1.1 request failed unexpectedly peer=%s", self.peer)
+            if not ex.head_sent and not self.client_gone:
+                body = status_body(500, "kasd failed to serve this request: an internal error")
+                head = http11.encode_response_head(500, [*status_headers(body), ("connection", "close")])
+                with trio.move_on_after(_LINGER_SECONDS), contextlib.suppress(ClientGone):
+                    await self._write(head + body)
+            return False
         return ex.keep_alive and not self.client_gone
 
     def _skip_buffered_body(self) -> None:
@@ -267,6 +279,8 @@ class _H1Exchange:
         )
         self.nursery = conn._nursery
         self.keep_alive = True
+        #: a response head went out (or began to): too late for another answer
+        self.head_sent = False
         self._continued = False
         self._writer: http11.BodyWriter | None = None
 
@@ -305,6 +319,7 @@ class _H1Exchange:
         conn = self.conn
         head, writer = conn._response_head(self, self.http, status, list(headers))
         self._writer = writer
+        self.head_sent = True
         try:
             out = head + writer.data(body) + writer.end() if end else head + writer.data(body)
         except http11.FramingError as exc:
@@ -318,6 +333,7 @@ class _H1Exchange:
         conn._skip_buffered_body()
         # An unread body closes the connection.
         head, writer = conn._response_head(self, self.http, status, list(headers), close=not conn.request_done)
+        self.head_sent = True
         await conn._write(head + writer.data(body) + writer.end())
         conn.response_done = True
 
@@ -348,6 +364,7 @@ class _H1Exchange:
             head = http11.encode_response_head(101, list(headers))
         except http11.FramingError as exc:
             raise conn._framing_error(exc) from None
+        self.head_sent = True
         await conn._write(head)
         conn.switched = True
         return conn.stream, bytes(conn.parser.trailing)

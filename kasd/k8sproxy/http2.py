@@ -32,9 +32,9 @@ from h2trio.budget import BudgetExceededError
 from h2trio.driver import H2Driver, H2Stream
 from h2trio.lean import new_connection
 from kasd.k8sproxy.accesslog import RequestRecord
-from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Headers
+from kasd.k8sproxy.exchange import CONNECTION_LOST, ClientGone, ClientRequest, Headers
 from kasd.k8sproxy.frontend import FrontEndContext
-from kasd.k8sproxy.status import ProxyError
+from kasd.k8sproxy.status import ProxyError, status_body, status_headers
 from netio.fastio import peer_host
 
 log = logging.getLogger("kasd.k8sproxy")
@@ -245,6 +245,11 @@ class Http2Connection:
             with ex.scope:
                 h2s.cancel_when_broken(ex.scope)
                 await self.port.serve(ex, refusal=refusal, log_dropped=False, done=records.append)
+        except CONNECTION_LOST:
+            ex.aborted = True  # this stream alone is reset; the connection's reader sees what broke
+        except Exception as exc:  # past the pipeline's own net (a bug): this stream alone ends
+            self.port.unexpected.report(exc, "HTTP/2 request failed unexpectedly peer=%s stream=%d", self.peer, h2s.stream_id)
+            await _answer_failure(ex)
         finally:
             self._request_done(ex, records[0] if records else None)
             if ex.client_gone or ex.aborted:
@@ -253,6 +258,21 @@ class Http2Connection:
             else:
                 h2s.close()
 
+
+
+async def _answer_failure(ex: _H2Exchange) -> None:
+    """A 500 Status for a request a bug ended, if no head went out yet; else its stream is reset."""
+    if ex.head_sent or ex.client_gone:
+        ex.aborted = True
+        return
+    body = status_body(500, "kasd failed to serve this request: an internal error")
+    with trio.move_on_after(1) as scope:
+        try:
+            await ex.respond(500, status_headers(body), body, end=True)
+        except ClientGone:
+            ex.aborted = True
+    if scope.cancelled_caught:
+        ex.aborted = True
 
 
 def _quote(text: str) -> str:
@@ -275,6 +295,8 @@ class _H2Exchange:
         self.scope = trio.CancelScope()
         #: we reset the stream (its answer could not be completed), not the client
         self.aborted = False
+        #: a response head went out (or began to): too late for another answer
+        self.head_sent = False
         self._gone = False
 
     @property
@@ -303,6 +325,7 @@ class _H2Exchange:
         return  # the connection's reader notices a reset and cancels the exchange
 
     async def respond(self, status: int, headers: Headers, body: bytes, *, end: bool) -> None:
+        self.head_sent = True
         try:
             await self.h2s.send_headers([(":status", str(status)), *headers], end_stream=end and not body)
             if body:

@@ -26,7 +26,7 @@ from prometheus_client import Counter
 
 from daemonkit.logs import BurstLimitedLog
 from kasd.k8sproxy.accesslog import RequestRecord, logfmt
-from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Exchange
+from kasd.k8sproxy.exchange import CONNECTION_LOST, ClientGone, ClientRequest, Exchange
 from kasd.k8sproxy.principals import PrincipalRequests
 from kasd.k8sproxy.requestinfo import request_info
 from kasd.k8sproxy.status import ProxyError, status_body, status_headers
@@ -151,6 +151,8 @@ class _Transfer:
     gone: bool = False
     #: the last write of the answer is under way: the client leaving now must not cut it
     ending: bool = False
+    #: what the reader task failed with, unexpectedly (the request then ends as the pipeline's own failure)
+    failure: Exception | None = None
 
 
 class RequestPipeline:
@@ -174,6 +176,8 @@ class RequestPipeline:
         self.drain = drain if drain is not None else Drain()
         #: a retry line per request the agent did not take: a burst when an agentd goes away
         self._retry_log = BurstLimitedLog(log, interval=10.0)
+        #: exceptions nobody expected (a bug): each answers its own request 500, in a rate-limited line
+        self.unexpected = metrics.unexpected_errors("kubernetes_api", log)
 
     async def serve(
         self,
@@ -202,6 +206,10 @@ class RequestPipeline:
         held = ExitStack()  # what the request holds until it is over (its principal's slot)
         try:
             await self._serve(ex, record, refusal, held)
+        except CONNECTION_LOST:  # a connection broke under the front end, which ends it quietly
+            raise
+        except Exception as exc:  # a bug: it ends this request alone, answered if it still can be
+            await self._fail(ex, record, exc)
         finally:
             held.close()
             if ex.client_gone and not record.answered and record.outcome != "upstream-broken":
@@ -342,6 +350,15 @@ class RequestPipeline:
             if t.reader is not None:
                 t.reader.scope.cancel()
                 await t.reader.done.wait()
+            if t.failure is not None:
+                raise t.failure  # the reader's bug: answered (or cut) in serve, like one of this task's
+        except Exception:
+            with trio.move_on_after(1, shield=True):
+                if t.reader is not None:  # it reads the client: stopped before serve answers there
+                    t.reader.scope.cancel()
+                    await t.reader.done.wait()
+                await t.stream.reset(ErrorCode.INTERNAL_ERROR, "kasd failed to serve the request")
+            raise
         finally:
             metrics.active_streams.dec()
             if (t.gone or ex.client_gone) and not t.record.answered:
@@ -372,6 +389,9 @@ class RequestPipeline:
             t.gone = True
             if not t.ending:
                 t.scope.cancel()
+        except Exception as exc:  # a bug: never out into the connection's nursery (its other requests)
+            t.failure = exc
+            t.scope.cancel()
         finally:
             reader.done.set()
 
@@ -501,6 +521,7 @@ class RequestPipeline:
                 break  # not here yet, or an error the loop below reports
             if not data:
                 t.ending = True
+                record.head_sent = True
                 await ex.respond(head.status, headers, b"".join(out), end=True)
                 record.bytes_out += size
                 record.answered = True
@@ -510,6 +531,7 @@ class RequestPipeline:
                 boundary.feed(data)
             size += len(data)
             bytes_from_agent.inc(len(data))
+        record.head_sent = True
         await ex.respond(head.status, headers, b"".join(out), end=False)
         record.bytes_out += size
         if t.reader is None:
@@ -522,11 +544,32 @@ class RequestPipeline:
         await ex.end()
         record.answered = True
 
+    async def _fail(self, ex: Exchange, record: RequestRecord, exc: Exception) -> None:
+        """An unexpected exception while serving ``ex``: one rate-limited ERROR line (no message, which
+        could quote the request), and the client answered ``500`` if no head went out yet, else shown
+        a cut answer (a reset stream on HTTP/2: never the connection's other requests)."""
+        self.unexpected.report(exc, "request failed unexpectedly request_id=%s method=%s peer=%s",
+                               record.request_id, record.method, record.peer)
+        sent = record.head_sent
+        record.outcome = "internal-error"
+        if sent or ex.client_gone:
+            ex.abort()
+            return
+        failure = ProxyError(500, f"kasd failed to serve this request: an internal error (request id {record.request_id})")
+        try:
+            await self._send_status(ex, failure, record)
+        except ClientGone:
+            pass
+        except Exception:  # the front end cannot answer it either: cut it, and say so once above
+            ex.abort()
+        record.outcome = "internal-error"
+
     async def _send_status(self, ex: Exchange, exc: ProxyError, record: RequestRecord) -> None:
         body = status_body(exc.status, exc.message)
         headers = [*status_headers(body, exc.headers), ("x-request-id", record.request_id)]
         record.status = exc.status
         record.outcome = "error"
+        record.head_sent = True
         await ex.send_error(exc.status, headers, body)
         record.bytes_out += len(body)
         record.answered = True
@@ -535,6 +578,7 @@ class RequestPipeline:
         """``101``: from here on, the client connection and the logical stream are one byte pipe."""
         stream, record = t.stream, t.record
         headers = [*clean_response_headers(raw_headers, switching=True), ("x-request-id", record.request_id)]
+        record.head_sent = True
         client, early = await t.ex.upgrade(headers)
         to_agent = self.metrics.bytes_to_agent
         from_agent = self.metrics.bytes_from_agent

@@ -12,6 +12,7 @@ import trio
 from daemonkit.logs import BurstLimitedLog
 from h2trio.budget import ResetBuckets
 from kasd.config import KubernetesAPIListener
+from kasd.k8sproxy.exchange import CONNECTION_LOST
 from kasd.k8sproxy.frontend import FrontEndContext
 from kasd.k8sproxy.http1 import Http1Connection
 from kasd.k8sproxy.http2 import Http2Connection
@@ -60,6 +61,7 @@ class ProxyServer:
             serve=pipeline.serve,
             count_rejected=self.count_rejected,
             reset_buckets=reset_buckets if reset_buckets is not None else ResetBuckets(settings.http2.reset_limit),
+            unexpected=pipeline.unexpected,
         )
         self.connections = 0
         self._no_connections = trio.Event()
@@ -95,10 +97,10 @@ class ProxyServer:
         peer = peer_name(stream)
         try:
             await self._serve(stream, peer)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError) as exc:
+        except CONNECTION_LOST as exc:
             log.debug("proxy connection ended peer=%s error=%r", peer, exc)
-        except Exception:  # one bad connection must never take the listener down
-            log.exception("proxy connection failed peer=%s", peer)
+        except Exception as exc:  # one bad connection must never take the listener down
+            self.port.unexpected.report(exc, "proxy connection failed unexpectedly peer=%s", peer)
         finally:
             with trio.move_on_after(1, shield=True):
                 await stream.aclose()

@@ -96,6 +96,10 @@ def test_in_cluster_is_the_default_inside_a_pod(files: Path) -> None:
         (["--connections", "many"], "--connections: expected a whole number, got 'many'"),
         (["--connections", "0"], "--connections: must be between 1 and 64"),
         (["--health-address", "localhost"], "--health-address: expected HOST:PORT"),
+        # digits str.isdigit() takes and int() refuses, or reads as others: each named, never a traceback
+        (["--health-address", "h:\u00b2"], "--health-address: expected HOST:PORT .*port '\u00b2' is not a number"),
+        (["--health-address", "h:" + "8" * 5000], "--health-address: expected HOST:PORT .*port '8+'… is too long"),
+        (["--connections", "\u0663"], "--connections: expected a whole number"),
         (["--log-level", "loud"], "--log-level: must be one of"),
         (["--kas-ca-file", "/nonexistent/ca.pem"], "CA file /nonexistent/ca.pem does not exist"),
         (["--in-cluster"], "choose one way to reach the API server"),

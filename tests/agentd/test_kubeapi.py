@@ -57,6 +57,7 @@ def test_in_cluster_ipv6_and_default_port(tmp_path: Path, ca: trustme.CA) -> Non
     [
         ({}, None, "KUBERNETES_SERVICE_HOST is not set"),
         ({"KUBERNETES_SERVICE_HOST": "h", "KUBERNETES_SERVICE_PORT": "x"}, None, "not a port"),
+        ({"KUBERNETES_SERVICE_HOST": "h", "KUBERNETES_SERVICE_PORT": "\u00b2"}, None, "not a port"),
         ({"KUBERNETES_SERVICE_HOST": "h"}, "ca.crt", "no CA certificate"),
         ({"KUBERNETES_SERVICE_HOST": "h"}, "token", "no service account token"),
     ],

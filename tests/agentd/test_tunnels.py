@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import ssl
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -340,3 +342,25 @@ async def test_client_leaving_an_open_pipe_is_client_gone(nursery: trio.Nursery,
         with trio.fail_after(5):
             await requests.first.wait()
     assert requests.outcomes() == [(101, "client-gone")]
+
+
+async def test_a_stream_whose_handler_fails_unexpectedly_is_reset_in_one_line(
+        nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from agentd.proxy import KubeApiProxy
+
+    async def broken(self: KubeApiProxy, stream: Any) -> None:
+        raise RuntimeError(f"bug while serving {stream.metadata}")
+
+    monkeypatch.setattr(KubeApiProxy, "handle", broken)
+    write_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:1")
+    kasd = await start_fake_kasd(nursery)
+    config = agent_config(tmp_path, kasd.url)
+    async with running_agent(nursery, config, kubeconfig_target(config.kubeconfig)):
+        session = await kasd.session()
+        for i in range(3):
+            with pytest.raises(trio.BrokenResourceError):
+                await open_request(session, head("GET", f"/api/secret-{i}"))
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and not errors[0].exc_info and "RuntimeError" in errors[0].getMessage()
+    assert "secret-" not in caplog.text

@@ -330,6 +330,8 @@ def _payload(key: SigningKey, **changes: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize("changes", [
     {"job_id": "42"}, {"job_id": True}, {"job_id": 0}, {"job_id": None}, {"pipeline_id": 7.0},
+    # past a signed 64-bit integer: what no database or Redis key of a job can hold
+    {"job_id": 2**63}, {"pipeline_id": 10**30}, {"project_id": 2**64},
     {"project_path": "no-group"}, {"project_path": None}, {"user_login": ""}, {"ref_type": "commit"},
     {"ref_protected": "true"}, {"deployment_tier": "prod"}, {"environment": None},
     {"exp": None}, {"exp": "never"}, {"exp": 1e30}, {"iat": None}, {"nbf": True}, {"jti": None},

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from daemonkit.logs import BurstLimitedLog
+from daemonkit.logs import BurstLimitedLog, UnexpectedErrors
 
 
 class Clock:
@@ -68,3 +68,32 @@ def test_keys_are_bounded(caplog: pytest.LogCaptureFixture, clock: Clock) -> Non
     assert len(burst._held) <= 4
     # every held line was counted when its key was pushed out
     assert sum(1 for line in _lines(caplog) if line.endswith("suppressed=1")) == 96
+
+
+def _fail(where: str, secret: str) -> Exception:
+    try:
+        if where == "int":
+            int(secret)
+        raise KeyError(secret)
+    except Exception as exc:  # a test's stand-in for a bug
+        return exc
+
+
+def test_unexpected_errors_are_one_line_per_kind_without_their_message(caplog: pytest.LogCaptureFixture,
+                                                                       clock: Clock) -> None:
+    caplog.set_level(logging.INFO)
+    counted = {"errors": 0, "suppressed": 0}
+    unexpected = UnexpectedErrors(logging.getLogger("test.burst"), interval=60, clock=clock,
+                                  on_error=lambda: counted.__setitem__("errors", counted["errors"] + 1),
+                                  on_suppressed=lambda: counted.__setitem__("suppressed", counted["suppressed"] + 1))
+    for _ in range(100):
+        unexpected.report(_fail("int", "ci:²:secret"), "request failed id=%s", 1)
+    unexpected.report(_fail("key", "secret"), "request failed id=%s", 2)  # another kind: its own line
+    clock.now += 60
+    unexpected.report(_fail("int", "ci:²:secret"), "request failed id=%s", 3)
+    lines = _lines(caplog)
+    assert len(lines) == 3 and all(r.levelno == logging.ERROR and not r.exc_info for r in caplog.records)
+    assert lines[0].startswith("request failed id=1 error=ValueError trace=\"test_logs.py:")
+    assert "_fail" in lines[0] and "KeyError" in lines[1] and lines[2].endswith("suppressed=99")
+    assert "secret" not in caplog.text
+    assert counted == {"errors": 102, "suppressed": 99}

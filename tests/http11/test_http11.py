@@ -207,8 +207,10 @@ def test_counted_bodies_are_held_to_their_content_length() -> None:
         writer.data(b"defgh")
     with pytest.raises(FramingError, match="2 bytes short"):
         writer.end()
-    with pytest.raises(FramingError, match="Content-Length"):
-        BodyWriter.for_headers([("content-length", "-1")])
+    # what int() takes but a client would read otherwise (or not at all) is no length either
+    for bad in ("-1", " 5", "5_0", "+5", "\u00b2", "5" * 5000):
+        with pytest.raises(FramingError, match="Content-Length"):
+            BodyWriter.for_headers([("content-length", bad)])
 
 
 @given(st.lists(st.binary(max_size=300), max_size=6), st.lists(st.integers(min_value=0, max_value=2000), max_size=6))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kasctl.kubeconfig import KubeconfigError, build
 from kasctl.stack import AGENT_ID, CONFIG_PROJECT, OFFLINE_AGENT_ID, Stack, find_kubectl
 
 pytestmark = pytest.mark.timeout(120)
@@ -70,3 +71,10 @@ def test_mistakes_are_one_line_without_the_token(stack: Stack, change: dict[str,
     assert result.returncode == code and message in result.stderr, result.stderr
     assert result.stdout == "" and result.stderr.count("\n") == 1
     assert stack.job_token not in result.stderr
+
+
+@pytest.mark.parametrize("agent_id", ["7", True, 2**63, -1, None])
+def test_an_answer_whose_agent_id_is_not_an_id_is_refused_naming_it(agent_id: object) -> None:
+    answer = {"allowed_agents": [{"id": agent_id, "config_project": {"path_with_namespace": "group/infra"}}]}
+    with pytest.raises(KubeconfigError, match="kasd's answer is not what kasctl expects: agent id"):
+        build(answer, "https://kasd.test:8154", "job-token", None)

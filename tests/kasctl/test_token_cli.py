@@ -171,6 +171,9 @@ def test_no_key_at_all_says_where_one_comes_from() -> None:
     (["--environment-tier", "development"], "--environment-tier needs --environment"),
     (["--environment", "review/x", "--environment-tier", "prod"], "--environment-tier"),
     (["--project-id", "0"], "--project-id"),
+    # ids are what kasd and GitLab hold: ASCII digits, at most 2**63-1
+    (["--job-id", "9" * 20], "--job-id: must be a positive whole number of at most 19 digits"),
+    (["--pipeline-id", "\u00b2"], "--pipeline-id: must be a positive whole number of at most 19 digits"),
 ])
 def test_bad_job_flags_are_refused(keys: Path, extra: list[str], message: str) -> None:
     _refused(kasctl("token", "ci", "--key", str(keys / "jobtoken-signing.pem"), *JOB, *extra, "--ttl", "1h"),

@@ -77,7 +77,7 @@ def test_two_agents_with_one_token_are_a_configuration_error(tmp_path: Path) -> 
         ([], {"KASD_AGENT_WAIT_TIMEOUT": "abc"}, "KASD_AGENT_WAIT_TIMEOUT: agent_wait_timeout: 'abc' is not a number of seconds"),
         (["--shutdown-timeout", "-1"], {}, "--shutdown-timeout: shutdown_timeout: must be greater than 0 seconds, got -1.0"),
         (["--agent-address", "nonsense"], {}, "--agent-address: listeners.agent.address: 'nonsense' is not host:port (e.g. 0.0.0.0:8154)"),
-        ([], {"KASD_OBSERVABILITY_ADDRESS": "h:x"}, "KASD_OBSERVABILITY_ADDRESS: listeners.observability.address: port 'x' is not a number"),
+        ([], {"KASD_OBSERVABILITY_ADDRESS": "h:x"}, "KASD_OBSERVABILITY_ADDRESS: listeners.observability.address: port 'x' is not a number (ASCII digits 0-9 only)"),
         ([], {"KASD_LOG_LEVEL": "loud"}, "KASD_LOG_LEVEL: log_level: must be one of debug, info, warning, error, got 'loud'"),
         ([], {"KASD_KUBERNETES_API_STRIP_REQUEST_HEADERS": "x-a,bad name"},
          "KASD_KUBERNETES_API_STRIP_REQUEST_HEADERS: listeners.kubernetes_api.strip_request_headers[1]: "

@@ -18,6 +18,7 @@ import trio
 
 from daemonkit.logs import BurstLimitedLog
 from kasd.k8sproxy import http2 as proxy_http2
+from kasd.k8sproxy.pipeline import RequestPipeline
 from tests.kasd.helpers import (
     CI_TOKEN,
     bearer,
@@ -27,7 +28,7 @@ from tests.kasd.helpers import (
     reply,
     running_kasd,
 )
-from tunnelhttp.head import RequestHead
+from tunnelhttp.head import RequestHead, ResponseHead
 from wire import h2carrier
 from wire.session import MuxStream, Session
 
@@ -469,3 +470,59 @@ async def test_a_malformed_method_starts_no_request(caplog: pytest.LogCaptureFix
 
 
 __all__ = ["HostileClient", "data_frame_header"]
+
+
+async def test_an_agent_id_int_refuses_is_a_401_and_a_watch_beside_it_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    more = trio.Event()
+
+    async def watch(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        await stream.receive_some()
+        await stream.accept(ResponseHead(status=200, headers=(("content-type", "application/json"),)).to_metadata())
+        await stream.send_all(b'{"type": "ADDED"}\n')
+        await more.wait()
+        await stream.send_all(b'{"type": "MODIFIED"}\n')
+        await stream.send_eof()
+
+    async with running_kasd() as kasd, fake_agent(kasd, watch):
+        client = await HostileClient.connect(kasd.port("kubernetes_api"))
+        await client.send(client.request(1, "/api/v1/pods?watch=1", extra=[bearer(CI_TOKEN)]))
+        assert await client.status(1) == 200
+        for stream_id, agent_id in ((3, b"\xb2"), (5, b"7" * 5000)):
+            head = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"k"), (b":path", b"/api"),
+                    (b"authorization", b"Bearer ci:" + agent_id + b":x")]
+            await client.send(client.headers(stream_id, head))  # type: ignore[arg-type]
+            assert await client.status(stream_id) == 401
+        more.set()
+        while not any(isinstance(f, hf.DataFrame) and f.stream_id == 1 and "END_STREAM" in f.flags for f in client.frames):
+            assert await client.read(), "connection closed"
+        watched = b"".join(bytes(f.data) for f in client.frames if isinstance(f, hf.DataFrame) and f.stream_id == 1)
+        assert watched == b'{"type": "ADDED"}\n{"type": "MODIFIED"}\n'
+        assert not [f for f in client.frames if isinstance(f, (hf.RstStreamFrame, hf.GoAwayFrame))]
+        answers = [bytes(f.data) for f in client.frames if isinstance(f, hf.DataFrame) and f.stream_id in (3, 5)]
+        assert b"is not a number" in answers[0] and b"is too long" in answers[1]
+        await client.aclose()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+async def test_a_request_that_escapes_the_pipeline_is_a_500_and_its_neighbours_go_on(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # The front end's own net, behind the pipeline's: a bug there still ends one stream only.
+    serve = RequestPipeline.serve
+
+    async def buggy(self: RequestPipeline, ex: Any, **kw: Any) -> None:
+        if ex.request.target == "/boom":
+            raise RuntimeError("bug")
+        await serve(self, ex, **kw)
+
+    monkeypatch.setattr(RequestPipeline, "serve", buggy)
+    async with running_kasd() as kasd, fake_agent(kasd):
+        client = await HostileClient.connect(kasd.port("kubernetes_api"))
+        await client.send(client.request(1, extra=[bearer(CI_TOKEN)]),
+                          *(client.request(i, "/boom", extra=[bearer(CI_TOKEN)]) for i in (3, 5, 7)))
+        assert [await client.status(i) for i in (1, 3, 5, 7)] == [200, 500, 500, 500]
+        await client.send(client.request(9, extra=[bearer(CI_TOKEN)]))
+        assert await client.status(9) == 200
+        assert not [f for f in client.frames if isinstance(f, (hf.RstStreamFrame, hf.GoAwayFrame))]
+        await client.aclose()
+    assert len([r for r in caplog.records if r.levelno >= logging.ERROR]) == 1

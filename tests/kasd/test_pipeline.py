@@ -4,6 +4,7 @@ side is a real wire session over memory streams. No socket, no listener, no fron
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -28,6 +29,7 @@ from kasd.seams import (
 )
 from routing.local import LocalRouter, Tunnel, TunnelRegistry
 from tunnelhttp.head import Impersonation, RequestHead, ResponseHead, TunnelCode
+from wire.errors import ErrorCode
 from wire.frames import Metadata
 from wire.session import MuxStream, Session, StreamRefusedError, connect_session
 from wire.settings import Limits
@@ -505,3 +507,87 @@ async def test_unreachable_with_no_other_session_is_the_agents_502_at_once() -> 
     assert ex.status == 502
     assert ex.json()["message"] == "cluster API unreachable from agent 1: dial tcp 10.0.0.1:443: connect: connection refused"
     assert router.avoided == [frozenset(), frozenset({kasd_side})]  # asked for another; there was none
+
+
+class BrokenAuthority(FakeAuthority):
+    """An authority with a bug: every request raises what nobody expected, quoting the token."""
+
+    async def authorize(self, credentials: Credentials, agent_id: int) -> Grant:
+        raise RuntimeError(f"bug while looking at {credentials.secret}")
+
+
+async def test_an_unexpected_exception_is_a_500_and_one_error_line_for_many_requests(
+        caplog: pytest.LogCaptureFixture) -> None:
+    metrics = Metrics(TunnelRegistry())
+    proxy = RequestPipeline(BrokenAuthority(), FakeRouter(), metrics)
+    async with trio.open_nursery() as nursery:  # the connection's: it must outlive every failure
+        for _ in range(50):
+            ex = FakeExchange(request("ci:1:secret-token-value"), nursery)
+            await proxy.serve(ex)
+            assert ex.status == 500 and ex.ended
+            body = ex.json()
+            assert body["kind"] == "Status" and body["reason"] == "InternalError" and body["code"] == 500
+            assert ("x-request-id", body["message"].rsplit(" ", 1)[-1].rstrip(")")) in ex.headers
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and not errors[0].exc_info
+    line = errors[0].getMessage()
+    assert "error=RuntimeError" in line and "authorize" in line  # what and where, in one line
+    assert "secret-token-value" not in caplog.text
+    assert metrics.internal_errors.labels(port="kubernetes_api")._value.get() == 50
+    assert metrics.internal_error_lines_suppressed.labels(port="kubernetes_api")._value.get() == 49
+
+
+async def test_a_body_reader_that_fails_unexpectedly_ends_its_request_alone() -> None:
+    async with agent_session() as (kasd_side, agent_side), trio.open_nursery() as nursery:
+        reset = trio.Event()
+
+        async def agent() -> None:
+            stream = await agent_side.accept_stream()
+            broken = await stream.wait_broken()
+            assert getattr(broken, "code", None) == ErrorCode.INTERNAL_ERROR
+            reset.set()
+
+        class FailingBody(FakeExchange):
+            async def receive_body(self) -> bytes:
+                await trio.lowlevel.checkpoint()
+                raise RuntimeError("bug in the front end")
+
+        nursery.start_soon(agent)
+        ex = FailingBody(request(has_body=True), nursery, body=[b"x"])
+        with trio.fail_after(5):
+            await pipeline(FakeRouter(kasd_side)).serve(ex)
+            await reset.wait()
+    assert ex.status == 500 and ex.ended  # the connection's nursery did not end with it
+
+
+async def test_a_failure_while_the_body_is_read_stops_the_reader_before_serve_returns() -> None:
+    # Whoever answers the client next (the 500, the front end) must be alone in reading it.
+    async with agent_session() as (kasd_side, agent_side), trio.open_nursery() as nursery:
+        reading = trio.Event()
+
+        async def agent() -> None:
+            stream = await agent_side.accept_stream()
+            await stream.accept(ResponseHead(status=200, headers=()).to_metadata())
+            await stream.send_all(b"early answer")
+
+        class SlowBody(FakeExchange):
+            reader_busy = False
+
+            async def receive_body(self) -> bytes:
+                self.reader_busy = True
+                reading.set()
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    self.reader_busy = False
+                raise AssertionError("unreachable")
+
+            async def respond(self, status: int, headers: Headers, body: bytes, *, end: bool) -> None:
+                await reading.wait()
+                raise RuntimeError("bug in the front end")
+
+        nursery.start_soon(agent)
+        ex = SlowBody(request(has_body=True), nursery, body=[b"x"])
+        with trio.fail_after(5):
+            await pipeline(FakeRouter(kasd_side)).serve(ex)
+        assert ex.aborted and not ex.reader_busy

@@ -6,10 +6,12 @@ import hashlib
 import json
 import logging
 import re
+from typing import Any
 
 import pytest
 import trio
 
+from kasd.k8sproxy.pipeline import RequestPipeline
 from tests.kasd.helpers import (
     CI_IMPERSONATION,
     CI_SECRET,
@@ -469,3 +471,44 @@ async def test_the_audit_line_says_who_as_whom_what_and_where_and_never_the_toke
     assert "agent=- subject=user:alice access_as=- as_user=- as_groups=- verb=list namespace=- status=403" in refused
     for secret in (CI_SECRET, PAT_SECRET, "labelSelector"):
         assert secret not in caplog.text
+
+
+# An agent id str.isdigit() takes and int() refuses: '²' (one latin-1 byte of the header), and more
+# digits than int() reads. Each is a 401 naming the problem, on a connection that goes on serving.
+STRANGE_AGENT_IDS = [(b"\xb2", "is not a number"), (b"7" * 5000, "is too long")]
+
+
+async def test_an_agent_id_int_refuses_is_a_401_on_a_connection_that_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    async with running_kasd() as kasd, fake_agent(kasd) as agent:
+        client = await H1Client.connect(kasd.port("kubernetes_api"))
+        for agent_id, problem in STRANGE_AGENT_IDS:
+            await client.request("GET", "/api", [("authorization", b"Bearer ci:" + agent_id + b":x")])  # type: ignore[list-item]
+            response = await client.response()
+            body = json.loads(await client.body())
+            assert response.status_code == 401 and (b"connection", b"close") not in response.headers
+            assert body["kind"] == "Status" and body["reason"] == "Unauthorized"
+            assert "bad token: agent id" in body["message"] and problem in body["message"]
+            assert len(body["message"]) < 200
+            client.conn.start_next_cycle()
+        await client.request("GET", "/api", [bearer(CI_TOKEN)])
+        assert (await client.response()).status_code == 200
+        await client.body()
+        await client.aclose()
+    assert len(agent.heads) == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+async def test_a_request_that_escapes_the_pipeline_is_a_500_then_a_close(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # The front end's own net, behind the pipeline's: a bug there is answered, in one line.
+    async def buggy(self: RequestPipeline, ex: Any, **kw: Any) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(RequestPipeline, "serve", buggy)
+    async with running_kasd() as kasd:
+        for _ in range(3):
+            reply_ = await http_request(kasd.port("kubernetes_api"), "GET", "/api", [bearer(CI_TOKEN)])
+            assert reply_.status == 500 and reply_.headers["connection"] == "close"
+            assert _status(reply_)["reason"] == "InternalError"
+    assert len([r for r in caplog.records if r.levelno >= logging.ERROR]) == 1

@@ -5,6 +5,7 @@ lands on a replica without the agent's tunnel crosses one hop to the replica tha
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import h11
@@ -14,7 +15,7 @@ import trio.testing
 
 from kasd.server import Runtime
 from routing.errors import PeerUnreachable
-from routing.peers import PEER_PATH, forward_metadata
+from routing.peers import PEER_PATH, PeerForwarder, forward_metadata
 from tests.kasd.helpers import (
     CI_TOKEN,
     H1Client,
@@ -289,3 +290,24 @@ async def test_readiness_is_degraded_but_200_while_redis_is_away(tmp_path: Path)
         world.set_healthy(True)
         assert a.health.readiness() == (200, b"ready\n")
         assert _metric(a, "kasd_redis_up") == 1
+
+
+async def test_a_forwarded_request_that_fails_unexpectedly_is_reset_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    async def broken(self: PeerForwarder, peer: MuxStream, agent: MuxStream, metadata: object) -> None:
+        raise RuntimeError(f"bug while relaying {metadata}")
+
+    async def unanswered(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        return  # the holder never relays: nothing to answer
+
+    monkeypatch.setattr(PeerForwarder, "_relay", broken)
+    world = MemoryWorld()
+    with trio.fail_after(10):
+        async with running_replicas(world, [replica_config(tmp_path)] * 2) as (a, b), fake_agent(a, unanswered):
+            for i in range(3):
+                reply_ = await http_request(b.port("kubernetes_api"), "GET", f"/api/v1/secret-{i}", [bearer(CI_TOKEN)])
+                assert reply_.status == 502, reply_.body
+            assert _metric(a, 'kasd_internal_errors_total{port="private"}') == 3
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and not errors[0].exc_info and "RuntimeError" in errors[0].getMessage()
+    assert "secret-" not in " ".join(r.getMessage() for r in errors)

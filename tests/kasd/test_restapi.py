@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from kasd.config import Config
-from kasd.restapi import ALLOWED_AGENTS_PATH
+from kasd.restapi import ALLOWED_AGENTS_PATH, RestApi
 from tests.kasd.helpers import (
     AUTH,
     CI_SECRET,
@@ -211,3 +211,18 @@ async def test_the_api_stays_an_asgi_app_any_asgi_server_can_serve() -> None:
         reply = await http_request(port, "GET", f"{ALLOWED_AGENTS_PATH}?job_token={CI_SECRET}")
         nursery.cancel_scope.cancel()
     assert reply.status == 200 and [a["id"] for a in json.loads(reply.body)["allowed_agents"]] == [1, 2]
+
+
+async def test_an_unexpected_exception_is_a_500_in_gitlabs_words_and_one_error_line(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    def broken(self: RestApi, method: str, path: str, job_token: str | None) -> Any:
+        raise RuntimeError(f"bug while looking at {job_token}")
+
+    monkeypatch.setattr(RestApi, "answer", broken)
+    async with running_kasd(_config()) as kasd:
+        for _ in range(5):
+            assert await _get(kasd.port("api"), ALLOWED_AGENTS_PATH, [("job-token", CI_SECRET)]) \
+                == (500, {"message": "500 Internal Server Error"})
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and not errors[0].exc_info and "error=RuntimeError" in errors[0].getMessage()
+    assert CI_SECRET not in caplog.text

@@ -395,3 +395,14 @@ async def test_an_answer_read_before_the_subscription_is_never_kept(redis_server
         await eventually(lambda: _sync(lambda: b"a:1" in redis_server.command("HGETALL", "kasd:tunnels:{6}")), 2)
         assert await b.holders(6) == {"a:1"}
         nursery.cancel_scope.cancel()
+
+
+async def test_a_change_notice_naming_no_valid_agent_id_is_ignored(redis_url: str) -> None:
+    # '²' passes str.isdigit() and fails int(); so does a 5,000-digit id: the listener goes on.
+    async with replicas(redis_url, ["a:1"]) as r, open_redis(redis_url) as client:
+        directory = r["a:1"].directory
+        changed = directory.changed(7)
+        for junk in ("² + x:1", "7" * 5000 + " + x:1", "007 + x:1", "7 + x:1"):
+            await client.publish(directory.channel, junk)
+        with trio.fail_after(2):
+            await changed.wait()

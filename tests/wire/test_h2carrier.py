@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -275,3 +276,24 @@ async def test_a_few_rejected_tunnel_requests_then_goaway(nursery: trio.Nursery)
     assert statuses == ["401", "401", "401"]
     assert terminated[0].error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
     assert await _read_until_closed(stream) == b""
+
+
+async def test_a_handler_that_fails_unexpectedly_ends_its_connection_in_one_line(
+        nursery: trio.Nursery, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    failed = trio.Semaphore(0)
+
+    async def broken(self: TunnelServer, session: Session, principal: Any) -> None:
+        failed.release()
+        raise RuntimeError(f"bug while serving {principal}")
+
+    monkeypatch.setattr(TunnelServer, "handler", broken)
+    server = await _start(nursery)
+    for _ in range(3):
+        async with open_h2_session(f"http://127.0.0.1:{server.port}/tunnel", token=TOKEN) as session:
+            with trio.fail_after(5):
+                await failed.acquire()
+                await session.wait_closed()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and not errors[0].exc_info
+    assert "RuntimeError" in errors[0].getMessage() and "broken" in errors[0].getMessage()
+    assert "agent_id" not in caplog.text  # the exception's message is never written
