@@ -23,6 +23,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 from urllib.parse import quote, unquote
@@ -38,6 +39,8 @@ from kasd.authz.jobinfo import ALLOWED_AGENTS_PATH, allowed_agents_response
 from kasd.authz.snapshot import Denied, Snapshot
 from kasd.k8sproxy.accesslog import logfmt
 from kasd.managed import Provisioner, ProvisionError
+from kasd.store.protocol import StoreError
+from kasd.store.revocation import Revocations
 
 log = logging.getLogger("kasd.api")
 
@@ -48,6 +51,16 @@ STOP_PATH = "/api/v4/projects/{project}/environments/{environment}/stop"
 def stop_path(project: str, environment: str) -> str:
     """``STOP_PATH`` for a project path (or id) and environment name, each percent-encoded."""
     return STOP_PATH.format(project=quote(project, safe=""), environment=quote(environment, safe=""))
+
+#: GitLab's "update a job" call, which its runner makes when a job ends (``PUT /api/v4/jobs/:id``,
+#: authorized by the job's own token): kasd records the job as finished (``kasctl token revoke``)
+FINISH_PATH = "/api/v4/jobs/{job_id}"
+#: the longest job id in a path (a 64-bit id has 19 digits)
+_MAX_ID_DIGITS = 19
+
+
+def finish_path(job_id: int) -> str:
+    return FINISH_PATH.format(job_id=job_id)
 
 #: largest request head hypercorn accepts on this port
 MAX_HEAD_BYTES = 16 * 1024
@@ -65,18 +78,22 @@ class RestApi:
     """The ASGI app. ``snapshot()`` is the authorization in force now (reloads included)."""
 
     def __init__(self, snapshot: Callable[[], Snapshot], provisioner: Provisioner | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, revocations: Revocations | None = None) -> None:
         self._snapshot = snapshot
         self._provisioner = provisioner
         self._clock = clock
+        self._revocations = revocations
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # (no lifespan: served without hypercorn's worker)
             return
         job_token = _header(scope, b"job-token")
         stop = _stop_path(bytes(scope.get("raw_path") or scope["path"].encode()))
+        finish = _finish_path(scope["path"]) if self._revocations is not None else None
         if stop is not None:
             status, body = await self.stop_environment(scope["method"], *stop, job_token)
+        elif finish is not None:
+            status, body = await self.finish_job(scope["method"], finish, job_token)
         else:
             status, body = self.answer(scope["method"], scope["path"], job_token)
         payload = json.dumps(body, separators=(",", ":")).encode()
@@ -140,6 +157,48 @@ class RestApi:
         return 200, {"project": claims.project, "environment": environment, "agents": agents}
 
 
+    async def finish_job(self, method: str, job_id: int, job_token: str | None) -> tuple[int, dict[str, Any]]:
+        """``PUT /api/v4/jobs/:job_id`` with that job's own token: the job is finished, and every
+        replica refuses its tokens from now until the last of them has expired (docs/kasd.md,
+        "Finished jobs"). What the request's body says (GitLab's runner sends the job's state) is
+        not read."""
+        if method != "PUT":
+            return 405, {"message": "405 Method Not Allowed"}
+        if not job_token:
+            return 401, {"message": "401 Unauthorized: send the job's own CI job token in a Job-Token header"}
+        assert self._revocations is not None  # (the path is not served without)
+        snapshot = self._snapshot()
+        try:
+            claims = snapshot.verify_job(job_token, now=self._clock())
+        except Denied as exc:
+            return 401, {"message": f"401 Unauthorized: {exc.message}"}
+        if claims.job_id != job_id:
+            return 403, {"message": f"403 Forbidden: the job token is for job {claims.job_id}, not {job_id}"}
+        tokens = snapshot.tokens
+        try:
+            until = await self._revocations.finish(job_id, max_lifetime=tokens.max_job_lifetime.total_seconds(),
+                                                   leeway=tokens.leeway.total_seconds())
+        except StoreError as exc:
+            log.warning("job not finished: the store failed project=%s job_id=%d error=%s", logfmt(claims.project),
+                        job_id, logfmt(str(exc)))
+            return 503, {"message": f"503 Service Unavailable: the job could not be recorded as finished: {exc}"}
+        refused_until = datetime.fromtimestamp(until, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        log.info("job finished project=%s job_id=%d tokens_refused_until=%s", logfmt(claims.project), job_id,
+                 refused_until)
+        return 200, {"id": job_id, "project": claims.project, "status": "finished", "tokens_refused_until": refused_until}
+
+
+def _finish_path(path: str) -> int | None:
+    """The job id of ``/api/v4/jobs/<id>`` (ASCII digits, at most 19); None for any other path."""
+    prefix = "/api/v4/jobs/"
+    if not path.startswith(prefix):
+        return None
+    digits = path[len(prefix):]
+    if not 0 < len(digits) <= _MAX_ID_DIGITS or not digits.isascii() or not digits.isdigit() or int(digits) == 0:
+        return None
+    return int(digits)
+
+
 def _stop_path(raw_path: bytes) -> tuple[str, str] | None:
     """(project, environment) of ``/api/v4/projects/<project>/environments/<environment>/stop``,
     each percent-decoded (``group%2Fapp``, ``review%2Ffeat``); None for any other path."""
@@ -180,4 +239,4 @@ async def serve_api(app: RestApi, listeners: Sequence[trio.abc.Listener[trio.abc
     await trio.serve_listeners(handler, list(listeners), task_status=task_status)  # type: ignore[arg-type]
 
 
-__all__ = ["ALLOWED_AGENTS_PATH", "STOP_PATH", "RestApi", "serve_api", "stop_path"]
+__all__ = ["ALLOWED_AGENTS_PATH", "FINISH_PATH", "STOP_PATH", "RestApi", "finish_path", "serve_api", "stop_path"]
