@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import trio
+from coredis.tokens import PureToken
 
 from kasd.store.finished import FinishedJobs, TooManyFinishedJobs
 from kasd.store.protocol import StoreError
@@ -79,8 +80,8 @@ class RedisStore:
             raise StoreError(str(TooManyFinishedJobs(self.max_entries)))
 
     async def finished_jobs(self, now: float) -> dict[int, int]:
-        found = await self._call(self.client.zrangebyscore(self.key, math.floor(now) + 1, math.inf,
-                                                           offset=0, count=self.max_entries, withscores=True))
+        found = await self._call(self.client.zrange(self.key, math.floor(now) + 1, "+inf", sortby=PureToken.BYSCORE,
+                                                    offset=0, count=self.max_entries, withscores=True))
         return {int(member): int(score) for member, score in found}
 
     async def purge(self, now: float) -> int:
