@@ -160,6 +160,7 @@ def _ci_lines(stack: Stack) -> str:
         f"  kubectl --kubeconfig {job} auth whoami   # gitlab:ci_job:7 and its groups\n"
         f"  kubectl --kubeconfig {job} create deployment web --image=nginx   # its namespace, made on first use\n"
         f"  {kasctl} env stop --project {APP_PROJECT} --environment review/feat-x   # deletes what kasd made for it\n"
+        f"  {kasctl} token revoke   # the job is over: every kasd refuses CI_JOB_TOKEN from now on (401)\n"
         f"  CI_JOB_TOKEN=$({kasctl} token ci --project {OTHER_PROJECT} --job-id 8 --pipeline-id 3 --user demo --ref main "
         f"--ttl 1h) {kasctl} kubeconfig   # refused: no contexts\n"
     )
