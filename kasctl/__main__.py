@@ -221,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             "  kasctl token ci --key keys/jobtoken-signing.pem --project group/app --job-id 42 \\\n"
             "      --pipeline-id 7 --user alice --ref main --ttl 1h\n"
             "  kasctl token pat --key keys/jobtoken-signing.pem --user alice --ttl 30d\n"
+            "  kasctl token revoke                      # at a CI job's end: kasd refuses its token from now on\n"
             "  kasctl kubeconfig > \"$KUBECONFIG\"       # in a CI job: a context per agent it may use\n"
             "  kasctl proxy --token-file tok --server https://kas:8154   # then kubectl --server http://127.0.0.1:8001\n"
             "\n"

@@ -1,8 +1,9 @@
 """kasd's REST API port (8153, ``listeners.api``): GitLab's ``GET /api/v4/job/allowed_agents``, which
 a CI job (``Job-Token`` header) asks to learn which agents it may use — what ``kasctl kubeconfig
 --job-token`` turns into a kubeconfig — and ``POST /api/v4/projects/:project/environments/:name/stop``,
-which deletes what kasd created for an environment (``kasctl env stop``). An ASGI app served by
-hypercorn on kasd's own listeners.
+which deletes what kasd created for an environment (``kasctl env stop``), and ``PUT
+/api/v4/jobs/:id``, with which a job ends itself (``kasctl token revoke``: kasd's store records it
+as finished, ``kasd.store``). An ASGI app served by hypercorn on kasd's own listeners.
 
 The fence around hypercorn's internals (checked against hypercorn 0.18; the test
 ``tests/kasd/test_restapi.py::test_the_hypercorn_internals_kasd_relies_on`` names each):
