@@ -76,16 +76,23 @@ class FinishedJobs:
         self._changed()
         return True
 
-    def replace(self, entries: Mapping[int, int], now: float) -> None:
-        """What the store holds, read whole, replaces the map (an entry recorded while it was read
-        comes again by its notice). Lapsed entries are left out. The store keeps to the same cap;
-        should replicas racing for the last places have overfilled it, the longest-lasting are kept."""
-        live = {job: until for job, until in entries.items() if until > now}
-        if len(live) > self.max_entries:
-            live = dict(sorted(live.items(), key=lambda item: -item[1])[:self.max_entries])
-        if live != self._until:
-            self._until = live
+    def merge(self, entries: Mapping[int, int], now: float) -> dict[int, int]:
+        """What the store holds, read whole, joins the map (the later until of each job wins; an
+        entry only ever lapses, never goes, so a union is never wrong); lapsed ones are left out.
+        Returns what this map knows that ``entries`` lacks (or holds shorter): what a store that
+        lost data (a Redis restarted empty) must be told again. Entries beyond ``max_entries`` are
+        not taken (the store keeps to the same cap)."""
+        changed = False
+        for job, until in entries.items():
+            known = self._until.get(job)
+            if until > now and (known is None or until > known):
+                if known is None and len(self._until) >= self.max_entries:
+                    break
+                self._until[job] = until
+                changed = True
+        if changed:
             self._changed()
+        return {job: until for job, until in self._until.items() if until > now and entries.get(job, 0) < until}
 
     def purge(self, now: float) -> int:
         """Forget entries that lapsed by ``now``; how many."""

@@ -5,7 +5,9 @@ the hash tag keeps it on one slot of a Redis Cluster), written by one script tha
 members, keeps to the cap, adds with ``GT`` (a later until wins) and PUBLISHes ``"<job id> <until>"``
 on ``<prefix>:finished_jobs``. Every replica subscribes to that channel and records each notice in
 its ``FinishedJobs`` (within milliseconds: the 1 s promise has room); on each (re)subscription it
-reads the whole set again, so a notice missed while Redis was away is not lost. The per-request
+reads the whole set again, so a notice missed while Redis was away is not lost, and writes back
+what it knows that Redis lost (a Redis restarted empty forgets no finished job while one replica
+remembers it). The per-request
 check never talks to Redis. Redis away: revocations are refused (503) and every replica keeps
 refusing what it knew.
 """
@@ -61,8 +63,9 @@ class RedisStore:
         self.max_entries = max_entries
         self._clock = clock
         self._finish = client.register_script(_FINISH)
-        #: set once the notice channel is subscribed and the set read (tests wait on it)
-        self.listening = trio.Event()
+        #: set at the end of the next sync (the channel subscribed, or subscribed again after a
+        #: reconnect, and the set read and written back); each sync replaces it with a new one
+        self.synced = trio.Event()
 
     async def _call(self, work: Any) -> Any:
         try:
@@ -103,13 +106,19 @@ class RedisStore:
                 async with subscription(self.client, [self.channel]) as pubsub:
                     async for message in pubsub:
                         if message["type"] == "subscribe":
-                            # every notice from now on is heard: what came before is read whole
+                            # every notice from now on is heard: what came before is read whole,
+                            # and what this replica knows that Redis lost (restarted empty) is
+                            # written back (each entry a notice, so the others learn it too)
                             now = self._clock()
-                            view.replace(await self.finished_jobs(now), now)
+                            for job, until in view.merge(await self.finished_jobs(now), now).items():
+                                # (a full set refuses it: the entry stays in this replica's memory)
+                                await self._call(self._finish(keys=[self.key], args=[
+                                    job, until, math.floor(now), self.max_entries, self.channel]))
+                            synced, self.synced = self.synced, trio.Event()
+                            synced.set()
                             if away:
                                 log.info("finished jobs: Redis reachable again; %d known", len(view))
                                 away = False
-                            self.listening.set()
                             if not started:
                                 started = True
                                 task_status.started()

@@ -131,7 +131,8 @@ class SqliteStore:
     async def run(self, view: FinishedJobs, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Fill ``view`` from the file, then purge both every ``PURGE_INTERVAL`` (this process is the
         file's only writer: nothing else can change it)."""
-        view.replace(await self.finished_jobs(self._clock()), self._clock())
+        now = self._clock()
+        view.merge(await self.finished_jobs(now), now)
         task_status.started()
         while True:
             await trio.sleep(PURGE_INTERVAL)

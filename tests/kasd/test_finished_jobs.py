@@ -32,7 +32,7 @@ from tests.kasd.helpers import (
     make_config,
     running_kasd,
 )
-from tests.redisproc import RedisProcess
+from tests.redisproc import RedisCluster, RedisProcess
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -66,6 +66,9 @@ def test_a_finished_job_is_kept_until_the_latest_until_then_purged() -> None:
         jobs.record(9, 200)  # full: refused, never an old entry forgotten
     assert jobs.purge(60) == 1 and len(jobs) == 1 and jobs.record(9, 200)
     assert seen == [1, 2, 3, 4, 5]
+    # what the store holds joins the map (the later until wins); what the map knows better is returned
+    assert jobs.merge({7: 130, 9: 150, 10: 40}, now=60) == {9: 200}
+    assert (jobs.until(7, 60), jobs.until(10, 60)) == (130, None)
     # a revocation outlasts every token kasd would still accept: issued now (clocks a leeway
     # ahead), living the longest lifetime allowed, accepted a leeway past its exp
     assert finished_until(NOW, max_lifetime=DAY, leeway=60) == NOW + DAY + 120
@@ -120,6 +123,26 @@ def redis_url(redis_server: RedisProcess) -> str:
     return redis_server.url
 
 
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster")).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+def any_redis_url(request: pytest.FixtureRequest) -> str:
+    """A single Redis, and a 3-master Redis Cluster (each flushed first)."""
+    if request.param == "redis":
+        return str(request.getfixturevalue("redis_url"))
+    cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+    for node in cluster.nodes:
+        node.command("FLUSHALL")
+    return cluster.url
+
+
 @asynccontextmanager
 async def _redis_replica(url: str, nursery: trio.Nursery, *, max_entries: int = 100,
                          clock: Any = lambda: NOW) -> AsyncIterator[tuple[RedisStore, FinishedJobs]]:
@@ -130,7 +153,8 @@ async def _redis_replica(url: str, nursery: trio.Nursery, *, max_entries: int = 
         yield store, view
 
 
-async def test_the_redis_store_tells_every_replica_within_a_second(redis_url: str) -> None:
+async def test_the_redis_store_tells_every_replica_within_a_second(any_redis_url: str) -> None:
+    redis_url = any_redis_url
     async with trio.open_nursery() as nursery, \
             _redis_replica(redis_url, nursery, max_entries=2) as (one, one_view), \
             _redis_replica(redis_url, nursery, max_entries=2) as (two, two_view):
@@ -148,6 +172,18 @@ async def test_the_redis_store_tells_every_replica_within_a_second(redis_url: st
         # a replica that starts later (or resubscribes after an outage) reads the whole set
         async with _redis_replica(redis_url, nursery) as (_, late_view):
             assert late_view.until(7, NOW) == NOW + 100
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_redis_restarted_empty_is_told_again_what_the_replicas_remember(redis_url: str,
+                                                                                redis_server: RedisProcess) -> None:
+    async with trio.open_nursery() as nursery, _redis_replica(redis_url, nursery) as (store, view):
+        await Revocations(store, view, clock=lambda: NOW).finish(7, max_lifetime=100, leeway=0)
+        synced = store.synced
+        redis_server.restart()  # empty: no persistence; coredis reconnects and subscribes again
+        with trio.fail_after(10):
+            await synced.wait()
+        assert await store.finished_jobs(NOW) == {7: int(NOW) + 100}
         nursery.cancel_scope.cancel()
 
 
