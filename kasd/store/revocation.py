@@ -75,8 +75,10 @@ async def open_store(config: Config, *, environ: Mapping[str, str] = os.environ,
         return
     path = sqlite_path(config, environ)
     if path == ":memory:":
-        log.warning("store: neither store.path nor $%s is set; finished jobs are kept in memory and forgotten "
-                    "when kasd stops (their tokens then work again until they expire)", STATE_DIRECTORY)
+        # (info, not a warning: tests and hand-run kasds are the ones without either; systemd's unit
+        # sets $STATE_DIRECTORY)
+        log.info("store: in memory (neither store.path nor $%s is set): finished jobs are forgotten when kasd "
+                 "stops, and their tokens then work again until they expire", STATE_DIRECTORY)
     try:
         store = await trio.to_thread.run_sync(lambda: SqliteStore.open_sync(path, max_entries=max_entries, clock=clock))
     except StoreError as exc:

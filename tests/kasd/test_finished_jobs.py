@@ -16,11 +16,12 @@ import pytest
 import trio
 
 from kasd.authz.snapshot import Denied
+from kasd.config import ConfigError
 from kasd.restapi import ALLOWED_AGENTS_PATH, finish_path
 from kasd.store.finished import FinishedJobs, TooManyFinishedJobs, finished_until
 from kasd.store.protocol import StoreError
 from kasd.store.redis import RedisStore
-from kasd.store.revocation import Revocations
+from kasd.store.revocation import Revocations, sqlite_path
 from kasd.store.sqlite import SqliteStore
 from routing.redisconn import open_redis
 from tests.kasd.helpers import (
@@ -103,9 +104,15 @@ def test_the_sqlite_store_keeps_finished_jobs_across_restarts(tmp_path: Path) ->
     trio.run(main)
 
 
-def test_an_unusable_store_path_is_named() -> None:
-    with pytest.raises(StoreError, match="cannot open the store /proc/kasd"):
-        SqliteStore.open_sync("/proc/kasd.sqlite3", max_entries=1)
+async def test_the_store_is_where_the_configuration_says_and_an_unusable_one_stops_kasd() -> None:
+    default = make_config()
+    assert sqlite_path(default, {}) == ":memory:"
+    assert sqlite_path(default, {"STATE_DIRECTORY": "/var/lib/kasd"}) == Path("/var/lib/kasd/kasd.sqlite3")
+    assert sqlite_path(make_config({"store": {"path": "/srv/k.db"}}), {"STATE_DIRECTORY": "/x"}) == Path("/srv/k.db")
+    with pytest.raises(ExceptionGroup) as failed:  # (kasd's main says each as "configuration error", exit 2)
+        async with running_kasd(make_config({"store": {"path": "/proc/kasd/kasd.sqlite3"}})):
+            pass  # pragma: no cover
+    assert failed.group_contains(ConfigError, match=r"^store\.path: cannot open the store /proc/kasd/kasd\.sqlite3: ")
 
 
 @pytest.fixture(scope="module")
