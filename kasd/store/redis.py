@@ -36,6 +36,8 @@ PURGE_INTERVAL = 60.0
 COMMAND_TIMEOUT = 3.0
 #: seconds before a lost subscription is made again
 RESUBSCRIBE_DELAY = 1.0
+#: seconds kasd waits at start for the first read of the set before it serves without it
+FIRST_SYNC_TIMEOUT = 2.0
 
 # KEYS[1] the set; ARGV: job id, until, now, cap, channel. 1 written, 0 full.
 _FINISH = """
@@ -92,15 +94,21 @@ class RedisStore:
 
     async def run(self, view: FinishedJobs, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen for notices (reading the whole set at each subscription) and purge periodically.
-        ``started()`` once the set was read, or once the first attempt failed (kasd serves what it
-        can; the listener keeps trying)."""
+        ``started()`` once the set was first read, or after ``FIRST_SYNC_TIMEOUT`` without Redis
+        (kasd serves what it can; the listener keeps trying, and syncs when Redis answers)."""
+        first = self.synced
         async with trio.open_nursery() as nursery:
-            await nursery.start(self._listen, view)
+            nursery.start_soon(self._listen, view)
             nursery.start_soon(self._purge, view)
+            with trio.move_on_after(FIRST_SYNC_TIMEOUT):
+                await first.wait()
+            if not first.is_set():
+                log.warning("finished jobs: Redis did not answer within %gs; serving, and reading them once it does",
+                            FIRST_SYNC_TIMEOUT)
             task_status.started()
 
-    async def _listen(self, view: FinishedJobs, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        started, away = False, False
+    async def _listen(self, view: FinishedJobs) -> None:
+        away = False
         while True:
             try:
                 async with subscription(self.client, [self.channel]) as pubsub:
@@ -114,14 +122,11 @@ class RedisStore:
                                 # (a full set refuses it: the entry stays in this replica's memory)
                                 await self._call(self._finish(keys=[self.key], args=[
                                     job, until, math.floor(now), self.max_entries, self.channel]))
-                            synced, self.synced = self.synced, trio.Event()
-                            synced.set()
                             if away:
                                 log.info("finished jobs: Redis reachable again; %d known", len(view))
                                 away = False
-                            if not started:
-                                started = True
-                                task_status.started()
+                            synced, self.synced = self.synced, trio.Event()
+                            synced.set()
                         elif message["type"] == "message":
                             self._notice(view, str(message["data"]))
             except _LISTEN_ERRORS as exc:
@@ -129,9 +134,6 @@ class RedisStore:
                     log.warning("finished jobs: Redis unreachable; refusing the jobs known so far, revocations "
                                 "fail until it returns error=%s", _short(exc))
                     away = True
-                if not started:
-                    started = True
-                    task_status.started()
                 await trio.sleep(RESUBSCRIBE_DELAY)
 
     def _notice(self, view: FinishedJobs, data: str) -> None:

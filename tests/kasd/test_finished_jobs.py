@@ -194,6 +194,21 @@ async def test_a_redis_restarted_empty_is_told_again_what_the_replicas_remember(
         nursery.cancel_scope.cancel()
 
 
+async def test_with_redis_away_kasd_serves_and_ending_a_job_says_it_could_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kasctl.redisproc import free_port
+    from kasd.store import redis as redis_store
+
+    monkeypatch.setattr(redis_store, "FIRST_SYNC_TIMEOUT", 0.1)
+    async with trio.open_nursery() as nursery, open_redis(f"redis://127.0.0.1:{free_port()}/0") as client:
+        kasd = await nursery.start(_serve_with, RedisStore(client, max_entries=10))
+        status, body = await _json(kasd.port("api"), "PUT", finish_path(7), [("job-token", CI_SECRET)])
+        assert status == 503
+        assert body["message"].startswith("503 Service Unavailable: the job could not be recorded as finished: "
+                                          "Redis unreachable: ")
+        assert (await _json(kasd.port("api"), "GET", ALLOWED_AGENTS_PATH, [("job-token", CI_SECRET)]))[0] == 200
+        kasd.request_shutdown()
+
+
 async def test_the_redis_store_key_is_hash_tagged(redis_url: str, redis_server: RedisProcess) -> None:
     async with open_redis(redis_url) as client:
         await RedisStore(client, key_prefix="kasd", max_entries=10, clock=lambda: NOW).finish_job(7, int(NOW) + 5)
