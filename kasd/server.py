@@ -202,6 +202,7 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
     # ``reread``: kasd's configuration read again (its file, environment and flags), for reloads;
     # without it (tests) a reload reads the agents' config.yaml and key files again only.
     finished = FinishedJobs()
+    metrics.finished_jobs.set_function(lambda: len(finished))
     authority = CiAuthority(config_loader(reread or (lambda: (config, None)), running=config), metrics,
                             finished=finished)
     # Managed namespaces go through the same router as the jobs' requests, as the agent itself.

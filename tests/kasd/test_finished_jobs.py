@@ -244,6 +244,7 @@ async def test_a_finished_jobs_token_is_refused_on_the_proxy_and_the_rest_api() 
         assert refused in status_body["message"]
         # other jobs are untouched
         assert (await _json(api, "GET", ALLOWED_AGENTS_PATH, [("job-token", other)]))[0] == 200
+        assert b"\nkasd_finished_jobs 1.0\n" in kasd.metrics.render()
 
 
 async def test_a_grant_remembered_before_the_job_finished_is_forgotten() -> None:
