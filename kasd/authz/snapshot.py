@@ -223,9 +223,10 @@ class Snapshot:
         check failed."""
         claims = self._verified(verify_job_token, secret, "CI job token", now)
         assert claims.stamp is not None
-        if claims.stamp.expires_at - claims.stamp.issued_at > self.tokens.max_job_lifetime.total_seconds():
+        longest = self.tokens.max_job_lifetime.total_seconds()
+        if claims.stamp.expires_at - claims.stamp.issued_at > longest:
             raise Denied(401, "bad token: CI job token lives longer than kasd accepts "
-                              f"(authorization.tokens.max_job_token_lifetime: {self.tokens.max_job_lifetime})")
+                              f"(authorization.tokens.max_job_token_lifetime: {longest:g} s)")
         if self.tokens.finished.until(claims.job_id, now) is not None:
             raise Denied(401, f"bad token: CI job token revoked: job {claims.job_id} is finished",
                          principal=f"ci_job:{claims.job_id}")
