@@ -1,5 +1,6 @@
 """``kasctl keys generate`` and ``kasctl token ci|pat``: make the Ed25519 key pair kasd verifies
-tokens with, and mint job and personal tokens with its private half.
+tokens with, and mint job and personal tokens with its private half. (``kasctl token revoke``, which
+ends a job, is ``kasctl.revoke``.)
 
 A token command prints the token and nothing else on stdout, so ``TOKEN=$(kasctl token ci …)``
 works; anything else it has to say goes to stderr. Every mistake (a bad ``--ttl``, an unreadable,
