@@ -161,6 +161,7 @@ def _ci_lines(stack: Stack) -> str:
         f"  kubectl --kubeconfig {job} auth whoami   # gitlab:ci_job:7 and its groups\n"
         f"  kubectl --kubeconfig {job} create deployment web --image=nginx   # its namespace, made on first use\n"
         f"  {kasctl} env stop --project {APP_PROJECT} --environment review/feat-x   # deletes what kasd made for it\n"
+        f"  {kasctl} token revoke   # the job is over: every kasd refuses CI_JOB_TOKEN from now on (401)\n"
         f"  CI_JOB_TOKEN=$({kasctl} token ci --project {OTHER_PROJECT} --job-id 8 --pipeline-id 3 --user demo --ref main "
         f"--ttl 1h) {kasctl} kubeconfig   # refused: no contexts\n"
     )
@@ -221,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             "  kasctl token ci --key keys/jobtoken-signing.pem --project group/app --job-id 42 \\\n"
             "      --pipeline-id 7 --user alice --ref main --ttl 1h\n"
             "  kasctl token pat --key keys/jobtoken-signing.pem --user alice --ttl 30d\n"
+            "  kasctl token revoke                      # at a CI job's end: kasd refuses its token from now on\n"
             "  kasctl kubeconfig > \"$KUBECONFIG\"       # in a CI job: a context per agent it may use\n"
             "  kasctl proxy --token-file tok --server https://kas:8154   # then kubectl --server http://127.0.0.1:8001\n"
             "\n"

@@ -404,6 +404,8 @@ class Stack:
             **self.auth.kasd_settings(),
             "agent_wait_timeout": self.agent_wait_timeout,
         }
+        if not self.replicated:  # (replicas keep finished jobs in Redis)
+            config["store"] = {"path": str(self.dir / "kasd.sqlite3")}
         if self.replicated:
             write_secret(self.dir / "peer-secret", self.peer_secret)
             config["listeners"]["private"] = {"address": "127.0.0.1:0"}

@@ -1,5 +1,6 @@
 """``kasctl keys generate`` and ``kasctl token ci|pat``: make the Ed25519 key pair kasd verifies
-tokens with, and mint job and personal tokens with its private half.
+tokens with, and mint job and personal tokens with its private half. (``kasctl token revoke``, which
+ends a job, is ``kasctl.revoke``.)
 
 A token command prints the token and nothing else on stdout, so ``TOKEN=$(kasctl token ci …)``
 works; anything else it has to say goes to stderr. Every mistake (a bad ``--ttl``, an unreadable,
@@ -138,8 +139,9 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
                           help=f"file name stem (default {DEFAULT_KEY_NAME}: .pem and .pub.pem)")
     generate.set_defaults(run=_generate)
 
-    token = commands.add_parser("token", help="mint a CI job token or a personal access token",
-                                description="Mint tokens for kasd's Kubernetes API proxy.")
+    token = commands.add_parser("token", help="mint a CI job token or a personal access token; end a job",
+                                description="Mint tokens for kasd's Kubernetes API proxy; end a CI job "
+                                            "(kasd refuses its tokens from then on).")
     kinds = token.add_subparsers(dest="token_kind", required=True, metavar="KIND")
     ci = kinds.add_parser("ci", help="a CI job token (ci:<agent id>:<token>)", description=CI_HELP,
                           epilog=CI_EPILOG, formatter_class=raw)
@@ -163,6 +165,10 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     pat.add_argument("--user", required=True, metavar="NAME", help="the username the token stands for")
     _signing_arguments(pat)
     pat.set_defaults(run=_mint_pat)
+
+    from kasctl import revoke  # (it uses this module's signing key loader)
+
+    revoke.add_command(kinds)
 
 
 def _signing_arguments(parser: argparse.ArgumentParser) -> None:

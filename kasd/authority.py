@@ -43,6 +43,7 @@ from kasd.config import Agent as ConfigAgent
 from kasd.config import Config, ConfigError, directory_of
 from kasd.metrics import Metrics
 from kasd.seams import AccessDenied, Credentials, Grant
+from kasd.store.finished import FinishedJobs
 
 log = logging.getLogger("kasd.authority")
 
@@ -98,7 +99,8 @@ def load_authorization(config: Config, config_file: Path | None) -> Loaded:
     snapshot = Snapshot(
         directory=directory,
         tokens=TokenSettings(keyset=keyset, audience=tokens.audience, issuer=tokens.issuer,
-                             leeway=timedelta(seconds=tokens.leeway), revoked=tokens.revoked),
+                             leeway=timedelta(seconds=tokens.leeway), revoked=tokens.revoked,
+                             max_job_lifetime=timedelta(seconds=tokens.max_job_token_lifetime)),
         agents=agents, warnings=tuple(warnings),
     )
     return Loaded(snapshot=snapshot, agents=config.agents, files=tuple(files))
@@ -168,12 +170,19 @@ class CiAuthority:
 
     def __init__(self, load: Callable[[], Loaded], metrics: Metrics | None = None, *,
                  clock: Callable[[], float] = time.time, loaded: tuple[Loaded, dict[Path, Stamp]] | None = None,
-                 ) -> None:
-        self._load = load
+                 finished: FinishedJobs | None = None) -> None:
+        # ``finished``: the jobs kasd's store says are over; every snapshot checks job tokens
+        # against it, and a change forgets the remembered grants (one of them may be that job's)
+        self.finished = finished if finished is not None else FinishedJobs()
+        self._load: Callable[[], Loaded] = lambda: _checking_finished(load(), self.finished)
         self._clock = clock
         self._metrics = metrics
         self._granted: dict[tuple[str, str, int], tuple[Grant, int]] = {}
-        self.loaded, self._stamps = loaded if loaded is not None else _load_within_limit(load)
+        self._granted_at = self.finished.version
+        if loaded is not None:
+            self.loaded, self._stamps = _checking_finished(loaded[0], self.finished), loaded[1]
+        else:
+            self.loaded, self._stamps = _load_within_limit(self._load)
         self._log_warnings(self.loaded)
         self.generation = 1
         self._reloaded = trio.Event()
@@ -187,9 +196,9 @@ class CiAuthority:
 
     @classmethod
     async def open(cls, load: Callable[[], Loaded], metrics: Metrics | None = None, *,
-                   clock: Callable[[], float] = time.time) -> CiAuthority:
+                   clock: Callable[[], float] = time.time, finished: FinishedJobs | None = None) -> CiAuthority:
         """The authority, its first load read off the event loop (signals are answered meanwhile)."""
-        return cls(load, metrics, clock=clock, loaded=await _load_off_loop(load))
+        return cls(load, metrics, clock=clock, loaded=await _load_off_loop(load), finished=finished)
 
     @property
     def snapshot(self) -> Snapshot:
@@ -199,6 +208,8 @@ class CiAuthority:
         await trio.lowlevel.checkpoint()
         now = self._clock()
         key = (credentials.kind, credentials.secret, agent_id)
+        if self._granted_at != self.finished.version:
+            self._granted, self._granted_at = {}, self.finished.version
         cached = self._granted.get(key)
         if cached is not None and cached[1] > now:
             return cached[0]
@@ -273,6 +284,11 @@ class CiAuthority:
                 changed = sorted(str(p) for p in set(now) | set(self._stamps) if now.get(p) != self._stamps.get(p))
                 self._stamps = now
                 await self.reload("changed: " + ", ".join(changed[:3]) + (" …" if len(changed) > 3 else ""))
+
+
+def _checking_finished(loaded: Loaded, finished: FinishedJobs) -> Loaded:
+    snapshot = loaded.snapshot
+    return attrs.evolve(loaded, snapshot=attrs.evolve(snapshot, tokens=attrs.evolve(snapshot.tokens, finished=finished)))
 
 
 Stamp = tuple[int, int, int] | None

@@ -41,6 +41,7 @@ from kasd.authz.directory import (
     parse_role,
     username_problem,
 )
+from kasd.authz.snapshot import DEFAULT_MAX_JOB_TOKEN_LIFETIME
 from kasd.tokens import is_token_hash
 from routing.peers import is_loopback_host, plaintext_crosses_network
 from wire.ids import MAX_ID, InvalidNumber, check_id, parse_decimal
@@ -539,6 +540,9 @@ class TokenSettings:
     leeway: float = setting(60.0, parse=_seconds)
     #: token ids (``jti``, printed by ``kasctl token``) refused before they expire
     revoked: frozenset[str] = setting(frozenset(), parse=_token_ids)
+    #: seconds a job token may live (``exp - iat``); longer ones are refused. A finished job's
+    #: record (``kasctl token revoke``) lasts this long, so it outlives every token of the job.
+    max_job_token_lifetime: float = setting(DEFAULT_MAX_JOB_TOKEN_LIFETIME.total_seconds(), parse=_seconds)
 
 
 @attrs.frozen(kw_only=True)
@@ -713,6 +717,33 @@ class Routing:
         return self.redis.url is not None
 
 
+def _store_path(value: Any) -> Path | None:
+    if value is None:
+        return None
+    text = _expect(value, str, "a file path").strip()
+    if not text:
+        raise Problem("must be a file path (or left out: $STATE_DIRECTORY/kasd.sqlite3)")
+    path = Path(text)
+    if path.is_dir():
+        raise Problem(f"{text!r} is a directory; name the file, e.g. {str(path / STORE_FILE_NAME)!r}")
+    return path
+
+
+#: the store's file name in systemd's ``$STATE_DIRECTORY`` (``StateDirectory=kasd``: /var/lib/kasd)
+STORE_FILE_NAME = "kasd.sqlite3"
+
+
+@attrs.frozen(kw_only=True)
+class StoreSettings:
+    """What must outlive the process (finished jobs). Among replicas it is kept in ``routing.redis``
+    and ``path`` is not used."""
+
+    path: Path | None = setting(
+        None, parse=_store_path, env="KASD_STORE_PATH", flag="--store-path", metavar="FILE",
+        help=f"a lone kasd's SQLite store (default $STATE_DIRECTORY/{STORE_FILE_NAME}; neither: in memory only)",
+    )
+
+
 @attrs.frozen(kw_only=True)
 class Config:
     listeners: Listeners = Listeners()
@@ -722,6 +753,7 @@ class Config:
     users: tuple[UserEntry, ...] = ()
     authorization: AuthorizationSettings = AuthorizationSettings()
     routing: Routing = Routing()
+    store: StoreSettings = StoreSettings()
     agent_wait_timeout: float = setting(
         10.0, parse=_seconds, env="KASD_AGENT_WAIT_TIMEOUT", flag="--agent-wait-timeout", metavar="SECONDS",
         help="how long a request waits for its agent to connect before 503",

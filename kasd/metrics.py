@@ -70,6 +70,11 @@ class Metrics:
             "1 when the last authorization (re)load succeeded; 0 when it failed and the previous configuration is in force",
             registry=r,
         )
+        #: jobs ended whose tokens are still refused (``set_function`` by the server)
+        self.finished_jobs = Gauge(
+            "kasd_finished_jobs", "Ended CI jobs whose tokens this replica refuses (until they would have expired)",
+            registry=r,
+        )
         self.authz_reloads = Counter(
             "kasd_authz_reloads", "Authorization configuration reloads by result (ok, failed)", ["result"], registry=r
         )

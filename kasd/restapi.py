@@ -1,10 +1,12 @@
 """kasd's REST API port (8153, ``listeners.api``): GitLab's ``GET /api/v4/job/allowed_agents``, which
 a CI job (``JOB-TOKEN`` header or ``?job_token=``) asks to learn which agents it may use — what
-``kasctl kubeconfig --job-token`` turns into a kubeconfig — and ``POST
+``kasctl kubeconfig --job-token`` turns into a kubeconfig —, ``POST
 /api/v4/projects/:project/environments/:name/stop``, which deletes what kasd created for an
-environment (``kasctl env stop``). An ASGI app, served on kasd's own HTTP/1.1 front end
-(``kasd.asgiport``: the proxy port's framing, so the same smuggling and head-size rules) on kasd's
-own capped listener (docs/dependencies.md says why not hypercorn).
+environment (``kasctl env stop``), and ``PUT /api/v4/jobs/:id``, with which a job ends itself
+(``kasctl token revoke``: kasd's store records it as finished, ``kasd.store``). An ASGI app, served
+on kasd's own HTTP/1.1 front end (``kasd.asgiport``: the proxy port's framing, so the same
+smuggling and head-size rules) on kasd's own capped listener (docs/dependencies.md says why not
+hypercorn).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote
 
@@ -25,6 +28,9 @@ from kasd.authz.jobinfo import ALLOWED_AGENTS_PATH, allowed_agents_response
 from kasd.authz.snapshot import Denied, Snapshot
 from kasd.k8sproxy.accesslog import logfmt
 from kasd.managed import Provisioner, ProvisionError
+from kasd.store.protocol import StoreError
+from kasd.store.revocation import Revocations
+from wire.ids import InvalidNumber, parse_id
 
 log = logging.getLogger("kasd.api")
 
@@ -35,6 +41,15 @@ STOP_PATH = "/api/v4/projects/{project}/environments/{environment}/stop"
 def stop_path(project: str, environment: str) -> str:
     """``STOP_PATH`` for a project path (or id) and environment name, each percent-encoded."""
     return STOP_PATH.format(project=quote(project, safe=""), environment=quote(environment, safe=""))
+
+#: GitLab's "update a job" call, which its runner makes when a job ends (``PUT /api/v4/jobs/:id``,
+#: authorized by the job's own token): kasd records the job as finished (``kasctl token revoke``)
+FINISH_PATH = "/api/v4/jobs/{job_id}"
+
+
+def finish_path(job_id: int) -> str:
+    return FINISH_PATH.format(job_id=job_id)
+
 
 #: largest request head (request line and headers) this port accepts: beyond, 431 and a close
 MAX_HEAD_BYTES = 16 * 1024
@@ -58,10 +73,11 @@ class RestApi:
     """The ASGI app. ``snapshot()`` is the authorization in force now (reloads included)."""
 
     def __init__(self, snapshot: Callable[[], Snapshot], provisioner: Provisioner | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, revocations: Revocations | None = None) -> None:
         self._snapshot = snapshot
         self._provisioner = provisioner
         self._clock = clock
+        self._revocations = revocations
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":  # nothing to start or stop; served by any ASGI server
@@ -73,8 +89,11 @@ class RestApi:
             return
         job_token = job_token_of(scope)
         stop = _stop_path(bytes(scope.get("raw_path") or scope["path"].encode()))
+        finish = _finish_path(scope["path"]) if self._revocations is not None else None
         if stop is not None:
             status, body = await self.stop_environment(scope["method"], *stop, job_token)
+        elif finish is not None:
+            status, body = await self.finish_job(scope["method"], finish, job_token)
         else:
             status, body = self.answer(scope["method"], scope["path"], job_token)
         payload = json.dumps(body, separators=(",", ":")).encode()
@@ -138,6 +157,48 @@ class RestApi:
         log.info("environment stopped project=%s environment=%s job_id=%d agents=%s", logfmt(claims.project),
                  logfmt(environment), claims.job_id, ",".join(str(a["id"]) for a in agents) or "-")
         return 200, {"project": claims.project, "environment": environment, "agents": agents}
+
+
+    async def finish_job(self, method: str, job_id: int, job_token: str | None) -> tuple[int, dict[str, Any]]:
+        """``PUT /api/v4/jobs/:job_id`` with that job's own token: the job is finished, and every
+        replica refuses its tokens from now until the last of them has expired (docs/kasd.md,
+        "Finished jobs"). What the request's body says (GitLab's runner sends the job's state) is
+        not read."""
+        if method != "PUT":
+            return 405, {"message": "405 Method Not Allowed"}
+        if not job_token:
+            return 401, {"message": "401 Unauthorized: send the job's own CI job token in a Job-Token header"}
+        assert self._revocations is not None  # (the path is not served without)
+        snapshot = self._snapshot()
+        try:
+            claims = snapshot.verify_job(job_token, now=self._clock())
+        except Denied as exc:
+            return 401, {"message": f"401 Unauthorized: {exc.message}"}
+        if claims.job_id != job_id:
+            return 403, {"message": f"403 Forbidden: the job token is for job {claims.job_id}, not {job_id}"}
+        tokens = snapshot.tokens
+        try:
+            until = await self._revocations.finish(job_id, max_lifetime=tokens.max_job_lifetime.total_seconds(),
+                                                   leeway=tokens.leeway.total_seconds())
+        except StoreError as exc:
+            log.warning("job not finished: the store failed project=%s job_id=%d error=%s", logfmt(claims.project),
+                        job_id, logfmt(str(exc)))
+            return 503, {"message": f"503 Service Unavailable: the job could not be recorded as finished: {exc}"}
+        refused_until = datetime.fromtimestamp(until, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        log.info("job finished project=%s job_id=%d tokens_refused_until=%s", logfmt(claims.project), job_id,
+                 refused_until)
+        return 200, {"id": job_id, "project": claims.project, "status": "finished", "tokens_refused_until": refused_until}
+
+
+def _finish_path(path: str) -> int | None:
+    """The job id of ``/api/v4/jobs/<id>`` (``wire.ids``: ASCII digits, 1..2^63-1); None for any other path."""
+    prefix = "/api/v4/jobs/"
+    if not path.startswith(prefix):
+        return None
+    try:
+        return parse_id(path[len(prefix):], "job id")
+    except InvalidNumber:
+        return None
 
 
 def _stop_path(raw_path: bytes) -> tuple[str, str] | None:
@@ -214,4 +275,5 @@ async def serve_api(app: RestApi, listeners: Sequence[trio.abc.Listener[trio.abc
     await trio.serve_listeners(port.handle_connection, list(listeners), task_status=task_status)
 
 
-__all__ = ["ALLOWED_AGENTS_PATH", "STOP_PATH", "RestApi", "guarded", "serve_api", "stop_path"]
+__all__ = ["ALLOWED_AGENTS_PATH", "FINISH_PATH", "STOP_PATH", "RestApi", "finish_path", "guarded", "serve_api",
+           "stop_path"]

@@ -40,6 +40,9 @@ from kasd.replicas import (
 )
 from kasd.restapi import RestApi, serve_api
 from kasd.seams import Router
+from kasd.store.finished import FinishedJobs
+from kasd.store.protocol import Store
+from kasd.store.revocation import Revocations, open_store
 from netio.admission import PER_SOURCE, TOTAL, Admission, CappedListener, ConnectionCaps, Refusal
 from routing.local import BreakerPolicy, LocalRouter, TunnelRegistry
 from routing.peers import PEER_LIMITS, PEER_PATH, PeerForwarder, PeerPool, peer_authenticator
@@ -74,6 +77,8 @@ class Runtime:
     forwarder: PeerForwarder | None = None
     #: the same names → the connection caps of that listener (open connections, refusals)
     admissions: dict[str, Admission] = attrs.field(factory=dict)
+    #: the finished jobs (the store, and this replica's view of it)
+    revocations: Revocations | None = None
     _shutdown: trio.Event = attrs.field(factory=trio.Event)
 
     def request_shutdown(self) -> None:
@@ -175,12 +180,14 @@ def _bound(listeners: list[trio.SocketListener]) -> str:
 async def serve_kasd(config: Config, *, replication: ReplicationFactory | None = None,
                      placement: PlacementNotices | None = None,
                      reread: Callable[[], tuple[Config, Path | None]] | None = None,
+                     store: Store | None = None,
                      task_status: trio.TaskStatus[Runtime] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve until ``request_shutdown()``; then drain (bounded by ``shutdown_timeout``) and return.
 
     Among replicas (``routing.redis.url``, or ``replication`` given: tests share an in-memory
     membership and directory between runtimes this way) it also serves the private port and routes
-    with ``ReplicatedRouter``. ``placement`` is the hook for home-placement notices to agents."""
+    with ``ReplicatedRouter``. ``placement`` is the hook for home-placement notices to agents.
+    ``store``: where finished jobs are kept (default: as the configuration says, ``open_store``)."""
     agent_tls = _ssl_context(config.agent, "agent")
     proxy_tls = _ssl_context(config.kubernetes_api, "kubernetes_api")
     if replication is None and config.routing.replicated:
@@ -195,7 +202,10 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
     router = _LateRouter(local)
     # ``reread``: kasd's configuration read again (its file, environment and flags), for reloads;
     # without it (tests) a reload reads the agents' config.yaml and key files again only.
-    authority = await CiAuthority.open(config_loader(reread or (lambda: (config, None)), running=config), metrics)
+    finished = FinishedJobs()
+    metrics.finished_jobs.set_function(lambda: len(finished))
+    authority = await CiAuthority.open(config_loader(reread or (lambda: (config, None)), running=config), metrics,
+                                       finished=finished)
     # Managed namespaces go through the same router as the jobs' requests, as the agent itself.
     provisioner = Provisioner(AgentClient(router))
     pipeline = RequestPipeline(
@@ -260,7 +270,9 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
     directory = None
     me = identity(config, runtime.addresses, runtime.agent_url) if replication is not None else None
     # The replication (its Redis connection and its tasks) opens before the nursery and closes after it.
-    async with _opened(replication, me) as opened, trio.open_nursery() as nursery:
+    async with _opened(replication, me) as opened, _store(config, store) as kept, trio.open_nursery() as nursery:
+        await nursery.start(kept.run, finished)
+        runtime.revocations = Revocations(kept, finished)
         if opened is not None:
             assert me is not None
             replicas = runtime.replication = opened
@@ -321,7 +333,8 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
         await nursery.start(trio.serve_listeners, proxy.handle_connection, proxy_listeners)
         nursery.start_soon(authority.watch)
         if api_listeners:
-            await nursery.start(partial(serve_api, RestApi(lambda: authority.snapshot, provisioner), api_listeners,
+            await nursery.start(partial(serve_api, RestApi(lambda: authority.snapshot, provisioner,
+                                                           revocations=runtime.revocations), api_listeners,
                                         ssl_context=api_tls,
                                         unexpected=metrics.unexpected_errors("api", logging.getLogger("kasd.api"))))
         observability = ObservabilityServer(health, metrics, max_connections=config.observability.max_connections)
@@ -373,6 +386,15 @@ async def _opened(replication: ReplicationFactory | None, me: Any) -> AsyncItera
     else:
         async with made as replicas:
             yield replicas
+
+
+@asynccontextmanager
+async def _store(config: Config, given: Store | None) -> AsyncIterator[Store]:
+    if given is not None:
+        yield given
+        return
+    async with open_store(config) as store:
+        yield store
 
 
 class _LateRouter:

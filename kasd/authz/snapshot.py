@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 import attrs
 
@@ -56,7 +56,8 @@ from kasd.authz.templates import (
 
 _Claims = TypeVar("_Claims", JobClaims, PersonalClaims)
 
-__all__ = ["CompiledAgent", "Denied", "Snapshot", "TokenSettings", "Verdict", "load_agents"]
+__all__ = ["DEFAULT_MAX_JOB_TOKEN_LIFETIME", "CompiledAgent", "Denied", "FinishedJobsView", "Snapshot", "TokenSettings",
+           "Verdict", "load_agents"]
 
 
 class Denied(Exception):
@@ -71,6 +72,22 @@ class Denied(Exception):
         self.principal = principal
 
 
+class FinishedJobsView(Protocol):
+    """The jobs recorded as finished (``kasd.store.finished.FinishedJobs``: kept in step by kasd's
+    store, read here on every job token)."""
+
+    def until(self, job_id: int, now: float) -> int | None: ...
+
+
+class _NoFinishedJobs:
+    def until(self, job_id: int, now: float) -> int | None:
+        return None
+
+
+#: GitLab's tokens live as long as their job's timeout; kasd's, at most this long by default
+DEFAULT_MAX_JOB_TOKEN_LIFETIME = timedelta(hours=24)
+
+
 @attrs.frozen(kw_only=True)
 class TokenSettings:
     """How job and personal tokens are checked (kasd's ``authorization.tokens``)."""
@@ -82,6 +99,10 @@ class TokenSettings:
     leeway: timedelta = DEFAULT_LEEWAY
     #: token ids (``jti``) refused before they expire
     revoked: Container[str] = frozenset()
+    #: a job token living longer (``exp - iat``) is refused: a finished job's record lasts this long
+    max_job_lifetime: timedelta = DEFAULT_MAX_JOB_TOKEN_LIFETIME
+    #: jobs whose every token is refused (``PUT /api/v4/jobs/:id``, ``kasctl token revoke``)
+    finished: FinishedJobsView = attrs.field(factory=_NoFinishedJobs)
 
 
 @attrs.frozen(kw_only=True)
@@ -213,8 +234,18 @@ class Snapshot:
         return claims
 
     def verify_job(self, secret: str, *, now: float) -> JobClaims:
-        """The claims of a valid job token; ``Denied`` (401) saying which check failed."""
-        return self._verified(verify_job_token, secret, "CI job token", now)
+        """The claims of a valid job token of a job not yet finished; ``Denied`` (401) saying which
+        check failed."""
+        claims = self._verified(verify_job_token, secret, "CI job token", now)
+        assert claims.stamp is not None
+        longest = self.tokens.max_job_lifetime.total_seconds()
+        if claims.stamp.expires_at - claims.stamp.issued_at > longest:
+            raise Denied(401, "bad token: CI job token lives longer than kasd accepts "
+                              f"(authorization.tokens.max_job_token_lifetime: {longest:g} s)")
+        if self.tokens.finished.until(claims.job_id, now) is not None:
+            raise Denied(401, f"bad token: CI job token revoked: job {claims.job_id} is finished",
+                         principal=f"ci_job:{claims.job_id}")
+        return claims
 
     def _job(self, secret: str, agent_id: int, now: float) -> Verdict:
         return self.decide_job(self.verify_job(secret, now=now), agent_id)

@@ -70,10 +70,10 @@ def test_every_printed_command_works_and_ctrl_c_stops_cleanly(tmp_path: Path, ku
         get_all, get_watch, scale, logs, exec_sh, forward, copy_in, copy_out, apply, delete, _whoami, _create = printed
 
         # The CI block, as a user pastes it into a shell: an allowed job's kubeconfig and whoami, a
-        # Deployment in the namespace kasd made for it, the environment stopped; then a refused
-        # job's kubeconfig (no contexts).
+        # Deployment in the namespace kasd made for it, the environment stopped, the job ended;
+        # then a refused job's kubeconfig (no contexts).
         start = next(i for i, line in enumerate(guide) if line.startswith("CI jobs:"))
-        block = [line.strip() for line in guide[start + 2:] if line.startswith("  ")][:8]
+        block = [line.strip() for line in guide[start + 2:] if line.startswith("  ")][:9]
         script = "set -e\n" + "\n".join(block).replace("\\\n", " ").replace(
             "kubectl --kubeconfig", f"{kubectl_bin} --kubeconfig")
         ci = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
@@ -88,6 +88,10 @@ def test_every_printed_command_works_and_ctrl_c_stops_cleanly(tmp_path: Path, ku
         assert f"deleted  Namespace {namespace}" in ci.stdout, ci.stdout
         refused = yaml.safe_load(ci.stdout[ci.stdout.index("apiVersion"):])
         assert refused["contexts"] == [] and "current-context" not in refused
+        # the job ended: its kubeconfig (its token) is refused from then on, saying why
+        assert "job 7 of group/app is finished" in ci.stdout, ci.stdout
+        ended = run(_whoami)
+        assert ended.returncode != 0 and "job 7 is finished" in ended.stderr, ended.stderr
 
         listed = run(get_all)
         assert listed.returncode == 0, listed.stderr

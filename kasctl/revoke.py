@@ -1,0 +1,183 @@
+"""``kasctl token revoke``: end a CI job. kasd records the job as finished (in its store: SQLite
+alone, Redis among replicas) and every replica refuses every token of that job from then on, until
+the last of them would have expired anyway.
+
+Two ways to name the job:
+
+- **the job itself** (the usual way, the last step of a CI job): its own token, ``--job-token`` or
+  ``$CI_JOB_TOKEN``; nothing else is needed. It is what GitLab's runner does when a job ends
+  (``PUT /api/v4/jobs/:id`` with the job's token), and what makes GitLab's ``CI_JOB_TOKEN`` die.
+- **the operator**, for a job whose token leaked or whose runner died: ``--project`` and ``--job-id``
+  with the signing key ``kasctl token ci`` mints with (``--key`` or ``$KASCTL_SIGNING_KEY_FILE``).
+  Whoever holds that key can already act as any job, so kasctl mints a one-minute token for that job
+  and makes the same call with it; kasd needs no other credential, and keeps no list of operators.
+
+Errors are one line on stderr (exit 1: kasd unreachable or refusing; exit 2: a wrong command line),
+never quoting a token. The HTTP call never follows a redirect: a job token goes to ``--api-url`` and
+nowhere else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import json
+import os
+import ssl
+import sys
+import time
+import urllib.error
+import urllib.request
+from datetime import timedelta
+from typing import Any
+
+from kasctl.kubeconfig import (
+    API_VARIABLE,
+    CA_VARIABLE,
+    TOKEN_VARIABLE,
+    KubeconfigError,
+    read_ca,
+    setting,
+)
+from kasd.authz.jobtokens import DEFAULT_AUDIENCE, DEFAULT_ISSUER, JobClaims, mint_job_token
+from kasd.restapi import FINISH_PATH, finish_path
+
+#: how long the token kasctl mints to finish a job by its id lives
+OPERATOR_TOKEN_TTL = timedelta(minutes=1)
+#: the largest answer read from kasd
+MAX_ANSWER = 64 * 1024
+
+HELP = f"""\
+End a CI job: kasd records it as finished and every kasd replica refuses each of its tokens from
+then on (until they have all expired). Calls kasd's REST API: PUT {FINISH_PATH}, authorized
+by the job's own token, as GitLab's runner does when a job ends.
+
+As the last step of a CI job:
+  kasctl token revoke                      # CI_JOB_TOKEN and {API_VARIABLE} (and {CA_VARIABLE}) set
+
+As the operator, for a job whose token leaked (with the key kasctl token ci signs with):
+  kasctl token revoke --project group/app --job-id 42 --key /etc/kasd/keys/jobtoken-signing.pem
+"""
+
+
+def add_command(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``revoke`` to ``kasctl token``'s kinds."""
+    revoke = kinds.add_parser("revoke", help="end a CI job: kasd refuses its tokens from now on", description=HELP,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    revoke.add_argument("--job-token", metavar="TOKEN",
+                        help=f"the job's own token (default ${TOKEN_VARIABLE}); prefer the variable: arguments show in ps")
+    operator = revoke.add_argument_group("the operator: a job by its id, with the signing key")
+    operator.add_argument("--project", metavar="PATH", help="the job's project, e.g. group/app")
+    operator.add_argument("--job-id", type=_positive_id, metavar="N", help="the job to end")
+    operator.add_argument("--key", metavar="FILE", help="the private signing key (default $KASCTL_SIGNING_KEY_FILE)")
+    operator.add_argument("--kid", help="the key id kasd knows the key by (default: its thumbprint)")
+    operator.add_argument("--audience", default=DEFAULT_AUDIENCE, help=f"aud claim (default {DEFAULT_AUDIENCE})")
+    operator.add_argument("--issuer", default=DEFAULT_ISSUER, help=f"iss claim (default {DEFAULT_ISSUER})")
+    revoke.add_argument("--api-url", metavar="URL", help=f"kasd's REST API (default ${API_VARIABLE})")
+    revoke.add_argument("--certificate-authority", metavar="FILE",
+                        help=f"CA (PEM) of kasd's certificate (default ${CA_VARIABLE}; else the system's)")
+    revoke.set_defaults(run=run)
+
+
+def _positive_id(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or len(text) > 19 or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number; got {text[:40]!r}")
+    return int(text)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        answer = revoke(args, os.environ)
+    except KubeconfigError as exc:
+        print(f"kasctl token revoke: {exc}", file=sys.stderr)
+        return exc.code
+    print(f"job {answer.get('id')} of {answer.get('project')} is finished: kasd refuses its tokens "
+          f"(until {answer.get('tokens_refused_until')}, when the last of them has expired)")
+    return 0
+
+
+def revoke(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> dict[str, Any]:
+    """kasd's answer to finishing the job ``args`` names (see the module docstring)."""
+    api = setting(args.api_url, environ, API_VARIABLE, "--api-url").rstrip("/")
+    if not api.startswith(("https://", "http://")):
+        raise KubeconfigError(f"--api-url must be an https:// (or http://) URL, got {api!r}", 2)
+    if args.job_id is not None or args.project is not None:
+        if args.job_token is not None:
+            raise KubeconfigError("give either --job-token (the job itself) or --project and --job-id (the operator), "
+                                  "not both", 2)
+        if args.job_id is None or args.project is None:
+            raise KubeconfigError("--project and --job-id go together: the job to end, by its id", 2)
+        token, job_id = _operator_token(args), args.job_id
+    else:
+        token = setting(args.job_token, environ, TOKEN_VARIABLE, "--job-token")
+        job_id = job_id_of(token)
+    ca_pem = read_ca(args.certificate_authority or environ.get(CA_VARIABLE))
+    return put_without_redirects(api + finish_path(job_id), token, ca_pem)
+
+
+def _operator_token(args: argparse.Namespace) -> str:
+    """A one-minute token for the job ``--project``/``--job-id`` names, signed with the operator's
+    key. kasd reads only its job id; the other claims a job token must carry are placeholders."""
+    from kasctl.tokens import CommandError, _signing_key
+
+    try:
+        key = _signing_key(args)
+        claims = JobClaims(project=args.project, job_id=args.job_id, pipeline_id=1, user="kasctl", ref="revoke")
+    except CommandError as exc:
+        raise KubeconfigError(str(exc), 2) from None
+    except ValueError as exc:
+        raise KubeconfigError(str(exc), 2) from None
+    return mint_job_token(key, claims, OPERATOR_TOKEN_TTL, audience=args.audience, issuer=args.issuer,
+                          now=time.time())
+
+
+def job_id_of(token: str) -> int:
+    """The ``job_id`` claim a job token carries (read, not verified: kasd verifies it), to name the
+    job in the call's path; ``KubeconfigError`` (never quoting the token) if it has none."""
+    parts = token.strip().split(".")
+    try:
+        if len(parts) != 3 or len(token) > 16 * 1024:
+            raise ValueError
+        payload = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+        job_id = payload["job_id"]
+        if type(job_id) is not int or job_id <= 0:
+            raise ValueError
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        raise KubeconfigError("the job token is not a kasd CI job token (it names no job_id)", 2) from None
+    return job_id
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """A 30x is an answer, not a new place to send the job token to."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
+        return None
+
+
+def put_without_redirects(url: str, token: str, ca_pem: bytes | None) -> dict[str, Any]:
+    """kasd's JSON answer to ``PUT url`` with a ``Job-Token``; a redirect is refused (the token is
+    sent to ``url`` only); ``KubeconfigError`` with kasd's message when it refuses. (One small
+    function, for kasctl's shared HTTP client to replace.)"""
+    context = ssl.create_default_context(cadata=ca_pem.decode()) if ca_pem else ssl.create_default_context()
+    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), _RefuseRedirects())
+    request = urllib.request.Request(url, method="PUT", data=b"", headers={
+        "Job-Token": token, "Accept": "application/json", "Content-Type": "application/json"})
+    try:
+        with opener.open(request, timeout=30) as response:
+            return json.loads(response.read(MAX_ANSWER))  # type: ignore[no-any-return]
+    except urllib.error.HTTPError as exc:
+        if 300 <= exc.code < 400:
+            raise KubeconfigError(f"kasd's REST API answered {exc.code} (a redirect): the job token is not sent "
+                                  "on; give --api-url as kasd's own address") from None
+        try:
+            message = json.loads(exc.read(MAX_ANSWER)).get("message", "")
+        except (ValueError, AttributeError):
+            message = ""
+        raise KubeconfigError(f"kasd refused ({exc.code}): {message or exc.reason}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise KubeconfigError(f"cannot reach kasd's REST API at {url.split('/api/', 1)[0]}: {reason}") from None
+
+
+__all__ = ["add_command", "job_id_of", "put_without_redirects", "revoke", "run"]

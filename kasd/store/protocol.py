@@ -1,0 +1,42 @@
+"""The store seam (ARCHITECTURE.md, "A store"): one ``typing.Protocol``, two implementations —
+``kasd.store.sqlite.SqliteStore`` (a lone kasd) and ``kasd.store.redis.RedisStore`` (replicas).
+
+Its first content is the finished jobs: job id → until (seconds since the epoch), the moment after
+which no token of that job could be accepted anyway and the entry is purged.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import trio
+
+from kasd.store.finished import FinishedJobs
+
+
+class StoreError(Exception):
+    """The store could not do what was asked (unreachable, full, a bad file); ``str()`` says why
+    and is safe to show a client (no secret, no path beyond the store's own)."""
+
+
+class Store(Protocol):
+    async def finish_job(self, job_id: int, until: int) -> None:
+        """Record job ``job_id`` as finished until ``until`` (a later ``until`` wins; never an
+        earlier one). Every replica's ``FinishedJobs`` learns of it within a second; ``StoreError``."""
+        ...
+
+    async def finished_jobs(self, now: float) -> dict[int, int]:
+        """Every job finished until after ``now``: job id → until; ``StoreError``."""
+        ...
+
+    async def purge(self, now: float) -> int:
+        """Forget the jobs finished until ``now`` or earlier; how many went; ``StoreError``."""
+        ...
+
+    async def run(self, view: FinishedJobs, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Fill ``view`` from the store (``started()`` once it holds what the store holds), then keep
+        it in step with changes made anywhere, and purge both as entries expire, until cancelled."""
+        ...
+
+
+__all__ = ["Store", "StoreError"]
