@@ -51,6 +51,9 @@ def finish_path(job_id: int) -> str:
     return FINISH_PATH.format(job_id=job_id)
 
 
+#: seconds one agent's part of an environment stop may take (``Provisioner.stop``): beyond, 504
+STOP_TIME_LIMIT = 120.0
+
 #: largest request head (request line and headers) this port accepts: beyond, 431 and a close
 MAX_HEAD_BYTES = 16 * 1024
 #: seconds from accept (TLS included) or a kept-alive request's first byte to its whole head: beyond, 408
@@ -149,9 +152,15 @@ class RestApi:
             if plan is None or self._provisioner is None:
                 continue
             try:
-                report = await self._provisioner.stop(plan)
+                # the caller's bound (the stop's own calls are 30 s each, its retry rounds few): one
+                # agent that hangs costs the stop job a clear 504, not an open-ended wait
+                with trio.fail_after(STOP_TIME_LIMIT):
+                    report = await self._provisioner.stop(plan)
             except ProvisionError as exc:
                 return 502, {"message": f"502 Bad Gateway: {exc.message}"}
+            except trio.TooSlowError:
+                return 504, {"message": f"504 Gateway Timeout: stopping the environment on agent {plan.agent_id} took "
+                                        f"longer than {STOP_TIME_LIMIT:g} s; run the stop again"}
             agents.append({"id": plan.agent_id, "namespace": plan.namespace, "delete_resources": plan.delete_resources,
                            "deleted": list(report.deleted), "kept": list(report.kept), "absent": list(report.absent)})
         log.info("environment stopped project=%s environment=%s job_id=%d agents=%s", logfmt(claims.project),

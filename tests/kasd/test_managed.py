@@ -568,3 +568,35 @@ ci_access:
         rbac = (sim, "rbac.authorization.k8s.io", "rolebindings", "app-42")
         assert _stored(*rbac, "gitlab-job-access-production.clusterrole.edit") is not None
         assert _stored(*rbac, "gitlab-job-access-production.clusterrole.view") is not None
+
+
+async def test_a_stop_whose_agent_hangs_is_a_504_at_the_callers_bound(tmp_path: Path, autojump_clock: Any) -> None:
+    """The REST stop bounds each agent's part (``STOP_TIME_LIMIT``): an agent that never answers costs
+    the stop job a 504 saying so, not an open-ended wait."""
+    from kasd import restapi
+    from kasd.authority import load_authorization
+    from kasd.restapi import RestApi
+
+    auth = AuthSetup(tmp_path / "auth")
+    auth.agent_config("group/infra", "prod", MANAGED)
+    config = config_from_mapping({
+        "agents": [{"id": 7, "name": "prod", "config_project": "group/infra", "token_sha256": hash_token(AGENT_TOKEN)}],
+        "groups": [{"path": "group", "id": 10}],
+        "projects": [{"path": "group/infra", "id": 1}, {"path": "group/app", "id": 42}],
+        **auth.kasd_settings(),
+    })
+    snapshot = load_authorization(config, None).snapshot
+    stops: list[ManagedResources] = []
+
+    class Hanging:
+        async def stop(self, plan: ManagedResources) -> None:
+            stops.append(plan)
+            await trio.sleep_forever()
+
+    api = RestApi(lambda: snapshot, Hanging())  # type: ignore[arg-type]
+    secret = auth.job_token("group/app", job_id=5, user="alice", environment=ENV)
+    started = trio.current_time()
+    status, body = await api.stop_environment("POST", "group/app", ENV, secret)
+    assert status == 504 and "agent 7" in body["message"] and "run the stop again" in body["message"], body
+    assert trio.current_time() - started == pytest.approx(restapi.STOP_TIME_LIMIT)
+    assert [plan.agent_id for plan in stops] == [7]
