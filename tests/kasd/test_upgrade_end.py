@@ -1,0 +1,137 @@
+"""An upgraded stream (exec, attach, port-forward) ends when its client goes away, however the client
+closes: a clean TLS close_notify (what nginx sends when its own client was killed), a TCP FIN, or
+an RST. The far end gets the half-close and ``netio.relay.CLIENT_END_GRACE`` to finish, then the
+stream is reset, and its metric and principal slot are released."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+import trustme
+
+import netio.relay
+from kasd.server import Runtime
+from tests.kasd.helpers import CI_TOKEN, accept, make_config, read_all, running_kasd, fake_agent
+from tunnelhttp.head import RequestHead, ResponseHead, TunnelCode
+from wire.session import MuxStream, Session, StreamResetError
+
+pytestmark = pytest.mark.timeout(20)
+
+GRACE = 0.5
+_EXEC = (b"GET /api/v1/namespaces/default/pods/p/exec?command=sh&stdin=true HTTP/1.1\r\nhost: kasd\r\n"
+         b"authorization: Bearer " + CI_TOKEN.encode() + b"\r\nconnection: Upgrade\r\nupgrade: websocket\r\n"
+         b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n"
+         b"sec-websocket-protocol: v5.channel.k8s.io\r\n\r\n")
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> tuple[trustme.CA, dict[str, str]]:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert_path, key_path = tmp_path / "kasd.crt", tmp_path / "kasd.key"
+    cert.cert_chain_pems[0].write_to_path(str(cert_path))
+    cert.private_key_pem.write_to_path(str(key_path))
+    return ca, {"cert": str(cert_path), "key": str(key_path)}
+
+
+class _AccessLines(logging.Handler):
+    """Sets ``ended`` as the access line of a request is written: the request is over, everything
+    it held released (the line is written after)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+        self.ended = trio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+        self.ended.set()
+
+
+@pytest.fixture
+def access_lines() -> Iterator[_AccessLines]:
+    handler = _AccessLines()
+    logger = logging.getLogger("kasd.access")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def _active_streams(runtime: Runtime) -> float:
+    for line in runtime.metrics.render().decode().splitlines():
+        if line.startswith("kasd_proxy_active_streams "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no kasd_proxy_active_streams")
+
+
+async def _upgraded(stream: trio.abc.Stream) -> None:
+    await stream.send_all(_EXEC)
+    head = b""
+    while b"\r\n\r\n" not in head:
+        data = await stream.receive_some(4096)
+        assert data, head
+        head += data
+    assert head.startswith(b"HTTP/1.1 101"), head
+
+
+@pytest.mark.parametrize("close", ["tls-close-notify", "fin"])
+async def test_an_upgraded_stream_ends_at_the_agent_within_the_grace_when_its_client_closes(
+        close: str, tls_files: tuple[trustme.CA, dict[str, str]], access_lines: _AccessLines,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent's side is an API server that never learns of the client's end by itself (as over
+    TLS, which has no half-close): the stream is still reset within the grace."""
+    monkeypatch.setattr(netio.relay, "CLIENT_END_GRACE", GRACE)
+    ca, files = tls_files
+    half_closed = trio.Event()
+    ended: list[tuple[float, BaseException]] = []
+    reset_seen = trio.Event()
+
+    async def exec_that_never_ends(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        await accept(stream, ResponseHead(status=101, headers=(("connection", "Upgrade"), ("upgrade", "websocket"))))
+        assert await read_all(stream) == b"\x81\x00"  # the client's end came through, as a half-close
+        half_closed.set()
+        error = await stream.wait_broken()
+        ended.append((trio.current_time(), error))
+        reset_seen.set()
+
+    config = make_config(tls=files, max_requests_per_principal=1) if close.startswith("tls") else \
+        make_config(max_requests_per_principal=1)
+    with trio.fail_after(10):
+        async with running_kasd(config) as kasd, fake_agent(kasd, exec_that_never_ends):
+            tcp = await trio.open_tcp_stream("127.0.0.1", kasd.port("kubernetes_api"))
+            client: trio.abc.Stream = tcp
+            if close.startswith("tls"):
+                ctx = ssl.create_default_context()
+                ca.configure_trust(ctx)
+                client = trio.SSLStream(tcp, ctx, server_hostname="127.0.0.1")
+            await _upgraded(client)
+            await client.send_all(b"\x81\x00")
+            assert _active_streams(kasd) == 1
+            if close.startswith("tls"):
+                await client.aclose()  # close_notify, then the socket: what nginx does
+            else:
+                await tcp.send_eof()  # FIN, still listening
+            await half_closed.wait()
+            closed_at = trio.current_time()
+            if close == "fin":
+                assert await tcp.receive_some(4096) == b""  # kasd closed the connection too
+            await reset_seen.wait()
+            await access_lines.ended.wait()
+            at, error = ended[0]
+            assert isinstance(error, StreamResetError) and error.code == TunnelCode.CLIENT_GONE
+            assert at - closed_at < GRACE + 1.0
+            assert _active_streams(kasd) == 0
+            assert kasd.proxy.pipeline.principal_requests.principals == 0  # the slot is free again
+            assert "outcome=client-gone" in access_lines.lines[-1]
+            if close == "fin":
+                await tcp.aclose()
