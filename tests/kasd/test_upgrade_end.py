@@ -12,11 +12,14 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 import trustme
 
 import netio.relay
-from kasd.server import Runtime
-from tests.kasd.helpers import CI_TOKEN, accept, make_config, read_all, running_kasd, fake_agent
+from kasd.server import Runtime, serve_kasd
+from tests.kasd.helpers import CI_TOKEN, accept, fake_agent, make_config, read_all, running_kasd
+from tests.kasd.replicas_helpers import replica_config, running_replicas
+from tests.routing.standins import MemoryWorld
 from tunnelhttp.head import RequestHead, ResponseHead, TunnelCode
 from wire.session import MuxStream, Session, StreamResetError
 
@@ -135,3 +138,62 @@ async def test_an_upgraded_stream_ends_at_the_agent_within_the_grace_when_its_cl
             assert "outcome=client-gone" in access_lines.lines[-1]
             if close == "fin":
                 await tcp.aclose()
+
+
+_CLOSE_FRAME = b"\x88\x02\x03\xe8"  # the far end's WebSocket close 1000: an exec's last bytes
+
+
+async def test_a_draining_holder_delivers_an_execs_last_bytes_through_the_hop(tmp_path: Path) -> None:
+    """kubectl on replica b, the agent's tunnel on replica a, and a drains: the close frame the agent
+    sends as the exec ends is queued on a's peer session as the stream finishes, while that
+    session's writes are held up (here by the test; in life by a busy socket or a writer not yet
+    run). a's drain must not finish, and close the session, before it is written."""
+    world = MemoryWorld()
+    client_done = trio.Event()
+
+    async def exec_(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        await accept(stream, ResponseHead(status=101, headers=(("connection", "Upgrade"), ("upgrade", "websocket"))))
+        assert await read_all(stream) == b"\x88\x00"  # kubectl's close frame, then its end
+        client_done.set()
+        await session.wait_goaway()  # the holder drains; the exec ends meanwhile
+        await stream.send_all(_CLOSE_FRAME)
+        await stream.send_eof()
+
+    config = replica_config(tmp_path)
+    a_stopped = trio.Event()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+
+            async def run(task_status: trio.TaskStatus[Runtime]) -> None:
+                try:
+                    await serve_kasd(config, replication=world.join, task_status=task_status)
+                finally:
+                    a_stopped.set()
+
+            a: Runtime = await nursery.start(run)
+            async with running_replicas(world, [config]) as (b,), fake_agent(a, exec_):
+                client = await trio.open_tcp_stream("127.0.0.1", b.port("kubernetes_api"))
+                await _upgraded(client)
+                assert a.forwarder is not None and len(a.forwarder.sessions) == 1
+                (peer_session,) = a.forwarder.sessions
+                held = trio.Event()
+                send_all = peer_session.transport.send_all
+
+                async def held_send_all(data: bytes | bytearray | memoryview) -> None:
+                    await held.wait()
+                    await send_all(data)
+
+                await client.send_all(b"\x88\x00")
+                await client.send_eof()
+                await client_done.wait()
+                peer_session.transport.send_all = held_send_all  # type: ignore[method-assign]
+                a.request_shutdown()
+                await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+                assert not a_stopped.is_set()  # the close frame is not written yet: a is still draining
+                held.set()
+                got = b""
+                while data := await client.receive_some(4096):
+                    got += data
+                assert got == _CLOSE_FRAME
+                await a_stopped.wait()
+                await client.aclose()
