@@ -140,6 +140,36 @@ async def test_an_upgraded_stream_ends_at_the_agent_within_the_grace_when_its_cl
                 await tcp.aclose()
 
 
+
+async def test_a_client_that_closes_ends_the_agents_stream_through_the_hop_too(
+        tmp_path: Path, access_lines: _AccessLines, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kubectl on replica b, the agent's tunnel on replica a: the half-close crosses the hop, and the
+    reset that follows the grace reaches the agent's stream; b holds nothing of it any more."""
+    monkeypatch.setattr(netio.relay, "CLIENT_END_GRACE", GRACE)
+    world = MemoryWorld()
+    ended: list[BaseException] = []
+    reset_seen = trio.Event()
+
+    async def exec_that_never_ends(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        await accept(stream, ResponseHead(status=101, headers=(("connection", "Upgrade"), ("upgrade", "websocket"))))
+        assert await read_all(stream) == b""  # the client's end, passed on over the hop
+        ended.append(await stream.wait_broken())
+        reset_seen.set()
+
+    with trio.fail_after(10):
+        async with running_replicas(world, [replica_config(tmp_path)] * 2) as (a, b), \
+                fake_agent(a, exec_that_never_ends):
+            client = await trio.open_tcp_stream("127.0.0.1", b.port("kubernetes_api"))
+            await _upgraded(client)
+            await client.send_eof()
+            assert await client.receive_some(4096) == b""  # b closed the connection after the grace
+            await reset_seen.wait()
+            await access_lines.ended.wait()
+            assert isinstance(ended[0], StreamResetError) and ended[0].code == TunnelCode.CLIENT_GONE
+            assert _active_streams(b) == 0 and b.proxy.pipeline.principal_requests.principals == 0
+            await client.aclose()
+
+
 _CLOSE_FRAME = b"\x88\x02\x03\xe8"  # the far end's WebSocket close 1000: an exec's last bytes
 
 
