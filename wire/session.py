@@ -598,6 +598,10 @@ class Session(trio.abc.AsyncResource):
         if self.close_reason is not None:
             return
         self.close_reason = reason
+        if reason.code != ErrorCode.NO_ERROR:
+            # A failed session (transport, protocol, keepalive) has nothing more worth writing:
+            # the writer stops at once rather than taking its close timeout.
+            self._cut_writes(trio.current_time())
         level = logging.INFO if reason.code == ErrorCode.NO_ERROR else logging.WARNING
         log.log(level, "session closed name=%s code=%s reason=%r", self.name, ErrorCode.describe(reason.code), reason.reason)
         for stream in list(self._streams.values()):
@@ -690,9 +694,12 @@ class Session(trio.abc.AsyncResource):
         try:
             await trio.sleep_forever()
         finally:
-            self._last_write_by = trio.current_time() + _CLOSE_TIMEOUT
-            if self._send_scope is not None:
-                self._send_scope.deadline = self._last_write_by
+            self._cut_writes(trio.current_time() + _CLOSE_TIMEOUT)
+
+    def _cut_writes(self, when: float) -> None:
+        self._last_write_by = min(self._last_write_by, when)
+        if self._send_scope is not None:
+            self._send_scope.deadline = self._last_write_by
 
     async def _keepalive(self) -> None:
         pinged_at: float | None = None
