@@ -227,3 +227,32 @@ async def test_a_draining_holder_delivers_an_execs_last_bytes_through_the_hop(tm
                 assert got == _CLOSE_FRAME
                 await a_stopped.wait()
                 await client.aclose()
+
+
+async def test_a_draining_holder_never_cuts_an_upgraded_stream_whose_target_says_follow(tmp_path: Path) -> None:
+    """Event boundaries are for watches and followed logs: an upgraded stream whose target carries
+    ``follow=true`` (or ``watch=true``) is frames, not lines, and runs to its own end through a
+    draining holder, its last bytes included."""
+    world = MemoryWorld()
+
+    async def exec_(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        await accept(stream, ResponseHead(status=101, headers=(("connection", "Upgrade"), ("upgrade", "websocket"))))
+        await session.wait_goaway()  # the holder drains
+        await stream.send_all(_CLOSE_FRAME)
+        await stream.send_eof()
+        await read_all(stream)
+
+    with trio.fail_after(10):
+        async with running_replicas(world, [replica_config(tmp_path)] * 2) as (a, b), fake_agent(a, exec_):
+            client = await trio.open_tcp_stream("127.0.0.1", b.port("kubernetes_api"))
+            await client.send_all(_EXEC.replace(b"stdin=true", b"stdin=true&follow=true"))
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += await client.receive_some(4096)
+            assert head.startswith(b"HTTP/1.1 101"), head
+            a.request_shutdown()
+            got = head.split(b"\r\n\r\n", 1)[1]
+            while data := await client.receive_some(4096):
+                got += data
+            assert got == _CLOSE_FRAME
+            await client.aclose()
