@@ -45,3 +45,4 @@ def test_every_attack_runs_and_reports_its_figures() -> None:
     assert all(f["pairs"] > 0 for (a, _), f in by.items() if a == "rapid-reset")
     assert all(f["status"] >= 400 for (a, _), f in by.items() if a == "tunnel-limit")  # answered, not 200
     assert all(f["opened"] == 10 or f["refused"] for (a, _), f in by.items() if a == "flood")
+    assert [f["connections"] for (a, _), f in by.items() if a == "close-notify"] == [2]
