@@ -39,9 +39,9 @@ __all__ = ["CLIENT_END_GRACE", "RelayResult", "relay"]
 
 _CHUNK = 256 * 1024  # per-chunk Python work dominates bulk transfers: fewer, larger chunks
 _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
-#: seconds the server has to finish once the client's data ended (docs/protocol.md, "Upgraded
-#: streams"): long enough for the answer to a close frame on any link, short enough that a client
-#: that went away holds nothing for long
+#: seconds the server has to finish once the client's data ended (docs/protocol.md §12, "The end
+#: of an upgraded stream"): long enough for the answer to a close frame on any link, short enough
+#: that a client that went away holds nothing for long
 CLIENT_END_GRACE = 2.0
 
 Side = Literal["client", "server"]
