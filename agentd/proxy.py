@@ -177,7 +177,9 @@ class _CountingReceive(trio.abc.ReceiveStream):
 
 
 async def _relay(stream: MuxStream, raw: trio.abc.Stream, trailing: bytes, counters: _Counters) -> None:
-    """After 101: bytes both ways until both sides are done; half-closes pass through.
+    """After 101: bytes both ways until both sides are done; half-closes pass through. kasd's
+    half-close means its client went away: the API server gets ``netio.relay``'s grace to finish
+    (over TLS it cannot be told of a half-close at all), then its connection is closed.
 
     The upstream closing its side is the normal end of an exec or attach: what breaks after that
     (kubectl's reply to a WebSocket close frame meeting a closed connection, kasd resetting the
@@ -200,7 +202,9 @@ async def _relay(stream: MuxStream, raw: trio.abc.Stream, trailing: bytes, count
         chunk=_CHUNK,
         server_receive_error_is_eof=True,  # TLS without close_notify: the upstream's end
     )
-    if result.broken is not None and not result.server_finished and counters.outcome == "ok":
+    if result.cut and counters.outcome == "ok":
+        counters.outcome = "client-gone"  # kasd's end came; the API server did not finish in the grace
+    elif result.broken is not None and not result.server_finished and counters.outcome == "ok":
         counters.outcome = "client-gone" if result.broken == "client" else "upstream-lost"
 
 

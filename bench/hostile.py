@@ -60,6 +60,13 @@ The attacks (issue 13; each prints a row per case and whether the issue's target
                 meanwhile (answers, failures, slowest); then the bomb is removed and kasd reloads.
                 Target: the reload fails within 1 s, readiness is answered throughout.
 
+  close-notify  (issue 25) --connections exec sessions upgraded over HTTP/1.1 with a valid token,
+                each then ended with a clean TLS close_notify and closed, as nginx ends its side
+                when its own client (a killed `kubectl port-forward`) went away. Seconds until
+                kasd_proxy_active_streams is back at its baseline (it never was: each stream, and
+                its principal's slot, stayed until kasd's next shutdown).
+                Target: every stream freed within the 2 s grace (+1 s).
+
 Every attack comes from --attacker-source (127.0.0.2), the kubectl loop from 127.0.0.1: a stranger
 and a user are two hosts. With --attacker-source 127.0.0.1 they share one address, as behind a NAT,
 and kasd's per-source limits (connections, the HTTP/2 reset budget) turn kubectl away with the attacker.
@@ -87,6 +94,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -118,7 +126,7 @@ from kasctl.stack import (
 )
 from kasd.authz.agentconfig import agent_config_path
 
-ATTACKS = ("memory", "rapid-reset", "tunnel-limit", "strange-id", "flood", "regex", "yaml-bomb")
+ATTACKS = ("memory", "rapid-reset", "tunnel-limit", "strange-id", "flood", "regex", "yaml-bomb", "close-notify")
 
 # Targets from issue 13.
 PER_CONNECTION_TARGET = 64 * 1024  # bytes of kasd memory per hostile connection
@@ -1210,6 +1218,99 @@ def attack_yaml_bomb(bench: Bench) -> list[Row]:
     return [row]
 
 
+# --------------------------------------------------------------------------- 7. close_notify on exec
+
+
+CLOSE_NOTIFY_TARGET = 2.0 + 1.0  # seconds: kasd's grace after a client's end, and some slack
+EXEC_POD = "hostile-exec"
+
+
+def _active_streams(bench: Bench) -> float:
+    with urllib.request.urlopen(f"http://{bench.stack.addresses['observability']}/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("kasd_proxy_active_streams "):
+                return float(line.rsplit(" ", 1)[1])
+    raise RuntimeError("kasd has no kasd_proxy_active_streams")
+
+
+def _exec_pod(bench: Bench) -> None:
+    """A busybox pod to exec into (made once per run, through the tunnel)."""
+    base = [bench.kubectl, "--kubeconfig", str(bench.stack.kubeconfig), "-n", "default"]
+    made = subprocess.run([*base, "run", EXEC_POD, "--image=busybox"], capture_output=True, text=True,
+                          timeout=KUBECTL_CAP)  # fmt: skip
+    if made.returncode != 0 and "AlreadyExists" not in made.stderr:
+        raise RuntimeError(f"kubectl run: {made.stderr.strip()}")
+    ready = subprocess.run([*base, "wait", "--for=condition=Ready", f"pod/{EXEC_POD}", "--timeout=15s"],
+                           capture_output=True, text=True, timeout=KUBECTL_CAP)  # fmt: skip
+    if ready.returncode != 0:
+        raise RuntimeError(f"kubectl wait: {ready.stderr.strip()}")
+
+
+def _upgraded_exec(bench: Bench) -> ssl.SSLSocket:
+    """One exec, upgraded (WebSocket, v5 channels), from the attacker's address."""
+    sock = socket.create_connection(("127.0.0.1", bench.proxy_port), timeout=IO_TIMEOUT,
+                                    source_address=(ATTACKER_SOURCE[0], 0))  # fmt: skip
+    tls = bench.h1_tls.wrap_socket(sock, server_hostname="localhost")
+    tls.sendall((f"GET /api/v1/namespaces/default/pods/{EXEC_POD}/exec?command=cat&stdin=true&stdout=true HTTP/1.1\r\n"
+                 f"host: localhost\r\nauthorization: Bearer {bench.stack.ci_token}\r\nconnection: Upgrade\r\n"
+                 "upgrade: websocket\r\nsec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                 "sec-websocket-protocol: v5.channel.k8s.io\r\n\r\n").encode())  # fmt: skip
+    head = b""
+    while b"\r\n\r\n" not in head:
+        data = tls.recv(4096)
+        if not data:
+            break
+        head += data
+    if not head.startswith(b"HTTP/1.1 101"):
+        tls.close()
+        raise RuntimeError(f"exec was not upgraded: {head[:200]!r}")
+    return tls
+
+
+def _close_notify(tls: ssl.SSLSocket) -> None:
+    """close_notify without waiting for kasd's, then the socket: what nginx does."""
+    tls.setblocking(False)
+    with contextlib.suppress(ssl.SSLError, OSError):
+        tls.unwrap()
+    tls.close()
+
+
+def close_notify_case(bench: Bench) -> Row:
+    args = bench.args
+    bench.fresh_kasd(tunnel=True)
+    _exec_pod(bench)
+    before = _active_streams(bench)
+    socks = [_upgraded_exec(bench) for _ in range(args.connections)]
+    raised = _active_streams(bench) - before
+    start = time.monotonic()
+    for tls in socks:
+        _close_notify(tls)
+    freed: float | None = None
+    held = raised
+    while time.monotonic() - start < args.close_notify_wait:
+        held = _active_streams(bench) - before
+        if held <= 0:
+            freed = time.monotonic() - start
+            break
+        time.sleep(0.05)
+    summary = (f"{len(socks):,} execs upgraded (+{raised:.0f} active streams), then close_notify: "
+               + (f"all freed in {freed:.2f} s" if freed is not None
+                  else f"{held:.0f} still held after {args.close_notify_wait:g} s"))  # fmt: skip
+    return Row(
+        attack="close-notify", case="proxy TLS, exec sessions", summary=summary,
+        target=f"every stream freed within {CLOSE_NOTIFY_TARGET:g} s", met=freed is not None and freed <= CLOSE_NOTIFY_TARGET,
+        figures={"connections": len(socks), "streams_raised": raised, "freed_seconds": None if freed is None else round(freed, 3),
+                 "still_held": max(0.0, held)},
+    )  # fmt: skip
+
+
+def attack_close_notify(bench: Bench) -> list[Row]:
+    say(f"close-notify: {bench.args.connections} exec sessions, each ended with a clean TLS close_notify …")
+    row = close_notify_case(bench)
+    say(row.text())
+    return [row]
+
+
 RUNNERS: dict[str, Callable[[Bench], list[Row]]] = {
     "memory": attack_memory,
     "rapid-reset": attack_rapid_reset,
@@ -1218,6 +1319,7 @@ RUNNERS: dict[str, Callable[[Bench], list[Row]]] = {
     "flood": attack_flood,
     "regex": attack_regex,
     "yaml-bomb": attack_yaml_bomb,
+    "close-notify": attack_close_notify,
 }
 
 # --------------------------------------------------------------------------- main
@@ -1252,6 +1354,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="most connections the flood opens per port (default 2000)")
     parser.add_argument("--regex-requests", type=int, default=200, metavar="N",
                         help="regex: refused requests timed (default 200)")
+    parser.add_argument("--close-notify-wait", type=float, default=10.0, metavar="SECONDS",
+                        help="close-notify: how long to wait for kasd to free the streams (default 10)")
     parser.add_argument("--agent-wait", type=float, default=10.0, metavar="SECONDS",
                         help="kasd's agent_wait_timeout (default 10, the demo's)")
     parser.add_argument("--reconnect", action=argparse.BooleanOptionalAction, default=True,

@@ -207,6 +207,9 @@ class H2Driver:
         self._sending = True
         try:
             while self._queued:
+                # Cancelled between two writes: what is queued stays queued (for ``aclose``'s
+                # flush) rather than being taken and dropped by the next write's cancel point.
+                await trio.lowlevel.checkpoint_if_cancelled()
                 chunks, self._queued = self._queued, []
                 self._queued_bytes = 0
                 await send_many(self.stream, chunks)

@@ -53,3 +53,4 @@ def test_every_attack_runs_and_reports_its_figures() -> None:
     assert all(f["requests"] == 5 and f["answer"].startswith("403") for (a, _), f in by.items() if a == "regex")
     assert all(f["refused"] and f["restored"] and not f["readiness_failures"]
                for (a, _), f in by.items() if a == "yaml-bomb")
+    assert [f["connections"] for (a, _), f in by.items() if a == "close-notify"] == [2]

@@ -21,7 +21,11 @@ __all__ = ["Drain", "answer_boundary"]
 
 def answer_boundary(request: RequestHead, head: ResponseHead) -> EventBoundary | None:
     """Where a watch or followed log may end when a daemon drains; None for an answer that ends.
-    (kasd's proxy and the holder side of the kasd-to-kasd hop both cut there.)"""
+    (kasd's proxy and the holder side of the kasd-to-kasd hop both cut there.) An upgraded answer
+    (``101``) has none, whatever its target says: its bytes are WebSocket or SPDY frames, not
+    events, and it ends when its ends do."""
+    if head.status == 101:
+        return None
     content_type = next((value for name, value in head.headers if name.lower() == "content-type"), None)
     return EventBoundary.for_response(request.target, content_type)
 

@@ -9,6 +9,7 @@ new ones are refused.
 from __future__ import annotations
 
 import logging
+import math
 import operator
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -361,6 +362,10 @@ class Session(trio.abc.AsyncResource):
         self._pongs: dict[int, trio.Event] = {}
         self._last_received = 0.0
         self._writing = False
+        # The writer's send in progress (shielded: a frame is never cut midway nor dropped once
+        # taken from the core), and when sends must give up once the session is being torn down
+        self._send_scope: trio.CancelScope | None = None
+        self._last_write_by = math.inf
         self._cancel_scope: trio.CancelScope | None = None
         #: why the session ended (None while alive)
         self.close_reason: SessionClosedError | None = None
@@ -505,12 +510,16 @@ class Session(trio.abc.AsyncResource):
         await self._closed_event.wait()
 
     async def drain(self, message: str = "draining") -> None:
-        """Send GOAWAY and wait until every stream has finished. Bound it with a cancel scope."""
+        """Send GOAWAY and wait until every stream has finished and everything they sent was handed
+        to the transport. Bound it with a cancel scope."""
         if not self.closed:
             self._call_quiet(self.connection.goaway, ErrorCode.NO_ERROR, message)
             self._wake_writer()
         while self._streams and not self.closed:
             await self._slots.park()
+        # A stream is forgotten as its last frames are queued: they must be written before this
+        # returns, or a caller that closes the session next (a daemon's shutdown) would cut them.
+        await self._flush()
         await trio.lowlevel.checkpoint()
 
     async def aclose(self) -> None:
@@ -559,6 +568,7 @@ class Session(trio.abc.AsyncResource):
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._writer)
                     nursery.start_soon(self._reader)
+                    nursery.start_soon(self._bound_last_writes)
                     with trio.move_on_after(self.handshake_timeout) as hs:
                         await self._handshake.wait()
                     if hs.cancelled_caught:
@@ -588,6 +598,10 @@ class Session(trio.abc.AsyncResource):
         if self.close_reason is not None:
             return
         self.close_reason = reason
+        if reason.code != ErrorCode.NO_ERROR:
+            # A failed session (transport, protocol, keepalive) has nothing more worth writing:
+            # the writer stops at once rather than taking its close timeout.
+            self._cut_writes(trio.current_time())
         level = logging.INFO if reason.code == ErrorCode.NO_ERROR else logging.WARNING
         log.log(level, "session closed name=%s code=%s reason=%r", self.name, ErrorCode.describe(reason.code), reason.reason)
         for stream in list(self._streams.values()):
@@ -647,6 +661,10 @@ class Session(trio.abc.AsyncResource):
             self._wake_writer()
 
     async def _writer(self) -> None:
+        """Hand the core's frames to the transport. Once the session is torn down (cancelled, or
+        ``_shutdown``), it still writes what was queued before it stops — the last DATA and
+        END_STREAM of streams that finished, the GOAWAY — within ``_CLOSE_TIMEOUT``: a frame is only
+        lost with a transport that cannot take it. It stops at its next wait for more."""
         conn = self.connection
         while True:
             data = conn.data_to_send()
@@ -656,14 +674,32 @@ class Session(trio.abc.AsyncResource):
                 self._writer_wakeup = trio.Event()
                 continue
             self._writing = True
-            try:
-                await self.transport.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                self._shutdown(SessionClosedError(f"transport failed: {exc!r}", ErrorCode.INTERNAL_ERROR))
+            with trio.CancelScope(shield=True, deadline=self._last_write_by) as sending:
+                self._send_scope = sending
+                try:
+                    await self.transport.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    self._shutdown(SessionClosedError(f"transport failed: {exc!r}", ErrorCode.INTERNAL_ERROR))
+                    return
+                finally:
+                    self._writing = False
+                    self._send_scope = None
+            if sending.cancelled_caught:  # torn down, and the peer did not take the frames in time
+                self._shutdown(SessionClosedError("transport took no more frames at close", ErrorCode.INTERNAL_ERROR))
                 return
-            finally:
-                self._writing = False
             self._drained.unpark_all()
+
+    async def _bound_last_writes(self) -> None:
+        """Once the session's tasks are cancelled, give the writer's last sends ``_CLOSE_TIMEOUT``."""
+        try:
+            await trio.sleep_forever()
+        finally:
+            self._cut_writes(trio.current_time() + _CLOSE_TIMEOUT)
+
+    def _cut_writes(self, when: float) -> None:
+        self._last_write_by = min(self._last_write_by, when)
+        if self._send_scope is not None:
+            self._send_scope.deadline = self._last_write_by
 
     async def _keepalive(self) -> None:
         pinged_at: float | None = None

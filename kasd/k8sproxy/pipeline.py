@@ -594,7 +594,9 @@ class RequestPipeline:
 
         result = await relay(client, stream, early_to_server=early, on_to_server=sent_to_agent,
                              on_to_client=sent_to_client, chunk=_CHUNK)
-        if result.broken == "client":
+        if result.broken == "client" or result.cut:
+            # (cut: the client's end came and the agent's side did not finish within the grace:
+            # the client is gone, and the reset tells agentd to close the API server's side)
             raise ClientGone("client went away from the upgraded connection")
 
 

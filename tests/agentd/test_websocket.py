@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
+import ssl
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+import trustme
 from wsproto.connection import Connection, ConnectionType
 from wsproto.events import BytesMessage, CloseConnection
 
-from agentd.kubeapi import kubeconfig_target
+import netio.relay
+from agentd.kubeapi import KubeTarget, kubeconfig_target
 from kubesim.server import open_kubesim
 from tests.agentd.harness import (
     SIM_TOKEN,
@@ -21,9 +25,11 @@ from tests.agentd.harness import (
     agent_config,
     head,
     open_request,
+    read_http_head,
     running_agent,
     start_fake_kasd,
 )
+from tests.agentd.test_tunnels import write_kubeconfig
 from tests.trusted import TRUSTED
 from tunnelhttp.head import TunnelCode
 
@@ -97,3 +103,57 @@ async def test_exec_over_websocket(nursery: trio.Nursery, tmp_path: Path) -> Non
         assert requests.outcomes() == [(101, "ok")]
         assert any(r.path.endswith("/exec") and r.bearer_token == SIM_TOKEN
                    and r.impersonate.get("impersonate-user") == "alice" for r in sim.requests)
+
+
+async def test_kasds_half_close_closes_a_tls_api_servers_upgraded_connection_within_the_grace(
+        nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kasd passes its client's end on as a half-close; TLS cannot carry one to the API server, which
+    would then hold the exec open forever: agentd closes that connection once the grace is over."""
+    grace = 0.5
+    monkeypatch.setattr(netio.relay, "CLIENT_END_GRACE", grace)
+    ca = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_context)
+    upgraded = trio.Event()
+    closed: list[float] = []
+    closed_event = trio.Event()
+
+    async def api_server(tcp: trio.SocketStream) -> None:
+        tls = trio.SSLStream(tcp, server_context, server_side=True)
+        try:
+            assert await read_http_head(tls) is not None
+            await tls.send_all(b"HTTP/1.1 101 Switching Protocols\r\nconnection: Upgrade\r\nupgrade: websocket\r\n\r\n")
+            upgraded.set()
+            while await tls.receive_some(65536):  # an exec that never ends by itself
+                pass
+        except trio.BrokenResourceError:
+            pass
+        closed.append(trio.current_time())
+        closed_event.set()
+
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, api_server, 0, host="127.0.0.1"))
+    port = listeners[0].socket.getsockname()[1]
+    client_context = ssl.create_default_context()
+    ca.configure_trust(client_context)
+    target = KubeTarget(scheme="https", host="127.0.0.1", port=port, ssl_context=client_context)
+    write_kubeconfig(tmp_path / "kubeconfig", f"https://127.0.0.1:{port}")
+    kasd = await start_fake_kasd(nursery)
+    config = agent_config(tmp_path, kasd.url)
+    async with running_agent(nursery, config, target) as agent:
+        requests = RequestLog(agent)
+        session = await kasd.session()
+        request = head("GET", "/api/v1/namespaces/default/pods/web-0/exec?command=sh&stdin=true",
+                       headers=(("connection", "Upgrade"), ("upgrade", "websocket")))
+        with trio.fail_after(10):
+            stream, response = await open_request(session, request, eof=False)
+            assert response.status == 101
+            await upgraded.wait()
+            await stream.send_all(b"\x81\x00")
+            await stream.send_eof()  # kasd's client went away
+            ended_at = trio.current_time()
+            await closed_event.wait()
+            assert await stream.receive_some() == b""  # and agentd's side of the stream ends too
+            await requests.first.wait()
+        assert closed[0] - ended_at < grace + 1.0
+        assert requests.outcomes() == [(101, "client-gone")]
+        assert agent.proxy.active == 0

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import ssl
+import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+import trio
 import yaml
 
 from kasctl.stack import AGENT_ID, OFFLINE_AGENT_ID, Stack
-from tests.e2e.conftest import LineReader, kubectl
+from tests.e2e.conftest import KUBECTLS, LineReader, kubectl
 
 
 def _suffix(kubectl_bin: str) -> str:
@@ -172,3 +177,97 @@ def test_kubectl_reports_a_bad_token(stack: Stack, kubectl_bin: str, tmp_path: P
     result = kubectl(kubectl_bin, stack, "--kubeconfig", str(bad), "get", "pods")
     assert result.returncode != 0
     assert "Unauthorized" in result.stderr or "logged in" in result.stderr
+
+
+class CloseNotifyFront:
+    """A TLS front in the way nginx is one: terminates kubectl's TLS and opens its own to kasd, and
+    when its client goes away it ends that upstream connection cleanly, with close_notify."""
+
+    def __init__(self, stack: Stack) -> None:
+        self._server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self._server.load_cert_chain(stack.dir / "kasd-cert.pem", stack.dir / "kasd-key.pem")
+        self._client = ssl.create_default_context(cadata=stack.ca.cert_pem.bytes().decode())
+        self._upstream = stack.addresses["kubernetes_api"].rsplit(":", 1)
+        self._started = threading.Event()
+        self._scope: trio.CancelScope | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self.port = 0
+        self._thread = threading.Thread(target=trio.run, args=(self._main,), daemon=True)
+        self._thread.start()
+        assert self._started.wait(10)
+
+    async def _main(self) -> None:
+        with trio.CancelScope() as self._scope:
+            self._token = trio.lowlevel.current_trio_token()
+            listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+            self.port = listeners[0].socket.getsockname()[1]
+            self._started.set()
+            await trio.serve_listeners(self._handle, listeners)
+
+    async def _handle(self, tcp: trio.SocketStream) -> None:
+        down = trio.SSLStream(tcp, self._server, server_side=True)
+        host, port = self._upstream
+        up = trio.SSLStream(await trio.open_tcp_stream(host, int(port)), self._client, server_hostname=host)
+
+        async def pipe(src: trio.abc.Stream, dst: trio.abc.Stream) -> None:
+            try:
+                while data := await src.receive_some(65536):
+                    await dst.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+            with trio.move_on_after(2):
+                await dst.aclose()  # close_notify, then the socket
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pipe, down, up)
+            nursery.start_soon(pipe, up, down)
+
+    def close(self) -> None:
+        if self._scope is not None and self._token is not None:
+            trio.from_thread.run_sync(self._scope.cancel, trio_token=self._token)
+        self._thread.join(10)
+
+
+def _active_streams(stack: Stack) -> float:
+    with urllib.request.urlopen(f"http://{stack.addresses['observability']}/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("kasd_proxy_active_streams "):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no kasd_proxy_active_streams")
+
+
+def test_a_killed_port_forward_behind_a_tls_front_frees_its_stream(stack: Stack, tmp_path: Path) -> None:
+    """The front's clean close_notify is the killed kubectl's departure: its stream through kasd,
+    agentd and kubesim ends within the grace (2 s), not at kasd's next shutdown."""
+    kubectl_bin = KUBECTLS[-1][1]
+    name = _ready_pod(kubectl_bin, stack, "forwarded")
+    front = CloseNotifyFront(stack)
+    try:
+        config = yaml.safe_load(stack.kubeconfig.read_text())
+        config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{front.port}"
+        kubeconfig = tmp_path / "front.kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump(config))
+        kubeconfig.chmod(0o600)
+        before = _active_streams(stack)
+        forward = LineReader([kubectl_bin, "--kubeconfig", str(kubeconfig), "port-forward", f"pod/{name}", ":7",
+                              "--address", "127.0.0.1"])
+        try:
+            line = forward.wait_for("Forwarding from 127.0.0.1:")
+            match = re.search(r"127\.0\.0\.1:(\d+) -> 7", line)
+            assert match, line
+            with socket.create_connection(("127.0.0.1", int(match.group(1))), timeout=10) as conn:
+                conn.sendall(b"echo\n")
+                assert conn.recv(100) == b"echo\n"
+                assert _active_streams(stack) == before + 1
+                forward.proc.kill()
+                forward.proc.wait(10)
+                killed = time.monotonic()
+                while _active_streams(stack) != before and time.monotonic() - killed < 10:
+                    time.sleep(0.05)  # another process's metric: polled, bounded
+                freed = time.monotonic() - killed
+        finally:
+            forward.stop()
+        assert _active_streams(stack) == before, f"still held {freed:.1f}s after the kill"
+        assert freed < 4.0
+    finally:
+        front.close()

@@ -395,3 +395,45 @@ async def test_a_reset_stream_gives_its_unread_bytes_back_to_the_connection_wind
             while client.conn.outbound_flow_control_window < 65535:
                 await client.read()
             nursery.cancel_scope.cancel()
+
+
+async def test_a_flush_cancelled_between_two_writes_leaves_the_rest_queued_for_aclose() -> None:
+    """The bytes another task queued behind a write in progress are not dropped when the task that
+    writes them is cancelled (a daemon shutting down): the connection's close still sends them."""
+    written: list[bytes] = []
+    hold = trio.Event()
+
+    class SlowStream(trio.abc.Stream):
+        async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            with trio.CancelScope(shield=True):
+                await hold.wait()
+            written.append(bytes(data))
+
+        async def wait_send_all_might_not_block(self) -> None:
+            await trio.lowlevel.checkpoint()
+
+        async def receive_some(self, max_bytes: int | None = None) -> bytes:
+            await trio.sleep_forever()
+            return b""  # pragma: no cover
+
+        async def aclose(self) -> None:
+            await trio.lowlevel.checkpoint()
+
+    driver = _server_driver(SlowStream())
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            first = trio.CancelScope()
+
+            async def write_first() -> None:
+                with first:
+                    await driver.flush()  # the preface: its write waits on the stream
+
+            nursery.start_soon(write_first)
+            await trio.testing.wait_all_tasks_blocked()
+            driver.conn.ping(b"lastbyte")
+            await driver.flush()  # queued behind the write in progress
+            first.cancel()
+            hold.set()
+        await driver.aclose()
+    assert b"lastbyte" in b"".join(written)

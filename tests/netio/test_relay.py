@@ -125,7 +125,8 @@ async def test_the_servers_end_ends_a_relay_whose_client_cannot_half_close() -> 
     assert results[0].server_finished and results[0].broken is None
 
 
-async def test_the_clients_end_waits_for_a_server_that_cannot_half_close() -> None:
+async def test_the_clients_end_gives_a_server_that_cannot_half_close_the_grace_to_answer(
+        autojump_clock: trio.testing.MockClock) -> None:
     client_far, client = trio.testing.memory_stream_pair()
     server_end, server_far = trio.testing.memory_stream_pair()
     with trio.fail_after(5):
@@ -133,16 +134,76 @@ async def test_the_clients_end_waits_for_a_server_that_cannot_half_close() -> No
             results = []
 
             async def run() -> None:
-                results.append(await relay(client, WholeStream(server_end)))
+                results.append(await relay(client, WholeStream(server_end), client_end_grace=2.0))
 
             nursery.start_soon(run)
             await client_far.send_eof()
-            await trio.testing.wait_all_tasks_blocked()
-            assert not results  # still listening to the server
+            await trio.sleep(1.9)  # (virtual time) within the grace: still listening to the server
+            assert not results
             await server_far.send_all(b"late answer")
             await server_far.send_eof()
             assert await _read_all(client_far) == b"late answer"
-    assert results[0].server_finished
+    assert results[0].server_finished and not results[0].cut
+
+
+async def test_a_client_that_went_away_is_not_waited_for_past_the_grace(autojump_clock: trio.testing.MockClock) -> None:
+    """The client's end (a FIN, a proxy's TLS close_notify) is passed on as a half-close or, where
+    the server cannot take one, not at all: either way a server that does not finish is cut off
+    after the grace, so nothing the client held stays open."""
+    for whole in (False, True):
+        client_far, client = trio.testing.memory_stream_pair()
+        server_end, server_far = trio.testing.memory_stream_pair()
+        server: trio.abc.Stream = WholeStream(server_end) if whole else server_end
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                results = []
+
+                async def run() -> None:
+                    results.append(await relay(client, server, client_end_grace=2.0))  # noqa: B023
+
+                nursery.start_soon(run)
+                await client_far.send_all(b"stdin")
+                await client_far.send_eof()
+                if not whole:
+                    assert await _read_all(server_far) == b"stdin"  # the half-close went on
+                started = trio.current_time()
+        (result,) = results
+        assert result.cut and result.broken is None and not result.server_finished
+        assert trio.current_time() - started == 2.0
+
+
+async def test_what_the_server_sent_reaches_the_client_although_sending_to_it_failed() -> None:
+    """A far end that sent its last bytes (a WebSocket close frame) and stopped listening: a
+    failed send towards it does not cut those bytes off on their way to the client."""
+    client_far, client = trio.testing.memory_stream_pair()
+    server_inner, server_far = trio.testing.memory_stream_pair()
+    read_on = trio.Event()
+
+    class StopsListening(Breakable):
+        async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+            raise trio.BrokenResourceError("the far end stopped listening")
+
+        async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+            await read_on.wait()  # the close frame is still on its way when the send fails
+            return await self.inner.receive_some(max_bytes)
+
+    server = StopsListening(server_inner)
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            results = []
+
+            async def run() -> None:
+                results.append(await relay(client, server))
+                await client.aclose()
+
+            nursery.start_soon(run)
+            await server_far.send_all(b"\x88\x02\x03\xe8")  # close 1000
+            await server_far.send_eof()
+            await client_far.send_all(b"late keystroke")  # meets the far end that stopped listening
+            await trio.testing.wait_all_tasks_blocked()
+            read_on.set()
+            assert await _read_all(client_far) == b"\x88\x02\x03\xe8"
+    assert results[0].broken == "server" and results[0].to_client == 4
 
 
 async def test_a_client_that_breaks_mid_pipe_is_named() -> None:

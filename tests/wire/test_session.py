@@ -505,3 +505,104 @@ async def test_early_notices_are_bounded_the_newest_kept(nursery: trio.Nursery) 
     seen: list[int] = []
     client.on_notice = lambda metadata: seen.append(int(metadata["n"]))
     assert seen == list(range(5, MAX_EARLY_NOTICES + 5))
+
+
+class _HeldTransport(trio.abc.Stream):
+    """A transport whose writes wait while ``hold`` is set (a busy socket, a writer not yet run)."""
+
+    def __init__(self, inner: trio.abc.Stream) -> None:
+        self.inner = inner
+        self.hold: trio.Event | None = None
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if self.hold is not None:
+            await self.hold.wait()
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self.inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def _held_pair(nursery: trio.Nursery, server_scope: trio.CancelScope) -> tuple[Session, Session, _HeldTransport]:
+    """A session pair whose server side writes through a _HeldTransport and runs in ``server_scope``."""
+    left, right = trio.testing.memory_stream_pair()
+    held = _HeldTransport(right)
+    sessions: dict[str, Session] = {}
+
+    async def run_server(task_status: trio.TaskStatus[None]) -> None:
+        with server_scope:
+            async with trio.open_nursery() as own:
+                sessions["server"] = await connect_session(own, held, client=False)
+                task_status.started()
+
+    async def start_client() -> None:
+        sessions["client"] = await connect_session(nursery, left, client=True)
+
+    async with trio.open_nursery() as starter:
+        starter.start_soon(start_client)
+        await nursery.start(run_server)
+    return sessions["client"], sessions["server"], held
+
+
+_CLOSE_FRAME = b"\x88\x02\x03\xe8"  # a WebSocket close 1000: the last bytes of an exec
+
+
+async def _last_bytes(stream: MuxStream) -> bytes:
+    got = b""
+    while data := await stream.receive_some():
+        got += data
+    return got
+
+
+async def test_drain_returns_only_once_the_last_bytes_of_finished_streams_are_written(nursery: trio.Nursery) -> None:
+    """A daemon closes its sessions as soon as their drain returned: a stream that ended just
+    before (its last DATA and END_STREAM queued, not yet written) must not lose them."""
+    server_scope = trio.CancelScope()
+    client, server, held = await _held_pair(nursery, server_scope)
+    opened, incoming = await _stream_pair(client, server)
+    await incoming.accept()
+    await opened.send_eof()  # the far side of the hop is done sending
+    assert await incoming.receive_some() == b""
+    held.hold = trio.Event()  # the server's writes wait from here on
+    drained = trio.Event()
+
+    async def shut_down_once_drained() -> None:
+        await server.drain("shutting down")
+        drained.set()
+        server_scope.cancel()  # what kasd does next
+
+    nursery.start_soon(shut_down_once_drained)
+    await incoming.send_all(_CLOSE_FRAME)
+    await incoming.send_eof()  # the stream is over on this side: its frames are queued
+    await trio.testing.wait_all_tasks_blocked()
+    assert not drained.is_set()  # its frames are not written yet
+    held.hold.set()
+    with trio.fail_after(5):
+        assert await _last_bytes(opened) == _CLOSE_FRAME
+        await drained.wait()
+
+
+async def test_a_session_torn_down_mid_write_still_writes_what_its_streams_sent(
+        nursery: trio.Nursery, autojump_clock: trio.testing.MockClock) -> None:
+    """The drain's deadline (or any cancellation) that hits while the writer waits on the transport:
+    the frames it holds still go out within the close timeout, rather than being dropped."""
+    server_scope = trio.CancelScope()
+    client, server, held = await _held_pair(nursery, server_scope)
+    opened, incoming = await _stream_pair(client, server)
+    await incoming.accept()
+    await trio.testing.wait_all_tasks_blocked()
+    held.hold = trio.Event()
+    await incoming.send_all(_CLOSE_FRAME)
+    await incoming.send_eof()
+    await trio.testing.wait_all_tasks_blocked()  # the writer took them and waits on the transport
+    server_scope.cancel()
+    await trio.sleep(1)  # (virtual time) well within the close timeout
+    held.hold.set()
+    with trio.fail_after(5):
+        assert await _last_bytes(opened) == _CLOSE_FRAME
