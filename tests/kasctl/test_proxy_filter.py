@@ -67,8 +67,8 @@ async def exchange(upstream: FakeKasd, head: str, checks: RequestFilter | None =
         nursery.start_soon(serve_connection, proxy_side, upstream, checks)
         await client.send_all(head.encode("latin-1"))
         answer = b""
-        while not (answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"ok")
-                   or answer.startswith(b"HTTP/1.1 101") and answer.endswith(b"\r\n\r\n")):
+        while not ((answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"ok"))
+                   or (answer.startswith(b"HTTP/1.1 101") and answer.endswith(b"\r\n\r\n"))):
             data = await client.receive_some(65536)
             if not data:
                 break
