@@ -48,6 +48,9 @@ CHUNK = 64 * 1024
 CONNECT_TIMEOUT = 15.0
 #: seconds to close the connection to kasd cleanly (TLS close_notify) when the client's ends
 CLOSE_TIMEOUT = 2.0
+#: a refused request's body is read and dropped up to this many bytes, for this many seconds
+DISCARD_LIMIT = 1024 * 1024
+DISCARD_TIMEOUT = 2.0
 
 HELP = """\
 Open a local port that adds your kasd credentials, for kubectl, curl and browsers:
@@ -185,6 +188,8 @@ async def _exchanges(client: trio.abc.Stream, connect: Callable[[], Awaitable[tr
         refusal = checks.refusal(request)
         if refusal is not None:  # answered here; nothing of it goes to kasd
             await _answer(client, 403, f"kasctl proxy: refused: {refusal}\n".encode())
+            if request.has_body and not request.upgrade:
+                await _discard_body(requests, client)
             return
         kasd = await connect()
         if kasd is None:
@@ -216,6 +221,18 @@ async def _exchanges(client: trio.abc.Stream, connect: Callable[[], Awaitable[tr
             return  # (an upgrade refused: the parsers stopped at it, so the connection ends)
         requests.start_next_cycle()
         responses.start_next_cycle()
+
+
+async def _discard_body(requests: RequestParser, client: trio.abc.ReceiveStream) -> None:
+    """Read a refused request's body (bounded), so that closing the connection does not reset it
+    before the client has read the answer (a socket closed with unread bytes sends RST)."""
+    left = DISCARD_LIMIT
+    with trio.move_on_after(DISCARD_TIMEOUT):
+        while left > 0:
+            event = await _event(requests, client)
+            if not isinstance(event, bytes):
+                return  # END, or the client closed
+            left -= len(event)
 
 
 async def _answer(client: trio.abc.SendStream, status: int, message: bytes) -> None:

@@ -61,11 +61,12 @@ def test_a_page_under_another_host_or_origin_is_refused(stack: Stack, proxy: str
     # DNS rebinding: the browser talks to 127.0.0.1:PORT under the attacker's name
     port = int(proxy.rsplit(":", 1)[1])
 
-    def get(host: str, origin: str | None = None) -> tuple[int, bytes]:
+    def get(host: str, origin: str | None = None, body: bytes | None = None) -> tuple[int, bytes]:
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         try:
             headers = {"Host": host, **({"Origin": origin} if origin else {})}
-            connection.request("GET", "/api/v1/namespaces/default/secrets", headers=headers)
+            connection.request("POST" if body else "GET", "/api/v1/namespaces/default/secrets", body=body,
+                               headers=headers)
             response = connection.getresponse()
             return response.status, response.read()
         finally:
@@ -73,6 +74,8 @@ def test_a_page_under_another_host_or_origin_is_refused(stack: Stack, proxy: str
 
     status, body = get(f"attacker.example:{port}", f"http://attacker.example:{port}")
     assert status == 403 and b"Host 'attacker.example' is not accepted" in body
+    status, body = get(f"attacker.example:{port}", body=b'{"kind": "Secret"}' + b" " * 200_000)
+    assert status == 403  # a POST with a body the proxy never wanted: answered all the same
     status, body = get(f"localhost:{port}", "http://attacker.example")
     assert status == 403 and b"Origin 'http://attacker.example' is not this proxy" in body
     for host in (f"localhost:{port}", f"127.0.0.1:{port}"):

@@ -165,3 +165,20 @@ def test_bad_expressions_name_the_flag() -> None:
     from kasctl.proxyfilter import FilterError
     with pytest.raises(FilterError, match=r"--accept-hosts: '\^\(' is not a regular expression"):
         RequestFilter.from_flags("^(")
+
+
+async def test_each_request_on_a_connection_is_checked(nursery: trio.Nursery) -> None:
+    # a good request, then one under another name on the same connection (pipelined): the second
+    # is refused, its body read and dropped (so closing does not reset the 403), and never forwarded
+    kasd = FakeKasd(nursery)
+    client, proxy_side = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as inner:
+        inner.start_soon(serve_connection, proxy_side, kasd, None)
+        await client.send_all((request("localhost:8001")
+                               + request("attacker.example:8001", "Content-Length: 5", method="POST")
+                               + "hello").encode())
+        answer = b""
+        while data := await client.receive_some(65536):
+            answer += data
+    assert answer.startswith(b"HTTP/1.1 200 ") and b"\r\n\r\nokHTTP/1.1 403 " in answer
+    assert len(kasd.received) == 1 and kasd.connects == 1
