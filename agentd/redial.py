@@ -12,12 +12,15 @@ the ceiling keeps doubling, from 2 s: 4, 8, 16, 32, then ``cap`` (60 s).
 What keeps a kasd that is up but misbehaving from being hammered — those are not outages:
 
 - kasd refusing the token (401/403, ``refused=True``): the rest of this outage doubles up to ``cap``.
-- a slot whose tunnels keep dropping soon after they come up is *flapping*: a tunnel that lived under
-  ``stable_after`` (30 s) is short, and once more than ``flap_allowance`` (3) short ones came in a row
-  the ceiling is no longer reset at a drop but keeps doubling to ``cap`` — until a tunnel stays up
-  ``stable_after``. (So two or three restarts of kasd in quick succession are each redialed quickly;
-  a kasd that accepts tunnels and drops them gets at most ``flap_allowance`` + 1 quick handshakes
-  per slot, then 2, 4, 8 … 60 s apart.)
+- a kasd that accepts tunnels and drops them soon after, while never away, makes the slot
+  *flapping*: a tunnel is *short* when it lived under ``stable_after`` (30 s) and its dial came
+  without a failed one since the last drop (kasd took the slot straight back); once more than
+  ``flap_allowance`` (3) short ones came in a row, the ceiling is no longer reset at a drop but
+  keeps doubling to ``cap``, until a tunnel stays up ``stable_after``. Such a kasd gets at most
+  ``flap_allowance`` + 1 quick handshakes per slot, then 2, 4, 8 … 60 s apart. A kasd that
+  really goes away between tunnels (restarts, crash loops: the dials in between fail) is redialed
+  quickly each time, however often: those dials cost it nothing while it is down, and the
+  handshakes come no faster than it restarts.
 - a drop with GOAWAY (kasd draining) is replaced at once, unless the slot is flapping.
 
 Load while kasd is away: about one dial a second per tunnel slot (the mean of ``uniform(0, 2)``) for
@@ -56,6 +59,10 @@ class RedialSchedule:
     _ceiling: float = attrs.field(default=0.0, init=False)
     _young: bool = attrs.field(default=True, init=False)
     _short: int = attrs.field(default=0, init=False)
+    #: a dial failed since the last drop (kasd was away, not refusing)
+    _seen_away: bool = attrs.field(default=False, init=False)
+    #: the tunnel now up came after kasd was seen away
+    _up_after_away: bool = attrs.field(default=False, init=False)
 
     @property
     def flapping(self) -> bool:
@@ -67,10 +74,15 @@ class RedialSchedule:
 
     def tunnel_up(self) -> None:
         self._outage_since = None
+        self._up_after_away, self._seen_away = self._seen_away, False
 
     def after_drop(self, now: float, up_for: float, rand: random.Random, *, goaway: bool = False) -> float:
         """A tunnel that was up ``up_for`` seconds ended (``goaway``: kasd asked it to): the wait before redialing."""
-        self._short = 0 if up_for >= self.stable_after else self._short + 1
+        if up_for >= self.stable_after:
+            self._short = 0
+        elif not self._up_after_away:
+            self._short += 1
+        self._up_after_away = False
         self._outage_since = now
         if self.flapping:
             self._young = False  # the ceiling goes on doubling from where it was
@@ -87,6 +99,8 @@ class RedialSchedule:
             self._outage_since = now
         if refused:
             self._young = False
+        else:
+            self._seen_away = True
         return self._wait(now, rand)
 
     def _wait(self, now: float, rand: random.Random) -> float:
