@@ -5,7 +5,8 @@ agent's own credentials plus ``Impersonate-*`` headers.
 Modules: ``config`` (file/env/flags → AgentConfig), ``kubeapi`` (how to reach the API server),
 ``upstream`` (HTTP/1.1 client with a keep-alive pool), ``neterrors`` (why a connection failed, in
 words), ``proxy`` (one logical stream → one upstream exchange), ``connection`` (the tunnel manager:
-backoff, quick redials after a short outage, GOAWAY replacement), ``health``
+dialing, placement, GOAWAY replacement), ``redial`` (when a slot dials next: the reconnect
+schedule, sans-I/O), ``health``
 (``/liveness``, ``/readiness``), ``agent`` (run_agent wiring it together), ``__main__`` (the
 ``agentd`` console script).
 

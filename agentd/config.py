@@ -35,8 +35,9 @@ from daemonkit.settings import (
 from wire.ids import InvalidNumber, parse_decimal
 
 DEFAULT_CONNECTIONS = 2
-#: a kasd restart or a rescheduled kasd pod is back within this; a longer outage is backed off from
-DEFAULT_RECONNECT_QUICK_WINDOW = 30.0
+#: an outage's first minute is redialed at most 2 s apart (a kasd restart, a rescheduled kasd pod);
+#: a longer one is backed off from exponentially (agentd.redial)
+DEFAULT_RECONNECT_QUICK_WINDOW = 60.0
 DEFAULT_HEALTH_ADDRESS = "0.0.0.0:8080"
 DEFAULT_SERVICEACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -301,8 +302,8 @@ class AgentConfig:
     reconnect_quick_window: float = setting(
         DEFAULT_RECONNECT_QUICK_WINDOW, parse=_seconds_or_off, env="AGENTD_RECONNECT_QUICK_WINDOW",
         flag="--reconnect-quick-window", metavar="SECONDS",
-        help="after a tunnel that had been up 30 s drops, redial about every second for this long "
-        "before backing off exponentially; 0: back off at once",
+        help="for this long after kasd goes away (any tunnel drop, however soon after the last), redial at "
+        "most 2 s apart (full jitter) before backing off exponentially to 60 s; 0: back off at once",
     )
 
     @property

@@ -1,12 +1,12 @@
 """The connection manager: keeps ``connections`` tunnels to kasd up and serves the streams on them.
 
 Each slot dials (round-robin over the kasd addresses), serves the session until it ends, and dials
-again. Failures back off exponentially with full jitter (``uniform(0, min(cap, base·2^(n-1)))``); the
-count resets once a tunnel stayed up ``stable_after`` seconds. When such a stable tunnel drops, kasd is
-most likely restarting: for ``quick_window`` seconds the slot redials every ``uniform(base/2, base)``
-seconds, so it is back within about a second of kasd; an outage that outlasts the window is backed off
-from exponentially again. On GOAWAY the slot dials a replacement at once while the old session drains
-its in-flight streams in the background.
+again, waiting as its ``agentd.redial.RedialSchedule`` says: for the first minute of any outage at
+most 2 s between dials (full jitter), so the slot is back within about 2 s of kasd, however soon
+the outage follows the last one; then exponentially longer, up to a minute. A kasd that refuses the
+token, or keeps dropping tunnels soon after they come up, is backed off from exponentially instead.
+On GOAWAY the slot dials a replacement at once while the old session drains its in-flight streams
+in the background.
 
 Among kasd replicas, kasd sends a ``placement`` NOTICE (docs/routing.md, "Home placement"): the
 replicas in ring order from the agent's home. Slot ``i`` then belongs on ``replicas[i % n]`` (slot 0
@@ -33,6 +33,7 @@ import attrs
 import trio
 
 from agentd.neterrors import failure_reason
+from agentd.redial import Backoff, RedialSchedule
 from daemonkit.logs import BurstLimitedLog, UnexpectedErrors
 from wire.carrier import TunnelRejectedError
 from wire.frames import Metadata
@@ -58,26 +59,6 @@ FAILOVER_JITTER = 0.2
 
 #: what a failed dial is expected to raise (anything else is logged with its traceback, then retried)
 _DIAL_ERRORS = (OSError, TunnelRejectedError, SessionClosedError, trio.BrokenResourceError, ssl.SSLError, ValueError)
-
-
-@attrs.frozen(kw_only=True)
-class Backoff:
-    """Exponential backoff with full jitter, and the quick retries of a short outage."""
-
-    base: float = 1.0
-    cap: float = 60.0
-
-    def delay(self, failures: int, rand: random.Random) -> float:
-        if failures <= 0:
-            return 0.0
-        return rand.uniform(0.0, min(self.cap, self.base * 2.0 ** (failures - 1)))
-
-    def quick_delay(self, rand: random.Random) -> float:
-        """A redial while kasd is likely restarting: within ``base`` (the reconnect lands about a
-        second after kasd is back), and never sooner than half of it, so a fleet of agents whose
-        tunnels all dropped at once dials a down kasd at most twice a second per tunnel, spread
-        over the whole interval rather than in step."""
-        return rand.uniform(self.base / 2, self.base)
 
 
 @attrs.frozen(kw_only=True)
@@ -117,7 +98,7 @@ class ConnectionManager:
         connections: int = 2,
         backoff: Backoff | None = None,
         stable_after: float = 30.0,
-        quick_window: float = 30.0,
+        quick_window: float = 60.0,
         dial_timeout: float = 10.0,
         shutdown_grace: float = 10.0,
         kas_ssl_context: ssl.SSLContext | None = None,
@@ -152,7 +133,7 @@ class ConnectionManager:
         self._rejected = 0
         self._goaways = 0
         self._handled = 0
-        # A dial fails about once a second per slot while kasd is down after a stable tunnel: one
+        # A dial fails about once a second per slot in an outage's first minute: one
         # warning per slot every 10 s, with the count of those held back.
         self._dial_failures_log = BurstLimitedLog(log, interval=10.0, clock=trio.current_time)
         #: set once the first tunnel is up (readiness, the ready file, sd_notify)
@@ -322,12 +303,12 @@ class ConnectionManager:
         self._next += 1
         return url
 
+    def schedule(self) -> RedialSchedule:
+        """A new slot's reconnect schedule, with this manager's numbers."""
+        return RedialSchedule(backoff=self.backoff, stable_after=self.stable_after, quick_window=self.quick_window)
+
     async def _slot(self, index: int, tunnels: trio.Nursery) -> None:
-        failures = 0
-        # Until when a failed dial is retried quickly: set when a stable tunnel drops (kasd is most
-        # likely restarting), cleared by a tunnel that drops soon after connecting or by kasd
-        # rejecting the token (kasd is there, and retrying every second would not change its mind).
-        quick_until = -math.inf
+        schedule = self.schedule()
         failed_dials = 0  # in a row, for the log
         while True:
             url = self._placement_target(index) or self._next_url()
@@ -343,19 +324,17 @@ class ConnectionManager:
                     log.exception("unexpected dial failure url=%s slot=%d", url, index)
                 self._failures += 1
                 failed_dials += 1
-                if isinstance(exc, TunnelRejectedError) and exc.status in (401, 403):
-                    quick_until = -math.inf
+                # kasd answering and refusing the token is no outage: retrying every second would
+                # not change its mind
+                refused = isinstance(exc, TunnelRejectedError) and exc.status in (401, 403)
+                delay = schedule.after_failure(trio.current_time(), self._rand, refused=refused)
                 if self._elsewhere(index, url):
                     delay = self._rand.uniform(0.0, FAILOVER_JITTER)  # the next replica, not a backoff
-                elif trio.current_time() < quick_until:
-                    delay = self.backoff.quick_delay(self._rand)  # the count stays where the drop left it
-                else:
-                    failures += 1
-                    delay = self.backoff.delay(failures, self._rand)
                 self._log_dial_failure(url, index, exc, failed_dials, delay)
                 await self._sleep(delay)
                 continue
             failed_dials = 0
+            schedule.tunnel_up()
             self._dial_failures_log.flush(index)
             while await self._until_ended_or_moved(tunnel, ended):
                 moved = await self._move(tunnel, tunnels)
@@ -365,28 +344,17 @@ class ConnectionManager:
                 tunnel, ended = moved
             now = trio.current_time()
             up_for = now - tunnel.started_at
-            if up_for >= self.stable_after:
-                failures = 0
-                quick_until = now + self.quick_window
-            else:
-                quick_until = -math.inf
-            if tunnel.goaway:
-                # Replace at once (the old session drains meanwhile); only a kasd that keeps sending
-                # GOAWAY right after connecting (failures piling up) is backed off from.
-                failures += 1
-                delay = self.backoff.delay(failures - 1, self._rand)
-            elif self._elsewhere(index, tunnel.url, broke=True):
-                # The replica broke the tunnel (crashed, most likely) and others are placed: fail over
-                # to the next one now; its requests are waiting for a tunnel to appear anywhere.
+            # GOAWAY: replaced at once (the old session drains meanwhile) unless this slot's tunnels
+            # keep ending soon after they start; then it is backed off from like any failure.
+            delay = schedule.after_drop(now, up_for, self._rand, goaway=tunnel.goaway)
+            if not tunnel.goaway:
                 self._failures += 1
-                delay = self._rand.uniform(0.0, FAILOVER_JITTER)
-            else:
-                failures += 1
-                self._failures += 1
-                delay = (self.backoff.quick_delay(self._rand) if now < quick_until
-                         else self.backoff.delay(failures, self._rand))
-            log.info("redialing slot=%d after=%.2fs up_for=%.1fs reason=%s", index, delay, up_for,
-                     "goaway" if tunnel.goaway else "closed")
+                if self._elsewhere(index, tunnel.url, broke=True):
+                    # The replica broke the tunnel (crashed, most likely) and others are placed: fail
+                    # over to the next one now; its requests are waiting for a tunnel anywhere.
+                    delay = self._rand.uniform(0.0, FAILOVER_JITTER)
+            log.info("redialing slot=%d after=%.2fs up_for=%.1fs reason=%s%s", index, delay, up_for,
+                     "goaway" if tunnel.goaway else "closed", " flapping=1" if schedule.flapping else "")
             await self._sleep(delay)
 
     def _log_dial_failure(self, url: str, index: int, exc: BaseException, failures: int, delay: float) -> None:

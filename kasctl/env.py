@@ -16,15 +16,8 @@ import os
 import sys
 from typing import Any
 
-from kasctl.kubeconfig import (
-    API_VARIABLE,
-    CA_VARIABLE,
-    TOKEN_VARIABLE,
-    KubeconfigError,
-    read_ca,
-    rest_call,
-    setting,
-)
+from kasctl.kubeconfig import API_VARIABLE, CA_VARIABLE, TOKEN_VARIABLE, read_ca, setting
+from kasctl.restclient import RestError, rest_call
 from kasd.restapi import STOP_PATH, stop_path
 
 HELP = f"""\
@@ -40,6 +33,7 @@ By hand:
   kasctl env stop --project group/app --environment review/feat-x --job-token "$(kasctl token ci ...)"
 
 Prints what was deleted, kept (not made by kasd) and already gone, per agent; --json for kasd's answer.
+kasctl follows no redirect: the token goes to --api-url and nowhere else.
 """
 
 
@@ -63,7 +57,7 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
 def run(args: argparse.Namespace) -> int:
     try:
         answer = stop(args, os.environ)
-    except KubeconfigError as exc:
+    except RestError as exc:
         print(f"kasctl env stop: {exc}", file=sys.stderr)
         return exc.code
     if args.json:
@@ -79,7 +73,7 @@ def stop(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -
     token = setting(args.job_token, environ, TOKEN_VARIABLE, "--job-token")
     api = setting(args.api_url, environ, API_VARIABLE, "--api-url").rstrip("/")
     if not api.startswith(("https://", "http://")):
-        raise KubeconfigError(f"--api-url must be an https:// (or http://) URL, got {api!r}", 2)
+        raise RestError(f"--api-url must be an https:// (or http://) URL, got {api!r}", 2)
     ca_pem = read_ca(args.certificate_authority or environ.get(CA_VARIABLE))
     return rest_call(api, stop_path(project, environment), token, ca_pem, method="POST")
 

@@ -10,24 +10,22 @@ creates on the job's first request), else a ``rules:`` namespace, else the entry
 
 The kubeconfig holds the job token: it goes to stdout (for ``> "$KUBECONFIG"``) or, with
 ``--output``, to a new file readable by its owner only. Errors are one line on stderr, exit 1 (kasd
-unreachable or refusing) or 2 (a wrong command line), and never quote the token.
+unreachable or refusing) or 2 (a wrong command line), and never quote the token. The call goes
+through ``kasctl.restclient``, which follows no redirect (the token goes to ``--api-url`` only).
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
-import json
 import os
-import ssl
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from kasctl.restclient import RestError, rest_call
 from kasd.authz.jobinfo import ALLOWED_AGENTS_PATH
 from wire.ids import InvalidNumber, check_id
 
@@ -40,7 +38,8 @@ CLUSTER = "kasd"
 HELP = f"""\
 Print a CI job's kubeconfig: one context per agent the job may use, named
 <config project path>:<agent name>, each with the job's token (ci:<agent id>:<job token>) and the
-namespace the job works in. Asks kasd's REST API (GET {ALLOWED_AGENTS_PATH}, listeners.api).
+namespace the job works in. Asks kasd's REST API (GET {ALLOWED_AGENTS_PATH}, listeners.api);
+it follows no redirect, so the job token goes to --api-url and nowhere else.
 
 In a CI job:
   kasctl kubeconfig > "$KUBECONFIG"        # with CI_JOB_TOKEN, {API_VARIABLE}, {SERVER_VARIABLE} set
@@ -49,12 +48,8 @@ In a CI job:
 """
 
 
-class KubeconfigError(Exception):
-    """One line for stderr; ``code`` the exit status."""
-
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.code = code
+#: the same class as the REST client's errors, so one ``except`` catches both
+KubeconfigError = RestError
 
 
 def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -121,26 +116,6 @@ def read_ca(ca_value: str | Path | None) -> bytes | None:
         raise KubeconfigError(f"cannot read --certificate-authority {ca_value}: {exc.strerror or exc}", 2) from None
 
 
-def rest_call(api: str, path: str, token: str, ca_pem: bytes | None, *, method: str = "GET") -> dict[str, Any]:
-    """kasd's JSON answer to ``method path`` on its REST API with a ``Job-Token``; ``KubeconfigError``
-    with kasd's own message when it refuses, or saying why it could not be reached."""
-    context = ssl.create_default_context(cadata=ca_pem.decode()) if ca_pem else ssl.create_default_context()
-    request = urllib.request.Request(f"{api}{path}", method=method, headers={"Job-Token": token,
-                                                                            "Accept": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30, context=context) as response:
-            return json.loads(response.read(4 * 1024 * 1024))  # type: ignore[no-any-return]
-    except urllib.error.HTTPError as exc:
-        try:
-            message = json.loads(exc.read(64 * 1024)).get("message", "")
-        except ValueError:
-            message = ""
-        raise KubeconfigError(f"kasd refused ({exc.code}): {message or exc.reason}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise KubeconfigError(f"cannot reach kasd's REST API at {api}: {reason}") from None
-
-
 def build(answer: dict[str, Any], server: str, token: str, ca_pem: bytes | None) -> dict[str, Any]:
     """The kubeconfig for kasd's ``answer`` (see the module docstring)."""
     cluster: dict[str, Any] = {"server": server}
@@ -183,4 +158,4 @@ def _write_new(path: Path, text: str) -> None:
         out.write(text)
 
 
-__all__ = ["add_command", "build", "run"]
+__all__ = ["KubeconfigError", "add_command", "build", "rest_call", "run"]

@@ -5,7 +5,12 @@ client connection gets one TLS connection to kasd's Kubernetes API proxy, and ea
 there with the client's ``Authorization`` replaced by ``Bearer <token>`` and ``Host`` by kasd's.
 Bodies stream both ways; after a ``101`` (exec, attach, port-forward) bytes are relayed as they
 are. Like ``kubectl proxy`` it listens on loopback only unless told otherwise (``--allow-remote``):
-anyone who can reach the port acts with the token.
+anyone who can reach the port acts with the token. And like ``kubectl proxy`` it passes on only
+requests whose ``Host`` is an accepted name (``--accept-hosts``), so that a web page cannot reach it
+by DNS rebinding; it also refuses a request whose ``Origin`` is another site than itself (WebSocket
+handshakes included). ``kasctl.proxyfilter`` holds the rules; a refused request gets ``403`` naming
+the reason, and nothing of it reaches kasd (the connection to kasd is made only for a request that
+passed).
 
 The token is read from ``--token-file`` or ``$KASCTL_TOKEN`` (``--token`` works, but shows in
 ``ps``); it is never printed or logged.
@@ -19,6 +24,7 @@ import os
 import signal
 import ssl
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -27,6 +33,12 @@ import trio
 import http11
 from http11 import CLOSED, END, NEED_DATA, BodyWriter, RequestParser, ResponseParser
 from kasctl.kubeconfig import CA_VARIABLE, SERVER_VARIABLE
+from kasctl.proxyfilter import (
+    DEFAULT_ACCEPT_HOSTS,
+    DEFAULT_REJECT_METHODS,
+    FilterError,
+    RequestFilter,
+)
 from netio.relay import relay
 from wire.ids import InvalidNumber, parse_decimal
 
@@ -35,6 +47,11 @@ MAX_HEAD = 64 * 1024
 CHUNK = 64 * 1024
 #: seconds to connect (TCP and TLS) to kasd
 CONNECT_TIMEOUT = 15.0
+#: seconds to close the connection to kasd cleanly (TLS close_notify) when the client's ends
+CLOSE_TIMEOUT = 2.0
+#: a refused request's body is read and dropped up to this many bytes, for this many seconds
+DISCARD_LIMIT = 1024 * 1024
+DISCARD_TIMEOUT = 2.0
 
 HELP = """\
 Open a local port that adds your kasd credentials, for kubectl, curl and browsers:
@@ -45,6 +62,13 @@ Open a local port that adds your kasd credentials, for kubectl, curl and browser
 
 The token is a whole bearer token: ci:<agent id>:<job token> or pat:<agent id>:<token>. Anyone who
 can reach the port uses it: the port is on loopback unless --allow-remote.
+
+Web pages in your browser can send requests to 127.0.0.1 too, so, as kubectl proxy does, only
+requests whose Host is localhost, 127.0.0.1 or [::1] (with any port) are passed on; a page that
+reaches the port under a name of its own (DNS rebinding) gets 403. A request with an Origin header
+(browsers send one on cross-site requests and every WebSocket handshake) must come from this proxy's
+own origin, http://<accepted host>:<its port>. Behind another name (with --allow-remote):
+  kasctl proxy --allow-remote --listen 0.0.0.0:8001 --accept-hosts '^devbox\\.internal$' ...
 """
 
 
@@ -70,6 +94,13 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
                         help="where to listen (default 127.0.0.1:8001; port 0 picks one)")
     parser.add_argument("--allow-remote", action="store_true",
                         help="allow a --listen address other than loopback (anyone reaching it uses your token)")
+    parser.add_argument("--accept-hosts", default=DEFAULT_ACCEPT_HOSTS, metavar="REGEXPS",
+                        help="pass on only requests whose Host (without port) matches one of these comma-separated "
+                             "regular expressions, as kubectl proxy (default %(default)s); an Origin header must be "
+                             "http://<such a host>:<this port>")
+    parser.add_argument("--reject-methods", default=DEFAULT_REJECT_METHODS, metavar="REGEXPS",
+                        help="refuse requests whose method matches one of these (default %(default)s: none), "
+                             "e.g. 'POST,PUT,PATCH,DELETE' for a read-only port")
     parser.set_defaults(run=run)
 
 
@@ -119,28 +150,50 @@ async def _event(parser: RequestParser | ResponseParser, stream: trio.abc.Receiv
             parser.feed_eof()
 
 
-async def serve_connection(client: trio.abc.Stream, upstream: Upstream) -> None:
-    """One client connection: its requests, in order, over one connection to kasd."""
+async def serve_connection(client: trio.abc.Stream, upstream: Upstream,
+                           request_filter: RequestFilter | None = None) -> None:
+    """One client connection: its requests, in order, over one connection to kasd (made for the
+    first request the filter lets through; a refused request ends the client's connection)."""
+    checks = request_filter or RequestFilter.from_flags()
     async with client:
+        kasd: list[trio.abc.Stream] = []
+
+        async def connect() -> trio.abc.Stream | None:
+            if not kasd:
+                try:
+                    kasd.append(await upstream.connect())
+                except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+                    message = f"kasctl proxy: cannot reach kasd at {upstream.host}:{upstream.port}: {exc}"
+                    await _answer(client, 502, message.encode())
+                    return None
+            return kasd[0]
+
         try:
-            kasd = await upstream.connect()
-        except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
-            message = f"kasctl proxy: cannot reach kasd at {upstream.host}:{upstream.port}: {exc}".encode()
-            await _answer(client, 502, message)
-            return
-        async with kasd:
-            try:
-                await _exchanges(client, kasd, upstream)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, http11.ProtocolError, http11.FramingError):
-                return  # either side went away or spoke nonsense: the connection ends
+            await _exchanges(client, connect, upstream, checks)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, http11.ProtocolError, http11.FramingError):
+            pass  # either side went away or spoke nonsense: the connection ends
+        finally:
+            for stream in kasd:
+                with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
+                    await stream.aclose()  # (closes even when the time runs out)
 
 
-async def _exchanges(client: trio.abc.Stream, kasd: trio.abc.Stream, upstream: Upstream) -> None:
+async def _exchanges(client: trio.abc.Stream, connect: Callable[[], Awaitable[trio.abc.Stream | None]],
+                     upstream: Upstream, checks: RequestFilter) -> None:
     requests = RequestParser(max_head=MAX_HEAD)
     responses = ResponseParser(max_head=MAX_HEAD)
     while True:
         request = await _event(requests, client)
         if request is CLOSED or not isinstance(request, http11.Request):
+            return
+        refusal = checks.refusal(request)
+        if refusal is not None:  # answered here; nothing of it goes to kasd
+            await _answer(client, 403, f"kasctl proxy: refused: {refusal}\n".encode())
+            if request.has_body and not request.upgrade:
+                await _discard_body(requests, client)
+            return
+        kasd = await connect()
+        if kasd is None:
             return
         await kasd.send_all(http11.encode_request_head(request.method, request.target,
                                                        upstream.request_headers(request.headers)))
@@ -169,6 +222,18 @@ async def _exchanges(client: trio.abc.Stream, kasd: trio.abc.Stream, upstream: U
             return  # (an upgrade refused: the parsers stopped at it, so the connection ends)
         requests.start_next_cycle()
         responses.start_next_cycle()
+
+
+async def _discard_body(requests: RequestParser, client: trio.abc.ReceiveStream) -> None:
+    """Read a refused request's body (bounded), so that closing the connection does not reset it
+    before the client has read the answer (a socket closed with unread bytes sends RST)."""
+    left = DISCARD_LIMIT
+    with trio.move_on_after(DISCARD_TIMEOUT):
+        while left > 0:
+            event = await _event(requests, client)
+            if not isinstance(event, bytes):
+                return  # END, or the client closed
+            left -= len(event)
 
 
 async def _answer(client: trio.abc.SendStream, status: int, message: bytes) -> None:
@@ -224,7 +289,14 @@ def run(args: argparse.Namespace) -> int:
         ca_value = args.certificate_authority or os.environ.get(CA_VARIABLE)
         upstream = Upstream(server, token, Path(ca_value) if ca_value else None)
         host, port = _listen_address(args.listen, args.allow_remote)
-        trio.run(_serve, upstream, host, port)
+        try:
+            checks = RequestFilter.from_flags(args.accept_hosts, args.reject_methods)
+        except FilterError as exc:
+            raise ProxyError(str(exc)) from None
+        if args.allow_remote and args.accept_hosts == DEFAULT_ACCEPT_HOSTS:
+            print("kasctl proxy: note: only requests to localhost, 127.0.0.1 or [::1] are passed on; name the "
+                  "hosts others use with --accept-hosts", file=sys.stderr)
+        trio.run(_serve, upstream, checks, host, port)
     except ProxyError as exc:
         print(f"kasctl proxy: {exc}", file=sys.stderr)
         return exc.code
@@ -236,13 +308,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(upstream: Upstream, host: str, port: int) -> None:
+async def _serve(upstream: Upstream, checks: RequestFilter, host: str, port: int) -> None:
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()
     print(f"Starting to serve on {bound[0]}:{bound[1]} (to {upstream.host}:{upstream.port})", flush=True)
     with trio.open_signal_receiver(*_STOP) as signals:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(trio.serve_listeners, lambda c: serve_connection(c, upstream), listeners)
+            nursery.start_soon(trio.serve_listeners, lambda c: serve_connection(c, upstream, checks), listeners)
             async for _ in signals:
                 nursery.cancel_scope.cancel()
                 break

@@ -24,11 +24,8 @@ import base64
 import binascii
 import json
 import os
-import ssl
 import sys
 import time
-import urllib.error
-import urllib.request
 from datetime import timedelta
 from typing import Any
 
@@ -40,13 +37,12 @@ from kasctl.kubeconfig import (
     read_ca,
     setting,
 )
+from kasctl.restclient import rest_call
 from kasd.authz.jobtokens import DEFAULT_AUDIENCE, DEFAULT_ISSUER, JobClaims, mint_job_token
 from kasd.restapi import FINISH_PATH, finish_path
 
 #: how long the token kasctl mints to finish a job by its id lives
 OPERATOR_TOKEN_TTL = timedelta(minutes=1)
-#: the largest answer read from kasd
-MAX_ANSWER = 64 * 1024
 
 HELP = f"""\
 End a CI job: kasd records it as finished and every kasd replica refuses each of its tokens from
@@ -113,7 +109,8 @@ def revoke(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str])
         token = setting(args.job_token, environ, TOKEN_VARIABLE, "--job-token")
         job_id = job_id_of(token)
     ca_pem = read_ca(args.certificate_authority or environ.get(CA_VARIABLE))
-    return put_without_redirects(api + finish_path(job_id), token, ca_pem)
+    # kasctl's one REST client: it follows no redirect, so the token goes to --api-url only
+    return rest_call(api, finish_path(job_id), token, ca_pem, method="PUT", body={})
 
 
 def _operator_token(args: argparse.Namespace) -> str:
@@ -148,36 +145,4 @@ def job_id_of(token: str) -> int:
     return job_id
 
 
-class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
-    """A 30x is an answer, not a new place to send the job token to."""
-
-    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
-        return None
-
-
-def put_without_redirects(url: str, token: str, ca_pem: bytes | None) -> dict[str, Any]:
-    """kasd's JSON answer to ``PUT url`` with a ``Job-Token``; a redirect is refused (the token is
-    sent to ``url`` only); ``KubeconfigError`` with kasd's message when it refuses. (One small
-    function, for kasctl's shared HTTP client to replace.)"""
-    context = ssl.create_default_context(cadata=ca_pem.decode()) if ca_pem else ssl.create_default_context()
-    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), _RefuseRedirects())
-    request = urllib.request.Request(url, method="PUT", data=b"", headers={
-        "Job-Token": token, "Accept": "application/json", "Content-Type": "application/json"})
-    try:
-        with opener.open(request, timeout=30) as response:
-            return json.loads(response.read(MAX_ANSWER))  # type: ignore[no-any-return]
-    except urllib.error.HTTPError as exc:
-        if 300 <= exc.code < 400:
-            raise KubeconfigError(f"kasd's REST API answered {exc.code} (a redirect): the job token is not sent "
-                                  "on; give --api-url as kasd's own address") from None
-        try:
-            message = json.loads(exc.read(MAX_ANSWER)).get("message", "")
-        except (ValueError, AttributeError):
-            message = ""
-        raise KubeconfigError(f"kasd refused ({exc.code}): {message or exc.reason}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise KubeconfigError(f"cannot reach kasd's REST API at {url.split('/api/', 1)[0]}: {reason}") from None
-
-
-__all__ = ["add_command", "job_id_of", "put_without_redirects", "revoke", "run"]
+__all__ = ["add_command", "job_id_of", "revoke", "run"]

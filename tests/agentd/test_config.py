@@ -118,7 +118,7 @@ def test_errors_name_the_problem(files: Path, args: list[str], message: str) -> 
 
 def test_timeouts_from_file_environment_and_flags(files: Path) -> None:
     defaults = load_config(["--kas-address", "http://k/tunnel", *base_flags(files)], {})
-    assert (defaults.upstream_response_header_timeout, defaults.reconnect_quick_window) == (90.0, 30.0)
+    assert (defaults.upstream_response_header_timeout, defaults.reconnect_quick_window) == (90.0, 60.0)
     (files / "agentd.yaml").write_text("upstream_response_header_timeout: 120\nreconnect_quick_window: 45.5\n")
     from_file = load_config(["--config", str(files / "agentd.yaml"), "--kas-address", "http://k/tunnel",
                              *base_flags(files)], {})

@@ -3,6 +3,7 @@ upgrade), curl-like clients and browsers; loopback only unless told."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import subprocess
@@ -57,6 +58,32 @@ def test_kubectl_and_a_plain_client_go_through_with_the_token_added(stack: Stack
     assert run("delete", "pod/through-proxy", "--wait=false").returncode == 0
 
 
+def test_a_page_under_another_host_or_origin_is_refused(stack: Stack, proxy: str) -> None:
+    # DNS rebinding: the browser talks to 127.0.0.1:PORT under the attacker's name
+    port = int(proxy.rsplit(":", 1)[1])
+
+    def get(host: str, origin: str | None = None, body: bytes | None = None) -> tuple[int, bytes]:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            headers = {"Host": host, **({"Origin": origin} if origin else {})}
+            connection.request("POST" if body else "GET", "/api/v1/namespaces/default/secrets", body=body,
+                               headers=headers)
+            response = connection.getresponse()
+            return response.status, response.read()
+        finally:
+            connection.close()
+
+    status, body = get(f"attacker.example:{port}", f"http://attacker.example:{port}")
+    assert status == 403 and b"Host 'attacker.example' is not accepted" in body
+    status, body = get(f"attacker.example:{port}", body=b'{"kind": "Secret"}' + b" " * 200_000)
+    assert status == 403  # a POST with a body the proxy never wanted: answered all the same
+    status, body = get(f"localhost:{port}", "http://attacker.example")
+    assert status == 403 and b"Origin 'http://attacker.example' is not this proxy" in body
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}"):
+        status, body = get(host, f"http://{host}")
+        assert status == 200 and json.loads(body)["kind"] == "SecretList"
+
+
 def test_it_listens_on_loopback_unless_told(stack: Stack, tmp_path: Path) -> None:
     env = {"PATH": os.environ["PATH"], "KASCTL_TOKEN": stack.ci_token}
     args = [sys.executable, "-m", "kasctl", "proxy", "--server", stack.proxy_url, "--listen", "0.0.0.0:0"]
@@ -67,6 +94,9 @@ def test_it_listens_on_loopback_unless_told(stack: Stack, tmp_path: Path) -> Non
     bad = subprocess.run([*args[:-2], "--token", "glpat-abc"], capture_output=True, text=True, timeout=30,
                          env={"PATH": os.environ["PATH"]})
     assert bad.returncode == 2 and "whole bearer token" in bad.stderr and "glpat-abc" not in bad.stderr
+    regexp = subprocess.run([*args[:-2], "--accept-hosts", "^(", "--listen", "127.0.0.1:0"], capture_output=True,
+                            text=True, timeout=30, env=env)
+    assert regexp.returncode == 2 and "--accept-hosts: '^(' is not a regular expression" in regexp.stderr
 
 
 @pytest.mark.parametrize("port", ["\u00b2", "8_001", " 8001", "8" * 5000, "65536"])

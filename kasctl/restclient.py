@@ -1,0 +1,99 @@
+"""kasctl's one HTTP client for kasd's REST API: ``rest_call(api, path, token, ca_pem, method=…)``.
+
+Every kasctl command that sends a job token goes through it (``kubeconfig``, ``env stop``; add new
+ones here too), because it never sends a credential anywhere but the URL it was given: it follows
+no redirect. urllib's default opener follows a 30x to any host, port or scheme and copies the
+request's headers — ``Job-Token`` included — onto the new request; here a redirect is an error
+naming where it pointed (without its query, which could carry anything), and the user decides
+whether that is the right ``--api-url``. kasd's REST API never redirects; a front end that does
+(``http://`` to ``https://``, a moved host) is fixed by giving kasctl the final URL.
+
+Errors are ``RestError`` (one line for stderr, ``code`` the exit status: 1 kasd unreachable or
+refusing, 2 a wrong command line); no message quotes the token.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import urllib.error
+import urllib.request
+from email.message import Message
+from typing import IO, Any, NoReturn
+from urllib.parse import urljoin, urlsplit
+
+#: seconds for the whole call (connect, TLS, answer) — a command line, not a daemon
+TIMEOUT = 30.0
+#: bytes of an answer read at most (kasd's answers are a few KiB)
+MAX_ANSWER = 4 * 1024 * 1024
+
+
+class RestError(Exception):
+    """One line for stderr; ``code`` the exit status."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """Replaces urllib's redirect handler (which would resend ``Job-Token`` to wherever a 30x points)."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
+                         headers: Message, newurl: str) -> NoReturn:
+        raise RestError(f"{req.full_url.split('?', 1)[0]} answered {code} redirecting to "
+                        f"{describe_location(req.full_url, newurl)}: kasctl follows no redirect, so that your "
+                        "token goes nowhere else; if that is kasd's REST API, pass it as --api-url")
+
+
+def describe_location(base: str, location: str) -> str:
+    """Where a redirect points, for a message: absolute, without userinfo, query or fragment, short."""
+    try:
+        parts = urlsplit(urljoin(base, location))
+        netloc = parts.netloc.rsplit("@", 1)[-1]
+        text = f"{parts.scheme}://{netloc}{parts.path}"
+    except ValueError:
+        text = location.split("?", 1)[0]
+    if len(text) > 200:
+        text = text[:200] + "…"
+    return repr(text)
+
+
+def opener(ca_pem: bytes | None) -> urllib.request.OpenerDirector:
+    """urllib with kasd's CA (None: the system's) and no redirects."""
+    try:
+        context = ssl.create_default_context(cadata=ca_pem.decode()) if ca_pem else ssl.create_default_context()
+    except (ssl.SSLError, ValueError) as exc:
+        raise RestError(f"cannot use the CA file: {exc}", 2) from None
+    return urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), _RefuseRedirects())
+
+
+def rest_call(api: str, path: str, token: str, ca_pem: bytes | None, *, method: str = "GET",
+              body: dict[str, Any] | None = None) -> dict[str, Any]:
+    """kasd's JSON answer to ``method api+path`` with ``Job-Token: token`` (and ``body`` as JSON);
+    ``RestError`` with kasd's own message when it refuses, or saying why it could not be reached."""
+    headers = {"Job-Token": token, "Accept": "application/json"}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(f"{api}{path}", data=data, method=method, headers=headers)
+    try:
+        with opener(ca_pem).open(request, timeout=TIMEOUT) as response:
+            return json.loads(response.read(MAX_ANSWER))  # type: ignore[no-any-return]
+    except urllib.error.HTTPError as exc:
+        _refused(exc)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise RestError(f"cannot reach kasd's REST API at {api}: {reason}") from None
+
+
+def _refused(exc: urllib.error.HTTPError) -> NoReturn:
+    try:
+        message = json.loads(exc.read(64 * 1024)).get("message", "")
+    except (ValueError, AttributeError, OSError):
+        message = ""
+    raise RestError(f"kasd refused ({exc.code}): {str(message)[:500] or exc.reason}") from None
+
+
+__all__ = ["RestError", "describe_location", "opener", "rest_call"]
