@@ -504,8 +504,8 @@ class Bench:
         stack = self.stack
         busy = self.probe.wait_idle(limit=2.0) >= 2.0
         if self.args.fresh or busy:
-            # agentd too: it would dial in the middle of a measurement, and after a few kasd
-            # restarts its backoff grows to many seconds.
+            # agentd too: it would dial in the middle of a measurement (it redials a kasd that is
+            # away about once a second, docs/agentd.md).
             for process in (stack.agentd, stack.kasd):
                 if process is not None:
                     process.stop(timeout=3)  # an attack may have left kasd busy: no long drain
