@@ -819,13 +819,16 @@ class _KasdBlame:
 
     def not_a_mapping(self, config: Path, document: object) -> str | None:
         return None
+
+
 DESCRIPTION = """\
 kasd: the server agentd connects to. Agents (agentd) dial the agent port and keep tunnels open;
 kubectl, CI jobs and people reach their clusters through the Kubernetes API proxy.
 
 Listeners (defaults): agent 0.0.0.0:8150 (HTTP/2, path /tunnel), observability 127.0.0.1:8151
 (/liveness, /readiness, /metrics), Kubernetes API proxy 0.0.0.0:8154 (HTTP/1.1 and HTTP/2); with
---redis-url (replicas), private 0.0.0.0:8155 (kasd-to-kasd, HTTP/2).
+--redis-url (replicas), private 0.0.0.0:8155 (kasd-to-kasd, HTTP/2: with a peer secret it needs
+TLS, a loopback address or listeners.private.insecure_plaintext); REST API (--api-address) off.
 
 Configuration comes from a YAML file (--config or KASD_CONFIG; see docs/kasd.md and
 examples/kasd.yaml), then KASD_* environment variables, then the flags below: the later wins.
