@@ -38,6 +38,7 @@ from kasctl.kubeconfig import (
     setting,
 )
 from kasctl.restclient import rest_call
+from kasctl.tokens import CommandError, _signing_key, positive_id
 from kasd.authz.jobtokens import DEFAULT_AUDIENCE, DEFAULT_ISSUER, JobClaims, mint_job_token
 from kasd.restapi import FINISH_PATH, finish_path
 
@@ -65,7 +66,7 @@ def add_command(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                         help=f"the job's own token (default ${TOKEN_VARIABLE}); prefer the variable: arguments show in ps")
     operator = revoke.add_argument_group("the operator: a job by its id, with the signing key")
     operator.add_argument("--project", metavar="PATH", help="the job's project, e.g. group/app")
-    operator.add_argument("--job-id", type=_positive_id, metavar="N", help="the job to end")
+    operator.add_argument("--job-id", type=positive_id, metavar="N", help="the job to end")
     operator.add_argument("--key", metavar="FILE", help="the private signing key (default $KASCTL_SIGNING_KEY_FILE)")
     operator.add_argument("--kid", help="the key id kasd knows the key by (default: its thumbprint)")
     operator.add_argument("--audience", default=DEFAULT_AUDIENCE, help=f"aud claim (default {DEFAULT_AUDIENCE})")
@@ -74,12 +75,6 @@ def add_command(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     revoke.add_argument("--certificate-authority", metavar="FILE",
                         help=f"CA (PEM) of kasd's certificate (default ${CA_VARIABLE}; else the system's)")
     revoke.set_defaults(run=run)
-
-
-def _positive_id(text: str) -> int:
-    if not (text.isascii() and text.isdigit()) or len(text) > 19 or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number; got {text[:40]!r}")
-    return int(text)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,8 +111,6 @@ def revoke(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str])
 def _operator_token(args: argparse.Namespace) -> str:
     """A one-minute token for the job ``--project``/``--job-id`` names, signed with the operator's
     key. kasd reads only its job id; the other claims a job token must carry are placeholders."""
-    from kasctl.tokens import CommandError, _signing_key
-
     try:
         key = _signing_key(args)
         claims = JobClaims(project=args.project, job_id=args.job_id, pipeline_id=1, user="kasctl", ref="revoke")

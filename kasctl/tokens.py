@@ -118,7 +118,8 @@ def parse_ttl(text: str) -> timedelta:
     return ttl
 
 
-def _positive_id(text: str) -> int:
+def positive_id(text: str) -> int:
+    """An argparse ``type`` for a GitLab id (``wire.ids``: ASCII digits, 1..2^63-1)."""
     try:
         return parse_id(text, "the id")
     except InvalidNumber as exc:
@@ -147,9 +148,9 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
                           epilog=CI_EPILOG, formatter_class=raw)
     job = ci.add_argument_group("the job")
     job.add_argument("--project", required=True, metavar="PATH", help="the project's full path, e.g. group/app")
-    job.add_argument("--project-id", type=_positive_id, metavar="N", help="the project's numeric id")
-    job.add_argument("--job-id", type=_positive_id, required=True, metavar="N")
-    job.add_argument("--pipeline-id", type=_positive_id, required=True, metavar="N")
+    job.add_argument("--project-id", type=positive_id, metavar="N", help="the project's numeric id")
+    job.add_argument("--job-id", type=positive_id, required=True, metavar="N")
+    job.add_argument("--pipeline-id", type=positive_id, required=True, metavar="N")
     job.add_argument("--user", required=True, metavar="NAME", help="the username the job runs for")
     job.add_argument("--ref", required=True, metavar="REF", help="the branch (or, with --tag, the tag)")
     job.add_argument("--tag", action="store_true", help="--ref names a tag, not a branch")

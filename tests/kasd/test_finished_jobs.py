@@ -6,7 +6,7 @@ them would have expired anyway, when the record is purged."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -115,28 +115,10 @@ async def test_the_store_is_where_the_configuration_says_and_an_unusable_one_sto
     assert failed.group_contains(ConfigError, match=r"^store\.path: cannot open the store /proc/kasd/kasd\.sqlite3: ")
 
 
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
-    server = RedisProcess(tmp_path_factory.mktemp("redis")).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
 def redis_url(redis_server: RedisProcess) -> str:
     redis_server.command("FLUSHALL")
     return redis_server.url
-
-
-@pytest.fixture(scope="module")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
-    cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster")).start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(params=["redis", "redis-cluster"])

@@ -1,31 +1,11 @@
-"""Real redis-server processes for the routing tests: one server (module-scoped, flushed per test)
-and a 3-master Redis Cluster."""
+"""The routing tests run on a real single Redis and a real 3-master Redis Cluster (tests/conftest.py
+starts both, once per module)."""
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 import pytest
 
 from tests.redisproc import RedisCluster, RedisProcess
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
-    server = RedisProcess(tmp_path_factory.mktemp("redis")).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
-    cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster")).start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(params=["redis", "redis-cluster"])
