@@ -600,3 +600,27 @@ async def test_a_stop_whose_agent_hangs_is_a_504_at_the_callers_bound(tmp_path: 
     assert status == 504 and "agent 7" in body["message"] and "run the stop again" in body["message"], body
     assert trio.current_time() - started == pytest.approx(restapi.STOP_TIME_LIMIT)
     assert [plan.agent_id for plan in stops] == [7]
+
+
+@pytest.mark.parametrize(("owner", "other"), [("review/feat-x", environment_slug("review/feat-x")),
+                                               ("production", "production-")])
+async def test_an_environment_whose_slug_is_anothers_gets_neither_its_namespace_nor_its_stop(
+        tmp_path: Path, owner: str, other: str) -> None:
+    # Two names, one slug (GitLab's database refuses the second; kasd's store does): the second would
+    # hold the first's gitlab:project_env group, and its stop would delete the first's namespace.
+    assert environment_slug(owner) == environment_slug(other)
+    async with _stack(tmp_path, agent_yaml=MANAGED.replace('      environments: ["review/*"]\n', "")) as (kasd, sim, auth):
+        first, second = _job(auth, owner, job_id=1), _job(auth, other, job_id=2)
+        namespace = f"{environment_slug(owner)}-42-7"
+        made = await _call(kasd, first, "POST", f"/api/v1/namespaces/{namespace}/configmaps",
+                           {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app"}})
+        assert made.status == 201, made.body
+        refused = await _call(kasd, second, "GET", f"/api/v1/namespaces/{namespace}/configmaps/app")
+        assert refused.status == 403
+        assert f"environment {other!r} has the slug {environment_slug(owner)!r} of environment {owner!r}" in \
+            refused.json()["message"]
+        stopped = await http_request(kasd.port("api"), "POST", stop_path("group/app", other),
+                                     [("job-token", second.split(":", 2)[2])])
+        assert stopped.status == 403, stopped.body
+        assert _stored(sim, "", "configmaps", namespace, "app") is not None
+        assert (await _call(kasd, first, "GET", f"/api/v1/namespaces/{namespace}/configmaps/app")).status == 200
