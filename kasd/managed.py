@@ -346,14 +346,10 @@ class Provisioner:
             if resource.kind == "RoleBinding" and (obj.get("roleRef") or {}).get("kind") == "Role":
                 # A Role lives in the namespace, which this plan may just have made: looked for now.
                 await self._check_role(plan, resource, obj, request_id)
-            answer = await self.client.request(plan.agent_id, "POST", resource.collection, obj)
-            if answer.status in (200, 201):
-                self._audit("managed resource created", plan, resource, "created", request_id)
-            elif answer.status == 409:
-                self._audit("managed resource created", plan, resource, "exists", request_id)
-            else:
-                self._audit("managed resource created", plan, resource, f"failed:{answer.status}", request_id)
-                raise self._create_failed(plan, resource, answer)
+            # Objects, like namespaces, record their users: a template may give one object (a fixed
+            # name) to every environment, and the first environment's stop must not delete it
+            # under the others.
+            await self._use(plan, resource, obj, request_id)
 
     @staticmethod
     def _create_failed(plan: ManagedResources, resource: Resource, answer: Answer) -> ProvisionError:
@@ -392,9 +388,10 @@ class Provisioner:
 
     async def _use(self, plan: ManagedResources, resource: Resource, obj: Mapping[str, Any],
                    request_id: str) -> bool:
-        """Create the namespace with this plan's user recorded, or record the user on the one that
-        exists (if kasd made it); whether kasd made it for this plan's project and agent (only then
-        is anything placed inside)."""
+        """Create the object with this plan's user recorded, or record the user on the one that
+        exists (if kasd made it: a namespace for whichever project, any other object for this
+        plan's project and agent); whether kasd made it for this plan's project and agent (for a
+        namespace: only then is anything placed inside)."""
         me = user_of(plan)
         creating = _recording(obj, [me])
         first = True
@@ -417,6 +414,8 @@ class Provisioner:
                                           f"{current.message}")
             if not _marked(current.body):
                 return False  # not kasd's: used as it is, and nothing of kasd's goes in or on it
+            if resource.kind != "Namespace" and not _project_ours(current.body, plan):
+                return False  # kasd's for another project or agent: used as it is, never recorded on
             if (current.body.get("metadata") or {}).get("deletionTimestamp"):
                 raise ProvisionError(409, f"{resource.describe()} is being deleted (the last environment that "
                                           "used it stopped); try again once it is gone")
@@ -431,7 +430,8 @@ class Provisioner:
                                           f"the most kasd records; stop some of them")
             put = await self.client.request(plan.agent_id, "PUT", resource.path, _recording(current.body, [*users, me]))
             if put.status == 200:
-                self._audit("managed namespace used", plan, resource, "recorded", request_id)
+                self._audit("managed namespace used" if resource.kind == "Namespace" else "managed resource used",
+                            plan, resource, "recorded", request_id)
                 return _project_ours(current.body, plan)
             if put.status not in (404, 409):  # 409: changed since read (another replica): read again
                 raise ProvisionError(put.status if put.status in (403, 422) else 502,
@@ -466,29 +466,7 @@ class Provisioner:
         deleted += await self._unnamed_bindings(plan)
         for obj in reversed(plan.objects):
             resource = resource_of(obj)
-            if resource.kind == "Namespace":
-                outcomes[await self._leave(plan, resource)].append(resource.describe())
-                continue
-            current = await self.client.request(plan.agent_id, "GET", resource.path)
-            if current.status == 404:
-                absent.append(resource.describe())
-                continue
-            if current.status != 200:
-                raise ProvisionError(502, f"cannot read {resource.describe()} (agent {plan.agent_id}): {current.message}")
-            if not _ours(current.body, plan):
-                kept.append(resource.describe())
-                self._audit("managed resource deleted", plan, resource, "kept:not-made-by-kasd")
-                continue
-            uid = (current.body.get("metadata") or {}).get("uid")
-            answer = await self.client.request(plan.agent_id, "DELETE", resource.path, _delete_options(uid=uid))
-            if answer.status in (200, 202):
-                deleted.append(resource.describe())
-                self._audit("managed resource deleted", plan, resource, "deleted")
-            elif answer.status == 404:
-                absent.append(resource.describe())
-            else:
-                self._audit("managed resource deleted", plan, resource, f"failed:{answer.status}")
-                raise ProvisionError(502, f"cannot delete {resource.describe()} (agent {plan.agent_id}): {answer.message}")
+            outcomes[await self._leave(plan, resource)].append(resource.describe())
         return StopReport(deleted=tuple(deleted), kept=tuple(kept), absent=tuple(absent))
 
     async def _unnamed_bindings(self, plan: ManagedResources) -> list[str]:
@@ -523,20 +501,15 @@ class Provisioner:
                     continue
                 resource = Resource(api_version="rbac.authorization.k8s.io/v1", kind="RoleBinding",
                                     plural="rolebindings", name=name, namespace=namespace)
-                gone = await self.client.request(plan.agent_id, "DELETE", resource.path,
-                                                 _delete_options(uid=meta.get("uid")))
-                if gone.status in (200, 202):
+                if await self._leave(plan, resource) == "deleted":
                     deleted.append(resource.describe())
-                    self._audit("managed resource deleted", plan, resource, "deleted")
-                elif gone.status != 404:
-                    self._audit("managed resource deleted", plan, resource, f"failed:{gone.status}")
-                    raise ProvisionError(502, f"cannot delete {resource.describe()} (agent {plan.agent_id}): "
-                                              f"{gone.message}")
         return deleted
 
     async def _leave(self, plan: ManagedResources, resource: Resource) -> str:
-        """Remove this plan's user from the namespace's record; delete the namespace if that user was
-        its only one. ``deleted``, ``kept`` or ``absent``."""
+        """Remove this plan's user from the object's record; delete the object if that user was its
+        only one. An object other than a namespace that has no record (made by a kasd before objects
+        kept one) goes as it did then: if it carries this environment's label. A namespace without
+        one never goes. ``deleted``, ``kept`` or ``absent``."""
         me = user_of(plan)
         for _ in range(MAX_CONFLICTS):
             current = await self.client.request(plan.agent_id, "GET", resource.path)
@@ -547,11 +520,18 @@ class Provisioner:
             if not _marked(current.body):
                 self._audit("managed resource deleted", plan, resource, "kept:not-made-by-kasd")
                 return "kept"
-            users = users_of(current.body)
-            if users is None:
-                self._audit("managed resource deleted", plan, resource, "kept:users-not-recorded")
+            namespace = resource.kind == "Namespace"
+            if not namespace and not _project_ours(current.body, plan):
+                self._audit("managed resource deleted", plan, resource, "kept:not-made-by-kasd")
                 return "kept"
+            users = users_of(current.body)
             meta = current.body.get("metadata") or {}
+            if users is None and not namespace and _ours(current.body, plan):
+                users = [me]  # made before objects kept a record: this environment's by its label
+            if users is None:
+                why = "users-not-recorded" if namespace else "not-made-by-kasd"
+                self._audit("managed resource deleted", plan, resource, f"kept:{why}")
+                return "kept"
             others = [u for u in users if u != me]
             if others or me not in users:
                 if others == users:  # not a user of it (never applied here): nothing to remove

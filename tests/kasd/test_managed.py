@@ -624,3 +624,34 @@ async def test_an_environment_whose_slug_is_anothers_gets_neither_its_namespace_
         assert stopped.status == 403, stopped.body
         assert _stored(sim, "", "configmaps", namespace, "app") is not None
         assert (await _call(kasd, first, "GET", f"/api/v1/namespaces/{namespace}/configmaps/app")).status == 200
+
+
+async def test_an_object_a_template_gives_every_environment_goes_only_with_the_last_of_them(tmp_path: Path) -> None:
+    # A template's ServiceAccount with a fixed name is one object for every environment: the first
+    # environment's stop used to delete it (its label) under the others.
+    template = """\
+objects:
+  - apiVersion: v1
+    kind: Namespace
+    metadata: {name: tools}
+  - apiVersion: v1
+    kind: ServiceAccount
+    metadata: {name: deployer, namespace: tools}
+delete_resources: on_stop
+"""
+    async with _stack(tmp_path, templates={"default": template}) as (kasd, sim, auth):
+        x, y = _job(auth, "review/x", job_id=1), _job(auth, "review/y", job_id=2)
+        for token in (x, y):
+            assert (await _call(kasd, token, "GET", "/api/v1/namespaces/tools/serviceaccounts")).status == 403
+        account = _stored(sim, "", "serviceaccounts", "tools", "deployer")
+        assert account is not None
+        assert users_of(account) == [f"7:42:{environment_slug('review/x')}", f"7:42:{environment_slug('review/y')}"]
+        api = kasd.port("api")
+        stopped = await http_request(api, "POST", stop_path("group/app", "review/x"), [("job-token", x.split(":", 2)[2])])
+        (agent,) = stopped.json()["agents"]
+        assert agent["kept"] == ["ServiceAccount tools/deployer", "Namespace tools"], stopped.body
+        account = _stored(sim, "", "serviceaccounts", "tools", "deployer")
+        assert account is not None and users_of(account) == [f"7:42:{environment_slug('review/y')}"]
+        stopped = await http_request(api, "POST", stop_path("group/app", "review/y"), [("job-token", y.split(":", 2)[2])])
+        assert stopped.json()["agents"][0]["deleted"] == ["ServiceAccount tools/deployer", "Namespace tools"]
+        assert _stored(sim, "", "namespaces", None, "tools") is None
