@@ -43,7 +43,7 @@ from kasd.config import Agent as ConfigAgent
 from kasd.config import Config, ConfigError, directory_of
 from kasd.metrics import Metrics
 from kasd.seams import AccessDenied, Credentials, Grant
-from kasd.store.environments import EnvironmentSlugs, SlugTaken
+from kasd.store.environments import EnvironmentRefused, EnvironmentSlugs
 from kasd.store.finished import FinishedJobs
 from kasd.store.protocol import StoreError
 
@@ -241,7 +241,7 @@ class CiAuthority:
         principal = verdict.decision.principal
         try:
             await self.environments.claim(project.id, name)
-        except SlugTaken as exc:
+        except EnvironmentRefused as exc:
             raise AccessDenied(403, f"forbidden: {exc}", principal=principal) from None
         except StoreError as exc:
             raise AccessDenied(503, f"cannot check that environment {name!r} owns its slug: {exc}",

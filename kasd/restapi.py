@@ -28,7 +28,7 @@ from kasd.authz.jobinfo import ALLOWED_AGENTS_PATH, allowed_agents_response
 from kasd.authz.snapshot import Denied, Snapshot
 from kasd.k8sproxy.accesslog import logfmt
 from kasd.managed import Provisioner, ProvisionError
-from kasd.store.environments import EnvironmentSlugs, SlugTaken
+from kasd.store.environments import EnvironmentRefused, EnvironmentSlugs
 from kasd.store.protocol import StoreError
 from kasd.store.revocation import Revocations
 from wire.ids import InvalidNumber, parse_id
@@ -153,7 +153,7 @@ class RestApi:
                                     f"not {environment!r}"}
         try:
             await self._environments.claim(known.id, environment)
-        except SlugTaken as exc:
+        except EnvironmentRefused as exc:
             return 403, {"message": f"403 Forbidden: {exc}"}
         except StoreError as exc:
             return 503, {"message": f"503 Service Unavailable: cannot check that environment {environment!r} owns "

@@ -39,7 +39,21 @@ class SlugStore(Protocol):
         ...
 
 
-class SlugTaken(Exception):
+#: the longest environment name (GitLab's ``Environment`` validates ``name`` to 255 characters):
+#: what a record holds stays small
+MAX_NAME_LENGTH = 255
+
+
+class EnvironmentRefused(Exception):
+    """The environment cannot be used: ``str()`` says why, safe to show the job."""
+
+
+class NameTooLong(EnvironmentRefused):
+    def __init__(self, length: int) -> None:
+        super().__init__(f"the environment's name has {length} characters; GitLab allows at most {MAX_NAME_LENGTH}")
+
+
+class SlugTaken(EnvironmentRefused):
     """``name``'s slug belongs to ``owner``, another environment of the same project."""
 
     def __init__(self, name: str, slug: str, owner: str) -> None:
@@ -72,7 +86,8 @@ def too_many(max_entries: int) -> str:
 
 class EnvironmentSlugs:
     """``claim(project_id, name)`` passes when ``name`` owns its slug in the project (the first to
-    ask does); ``SlugTaken`` otherwise, ``StoreError`` when the store cannot say."""
+    ask does); ``SlugTaken`` otherwise (``NameTooLong`` for a name GitLab would not take either),
+    ``StoreError`` when the store cannot say."""
 
     def __init__(self, store: SlugStore | None = None) -> None:
         self.store: SlugStore = store if store is not None else MemorySlugs()
@@ -80,6 +95,8 @@ class EnvironmentSlugs:
 
     async def claim(self, project_id: int, name: str) -> str:
         """``name``'s slug, once it is known to be ``name``'s own."""
+        if len(name) > MAX_NAME_LENGTH:
+            raise NameTooLong(len(name))
         slug = environment_slug(name)
         key = (project_id, slug)
         owner = self._known.get(key)
@@ -93,4 +110,5 @@ class EnvironmentSlugs:
         return slug
 
 
-__all__ = ["MAX_ENVIRONMENTS", "EnvironmentSlugs", "MemorySlugs", "SlugStore", "SlugTaken"]
+__all__ = ["MAX_ENVIRONMENTS", "MAX_NAME_LENGTH", "EnvironmentRefused", "EnvironmentSlugs", "MemorySlugs", "NameTooLong",
+           "SlugStore", "SlugTaken"]

@@ -348,3 +348,14 @@ async def test_each_store_keeps_the_environment_that_first_had_a_slug(kind: str,
         url = str(request.getfixturevalue("redis_url"))
         async with open_redis(url) as client:
             await claims(RedisStore(client, key_prefix="test", max_entries=10))
+
+
+async def test_an_environment_name_longer_than_gitlab_allows_is_refused_not_recorded() -> None:
+    from kasd.store.environments import MAX_NAME_LENGTH, EnvironmentSlugs, MemorySlugs, NameTooLong
+
+    store = MemorySlugs()
+    slugs = EnvironmentSlugs(store)
+    assert await slugs.claim(42, "r" * MAX_NAME_LENGTH)
+    with pytest.raises(NameTooLong, match="has 5000 characters; GitLab allows at most 255"):
+        await slugs.claim(42, "r" * 5000)
+    assert len(store._owners) == 1
