@@ -655,3 +655,21 @@ delete_resources: on_stop
         stopped = await http_request(api, "POST", stop_path("group/app", "review/y"), [("job-token", y.split(":", 2)[2])])
         assert stopped.json()["agents"][0]["deleted"] == ["ServiceAccount tools/deployer", "Namespace tools"]
         assert _stored(sim, "", "namespaces", None, "tools") is None
+
+
+async def test_a_store_that_cannot_say_who_owns_a_slug_is_a_503_never_a_pass(tmp_path: Path) -> None:
+    from kasd.store.environments import EnvironmentSlugs
+    from kasd.store.protocol import StoreError
+
+    class Away:
+        async def claim_environment(self, project_id: int, slug: str, name: str) -> str:
+            raise StoreError("Redis unreachable: connection refused")
+
+    async with _stack(tmp_path) as (kasd, sim, auth):
+        assert kasd.authority is not None
+        kasd.authority.environments = EnvironmentSlugs(Away())
+        answer = await _call(kasd, _job(auth), "GET", f"/api/v1/namespaces/{NAMESPACE}/pods")
+        assert answer.status == 503, answer.body
+        assert answer.json()["message"] == ("cannot check that environment 'review/feat-x' owns its slug: Redis "
+                                            "unreachable: connection refused")
+        assert _stored(sim, "", "namespaces", None, NAMESPACE) is None
