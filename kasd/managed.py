@@ -26,6 +26,11 @@ delete precondition, so a user that recorded itself meanwhile makes the delete a
 namespace stays. A namespace without a record (made by a kasd before it kept one) is never deleted:
 who uses it cannot be proved.
 
+Every object keeps the same record (a template may give one object to every environment). The mark,
+labels and record are trusted only on an object whose UID kasd recorded in its store when it made
+it (``kasd.store.made``): whoever may update an object may write them, and must not thereby get
+kasd to delete or bind with the agent's rights.
+
 Each create and delete is an audit line (logger ``kasd.audit``): agent, project, environment,
 kind, namespace, name, outcome. Never a token.
 """
@@ -54,6 +59,8 @@ from kasd.authz.templates import (
 )
 from kasd.k8sproxy.accesslog import logfmt
 from kasd.seams import RouteError, Router
+from kasd.store.made import MadeObjects
+from kasd.store.protocol import StoreError
 from tunnelhttp.head import RequestHead, ResponseHead
 from wire.errors import RemoteProtocolError, UnsendableFrameError
 from wire.session import SessionClosedError, StreamRefusedError, StreamResetError
@@ -250,13 +257,16 @@ class StopReport:
 class Provisioner:
     """Applies and deletes ``ManagedResources`` through an ``AgentClient``."""
 
-    def __init__(self, client: AgentClient, *, clock: Any = trio.current_time) -> None:
+    def __init__(self, client: AgentClient, *, clock: Any = trio.current_time, made: MadeObjects | None = None) -> None:
         self.client = client
         self._clock = clock
         #: by (key, fingerprint): plans of one key that create different objects are each applied
         self._applied: dict[tuple[tuple[int, int, str, str], str], float] = {}
         self._failed: dict[tuple[tuple[int, int, str, str], str], tuple[float, ProvisionError]] = {}
         self._locks: dict[tuple[int, int, str, str], trio.Lock] = {}
+        #: the UIDs of what kasd made (kasd's store once ``serve_kasd`` opened it): only on those are
+        #: kasd's mark and records trusted, since whoever may update an object may write them
+        self.made = made if made is not None else MadeObjects()
 
     def _audit(self, event: str, plan: ManagedResources, resource: Resource, outcome: str, request_id: str = "") -> None:
         log.info("%s agent=%d project_id=%d environment=%s source=%s kind=%s namespace=%s name=%s outcome=%s%s",
@@ -398,6 +408,7 @@ class Provisioner:
         for _ in range(MAX_CONFLICTS):
             answer = await self.client.request(plan.agent_id, "POST", resource.collection, creating)
             if answer.status in (200, 201):
+                await self._record(plan, resource, answer.body)
                 self._audit("managed resource created", plan, resource, "created", request_id)
                 return True
             if answer.status != 409:
@@ -412,7 +423,7 @@ class Provisioner:
             if current.status != 200:
                 raise ProvisionError(502, f"cannot read {resource.describe()} (agent {plan.agent_id}): "
                                           f"{current.message}")
-            if not _marked(current.body):
+            if not _marked(current.body) or not await self._made(plan, resource, current.body):
                 return False  # not kasd's: used as it is, and nothing of kasd's goes in or on it
             if resource.kind != "Namespace" and not _project_ours(current.body, plan):
                 return False  # kasd's for another project or agent: used as it is, never recorded on
@@ -440,11 +451,36 @@ class Provisioner:
         raise ProvisionError(409, f"{resource.describe()} changed {MAX_CONFLICTS} times while this environment "
                                   "was recorded on it; try again")
 
+    async def _record(self, plan: ManagedResources, resource: Resource, created: Mapping[str, Any]) -> None:
+        """Record what was just created as kasd's; if the store cannot, delete it again (an object
+        kasd made but did not record would be one it can neither use nor ever delete)."""
+        uid = (created.get("metadata") or {}).get("uid")
+        try:
+            if not isinstance(uid, str) or not uid:
+                raise StoreError("the API's answer named no uid")
+            await self.made.record(plan.agent_id, uid)
+        except StoreError as exc:
+            with trio.CancelScope(shield=True), trio.move_on_after(REQUEST_TIMEOUT):
+                await self.client.request(plan.agent_id, "DELETE", resource.path, _delete_options(uid=uid))
+            raise ProvisionError(503, f"cannot record {resource.describe()} as made by kasd (agent {plan.agent_id}), "
+                                      f"so it was not kept: {exc}") from None
+
+    async def _made(self, plan: ManagedResources, resource: Resource, obj: Mapping[str, Any]) -> bool:
+        """Whether kasd recorded ``obj`` (by its UID) when it made it."""
+        try:
+            return await self.made.made(plan.agent_id, (obj.get("metadata") or {}).get("uid"))
+        except StoreError as exc:
+            raise ProvisionError(503, f"cannot check that {resource.describe()} was made by kasd (agent "
+                                      f"{plan.agent_id}): {exc}") from None
+
     async def _owned(self, plan: ManagedResources, namespace: str, known: dict[str, bool]) -> bool:
         """Whether ``namespace`` carries kasd's mark with this plan's project and agent labels."""
         if namespace not in known:
-            answer = await self.client.request(plan.agent_id, "GET", f"/api/v1/namespaces/{quote(namespace, safe='')}")
-            known[namespace] = answer.status == 200 and _project_ours(answer.body, plan)
+            path = f"/api/v1/namespaces/{quote(namespace, safe='')}"
+            answer = await self.client.request(plan.agent_id, "GET", path)
+            known[namespace] = answer.status == 200 and _project_ours(answer.body, plan) and await self._made(
+                plan, Resource(api_version="v1", kind="Namespace", plural="namespaces", name=namespace, namespace=None),
+                answer.body)
         return known[namespace]
 
     async def stop(self, plan: ManagedResources) -> StopReport:
@@ -517,7 +553,7 @@ class Provisioner:
                 return "absent"
             if current.status != 200:
                 raise ProvisionError(502, f"cannot read {resource.describe()} (agent {plan.agent_id}): {current.message}")
-            if not _marked(current.body):
+            if not _marked(current.body) or not await self._made(plan, resource, current.body):
                 self._audit("managed resource deleted", plan, resource, "kept:not-made-by-kasd")
                 return "kept"
             namespace = resource.kind == "Namespace"
@@ -550,6 +586,11 @@ class Provisioner:
                     _delete_options(uid=meta.get("uid"), resource_version=meta.get("resourceVersion")))
                 if answer.status in (200, 202):
                     self._audit("managed resource deleted", plan, resource, "deleted")
+                    try:
+                        await self.made.forget(plan.agent_id, meta.get("uid"))
+                    except StoreError as exc:  # a UID is never reused: a stale entry misleads nobody
+                        log.warning("managed resource deleted but still recorded as made agent=%d kind=%s name=%s "
+                                    "error=%s", plan.agent_id, resource.kind, logfmt(resource.name), logfmt(str(exc)))
                     return "deleted"
             if answer.status not in (404, 409):
                 self._audit("managed resource deleted", plan, resource, f"failed:{answer.status}")

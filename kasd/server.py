@@ -42,6 +42,7 @@ from kasd.restapi import RestApi, serve_api
 from kasd.seams import Router
 from kasd.store.environments import EnvironmentSlugs
 from kasd.store.finished import FinishedJobs
+from kasd.store.made import MadeObjects
 from kasd.store.protocol import Store
 from kasd.store.revocation import Revocations, open_store
 from netio.admission import PER_SOURCE, TOTAL, Admission, CappedListener, ConnectionCaps, Refusal
@@ -275,6 +276,7 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
         await nursery.start(kept.run, finished)
         runtime.revocations = Revocations(kept, finished)
         authority.environments = EnvironmentSlugs(kept)
+        provisioner.made = MadeObjects(kept)
         if opened is not None:
             assert me is not None
             replicas = runtime.replication = opened

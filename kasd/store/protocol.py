@@ -38,6 +38,18 @@ class Store(Protocol):
         recorded; the owner's name either way (``kasd.store.environments``); ``StoreError``."""
         ...
 
+    async def record_made(self, key: str) -> None:
+        """Record an object kasd made (``kasd.store.made``: ``<agent id>:<uid>``); ``StoreError``."""
+        ...
+
+    async def is_made(self, key: str) -> bool:
+        """Whether kasd recorded ``key`` as made; ``StoreError``."""
+        ...
+
+    async def forget_made(self, key: str) -> None:
+        """Forget ``key`` (its object is deleted); ``StoreError``."""
+        ...
+
     async def run(self, view: FinishedJobs, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Fill ``view`` from the store (``started()`` once it holds what the store holds), then keep
         it in step with changes made anywhere, and purge both as entries expire, until cancelled."""

@@ -26,6 +26,7 @@ from coredis.tokens import PureToken
 
 from kasd.store.environments import MAX_ENVIRONMENTS, too_many
 from kasd.store.finished import FinishedJobs, TooManyFinishedJobs
+from kasd.store.made import MAX_MADE, too_many_made
 from kasd.store.protocol import StoreError
 from routing.redisconn import REDIS_ERRORS, subscription
 
@@ -65,6 +66,18 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return ARGV[2]
 """
 
+# KEYS[1] the set of objects kasd made; ARGV: key, cap. 1 recorded, 0 full.
+_MADE = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then
+  return 1
+end
+if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('SADD', KEYS[1], ARGV[1])
+return 1
+"""
+
 _LISTEN_ERRORS: tuple[type[BaseException], ...] = (*REDIS_ERRORS, StoreError)
 _NOTICE = re.compile(r"([0-9]{1,19}) ([0-9]{1,19})")
 
@@ -82,6 +95,8 @@ class RedisStore:
         self._finish = client.register_script(_FINISH)
         self.slugs_key = f"{key_prefix}:environment_slugs:{{envs}}"
         self._claim = client.register_script(_CLAIM)
+        self.made_key = f"{key_prefix}:made_objects:{{made}}"
+        self._made = client.register_script(_MADE)
         #: set at the end of the next sync (the channel subscribed, or subscribed again after a
         #: reconnect, and the set read and written back); each sync replaces it with a new one
         self.synced = trio.Event()
@@ -115,6 +130,16 @@ class RedisStore:
         if owner is None:
             raise StoreError(too_many(MAX_ENVIRONMENTS))
         return owner.decode() if isinstance(owner, bytes) else str(owner)
+
+    async def record_made(self, key: str) -> None:
+        if not await self._call(self._made(keys=[self.made_key], args=[key, MAX_MADE])):
+            raise StoreError(too_many_made(MAX_MADE))
+
+    async def is_made(self, key: str) -> bool:
+        return bool(await self._call(self.client.sismember(self.made_key, key)))
+
+    async def forget_made(self, key: str) -> None:
+        await self._call(self.client.srem(self.made_key, [key]))
 
     async def run(self, view: FinishedJobs, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen for notices (reading the whole set at each subscription) and purge periodically.

@@ -5,7 +5,8 @@ connection), so a slow disk never blocks the event loop. Only one kasd process u
 share Redis instead (``kasd.store.redis``).
 
 Tables: ``finished_jobs(job_id INTEGER PRIMARY KEY, until INTEGER)``; ``environment_slugs(project_id,
-slug, name)``, each project's slugs and the environment that owns each (``kasd.store.environments``).
+slug, name)``, each project's slugs and the environment that owns each (``kasd.store.environments``);
+``made_objects(key)``, the objects kasd made (``kasd.store.made``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import trio
 
 from kasd.store.environments import MAX_ENVIRONMENTS, too_many
 from kasd.store.finished import FinishedJobs, TooManyFinishedJobs
+from kasd.store.made import MAX_MADE, too_many_made
 from kasd.store.protocol import StoreError
 
 log = logging.getLogger("kasd.store")
@@ -42,6 +44,9 @@ CREATE TABLE IF NOT EXISTS environment_slugs (
     slug TEXT NOT NULL,
     name TEXT NOT NULL,
     PRIMARY KEY (project_id, slug)
+);
+CREATE TABLE IF NOT EXISTS made_objects (
+    key TEXT PRIMARY KEY
 )
 """
 
@@ -160,6 +165,32 @@ class SqliteStore:
         if owner is None:
             raise StoreError(too_many(MAX_ENVIRONMENTS))
         return owner
+
+    async def record_made(self, key: str) -> None:
+        def write(db: sqlite3.Connection) -> bool:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                if db.execute("SELECT 1 FROM made_objects WHERE key = ?", (key,)).fetchone() is None:
+                    (count,) = db.execute("SELECT count(*) FROM made_objects").fetchone()
+                    if count >= MAX_MADE:
+                        db.execute("ROLLBACK")
+                        return False
+                    db.execute("INSERT INTO made_objects (key) VALUES (?)", (key,))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            return True
+
+        if not await self._run(write):
+            raise StoreError(too_many_made(MAX_MADE))
+
+    async def is_made(self, key: str) -> bool:
+        return await self._run(lambda db: db.execute("SELECT 1 FROM made_objects WHERE key = ?", (key,)).fetchone()
+                               is not None)
+
+    async def forget_made(self, key: str) -> None:
+        await self._run(lambda db: db.execute("DELETE FROM made_objects WHERE key = ?", (key,)))
 
     async def run(self, view: FinishedJobs, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Fill ``view`` from the file, then purge both every ``PURGE_INTERVAL`` (this process is the

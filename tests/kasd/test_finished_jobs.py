@@ -359,3 +359,31 @@ async def test_an_environment_name_longer_than_gitlab_allows_is_refused_not_reco
     with pytest.raises(NameTooLong, match="has 5000 characters; GitLab allows at most 255"):
         await slugs.claim(42, "r" * 5000)
     assert len(store._owners) == 1
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+async def test_each_store_keeps_what_kasd_made_until_it_is_deleted(kind: str, tmp_path: Path,
+                                                                  request: pytest.FixtureRequest) -> None:
+    from kasd.store.made import MadeObjects
+
+    async def check(store: Any, first: bool) -> None:
+        made = MadeObjects(store)  # fresh each time: a restarted kasd, or another replica
+        if first:
+            await made.record(7, "uid-1")
+            await made.record(7, "uid-2")
+            await made.forget(7, "uid-2")
+        assert await made.made(7, "uid-1") and not await made.made(8, "uid-1")
+        assert not await made.made(7, "uid-2") and not await made.made(7, None)
+
+    if kind == "sqlite":
+        for first in (True, False):
+            store = SqliteStore.open_sync(tmp_path / "kasd.sqlite3", max_entries=10)
+            try:
+                await check(store, first)
+            finally:
+                await store.aclose()
+    else:
+        url = str(request.getfixturevalue("redis_url"))
+        async with open_redis(url) as client:
+            for first in (True, False):
+                await check(RedisStore(client, key_prefix="test", max_entries=10), first)

@@ -26,6 +26,7 @@ from kasd.config import config_from_mapping
 from kasd.managed import AgentClient, Answer, Provisioner, users_of
 from kasd.restapi import stop_path
 from kasd.server import Runtime
+from kasd.store.made import MadeObjects
 from kasd.tokens import hash_token
 from kubesim.server import KubeSim, open_kubesim
 from tests.agentd.harness import AGENT_TOKEN, SIM_TOKEN, agent_config, running_agent
@@ -387,11 +388,12 @@ async def test_first_requests_racing_on_two_replicas_are_both_recorded_and_a_rac
     async with _stack(tmp_path) as (kasd, sim, _):
         assert kasd.router is not None
         client = AgentClient(kasd.router)
-        await Provisioner(client).ensure(_plan("production"))
+        made = MadeObjects()  # the replicas' store: what one made, the others trust
+        await Provisioner(client, made=made).ensure(_plan("production"))
         # Two replicas record review/a and review/b at once: both read the same resourceVersion and
         # write; the loser's 409 is read again and retried.
         barrier, opened, arrived = [0], trio.Event(), trio.Event()
-        replicas = [Provisioner(_Gated(client, "PUT", barrier, 2, opened, arrived)) for _ in range(2)]
+        replicas = [Provisioner(_Gated(client, "PUT", barrier, 2, opened, arrived), made=made) for _ in range(2)]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(replicas[0].ensure, _plan("review/a"))
             nursery.start_soon(replicas[1].ensure, _plan("review/b"))
@@ -405,7 +407,7 @@ async def test_first_requests_racing_on_two_replicas_are_both_recorded_and_a_rac
         assert len(puts) == 3  # one of the two lost the race once
         # Two stops at once on two replicas: each removes only itself.
         barrier, opened, arrived = [0], trio.Event(), trio.Event()
-        replicas = [Provisioner(_Gated(client, "PUT", barrier, 2, opened, arrived)) for _ in range(2)]
+        replicas = [Provisioner(_Gated(client, "PUT", barrier, 2, opened, arrived), made=made) for _ in range(2)]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(replicas[0].stop, _plan("review/a"))
             nursery.start_soon(replicas[1].stop, _plan("review/b"))
@@ -416,7 +418,7 @@ async def test_first_requests_racing_on_two_replicas_are_both_recorded_and_a_rac
         # production's stop reads itself as the only user; review/c's first request records itself
         # before the delete is sent: the delete's precondition fails, and the namespace stays for review/c.
         barrier, opened, arrived = [0], trio.Event(), trio.Event()
-        stopping = Provisioner(_Gated(client, "DELETE", barrier, 1, opened, arrived))
+        stopping = Provisioner(_Gated(client, "DELETE", barrier, 1, opened, arrived), made=made)
         reports = []
 
         async def stop() -> None:
@@ -425,7 +427,7 @@ async def test_first_requests_racing_on_two_replicas_are_both_recorded_and_a_rac
         async with trio.open_nursery() as nursery:
             nursery.start_soon(stop)
             await arrived.wait()
-            await Provisioner(client).ensure(_plan("review/c"))
+            await Provisioner(client, made=made).ensure(_plan("review/c"))
             opened.set()
         assert reports[0].kept == ("Namespace app-42",) and reports[0].deleted == ()
         namespace = _stored(sim, "", "namespaces", None, "app-42")
@@ -673,3 +675,28 @@ async def test_a_store_that_cannot_say_who_owns_a_slug_is_a_503_never_a_pass(tmp
         assert answer.json()["message"] == ("cannot check that environment 'review/feat-x' owns its slug: Redis "
                                             "unreachable: connection refused")
         assert _stored(sim, "", "namespaces", None, NAMESPACE) is None
+
+
+async def test_kasds_marks_written_by_someone_else_make_it_neither_delete_nor_bind(tmp_path: Path) -> None:
+    # Whoever may update a namespace (an impersonated identity allowed to patch namespaces but not
+    # to delete them, say) can write kasd's mark, labels and record on it. kasd trusts them only on
+    # what it recorded as made: its stop does not delete that namespace with the agent's rights, nor
+    # does a job's first request bind a group in it.
+    rules = ("ci_access:\n  projects:\n    - id: group/app\n      access_as: {ci_job: {}}\n"
+             "      rules:\n        - namespace: $CI_COMMIT_REF_SLUG\n")
+    slug = environment_slug("review/x")
+    forged = {"kasd.gitlab-agent.io/managed-by": "kasd", "agent.gitlab.com/id-7": "",
+              "agent.gitlab.com/project_id-42": "", f"agent.gitlab.com/env-{slug}-42-7": ""}
+    async with _stack(tmp_path, agent_yaml=rules) as (kasd, sim, auth):
+        for name in ("victim", "main"):
+            sim.store.create(sim.store.kind("", "namespaces"), None, {"metadata": {
+                "name": name, "labels": forged, "annotations": {"kasd.gitlab-agent.io/used-by": f'["7:42:{slug}"]'}}})
+        token = auth.job_token("group/app", job_id=9, user="alice", environment="review/x", ref="victim")
+        stopped = await http_request(kasd.port("api"), "POST", stop_path("group/app", "review/x"),
+                                     [("job-token", token)])
+        assert stopped.status == 200, stopped.body
+        assert stopped.json()["agents"][0]["kept"] == ["Namespace victim"], stopped.body
+        assert _stored(sim, "", "namespaces", None, "victim") is not None
+        job = _job(auth, "review/x")  # ref main: its rule names the namespace main
+        assert (await _call(kasd, job, "GET", "/api/v1/namespaces/main/configmaps")).status == 403
+        assert _stored(sim, "rbac.authorization.k8s.io", "rolebindings", "main", f"gitlab-job-access-{slug}") is None
