@@ -43,7 +43,9 @@ from kasd.config import Agent as ConfigAgent
 from kasd.config import Config, ConfigError, directory_of
 from kasd.metrics import Metrics
 from kasd.seams import AccessDenied, Credentials, Grant
+from kasd.store.environments import EnvironmentRefused, EnvironmentSlugs
 from kasd.store.finished import FinishedJobs
+from kasd.store.protocol import StoreError
 
 log = logging.getLogger("kasd.authority")
 
@@ -174,6 +176,9 @@ class CiAuthority:
         # ``finished``: the jobs kasd's store says are over; every snapshot checks job tokens
         # against it, and a change forgets the remembered grants (one of them may be that job's)
         self.finished = finished if finished is not None else FinishedJobs()
+        # which environment owns each slug of a project (kasd's store once ``serve_kasd`` opened it):
+        # a job whose environment's slug is another's is refused before anything hangs on that slug
+        self.environments = EnvironmentSlugs()
         self._load: Callable[[], Loaded] = lambda: _checking_finished(load(), self.finished)
         self._clock = clock
         self._metrics = metrics
@@ -217,12 +222,30 @@ class CiAuthority:
             verdict = self.snapshot.authorize(credentials.kind, credentials.secret, agent_id, now=now)
         except Denied as exc:
             raise AccessDenied(exc.status, exc.message, principal=exc.principal) from None
+        await self._check_slug(verdict)
         grant = grant_of(verdict)
         granted = self._granted
         if len(granted) >= GRANT_CACHE_SIZE:
             del granted[next(iter(granted))]  # the oldest
         granted[key] = (grant, verdict.expires_at)
         return grant
+
+    async def _check_slug(self, verdict: Verdict) -> None:
+        """The job's environment owns its slug in its project (``kasd.store.environments``)."""
+        job, name = verdict.job, verdict.environment
+        if verdict.kind != "ci" or job is None or name is None:
+            return
+        project = self.snapshot.directory.project(job.project)
+        if project is None:
+            return  # (a verdict is only given for a project kasd knows)
+        principal = verdict.decision.principal
+        try:
+            await self.environments.claim(project.id, name)
+        except EnvironmentRefused as exc:
+            raise AccessDenied(403, f"forbidden: {exc}", principal=principal) from None
+        except StoreError as exc:
+            raise AccessDenied(503, f"cannot check that environment {name!r} owns its slug: {exc}",
+                               principal=principal) from None
 
     async def reload(self, why: str) -> bool:
         """Read every file again, off the event loop and within ``LOAD_TIME_LIMIT``; the new snapshot

@@ -952,6 +952,14 @@ def _check_replicas(loaded: Loaded[Config]) -> None:
             "or listen on a loopback address, or accept the risk on a network you trust with "
             "listeners.private.insecure_plaintext: true (KASD_PRIVATE_INSECURE_PLAINTEXT)"
         )
+    if private.tls is not None and routing.peer_ca_file is None and private.client_ca is None:
+        raise ConfigError(
+            f"{loaded.where('routing.peer_ca_file')}: missing; listeners.private has TLS, so peers dial https://, "
+            "and without the CA of the replicas' private-port certificates they would trust the system's CAs: "
+            "whoever can write a member URL into Redis and holds any publicly trusted certificate would receive "
+            "the peer secret and the forwarded requests. Set routing.peer_ca_file (KASD_PEER_CA_FILE), or "
+            "listeners.private.client_ca (mutual TLS, which then verifies peers both ways)"
+        )
     if routing.name is None and config.kubernetes_api.host in _WILDCARDS:
         raise ConfigError(
             f"{loaded.where('routing.name')}: missing; the kubernetes_api listener's address "

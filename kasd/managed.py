@@ -26,6 +26,11 @@ delete precondition, so a user that recorded itself meanwhile makes the delete a
 namespace stays. A namespace without a record (made by a kasd before it kept one) is never deleted:
 who uses it cannot be proved.
 
+Every object keeps the same record (a template may give one object to every environment). The mark,
+labels and record are trusted only on an object whose UID kasd recorded in its store when it made
+it (``kasd.store.made``): whoever may update an object may write them, and must not thereby get
+kasd to delete or bind with the agent's rights.
+
 Each create and delete is an audit line (logger ``kasd.audit``): agent, project, environment,
 kind, namespace, name, outcome. Never a token.
 """
@@ -54,6 +59,8 @@ from kasd.authz.templates import (
 )
 from kasd.k8sproxy.accesslog import logfmt
 from kasd.seams import RouteError, Router
+from kasd.store.made import MadeObjects
+from kasd.store.protocol import StoreError
 from tunnelhttp.head import RequestHead, ResponseHead
 from wire.errors import RemoteProtocolError, UnsendableFrameError
 from wire.session import SessionClosedError, StreamRefusedError, StreamResetError
@@ -250,13 +257,16 @@ class StopReport:
 class Provisioner:
     """Applies and deletes ``ManagedResources`` through an ``AgentClient``."""
 
-    def __init__(self, client: AgentClient, *, clock: Any = trio.current_time) -> None:
+    def __init__(self, client: AgentClient, *, clock: Any = trio.current_time, made: MadeObjects | None = None) -> None:
         self.client = client
         self._clock = clock
         #: by (key, fingerprint): plans of one key that create different objects are each applied
         self._applied: dict[tuple[tuple[int, int, str, str], str], float] = {}
         self._failed: dict[tuple[tuple[int, int, str, str], str], tuple[float, ProvisionError]] = {}
         self._locks: dict[tuple[int, int, str, str], trio.Lock] = {}
+        #: the UIDs of what kasd made (kasd's store once ``serve_kasd`` opened it): only on those are
+        #: kasd's mark and records trusted, since whoever may update an object may write them
+        self.made = made if made is not None else MadeObjects()
 
     def _audit(self, event: str, plan: ManagedResources, resource: Resource, outcome: str, request_id: str = "") -> None:
         log.info("%s agent=%d project_id=%d environment=%s source=%s kind=%s namespace=%s name=%s outcome=%s%s",
@@ -346,14 +356,10 @@ class Provisioner:
             if resource.kind == "RoleBinding" and (obj.get("roleRef") or {}).get("kind") == "Role":
                 # A Role lives in the namespace, which this plan may just have made: looked for now.
                 await self._check_role(plan, resource, obj, request_id)
-            answer = await self.client.request(plan.agent_id, "POST", resource.collection, obj)
-            if answer.status in (200, 201):
-                self._audit("managed resource created", plan, resource, "created", request_id)
-            elif answer.status == 409:
-                self._audit("managed resource created", plan, resource, "exists", request_id)
-            else:
-                self._audit("managed resource created", plan, resource, f"failed:{answer.status}", request_id)
-                raise self._create_failed(plan, resource, answer)
+            # Objects, like namespaces, record their users: a template may give one object (a fixed
+            # name) to every environment, and the first environment's stop must not delete it
+            # under the others.
+            await self._use(plan, resource, obj, request_id)
 
     @staticmethod
     def _create_failed(plan: ManagedResources, resource: Resource, answer: Answer) -> ProvisionError:
@@ -392,15 +398,17 @@ class Provisioner:
 
     async def _use(self, plan: ManagedResources, resource: Resource, obj: Mapping[str, Any],
                    request_id: str) -> bool:
-        """Create the namespace with this plan's user recorded, or record the user on the one that
-        exists (if kasd made it); whether kasd made it for this plan's project and agent (only then
-        is anything placed inside)."""
+        """Create the object with this plan's user recorded, or record the user on the one that
+        exists (if kasd made it: a namespace for whichever project, any other object for this
+        plan's project and agent); whether kasd made it for this plan's project and agent (for a
+        namespace: only then is anything placed inside)."""
         me = user_of(plan)
         creating = _recording(obj, [me])
         first = True
         for _ in range(MAX_CONFLICTS):
             answer = await self.client.request(plan.agent_id, "POST", resource.collection, creating)
             if answer.status in (200, 201):
+                await self._record(plan, resource, answer.body)
                 self._audit("managed resource created", plan, resource, "created", request_id)
                 return True
             if answer.status != 409:
@@ -415,8 +423,10 @@ class Provisioner:
             if current.status != 200:
                 raise ProvisionError(502, f"cannot read {resource.describe()} (agent {plan.agent_id}): "
                                           f"{current.message}")
-            if not _marked(current.body):
+            if not _marked(current.body) or not await self._made(plan, resource, current.body):
                 return False  # not kasd's: used as it is, and nothing of kasd's goes in or on it
+            if resource.kind != "Namespace" and not _project_ours(current.body, plan):
+                return False  # kasd's for another project or agent: used as it is, never recorded on
             if (current.body.get("metadata") or {}).get("deletionTimestamp"):
                 raise ProvisionError(409, f"{resource.describe()} is being deleted (the last environment that "
                                           "used it stopped); try again once it is gone")
@@ -431,7 +441,8 @@ class Provisioner:
                                           f"the most kasd records; stop some of them")
             put = await self.client.request(plan.agent_id, "PUT", resource.path, _recording(current.body, [*users, me]))
             if put.status == 200:
-                self._audit("managed namespace used", plan, resource, "recorded", request_id)
+                self._audit("managed namespace used" if resource.kind == "Namespace" else "managed resource used",
+                            plan, resource, "recorded", request_id)
                 return _project_ours(current.body, plan)
             if put.status not in (404, 409):  # 409: changed since read (another replica): read again
                 raise ProvisionError(put.status if put.status in (403, 422) else 502,
@@ -440,11 +451,36 @@ class Provisioner:
         raise ProvisionError(409, f"{resource.describe()} changed {MAX_CONFLICTS} times while this environment "
                                   "was recorded on it; try again")
 
+    async def _record(self, plan: ManagedResources, resource: Resource, created: Mapping[str, Any]) -> None:
+        """Record what was just created as kasd's; if the store cannot, delete it again (an object
+        kasd made but did not record would be one it can neither use nor ever delete)."""
+        uid = (created.get("metadata") or {}).get("uid")
+        try:
+            if not isinstance(uid, str) or not uid:
+                raise StoreError("the API's answer named no uid")
+            await self.made.record(plan.agent_id, uid)
+        except StoreError as exc:
+            with trio.CancelScope(shield=True), trio.move_on_after(REQUEST_TIMEOUT):
+                await self.client.request(plan.agent_id, "DELETE", resource.path, _delete_options(uid=uid))
+            raise ProvisionError(503, f"cannot record {resource.describe()} as made by kasd (agent {plan.agent_id}), "
+                                      f"so it was not kept: {exc}") from None
+
+    async def _made(self, plan: ManagedResources, resource: Resource, obj: Mapping[str, Any]) -> bool:
+        """Whether kasd recorded ``obj`` (by its UID) when it made it."""
+        try:
+            return await self.made.made(plan.agent_id, (obj.get("metadata") or {}).get("uid"))
+        except StoreError as exc:
+            raise ProvisionError(503, f"cannot check that {resource.describe()} was made by kasd (agent "
+                                      f"{plan.agent_id}): {exc}") from None
+
     async def _owned(self, plan: ManagedResources, namespace: str, known: dict[str, bool]) -> bool:
         """Whether ``namespace`` carries kasd's mark with this plan's project and agent labels."""
         if namespace not in known:
-            answer = await self.client.request(plan.agent_id, "GET", f"/api/v1/namespaces/{quote(namespace, safe='')}")
-            known[namespace] = answer.status == 200 and _project_ours(answer.body, plan)
+            path = f"/api/v1/namespaces/{quote(namespace, safe='')}"
+            answer = await self.client.request(plan.agent_id, "GET", path)
+            known[namespace] = answer.status == 200 and _project_ours(answer.body, plan) and await self._made(
+                plan, Resource(api_version="v1", kind="Namespace", plural="namespaces", name=namespace, namespace=None),
+                answer.body)
         return known[namespace]
 
     async def stop(self, plan: ManagedResources) -> StopReport:
@@ -466,29 +502,7 @@ class Provisioner:
         deleted += await self._unnamed_bindings(plan)
         for obj in reversed(plan.objects):
             resource = resource_of(obj)
-            if resource.kind == "Namespace":
-                outcomes[await self._leave(plan, resource)].append(resource.describe())
-                continue
-            current = await self.client.request(plan.agent_id, "GET", resource.path)
-            if current.status == 404:
-                absent.append(resource.describe())
-                continue
-            if current.status != 200:
-                raise ProvisionError(502, f"cannot read {resource.describe()} (agent {plan.agent_id}): {current.message}")
-            if not _ours(current.body, plan):
-                kept.append(resource.describe())
-                self._audit("managed resource deleted", plan, resource, "kept:not-made-by-kasd")
-                continue
-            uid = (current.body.get("metadata") or {}).get("uid")
-            answer = await self.client.request(plan.agent_id, "DELETE", resource.path, _delete_options(uid=uid))
-            if answer.status in (200, 202):
-                deleted.append(resource.describe())
-                self._audit("managed resource deleted", plan, resource, "deleted")
-            elif answer.status == 404:
-                absent.append(resource.describe())
-            else:
-                self._audit("managed resource deleted", plan, resource, f"failed:{answer.status}")
-                raise ProvisionError(502, f"cannot delete {resource.describe()} (agent {plan.agent_id}): {answer.message}")
+            outcomes[await self._leave(plan, resource)].append(resource.describe())
         return StopReport(deleted=tuple(deleted), kept=tuple(kept), absent=tuple(absent))
 
     async def _unnamed_bindings(self, plan: ManagedResources) -> list[str]:
@@ -523,20 +537,15 @@ class Provisioner:
                     continue
                 resource = Resource(api_version="rbac.authorization.k8s.io/v1", kind="RoleBinding",
                                     plural="rolebindings", name=name, namespace=namespace)
-                gone = await self.client.request(plan.agent_id, "DELETE", resource.path,
-                                                 _delete_options(uid=meta.get("uid")))
-                if gone.status in (200, 202):
+                if await self._leave(plan, resource) == "deleted":
                     deleted.append(resource.describe())
-                    self._audit("managed resource deleted", plan, resource, "deleted")
-                elif gone.status != 404:
-                    self._audit("managed resource deleted", plan, resource, f"failed:{gone.status}")
-                    raise ProvisionError(502, f"cannot delete {resource.describe()} (agent {plan.agent_id}): "
-                                              f"{gone.message}")
         return deleted
 
     async def _leave(self, plan: ManagedResources, resource: Resource) -> str:
-        """Remove this plan's user from the namespace's record; delete the namespace if that user was
-        its only one. ``deleted``, ``kept`` or ``absent``."""
+        """Remove this plan's user from the object's record; delete the object if that user was its
+        only one. An object other than a namespace that has no record (made by a kasd before objects
+        kept one) goes as it did then: if it carries this environment's label. A namespace without
+        one never goes. ``deleted``, ``kept`` or ``absent``."""
         me = user_of(plan)
         for _ in range(MAX_CONFLICTS):
             current = await self.client.request(plan.agent_id, "GET", resource.path)
@@ -544,14 +553,21 @@ class Provisioner:
                 return "absent"
             if current.status != 200:
                 raise ProvisionError(502, f"cannot read {resource.describe()} (agent {plan.agent_id}): {current.message}")
-            if not _marked(current.body):
+            if not _marked(current.body) or not await self._made(plan, resource, current.body):
+                self._audit("managed resource deleted", plan, resource, "kept:not-made-by-kasd")
+                return "kept"
+            namespace = resource.kind == "Namespace"
+            if not namespace and not _project_ours(current.body, plan):
                 self._audit("managed resource deleted", plan, resource, "kept:not-made-by-kasd")
                 return "kept"
             users = users_of(current.body)
-            if users is None:
-                self._audit("managed resource deleted", plan, resource, "kept:users-not-recorded")
-                return "kept"
             meta = current.body.get("metadata") or {}
+            if users is None and not namespace and _ours(current.body, plan):
+                users = [me]  # made before objects kept a record: this environment's by its label
+            if users is None:
+                why = "users-not-recorded" if namespace else "not-made-by-kasd"
+                self._audit("managed resource deleted", plan, resource, f"kept:{why}")
+                return "kept"
             others = [u for u in users if u != me]
             if others or me not in users:
                 if others == users:  # not a user of it (never applied here): nothing to remove
@@ -570,6 +586,11 @@ class Provisioner:
                     _delete_options(uid=meta.get("uid"), resource_version=meta.get("resourceVersion")))
                 if answer.status in (200, 202):
                     self._audit("managed resource deleted", plan, resource, "deleted")
+                    try:
+                        await self.made.forget(plan.agent_id, meta.get("uid"))
+                    except StoreError as exc:  # a UID is never reused: a stale entry misleads nobody
+                        log.warning("managed resource deleted but still recorded as made agent=%d kind=%s name=%s "
+                                    "error=%s", plan.agent_id, resource.kind, logfmt(resource.name), logfmt(str(exc)))
                     return "deleted"
             if answer.status not in (404, 409):
                 self._audit("managed resource deleted", plan, resource, f"failed:{answer.status}")

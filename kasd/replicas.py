@@ -140,10 +140,12 @@ def peer_client_ssl(config: Config) -> ssl.SSLContext | None:
     """How this replica dials the others' private ports: their CA, and under mutual TLS its own
     private-port certificate as the client certificate."""
     routing, private = config.routing, config.private
-    if routing.peer_ca_file is None and private.client_ca is None:
-        return None  # plain http:// peers, or the system's CAs
-    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH,
-                                     cafile=str(routing.peer_ca_file) if routing.peer_ca_file else None)
+    # Under mutual TLS the replicas' private-port certificates are their client certificates too:
+    # the CA that vouches for them as clients (client_ca) does as servers, unless peer_ca_file says.
+    cafile = routing.peer_ca_file or private.client_ca
+    if cafile is None:
+        return None  # plain http:// peers on loopback only: PeerPool dials no https:// peer without a CA
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(cafile))
     if private.client_ca is not None and private.tls is not None:
         ctx.load_cert_chain(str(private.tls.cert), str(private.tls.key))
     return ctx

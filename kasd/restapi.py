@@ -28,6 +28,7 @@ from kasd.authz.jobinfo import ALLOWED_AGENTS_PATH, allowed_agents_response
 from kasd.authz.snapshot import Denied, Snapshot
 from kasd.k8sproxy.accesslog import logfmt
 from kasd.managed import Provisioner, ProvisionError
+from kasd.store.environments import EnvironmentRefused, EnvironmentSlugs
 from kasd.store.protocol import StoreError
 from kasd.store.revocation import Revocations
 from wire.ids import InvalidNumber, parse_id
@@ -76,8 +77,12 @@ class RestApi:
     """The ASGI app. ``snapshot()`` is the authorization in force now (reloads included)."""
 
     def __init__(self, snapshot: Callable[[], Snapshot], provisioner: Provisioner | None = None,
-                 clock: Callable[[], float] = time.time, revocations: Revocations | None = None) -> None:
+                 clock: Callable[[], float] = time.time, revocations: Revocations | None = None,
+                 environments: EnvironmentSlugs | None = None) -> None:
         self._snapshot = snapshot
+        #: which environment owns each slug (the proxy's, ``CiAuthority.environments``): a stop acts on
+        #: what hangs on the slug, so only the environment that owns it may stop
+        self._environments = environments if environments is not None else EnvironmentSlugs()
         self._provisioner = provisioner
         self._clock = clock
         self._revocations = revocations
@@ -146,6 +151,13 @@ class RestApi:
         if claims.environment != environment:
             return 403, {"message": f"403 Forbidden: the job token is for environment {claims.environment!r}, "
                                     f"not {environment!r}"}
+        try:
+            await self._environments.claim(known.id, environment)
+        except EnvironmentRefused as exc:
+            return 403, {"message": f"403 Forbidden: {exc}"}
+        except StoreError as exc:
+            return 503, {"message": f"503 Service Unavailable: cannot check that environment {environment!r} owns "
+                                    f"its slug: {exc}"}
         agents = []
         for verdict in allowed:
             plan = verdict.managed

@@ -40,7 +40,9 @@ from kasd.replicas import (
 )
 from kasd.restapi import RestApi, serve_api
 from kasd.seams import Router
+from kasd.store.environments import EnvironmentSlugs
 from kasd.store.finished import FinishedJobs
+from kasd.store.made import MadeObjects
 from kasd.store.protocol import Store
 from kasd.store.revocation import Revocations, open_store
 from netio.admission import PER_SOURCE, TOTAL, Admission, CappedListener, ConnectionCaps, Refusal
@@ -273,6 +275,8 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
     async with _opened(replication, me) as opened, _store(config, store) as kept, trio.open_nursery() as nursery:
         await nursery.start(kept.run, finished)
         runtime.revocations = Revocations(kept, finished)
+        authority.environments = EnvironmentSlugs(kept)
+        provisioner.made = MadeObjects(kept)
         if opened is not None:
             assert me is not None
             replicas = runtime.replication = opened
@@ -334,7 +338,8 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
         nursery.start_soon(authority.watch)
         if api_listeners:
             await nursery.start(partial(serve_api, RestApi(lambda: authority.snapshot, provisioner,
-                                                           revocations=runtime.revocations), api_listeners,
+                                                           revocations=runtime.revocations,
+                                                           environments=authority.environments), api_listeners,
                                         ssl_context=api_tls,
                                         unexpected=metrics.unexpected_errors("api", logging.getLogger("kasd.api"))))
         observability = ObservabilityServer(health, metrics, max_connections=config.observability.max_connections)

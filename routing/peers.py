@@ -235,6 +235,12 @@ class PeerPool:
                     # make this replica hand its peer secret over in clear.
                     raise PeerDialError(peer.name, f"refusing to send the peer secret to {url} in clear "
                                                    "(http:// to another host; listeners.private.insecure_plaintext allows it)")
+                if urlsplit(url).scheme == "https" and self._ssl_context is None:
+                    # Nor to whoever holds a certificate the system's CAs accept (any public one for
+                    # a name they own): over https a peer is one the replicas' own CA vouches for.
+                    raise PeerDialError(peer.name, f"refusing to send the peer secret to {url}: no CA is configured "
+                                                   "for peers' certificates (routing.peer_ca_file), and the system's "
+                                                   "CAs would accept any host's")
                 try:
                     with trio.fail_after(self.dial_timeout):
                         transport = await dial_h2_tunnel(url, token=self._token, ssl_context=self._ssl_context)

@@ -33,6 +33,23 @@ class Store(Protocol):
         """Forget the jobs finished until ``now`` or earlier; how many went; ``StoreError``."""
         ...
 
+    async def claim_environment(self, project_id: int, slug: str, name: str) -> str:
+        """Record ``name`` as the owner of ``slug`` in project ``project_id`` unless one is already
+        recorded; the owner's name either way (``kasd.store.environments``); ``StoreError``."""
+        ...
+
+    async def record_made(self, key: str) -> None:
+        """Record an object kasd made (``kasd.store.made``: ``<agent id>:<uid>``); ``StoreError``."""
+        ...
+
+    async def is_made(self, key: str) -> bool:
+        """Whether kasd recorded ``key`` as made; ``StoreError``."""
+        ...
+
+    async def forget_made(self, key: str) -> None:
+        """Forget ``key`` (its object is deleted); ``StoreError``."""
+        ...
+
     async def run(self, view: FinishedJobs, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Fill ``view`` from the store (``started()`` once it holds what the store holds), then keep
         it in step with changes made anywhere, and purge both as entries expire, until cancelled."""

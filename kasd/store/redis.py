@@ -24,7 +24,9 @@ from typing import Any
 import trio
 from coredis.tokens import PureToken
 
+from kasd.store.environments import MAX_ENVIRONMENTS, too_many
 from kasd.store.finished import FinishedJobs, TooManyFinishedJobs
+from kasd.store.made import MAX_MADE, too_many_made
 from kasd.store.protocol import StoreError
 from routing.redisconn import REDIS_ERRORS, subscription
 
@@ -50,6 +52,32 @@ redis.call('PUBLISH', ARGV[5], ARGV[1] .. ' ' .. ARGV[2])
 return 1
 """
 
+# KEYS[1] the hash of slugs; ARGV: field (<project id>:<slug>), name, cap. The owner's name, or
+# false when the hash is full.
+_CLAIM = """
+local owner = redis.call('HGET', KEYS[1], ARGV[1])
+if owner then
+  return owner
+end
+if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then
+  return false
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return ARGV[2]
+"""
+
+# KEYS[1] the set of objects kasd made; ARGV: key, cap. 1 recorded, 0 full.
+_MADE = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then
+  return 1
+end
+if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('SADD', KEYS[1], ARGV[1])
+return 1
+"""
+
 _LISTEN_ERRORS: tuple[type[BaseException], ...] = (*REDIS_ERRORS, StoreError)
 _NOTICE = re.compile(r"([0-9]{1,19}) ([0-9]{1,19})")
 
@@ -65,6 +93,10 @@ class RedisStore:
         self.max_entries = max_entries
         self._clock = clock
         self._finish = client.register_script(_FINISH)
+        self.slugs_key = f"{key_prefix}:environment_slugs:{{envs}}"
+        self._claim = client.register_script(_CLAIM)
+        self.made_key = f"{key_prefix}:made_objects:{{made}}"
+        self._made = client.register_script(_MADE)
         #: set at the end of the next sync (the channel subscribed, or subscribed again after a
         #: reconnect, and the set read and written back); each sync replaces it with a new one
         self.synced = trio.Event()
@@ -91,6 +123,23 @@ class RedisStore:
 
     async def purge(self, now: float) -> int:
         return int(await self._call(self.client.zremrangebyscore(self.key, -math.inf, math.floor(now))))
+
+    async def claim_environment(self, project_id: int, slug: str, name: str) -> str:
+        owner = await self._call(self._claim(keys=[self.slugs_key], args=[f"{project_id}:{slug}", name,
+                                                                          MAX_ENVIRONMENTS]))
+        if owner is None:
+            raise StoreError(too_many(MAX_ENVIRONMENTS))
+        return owner.decode() if isinstance(owner, bytes) else str(owner)
+
+    async def record_made(self, key: str) -> None:
+        if not await self._call(self._made(keys=[self.made_key], args=[key, MAX_MADE])):
+            raise StoreError(too_many_made(MAX_MADE))
+
+    async def is_made(self, key: str) -> bool:
+        return bool(await self._call(self.client.sismember(self.made_key, key)))
+
+    async def forget_made(self, key: str) -> None:
+        await self._call(self.client.srem(self.made_key, [key]))
 
     async def run(self, view: FinishedJobs, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen for notices (reading the whole set at each subscription) and purge periodically.

@@ -4,7 +4,9 @@ Every statement runs in a worker thread (``trio.to_thread``), one at a time (a l
 connection), so a slow disk never blocks the event loop. Only one kasd process uses a file: replicas
 share Redis instead (``kasd.store.redis``).
 
-Tables: ``finished_jobs(job_id INTEGER PRIMARY KEY, until INTEGER)``.
+Tables: ``finished_jobs(job_id INTEGER PRIMARY KEY, until INTEGER)``; ``environment_slugs(project_id,
+slug, name)``, each project's slugs and the environment that owns each (``kasd.store.environments``);
+``made_objects(key)``, the objects kasd made (``kasd.store.made``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from typing import TypeVar
 
 import trio
 
+from kasd.store.environments import MAX_ENVIRONMENTS, too_many
 from kasd.store.finished import FinishedJobs, TooManyFinishedJobs
+from kasd.store.made import MAX_MADE, too_many_made
 from kasd.store.protocol import StoreError
 
 log = logging.getLogger("kasd.store")
@@ -34,6 +38,15 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS finished_jobs (
     job_id INTEGER PRIMARY KEY,
     until INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS environment_slugs (
+    project_id INTEGER NOT NULL,
+    slug TEXT NOT NULL,
+    name TEXT NOT NULL,
+    PRIMARY KEY (project_id, slug)
+);
+CREATE TABLE IF NOT EXISTS made_objects (
+    key TEXT PRIMARY KEY
 )
 """
 
@@ -63,7 +76,7 @@ class SqliteStore:
             db = sqlite3.connect(where, timeout=BUSY_TIMEOUT, check_same_thread=False, isolation_level=None)
             try:
                 db.execute("PRAGMA journal_mode=WAL" if where != ":memory:" else "PRAGMA journal_mode=MEMORY")
-                db.execute(_SCHEMA)
+                db.executescript(_SCHEMA)
             except BaseException:
                 db.close()
                 raise
@@ -127,6 +140,57 @@ class SqliteStore:
             return db.execute("DELETE FROM finished_jobs WHERE until <= ?", (math.floor(now),)).rowcount
 
         return await self._run(delete)
+
+    async def claim_environment(self, project_id: int, slug: str, name: str) -> str:
+        def claim(db: sqlite3.Connection) -> str | None:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                row = db.execute("SELECT name FROM environment_slugs WHERE project_id = ? AND slug = ?",
+                                 (project_id, slug)).fetchone()
+                if row is None:
+                    (count,) = db.execute("SELECT count(*) FROM environment_slugs").fetchone()
+                    if count >= MAX_ENVIRONMENTS:
+                        db.execute("ROLLBACK")
+                        return None
+                    db.execute("INSERT INTO environment_slugs (project_id, slug, name) VALUES (?, ?, ?)",
+                               (project_id, slug, name))
+                    row = (name,)
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            return str(row[0])
+
+        owner = await self._run(claim)
+        if owner is None:
+            raise StoreError(too_many(MAX_ENVIRONMENTS))
+        return owner
+
+    async def record_made(self, key: str) -> None:
+        def write(db: sqlite3.Connection) -> bool:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                if db.execute("SELECT 1 FROM made_objects WHERE key = ?", (key,)).fetchone() is None:
+                    (count,) = db.execute("SELECT count(*) FROM made_objects").fetchone()
+                    if count >= MAX_MADE:
+                        db.execute("ROLLBACK")
+                        return False
+                    db.execute("INSERT INTO made_objects (key) VALUES (?)", (key,))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            return True
+
+        if not await self._run(write):
+            raise StoreError(too_many_made(MAX_MADE))
+
+    async def is_made(self, key: str) -> bool:
+        return await self._run(lambda db: db.execute("SELECT 1 FROM made_objects WHERE key = ?", (key,)).fetchone()
+                               is not None)
+
+    async def forget_made(self, key: str) -> None:
+        await self._run(lambda db: db.execute("DELETE FROM made_objects WHERE key = ?", (key,)))
 
     async def run(self, view: FinishedJobs, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Fill ``view`` from the file, then purge both every ``PURGE_INTERVAL`` (this process is the

@@ -299,3 +299,73 @@ def test_a_revocation_lapses_once_the_tokens_it_covers_have_expired() -> None:
     long_lived = AUTH.job_token("group/app", job_id=8, ttl=timedelta(hours=2), now=NOW)
     with pytest.raises(Denied, match=r"lives longer than kasd accepts \(authorization\.tokens\.max_job_token_lifetime: 3600 s\)"):
         snapshot.verify_job(long_lived, now=NOW + 1)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+async def test_each_store_keeps_the_environment_that_first_had_a_slug(kind: str, tmp_path: Path,
+                                                                       request: pytest.FixtureRequest) -> None:
+    # production- slugs to production: once production has it, the other is refused, also after a restart
+    from kasd.store.environments import EnvironmentSlugs, SlugTaken
+
+    async def claims(store: Any) -> None:
+        slugs = EnvironmentSlugs(store)
+        assert await slugs.claim(42, "production") == "production"
+        assert await slugs.claim(43, "production-") == "production"  # another project: its own slugs
+        with pytest.raises(SlugTaken, match="environment 'production-' has the slug 'production' of environment "
+                                            "'production' of this project"):
+            await slugs.claim(42, "production-")
+        fresh = EnvironmentSlugs(store)  # a restarted kasd, or another replica: nothing in memory
+        with pytest.raises(SlugTaken):
+            await fresh.claim(42, "production-")
+        assert await fresh.claim(42, "production") == "production"
+
+    if kind == "sqlite":
+        for _ in range(2):
+            store = SqliteStore.open_sync(tmp_path / "kasd.sqlite3", max_entries=10)
+            try:
+                await claims(store)
+            finally:
+                await store.aclose()
+    else:
+        url = str(request.getfixturevalue("redis_url"))
+        async with open_redis(url) as client:
+            await claims(RedisStore(client, key_prefix="test", max_entries=10))
+
+
+async def test_an_environment_name_longer_than_gitlab_allows_is_refused_not_recorded() -> None:
+    from kasd.store.environments import MAX_NAME_LENGTH, EnvironmentSlugs, MemorySlugs, NameTooLong
+
+    store = MemorySlugs()
+    slugs = EnvironmentSlugs(store)
+    assert await slugs.claim(42, "r" * MAX_NAME_LENGTH)
+    with pytest.raises(NameTooLong, match="has 5000 characters; GitLab allows at most 255"):
+        await slugs.claim(42, "r" * 5000)
+    assert len(store._owners) == 1
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+async def test_each_store_keeps_what_kasd_made_until_it_is_deleted(kind: str, tmp_path: Path,
+                                                                  request: pytest.FixtureRequest) -> None:
+    from kasd.store.made import MadeObjects
+
+    async def check(store: Any, first: bool) -> None:
+        made = MadeObjects(store)  # fresh each time: a restarted kasd, or another replica
+        if first:
+            await made.record(7, "uid-1")
+            await made.record(7, "uid-2")
+            await made.forget(7, "uid-2")
+        assert await made.made(7, "uid-1") and not await made.made(8, "uid-1")
+        assert not await made.made(7, "uid-2") and not await made.made(7, None)
+
+    if kind == "sqlite":
+        for first in (True, False):
+            store = SqliteStore.open_sync(tmp_path / "kasd.sqlite3", max_entries=10)
+            try:
+                await check(store, first)
+            finally:
+                await store.aclose()
+    else:
+        url = str(request.getfixturevalue("redis_url"))
+        async with open_redis(url) as client:
+            for first in (True, False):
+                await check(RedisStore(client, key_prefix="test", max_entries=10), first)

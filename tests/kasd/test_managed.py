@@ -26,6 +26,7 @@ from kasd.config import config_from_mapping
 from kasd.managed import AgentClient, Answer, Provisioner, users_of
 from kasd.restapi import stop_path
 from kasd.server import Runtime
+from kasd.store.made import MadeObjects
 from kasd.tokens import hash_token
 from kubesim.server import KubeSim, open_kubesim
 from tests.agentd.harness import AGENT_TOKEN, SIM_TOKEN, agent_config, running_agent
@@ -387,11 +388,12 @@ async def test_first_requests_racing_on_two_replicas_are_both_recorded_and_a_rac
     async with _stack(tmp_path) as (kasd, sim, _):
         assert kasd.router is not None
         client = AgentClient(kasd.router)
-        await Provisioner(client).ensure(_plan("production"))
+        made = MadeObjects()  # the replicas' store: what one made, the others trust
+        await Provisioner(client, made=made).ensure(_plan("production"))
         # Two replicas record review/a and review/b at once: both read the same resourceVersion and
         # write; the loser's 409 is read again and retried.
         barrier, opened, arrived = [0], trio.Event(), trio.Event()
-        replicas = [Provisioner(_Gated(client, "PUT", barrier, 2, opened, arrived)) for _ in range(2)]
+        replicas = [Provisioner(_Gated(client, "PUT", barrier, 2, opened, arrived), made=made) for _ in range(2)]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(replicas[0].ensure, _plan("review/a"))
             nursery.start_soon(replicas[1].ensure, _plan("review/b"))
@@ -405,7 +407,7 @@ async def test_first_requests_racing_on_two_replicas_are_both_recorded_and_a_rac
         assert len(puts) == 3  # one of the two lost the race once
         # Two stops at once on two replicas: each removes only itself.
         barrier, opened, arrived = [0], trio.Event(), trio.Event()
-        replicas = [Provisioner(_Gated(client, "PUT", barrier, 2, opened, arrived)) for _ in range(2)]
+        replicas = [Provisioner(_Gated(client, "PUT", barrier, 2, opened, arrived), made=made) for _ in range(2)]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(replicas[0].stop, _plan("review/a"))
             nursery.start_soon(replicas[1].stop, _plan("review/b"))
@@ -416,7 +418,7 @@ async def test_first_requests_racing_on_two_replicas_are_both_recorded_and_a_rac
         # production's stop reads itself as the only user; review/c's first request records itself
         # before the delete is sent: the delete's precondition fails, and the namespace stays for review/c.
         barrier, opened, arrived = [0], trio.Event(), trio.Event()
-        stopping = Provisioner(_Gated(client, "DELETE", barrier, 1, opened, arrived))
+        stopping = Provisioner(_Gated(client, "DELETE", barrier, 1, opened, arrived), made=made)
         reports = []
 
         async def stop() -> None:
@@ -425,7 +427,7 @@ async def test_first_requests_racing_on_two_replicas_are_both_recorded_and_a_rac
         async with trio.open_nursery() as nursery:
             nursery.start_soon(stop)
             await arrived.wait()
-            await Provisioner(client).ensure(_plan("review/c"))
+            await Provisioner(client, made=made).ensure(_plan("review/c"))
             opened.set()
         assert reports[0].kept == ("Namespace app-42",) and reports[0].deleted == ()
         namespace = _stored(sim, "", "namespaces", None, "app-42")
@@ -600,3 +602,101 @@ async def test_a_stop_whose_agent_hangs_is_a_504_at_the_callers_bound(tmp_path: 
     assert status == 504 and "agent 7" in body["message"] and "run the stop again" in body["message"], body
     assert trio.current_time() - started == pytest.approx(restapi.STOP_TIME_LIMIT)
     assert [plan.agent_id for plan in stops] == [7]
+
+
+@pytest.mark.parametrize(("owner", "other"), [("review/feat-x", environment_slug("review/feat-x")),
+                                               ("production", "production-")])
+async def test_an_environment_whose_slug_is_anothers_gets_neither_its_namespace_nor_its_stop(
+        tmp_path: Path, owner: str, other: str) -> None:
+    # Two names, one slug (GitLab's database refuses the second; kasd's store does): the second would
+    # hold the first's gitlab:project_env group, and its stop would delete the first's namespace.
+    assert environment_slug(owner) == environment_slug(other)
+    async with _stack(tmp_path, agent_yaml=MANAGED.replace('      environments: ["review/*"]\n', "")) as (kasd, sim, auth):
+        first, second = _job(auth, owner, job_id=1), _job(auth, other, job_id=2)
+        namespace = f"{environment_slug(owner)}-42-7"
+        made = await _call(kasd, first, "POST", f"/api/v1/namespaces/{namespace}/configmaps",
+                           {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app"}})
+        assert made.status == 201, made.body
+        refused = await _call(kasd, second, "GET", f"/api/v1/namespaces/{namespace}/configmaps/app")
+        assert refused.status == 403
+        assert f"environment {other!r} has the slug {environment_slug(owner)!r} of environment {owner!r}" in \
+            refused.json()["message"]
+        stopped = await http_request(kasd.port("api"), "POST", stop_path("group/app", other),
+                                     [("job-token", second.split(":", 2)[2])])
+        assert stopped.status == 403, stopped.body
+        assert _stored(sim, "", "configmaps", namespace, "app") is not None
+        assert (await _call(kasd, first, "GET", f"/api/v1/namespaces/{namespace}/configmaps/app")).status == 200
+
+
+async def test_an_object_a_template_gives_every_environment_goes_only_with_the_last_of_them(tmp_path: Path) -> None:
+    # A template's ServiceAccount with a fixed name is one object for every environment: the first
+    # environment's stop used to delete it (its label) under the others.
+    template = """\
+objects:
+  - apiVersion: v1
+    kind: Namespace
+    metadata: {name: tools}
+  - apiVersion: v1
+    kind: ServiceAccount
+    metadata: {name: deployer, namespace: tools}
+delete_resources: on_stop
+"""
+    async with _stack(tmp_path, templates={"default": template}) as (kasd, sim, auth):
+        x, y = _job(auth, "review/x", job_id=1), _job(auth, "review/y", job_id=2)
+        for token in (x, y):
+            assert (await _call(kasd, token, "GET", "/api/v1/namespaces/tools/serviceaccounts")).status == 403
+        account = _stored(sim, "", "serviceaccounts", "tools", "deployer")
+        assert account is not None
+        assert users_of(account) == [f"7:42:{environment_slug('review/x')}", f"7:42:{environment_slug('review/y')}"]
+        api = kasd.port("api")
+        stopped = await http_request(api, "POST", stop_path("group/app", "review/x"), [("job-token", x.split(":", 2)[2])])
+        (agent,) = stopped.json()["agents"]
+        assert agent["kept"] == ["ServiceAccount tools/deployer", "Namespace tools"], stopped.body
+        account = _stored(sim, "", "serviceaccounts", "tools", "deployer")
+        assert account is not None and users_of(account) == [f"7:42:{environment_slug('review/y')}"]
+        stopped = await http_request(api, "POST", stop_path("group/app", "review/y"), [("job-token", y.split(":", 2)[2])])
+        assert stopped.json()["agents"][0]["deleted"] == ["ServiceAccount tools/deployer", "Namespace tools"]
+        assert _stored(sim, "", "namespaces", None, "tools") is None
+
+
+async def test_a_store_that_cannot_say_who_owns_a_slug_is_a_503_never_a_pass(tmp_path: Path) -> None:
+    from kasd.store.environments import EnvironmentSlugs
+    from kasd.store.protocol import StoreError
+
+    class Away:
+        async def claim_environment(self, project_id: int, slug: str, name: str) -> str:
+            raise StoreError("Redis unreachable: connection refused")
+
+    async with _stack(tmp_path) as (kasd, sim, auth):
+        assert kasd.authority is not None
+        kasd.authority.environments = EnvironmentSlugs(Away())
+        answer = await _call(kasd, _job(auth), "GET", f"/api/v1/namespaces/{NAMESPACE}/pods")
+        assert answer.status == 503, answer.body
+        assert answer.json()["message"] == ("cannot check that environment 'review/feat-x' owns its slug: Redis "
+                                            "unreachable: connection refused")
+        assert _stored(sim, "", "namespaces", None, NAMESPACE) is None
+
+
+async def test_kasds_marks_written_by_someone_else_make_it_neither_delete_nor_bind(tmp_path: Path) -> None:
+    # Whoever may update a namespace (an impersonated identity allowed to patch namespaces but not
+    # to delete them, say) can write kasd's mark, labels and record on it. kasd trusts them only on
+    # what it recorded as made: its stop does not delete that namespace with the agent's rights, nor
+    # does a job's first request bind a group in it.
+    rules = ("ci_access:\n  projects:\n    - id: group/app\n      access_as: {ci_job: {}}\n"
+             "      rules:\n        - namespace: $CI_COMMIT_REF_SLUG\n")
+    slug = environment_slug("review/x")
+    forged = {"kasd.gitlab-agent.io/managed-by": "kasd", "agent.gitlab.com/id-7": "",
+              "agent.gitlab.com/project_id-42": "", f"agent.gitlab.com/env-{slug}-42-7": ""}
+    async with _stack(tmp_path, agent_yaml=rules) as (kasd, sim, auth):
+        for name in ("victim", "main"):
+            sim.store.create(sim.store.kind("", "namespaces"), None, {"metadata": {
+                "name": name, "labels": forged, "annotations": {"kasd.gitlab-agent.io/used-by": f'["7:42:{slug}"]'}}})
+        token = auth.job_token("group/app", job_id=9, user="alice", environment="review/x", ref="victim")
+        stopped = await http_request(kasd.port("api"), "POST", stop_path("group/app", "review/x"),
+                                     [("job-token", token)])
+        assert stopped.status == 200, stopped.body
+        assert stopped.json()["agents"][0]["kept"] == ["Namespace victim"], stopped.body
+        assert _stored(sim, "", "namespaces", None, "victim") is not None
+        job = _job(auth, "review/x")  # ref main: its rule names the namespace main
+        assert (await _call(kasd, job, "GET", "/api/v1/namespaces/main/configmaps")).status == 403
+        assert _stored(sim, "rbac.authorization.k8s.io", "rolebindings", "main", f"gitlab-job-access-{slug}") is None

@@ -92,6 +92,26 @@ def test_a_peer_secret_that_would_cross_the_network_in_clear_is_refused(
     assert config_from_mapping(doc).private.insecure_plaintext  # on purpose: allowed (and a WARNING at start)
 
 
+def test_a_private_port_with_tls_needs_the_ca_its_peers_are_checked_with(tmp_path: Path) -> None:
+    # Without it, peers dial https:// trusting the system's CAs: a member URL written into Redis for a
+    # host with any public certificate would receive the peer secret.
+    import trustme
+
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1")
+    server.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    server.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    doc = _replica(tmp_path, private_url="https://127.0.0.1:8155")
+    doc["listeners"]["private"] = {"address": "127.0.0.1:8155",  # type: ignore[index]
+                                   "tls": {"cert": str(tmp_path / "cert.pem"), "key": str(tmp_path / "key.pem")}}
+    with pytest.raises(ConfigError, match=r"^routing\.peer_ca_file: missing; listeners\.private has TLS, so peers "
+                                          r"dial https://, and without the CA .* would trust the system's CAs"):
+        config_from_mapping(doc)
+    doc["routing"]["peer_ca_file"] = str(tmp_path / "ca.pem")  # type: ignore[index]
+    assert config_from_mapping(doc).routing.peer_ca_file is not None
+
+
 @pytest.mark.parametrize("address", ["127.0.0.1:0", "127.0.0.2:8155", "[::1]:8155", "localhost:8155"])
 def test_a_loopback_private_port_needs_no_tls(tmp_path: Path, address: str) -> None:
     doc = _replica(tmp_path)

@@ -263,6 +263,22 @@ async def test_the_peer_secret_is_never_sent_in_clear_to_another_host(tmp_path: 
             assert PEER_SECRET not in message
 
 
+async def test_the_peer_secret_goes_over_https_only_to_a_peer_the_replicas_ca_vouches_for(tmp_path: Path) -> None:
+    """An https:// member URL from Redis, on a replica without routing.peer_ca_file (the loopback demo's
+    setup): not dialled, since the system's CAs would hand the secret to any public certificate's holder."""
+    world = MemoryWorld()
+    ghost = Member(name="127.0.0.1:1", private_url="https://127.0.0.1:1")
+    with trio.fail_after(5):
+        async with running_replicas(world, [replica_config(tmp_path, agent_wait_timeout=0.3)]) as (b,):
+            world.add_member(ghost)
+            world.add_holder(1, ghost.name)
+            reply_ = await http_request(b.port("kubernetes_api"), "GET", "/api/v1/pods", [bearer(CI_TOKEN)])
+            assert reply_.status == 502
+            message = reply_.json()["message"]
+            assert "refusing to send the peer secret to https://127.0.0.1:1/peer: no CA is configured" in message, \
+                message
+
+
 async def test_a_peer_secret_in_clear_on_purpose_is_a_warning_at_start(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     world = MemoryWorld()
