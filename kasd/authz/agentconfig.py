@@ -12,8 +12,10 @@ Top-level keys of GitLab's agent configuration that kasd does not use (``GITLAB_
 unread. Any other unknown key, at any level, is an error naming file, line, column and key (with
 the closest known key): a typo (``user_acess:``) would otherwise take access away, or grant it,
 without a word. Environment templates (``.gitlab/agents/<agent>/environment_templates/<name>.yaml``)
-are not parsed here, but read through the same ``read_config_text``: nothing under the config root
-is read through a symlink that leads out of it.
+are not parsed here, but read through the same ``read_config_text``: nothing is read through a
+symlink that leads out of the agent's own config project (``project_root``), so a committer of one
+project can make kasd read, and quote in an error, only files of that project, which they can read
+anyway: not another project's checkout under the same config root, nor anything else kasd can read.
 """
 
 from __future__ import annotations
@@ -202,7 +204,7 @@ def load_agent_config(config_root: Path, config_project: str, agent_name: str) -
     GitLab: only jobs of the config project itself may use the agent), reported as a warning."""
     path = agent_config_path(config_root, config_project, agent_name)
     try:
-        text = read_config_text(config_root, path, AgentConfigError)
+        text = read_config_text(project_root(config_root, config_project, AgentConfigError), path, AgentConfigError)
     except FileNotFoundError:
         return LoadedAgentConfig(
             config=AgentConfig(source=str(path)),
@@ -212,21 +214,35 @@ def load_agent_config(config_root: Path, config_project: str, agent_name: str) -
     return parse_agent_config(text, str(path))
 
 
+def project_root(config_root: Path, config_project: str, error: type[ValueError]) -> Path:
+    """The real path of the config project's checkout, ``<config_root>/<config_project>``: what every
+    file of its agents' configuration must be inside (``read_config_text``). The operator may make
+    it (or ``config_root``) a symlink, as long as it stays inside ``config_root``; ``error`` otherwise."""
+    real_root = os.path.realpath(config_root)
+    real = os.path.realpath(config_root / config_project)
+    if not _inside(real, real_root):
+        raise error(f"{config_root / config_project}: refused: its real path is outside authorization.config_root "
+                    f"({config_root})")
+    return Path(real)
+
+
 def read_config_text(root: Path, path: Path, error: type[ValueError]) -> str:
-    """The text of a file of an agent's configuration (``config.yaml``, a template) under ``root``
-    (``authorization.config_root``): at most ``MAX_CONFIG_BYTES``, UTF-8, a regular file whose real
-    path is inside ``root`` — a symlink (the file's or a directory's on the way) that stays inside
-    is followed, one that leads out is refused, so that a config project's committer cannot make
-    kasd read, and quote, another file. ``error`` naming the path otherwise (never the target).
-    ``FileNotFoundError`` is the caller's to read (a missing ``config.yaml`` is the default
-    configuration). Blocking: call it off the event loop."""
+    """The text of a file of an agent's configuration (``config.yaml``, a template) under ``root``,
+    the real path of its config project's checkout (``project_root``): at most ``MAX_CONFIG_BYTES``,
+    UTF-8, a regular file whose real path is inside ``root`` — a symlink (the file's or a
+    directory's on the way) that stays inside the project is followed, one that leads out of it
+    (to another project's checkout under the same config root, or anywhere else) is refused, so
+    that a config project's committer cannot make kasd read, and quote, a file they could not read
+    themselves. ``error`` naming the path otherwise (never the target). ``FileNotFoundError`` is
+    the caller's to read (a missing ``config.yaml`` is the default configuration). Blocking: call
+    it off the event loop."""
     try:
         fd = _open_within(root, path)
     except FileNotFoundError:
         raise
     except _Outside:
-        raise error(f"{path}: refused: its real path is outside authorization.config_root ({root}); a "
-                    "symlink there may point only to files inside it") from None
+        raise error(f"{path}: refused: its real path is outside its config project ({root}); a symlink there "
+                    "may point only to files of the same project") from None
     except OSError as exc:
         raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
     with os.fdopen(fd, "rb") as f:
@@ -615,5 +631,6 @@ __all__ = [
     "compose_yaml",
     "load_agent_config",
     "parse_agent_config",
+    "project_root",
     "read_config_text",
 ]

@@ -26,6 +26,7 @@ from kasd.authz.agentconfig import (
     CiAccessEntry,
     agent_config_path,
     load_agent_config,
+    project_root,
 )
 from kasd.authz.civars import JobFacts, ci_variables, guess_environment_tier
 from kasd.authz.directory import Directory, Project
@@ -48,6 +49,7 @@ from kasd.authz.templates import (
     BUILTIN,
     EnvironmentTemplate,
     ManagedResources,
+    TemplateError,
     load_templates,
     render,
     rules_objects,
@@ -166,8 +168,9 @@ def load_agents(directory: Directory, config_root: Path) -> tuple[dict[int, Comp
                         raise AgentConfigError(f"{config.source}: {exc}", key=exc.key, problem=exc.problem) from None
                     raise
         config_file = agent_config_path(config_root, agent.config_project, agent.name)
+        project = project_root(config_root, agent.config_project, TemplateError)
         agents[agent.id] = CompiledAgent(config=config, rules=rules,
-                                         templates=load_templates(templates_dir(config_file), config_root))
+                                         templates=load_templates(templates_dir(config_file), project))
     return agents, warnings
 
 

@@ -330,13 +330,13 @@ def templates_dir(agent_config_file: Path) -> Path:
 def load_templates(directory: Path, root: Path) -> dict[str, EnvironmentTemplate]:
     """Every ``<name>.yaml`` of an agent's ``environment_templates`` (none if there is no such
     directory); ``TemplateError`` for the first that cannot be used. Nothing is read, or listed,
-    through a symlink leading out of ``root`` (``authorization.config_root``). Blocking: call it
-    off the event loop."""
+    through a symlink leading out of ``root``, the real path of the agent's config project
+    (``agentconfig.project_root``). Blocking: call it off the event loop."""
     real_root = os.path.realpath(root)
     real = os.path.realpath(directory)
     if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
-        raise TemplateError(f"{directory}: refused: its real path is outside authorization.config_root ({root}); a "
-                            "symlink there may point only to directories inside it")
+        raise TemplateError(f"{directory}: refused: its real path is outside its config project ({root}); a "
+                            "symlink there may point only to directories of the same project")
     try:
         paths = sorted(p for p in directory.iterdir() if p.suffix == ".yaml" and not p.is_dir())
     except FileNotFoundError:

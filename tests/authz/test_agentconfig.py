@@ -298,31 +298,54 @@ def test_a_config_yaml_symlinked_out_of_the_config_root_is_refused_unread(tmp_pa
     (directory / "config.yaml").symlink_to(outside / "token")
     with pytest.raises(AgentConfigError) as info:
         load_agent_config(root, "acme/infra", "prod")
-    assert "outside authorization.config_root" in str(info.value)
+    assert "outside its config project" in str(info.value)
     assert SECRET not in str(info.value) and "Zq9x" not in str(info.value)
     # nor through a directory on the way, nor a relative link climbing out, nor a dangling one
     (directory / "config.yaml").unlink()
     (directory / "config.yaml").symlink_to("../../../../../../etc/token")
-    with pytest.raises(AgentConfigError, match=r"outside authorization\.config_root"):
+    with pytest.raises(AgentConfigError, match=r"outside its config project"):
         load_agent_config(root, "acme/infra", "prod")
     (directory / "config.yaml").unlink()
     (directory / "config.yaml").symlink_to(outside / "absent")
-    with pytest.raises(AgentConfigError, match=r"outside authorization\.config_root"):
+    with pytest.raises(AgentConfigError, match=r"outside its config project"):
         load_agent_config(root, "acme/infra", "prod")
     (root / "other").symlink_to(outside)
     with pytest.raises(AgentConfigError, match=r"outside authorization\.config_root"):
         load_agent_config(root, "other", "prod")
 
 
-def test_a_symlink_that_stays_inside_the_config_root_is_followed(tmp_path: Path) -> None:
+def test_a_config_yaml_symlinked_into_another_project_is_refused_unquoted(tmp_path: Path) -> None:
+    """Another project's checkout under the same config root (or any file there that is no project's)
+    is not the committer's to read: an error would quote it (an unknown key's name, an alias's), so
+    it is refused unread, whatever it holds."""
     root = tmp_path / "root"
     directory = _agent_dir(root)
-    (root / "shared.yaml").write_text("ci_access: {projects: [{id: acme/web}]}\n")
-    (directory / "config.yaml").symlink_to("../../../../../shared.yaml")
+    other = root / "acme" / "secrets"
+    other.mkdir(parents=True)
+    (other / "token.yaml").write_text(f"{SECRET}: x\n")  # a mapping: its key would be quoted
+    (root / "shared.yaml").write_text(f"*{SECRET}\n")  # an undefined alias: its name would be quoted
+    for target in ("../../../../secrets/token.yaml", "../../../../../shared.yaml", str(other / "token.yaml")):
+        (directory / "config.yaml").unlink(missing_ok=True)
+        (directory / "config.yaml").symlink_to(target)
+        with pytest.raises(AgentConfigError) as info:
+            load_agent_config(root, "acme/infra", "prod")
+        assert "outside its config project" in str(info.value), target
+        assert SECRET[:6] not in str(info.value), target
+
+
+def test_a_symlink_that_stays_inside_the_config_project_is_followed(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    directory = _agent_dir(root)
+    (root / "acme" / "infra" / "shared.yaml").write_text("ci_access: {projects: [{id: acme/web}]}\n")
+    (directory / "config.yaml").symlink_to("../../../shared.yaml")
     assert load_agent_config(root, "acme/infra", "prod").config.ci_access.projects[0].id == "acme/web"
     linked_root = tmp_path / "root-link"  # the root itself may be a symlink (the operator's choice)
     linked_root.symlink_to(root)
     assert load_agent_config(linked_root, "acme/infra", "prod").config.ci_access.projects[0].id == "acme/web"
+    # and so may a project's checkout, inside the root (git-sync's layout: a link to the revision)
+    (root / "acme" / "infra").rename(root / "acme" / ".infra-rev1")
+    (root / "acme" / "infra").symlink_to(".infra-rev1")
+    assert load_agent_config(root, "acme/infra", "prod").config.ci_access.projects[0].id == "acme/web"
 
 
 def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:

@@ -141,14 +141,20 @@ def test_nothing_is_read_through_a_symlink_leading_out_of_the_config_root(tmp_pa
     secret = outside / "secret.yaml"
     secret.write_text("s3cr3t-token-value\n")
     (templates / "default.yaml").symlink_to(secret)
+    project = root / "acme" / "infra"
     with pytest.raises(TemplateError) as info:
-        load_templates(templates, root)
-    assert "outside authorization.config_root" in str(info.value) and "s3cr3t" not in str(info.value)
+        load_templates(templates, project)
+    assert "outside its config project" in str(info.value) and "s3cr3t" not in str(info.value)
     (templates / "default.yaml").unlink()
-    (root / "shared.yaml").write_text(DEFAULT_TEMPLATE)  # a symlink that stays inside is followed
+    (project / "shared.yaml").write_text(DEFAULT_TEMPLATE)  # a symlink that stays inside is followed
+    (templates / "default.yaml").symlink_to(project / "shared.yaml")
+    assert list(load_templates(templates, project)) == ["default"]
+    (root / "shared.yaml").write_text(DEFAULT_TEMPLATE)  # not one into the root beside the projects
+    (templates / "default.yaml").unlink()
     (templates / "default.yaml").symlink_to(root / "shared.yaml")
-    assert list(load_templates(templates, root)) == ["default"]
+    with pytest.raises(TemplateError, match=r"outside its config project"):
+        load_templates(templates, project)
     linked = templates.parent / "linked"  # a whole directory leading out
     linked.symlink_to(outside)
-    with pytest.raises(TemplateError, match=r"outside authorization\.config_root"):
-        load_templates(linked, root)
+    with pytest.raises(TemplateError, match=r"outside its config project"):
+        load_templates(linked, project)
