@@ -47,6 +47,8 @@ __all__ = [
     "KINDS",
     "MANAGED_BY",
     "MANAGED_KINDS",
+    "MAX_TEMPLATE_CHARS",
+    "MAX_TEMPLATE_VALUES",
     "USED_BY",
     "VARIABLES",
     "EnvironmentTemplate",
@@ -146,6 +148,16 @@ _REFERENCE = re.compile(r"\{\{(.*?)\}\}")
 _VARIABLE = re.compile(r"\s*\.([a-z_]+)\.([a-z_]+)\s*")
 
 
+#: the most values (mappings, lists and scalars, every alias expanded) one template may hold, and
+#: characters of its strings: a template is rendered for each job that needs it (a first request
+#: through an agent, each ``GET /api/v4/job/allowed_agents``, a stop) on the event loop, and a
+#: rendering walks the whole template. The YAML budget every file has (``daemonkit.yamldoc``, 100,000
+#: nodes) bounds reading one; rendering a template that large cost 0.15 s of the event loop per
+#: request. GitLab's default template is ~30 values, a Flux set with Helm values a few hundred.
+MAX_TEMPLATE_VALUES = 2_000
+MAX_TEMPLATE_CHARS = 128 * 1024
+
+
 class TemplateError(ValueError):
     """The file is unusable: ``str()`` is ``<file>:<line>:<column>: <key>: <problem>``."""
 
@@ -175,6 +187,7 @@ def parse_template(text: str, source: str, name: str) -> EnvironmentTemplate:
             raise TemplateError(f"{_at(source, key)}: {key.value}: given twice")
         fields[key.value] = value
         _check_references(value, source, key.value)
+    _check_size(node, source)
     try:
         document = _expanded(yamldoc.construct(node))
     except yamldoc.YamlError as exc:  # composed, but not constructed: an unhashable key, a tag
@@ -229,6 +242,27 @@ def _key_name(key: yaml.Node) -> str:
     if not isinstance(key, yaml.ScalarNode):
         return yamldoc.describe(key)
     return key.value if len(key.value) <= 40 and key.value.isprintable() else yamldoc.excerpt(key.value)
+
+
+def _check_size(node: yaml.Node, source: str) -> None:
+    """``TemplateError`` for a template over ``MAX_TEMPLATE_VALUES`` or ``MAX_TEMPLATE_CHARS``, aliases
+    expanded (the walk stops at the first value over: it costs no more than the limit)."""
+    values = chars = 0
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        values += 1
+        if isinstance(item, yaml.ScalarNode):
+            chars += len(item.value)
+        elif isinstance(item, yaml.MappingNode):
+            for k, v in item.value:
+                stack += (k, v)
+        else:
+            stack += item.value
+        if values > MAX_TEMPLATE_VALUES or chars > MAX_TEMPLATE_CHARS:
+            what = f"{MAX_TEMPLATE_VALUES} values" if values > MAX_TEMPLATE_VALUES else f"{MAX_TEMPLATE_CHARS} characters"
+            raise TemplateError(f"{_at(source, item)}: the template holds more than {what} once aliases are expanded "
+                                "(it is rendered for every job that needs it)")
 
 
 def _expanded(value: Any) -> Any:
