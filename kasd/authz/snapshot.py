@@ -43,7 +43,7 @@ from kasd.authz.jobtokens import (
 )
 from kasd.authz.keys import KeySet
 from kasd.authz.policy import Decision, Job, authorize_job, authorize_user
-from kasd.authz.rules import Rule, compile_rules, first_match
+from kasd.authz.rules import MAX_RULES_PROGRAM, Rule, compile_rules, first_match, program_size
 from kasd.authz.slugs import environment_slug, ref_slug
 from kasd.authz.templates import (
     BUILTIN,
@@ -158,6 +158,7 @@ def load_agents(directory: Directory, config_root: Path) -> tuple[dict[int, Comp
         ]
         if config.ci_access.instance is not None:
             entries.append(("ci_access.instance", config.ci_access.instance))
+        program = 0
         for key, entry in entries:
             _check_roles_apply(entry, key, config.source)
             if entry.rules:
@@ -167,6 +168,11 @@ def load_agents(directory: Directory, config_root: Path) -> tuple[dict[int, Comp
                     if exc.mark is None:  # name the file at least
                         raise AgentConfigError(f"{config.source}: {exc}", key=exc.key, problem=exc.problem) from None
                     raise
+                program += sum(program_size(rule.if_) for rule in rules[(entry.kind, entry.id)])
+                if program > MAX_RULES_PROGRAM:
+                    problem = (f"the regular expressions of the agent's rules: come to more than {MAX_RULES_PROGRAM} RE2 "
+                               "instructions in all (each is matched on kasd's event loop); use fewer or simpler ones")
+                    raise AgentConfigError(f"{config.source}: {key}.rules: {problem}", key=f"{key}.rules", problem=problem)
         config_file = agent_config_path(config_root, agent.config_project, agent.name)
         project = project_root(config_root, agent.config_project, TemplateError)
         agents[agent.id] = CompiledAgent(config=config, rules=rules,
