@@ -43,7 +43,14 @@ from kasd.authz.jobtokens import (
 )
 from kasd.authz.keys import KeySet
 from kasd.authz.policy import Decision, Job, authorize_job, authorize_user
-from kasd.authz.rules import MAX_RULES_PROGRAM, Rule, compile_rules, first_match, program_size
+from kasd.authz.rules import (
+    MAX_RULES,
+    MAX_RULES_PROGRAM,
+    Rule,
+    compile_rules,
+    first_match,
+    program_size,
+)
 from kasd.authz.slugs import environment_slug, ref_slug
 from kasd.authz.templates import (
     BUILTIN,
@@ -158,9 +165,14 @@ def load_agents(directory: Directory, config_root: Path) -> tuple[dict[int, Comp
         ]
         if config.ci_access.instance is not None:
             entries.append(("ci_access.instance", config.ci_access.instance))
-        program = 0
+        program = count = 0
         for key, entry in entries:
             _check_roles_apply(entry, key, config.source)
+            count += len(entry.rules)
+            if count > MAX_RULES:
+                problem = (f"the agent's entries hold more than {MAX_RULES} rules in all (a request tries them in "
+                           "order on kasd's event loop)")
+                raise AgentConfigError(f"{config.source}: {key}.rules: {problem}", key=f"{key}.rules", problem=problem)
             if entry.rules:
                 try:
                     rules[(entry.kind, entry.id)] = compile_rules(entry.rules, f"{key}.rules")
