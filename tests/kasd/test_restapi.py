@@ -138,6 +138,10 @@ async def test_a_request_the_proxy_port_refuses_as_ambiguous_is_refused_here_and
         "obs-fold": post + "Content-Length: 0\r\nX-Folded: a\r\n b\r\n\r\n",
         "space before colon": post + "Content-Length : 5\r\n\r\n",
         "bare LF": post.replace("\r\n", "\n") + "\n",
+        # RFC 9112, 3.2: an HTTP/1.1 request without Host, or any with two, is 400
+        "no Host": f"GET {ALLOWED_AGENTS_PATH} HTTP/1.1\r\nJob-Token: x\r\n\r\n",
+        "two Hosts": f"GET {ALLOWED_AGENTS_PATH} HTTP/1.1\r\nHost: k\r\nHost: evil\r\nJob-Token: x\r\n\r\n",
+        "two Hosts, HTTP/1.0": f"GET {ALLOWED_AGENTS_PATH} HTTP/1.0\r\nHost: k\r\nHost: evil\r\n\r\n",
         # a bad chunk is in the body, which this call never reads: answered, then closed unread
         "bad chunk size": post + "Transfer-Encoding: chunked\r\n\r\nzz\r\n\r\n",
     }
