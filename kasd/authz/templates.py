@@ -48,6 +48,7 @@ __all__ = [
     "MANAGED_BY",
     "MANAGED_KINDS",
     "MAX_TEMPLATE_CHARS",
+    "MAX_TEMPLATE_ENTRIES",
     "MAX_TEMPLATE_VALUES",
     "USED_BY",
     "VARIABLES",
@@ -361,22 +362,63 @@ def templates_dir(agent_config_file: Path) -> Path:
     return agent_config_file.parent / "environment_templates"
 
 
+#: entries of an ``environment_templates`` directory: more is an error (each file is read and
+#: parsed at every load, and a listing is held whole to be sorted)
+MAX_TEMPLATE_ENTRIES = 1024
+
+
+class _Outside(Exception):
+    pass
+
+
+def _template_names(directory: Path, root: Path) -> list[str]:
+    """The ``*.yaml`` names in ``directory`` (sorted), listed through a descriptor of the directory
+    whose real path is checked on the descriptor itself: a directory swapped for a symlink after a
+    path check cannot show kasd (nor its log) the names of another directory. ``_Outside`` for a
+    directory outside ``root``; ``OSError`` (``FileNotFoundError`` included) as ``open`` raises it."""
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(directory)
+
+    def inside(path: str) -> bool:
+        return path == real_root or path.startswith(real_root.rstrip(os.sep) + os.sep)
+
+    if not inside(real):
+        raise _Outside
+    fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        try:
+            opened = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # no /proc: the realpath check stands alone
+            opened = real
+        if not inside(opened):
+            raise _Outside
+        names: list[str] = []
+        with os.scandir(fd) as listing:
+            for count, entry in enumerate(listing, 1):
+                if count > MAX_TEMPLATE_ENTRIES:
+                    raise OSError(0, f"more than {MAX_TEMPLATE_ENTRIES} entries")
+                if entry.name.endswith(".yaml") and len(entry.name) > 5 and not entry.is_dir():
+                    names.append(entry.name)
+    finally:
+        os.close(fd)
+    return sorted(names)
+
+
 def load_templates(directory: Path, root: Path) -> dict[str, EnvironmentTemplate]:
     """Every ``<name>.yaml`` of an agent's ``environment_templates`` (none if there is no such
     directory); ``TemplateError`` for the first that cannot be used. Nothing is read, or listed,
     through a symlink leading out of ``root``, the real path of the agent's config project
     (``agentconfig.project_root``). Blocking: call it off the event loop."""
-    real_root = os.path.realpath(root)
-    real = os.path.realpath(directory)
-    if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
-        raise TemplateError(f"{directory}: refused: its real path is outside its config project ({root}); a "
-                            "symlink there may point only to directories of the same project")
     try:
-        paths = sorted(p for p in directory.iterdir() if p.suffix == ".yaml" and not p.is_dir())
+        names = _template_names(directory, root)
     except FileNotFoundError:
         return {}
+    except _Outside:
+        raise TemplateError(f"{directory}: refused: its real path is outside its config project ({root}); a "
+                            "symlink there may point only to directories of the same project") from None
     except OSError as exc:
         raise TemplateError(f"{directory}: cannot read: {exc.strerror or exc}") from None
+    paths = [directory / name for name in names]
     templates = {}
     for path in paths:
         try:

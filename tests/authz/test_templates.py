@@ -4,6 +4,7 @@ and annotation, and every mistake at file:line:column."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,35 @@ def test_nothing_is_read_through_a_symlink_leading_out_of_the_config_root(tmp_pa
     linked.symlink_to(outside)
     with pytest.raises(TemplateError, match=r"outside its config project"):
         load_templates(linked, project)
+
+
+def test_a_templates_directory_is_listed_boundedly_and_through_its_own_descriptor(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More than 1,024 entries is an error, not a listing held whole and every file parsed; and a
+    directory on the way swapped for a symlink after the path was checked (a checkout racing the
+    load) shows kasd, and its log, no name of the directory it now leads to."""
+    project = tmp_path / "root" / "acme" / "infra"
+    templates = project / ".gitlab" / "agents" / "a" / "environment_templates"
+    templates.mkdir(parents=True)
+    for i in range(1025):
+        (templates / f"t{i}.yaml").touch()
+    with pytest.raises(TemplateError, match=r"environment_templates: cannot read: more than 1024 entries"):
+        load_templates(templates, project)
+    for i in range(1025):
+        (templates / f"t{i}.yaml").unlink()
+    outside = tmp_path / "outside" / "agents" / "a" / "environment_templates"
+    outside.mkdir(parents=True)
+    (outside / "private-name-s3cr3t.yaml").write_text(DEFAULT_TEMPLATE)
+    real_open = os.open
+
+    def swapping_open(path: str, flags: int, *args: int) -> int:
+        gitlab = project / ".gitlab"
+        if gitlab.is_dir() and not gitlab.is_symlink():
+            gitlab.rename(project / ".gitlab-old")
+            gitlab.symlink_to(tmp_path / "outside")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr("kasd.authz.templates.os.open", swapping_open)
+    with pytest.raises(TemplateError) as info:
+        load_templates(templates, project)
+    assert "outside its config project" in str(info.value) and "s3cr3t" not in str(info.value)
