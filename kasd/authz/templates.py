@@ -194,6 +194,7 @@ def parse_template(text: str, source: str, name: str) -> EnvironmentTemplate:
     except yamldoc.YamlError as exc:  # composed, but not constructed: an unhashable key, a tag
         hint = " (a {{ … }} reference must be quoted: '{{ .environment.slug }}')" if "unhashable" in exc.problem else ""
         raise TemplateError(f"{exc.at(source)}{hint}") from None
+    _check_json(node, source)
     objects = document.get("objects")
     if not isinstance(objects, list) or not objects:
         raise TemplateError(f"{_at(source, fields.get('objects', node))}: objects: must be a non-empty list")
@@ -264,6 +265,45 @@ def _check_size(node: yaml.Node, source: str) -> None:
             what = f"{MAX_TEMPLATE_VALUES} values" if values > MAX_TEMPLATE_VALUES else f"{MAX_TEMPLATE_CHARS} characters"
             raise TemplateError(f"{_at(source, item)}: the template holds more than {what} once aliases are expanded "
                                 "(it is rendered for every job that needs it)")
+
+
+_JSON_SCALARS = {f"tag:yaml.org,2002:{kind}" for kind in ("str", "int", "float", "bool", "null")}
+_MAP, _SEQ, _FLOAT = "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq", "tag:yaml.org,2002:float"
+
+
+def _check_json(node: yaml.Node, source: str) -> None:
+    """``TemplateError`` for a value that is not JSON data: the objects are sent to the Kubernetes API
+    as JSON, and a template that loaded with a date (``2024-01-01`` unquoted is one in YAML), bytes
+    (``!!binary``), a set or a pair list failed every job that needed it, at its request. Keys must
+    be strings, numbers finite."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, yaml.MappingNode):
+            if item.tag != _MAP:
+                raise TemplateError(f"{_at(source, item)}: a {_tag(item)} is not JSON data (use a mapping)")
+            for key, value in item.value:
+                if key.tag == "tag:yaml.org,2002:merge":
+                    stack.append(value)
+                    continue
+                if not (isinstance(key, yaml.ScalarNode) and key.tag == "tag:yaml.org,2002:str"):
+                    raise TemplateError(f"{_at(source, key)}: keys must be strings, got {yamldoc.describe(key)} "
+                                        "(quote it)")
+                stack.append(value)
+        elif isinstance(item, yaml.SequenceNode):
+            if item.tag != _SEQ:
+                raise TemplateError(f"{_at(source, item)}: a {_tag(item)} is not JSON data (use a list)")
+            stack += item.value
+        elif isinstance(item, yaml.ScalarNode):
+            if item.tag not in _JSON_SCALARS:
+                raise TemplateError(f"{_at(source, item)}: a {_tag(item)} is not JSON data (quote it to make it a string)")
+            if item.tag == _FLOAT and item.value.lower().lstrip("+-") in (".inf", ".nan"):
+                raise TemplateError(f"{_at(source, item)}: {item.value} is not a JSON number (quote it to make it a string)")
+
+
+def _tag(node: yaml.Node) -> str:
+    tag = str(node.tag)
+    return ("!!" + tag.rsplit(":", 1)[-1]) if tag.startswith("tag:yaml.org,2002:") else "value with a tag of its own"
 
 
 def _expanded(value: Any) -> Any:

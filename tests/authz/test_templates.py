@@ -55,6 +55,10 @@ def test_a_value_is_substituted_after_parsing_so_it_cannot_add_structure() -> No
     assert obj["kind"] == "Namespace" and obj["metadata"]["name"] == "ns-x\nkind: Secret"
 
 
+_WITH_SPEC = ("objects:\n  - apiVersion: kustomize.toolkit.fluxcd.io/v1\n    kind: Kustomization\n"
+              "    metadata: {{name: n}}\n    spec: {}\n")
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -86,6 +90,14 @@ def test_a_value_is_substituted_after_parsing_so_it_cannot_add_structure() -> No
          "objects:\n  - {apiVersion: v1, kind: Namespace, metadata: {name: b}}\n", "t.yaml:3:1: objects: given twice"),
         ("objects:\n  - {apiVersion: v1, kind: Namespace, metadata: {name: n, labels: {'{{ .project.id }}': x}}}\n",
          "references are substituted in values only, not in keys"),
+        # what is not JSON data: it loaded, then failed each job that needed it when sent as JSON
+        (_WITH_SPEC.format("{since: 2024-01-01}"), "t.yaml:5:19: a !!timestamp is not JSON data (quote it to make it a string)"),
+        (_WITH_SPEC.format("{data: !!binary aGk=}"), "t.yaml:5:18: a !!binary is not JSON data"),
+        (_WITH_SPEC.format("!!set {a}"), "t.yaml:5:11: a !!set is not JSON data (use a mapping)"),
+        (_WITH_SPEC.format("!!omap [a: 1]"), "t.yaml:5:11: a !!omap is not JSON data (use a list)"),
+        (_WITH_SPEC.format("{ratio: .nan}"), "t.yaml:5:19: .nan is not a JSON number"),
+        (_WITH_SPEC.format("{1: a}"), "t.yaml:5:12: keys must be strings, got an int of 1 character (quote it)"),
+        (_WITH_SPEC.format("{x: !custom a}"), "t.yaml:5:15: not valid YAML: could not determine a constructor"),
     ],
 )
 def test_mistakes_name_file_line_and_column(text: str, message: str) -> None:
