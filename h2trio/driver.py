@@ -84,7 +84,7 @@ from h2trio.budget import (
     ResetBucket,
     ResetLimit,
 )
-from h2trio.lean import data_to_send_chunks
+from h2trio.lean import MalformedRequest, data_to_send_chunks
 from netio.fastio import send_many
 
 __all__ = ["DriverStatistics", "H2Driver", "H2Stream", "Headers", "ResetLimit"]
@@ -347,6 +347,10 @@ class H2Driver:
                         self._dropped += 1
                     self._spend_reset_budget()
             self._window_lot.unpark_all()  # a sender parked on this stream's window must see it
+        elif isinstance(event, MalformedRequest):
+            # reset already (RFC 9113 8.1.1: a stream error): refused, at the reset budget's cost
+            self._refused += 1
+            self._spend_reset_budget()
         elif isinstance(event, h2.events.ConnectionTerminated):
             code = event.error_code
             self.fail(f"peer sent HTTP/2 GOAWAY (code {code})", clean=code == h2.errors.ErrorCodes.NO_ERROR)
