@@ -54,7 +54,7 @@ import hyperframe.frame
 
 from netio.safemode import SAFE_MODE
 
-__all__ = ["CHECKED_VERSIONS", "LEAN", "MalformedRequest", "data_to_send_chunks", "new_connection"]
+__all__ = ["CHECKED_VERSIONS", "LEAN", "MalformedRequest", "StreamErrors", "data_to_send_chunks", "new_connection"]
 
 #: the versions whose internals this module was checked against (pinned as upper bounds)
 CHECKED_VERSIONS = {"h2": "4.4.1", "hyperframe": "6.1.0"}
@@ -114,7 +114,12 @@ class MalformedRequest(h2.events.Event):
 
 
 class _StreamErrors(h2.connection.H2Connection):
-    """A server's connection where a malformed request is a stream error (module docstring, item 4)."""
+    """A server's connection where a malformed request is a stream error (module docstring, item 4).
+    ``malformed_allowed`` (set by the driver: it spends the reset budget) is asked at each one; once
+    it says no, the rest of the read is not decoded: a connection error (its ``ProtocolError``)."""
+
+    def malformed_allowed(self) -> h2.exceptions.ProtocolError | None:
+        return None
 
     def _receive_headers_frame(self, frame: hyperframe.frame.HeadersFrame) -> tuple[list[hyperframe.frame.Frame],
                                                                                  list[h2.events.Event]]:
@@ -135,6 +140,9 @@ class _StreamErrors(h2.connection.H2Connection):
         except h2.exceptions.StreamClosedError:
             raise  # h2's own: a reset stream's frames are answered with RST_STREAM, the rest is fatal
         except h2.exceptions.ProtocolError as exc:
+            refusal = self.malformed_allowed()
+            if refusal is not None:  # over the budget: one read of malformed requests must not cost more
+                raise refusal from exc
             return [], [*events, self._malformed(frame.stream_id, exc)]
         if "PRIORITY" in frame.flags:
             p_frames, p_events = self._receive_priority_frame(frame)
@@ -217,3 +225,7 @@ def data_to_send_chunks(conn: h2.connection.H2Connection) -> list[bytes]:
         return conn.data_to_send_chunks()
     data = conn.data_to_send()
     return [data] if data else []
+
+
+#: a server connection that resets a malformed request's stream alone (item 4)
+StreamErrors = _StreamErrors
