@@ -350,8 +350,13 @@ class H2Driver:
                     self._spend_reset_budget()
             self._window_lot.unpark_all()  # a sender parked on this stream's window must see it
         elif isinstance(event, MalformedRequest):
-            # reset already (RFC 9113 8.1.1: a stream error), its budget spent (``_malformed_allowed``)
+            # reset already (RFC 9113 8.1.1: a stream error), its budget spent (``_malformed_allowed``);
+            # a request already handed over (its body overran its content-length) learns it is reset
             self._refused += 1
+            h2s = streams.pop(event.stream_id, None)
+            if h2s is not None:
+                h2s._on_reset(int(h2.errors.ErrorCodes.PROTOCOL_ERROR))
+            self._window_lot.unpark_all()
         elif isinstance(event, h2.events.ConnectionTerminated):
             code = event.error_code
             self.fail(f"peer sent HTTP/2 GOAWAY (code {code})", clean=code == h2.errors.ErrorCodes.NO_ERROR)

@@ -28,7 +28,9 @@ relies on, as checked against h2 4.4.1 and hyperframe 6.1.0 (the upper bounds pi
    ``self._receive_priority_frame``), and ``H2Stream.receive_headers`` raises ``ProtocolError`` for
    a header block that decoded but is not a valid request (a name in upper case, a
    connection-specific header, a pseudo-header twice or out of place, a ``content-length`` that is
-   not one number). h2 makes that a connection error: a GOAWAY ending every stream on the
+   not one number), and ``_receive_data_frame`` raises ``InvalidBodyLengthError`` for a body longer
+   or shorter than its ``content-length``, after taking the frame from the connection's window. h2
+   makes those connection errors: a GOAWAY ending every stream on the
    connection, where RFC 9113 (8.1.1) makes a malformed request a stream error. ``_StreamErrors``
    (every server connection, lean or not) resets that stream alone (``RST_STREAM
    PROTOCOL_ERROR``) and reports it as a ``MalformedRequest`` event, which the driver counts
@@ -153,6 +155,21 @@ class _StreamErrors(h2.connection.H2Connection):
             stream_events.extend(p_events)
             frames = [*frames, *p_frames]
         return frames, events + stream_events
+
+    def _receive_data_frame(self, frame: hyperframe.frame.DataFrame) -> tuple[list[hyperframe.frame.Frame],
+                                                                          list[h2.events.Event]]:
+        try:
+            return super()._receive_data_frame(frame)
+        except h2.exceptions.InvalidBodyLengthError as exc:  # more (or less) than its content-length
+            if self.config.client_side:
+                raise
+            refusal = self.malformed_allowed()
+            if refusal is not None:
+                raise refusal from exc
+            malformed = self._malformed(frame.stream_id, exc)
+            # h2 took the frame from the connection's window before the stream refused it: give it back
+            self.acknowledge_received_data(frame.flow_controlled_length, frame.stream_id)
+            return [], [malformed]
 
     def _malformed(self, stream_id: int, exc: h2.exceptions.ProtocolError) -> MalformedRequest:
         try:

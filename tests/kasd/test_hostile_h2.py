@@ -531,7 +531,7 @@ async def test_a_request_that_escapes_the_pipeline_is_a_500_and_its_neighbours_g
 async def test_a_malformed_request_resets_its_own_stream_and_a_watch_beside_it_goes_on() -> None:
     """RFC 9113, 8.1.1: a request that is malformed (here a ``content-length`` that is not a number,
     two of them, a name in upper case, a connection-specific header, a pseudo-header twice or one a
-    request never carries) is a stream error. h2 made each a connection error: a GOAWAY that ended
+    request never carries, a body longer or shorter than its ``content-length``) is a stream error. h2 made each a connection error: a GOAWAY that ended
     every stream on the connection, a running watch included."""
     more = trio.Event()
 
@@ -552,9 +552,13 @@ async def test_a_malformed_request_resets_its_own_stream_and_a_watch_beside_it_g
         assert await client.status(1) == 200
         head = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"k"), (b":path", b"/api"),
                 (b"authorization", b"Bearer ci:1:x")]
-        ids = range(3, 3 + 2 * len(malformed), 2)
-        for stream_id, extra in zip(ids, malformed, strict=True):
+        ids = range(3, 3 + 2 * (len(malformed) + 2), 2)
+        for stream_id, extra in zip(ids, malformed, strict=False):
             await client.send(client.headers(stream_id, head + extra))  # type: ignore[arg-type]
+        # a body longer, or shorter, than its content-length
+        for stream_id, body in zip(ids[-2:], (b"0123456789", b"01"), strict=True):
+            await client.send(client.headers(stream_id, [*head, (b"content-length", b"3")], end_stream=False),  # type: ignore[list-item]
+                              hf.DataFrame(stream_id, data=body, flags=["END_STREAM"]).serialize())
         while {f.stream_id for f in client.frames if isinstance(f, hf.RstStreamFrame)} != set(ids):
             assert await client.read(), f"connection closed: {client.frames}"
         assert {f.error_code for f in client.frames if isinstance(f, hf.RstStreamFrame)} == {h2.errors.ErrorCodes.PROTOCOL_ERROR}
