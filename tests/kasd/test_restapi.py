@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import trio
 
+from kasd.authz.slugs import environment_slug
 from kasd.config import Config
 from kasd.restapi import ALLOWED_AGENTS_PATH, RestApi
 from tests.kasd.helpers import (
@@ -72,6 +73,20 @@ async def test_a_job_of_a_project_no_agent_allows_gets_an_empty_list() -> None:
             == [1, 2]
         status, body = await _get(port, ALLOWED_AGENTS_PATH, [("job-token", other)])
     assert status == 200 and body["allowed_agents"] == []
+
+
+async def test_a_jobs_environment_has_gitlabs_tier_even_when_its_token_names_none() -> None:
+    """GitLab's ``environment.tier`` is the deployment tier, guessed from the name when not given
+    (as ``CI_ENVIRONMENT_TIER``): never null."""
+    untiered = AUTH.job_token("group/app", job_id=11, environment="review/feat-x")
+    tiered = AUTH.job_token("group/app", job_id=12, environment="review/feat-x", environment_tier="staging")
+    async with running_kasd(_config()) as kasd:
+        port = kasd.port("api")
+        guessed = (await _get(port, ALLOWED_AGENTS_PATH, [("job-token", untiered)]))[1]["environment"]
+        given = (await _get(port, ALLOWED_AGENTS_PATH, [("job-token", tiered)]))[1]["environment"]
+    slug = environment_slug("review/feat-x")
+    assert guessed == {"slug": slug, "tier": "development"}
+    assert given == {"slug": slug, "tier": "staging"}
 
 
 @pytest.mark.parametrize(
