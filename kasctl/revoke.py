@@ -42,6 +42,7 @@ from kasctl.kubeconfig import (
 )
 from kasd.authz.jobtokens import DEFAULT_AUDIENCE, DEFAULT_ISSUER, JobClaims, mint_job_token
 from kasd.restapi import FINISH_PATH, finish_path
+from wire.ids import InvalidNumber, parse_id
 
 #: how long the token kasctl mints to finish a job by its id lives
 OPERATOR_TOKEN_TTL = timedelta(minutes=1)
@@ -81,9 +82,12 @@ def add_command(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _positive_id(text: str) -> int:
-    if not (text.isascii() and text.isdigit()) or len(text) > 19 or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number; got {text[:40]!r}")
-    return int(text)
+    """A job id as kasd reads one (``wire.ids``): ASCII digits, no leading zero, 1..2^63-1 (``007``
+    and 2^63 passed here, and minted a token kasd then refused, or one for job 7)."""
+    try:
+        return parse_id(text, "the job id")
+    except InvalidNumber as exc:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number ({exc.message})") from None
 
 
 def run(args: argparse.Namespace) -> int:
