@@ -48,6 +48,11 @@ MAX_CONFIG_BYTES = yamldoc.DEFAULT_BUDGET.max_bytes
 MAX_NODES = yamldoc.DEFAULT_BUDGET.max_nodes
 #: roles one rule's ``roles:`` may name (one RoleBinding each)
 MAX_ROLES = 16
+#: entries of one ``projects:`` or ``groups:`` list (``ci_access`` and ``user_access``): GitLab's
+#: ``AUTHORIZED_ENTITY_LIMIT`` (17.0). GitLab ignores the entries after it; kasd refuses the file (a
+#: setting that does nothing must not look as if it did). Each request walks them on the event loop:
+#: 25,000 project and 5,000 group entries (a file inside the YAML budget) cost 18 ms per agent per job.
+MAX_ENTRIES = 500
 
 #: GitLab's agent names: a DNS label
 _AGENT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -430,7 +435,11 @@ class _Reader:
     def entries(self, node: Node, key: str, kind: EntryKind) -> tuple[CiAccessEntry, ...]:
         out: list[CiAccessEntry] = []
         seen: dict[str, int] = {}
-        for i, item in enumerate(self.sequence(node, key, f"{kind}s")):
+        items = self.sequence(node, key, f"{kind}s")
+        if len(items) > MAX_ENTRIES:
+            self.fail(items[MAX_ENTRIES], f"{key}[{MAX_ENTRIES}]", f"more than {MAX_ENTRIES} entries (GitLab's limit; it "
+                      "would ignore the rest)")
+        for i, item in enumerate(items):
             entry = self.entry(item, f"{key}[{i}]", kind)
             assert entry.id is not None
             other = seen.setdefault(entry.id.lower(), i)
@@ -602,7 +611,11 @@ class _Reader:
 
     def ids(self, node: Node, key: str) -> tuple[str, ...]:
         out: list[str] = []
-        for i, item in enumerate(self.sequence(node, key, "{id: path} mappings")):
+        items = self.sequence(node, key, "{id: path} mappings")
+        if len(items) > MAX_ENTRIES:
+            self.fail(items[MAX_ENTRIES], f"{key}[{MAX_ENTRIES}]", f"more than {MAX_ENTRIES} entries (GitLab's limit; it "
+                      "would ignore the rest)")
+        for i, item in enumerate(items):
             fields = self.mapping(item, f"{key}[{i}]", ("id",))
             if "id" not in fields:
                 self.fail(item, f"{key}[{i}].id", "missing (a full path, e.g. group/project)")
@@ -616,6 +629,7 @@ class _Reader:
 
 __all__ = [
     "GITLAB_KEYS_IGNORED",
+    "MAX_ENTRIES",
     "AccessAs",
     "AgentConfig",
     "AgentConfigError",

@@ -365,3 +365,18 @@ def test_no_error_quotes_a_value_whole(text: str) -> None:
     with pytest.raises(AgentConfigError) as info:
         parse_agent_config(text, SRC)
     assert SECRET not in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("section", ["ci_access:\n  projects", "ci_access:\n  groups", "user_access:\n  projects",
+                                     "user_access:\n  groups"])
+def test_at_most_500_projects_and_500_groups_as_gitlab(section: str) -> None:
+    """GitLab's AUTHORIZED_ENTITY_LIMIT; GitLab ignores the rest, kasd says so. Every job's request
+    walks the entries: 25,000 project and 5,000 group entries cost 18 ms per agent per job."""
+    def text(n: int) -> str:
+        return f"{section}:\n" + "".join(f"    - id: acme/p{i}\n" for i in range(n))
+
+    parse_agent_config(text(500), "c")
+    with pytest.raises(AgentConfigError) as info:
+        parse_agent_config(text(501), "c")
+    key = section.replace(":\n  ", ".")
+    assert str(info.value) == f"c:503:7: {key}[500]: more than 500 entries (GitLab's limit; it would ignore the rest)"
