@@ -53,6 +53,9 @@ MAX_ROLES = 16
 #: setting that does nothing must not look as if it did). Each request walks them on the event loop:
 #: 25,000 project and 5,000 group entries (a file inside the YAML budget) cost 18 ms per agent per job.
 MAX_ENTRIES = 500
+#: names or ``*`` patterns in one entry's ``environments:`` (kasd's limit; GitLab has none): a job of
+#: the entry's projects is matched against each, per request: 25,000 patterns cost 60 ms
+MAX_ENVIRONMENTS = 100
 
 #: GitLab's agent names: a DNS label
 _AGENT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -464,7 +467,7 @@ class _Reader:
                 self.fail(fields["id"][1], f"{key}.id", problem)
         namespace = self.optional(fields, "default_namespace", key, self.namespace_name)
         access_as = self.optional(fields, "access_as", key, self.ci_access_as) or AccessAs()
-        environments = self.optional(fields, "environments", key, self.strings) or ()
+        environments = self.optional(fields, "environments", key, self.environments) or ()
         protected = self.optional(fields, "protected_branches_only", key, self.boolean) or False
         resource_management = self.optional(fields, "resource_management", key, self.resource_management) or False
         rules = self.optional(fields, "rules", key, self.rules) or ()
@@ -579,6 +582,14 @@ class _Reader:
                 roles=roles, mark=self.mark(item),
             ))
         return tuple(out)
+
+    def environments(self, node: Node, key: str) -> tuple[str, ...]:
+        """``environments:``: at most ``MAX_ENVIRONMENTS`` names or ``*`` patterns."""
+        items = self.sequence(node, key, "strings")
+        if len(items) > MAX_ENVIRONMENTS:
+            self.fail(items[MAX_ENVIRONMENTS], f"{key}[{MAX_ENVIRONMENTS}]",
+                      f"more than {MAX_ENVIRONMENTS} environments (kasd's limit)")
+        return self.strings(node, key)
 
     def roles(self, node: Node, key: str) -> tuple[str, ...]:
         """``roles:``: 1 to ``MAX_ROLES`` distinct ``<name>``, ``ClusterRole/<name>`` or ``Role/<name>``."""

@@ -380,3 +380,16 @@ def test_at_most_500_projects_and_500_groups_as_gitlab(section: str) -> None:
         parse_agent_config(text(501), "c")
     key = section.replace(":\n  ", ".")
     assert str(info.value) == f"c:503:7: {key}[500]: more than 500 entries (GitLab's limit; it would ignore the rest)"
+
+
+def test_an_entry_names_at_most_100_environments() -> None:
+    """A job's environment is matched against each pattern of its entry, per request: 25,000
+    patterns (inside the YAML budget) cost 60 ms."""
+    def text(n: int) -> str:
+        return "ci_access:\n  projects:\n    - id: acme/web\n      environments:\n" + "".join(
+            f"        - review/*-{i}\n" for i in range(n))
+
+    assert len(parse_agent_config(text(100), "c").config.ci_access.projects[0].environments) == 100
+    with pytest.raises(AgentConfigError) as info:
+        parse_agent_config(text(101), "c")
+    assert str(info.value) == "c:105:11: ci_access.projects[0].environments[100]: more than 100 environments (kasd's limit)"
