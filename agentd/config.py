@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from agentd import __version__
+from agentd.kubeapi import shown_url
 from agentd.upstream import DEFAULT_RESPONSE_HEADER_TIMEOUT
 from daemonkit import yamldoc
 from daemonkit.notify import ready_file_problem
@@ -98,11 +99,15 @@ def _kas_addresses(value: Any) -> tuple[str, ...]:
 def _kas_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise Problem(f"kasd address must be http://host:port/tunnel or https://host:port/tunnel, got {url!r}")
+        raise Problem(f"kasd address must be http://host:port/tunnel or https://host:port/tunnel, got {shown_url(url)}")
     try:
         parts.port  # noqa: B018 — raises ValueError for a bad port
     except ValueError:
-        raise Problem(f"bad port in kasd address {url!r}") from None
+        raise Problem(f"bad port in kasd address {shown_url(url)}") from None
+    if parts.username is not None or parts.password is not None:
+        # every log line about a tunnel names its URL: a password there would be in all of them
+        raise Problem(f"kasd address {shown_url(url)} holds user information; agentd authenticates with its "
+                      "token file only")
     if parts.path in ("", "/"):
         url = parts._replace(path="/tunnel").geturl()
     return url

@@ -145,6 +145,17 @@ def in_cluster_target(directory: Path, environ: Mapping[str, str], *, refresh: f
 # ----------------------------------------------------------------------------- kubeconfig
 
 
+def shown_url(url: str) -> str:
+    """``url`` for a message: without user information (``https://user:password@host`` holds a
+    credential), cut to 200 characters."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    if "@" in netloc:
+        netloc = "…@" + netloc.rsplit("@", 1)[1]
+    shown = f"{scheme}{sep}{netloc}{slash}{path}" if sep else ("…@" + url.rsplit("@", 1)[1] if "@" in url else url)
+    return repr(shown if len(shown) <= 200 else shown[:200] + "…")
+
+
 def kubeconfig_target(path: Path, *, context: str | None = None, refresh: float = TOKEN_REFRESH) -> KubeTarget:
     """The cluster and user of ``context`` (default: current-context) in the kubeconfig at ``path``."""
     try:  # the one bounded reader; its errors never quote the file (a kubeconfig holds credentials)
@@ -169,11 +180,14 @@ def kubeconfig_target(path: Path, *, context: str | None = None, refresh: float 
         raise KubeConfigError(f"kubeconfig {path}: cluster {ctx.get('cluster')!r} has no server URL")
     parts = urlsplit(server)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise KubeConfigError(f"kubeconfig {path}: server must be an http(s) URL, got {server!r}")
+        raise KubeConfigError(f"kubeconfig {path}: server must be an http(s) URL, got {shown_url(server)}")
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
-        raise KubeConfigError(f"kubeconfig {path}: bad port in server URL {server!r}") from None
+        raise KubeConfigError(f"kubeconfig {path}: bad port in server URL {shown_url(server)}") from None
+    if parts.username is not None or parts.password is not None:
+        raise KubeConfigError(f"kubeconfig {path}: the server URL {shown_url(server)} holds user information; "
+                              "basic auth is not supported (use a token)")
 
     for unsupported in ("exec", "auth-provider"):
         if user.get(unsupported):
@@ -197,7 +211,7 @@ def kubeconfig_target(path: Path, *, context: str | None = None, refresh: float 
         if has_cert:
             _load_client_cert(ssl_context, user, base, path)
     elif has_cert:
-        raise KubeConfigError(f"kubeconfig {path}: a client certificate needs an https server, got {server!r}")
+        raise KubeConfigError(f"kubeconfig {path}: a client certificate needs an https server, got {shown_url(server)}")
 
     return KubeTarget(
         scheme=parts.scheme,

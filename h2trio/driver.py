@@ -84,7 +84,7 @@ from h2trio.budget import (
     ResetBucket,
     ResetLimit,
 )
-from h2trio.lean import data_to_send_chunks
+from h2trio.lean import MalformedRequest, StreamErrors, data_to_send_chunks
 from netio.fastio import send_many
 
 __all__ = ["DriverStatistics", "H2Driver", "H2Stream", "Headers", "ResetLimit"]
@@ -154,6 +154,8 @@ class H2Driver:
         self._scanner = FrameScanner(
             server=not conn.config.client_side, header_block_limit=header_list + HEADER_BLOCK_SLACK
         )
+        if isinstance(conn, StreamErrors):
+            conn.malformed_allowed = self._malformed_allowed  # type: ignore[method-assign]
         conn.initiate_connection()
         self._scanner.settings_sent(conn.local_settings.max_frame_size)
         if settings:
@@ -350,6 +352,14 @@ class H2Driver:
                         self._dropped += 1
                     self._spend_reset_budget()
             self._window_lot.unpark_all()  # a sender parked on this stream's window must see it
+        elif isinstance(event, MalformedRequest):
+            # reset already (RFC 9113 8.1.1: a stream error), its budget spent (``_malformed_allowed``);
+            # a request already handed over (its body overran its content-length) learns it is reset
+            self._refused += 1
+            h2s = streams.pop(event.stream_id, None)
+            if h2s is not None:
+                h2s._on_reset(int(h2.errors.ErrorCodes.PROTOCOL_ERROR))
+            self._window_lot.unpark_all()
         elif isinstance(event, h2.events.ConnectionTerminated):
             code = event.error_code
             self.fail(f"peer sent HTTP/2 GOAWAY (code {code})", clean=code == h2.errors.ErrorCodes.NO_ERROR)
@@ -366,6 +376,16 @@ class H2Driver:
             return  # already closed both ways
         self._refused += 1
         self._spend_reset_budget()
+
+    def _malformed_allowed(self) -> h2.exceptions.ProtocolError | None:
+        """A malformed request (reset by h2trio.lean, as it arrives in the read) spends the reset
+        budget; once it is empty, the error that ends the connection there (GOAWAY ENHANCE_YOUR_CALM)."""
+        if self._resets.spend(trio.current_time()):
+            return None
+        limit = self.reset_limit
+        return BudgetExceededError(
+            f"more than {limit.budget} streams reset before their response or refused in {limit.window:g}s",
+            h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
 
     def _spend_reset_budget(self) -> None:
         if not self.closed and not self._resets.spend(trio.current_time()):

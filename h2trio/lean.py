@@ -22,8 +22,23 @@ relies on, as checked against h2 4.4.1 and hyperframe 6.1.0 (the upper bounds pi
    plus the payload object itself (h2 copies an outgoing payload four times, ``data_to_send`` a
    fifth) and hands the list to a vectored send.
 
-With ``KASD_SAFE_MODE`` set (``netio.safemode``) none of this is used: ``new_connection`` returns a
-plain ``H2Connection``, and the repr is hyperframe's own. ``data_to_send_chunks`` works on both.
+4. ``h2.connection.H2Connection._receive_headers_frame(frame)`` is h2's handling of a HEADERS frame
+   (copied here, for a server, with ``h2.connection._decode_headers``, ``ConnectionInputs``,
+   ``AllowedStreamIDs``, ``self.open_inbound_streams``, ``self._get_or_create_stream`` and
+   ``self._receive_priority_frame``), and ``H2Stream.receive_headers`` raises ``ProtocolError`` for
+   a header block that decoded but is not a valid request (a name in upper case, a
+   connection-specific header, a pseudo-header twice or out of place, a ``content-length`` that is
+   not one number), and ``_receive_data_frame`` raises ``InvalidBodyLengthError`` for a body longer
+   or shorter than its ``content-length``, after taking the frame from the connection's window. h2
+   makes those connection errors: a GOAWAY ending every stream on the
+   connection, where RFC 9113 (8.1.1) makes a malformed request a stream error. ``_StreamErrors``
+   (every server connection, lean or not) resets that stream alone (``RST_STREAM
+   PROTOCOL_ERROR``) and reports it as a ``MalformedRequest`` event, which the driver counts
+   against the reset budget; HPACK failures and everything else stay connection errors.
+
+With ``KASD_SAFE_MODE`` set (``netio.safemode``) none of the fast paths is used: ``new_connection``
+returns a plain ``H2Connection`` (with item 4 for a server), and the repr is hyperframe's own.
+``data_to_send_chunks`` works on both.
 """
 
 from __future__ import annotations
@@ -32,6 +47,8 @@ import struct
 
 import h2.config
 import h2.connection
+import h2.errors
+import h2.events
 import h2.exceptions
 import h2.frame_buffer
 import hyperframe.exceptions
@@ -39,7 +56,7 @@ import hyperframe.frame
 
 from netio.safemode import SAFE_MODE
 
-__all__ = ["CHECKED_VERSIONS", "LEAN", "data_to_send_chunks", "new_connection"]
+__all__ = ["CHECKED_VERSIONS", "LEAN", "MalformedRequest", "StreamErrors", "data_to_send_chunks", "new_connection"]
 
 #: the versions whose internals this module was checked against (pinned as upper bounds)
 CHECKED_VERSIONS = {"h2": "4.4.1", "hyperframe": "6.1.0"}
@@ -86,7 +103,85 @@ class _LeanFrameBuffer(h2.frame_buffer.FrameBuffer):
         return frame
 
 
-class _LeanH2Connection(h2.connection.H2Connection):
+class MalformedRequest(h2.events.Event):
+    """A request whose header block decoded but is not a valid request: its stream alone was reset
+    (``RST_STREAM PROTOCOL_ERROR``, queued), nothing else on the connection is touched."""
+
+    def __init__(self, stream_id: int, reason: str) -> None:
+        self.stream_id = stream_id
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"<MalformedRequest stream_id:{self.stream_id}, reason:{self.reason}>"
+
+
+class _StreamErrors(h2.connection.H2Connection):
+    """A server's connection where a malformed request is a stream error (module docstring, item 4).
+    ``malformed_allowed`` (set by the driver: it spends the reset budget) is asked at each one; once
+    it says no, the rest of the read is not decoded: a connection error (its ``ProtocolError``)."""
+
+    def malformed_allowed(self) -> h2.exceptions.ProtocolError | None:
+        return None
+
+    def _receive_headers_frame(self, frame: hyperframe.frame.HeadersFrame) -> tuple[list[hyperframe.frame.Frame],
+                                                                                 list[h2.events.Event]]:
+        if self.config.client_side:
+            return super()._receive_headers_frame(frame)
+        # h2 4.4.1's own steps, up to the stream's
+        if frame.stream_id not in self.streams:
+            max_open_streams = self.local_settings.max_concurrent_streams
+            value = self.open_inbound_streams
+            if (value + 1) > max_open_streams:
+                raise h2.exceptions.TooManyStreamsError(f"Max inbound streams is {max_open_streams}, {value} open")
+        headers = h2.connection._decode_headers(self.decoder, frame.data)  # HPACK: its failure stays fatal
+        events: list[h2.events.Event] = self.state_machine.process_input(h2.connection.ConnectionInputs.RECV_HEADERS)
+        stream = self._get_or_create_stream(frame.stream_id, h2.connection.AllowedStreamIDs(not self.config.client_side))
+        try:
+            frames, stream_events = stream.receive_headers(headers, "END_STREAM" in frame.flags,
+                                                           self.config.header_encoding)
+        except h2.exceptions.StreamClosedError:
+            raise  # h2's own: a reset stream's frames are answered with RST_STREAM, the rest is fatal
+        except h2.exceptions.ProtocolError as exc:
+            refusal = self.malformed_allowed()
+            if refusal is not None:  # over the budget: one read of malformed requests must not cost more
+                raise refusal from exc
+            return [], [*events, self._malformed(frame.stream_id, exc)]
+        if "PRIORITY" in frame.flags:
+            p_frames, p_events = self._receive_priority_frame(frame)
+            first, update = stream_events[0], p_events[0]
+            assert isinstance(first, h2.events.RequestReceived | h2.events.TrailersReceived)
+            assert isinstance(update, h2.events.PriorityUpdated)
+            first.priority_updated = update
+            stream_events.extend(p_events)
+            frames = [*frames, *p_frames]
+        return frames, events + stream_events
+
+    def _receive_data_frame(self, frame: hyperframe.frame.DataFrame) -> tuple[list[hyperframe.frame.Frame],
+                                                                          list[h2.events.Event]]:
+        try:
+            return super()._receive_data_frame(frame)
+        except h2.exceptions.InvalidBodyLengthError as exc:  # more (or less) than its content-length
+            if self.config.client_side:
+                raise
+            refusal = self.malformed_allowed()
+            if refusal is not None:
+                raise refusal from exc
+            malformed = self._malformed(frame.stream_id, exc)
+            # h2 took the frame from the connection's window before the stream refused it: give it back
+            self.acknowledge_received_data(frame.flow_controlled_length, frame.stream_id)
+            return [], [malformed]
+
+    def _malformed(self, stream_id: int, exc: h2.exceptions.ProtocolError) -> MalformedRequest:
+        try:
+            self.reset_stream(stream_id, h2.errors.ErrorCodes.PROTOCOL_ERROR)
+        except h2.exceptions.ProtocolError:  # the stream's state machine had closed it: say it anyway
+            rst = hyperframe.frame.RstStreamFrame(stream_id)
+            rst.error_code = h2.errors.ErrorCodes.PROTOCOL_ERROR
+            self._prepare_for_sending([rst])
+        return MalformedRequest(stream_id, str(exc))
+
+
+class _LeanH2Connection(_StreamErrors):
     """h2, queuing DATA payloads without copying them (see the module docstring, item 3)."""
 
     def __init__(self, config: h2.config.H2Configuration) -> None:
@@ -138,7 +233,7 @@ def new_connection(config: h2.config.H2Configuration) -> h2.connection.H2Connect
     """An ``H2Connection`` for ``config``: the lean one, or h2's own under KASD_SAFE_MODE."""
     if LEAN:
         return _LeanH2Connection(config)
-    return h2.connection.H2Connection(config)
+    return _StreamErrors(config) if not config.client_side else h2.connection.H2Connection(config)
 
 
 def data_to_send_chunks(conn: h2.connection.H2Connection) -> list[bytes]:
@@ -147,3 +242,7 @@ def data_to_send_chunks(conn: h2.connection.H2Connection) -> list[bytes]:
         return conn.data_to_send_chunks()
     data = conn.data_to_send()
     return [data] if data else []
+
+
+#: a server connection that resets a malformed request's stream alone (item 4)
+StreamErrors = _StreamErrors

@@ -12,8 +12,10 @@ Top-level keys of GitLab's agent configuration that kasd does not use (``GITLAB_
 unread. Any other unknown key, at any level, is an error naming file, line, column and key (with
 the closest known key): a typo (``user_acess:``) would otherwise take access away, or grant it,
 without a word. Environment templates (``.gitlab/agents/<agent>/environment_templates/<name>.yaml``)
-are not parsed here, but read through the same ``read_config_text``: nothing under the config root
-is read through a symlink that leads out of it.
+are not parsed here, but read through the same ``read_config_text``: nothing is read through a
+symlink that leads out of the agent's own config project (``project_root``), so a committer of one
+project can make kasd read, and quote in an error, only files of that project, which they can read
+anyway: not another project's checkout under the same config root, nor anything else kasd can read.
 """
 
 from __future__ import annotations
@@ -46,6 +48,14 @@ MAX_CONFIG_BYTES = yamldoc.DEFAULT_BUDGET.max_bytes
 MAX_NODES = yamldoc.DEFAULT_BUDGET.max_nodes
 #: roles one rule's ``roles:`` may name (one RoleBinding each)
 MAX_ROLES = 16
+#: entries of one ``projects:`` or ``groups:`` list (``ci_access`` and ``user_access``): GitLab's
+#: ``AUTHORIZED_ENTITY_LIMIT`` (17.0). GitLab ignores the entries after it; kasd refuses the file (a
+#: setting that does nothing must not look as if it did). Each request walks them on the event loop:
+#: 25,000 project and 5,000 group entries (a file inside the YAML budget) cost 18 ms per agent per job.
+MAX_ENTRIES = 500
+#: names or ``*`` patterns in one entry's ``environments:`` (kasd's limit; GitLab has none): a job of
+#: the entry's projects is matched against each, per request: 25,000 patterns cost 60 ms
+MAX_ENVIRONMENTS = 100
 
 #: GitLab's agent names: a DNS label
 _AGENT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -202,7 +212,7 @@ def load_agent_config(config_root: Path, config_project: str, agent_name: str) -
     GitLab: only jobs of the config project itself may use the agent), reported as a warning."""
     path = agent_config_path(config_root, config_project, agent_name)
     try:
-        text = read_config_text(config_root, path, AgentConfigError)
+        text = read_config_text(project_root(config_root, config_project, AgentConfigError), path, AgentConfigError)
     except FileNotFoundError:
         return LoadedAgentConfig(
             config=AgentConfig(source=str(path)),
@@ -212,21 +222,35 @@ def load_agent_config(config_root: Path, config_project: str, agent_name: str) -
     return parse_agent_config(text, str(path))
 
 
+def project_root(config_root: Path, config_project: str, error: type[ValueError]) -> Path:
+    """The real path of the config project's checkout, ``<config_root>/<config_project>``: what every
+    file of its agents' configuration must be inside (``read_config_text``). The operator may make
+    it (or ``config_root``) a symlink, as long as it stays inside ``config_root``; ``error`` otherwise."""
+    real_root = os.path.realpath(config_root)
+    real = os.path.realpath(config_root / config_project)
+    if not _inside(real, real_root):
+        raise error(f"{config_root / config_project}: refused: its real path is outside authorization.config_root "
+                    f"({config_root})")
+    return Path(real)
+
+
 def read_config_text(root: Path, path: Path, error: type[ValueError]) -> str:
-    """The text of a file of an agent's configuration (``config.yaml``, a template) under ``root``
-    (``authorization.config_root``): at most ``MAX_CONFIG_BYTES``, UTF-8, a regular file whose real
-    path is inside ``root`` — a symlink (the file's or a directory's on the way) that stays inside
-    is followed, one that leads out is refused, so that a config project's committer cannot make
-    kasd read, and quote, another file. ``error`` naming the path otherwise (never the target).
-    ``FileNotFoundError`` is the caller's to read (a missing ``config.yaml`` is the default
-    configuration). Blocking: call it off the event loop."""
+    """The text of a file of an agent's configuration (``config.yaml``, a template) under ``root``,
+    the real path of its config project's checkout (``project_root``): at most ``MAX_CONFIG_BYTES``,
+    UTF-8, a regular file whose real path is inside ``root`` — a symlink (the file's or a
+    directory's on the way) that stays inside the project is followed, one that leads out of it
+    (to another project's checkout under the same config root, or anywhere else) is refused, so
+    that a config project's committer cannot make kasd read, and quote, a file they could not read
+    themselves. ``error`` naming the path otherwise (never the target). ``FileNotFoundError`` is
+    the caller's to read (a missing ``config.yaml`` is the default configuration). Blocking: call
+    it off the event loop."""
     try:
         fd = _open_within(root, path)
     except FileNotFoundError:
         raise
     except _Outside:
-        raise error(f"{path}: refused: its real path is outside authorization.config_root ({root}); a "
-                    "symlink there may point only to files inside it") from None
+        raise error(f"{path}: refused: its real path is outside its config project ({root}); a symlink there "
+                    "may point only to files of the same project") from None
     except OSError as exc:
         raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
     with os.fdopen(fd, "rb") as f:
@@ -414,7 +438,11 @@ class _Reader:
     def entries(self, node: Node, key: str, kind: EntryKind) -> tuple[CiAccessEntry, ...]:
         out: list[CiAccessEntry] = []
         seen: dict[str, int] = {}
-        for i, item in enumerate(self.sequence(node, key, f"{kind}s")):
+        items = self.sequence(node, key, f"{kind}s")
+        if len(items) > MAX_ENTRIES:
+            self.fail(items[MAX_ENTRIES], f"{key}[{MAX_ENTRIES}]", f"more than {MAX_ENTRIES} entries (GitLab's limit; it "
+                      "would ignore the rest)")
+        for i, item in enumerate(items):
             entry = self.entry(item, f"{key}[{i}]", kind)
             assert entry.id is not None
             other = seen.setdefault(entry.id.lower(), i)
@@ -439,7 +467,7 @@ class _Reader:
                 self.fail(fields["id"][1], f"{key}.id", problem)
         namespace = self.optional(fields, "default_namespace", key, self.namespace_name)
         access_as = self.optional(fields, "access_as", key, self.ci_access_as) or AccessAs()
-        environments = self.optional(fields, "environments", key, self.strings) or ()
+        environments = self.optional(fields, "environments", key, self.environments) or ()
         protected = self.optional(fields, "protected_branches_only", key, self.boolean) or False
         resource_management = self.optional(fields, "resource_management", key, self.resource_management) or False
         rules = self.optional(fields, "rules", key, self.rules) or ()
@@ -555,6 +583,14 @@ class _Reader:
             ))
         return tuple(out)
 
+    def environments(self, node: Node, key: str) -> tuple[str, ...]:
+        """``environments:``: at most ``MAX_ENVIRONMENTS`` names or ``*`` patterns."""
+        items = self.sequence(node, key, "strings")
+        if len(items) > MAX_ENVIRONMENTS:
+            self.fail(items[MAX_ENVIRONMENTS], f"{key}[{MAX_ENVIRONMENTS}]",
+                      f"more than {MAX_ENVIRONMENTS} environments (kasd's limit)")
+        return self.strings(node, key)
+
     def roles(self, node: Node, key: str) -> tuple[str, ...]:
         """``roles:``: 1 to ``MAX_ROLES`` distinct ``<name>``, ``ClusterRole/<name>`` or ``Role/<name>``."""
         items = self.sequence(node, key, "roles")
@@ -586,7 +622,11 @@ class _Reader:
 
     def ids(self, node: Node, key: str) -> tuple[str, ...]:
         out: list[str] = []
-        for i, item in enumerate(self.sequence(node, key, "{id: path} mappings")):
+        items = self.sequence(node, key, "{id: path} mappings")
+        if len(items) > MAX_ENTRIES:
+            self.fail(items[MAX_ENTRIES], f"{key}[{MAX_ENTRIES}]", f"more than {MAX_ENTRIES} entries (GitLab's limit; it "
+                      "would ignore the rest)")
+        for i, item in enumerate(items):
             fields = self.mapping(item, f"{key}[{i}]", ("id",))
             if "id" not in fields:
                 self.fail(item, f"{key}[{i}].id", "missing (a full path, e.g. group/project)")
@@ -600,6 +640,7 @@ class _Reader:
 
 __all__ = [
     "GITLAB_KEYS_IGNORED",
+    "MAX_ENTRIES",
     "AccessAs",
     "AgentConfig",
     "AgentConfigError",
@@ -615,5 +656,6 @@ __all__ = [
     "compose_yaml",
     "load_agent_config",
     "parse_agent_config",
+    "project_root",
     "read_config_text",
 ]

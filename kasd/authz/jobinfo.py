@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kasd.authz.civars import guess_environment_tier
 from kasd.authz.jobtokens import JobClaims
 from kasd.authz.slugs import environment_slug
 from kasd.authz.snapshot import Snapshot, Verdict
@@ -99,7 +100,9 @@ def allowed_agents_response(snapshot: Snapshot, claims: JobClaims, allowed: list
         },
     }
     if claims.environment is not None:
-        body["environment"] = {"slug": environment_slug(claims.environment), "tier": claims.environment_tier}
+        # GitLab's deployment tier is never empty: given, or guessed from the name (as CI_ENVIRONMENT_TIER)
+        body["environment"] = {"slug": environment_slug(claims.environment),
+                               "tier": claims.environment_tier or guess_environment_tier(claims.environment)}
     return body
 
 

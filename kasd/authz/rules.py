@@ -24,9 +24,19 @@ from kasd.authz.expand import (
     resolve_namespace,
     resolve_role,
 )
-from kasd.authz.expr import Expr, ExprEvaluationError, ExprSyntaxError, parse, print_expr
+from kasd.authz.expr import (
+    And,
+    Expr,
+    ExprEvaluationError,
+    ExprSyntaxError,
+    Match,
+    Or,
+    Pattern,
+    parse,
+    print_expr,
+)
 
-__all__ = ["Rule", "RuleMatch", "compile_rules", "first_match"]
+__all__ = ["MAX_RULES", "MAX_RULES_PROGRAM", "Rule", "RuleMatch", "compile_rules", "first_match", "program_size"]
 
 
 @attrs.frozen(kw_only=True)
@@ -63,12 +73,13 @@ def first_match(rules: Sequence[Rule], variables: Mapping[str, str]) -> RuleMatc
     """Tries ``rules`` in order against ``variables`` (a job's CI variables); the first match decides."""
     for index, rule in enumerate(rules):
         label = rule.name or f"rules[{index}]"
-        condition = "" if rule.if_ is None else f" (if: {print_expr(rule.if_)})"
         try:
             if rule.if_ is not None and not rule.if_.evaluate(variables):
                 continue
         except ExprEvaluationError as e:
             return RuleMatch(allowed=False, index=index, reason=f"{label} could not be evaluated: {e}")
+        # (printed for the rule that decides only: every rule tried costs its evaluation, no more)
+        condition = "" if rule.if_ is None else f" (if: {print_expr(rule.if_)})"
         if rule.when == "never":
             return RuleMatch(allowed=False, index=index, reason=f"{label} matched{condition}: when: never")
         if rule.namespace is None:
@@ -83,6 +94,31 @@ def first_match(rules: Sequence[Rule], variables: Mapping[str, str]) -> RuleMatc
         return RuleMatch(allowed=True, index=index, namespace=namespace, roles=roles,
                          reason=f"{label} matched{condition}: namespace {namespace}{granted}")
     return RuleMatch(allowed=False, index=None, reason=f"none of the {len(rules)} rules matched")
+
+
+#: rules of one agent (every entry's together): a job's request tries its entry's in order on the
+#: event loop, and ``GET /api/v4/job/allowed_agents`` every agent's. A file within its YAML budget
+#: held ~6,000 (one aliased 700-character ``if:`` repeated), 0.13 s for each refused request.
+MAX_RULES = 128
+
+#: RE2 instructions of every ``/regex/`` in one agent's ``rules:`` together. Rules are evaluated on
+#: the event loop, and RE2 builds each pattern's DFA at its first search: ~13 µs per instruction
+#: for a 1,024-character value, so 200 patterns of 605 instructions (``/[a-z]{600}x1/``, ``…x2/`` …)
+#: held the loop 1.6 s at the first job a reload saw, and a file within its YAML budget could hold
+#: thousands. 10,000 is a few hundred ordinary patterns (``/^release\/.*$/`` is ~20).
+MAX_RULES_PROGRAM = 10_000
+
+
+def program_size(expr: Expr | None) -> int:
+    """RE2 instructions of the ``/regex/`` literals in ``expr``."""
+    total, stack = 0, [expr]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (And, Or)):
+            stack += (item.left, item.right)
+        elif isinstance(item, Match) and isinstance(item.right, Pattern):
+            total += item.right.regex.program_size
+    return total
 
 
 def compile_rules(raw: Sequence[RawRule], key: str) -> tuple[Rule, ...]:

@@ -26,6 +26,7 @@ from kasd.authz.agentconfig import (
     CiAccessEntry,
     agent_config_path,
     load_agent_config,
+    project_root,
 )
 from kasd.authz.civars import JobFacts, ci_variables, guess_environment_tier
 from kasd.authz.directory import Directory, Project
@@ -42,12 +43,20 @@ from kasd.authz.jobtokens import (
 )
 from kasd.authz.keys import KeySet
 from kasd.authz.policy import Decision, Job, authorize_job, authorize_user
-from kasd.authz.rules import Rule, compile_rules, first_match
+from kasd.authz.rules import (
+    MAX_RULES,
+    MAX_RULES_PROGRAM,
+    Rule,
+    compile_rules,
+    first_match,
+    program_size,
+)
 from kasd.authz.slugs import environment_slug, ref_slug
 from kasd.authz.templates import (
     BUILTIN,
     EnvironmentTemplate,
     ManagedResources,
+    TemplateError,
     load_templates,
     render,
     rules_objects,
@@ -156,8 +165,14 @@ def load_agents(directory: Directory, config_root: Path) -> tuple[dict[int, Comp
         ]
         if config.ci_access.instance is not None:
             entries.append(("ci_access.instance", config.ci_access.instance))
+        program = count = 0
         for key, entry in entries:
             _check_roles_apply(entry, key, config.source)
+            count += len(entry.rules)
+            if count > MAX_RULES:
+                problem = (f"the agent's entries hold more than {MAX_RULES} rules in all (a request tries them in "
+                           "order on kasd's event loop)")
+                raise AgentConfigError(f"{config.source}: {key}.rules: {problem}", key=f"{key}.rules", problem=problem)
             if entry.rules:
                 try:
                     rules[(entry.kind, entry.id)] = compile_rules(entry.rules, f"{key}.rules")
@@ -165,9 +180,15 @@ def load_agents(directory: Directory, config_root: Path) -> tuple[dict[int, Comp
                     if exc.mark is None:  # name the file at least
                         raise AgentConfigError(f"{config.source}: {exc}", key=exc.key, problem=exc.problem) from None
                     raise
+                program += sum(program_size(rule.if_) for rule in rules[(entry.kind, entry.id)])
+                if program > MAX_RULES_PROGRAM:
+                    problem = (f"the regular expressions of the agent's rules: come to more than {MAX_RULES_PROGRAM} RE2 "
+                               "instructions in all (each is matched on kasd's event loop); use fewer or simpler ones")
+                    raise AgentConfigError(f"{config.source}: {key}.rules: {problem}", key=f"{key}.rules", problem=problem)
         config_file = agent_config_path(config_root, agent.config_project, agent.name)
+        project = project_root(config_root, agent.config_project, TemplateError)
         agents[agent.id] = CompiledAgent(config=config, rules=rules,
-                                         templates=load_templates(templates_dir(config_file), config_root))
+                                         templates=load_templates(templates_dir(config_file), project))
     return agents, warnings
 
 

@@ -47,6 +47,9 @@ __all__ = [
     "KINDS",
     "MANAGED_BY",
     "MANAGED_KINDS",
+    "MAX_TEMPLATE_CHARS",
+    "MAX_TEMPLATE_ENTRIES",
+    "MAX_TEMPLATE_VALUES",
     "USED_BY",
     "VARIABLES",
     "EnvironmentTemplate",
@@ -146,6 +149,16 @@ _REFERENCE = re.compile(r"\{\{(.*?)\}\}")
 _VARIABLE = re.compile(r"\s*\.([a-z_]+)\.([a-z_]+)\s*")
 
 
+#: the most values (mappings, lists and scalars, every alias expanded) one template may hold, and
+#: characters of its strings: a template is rendered for each job that needs it (a first request
+#: through an agent, each ``GET /api/v4/job/allowed_agents``, a stop) on the event loop, and a
+#: rendering walks the whole template. The YAML budget every file has (``daemonkit.yamldoc``, 100,000
+#: nodes) bounds reading one; rendering a template that large cost 0.15 s of the event loop per
+#: request. GitLab's default template is ~30 values, a Flux set with Helm values a few hundred.
+MAX_TEMPLATE_VALUES = 2_000
+MAX_TEMPLATE_CHARS = 128 * 1024
+
+
 class TemplateError(ValueError):
     """The file is unusable: ``str()`` is ``<file>:<line>:<column>: <key>: <problem>``."""
 
@@ -175,11 +188,13 @@ def parse_template(text: str, source: str, name: str) -> EnvironmentTemplate:
             raise TemplateError(f"{_at(source, key)}: {key.value}: given twice")
         fields[key.value] = value
         _check_references(value, source, key.value)
+    _check_size(node, source)
     try:
         document = _expanded(yamldoc.construct(node))
     except yamldoc.YamlError as exc:  # composed, but not constructed: an unhashable key, a tag
         hint = " (a {{ … }} reference must be quoted: '{{ .environment.slug }}')" if "unhashable" in exc.problem else ""
         raise TemplateError(f"{exc.at(source)}{hint}") from None
+    _check_json(node, source)
     objects = document.get("objects")
     if not isinstance(objects, list) or not objects:
         raise TemplateError(f"{_at(source, fields.get('objects', node))}: objects: must be a non-empty list")
@@ -229,6 +244,66 @@ def _key_name(key: yaml.Node) -> str:
     if not isinstance(key, yaml.ScalarNode):
         return yamldoc.describe(key)
     return key.value if len(key.value) <= 40 and key.value.isprintable() else yamldoc.excerpt(key.value)
+
+
+def _check_size(node: yaml.Node, source: str) -> None:
+    """``TemplateError`` for a template over ``MAX_TEMPLATE_VALUES`` or ``MAX_TEMPLATE_CHARS``, aliases
+    expanded (the walk stops at the first value over: it costs no more than the limit)."""
+    values = chars = 0
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        values += 1
+        if isinstance(item, yaml.ScalarNode):
+            chars += len(item.value)
+        elif isinstance(item, yaml.MappingNode):
+            for k, v in item.value:
+                stack += (k, v)
+        else:
+            stack += item.value
+        if values > MAX_TEMPLATE_VALUES or chars > MAX_TEMPLATE_CHARS:
+            what = f"{MAX_TEMPLATE_VALUES} values" if values > MAX_TEMPLATE_VALUES else f"{MAX_TEMPLATE_CHARS} characters"
+            raise TemplateError(f"{_at(source, item)}: the template holds more than {what} once aliases are expanded "
+                                "(it is rendered for every job that needs it)")
+
+
+_JSON_SCALARS = {f"tag:yaml.org,2002:{kind}" for kind in ("str", "int", "float", "bool", "null")}
+_MAP, _SEQ, _FLOAT = "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq", "tag:yaml.org,2002:float"
+
+
+def _check_json(node: yaml.Node, source: str) -> None:
+    """``TemplateError`` for a value that is not JSON data: the objects are sent to the Kubernetes API
+    as JSON, and a template that loaded with a date (``2024-01-01`` unquoted is one in YAML), bytes
+    (``!!binary``), a set or a pair list failed every job that needed it, at its request. Keys must
+    be strings, numbers finite."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, yaml.MappingNode):
+            if item.tag != _MAP:
+                raise TemplateError(f"{_at(source, item)}: a {_tag(item)} is not JSON data (use a mapping)")
+            for key, value in item.value:
+                if key.tag == "tag:yaml.org,2002:merge":
+                    stack.append(value)
+                    continue
+                if not (isinstance(key, yaml.ScalarNode) and key.tag == "tag:yaml.org,2002:str"):
+                    raise TemplateError(f"{_at(source, key)}: keys must be strings, got {yamldoc.describe(key)} "
+                                        "(quote it)")
+                stack.append(value)
+        elif isinstance(item, yaml.SequenceNode):
+            if item.tag != _SEQ:
+                raise TemplateError(f"{_at(source, item)}: a {_tag(item)} is not JSON data (use a list)")
+            stack += item.value
+        elif isinstance(item, yaml.ScalarNode):
+            if item.tag not in _JSON_SCALARS:
+                raise TemplateError(f"{_at(source, item)}: a {_tag(item)} is not JSON data (quote it to make it a string)")
+            if item.tag == _FLOAT and item.value.lower().lstrip("+-") in (".inf", ".nan"):
+                raise TemplateError(f"{_at(source, item)}: {item.value} is not a JSON number (quote it to make it a string)")
+
+
+def _tag(node: yaml.Node) -> str:
+    tag = str(node.tag)
+    return ("!!" + tag.rsplit(":", 1)[-1]) if tag.startswith("tag:yaml.org,2002:") else "value with a tag of its own"
 
 
 def _expanded(value: Any) -> Any:
@@ -327,22 +402,63 @@ def templates_dir(agent_config_file: Path) -> Path:
     return agent_config_file.parent / "environment_templates"
 
 
+#: entries of an ``environment_templates`` directory: more is an error (each file is read and
+#: parsed at every load, and a listing is held whole to be sorted)
+MAX_TEMPLATE_ENTRIES = 1024
+
+
+class _Outside(Exception):
+    pass
+
+
+def _template_names(directory: Path, root: Path) -> list[str]:
+    """The ``*.yaml`` names in ``directory`` (sorted), listed through a descriptor of the directory
+    whose real path is checked on the descriptor itself: a directory swapped for a symlink after a
+    path check cannot show kasd (nor its log) the names of another directory. ``_Outside`` for a
+    directory outside ``root``; ``OSError`` (``FileNotFoundError`` included) as ``open`` raises it."""
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(directory)
+
+    def inside(path: str) -> bool:
+        return path == real_root or path.startswith(real_root.rstrip(os.sep) + os.sep)
+
+    if not inside(real):
+        raise _Outside
+    fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        try:
+            opened = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # no /proc: the realpath check stands alone
+            opened = real
+        if not inside(opened):
+            raise _Outside
+        names: list[str] = []
+        with os.scandir(fd) as listing:
+            for count, entry in enumerate(listing, 1):
+                if count > MAX_TEMPLATE_ENTRIES:
+                    raise OSError(0, f"more than {MAX_TEMPLATE_ENTRIES} entries")
+                if entry.name.endswith(".yaml") and len(entry.name) > 5 and not entry.is_dir():
+                    names.append(entry.name)
+    finally:
+        os.close(fd)
+    return sorted(names)
+
+
 def load_templates(directory: Path, root: Path) -> dict[str, EnvironmentTemplate]:
     """Every ``<name>.yaml`` of an agent's ``environment_templates`` (none if there is no such
     directory); ``TemplateError`` for the first that cannot be used. Nothing is read, or listed,
-    through a symlink leading out of ``root`` (``authorization.config_root``). Blocking: call it
-    off the event loop."""
-    real_root = os.path.realpath(root)
-    real = os.path.realpath(directory)
-    if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
-        raise TemplateError(f"{directory}: refused: its real path is outside authorization.config_root ({root}); a "
-                            "symlink there may point only to directories inside it")
+    through a symlink leading out of ``root``, the real path of the agent's config project
+    (``agentconfig.project_root``). Blocking: call it off the event loop."""
     try:
-        paths = sorted(p for p in directory.iterdir() if p.suffix == ".yaml" and not p.is_dir())
+        names = _template_names(directory, root)
     except FileNotFoundError:
         return {}
+    except _Outside:
+        raise TemplateError(f"{directory}: refused: its real path is outside its config project ({root}); a "
+                            "symlink there may point only to directories of the same project") from None
     except OSError as exc:
         raise TemplateError(f"{directory}: cannot read: {exc.strerror or exc}") from None
+    paths = [directory / name for name in names]
     templates = {}
     for path in paths:
         try:

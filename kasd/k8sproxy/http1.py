@@ -29,6 +29,17 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _MUX_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
 
 
+def _host_problem(request: http11.Request) -> str | None:
+    """RFC 9112, 3.2: a server MUST answer 400 to an HTTP/1.1 request without a Host header, and to
+    any request with more than one (a front proxy and kasd could each take another)."""
+    hosts = sum(1 for name, _ in request.headers if name == "host")
+    if hosts > 1:
+        return "malformed HTTP/1.1 request: more than one Host header"
+    if hosts == 0 and request.http_version == "1.1":
+        return "malformed HTTP/1.1 request: no Host header"
+    return None
+
+
 class Http1Connection:
     def __init__(
         self, stream: trio.abc.Stream, port: FrontEndContext, *, initial: bytes, head_deadline: float, peer: str
@@ -125,6 +136,12 @@ class Http1Connection:
                 self.parser.feed(data)
                 continue
             if type(event) is http11.Request:
+                problem = _host_problem(event)
+                if problem is not None:
+                    _strangers.info((peer_host(self.peer), 400), "rejected request peer=%s status=400 reason=%r",
+                                    self.peer, problem)
+                    await self._reject(400, problem)
+                    return None
                 return event
             return None  # CLOSED: the client left between requests
 

@@ -116,6 +116,15 @@ def test_errors_name_the_problem(files: Path, args: list[str], message: str) -> 
         load_config([*flags, *base_flags(files), *args], {})
 
 
+@pytest.mark.parametrize("address", ["http://admin:s3cr3t@kas/tunnel", "http://admin:s3cr3t@kas:99999/tunnel",
+                                     "ftp://admin:s3cr3t@kas/tunnel"])
+def test_a_kasd_address_with_user_information_is_refused_without_quoting_it(files: Path, address: str) -> None:
+    """Every tunnel log line names its URL: a password there would be in all of them."""
+    with pytest.raises(ConfigError) as info:
+        load_config(["--kas-address", address, *base_flags(files)], {})
+    assert "s3cr3t" not in str(info.value) and "admin" not in str(info.value) and "…@kas" in str(info.value)
+
+
 def test_timeouts_from_file_environment_and_flags(files: Path) -> None:
     defaults = load_config(["--kas-address", "http://k/tunnel", *base_flags(files)], {})
     assert (defaults.upstream_response_header_timeout, defaults.reconnect_quick_window) == (90.0, 60.0)

@@ -153,6 +153,17 @@ def test_kubeconfig_errors(tmp_path: Path, cluster: dict[str, Any], user: dict[s
         kubeconfig_target(kubeconfig(tmp_path, cluster, user), context=context)
 
 
+@pytest.mark.parametrize("server", ["https://admin:s3cr3t-pw@h:99999", "ftp://admin:s3cr3t-pw@h", "https://admin:s3cr3t-pw@h",
+                                    "http://admin:s3cr3t-pw@h"])
+def test_a_kubeconfig_error_never_quotes_the_servers_user_information(tmp_path: Path, server: str) -> None:
+    """agentd logs its configuration errors; a server URL may carry a password."""
+    user = {"client-certificate-data": "eA=="} if server.startswith("http://") else {}
+    with pytest.raises(KubeConfigError) as info:
+        kubeconfig_target(kubeconfig(tmp_path, {"server": server}, user))
+    assert "s3cr3t" not in str(info.value) and "admin" not in str(info.value)
+    assert "…@h" in str(info.value)
+
+
 def test_kubeconfig_not_yaml(tmp_path: Path) -> None:
     path = tmp_path / "kc"
     path.write_text("{ not: [yaml")

@@ -218,9 +218,9 @@ def test_a_yaml_alias_bomb_is_refused_before_it_is_walked() -> None:
     # (an alias the schema does not read is refused too: x is not a key kasd knows)
     with pytest.raises(AgentConfigError, match="1:1: x: unknown key"):
         parse_agent_config(small, SRC)
-    ok = "ci_access:\n  projects:\n    - id: a/p\n      environments: &e [" + ", ".join(["n"] * 1000) + "]\n" \
+    ok = "ci_access:\n  projects:\n    - id: a/p\n      environments: &e [" + ", ".join(["n"] * 100) + "]\n" \
          "    - id: a/q\n      environments: *e\n"
-    assert len(parse_agent_config(ok, SRC).config.ci_access.projects[1].environments) == 1000
+    assert len(parse_agent_config(ok, SRC).config.ci_access.projects[1].environments) == 100
 
 
 def test_billion_laughs_is_refused_at_once() -> None:
@@ -298,31 +298,54 @@ def test_a_config_yaml_symlinked_out_of_the_config_root_is_refused_unread(tmp_pa
     (directory / "config.yaml").symlink_to(outside / "token")
     with pytest.raises(AgentConfigError) as info:
         load_agent_config(root, "acme/infra", "prod")
-    assert "outside authorization.config_root" in str(info.value)
+    assert "outside its config project" in str(info.value)
     assert SECRET not in str(info.value) and "Zq9x" not in str(info.value)
     # nor through a directory on the way, nor a relative link climbing out, nor a dangling one
     (directory / "config.yaml").unlink()
     (directory / "config.yaml").symlink_to("../../../../../../etc/token")
-    with pytest.raises(AgentConfigError, match=r"outside authorization\.config_root"):
+    with pytest.raises(AgentConfigError, match=r"outside its config project"):
         load_agent_config(root, "acme/infra", "prod")
     (directory / "config.yaml").unlink()
     (directory / "config.yaml").symlink_to(outside / "absent")
-    with pytest.raises(AgentConfigError, match=r"outside authorization\.config_root"):
+    with pytest.raises(AgentConfigError, match=r"outside its config project"):
         load_agent_config(root, "acme/infra", "prod")
     (root / "other").symlink_to(outside)
     with pytest.raises(AgentConfigError, match=r"outside authorization\.config_root"):
         load_agent_config(root, "other", "prod")
 
 
-def test_a_symlink_that_stays_inside_the_config_root_is_followed(tmp_path: Path) -> None:
+def test_a_config_yaml_symlinked_into_another_project_is_refused_unquoted(tmp_path: Path) -> None:
+    """Another project's checkout under the same config root (or any file there that is no project's)
+    is not the committer's to read: an error would quote it (an unknown key's name, an alias's), so
+    it is refused unread, whatever it holds."""
     root = tmp_path / "root"
     directory = _agent_dir(root)
-    (root / "shared.yaml").write_text("ci_access: {projects: [{id: acme/web}]}\n")
-    (directory / "config.yaml").symlink_to("../../../../../shared.yaml")
+    other = root / "acme" / "secrets"
+    other.mkdir(parents=True)
+    (other / "token.yaml").write_text(f"{SECRET}: x\n")  # a mapping: its key would be quoted
+    (root / "shared.yaml").write_text(f"*{SECRET}\n")  # an undefined alias: its name would be quoted
+    for target in ("../../../../secrets/token.yaml", "../../../../../shared.yaml", str(other / "token.yaml")):
+        (directory / "config.yaml").unlink(missing_ok=True)
+        (directory / "config.yaml").symlink_to(target)
+        with pytest.raises(AgentConfigError) as info:
+            load_agent_config(root, "acme/infra", "prod")
+        assert "outside its config project" in str(info.value), target
+        assert SECRET[:6] not in str(info.value), target
+
+
+def test_a_symlink_that_stays_inside_the_config_project_is_followed(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    directory = _agent_dir(root)
+    (root / "acme" / "infra" / "shared.yaml").write_text("ci_access: {projects: [{id: acme/web}]}\n")
+    (directory / "config.yaml").symlink_to("../../../shared.yaml")
     assert load_agent_config(root, "acme/infra", "prod").config.ci_access.projects[0].id == "acme/web"
     linked_root = tmp_path / "root-link"  # the root itself may be a symlink (the operator's choice)
     linked_root.symlink_to(root)
     assert load_agent_config(linked_root, "acme/infra", "prod").config.ci_access.projects[0].id == "acme/web"
+    # and so may a project's checkout, inside the root (git-sync's layout: a link to the revision)
+    (root / "acme" / "infra").rename(root / "acme" / ".infra-rev1")
+    (root / "acme" / "infra").symlink_to(".infra-rev1")
+    assert load_agent_config(root, "acme/infra", "prod").config.ci_access.projects[0].id == "acme/web"
 
 
 def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
@@ -342,3 +365,31 @@ def test_no_error_quotes_a_value_whole(text: str) -> None:
     with pytest.raises(AgentConfigError) as info:
         parse_agent_config(text, SRC)
     assert SECRET not in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("section", ["ci_access:\n  projects", "ci_access:\n  groups", "user_access:\n  projects",
+                                     "user_access:\n  groups"])
+def test_at_most_500_projects_and_500_groups_as_gitlab(section: str) -> None:
+    """GitLab's AUTHORIZED_ENTITY_LIMIT; GitLab ignores the rest, kasd says so. Every job's request
+    walks the entries: 25,000 project and 5,000 group entries cost 18 ms per agent per job."""
+    def text(n: int) -> str:
+        return f"{section}:\n" + "".join(f"    - id: acme/p{i}\n" for i in range(n))
+
+    parse_agent_config(text(500), "c")
+    with pytest.raises(AgentConfigError) as info:
+        parse_agent_config(text(501), "c")
+    key = section.replace(":\n  ", ".")
+    assert str(info.value) == f"c:503:7: {key}[500]: more than 500 entries (GitLab's limit; it would ignore the rest)"
+
+
+def test_an_entry_names_at_most_100_environments() -> None:
+    """A job's environment is matched against each pattern of its entry, per request: 25,000
+    patterns (inside the YAML budget) cost 60 ms."""
+    def text(n: int) -> str:
+        return "ci_access:\n  projects:\n    - id: acme/web\n      environments:\n" + "".join(
+            f"        - review/*-{i}\n" for i in range(n))
+
+    assert len(parse_agent_config(text(100), "c").config.ci_access.projects[0].environments) == 100
+    with pytest.raises(AgentConfigError) as info:
+        parse_agent_config(text(101), "c")
+    assert str(info.value) == "c:105:11: ci_access.projects[0].environments[100]: more than 100 environments (kasd's limit)"

@@ -139,3 +139,55 @@ def test_a_pattern_re2_refuses_is_a_load_error_at_the_refused_fragment() -> None
     # the value starts at column 15; '(?=' is the expression's column 27
     assert str(info.value).startswith("config.yaml:5:41: ci_access.projects[0].rules[0].if: invalid regex: "
                                       "invalid perl operator: (?= (RE2 has no lookahead)"), str(info.value)
+
+
+def test_an_agents_rules_hold_a_bounded_amount_of_regular_expression(tmp_path: Path) -> None:
+    """Rules run on kasd's event loop and RE2 builds each pattern's DFA at its first search: 200
+    distinct patterns of 605 instructions, each within the per-pattern cap, held the loop 1.6 s at
+    the first job after a load. Their sum is capped per agent, across its entries."""
+    def config(patterns: int) -> str:
+        rules = "".join(f"        - if: '$CI_COMMIT_REF_NAME =~ /[a-z]{{600}}x{i}/'\n" for i in range(patterns))
+        return ("ci_access:\n  projects:\n    - id: acme/web\n      rules:\n" + rules +
+                "    - id: acme/api\n      rules:\n" + rules)
+
+    directory = Directory.build(groups=[Group(path="acme", id=2)],
+                                projects=[Project(path="acme/web", id=1), Project(path="acme/api", id=3)],
+                                agents=[Agent(id=1, name="prod", config_project="acme/web")])
+    path = agent_config_path(tmp_path, "acme/web", "prod")
+    path.parent.mkdir(parents=True)
+    path.write_text(config(8))  # 16 patterns, ~9,700 instructions: loads
+    agents, _ = load_agents(directory, tmp_path)
+    assert len(agents[1].rules) == 2
+    path.write_text(config(9))  # 18: the second entry's rules go over
+    with pytest.raises(AgentConfigError) as info:
+        load_agents(directory, tmp_path)
+    assert str(info.value) == (f"{path}: ci_access.projects[1].rules: the regular expressions of the agent's rules: "
+                               "come to more than 10000 RE2 instructions in all (each is matched on kasd's event loop); "
+                               "use fewer or simpler ones")
+
+
+def test_an_agent_holds_a_bounded_number_of_rules(tmp_path: Path) -> None:
+    """Each request tries its entry's rules in order on kasd's event loop: one aliased 700-character
+    ``if:`` repeated ~6,000 times (a 40 KB file within its YAML budget) cost 0.13 s per refused request.
+    At most 128 rules per agent, its entries together; a refused job's request tries each without
+    printing it (only the deciding rule is named)."""
+    cond = " || ".join(f'$CI_COMMIT_BRANCH == "b{j}"' for j in range(24))
+
+    def config(web: int, api: int) -> str:
+        return ("ci_access:\n  projects:\n"
+                f"    - id: acme/web\n      rules: [&r {{if: '{cond}'}}" + ", *r" * (web - 1) + "]\n"
+                "    - id: acme/api\n      rules: [" + ", ".join(["*r"] * api) + "]\n")
+
+    directory = Directory.build(groups=[Group(path="acme", id=2)],
+                                projects=[Project(path="acme/web", id=1), Project(path="acme/api", id=3)],
+                                agents=[Agent(id=1, name="prod", config_project="acme/web")])
+    path = agent_config_path(tmp_path, "acme/web", "prod")
+    path.parent.mkdir(parents=True)
+    path.write_text(config(100, 28))
+    agents, _ = load_agents(directory, tmp_path)
+    assert not first_match(agents[1].rules[("project", "acme/web")], {"CI_COMMIT_BRANCH": "zz"}).allowed
+    path.write_text(config(100, 29))
+    with pytest.raises(AgentConfigError) as info:
+        load_agents(directory, tmp_path)
+    assert str(info.value) == (f"{path}: ci_access.projects[1].rules: the agent's entries hold more than 128 rules in all "
+                               "(a request tries them in order on kasd's event loop)")

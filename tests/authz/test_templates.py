@@ -4,6 +4,7 @@ and annotation, and every mistake at file:line:column."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,10 @@ def test_a_value_is_substituted_after_parsing_so_it_cannot_add_structure() -> No
     assert obj["kind"] == "Namespace" and obj["metadata"]["name"] == "ns-x\nkind: Secret"
 
 
+_WITH_SPEC = ("objects:\n  - apiVersion: kustomize.toolkit.fluxcd.io/v1\n    kind: Kustomization\n"
+              "    metadata: {{name: n}}\n    spec: {}\n")
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -85,6 +90,14 @@ def test_a_value_is_substituted_after_parsing_so_it_cannot_add_structure() -> No
          "objects:\n  - {apiVersion: v1, kind: Namespace, metadata: {name: b}}\n", "t.yaml:3:1: objects: given twice"),
         ("objects:\n  - {apiVersion: v1, kind: Namespace, metadata: {name: n, labels: {'{{ .project.id }}': x}}}\n",
          "references are substituted in values only, not in keys"),
+        # what is not JSON data: it loaded, then failed each job that needed it when sent as JSON
+        (_WITH_SPEC.format("{since: 2024-01-01}"), "t.yaml:5:19: a !!timestamp is not JSON data (quote it to make it a string)"),
+        (_WITH_SPEC.format("{data: !!binary aGk=}"), "t.yaml:5:18: a !!binary is not JSON data"),
+        (_WITH_SPEC.format("!!set {a}"), "t.yaml:5:11: a !!set is not JSON data (use a mapping)"),
+        (_WITH_SPEC.format("!!omap [a: 1]"), "t.yaml:5:11: a !!omap is not JSON data (use a list)"),
+        (_WITH_SPEC.format("{ratio: .nan}"), "t.yaml:5:19: .nan is not a JSON number"),
+        (_WITH_SPEC.format("{1: a}"), "t.yaml:5:12: keys must be strings, got an int of 1 character (quote it)"),
+        (_WITH_SPEC.format("{x: !custom a}"), "t.yaml:5:15: not valid YAML: could not determine a constructor"),
     ],
 )
 def test_mistakes_name_file_line_and_column(text: str, message: str) -> None:
@@ -124,6 +137,30 @@ def test_a_template_alias_bomb_is_refused_at_once(tmp_path: Path) -> None:
         load_templates(tmp_path, tmp_path)
 
 
+def _fanned(levels: int, width: int = 9) -> str:
+    """A Kustomization whose spec repeats one reference ``width ** levels`` times through aliases."""
+    ref = ", ".join(["'{{ .project.id }}'"] * width)
+    lines = ["objects:", "  - apiVersion: kustomize.toolkit.fluxcd.io/v1", "    kind: Kustomization",
+             "    metadata: {name: n}", "    spec:", f"      a0: &a0 [{ref}]"]
+    lines += [f"      a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * width)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n  - {apiVersion: v1, kind: Namespace, metadata: {name: n}}\n"
+
+
+def test_a_template_is_rendered_per_job_so_it_holds_few_values() -> None:
+    """A 600-byte template within every file's YAML budget (59,000 values expanded) cost 0.15 s of the
+    event loop for each job's rendering (each GET allowed_agents): refused at load, naming the limit;
+    one of a few hundred values renders in a millisecond or so."""
+    text = _fanned(5)
+    assert len(text) < 700
+    with pytest.raises(TemplateError, match=r"^t:\d+:\d+: the template holds more than 2000 values once aliases "
+                                            r"are expanded"):
+        parse_template(text, "t", "default")
+    with pytest.raises(TemplateError, match=r"more than 131072 characters"):
+        parse_template(_fanned(1).replace("'{{ .project.id }}'", "'" + "x" * 20_000 + "'"), "t", "default")
+    template = parse_template(_fanned(3), "t", "default")  # 729 references
+    assert render(template, VALUES)[0]["spec"]["a2"][0][0][0] == "42"
+
+
 def test_a_template_is_kept_expanded_and_renders_each_alias_as_its_own_copy() -> None:
     text = ("objects:\n  - apiVersion: v1\n    kind: Namespace\n    metadata:\n      name: n\n"
             "      labels: &l {team: '{{ .project.id }}'}\n      annotations: *l\n")
@@ -141,14 +178,52 @@ def test_nothing_is_read_through_a_symlink_leading_out_of_the_config_root(tmp_pa
     secret = outside / "secret.yaml"
     secret.write_text("s3cr3t-token-value\n")
     (templates / "default.yaml").symlink_to(secret)
+    project = root / "acme" / "infra"
     with pytest.raises(TemplateError) as info:
-        load_templates(templates, root)
-    assert "outside authorization.config_root" in str(info.value) and "s3cr3t" not in str(info.value)
+        load_templates(templates, project)
+    assert "outside its config project" in str(info.value) and "s3cr3t" not in str(info.value)
     (templates / "default.yaml").unlink()
-    (root / "shared.yaml").write_text(DEFAULT_TEMPLATE)  # a symlink that stays inside is followed
+    (project / "shared.yaml").write_text(DEFAULT_TEMPLATE)  # a symlink that stays inside is followed
+    (templates / "default.yaml").symlink_to(project / "shared.yaml")
+    assert list(load_templates(templates, project)) == ["default"]
+    (root / "shared.yaml").write_text(DEFAULT_TEMPLATE)  # not one into the root beside the projects
+    (templates / "default.yaml").unlink()
     (templates / "default.yaml").symlink_to(root / "shared.yaml")
-    assert list(load_templates(templates, root)) == ["default"]
+    with pytest.raises(TemplateError, match=r"outside its config project"):
+        load_templates(templates, project)
     linked = templates.parent / "linked"  # a whole directory leading out
     linked.symlink_to(outside)
-    with pytest.raises(TemplateError, match=r"outside authorization\.config_root"):
-        load_templates(linked, root)
+    with pytest.raises(TemplateError, match=r"outside its config project"):
+        load_templates(linked, project)
+
+
+def test_a_templates_directory_is_listed_boundedly_and_through_its_own_descriptor(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More than 1,024 entries is an error, not a listing held whole and every file parsed; and a
+    directory on the way swapped for a symlink after the path was checked (a checkout racing the
+    load) shows kasd, and its log, no name of the directory it now leads to."""
+    project = tmp_path / "root" / "acme" / "infra"
+    templates = project / ".gitlab" / "agents" / "a" / "environment_templates"
+    templates.mkdir(parents=True)
+    for i in range(1025):
+        (templates / f"t{i}.yaml").touch()
+    with pytest.raises(TemplateError, match=r"environment_templates: cannot read: more than 1024 entries"):
+        load_templates(templates, project)
+    for i in range(1025):
+        (templates / f"t{i}.yaml").unlink()
+    outside = tmp_path / "outside" / "agents" / "a" / "environment_templates"
+    outside.mkdir(parents=True)
+    (outside / "private-name-s3cr3t.yaml").write_text(DEFAULT_TEMPLATE)
+    real_open = os.open
+
+    def swapping_open(path: str, flags: int, *args: int) -> int:
+        gitlab = project / ".gitlab"
+        if gitlab.is_dir() and not gitlab.is_symlink():
+            gitlab.rename(project / ".gitlab-old")
+            gitlab.symlink_to(tmp_path / "outside")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr("kasd.authz.templates.os.open", swapping_open)
+    with pytest.raises(TemplateError) as info:
+        load_templates(templates, project)
+    assert "outside its config project" in str(info.value) and "s3cr3t" not in str(info.value)

@@ -178,3 +178,42 @@ def test_lean_receive_buffer_parses_padded_and_split_data_frames() -> None:
     frame = b"\x00\x00\x02\x00\x08\x00\x00\x00\x01" + b"\x05x"  # DATA, PADDED, pad length 5 > body
     with pytest.raises(h2.exceptions.ProtocolError):
         bad.receive_data(frame)
+
+
+def test_assumption_h2_makes_a_malformed_request_a_connection_error() -> None:
+    """Item 4: what ``_StreamErrors`` copies and why. If h2 ever makes this a stream error itself,
+    the override can go."""
+    for name in ("_decode_headers", "ConnectionInputs", "AllowedStreamIDs"):
+        assert hasattr(h2.connection, name), f"h2trio.lean assumes h2.connection.{name}"
+    assert "stream.receive_headers(" in inspect.getsource(h2.connection.H2Connection._receive_headers_frame)
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, validate_outbound_headers=False,
+                                                                          normalize_outbound_headers=False))
+    plain = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+    client.initiate_connection()
+    plain.initiate_connection()
+    plain.receive_data(client.data_to_send())
+    client.send_headers(1, [(":method", "GET"), (":scheme", "http"), (":authority", "x"), (":path", "/"),
+                            ("X-Upper", "1")], end_stream=True)
+    with pytest.raises(h2.exceptions.ProtocolError):
+        plain.receive_data(client.data_to_send())
+
+
+@pytest.mark.parametrize("server_cls", [lean._StreamErrors, _LeanH2Connection])
+def test_a_server_resets_a_malformed_requests_stream_alone(server_cls: type[h2.connection.H2Connection]) -> None:
+    config = h2.config.H2Configuration(client_side=True, validate_outbound_headers=False)
+    client = h2.connection.H2Connection(config)
+    server = server_cls(h2.config.H2Configuration(client_side=False))
+    client.initiate_connection()
+    server.initiate_connection()
+    server.receive_data(client.data_to_send())
+    client.receive_data(server.data_to_send())
+    head = [(":method", "GET"), (":scheme", "http"), (":authority", "x"), (":path", "/")]
+    client.send_headers(1, [*head, ("content-length", "²")], end_stream=True)
+    client.send_headers(3, head, end_stream=True)
+    events = server.receive_data(client.data_to_send())
+    malformed = [e for e in events if isinstance(e, lean.MalformedRequest)]
+    assert [e.stream_id for e in malformed] == [1] and "content-length" in malformed[0].reason
+    assert [e.stream_id for e in events if isinstance(e, h2.events.RequestReceived)] == [3]
+    answer = client.receive_data(server.data_to_send())
+    assert [(e.stream_id, e.error_code) for e in answer if isinstance(e, h2.events.StreamReset)] == [(1, 1)]
+    assert not [e for e in answer if isinstance(e, h2.events.ConnectionTerminated)]

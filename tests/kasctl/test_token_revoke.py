@@ -101,6 +101,19 @@ def test_a_wrong_command_line_is_one_line_exit_2(args: list[str], env: dict[str,
     assert capsys.readouterr() == ("", f"kasctl token revoke: {message}\n")
 
 
+@pytest.mark.parametrize(("job_id", "why"), [
+    ("007", "the id '007' has a leading zero"),
+    ("9223372036854775808", "the id 9223372036854775808 is out of range 1-9223372036854775807"),
+    ("\u00b2", "the id '\u00b2' is not a number (ASCII digits 0-9 only)"),
+])
+def test_the_job_id_is_read_as_kasd_reads_one(job_id: str, why: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """wire.ids: ``007`` (read as 7) and 2^63 (a token kasd then refused) were taken."""
+    with pytest.raises(SystemExit) as exited:
+        main(["token", "revoke", "--api-url", "https://127.0.0.1:1", "--project", "group/app", "--job-id", job_id])
+    assert exited.value.code == 2
+    assert f"argument --job-id: must be a positive whole number of at most 19 digits ({why})" in capsys.readouterr().err
+
+
 @pytest.fixture
 def redirecting() -> Iterator[tuple[str, list[str]]]:
     """A server that redirects every request to a second one, which records the Job-Tokens it gets."""

@@ -363,6 +363,6 @@ async def test_a_config_yaml_symlinked_to_a_secret_is_refused_and_the_secret_nev
     config_yaml.unlink()
     config_yaml.symlink_to(secret)
     assert not await authority.reload("test")
-    assert f"{config_yaml}: refused: its real path is outside authorization.config_root" in caplog.text
+    assert f"{config_yaml}: refused: its real path is outside its config project" in caplog.text
     assert "s3cr3t" not in caplog.text and "eyJhbGci" not in caplog.text
     assert (await _authorize(authority, f"Bearer ci:1:{auth.job_token('acme/app')}")).agent_id == 1

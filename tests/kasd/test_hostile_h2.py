@@ -526,3 +526,58 @@ async def test_a_request_that_escapes_the_pipeline_is_a_500_and_its_neighbours_g
         assert not [f for f in client.frames if isinstance(f, (hf.RstStreamFrame, hf.GoAwayFrame))]
         await client.aclose()
     assert len([r for r in caplog.records if r.levelno >= logging.ERROR]) == 1
+
+
+async def test_a_malformed_request_resets_its_own_stream_and_a_watch_beside_it_goes_on() -> None:
+    """RFC 9113, 8.1.1: a request that is malformed (here a ``content-length`` that is not a number,
+    two of them, a name in upper case, a connection-specific header, a pseudo-header twice or one a
+    request never carries, a body longer or shorter than its ``content-length``) is a stream error. h2 made each a connection error: a GOAWAY that ended
+    every stream on the connection, a running watch included."""
+    more = trio.Event()
+
+    async def watch(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        await stream.receive_some()
+        await stream.accept(ResponseHead(status=200, headers=(("content-type", "application/json"),)).to_metadata())
+        await stream.send_all(b'{"type": "ADDED"}\n')
+        await more.wait()
+        await stream.send_all(b'{"type": "MODIFIED"}\n')
+        await stream.send_eof()
+
+    malformed = [[(b"content-length", b"\xb2")], [(b"content-length", b"5"), (b"content-length", b"6")],
+                 [(b"X-Upper", b"1")], [(b"connection", b"keep-alive")], [(b"te", b"gzip")],
+                 [(b":path", b"/again")], [(b":status", b"200")], [(b"transfer-encoding", b"chunked")]]
+    async with running_kasd() as kasd, fake_agent(kasd, watch):
+        client = await HostileClient.connect(kasd.port("kubernetes_api"))
+        await client.send(client.request(1, "/api/v1/pods?watch=1", extra=[bearer(CI_TOKEN)]))
+        assert await client.status(1) == 200
+        head = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"k"), (b":path", b"/api"),
+                (b"authorization", b"Bearer ci:1:x")]
+        ids = range(3, 3 + 2 * (len(malformed) + 2), 2)
+        for stream_id, extra in zip(ids, malformed, strict=False):
+            await client.send(client.headers(stream_id, head + extra))  # type: ignore[arg-type]
+        # a body longer, or shorter, than its content-length
+        for stream_id, body in zip(ids[-2:], (b"0123456789", b"01"), strict=True):
+            await client.send(client.headers(stream_id, [*head, (b"content-length", b"3")], end_stream=False),  # type: ignore[list-item]
+                              hf.DataFrame(stream_id, data=body, flags=["END_STREAM"]).serialize())
+        while {f.stream_id for f in client.frames if isinstance(f, hf.RstStreamFrame)} != set(ids):
+            assert await client.read(), f"connection closed: {client.frames}"
+        assert {f.error_code for f in client.frames if isinstance(f, hf.RstStreamFrame)} == {h2.errors.ErrorCodes.PROTOCOL_ERROR}
+        more.set()
+        while not any(isinstance(f, hf.DataFrame) and f.stream_id == 1 and "END_STREAM" in f.flags for f in client.frames):
+            assert await client.read(), "connection closed"
+        watched = b"".join(bytes(f.data) for f in client.frames if isinstance(f, hf.DataFrame) and f.stream_id == 1)
+        assert watched == b'{"type": "ADDED"}\n{"type": "MODIFIED"}\n'
+        assert not [f for f in client.frames if isinstance(f, hf.GoAwayFrame)]
+        await client.aclose()
+
+
+async def test_a_flood_of_malformed_requests_spends_the_reset_budget_as_it_is_decoded() -> None:
+    """Each malformed request costs a token of the reset budget when it is decoded, so one read of
+    3,000 (30 KB) is decoded only up to the budget, then GOAWAY ENHANCE_YOUR_CALM."""
+    async with running_kasd() as kasd:
+        client = await HostileClient.connect(kasd.port("kubernetes_api"))
+        head = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"k"), (b":path", b"/api"), (b"X-Upper", b"1")]
+        await client.send(b"".join(client.headers(sid, head) for sid in range(1, 6001, 2)))  # type: ignore[arg-type]
+        goaway = await client.until_closed()
+        assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        assert client.count(hf.RstStreamFrame) == 200

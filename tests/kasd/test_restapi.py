@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import trio
 
+from kasd.authz.slugs import environment_slug
 from kasd.config import Config
 from kasd.restapi import ALLOWED_AGENTS_PATH, RestApi
 from tests.kasd.helpers import (
@@ -72,6 +73,20 @@ async def test_a_job_of_a_project_no_agent_allows_gets_an_empty_list() -> None:
             == [1, 2]
         status, body = await _get(port, ALLOWED_AGENTS_PATH, [("job-token", other)])
     assert status == 200 and body["allowed_agents"] == []
+
+
+async def test_a_jobs_environment_has_gitlabs_tier_even_when_its_token_names_none() -> None:
+    """GitLab's ``environment.tier`` is the deployment tier, guessed from the name when not given
+    (as ``CI_ENVIRONMENT_TIER``): never null."""
+    untiered = AUTH.job_token("group/app", job_id=11, environment="review/feat-x")
+    tiered = AUTH.job_token("group/app", job_id=12, environment="review/feat-x", environment_tier="staging")
+    async with running_kasd(_config()) as kasd:
+        port = kasd.port("api")
+        guessed = (await _get(port, ALLOWED_AGENTS_PATH, [("job-token", untiered)]))[1]["environment"]
+        given = (await _get(port, ALLOWED_AGENTS_PATH, [("job-token", tiered)]))[1]["environment"]
+    slug = environment_slug("review/feat-x")
+    assert guessed == {"slug": slug, "tier": "development"}
+    assert given == {"slug": slug, "tier": "staging"}
 
 
 @pytest.mark.parametrize(
@@ -138,6 +153,10 @@ async def test_a_request_the_proxy_port_refuses_as_ambiguous_is_refused_here_and
         "obs-fold": post + "Content-Length: 0\r\nX-Folded: a\r\n b\r\n\r\n",
         "space before colon": post + "Content-Length : 5\r\n\r\n",
         "bare LF": post.replace("\r\n", "\n") + "\n",
+        # RFC 9112, 3.2: an HTTP/1.1 request without Host, or any with two, is 400
+        "no Host": f"GET {ALLOWED_AGENTS_PATH} HTTP/1.1\r\nJob-Token: x\r\n\r\n",
+        "two Hosts": f"GET {ALLOWED_AGENTS_PATH} HTTP/1.1\r\nHost: k\r\nHost: evil\r\nJob-Token: x\r\n\r\n",
+        "two Hosts, HTTP/1.0": f"GET {ALLOWED_AGENTS_PATH} HTTP/1.0\r\nHost: k\r\nHost: evil\r\n\r\n",
         # a bad chunk is in the body, which this call never reads: answered, then closed unread
         "bad chunk size": post + "Transfer-Encoding: chunked\r\n\r\nzz\r\n\r\n",
     }
