@@ -62,7 +62,7 @@ async def test_run_failing_command_fails_the_pod_with_its_exit_code(k: K) -> Non
 
 async def test_sleep_keeps_the_container_running_until_it_ends(k: K) -> None:
     await k("run", "nap", "--image=busybox", "--restart=Never", "--command", "--",
-            "sh", "-c", "echo start; sleep 1; echo end")
+            "sh", "-c", "echo start; sleep 3; echo end")  # time for the checks below on a loaded machine
     await k("wait", "--for=condition=Ready", "pod/nap", "--timeout=10s")
     running = await k.json("pod/nap")
     assert _phase(running) == "Running" and "running" in running["status"]["containerStatuses"][0]["state"]
