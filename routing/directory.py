@@ -39,7 +39,12 @@ HOLDERS_MAX_AGE = 1.0
 HOLDERS_CACHED = 4096
 
 
-class Directory(Protocol):
+class TunnelDirectory(Protocol):
+    """Which replicas hold tunnels of an agent: what the tunnel registry tells (``tunnels_up`` /
+    ``tunnels_down``, ``kasd.agents``), what the router asks (``holders``, ``changed``:
+    ``routing.router``) and what kasd drives (``run``, ``withdraw``, ``healthy``: ``kasd.replicas``).
+    Implemented by ``MemoryDirectory`` and ``RedisDirectory``."""
+
     def tunnels_up(self, agent_id: int) -> None: ...
     def tunnels_down(self, agent_id: int) -> None: ...
     async def holders(self, agent_id: int) -> frozenset[str]: ...
@@ -381,4 +386,4 @@ class RedisDirectory(_Events):
             self.fire_all()  # a holder left (or came): waiting requests look again
 
 
-__all__ = ["Directory", "MemoryDirectory", "RedisDirectory"]
+__all__ = ["MemoryDirectory", "RedisDirectory", "TunnelDirectory"]

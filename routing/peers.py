@@ -135,7 +135,7 @@ class _Peer:
 
 
 @attrs.frozen(kw_only=True)
-class PoolStatistics:
+class PeerPoolStatistics:
     #: peers with a live session
     sessions: int
     #: dials that failed since start
@@ -206,8 +206,8 @@ class PeerPool:
     def known(self) -> frozenset[str]:
         return frozenset(self._peers)
 
-    def statistics(self) -> PoolStatistics:
-        return PoolStatistics(sessions=sum(1 for p in self._peers.values() if _usable(p.session)),
+    def statistics(self) -> PeerPoolStatistics:
+        return PeerPoolStatistics(sessions=sum(1 for p in self._peers.values() if _usable(p.session)),
                               dial_failures=self._dial_failures)
 
     def _drop(self, peer: _Peer) -> None:
@@ -503,7 +503,7 @@ __all__ = [
     "PeerDialError",
     "PeerForwarder",
     "PeerPool",
-    "PoolStatistics",
+    "PeerPoolStatistics",
     "forward_metadata",
     "forwarded_request",
     "is_loopback_host",
