@@ -11,7 +11,7 @@ reset on either side resets the other with the same code (the client's disconnec
 agent). Memory stays bounded by the mux credits of the two sessions: a chunk is taken from one
 stream only once the other took the previous one.
 
-May import: ``wire``, ``tunnelhttp``, ``daemonkit``, ``netio``, ``routing.local``/``errors``, trio,
+May import: ``wire``, ``tunnelhttp``, ``daemonkit``, ``netio``, ``routing.local``/``errors``/``retry``, trio,
 attrs, the standard library. Never ``kasd``.
 """
 
@@ -31,6 +31,7 @@ import trio
 from daemonkit.logs import BurstLimitedLog, UnexpectedErrors
 from routing.errors import RouteError
 from routing.local import LocalRouter
+from routing.retry import repeatable
 from tunnelhttp.drain import Drain, answer_boundary
 from tunnelhttp.head import RequestHead, ResponseHead, TunnelCode
 from tunnelhttp.watchbounds import EventBoundary
@@ -58,9 +59,6 @@ FORWARD_KEY = "forward"
 #: a peer session carries an agent stream's OPEN plus the forward key: a little more room than
 #: ``tunnelhttp.head.TUNNEL_LIMITS`` for control frames, so every head that fits a tunnel fits the hop
 PEER_LIMITS = Limits(max_control_frame=64 * KiB + 1 * KiB)
-#: methods a request may be repeated with: a holder whose agent session died before it answered
-#: refuses such a one as not processed, so the pipeline on the other side may try elsewhere
-_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _CHUNK = 256 * 1024
 _MUX_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
 #: how long a holder waits for a local session of the agent (it had one a moment ago; the request
@@ -459,7 +457,7 @@ class PeerForwarder:
                 return
             except _MUX_ERRORS as exc:
                 code, message = _reset_of(exc)
-                if not isinstance(exc, StreamResetError) and _method(metadata) in _SAFE_METHODS:
+                if repeatable(_method(metadata), exc):  # refused as not processed: the other side may retry
                     await _quietly(peer.refuse(ErrorCode.REFUSED_STREAM, f"agent session ended: {message}"))
                 else:
                     await _quietly(peer.reset(code, message))
