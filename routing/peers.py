@@ -150,8 +150,11 @@ class PeerPool:
 
     def __init__(self, *, token: str, ssl_context: ssl.SSLContext | None = None, dial_timeout: float = 5.0,
                  keepalive_interval: float = 15.0, keepalive_timeout: float = 45.0, origin: str = "",
-                 insecure_plaintext: bool = False) -> None:
+                 insecure_plaintext: bool = False, wind_down_timeout: float = 60.0) -> None:
         self._token = token
+        #: how long a peer that left keeps its session for the streams in flight (it ends them
+        #: itself as it drains; this bounds one that never does)
+        self.wind_down_timeout = wind_down_timeout
         #: whether ``token`` may be sent over plain ``http://`` to another host (it is a secret)
         self._insecure_plaintext = insecure_plaintext
         self._ssl_context = ssl_context
@@ -219,7 +222,7 @@ class PeerPool:
     async def _wind_down(self, peer: _Peer) -> None:
         session = peer.session
         assert session is not None
-        with trio.move_on_after(60):
+        with trio.move_on_after(self.wind_down_timeout):
             await session.drain("member left")
         peer.scope.cancel()
 
