@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import attrs
 import trio
@@ -218,13 +218,10 @@ class TunnelRegistry:
         )
 
 
-@attrs.frozen(kw_only=True)
-class LocalLook:
-    """What one look at this kasd's sessions found, without waiting."""
+class LocalLook(NamedTuple):
+    """What one look at this kasd's sessions found when none took a stream at once."""
 
-    #: a stream opened on a session with room
-    stream: MuxStream | None = None
-    #: else a usable session that is full now (wait for room on it)
+    #: a usable session that is full now (wait for room on it)
     full: Session | None = None
     #: the sessions the request must not be opened on: ``avoid``, and those found unusable
     skip: frozenset[Session] = _NO_SESSIONS
@@ -272,10 +269,6 @@ class LocalRouter:
         self.agent_wait_timeout = agent_wait_timeout
         self._unusable_log = BurstLimitedLog(log, interval=10.0)
 
-    async def open_stream(self, agent_id: int, metadata: Metadata, *,
-                          avoid: frozenset[Session] = _NO_SESSIONS) -> MuxStream:
-        return await self.route(agent_id, metadata, avoid=avoid)
-
     async def route(self, agent_id: int, metadata: Metadata, *, avoid: frozenset[Session] = _NO_SESSIONS,
                     elsewhere: Elsewhere | None = None, wait: float | None = None) -> MuxStream:
         """A stream to ``agent_id`` (``Router.open_stream``): a local session with room, else one
@@ -285,8 +278,8 @@ class LocalRouter:
         wait = self.agent_wait_timeout if wait is None else wait
         # The common case — a session is up and has room — needs no timer (and no Redis).
         local = self.look(agent_id, metadata, skip=avoid)
-        if local.stream is not None:
-            return local.stream
+        if not isinstance(local, LocalLook):
+            return local
         skip, found_any = local.skip, local.found
         unreachable: RouteError | None = None
         with trio.move_on_after(wait):
@@ -294,9 +287,9 @@ class LocalRouter:
                 # Take the event before looking, so a change in between is never missed.
                 changed = elsewhere.changed(agent_id) if elsewhere is not None else None
                 local = self.look(agent_id, metadata, skip=skip)
+                if not isinstance(local, LocalLook):
+                    return local
                 skip, found_any = local.skip, found_any or local.found
-                if local.stream is not None:
-                    return local.stream
                 remote = await elsewhere.look(agent_id, metadata, skip) if elsewhere is not None else _NOTHING
                 if remote.stream is not None:
                     return remote.stream
@@ -319,15 +312,19 @@ class LocalRouter:
             raise NoFreeStream(agent_id, wait)
         raise AgentNotConnected(agent_id, wait)
 
-    def look(self, agent_id: int, metadata: Metadata, *, skip: frozenset[Session]) -> LocalLook:
+    #: ``Router.open_stream``: ``route`` with nothing elsewhere (the same function: no extra call on
+    #: every request's path)
+    open_stream = route
+
+    def look(self, agent_id: int, metadata: Metadata, *, skip: frozenset[Session]) -> MuxStream | LocalLook:
         """A stream on the session ``TunnelRegistry.pick`` chooses outside ``skip``, if it has
-        room now; never waits. A session that turns out unusable is passed over (added to
-        ``skip``) and the next one picked."""
+        room now, else what was found instead; never waits. A session that turns out unusable is
+        passed over (added to ``skip``) and the next one picked."""
         found = False
         while (session := self.registry.pick(agent_id, now=trio.current_time(), avoid=skip)) is not None:
             found = True
             try:
-                return LocalLook(stream=session.open_stream_nowait(metadata), skip=skip, found=True)
+                return session.open_stream_nowait(metadata)
             except trio.WouldBlock:
                 return LocalLook(full=session, skip=skip, found=True)
             except _SESSION_UNUSABLE as exc:
