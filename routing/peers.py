@@ -329,7 +329,6 @@ class PeerForwarder:
         self.name = name
         self.wait = wait
         self._on_forward = on_forward
-        self._local_here = LocalRouter(local.registry, agent_wait_timeout=min(wait, local.agent_wait_timeout))
         #: live peer sessions (the drain sends each a GOAWAY)
         self.sessions: set[Session] = set()
         #: forwarded streams in flight
@@ -378,7 +377,8 @@ class PeerForwarder:
             with trio.CancelScope() as waiting:
                 peer.cancel_when_broken(waiting)  # the client left while the agent was being asked
                 try:
-                    agent = await self._local_here.open_stream(agent_id, metadata)
+                    # Local tunnels only (never forwarded again), waiting less than the side that got it.
+                    agent = await self.local.route(agent_id, metadata, wait=min(self.wait, self.local.agent_wait_timeout))
                 except RouteError as exc:
                     # Not processed: the side that got the request may try another holder.
                     await _quietly(peer.refuse(ErrorCode.REFUSED_STREAM, f"kasd {self.name}: {exc.message}"))
