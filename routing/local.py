@@ -172,12 +172,18 @@ class TunnelRegistry:
         """Whether one of ``among`` is a usable session of ``agent_id``."""
         return any(t.usable and t.session in among for t in self._tunnels.get(agent_id, ()))
 
-    async def wait_for_session(self) -> None:
-        """Return at the next register/unregister, counted in ``waiting``; bound it with a cancel scope."""
+    def sessions_changed(self) -> trio.Event:
+        """The event the next register/unregister sets: take it before looking, pass it to
+        ``wait_for_session`` after, and no change in between is missed."""
+        return self._sessions_changed
+
+    async def wait_for_session(self, changed: trio.Event | None = None) -> None:
+        """Return once ``changed`` (from ``sessions_changed``) is set, or at the next
+        register/unregister; counted in ``waiting``. Bound it with a cancel scope."""
         self.waiting += 1
         self._notify(sessions=False)
         try:
-            await self._sessions_changed.wait()
+            await (changed if changed is not None else self._sessions_changed).wait()
         finally:
             self.waiting -= 1
 
@@ -284,7 +290,9 @@ class LocalRouter:
         unreachable: RouteError | None = None
         with trio.move_on_after(wait):
             while True:
-                # Take the event before looking, so a change in between is never missed.
+                # Take the events before looking, so a change in between (a session registering
+                # while the directory is asked) is never missed.
+                local_changed = self.registry.sessions_changed()
                 changed = elsewhere.changed(agent_id) if elsewhere is not None else None
                 local = self.look(agent_id, metadata, skip=skip)
                 if not isinstance(local, LocalLook):
@@ -305,7 +313,7 @@ class LocalRouter:
                 if avoid and (remote.avoided or self.registry.has_usable(agent_id, avoid)):
                     raise NoOtherSession(agent_id)
                 # Nobody (else) to ask: wait for a session to come or go, here or there; never spin.
-                await self._wait_change(changed)
+                await self._wait_change(local_changed, changed)
         if unreachable is not None:
             raise unreachable
         if found_any:
@@ -331,15 +339,15 @@ class LocalRouter:
                 skip = self._pass_over(agent_id, session, skip, exc)
         return LocalLook(skip=skip, found=found)
 
-    async def _wait_change(self, elsewhere_changed: trio.Event | None) -> None:
+    async def _wait_change(self, local_changed: trio.Event, elsewhere_changed: trio.Event | None) -> None:
         """Until the local registry (or ``elsewhere``) says something changed for this agent."""
         if elsewhere_changed is None:
-            await self.registry.wait_for_session()
+            await self.registry.wait_for_session(local_changed)
             return
         async with trio.open_nursery() as nursery:
 
             async def local() -> None:
-                await self.registry.wait_for_session()
+                await self.registry.wait_for_session(local_changed)
                 nursery.cancel_scope.cancel()
 
             async def remote() -> None:
