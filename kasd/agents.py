@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
 from daemonkit.logs import BurstLimitedLog
 from kasd.config import Agent
 from kasd.tokens import digest_matches, hash_token
-from routing.local import Tunnel, TunnelRegistry
+from routing.directory import TunnelDirectory
+from routing.local import AgentTunnel, TunnelRegistry
+from routing.placement import PlacementHook
 from tunnelhttp.head import TunnelCode
 from wire.session import Session
 
@@ -49,30 +51,13 @@ def _hello_text(hello: dict[str, Any], key: str) -> str:
     return value[:256] if isinstance(value, str) else str(value)[:256]
 
 
-class TunnelDirectory(Protocol):
-    """Where replicas learn which of them hold an agent's tunnels (``routing.directory``): told when
-    this replica's first session of an agent comes (0 → 1) and its last one goes (1 → 0)."""
-
-    def tunnels_up(self, agent_id: int) -> None: ...
-    def tunnels_down(self, agent_id: int) -> None: ...
-
-
-class PlacementNotices(Protocol):
-    """The hook for home placement (issue 15, ``routing.placement``): ``serve`` runs beside each
-    agent session for its lifetime (the placement NOTICE at its start and at every ring change);
-    ``leaving`` sends the last one, without this replica, before the drain's GOAWAY."""
-
-    async def serve(self, session: Session, agent_id: int) -> None: ...
-    async def leaving(self, session: Session) -> None: ...
-
-
 class AgentSessions:
     """The ``handler`` of ``serve_h2_tunnels``: registers the session for as long as it lives (and,
-    among replicas, tells the directory when this replica's first one of an agent comes and its last
-    one goes)."""
+    among replicas, tells the directory when this replica's first one of an agent comes (0 → 1) and
+    its last one goes (1 → 0); ``placement`` runs beside each session)."""
 
     def __init__(self, registry: TunnelRegistry, *, directory: TunnelDirectory | None = None,
-                 placement: PlacementNotices | None = None) -> None:
+                 placement: PlacementHook | None = None) -> None:
         self.registry = registry
         self.directory = directory
         self.placement = placement
@@ -92,7 +77,7 @@ class AgentSessions:
                 _hello_text(hello, "pod_name"),
             )
             return  # serve_h2_tunnels closes the session (GOAWAY) when the handler returns
-        tunnel = Tunnel(
+        tunnel = AgentTunnel(
             agent_id=agent.id,
             session=session,
             pod_name=_hello_text(hello, "pod_name"),

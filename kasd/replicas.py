@@ -1,6 +1,7 @@
 """kasd among replicas: what ``serve_kasd`` adds when ``routing.redis.url`` is set (or a test hands it
-a ``ReplicationFactory``): this replica's identity on the ring, the membership and directory
-(``routing.membership``, ``routing.directory``), the peer pool and router (``routing.peers``,
+a ``ReplicationFactory``): this replica's identity on the ring (a ``routing.membership.Member``), the
+membership and directory (``routing.membership``, ``routing.directory``: their interfaces are
+defined there, beside their implementations), the peer pool and router (``routing.peers``,
 ``routing.router``), and the TLS and authentication of the private port.
 
 A lone kasd (no ``routing.redis``) uses none of it: ``LocalRouter``, no private listener, no Redis.
@@ -11,12 +12,12 @@ from __future__ import annotations
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, Protocol
 
 import attrs
-import trio
 
 from kasd.config import Config
+from routing.directory import TunnelDirectory
+from routing.membership import Member, Membership
 from routing.peers import PEER_PATH
 
 #: the bearer token a replica sends when mutual TLS (not a secret) authenticates it
@@ -24,80 +25,25 @@ MTLS_TOKEN = "mutual-tls"
 
 
 @attrs.frozen(kw_only=True)
-class Identity:
-    """This replica as the others see it (the fields of ``routing.membership.Member``)."""
-
-    name: str
-    weight: int
-    private_url: str
-    agent_url: str
-
-
-class MemberView(Protocol):
-    @property
-    def name(self) -> str: ...
-    @property
-    def private_url(self) -> str: ...
-    @property
-    def agent_url(self) -> str: ...
-    @property
-    def draining(self) -> bool: ...
-
-
-class RingView(Protocol):
-    def home(self, key: str) -> str | None: ...
-    def preference(self, key: str, n: int | None = None) -> list[str]: ...
-
-
-class ReplicaMembership(Protocol):
-    """``routing.membership.RedisMembership`` as kasd drives it (design15.md)."""
-
-    @property
-    def self_name(self) -> str: ...
-    def members(self) -> Mapping[str, MemberView]: ...
-    @property
-    def ring(self) -> RingView: ...
-    async def wait_changed(self) -> None: ...
-    def changes(self) -> trio.Event: ...
-    @property
-    def healthy(self) -> bool: ...
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None: ...
-    async def set_draining(self) -> None: ...
-    async def leave(self) -> None: ...
-
-
-class ReplicaDirectory(Protocol):
-    """``routing.directory.RedisDirectory`` as kasd drives it (design15.md)."""
-
-    def tunnels_up(self, agent_id: int) -> None: ...
-    def tunnels_down(self, agent_id: int) -> None: ...
-    async def holders(self, agent_id: int) -> frozenset[str]: ...
-    def changed(self, agent_id: int) -> trio.Event: ...
-    @property
-    def healthy(self) -> bool: ...
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None: ...
-    async def withdraw(self) -> None: ...
-
-
-@attrs.frozen(kw_only=True)
 class Replication:
-    membership: ReplicaMembership
-    directory: ReplicaDirectory
+    membership: Membership
+    directory: TunnelDirectory
 
     @property
     def healthy(self) -> bool:
         return self.membership.healthy and self.directory.healthy
 
 
-#: builds this replica's membership and directory once its listeners are bound (its identity known):
-#: the pair itself, or an async context manager holding them (and their Redis connection) open
-ReplicationFactory = Callable[[Identity], "Replication | AbstractAsyncContextManager[Replication]"]
+#: builds this replica's membership and directory once its listeners are bound (its identity, the
+#: ``Member`` it is to the others, known): the pair itself, or an async context manager holding them
+#: (and their Redis connection) open
+ReplicationFactory = Callable[[Member], "Replication | AbstractAsyncContextManager[Replication]"]
 
 
 def redis_replication(config: Config) -> ReplicationFactory:
     """The membership and directory in the Redis of ``routing.redis``."""
     from routing.directory import RedisDirectory
-    from routing.membership import Member, RedisMembership
+    from routing.membership import RedisMembership
     from routing.redisconn import RedisHealth, open_redis
 
     redis = config.routing.redis
@@ -105,11 +51,9 @@ def redis_replication(config: Config) -> ReplicationFactory:
     url = redis.url
 
     @asynccontextmanager
-    async def build(identity: Identity) -> AsyncIterator[Replication]:
+    async def build(me: Member) -> AsyncIterator[Replication]:
         health = RedisHealth(url)
         async with open_redis(url, password=redis.password) as client:
-            me = Member(name=identity.name, weight=identity.weight, private_url=identity.private_url,
-                        agent_url=identity.agent_url)
             membership = RedisMembership(client, me, health=health, key_prefix=redis.key_prefix,
                                          heartbeat_interval=config.routing.heartbeat_interval)
             directory = RedisDirectory(client, membership, health=health, key_prefix=redis.key_prefix,
@@ -119,11 +63,12 @@ def redis_replication(config: Config) -> ReplicationFactory:
     return build
 
 
-def identity(config: Config, addresses: Mapping[str, str], agent_url: str) -> Identity:
-    """This replica's name and URLs: as configured, else from the bound listeners."""
+def identity(config: Config, addresses: Mapping[str, str], agent_url: str) -> Member:
+    """This replica as the others see it: its name and URLs as configured, else from the bound
+    listeners."""
     routing = config.routing
     private_scheme = "https" if config.private.tls is not None else "http"
-    return Identity(
+    return Member(
         name=routing.name or addresses["kubernetes_api"],
         weight=routing.weight,
         private_url=routing.private_url or f"{private_scheme}://{addresses['private']}",
@@ -166,9 +111,6 @@ def private_server_ssl(config: Config) -> ssl.SSLContext | None:
 __all__ = [
     "MTLS_TOKEN",
     "PEER_PATH",
-    "Identity",
-    "ReplicaDirectory",
-    "ReplicaMembership",
     "Replication",
     "ReplicationFactory",
     "identity",

@@ -21,7 +21,7 @@ from daemonkit.listeners import REFUSAL_LOG_INTERVAL, capped_admission
 from daemonkit.logs import BurstLimitedLog
 from daemonkit.notify import sd_notify, write_ready_file
 from h2trio.budget import ResetBuckets
-from kasd.agents import AgentAuthenticator, AgentSessions, PlacementNotices
+from kasd.agents import AgentAuthenticator, AgentSessions
 from kasd.authority import CiAuthority, config_loader
 from kasd.config import Config, ConfigError, Listener, plaintext_peer_secret
 from kasd.k8sproxy.pipeline import DROPPED, RequestPipeline
@@ -48,7 +48,7 @@ from kasd.store.revocation import Revocations, open_store
 from netio.admission import PER_SOURCE, TOTAL, Admission, CappedListener, ConnectionCaps, Refusal
 from routing.local import BreakerPolicy, LocalRouter, TunnelRegistry
 from routing.peers import PEER_LIMITS, PEER_PATH, PeerForwarder, PeerPool, peer_authenticator
-from routing.placement import PlacementNotices as Placements
+from routing.placement import PlacementHook, PlacementNotices
 from routing.router import ReplicatedRouter
 from wire.h2carrier import serve_h2_tunnels, server_ssl_context
 
@@ -180,7 +180,7 @@ def _bound(listeners: list[trio.SocketListener]) -> str:
 
 
 async def serve_kasd(config: Config, *, replication: ReplicationFactory | None = None,
-                     placement: PlacementNotices | None = None,
+                     placement: PlacementHook | None = None,
                      reread: Callable[[], tuple[Config, Path | None]] | None = None,
                      store: Store | None = None,
                      task_status: trio.TaskStatus[Runtime] = trio.TASK_STATUS_IGNORED) -> None:
@@ -319,7 +319,7 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
                 )
             )
         if placement is None and runtime.replication is not None:
-            placement = Placements(runtime.replication.membership)
+            placement = PlacementNotices(runtime.replication.membership)
         agent_sessions = AgentSessions(registry, directory=directory, placement=placement)
         await nursery.start(
             lambda task_status: serve_h2_tunnels(
@@ -415,7 +415,7 @@ class _LateRouter:
         self.inner.report(stream, refusal)
 
 
-async def _drain_replica(runtime: Runtime, placement: PlacementNotices | None) -> None:
+async def _drain_replica(runtime: Runtime, placement: PlacementHook | None) -> None:
     """SIGTERM among replicas (docs/routing.md, "Shutdown of a replica"): the listeners stopped
     already; the others drop this replica from their rings; each agent is told where to go and
     gets GOAWAY (agentd dials the replacement first); proxy requests and streams forwarded here

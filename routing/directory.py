@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import trio
 
 from routing.membership import RedisMembership
-from routing.redisconn import REDIS_ERRORS, RedisHealth, subscription
+from routing.redisconn import COMMAND_TIMEOUT, REDIS_ERRORS, RedisHealth, subscription
 from wire.ids import InvalidNumber, parse_id
 
 log = logging.getLogger("routing.directory")
@@ -39,7 +39,12 @@ HOLDERS_MAX_AGE = 1.0
 HOLDERS_CACHED = 4096
 
 
-class Directory(Protocol):
+class TunnelDirectory(Protocol):
+    """Which replicas hold tunnels of an agent: what the tunnel registry tells (``tunnels_up`` /
+    ``tunnels_down``, ``kasd.agents``), what the router asks (``holders``, ``changed``:
+    ``routing.router``) and what kasd drives (``run``, ``withdraw``, ``healthy``: ``kasd.replicas``).
+    Implemented by ``MemoryDirectory`` and ``RedisDirectory``."""
+
     def tunnels_up(self, agent_id: int) -> None: ...
     def tunnels_down(self, agent_id: int) -> None: ...
     async def holders(self, agent_id: int) -> frozenset[str]: ...
@@ -122,9 +127,17 @@ return live
 
 class RedisDirectory(_Events):
     def __init__(self, client: Any, membership: RedisMembership, *, health: RedisHealth, key_prefix: str = "kasd",
-                 tunnel_ttl: float = 30.0) -> None:
+                 tunnel_ttl: float = 30.0, read_timeout: float = COMMAND_TIMEOUT, write_timeout: float = 5.0,
+                 resubscribe_pause: float = 1.0) -> None:
         super().__init__()
         self.client = client
+        #: how long a holders read may take before Redis counts as away (the request then waits
+        #: for a local tunnel instead): a request's own wait is longer
+        self.read_timeout = read_timeout
+        #: how long one write of this replica's entries (all of them, on a refresh) may take
+        self.write_timeout = write_timeout
+        #: the pause before subscribing again after the change channel was lost
+        self.resubscribe_pause = resubscribe_pause
         self.membership = membership
         self.health = health
         self.prefix = key_prefix
@@ -220,7 +233,7 @@ class RedisDirectory(_Events):
         else:
             version = self._version
             try:
-                with trio.fail_after(3):
+                with trio.fail_after(self.read_timeout):
                     names = frozenset(str(n) for n in await self._live_script(keys=[self._tunnels_key(agent_id)], args=[]))
             except REDIS_ERRORS as exc:
                 self.health.failed(exc)
@@ -345,7 +358,7 @@ class RedisDirectory(_Events):
 
     async def _guard(self, work: Any) -> bool:
         try:
-            with trio.fail_after(5):
+            with trio.fail_after(self.write_timeout):
                 await work
         except REDIS_ERRORS as exc:
             self.health.failed(exc)
@@ -371,7 +384,7 @@ class RedisDirectory(_Events):
             except REDIS_ERRORS:
                 self._subscribed = False
                 self.fire_all()
-                await trio.sleep(1.0)
+                await trio.sleep(self.resubscribe_pause)
             finally:
                 self._subscribed = False
 
@@ -381,4 +394,4 @@ class RedisDirectory(_Events):
             self.fire_all()  # a holder left (or came): waiting requests look again
 
 
-__all__ = ["Directory", "MemoryDirectory", "RedisDirectory"]
+__all__ = ["MemoryDirectory", "RedisDirectory", "TunnelDirectory"]

@@ -10,20 +10,28 @@ The breaker is passive: a session whose agent refused a stream because it cannot
 server (``UPSTREAM_UNREACHABLE``) is held back for ``BreakerPolicy.initial`` seconds, twice as long
 after each further such refusal once a hold ran out (at most ``maximum``), and any stream it takes
 resets it. When every session is held, the one that failed longest ago is used rather than none.
+
+``LocalRouter.route`` is the one routing loop: a local session with room (no timer), else what
+``elsewhere`` (the other replicas, ``routing.router``) finds, else one bounded wait for room or for
+a change here or there. A lone kasd passes nothing elsewhere.
+
+May import: ``routing.errors``, ``wire``, ``tunnelhttp``, ``daemonkit``, ``netio``, trio, attrs, the
+standard library.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import NamedTuple, Protocol
 
 import attrs
 import trio
 
 from daemonkit.logs import BurstLimitedLog
 from netio.fastio import cancel_point
-from routing.errors import AgentNotConnected, NoFreeStream, NoOtherSession
+from routing.errors import AgentNotConnected, NoFreeStream, NoOtherSession, RouteError
 from tunnelhttp.head import TunnelCode
 from wire.frames import Metadata
 from wire.session import MuxStream, Session, SessionClosedError, StreamRefusedError
@@ -51,7 +59,7 @@ class BreakerPolicy:
 
 
 @attrs.define(kw_only=True, eq=False)
-class Tunnel:
+class AgentTunnel:
     """One connected agentd replica: its session and what it said about itself in HELLO."""
 
     agent_id: int
@@ -87,8 +95,8 @@ class RegistryStatistics:
 class TunnelRegistry:
     def __init__(self, *, breaker: BreakerPolicy | None = None) -> None:
         self.breaker = breaker if breaker is not None else BreakerPolicy()
-        self._tunnels: dict[int, list[Tunnel]] = {}
-        self._by_session: dict[Session, Tunnel] = {}
+        self._tunnels: dict[int, list[AgentTunnel]] = {}
+        self._by_session: dict[Session, AgentTunnel] = {}
         #: per agent: the position (in its list) of the session picked last, where the next turn starts
         self._cursor: dict[int, int] = {}
         #: set at every register/unregister and every change of ``waiting``
@@ -100,12 +108,12 @@ class TunnelRegistry:
         #: requests waiting in ``wait_for_session`` for an agent to connect
         self.waiting = 0
 
-    def register(self, tunnel: Tunnel) -> None:
+    def register(self, tunnel: AgentTunnel) -> None:
         self._tunnels.setdefault(tunnel.agent_id, []).append(tunnel)
         self._by_session[tunnel.session] = tunnel
         self._notify()
 
-    def unregister(self, tunnel: Tunnel) -> None:
+    def unregister(self, tunnel: AgentTunnel) -> None:
         tunnels = self._tunnels.get(tunnel.agent_id, [])
         if tunnel in tunnels:
             tunnels.remove(tunnel)
@@ -127,7 +135,7 @@ class TunnelRegistry:
         path wait on this)."""
         await self._changed.wait()
 
-    def tunnels(self, agent_id: int | None = None) -> Iterator[Tunnel]:
+    def tunnels(self, agent_id: int | None = None) -> Iterator[AgentTunnel]:
         if agent_id is not None:
             yield from list(self._tunnels.get(agent_id, ()))
             return
@@ -142,8 +150,8 @@ class TunnelRegistry:
         tunnels = self._tunnels.get(agent_id)
         if not tunnels:
             return None
-        ready: list[tuple[int, Tunnel]] = []
-        held: list[tuple[int, Tunnel]] = []
+        ready: list[tuple[int, AgentTunnel]] = []
+        held: list[tuple[int, AgentTunnel]] = []
         for index, tunnel in enumerate(tunnels):
             if tunnel.usable and tunnel.session not in avoid:
                 (held if tunnel.held(now) else ready).append((index, tunnel))
@@ -164,12 +172,18 @@ class TunnelRegistry:
         """Whether one of ``among`` is a usable session of ``agent_id``."""
         return any(t.usable and t.session in among for t in self._tunnels.get(agent_id, ()))
 
-    async def wait_for_session(self) -> None:
-        """Return at the next register/unregister, counted in ``waiting``; bound it with a cancel scope."""
+    def sessions_changed(self) -> trio.Event:
+        """The event the next register/unregister sets: take it before looking, pass it to
+        ``wait_for_session`` after, and no change in between is missed."""
+        return self._sessions_changed
+
+    async def wait_for_session(self, changed: trio.Event | None = None) -> None:
+        """Return once ``changed`` (from ``sessions_changed``) is set, or at the next
+        register/unregister; counted in ``waiting``. Bound it with a cancel scope."""
         self.waiting += 1
         self._notify(sessions=False)
         try:
-            await self._sessions_changed.wait()
+            await (changed if changed is not None else self._sessions_changed).wait()
         finally:
             self.waiting -= 1
 
@@ -210,47 +224,138 @@ class TunnelRegistry:
         )
 
 
+class LocalLook(NamedTuple):
+    """What one look at this kasd's sessions found when none took a stream at once."""
+
+    #: a usable session that is full now (wait for room on it)
+    full: Session | None = None
+    #: the sessions the request must not be opened on: ``avoid``, and those found unusable
+    skip: frozenset[Session] = _NO_SESSIONS
+    #: whether any session of the agent was picked
+    found: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class RemoteLook:
+    """What one look elsewhere (other replicas: ``routing.router``) found, without waiting."""
+
+    #: a stream opened there
+    stream: MuxStream | None = None
+    #: else a wait for room at a holder that is full now
+    wait_for_room: Callable[[], Awaitable[MuxStream]] | None = None
+    #: a holder was reached
+    found: bool = False
+    #: a holder was passed over for being in ``avoid``
+    avoided: bool = False
+    #: what to say if the wait ends with nothing: the holders could not be reached
+    unreachable: RouteError | None = None
+
+
+_NOTHING = RemoteLook()
+
+
+class Elsewhere(Protocol):
+    """Where a stream may come from when this kasd's own sessions cannot take it: the other
+    replicas (``routing.router.ReplicatedRouter`` passes its peers to ``LocalRouter.route``)."""
+
+    def changed(self, agent_id: int) -> trio.Event:
+        """Set when what ``look`` would find may have changed (take it before looking)."""
+        ...
+
+    async def look(self, agent_id: int, metadata: Metadata, skip: frozenset[Session]) -> RemoteLook: ...
+
+
 class LocalRouter:
     """Streams to agents connected to this kasd: the session ``TunnelRegistry.pick`` chooses, else
-    the next one to connect, waiting at most ``agent_wait_timeout``."""
+    the next one to connect, waiting at most ``agent_wait_timeout``. ``route`` is the one loop of
+    every router: a replicated one hands it the other replicas as ``elsewhere``."""
 
     def __init__(self, registry: TunnelRegistry, *, agent_wait_timeout: float) -> None:
         self.registry = registry
         self.agent_wait_timeout = agent_wait_timeout
         self._unusable_log = BurstLimitedLog(log, interval=10.0)
 
-    async def open_stream(self, agent_id: int, metadata: Metadata, *,
-                          avoid: frozenset[Session] = _NO_SESSIONS) -> MuxStream:
+    async def route(self, agent_id: int, metadata: Metadata, *, avoid: frozenset[Session] = _NO_SESSIONS,
+                    elsewhere: Elsewhere | None = None, wait: float | None = None) -> MuxStream:
+        """A stream to ``agent_id`` (``Router.open_stream``): a local session with room, else one
+        ``elsewhere`` finds, else — at most ``wait`` (``agent_wait_timeout``) in all — room on a
+        full local session, then on a full holder elsewhere, then the next change here or there."""
         await cancel_point()
-        registry = self.registry
-        skip = avoid
-        # The common case — a session is up and has room — needs no timer.
-        session = registry.pick(agent_id, now=trio.current_time(), avoid=skip)
-        if session is not None:
+        wait = self.agent_wait_timeout if wait is None else wait
+        # The common case — a session is up and has room — needs no timer (and no Redis).
+        local = self.look(agent_id, metadata, skip=avoid)
+        if not isinstance(local, LocalLook):
+            return local
+        skip, found_any = local.skip, local.found
+        unreachable: RouteError | None = None
+        with trio.move_on_after(wait):
+            while True:
+                # Take the events before looking, so a change in between (a session registering
+                # while the directory is asked) is never missed.
+                local_changed = self.registry.sessions_changed()
+                changed = elsewhere.changed(agent_id) if elsewhere is not None else None
+                local = self.look(agent_id, metadata, skip=skip)
+                if not isinstance(local, LocalLook):
+                    return local
+                skip, found_any = local.skip, found_any or local.found
+                remote = await elsewhere.look(agent_id, metadata, skip) if elsewhere is not None else _NOTHING
+                if remote.stream is not None:
+                    return remote.stream
+                found_any, unreachable = found_any or remote.found, remote.unreachable
+                if local.full is not None:
+                    try:
+                        return await local.full.open_stream(metadata)
+                    except _SESSION_UNUSABLE as exc:
+                        skip = self._pass_over(agent_id, local.full, skip, exc)
+                        continue
+                if remote.wait_for_room is not None:
+                    return await remote.wait_for_room()
+                if avoid and (remote.avoided or self.registry.has_usable(agent_id, avoid)):
+                    raise NoOtherSession(agent_id)
+                # Nobody (else) to ask: wait for a session to come or go, here or there; never spin.
+                await self._wait_change(local_changed, changed)
+        if unreachable is not None:
+            raise unreachable
+        if found_any:
+            raise NoFreeStream(agent_id, wait)
+        raise AgentNotConnected(agent_id, wait)
+
+    #: ``Router.open_stream``: ``route`` with nothing elsewhere (the same function: no extra call on
+    #: every request's path)
+    open_stream = route
+
+    def look(self, agent_id: int, metadata: Metadata, *, skip: frozenset[Session]) -> MuxStream | LocalLook:
+        """A stream on the session ``TunnelRegistry.pick`` chooses outside ``skip``, if it has
+        room now, else what was found instead; never waits. A session that turns out unusable is
+        passed over (added to ``skip``) and the next one picked."""
+        found = False
+        while (session := self.registry.pick(agent_id, now=trio.current_time(), avoid=skip)) is not None:
+            found = True
             try:
                 return session.open_stream_nowait(metadata)
             except trio.WouldBlock:
-                pass  # full: wait below for room, within the bound
+                return LocalLook(full=session, skip=skip, found=True)
             except _SESSION_UNUSABLE as exc:
                 skip = self._pass_over(agent_id, session, skip, exc)
-        found_any = session is not None
-        with trio.move_on_after(self.agent_wait_timeout):
-            while True:
-                session = registry.pick(agent_id, now=trio.current_time(), avoid=skip)
-                if session is None:
-                    if avoid and registry.has_usable(agent_id, avoid):
-                        raise NoOtherSession(agent_id)
-                    # Nobody (else) to ask: wait for a session to come or go, never spin.
-                    await registry.wait_for_session()
-                    continue
-                found_any = True
-                try:
-                    return await session.open_stream(metadata)
-                except _SESSION_UNUSABLE as exc:
-                    skip = self._pass_over(agent_id, session, skip, exc)
-        if found_any:
-            raise NoFreeStream(agent_id, self.agent_wait_timeout)
-        raise AgentNotConnected(agent_id, self.agent_wait_timeout)
+        return LocalLook(skip=skip, found=found)
+
+    async def _wait_change(self, local_changed: trio.Event, elsewhere_changed: trio.Event | None) -> None:
+        """Until the local registry (or ``elsewhere``) says something changed for this agent."""
+        if elsewhere_changed is None:
+            await self.registry.wait_for_session(local_changed)
+            return
+        async with trio.open_nursery() as nursery:
+
+            async def local() -> None:
+                await self.registry.wait_for_session(local_changed)
+                nursery.cancel_scope.cancel()
+
+            async def remote() -> None:
+                await elsewhere_changed.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(local)
+            nursery.start_soon(remote)
 
     def _pass_over(self, agent_id: int, session: Session, skip: frozenset[Session],
                    exc: BaseException) -> frozenset[Session]:

@@ -11,7 +11,7 @@ reset on either side resets the other with the same code (the client's disconnec
 agent). Memory stays bounded by the mux credits of the two sessions: a chunk is taken from one
 stream only once the other took the previous one.
 
-May import: ``wire``, ``tunnelhttp``, ``daemonkit``, ``netio``, ``routing.local``/``errors``, trio,
+May import: ``wire``, ``tunnelhttp``, ``daemonkit``, ``netio``, ``routing.local``/``errors``/``retry``, trio,
 attrs, the standard library. Never ``kasd``.
 """
 
@@ -31,6 +31,7 @@ import trio
 from daemonkit.logs import BurstLimitedLog, UnexpectedErrors
 from routing.errors import RouteError
 from routing.local import LocalRouter
+from routing.retry import repeatable
 from tunnelhttp.drain import Drain, answer_boundary
 from tunnelhttp.head import RequestHead, ResponseHead, TunnelCode
 from tunnelhttp.watchbounds import EventBoundary
@@ -58,9 +59,6 @@ FORWARD_KEY = "forward"
 #: a peer session carries an agent stream's OPEN plus the forward key: a little more room than
 #: ``tunnelhttp.head.TUNNEL_LIMITS`` for control frames, so every head that fits a tunnel fits the hop
 PEER_LIMITS = Limits(max_control_frame=64 * KiB + 1 * KiB)
-#: methods a request may be repeated with: a holder whose agent session died before it answered
-#: refuses such a one as not processed, so the pipeline on the other side may try elsewhere
-_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _CHUNK = 256 * 1024
 _MUX_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
 #: how long a holder waits for a local session of the agent (it had one a moment ago; the request
@@ -135,7 +133,7 @@ class _Peer:
 
 
 @attrs.frozen(kw_only=True)
-class PoolStatistics:
+class PeerPoolStatistics:
     #: peers with a live session
     sessions: int
     #: dials that failed since start
@@ -152,8 +150,11 @@ class PeerPool:
 
     def __init__(self, *, token: str, ssl_context: ssl.SSLContext | None = None, dial_timeout: float = 5.0,
                  keepalive_interval: float = 15.0, keepalive_timeout: float = 45.0, origin: str = "",
-                 insecure_plaintext: bool = False) -> None:
+                 insecure_plaintext: bool = False, wind_down_timeout: float = 60.0) -> None:
         self._token = token
+        #: how long a peer that left keeps its session for the streams in flight (it ends them
+        #: itself as it drains; this bounds one that never does)
+        self.wind_down_timeout = wind_down_timeout
         #: whether ``token`` may be sent over plain ``http://`` to another host (it is a secret)
         self._insecure_plaintext = insecure_plaintext
         self._ssl_context = ssl_context
@@ -206,8 +207,8 @@ class PeerPool:
     def known(self) -> frozenset[str]:
         return frozenset(self._peers)
 
-    def statistics(self) -> PoolStatistics:
-        return PoolStatistics(sessions=sum(1 for p in self._peers.values() if _usable(p.session)),
+    def statistics(self) -> PeerPoolStatistics:
+        return PeerPoolStatistics(sessions=sum(1 for p in self._peers.values() if _usable(p.session)),
                               dial_failures=self._dial_failures)
 
     def _drop(self, peer: _Peer) -> None:
@@ -221,7 +222,7 @@ class PeerPool:
     async def _wind_down(self, peer: _Peer) -> None:
         session = peer.session
         assert session is not None
-        with trio.move_on_after(60):
+        with trio.move_on_after(self.wind_down_timeout):
             await session.drain("member left")
         peer.scope.cancel()
 
@@ -328,7 +329,6 @@ class PeerForwarder:
         self.name = name
         self.wait = wait
         self._on_forward = on_forward
-        self._local_here = LocalRouter(local.registry, agent_wait_timeout=min(wait, local.agent_wait_timeout))
         #: live peer sessions (the drain sends each a GOAWAY)
         self.sessions: set[Session] = set()
         #: forwarded streams in flight
@@ -377,7 +377,8 @@ class PeerForwarder:
             with trio.CancelScope() as waiting:
                 peer.cancel_when_broken(waiting)  # the client left while the agent was being asked
                 try:
-                    agent = await self._local_here.open_stream(agent_id, metadata)
+                    # Local tunnels only (never forwarded again), waiting less than the side that got it.
+                    agent = await self.local.route(agent_id, metadata, wait=min(self.wait, self.local.agent_wait_timeout))
                 except RouteError as exc:
                     # Not processed: the side that got the request may try another holder.
                     await _quietly(peer.refuse(ErrorCode.REFUSED_STREAM, f"kasd {self.name}: {exc.message}"))
@@ -459,7 +460,7 @@ class PeerForwarder:
                 return
             except _MUX_ERRORS as exc:
                 code, message = _reset_of(exc)
-                if not isinstance(exc, StreamResetError) and _method(metadata) in _SAFE_METHODS:
+                if repeatable(_method(metadata), exc):  # refused as not processed: the other side may retry
                     await _quietly(peer.refuse(ErrorCode.REFUSED_STREAM, f"agent session ended: {message}"))
                 else:
                     await _quietly(peer.reset(code, message))
@@ -503,7 +504,7 @@ __all__ = [
     "PeerDialError",
     "PeerForwarder",
     "PeerPool",
-    "PoolStatistics",
+    "PeerPoolStatistics",
     "forward_metadata",
     "forwarded_request",
     "is_loopback_host",

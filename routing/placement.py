@@ -5,16 +5,20 @@ that are not draining, in ring order from the agent's home: agentd keeps its fir
 the home (where a front end hashing on the agent id sends the agent's requests: zero hops) and the
 others on the next replicas, so losing one replica leaves tunnels on others.
 
-May import: ``routing.membership``, ``routing.ring``, the standard library.
+``PlacementHook`` is what kasd's agent sessions (``kasd.agents``) call; ``PlacementNotices``
+implements it from the membership.
+
+May import: ``routing.membership``, ``routing.ring``, ``wire``, the standard library.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
-from routing.membership import Member
+from routing.membership import Member, Membership
 from wire.notices import PLACEMENT
+from wire.session import Session, SessionClosedError
 
 
 def placement_notice(agent_id: int, members: Mapping[str, Member], ring: Any, *, sender: str,
@@ -35,16 +39,25 @@ def placement_notice(agent_id: int, members: Mapping[str, Member], ring: Any, *,
     }
 
 
+class PlacementHook(Protocol):
+    """The hook for home placement: ``serve`` runs beside each agent session for its lifetime (the
+    placement NOTICE at its start and at every ring change); ``leaving`` sends the last one,
+    without this replica, before the drain's GOAWAY."""
+
+    async def serve(self, session: Session, agent_id: int) -> None: ...
+    async def leaving(self, session: Session) -> None: ...
+
+
 class PlacementNotices:
     """kasd's side: a placement NOTICE to each agent session when it starts and whenever the ring
     changes (``serve``, run beside the session), and a last one without this replica before its
     GOAWAY (``leaving``). A session whose agentd predates NOTICE (protocol 1.0) gets none."""
 
-    def __init__(self, membership: Any) -> None:
+    def __init__(self, membership: Membership) -> None:
         self.membership = membership
-        self._agents: dict[Any, int] = {}
+        self._agents: dict[Session, int] = {}
 
-    async def serve(self, session: Any, agent_id: int) -> None:
+    async def serve(self, session: Session, agent_id: int) -> None:
         self._agents[session] = agent_id
         last: dict[str, Any] | None = None
         try:
@@ -60,7 +73,7 @@ class PlacementNotices:
         finally:
             self._agents.pop(session, None)
 
-    async def leaving(self, session: Any) -> None:
+    async def leaving(self, session: Session) -> None:
         agent_id = self._agents.get(session)
         if agent_id is None:
             return
@@ -70,9 +83,7 @@ class PlacementNotices:
             await self._send(session, notice)
 
     @staticmethod
-    async def _send(session: Any, notice: dict[str, Any]) -> bool:
-        from wire.session import SessionClosedError
-
+    async def _send(session: Session, notice: dict[str, Any]) -> bool:
         try:
             return bool(await session.send_notice(notice))
         except (SessionClosedError, OSError):

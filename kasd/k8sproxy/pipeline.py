@@ -8,7 +8,8 @@ the ``Router`` for a logical stream to the agent, streams the body there, relays
 injected, so the pipeline runs in tests with fakes and memory streams, no socket.
 
 May import: ``kasd.seams``, ``kasd.metrics``, this package's ``exchange``/``status``/``accesslog``/
-``principals``/``requestinfo``, ``tunnelhttp``, ``wire``, ``netio``, ``daemonkit.logs``. Never a front end (``http1``,
+``principals``/``requestinfo``, ``routing.retry`` (when a request goes to another session),
+``tunnelhttp``, ``wire``, ``netio``, ``daemonkit.logs``. Never a front end (``http1``,
 ``http2``) or ``server``.
 """
 
@@ -36,12 +37,12 @@ from kasd.seams import (
     AccessDenied,
     Authority,
     Grant,
-    NoOtherSession,
     RouteError,
     Router,
     parse_bearer,
 )
 from netio.relay import relay
+from routing.retry import LOST, take_or_retry
 from tunnelhttp.drain import Drain, answer_boundary
 from tunnelhttp.head import (
     CLIENT_IMPERSONATION_REFUSED,
@@ -57,13 +58,7 @@ from tunnelhttp.head import (
 from tunnelhttp.watchbounds import EventBoundary
 from wire.errors import ErrorCode, RemoteProtocolError, UnsendableFrameError
 from wire.frames import Metadata
-from wire.session import (
-    MuxStream,
-    Session,
-    SessionClosedError,
-    StreamRefusedError,
-    StreamResetError,
-)
+from wire.session import MuxStream, StreamRefusedError
 
 log = logging.getLogger("kasd.k8sproxy")
 
@@ -74,13 +69,6 @@ _DROPPED = frozenset({"authorization", "cookie", "host", "expect", "x-remote-use
 _DROPPED_PREFIXES = ("impersonate-", "x-remote-extra-")
 #: requests one token may have open at once (``kubernetes_api.max_requests_per_principal``)
 MAX_REQUESTS_PER_PRINCIPAL = 512
-#: methods a request may be repeated with when its session died before the agent answered
-_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-#: further sessions a bodiless request tries after one that did not take it
-_RETRIES = 2
-#: refusals that say the agent never passed the request on, so a bodiless one may go elsewhere:
-#: not processed (a GOAWAY crossed it, a full backlog) and its API server unreachable
-_RETRIED_REFUSALS = frozenset({ErrorCode.REFUSED_STREAM, TunnelCode.UPSTREAM_UNREACHABLE})
 #: a bodiless request whose answer takes longer gets a task watching for the client to leave
 _WATCH_AFTER = 1.0
 #: per-chunk Python work dominates bulk transfers: fewer, larger chunks
@@ -317,18 +305,12 @@ class RequestPipeline:
             raise
         held.callback(requests.release, principal)
 
-    async def _route(self, agent_id: int, metadata: Metadata, avoid: frozenset[Session] = frozenset()) -> MuxStream:
-        """A stream from the router; ProxyError otherwise (``NoOtherSession`` as itself: only a
-        retry, which decides what it means, passes ``avoid``)."""
+    async def _route(self, agent_id: int, metadata: Metadata) -> MuxStream:
+        """A stream from the router; ProxyError otherwise."""
         try:
-            return await self.router.open_stream(agent_id, metadata, avoid=avoid)
-        except NoOtherSession:
-            raise
-        except RouteError as exc:
-            raise ProxyError(exc.status, exc.message) from None
-        except UnsendableFrameError as exc:  # over a limit in what kasd adds (the impersonation)
-            status = exc.status or (431 if exc.code == ErrorCode.FRAME_SIZE_ERROR else 400)
-            raise ProxyError(status, f"request head does not fit the tunnel: {exc.message}") from None
+            return await self.router.open_stream(agent_id, metadata)
+        except (RouteError, UnsendableFrameError) as exc:
+            raise _route_failure(exc) from None
 
     # ------------------------------------------------------------------ relay
 
@@ -423,69 +405,30 @@ class RequestPipeline:
         return await self._response(t)
 
     async def _response(self, t: _Transfer) -> ResponseHead:
-        """The agent's response head; ProxyError otherwise.
-
-        A bodiless request that the agent never passed on goes to another session (waiting for
-        one, as the router does; never back to one it tried while another is usable): one refused
-        as not processed (``REFUSED_STREAM``: a GOAWAY crossed the request, or a full backlog), one
-        refused because that agent cannot reach its API server (``UPSTREAM_UNREACHABLE``; the
-        router also holds that session back for a while), or, for a method that is safe to repeat,
-        one whose session ended before any answer. Without this, every agentd restart would fail
-        the requests in flight at that instant — even with a replacement already connected.
-        """
+        """The agent's response head; ProxyError otherwise. A request the agent did not take goes
+        to another session as ``routing.retry`` decides (``t.stream`` is then the one that took it)."""
         agent_id = t.grant.agent_id
-        first = stream = t.stream
-        tried: set[Session] = set()
-        try:
-            for attempt in range(_RETRIES + 1):
-                try:
-                    metadata = await stream.wait_accepted()
-                except StreamRefusedError as exc:
-                    self.router.report(stream, exc)
-                    if not (t.bodiless and exc.code in _RETRIED_REFUSALS and attempt < _RETRIES):
-                        raise _refusal(exc, agent_id) from None
-                    reason: Exception = exc
-                except (StreamResetError, SessionClosedError, trio.BrokenResourceError) as exc:
-                    retry = t.bodiless and t.head.method in _SAFE_METHODS and not isinstance(exc, StreamResetError)
-                    if not (retry and attempt < _RETRIES):
-                        raise ProxyError(502, f"tunnel to agent {agent_id} failed before the response: {exc}") from None
-                    reason = exc
-                else:
-                    self.router.report(stream, None)
-                    try:
-                        head = ResponseHead.from_metadata(metadata)
-                    except RemoteProtocolError as exc:
-                        raise ProxyError(502, f"agent {agent_id} sent an invalid response head: {exc}") from None
-                    t.stream = stream
-                    return head
-                self._retry_log.info((agent_id, type(reason).__name__),
-                                     "agent did not take the request, retrying request_id=%s agent_id=%d error=%s",
-                                     t.head.request_id, agent_id, reason)
-                tried.add(stream.session)
-                await stream.aclose()
-                stream = await self._reroute(t, frozenset(tried), reason)
-                await stream.send_eof()
-        except BaseException:
-            if stream is not first:  # a retry's stream is ours to close; the caller closes the first
-                with trio.CancelScope(shield=True):
-                    await stream.aclose()
-            raise
-        raise AssertionError("unreachable: the last attempt returns or raises")
 
-    async def _reroute(self, t: _Transfer, tried: frozenset[Session], reason: Exception) -> MuxStream:
-        """A stream for the retry of ``t`` on a session it has not tried; if the agent has no other
-        usable one, the agent's own answer (a refusal for an unreachable API server: asking the
-        same agent again would only repeat it), or else the one it tried, once more."""
-        agent_id = t.grant.agent_id
+        def retrying(reason: Exception) -> None:
+            self._retry_log.info((agent_id, type(reason).__name__),
+                                 "agent did not take the request, retrying request_id=%s agent_id=%d error=%s",
+                                 t.head.request_id, agent_id, reason)
+
         try:
-            return await self._route(agent_id, t.metadata, tried)
-        except NoOtherSession:
-            if isinstance(reason, StreamRefusedError) and reason.code == TunnelCode.UPSTREAM_UNREACHABLE:
-                raise _refusal(reason, agent_id) from None
+            stream, metadata = await take_or_retry(
+                t.stream, agent_id=agent_id, metadata=t.metadata, method=t.head.method, bodiless=t.bodiless,
+                open_stream=self.router.open_stream, report=self.router.report, on_retry=retrying)
+        except StreamRefusedError as exc:
+            raise _refusal(exc, agent_id) from None
+        except LOST as exc:
+            raise ProxyError(502, f"tunnel to agent {agent_id} failed before the response: {exc}") from None
+        except (RouteError, UnsendableFrameError) as exc:
+            raise _route_failure(exc) from None
+        t.stream = stream
         try:
-            return await self._route(agent_id, t.metadata)
-        except NoOtherSession as exc:  # not raised without avoid; a router that did is still answered
-            raise ProxyError(exc.status, exc.message) from None
+            return ResponseHead.from_metadata(metadata)
+        except RemoteProtocolError as exc:
+            raise ProxyError(502, f"agent {agent_id} sent an invalid response head: {exc}") from None
 
     async def _response_side(self, t: _Transfer) -> None:
         ex, record = t.ex, t.record
@@ -623,6 +566,15 @@ async def relay_answer(stream: MuxStream, record: RequestRecord, from_agent: Cou
         await send(data)
         record.bytes_out += len(data)
         from_agent.inc(len(data))
+
+
+def _route_failure(exc: RouteError | UnsendableFrameError) -> ProxyError:
+    """What the client is told when the router found no stream, or the head fits none."""
+    if isinstance(exc, RouteError):
+        return ProxyError(exc.status, exc.message)
+    # over a limit in what kasd adds (the impersonation)
+    status = exc.status or (431 if exc.code == ErrorCode.FRAME_SIZE_ERROR else 400)
+    return ProxyError(status, f"request head does not fit the tunnel: {exc.message}")
 
 
 def _refusal(exc: StreamRefusedError, agent_id: int) -> ProxyError:

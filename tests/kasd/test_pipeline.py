@@ -27,7 +27,7 @@ from kasd.seams import (
     RouteError,
     Router,
 )
-from routing.local import LocalRouter, Tunnel, TunnelRegistry
+from routing.local import AgentTunnel, LocalRouter, TunnelRegistry
 from tunnelhttp.head import Impersonation, RequestHead, ResponseHead, TunnelCode
 from wire.errors import ErrorCode
 from wire.frames import Metadata
@@ -459,7 +459,7 @@ async def test_metadata_the_session_cannot_send_is_answered_not_retried() -> Non
     # same error type: a verdict on the request, so the real router neither waits nor tries again.
     async with agent_session(Limits(max_string=1024)) as (kasd_side, _), trio.open_nursery() as nursery:
         registry = TunnelRegistry()
-        registry.register(Tunnel(agent_id=1, session=kasd_side))
+        registry.register(AgentTunnel(agent_id=1, session=kasd_side))
         ex = FakeExchange(request(target="/api/" + "p" * 2000), nursery)
         with trio.fail_after(2):  # the agent wait is 5 s: no waiting, no loop
             await pipeline(LocalRouter(registry, agent_wait_timeout=5)).serve(ex)

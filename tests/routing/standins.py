@@ -12,16 +12,10 @@ from typing import Any
 import attrs
 import trio
 
-from kasd.replicas import Identity, Replication
+from kasd.replicas import Replication
+from routing.membership import Member
 
-
-@attrs.frozen(kw_only=True)
-class Member:
-    name: str
-    weight: int = 10
-    private_url: str = ""
-    agent_url: str = ""
-    draining: bool = False
+__all__ = ["Member", "MemoryWorld", "TestRing", "WorldDirectory", "WorldMembership"]
 
 
 class TestRing:
@@ -55,9 +49,8 @@ class MemoryWorld:
         self._agent_events: dict[int, trio.Event] = {}
         self._members_changed = trio.Event()
 
-    def join(self, identity: Identity) -> Replication:
-        membership = WorldMembership(self, identity)
-        return Replication(membership=membership, directory=WorldDirectory(self, identity.name))
+    def join(self, me: Member) -> Replication:
+        return Replication(membership=WorldMembership(self, me), directory=WorldDirectory(self, me.name))
 
     def add_member(self, member: Member) -> None:
         self.members[member.name] = member
@@ -94,10 +87,9 @@ class MemoryWorld:
 
 
 class WorldMembership:
-    def __init__(self, world: MemoryWorld, identity: Identity) -> None:
+    def __init__(self, world: MemoryWorld, me: Member) -> None:
         self.world = world
-        self.me = Member(name=identity.name, weight=identity.weight, private_url=identity.private_url,
-                         agent_url=identity.agent_url)
+        self.me = me
         self.draining_calls = 0
         self.left = False
 

@@ -406,3 +406,34 @@ async def test_a_change_notice_naming_no_valid_agent_id_is_ignored(redis_url: st
             await client.publish(directory.channel, junk)
         with trio.fail_after(2):
             await changed.wait()
+
+
+class _HangingRedis:
+    """A Redis that never answers (a stalled server, a partition that drops packets)."""
+
+    def register_script(self, source: str) -> Any:
+        async def script(**kwargs: Any) -> Any:
+            await trio.sleep_forever()
+
+        return script
+
+
+class _Members:
+    self_name = "a:1"
+    heartbeat_interval = 1.0
+
+    def __init__(self) -> None:
+        self.on_removed: list[Any] = []
+        self.on_rejoined: list[Any] = []
+
+    def members(self) -> dict[str, Member]:
+        return {}
+
+
+async def test_the_caller_sets_how_long_a_holders_read_may_take(autojump_clock: trio.testing.MockClock) -> None:
+    health = RedisHealth("redis://127.0.0.1:1")
+    directory = RedisDirectory(_HangingRedis(), _Members(), health=health, read_timeout=7.0)  # type: ignore[arg-type]
+    started = trio.current_time()
+    assert await directory.holders(1) == frozenset()  # Redis away: nobody else, the request waits locally
+    assert trio.current_time() - started == pytest.approx(7.0)
+    assert not directory.healthy and health.outages == 1

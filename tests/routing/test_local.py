@@ -7,7 +7,7 @@ from typing import cast
 import attrs
 import pytest
 
-from routing.local import BreakerPolicy, Tunnel, TunnelRegistry
+from routing.local import AgentTunnel, BreakerPolicy, TunnelRegistry
 from wire.session import Session
 
 
@@ -24,7 +24,7 @@ def registry(*names: str, breaker: BreakerPolicy | None = None) -> tuple[TunnelR
     sessions = {}
     for name in names:
         sessions[name] = cast(Session, FakeSession(name))
-        reg.register(Tunnel(agent_id=1, session=sessions[name], pod_name=name))
+        reg.register(AgentTunnel(agent_id=1, session=sessions[name], pod_name=name))
     return reg, sessions
 
 
@@ -51,7 +51,7 @@ def test_equally_loaded_sessions_take_turns() -> None:
 def test_turns_do_not_depend_on_what_a_session_took_in_its_lifetime() -> None:
     reg, _ = registry("a")
     assert picks(reg, 10) == "a" * 10
-    reg.register(Tunnel(agent_id=1, session=cast(Session, FakeSession("b"))))
+    reg.register(AgentTunnel(agent_id=1, session=cast(Session, FakeSession("b"))))
     assert picks(reg, 4) == "baba"
 
 
