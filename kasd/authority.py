@@ -137,11 +137,10 @@ def config_loader(read: Callable[[], tuple[Config, Path | None]], running: Confi
 
 def grant_of(verdict: Verdict) -> Grant:
     decision = verdict.decision
-    identity = decision.identity
     return Grant(
         kind=verdict.kind,
         agent_id=decision.agent_id,
-        impersonate=identity.to_impersonation() if identity is not None else None,
+        impersonate=decision.identity,
         subject=decision.principal,
         access_as=decision.access_as or "agent",
         namespace=verdict.namespace,

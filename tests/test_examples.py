@@ -113,12 +113,12 @@ def test_the_example_agent_configs_decide_as_their_comments_say(tmp_path: Path) 
     # prod: protected refs only, as the job, in namespace app
     verdict = snapshot.authorize("ci", job(protected=True), 1, now=now)
     assert verdict.decision.access_as == "ci_job" and verdict.namespace == "app"
-    assert verdict.decision.identity is not None and verdict.decision.identity.username == "gitlab:ci_job:7"
+    assert verdict.decision.identity is not None and verdict.decision.identity.user == "gitlab:ci_job:7"
     with pytest.raises(Denied, match="protected_branches_only"):
         snapshot.authorize("ci", job(protected=False), 1, now=now)
     # prod: alice, a developer of group/app, as herself
     user = snapshot.authorize("pat", mint_personal_token(key, "alice", ttl, now=now), 1, now=now)
-    assert user.decision.identity is not None and user.decision.identity.username == "gitlab:user:alice"
+    assert user.decision.identity is not None and user.decision.identity.user == "gitlab:user:alice"
     # staging: the rules
     with pytest.raises(Denied, match="when: never"):
         snapshot.authorize("ci", job(ref="wip/x"), 2, now=now)

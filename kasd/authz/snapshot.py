@@ -27,7 +27,7 @@ from kasd.authz.agentconfig import (
     agent_config_path,
     load_agent_config,
 )
-from kasd.authz.civars import JobFacts, ci_variables, guess_environment_tier
+from kasd.authz.civars import ci_variables, guess_environment_tier
 from kasd.authz.directory import Directory, Project
 from kasd.authz.expand import RoleRef
 from kasd.authz.jobtokens import (
@@ -41,7 +41,7 @@ from kasd.authz.jobtokens import (
     verify_personal_token,
 )
 from kasd.authz.keys import KeySet
-from kasd.authz.policy import Decision, Job, authorize_job, authorize_user
+from kasd.authz.policy import Decision, authorize_job, authorize_user
 from kasd.authz.rules import Rule, compile_rules, first_match
 from kasd.authz.slugs import environment_slug, ref_slug
 from kasd.authz.templates import (
@@ -255,11 +255,7 @@ class Snapshot:
         assert claims.stamp is not None
         principal = f"ci_job:{claims.job_id}"
         compiled = self._agent(agent_id, principal)
-        job = Job(project=claims.project, project_id=claims.project_id, job_id=claims.job_id,
-                  pipeline_id=claims.pipeline_id, user=claims.user, ref=claims.ref, ref_type=claims.ref_type,
-                  protected=claims.protected, environment=claims.environment,
-                  environment_tier=claims.environment_tier)
-        decision = authorize_job(self.directory, agent_id, compiled.config, job, slug=environment_slug)
+        decision = authorize_job(self.directory, agent_id, compiled.config, claims, slug=environment_slug)
         if not decision.allowed:
             raise Denied(403, f"forbidden: {decision.reason}", principal=principal)
         namespace = decision.default_namespace
@@ -269,14 +265,7 @@ class Snapshot:
         rules_namespace: str | None = None
         rules_roles: tuple[RoleRef, ...] = ()
         if rules:
-            facts = JobFacts(
-                project_path=project.path, project_id=project.id, namespace=project.namespace,
-                ref=claims.ref, tag=claims.ref_type == "tag", protected=claims.protected,
-                default_branch=project.default_branch, environment=claims.environment,
-                environment_tier=claims.environment_tier, job_id=claims.job_id,
-                pipeline_id=claims.pipeline_id, user_login=claims.user,
-            )
-            match = first_match(rules, ci_variables(facts))
+            match = first_match(rules, ci_variables(claims, project))
             entry = f"ci_access.{decision.entry_kind}s entry {decision.entry_id}" if decision.entry_id else \
                 f"ci_access.{decision.entry_kind}"
             if not match.allowed:
