@@ -3,7 +3,7 @@ directory in kasd's config and each agent's GitLab ``config.yaml`` (``ci_access`
 ``rules:``).
 
 The decision itself is ``kasd.authz.snapshot`` (pure); this module keeps the snapshot in force,
-replaces it on reload, and remembers recent verdicts:
+replaces it on reload, and remembers recent grants:
 
 - ``reload()`` builds a whole new snapshot from the files, in a worker thread (the event loop goes
   on answering readiness, requests and signals) and within ``LOAD_TIME_LIMIT`` (every YAML document
@@ -37,7 +37,7 @@ from daemonkit import yamldoc
 from kasd.authz.agentconfig import AgentConfig, AgentConfigError, agent_config_path
 from kasd.authz.directory import DirectoryError
 from kasd.authz.keys import KeyFileError, KeySet
-from kasd.authz.snapshot import CompiledAgent, Denied, Snapshot, TokenSettings, Verdict, load_agents
+from kasd.authz.snapshot import CompiledAgent, Snapshot, TokenSettings, load_agents
 from kasd.authz.templates import TemplateError, templates_dir
 from kasd.config import Agent as ConfigAgent
 from kasd.config import Config, ConfigError, directory_of
@@ -135,20 +135,6 @@ def config_loader(read: Callable[[], tuple[Config, Path | None]], running: Confi
     return load
 
 
-def grant_of(verdict: Verdict) -> Grant:
-    decision = verdict.decision
-    return Grant(
-        kind=verdict.kind,
-        agent_id=decision.agent_id,
-        impersonate=decision.identity,
-        subject=decision.principal,
-        access_as=decision.access_as or "agent",
-        namespace=verdict.namespace,
-        environment=verdict.environment,
-        managed=verdict.managed,
-    )
-
-
 def _load_within_limit(load: Callable[[], Loaded]) -> tuple[Loaded, dict[Path, Stamp]]:
     """``load()`` under the YAML time limit, and the stamps of the files it read (blocking)."""
     with yamldoc.time_limit(LOAD_TIME_LIMIT):
@@ -217,27 +203,24 @@ class CiAuthority:
         cached = self._granted.get(key)
         if cached is not None and cached[1] > now:
             return cached[0]
-        try:
-            verdict = self.snapshot.authorize(credentials.kind, credentials.secret, agent_id, now=now)
-        except Denied as exc:
-            raise AccessDenied(exc.status, exc.message, principal=exc.principal) from None
-        await self._check_slug(verdict)
-        grant = grant_of(verdict)
+        grant = self.snapshot.authorize(credentials.kind, credentials.secret, agent_id, now=now)
+        await self._check_slug(grant)
+        assert grant.expires_at is not None  # (the snapshot's grants say until when)
         granted = self._granted
         if len(granted) >= GRANT_CACHE_SIZE:
             del granted[next(iter(granted))]  # the oldest
-        granted[key] = (grant, verdict.expires_at)
+        granted[key] = (grant, grant.expires_at)
         return grant
 
-    async def _check_slug(self, verdict: Verdict) -> None:
+    async def _check_slug(self, grant: Grant) -> None:
         """The job's environment owns its slug in its project (``kasd.store.environments``)."""
-        job, name = verdict.job, verdict.environment
-        if verdict.kind != "ci" or job is None or name is None:
+        job, name = grant.job, grant.environment
+        if grant.kind != "ci" or job is None or name is None:
             return
         project = self.snapshot.directory.project(job.project)
         if project is None:
-            return  # (a verdict is only given for a project kasd knows)
-        principal = verdict.decision.principal
+            return  # (a grant is only given for a project kasd knows)
+        principal = grant.subject
         try:
             await self.environments.claim(project.id, name)
         except EnvironmentRefused as exc:
@@ -338,5 +321,5 @@ def _stamps(files: Sequence[Path]) -> dict[Path, Stamp]:
     return out
 
 
-__all__ = ["GRANT_CACHE_SIZE", "LOAD_TIME_LIMIT", "RESTART_ONLY", "CiAuthority", "LoadError", "Loaded", "config_loader", "grant_of",
+__all__ = ["GRANT_CACHE_SIZE", "LOAD_TIME_LIMIT", "RESTART_ONLY", "CiAuthority", "LoadError", "Loaded", "config_loader",
            "load_authorization", "restart_only_changes"]

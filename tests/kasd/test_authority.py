@@ -236,7 +236,7 @@ async def test_a_template_added_is_read_by_the_watch_and_replaces_the_builtin(au
     assert [o["metadata"]["name"] for o in grant.managed.objects] == ["app-3"]
     # the kubeconfig's context selects it too (GET /api/v4/job/allowed_agents)
     _, allowed = authority.snapshot.allowed_agents(job, now=time.time())
-    assert [v.namespace for v in allowed if v.decision.agent_id == 1] == ["app-3"]
+    assert [v.namespace for v in allowed if v.agent_id == 1] == ["app-3"]
 
 
 async def test_a_bad_new_template_fixed_in_place_is_read_by_the_watch(auth: AuthSetup) -> None:
