@@ -37,10 +37,9 @@ from daemonkit import yamldoc
 from kasd.authz.agentconfig import AgentConfig, AgentConfigError, agent_config_path
 from kasd.authz.directory import DirectoryError
 from kasd.authz.keys import KeyFileError, KeySet
-from kasd.authz.snapshot import CompiledAgent, Snapshot, TokenSettings, load_agents
+from kasd.authz.snapshot import CompiledAgent, Snapshot, TokenChecks, load_agents
 from kasd.authz.templates import TemplateError, templates_dir
-from kasd.config import Agent as ConfigAgent
-from kasd.config import Config, ConfigError, directory_of
+from kasd.config import AgentEntry, Config, ConfigError, directory_of
 from kasd.metrics import Metrics
 from kasd.seams import AccessDenied, Credentials, Grant
 from kasd.store.environments import EnvironmentRefused, EnvironmentSlugs
@@ -67,16 +66,19 @@ class LoadError(ConfigError):
 
 
 @attrs.frozen(kw_only=True)
-class Loaded:
+class LoadedAuthorization:
+    """What one load of the authorization files gives (``daemonkit.settings.Loaded`` is one settings
+    file's value and where each key came from; this is the decision's snapshot and the files to watch)."""
+
     snapshot: Snapshot
     #: the agents of kasd's config (with their tunnel token hashes) as read with it
-    agents: tuple[ConfigAgent, ...] = ()
+    agents: tuple[AgentEntry, ...] = ()
     #: every file the snapshot was read from (kasd's config, config.yaml files, key files): ``watch``
     #: reloads when one of them changes, appears or goes away
     files: tuple[Path, ...] = ()
 
 
-def load_authorization(config: Config, config_file: Path | None) -> Loaded:
+def load_authorization(config: Config, config_file: Path | None) -> LoadedAuthorization:
     """The snapshot ``config`` (read from ``config_file``) and the agents' files make; ``LoadError``."""
     settings = config.authorization
     files: list[Path] = [config_file] if config_file is not None else []
@@ -100,12 +102,12 @@ def load_authorization(config: Config, config_file: Path | None) -> Loaded:
         raise LoadError(str(exc)) from None
     snapshot = Snapshot(
         directory=directory,
-        tokens=TokenSettings(keyset=keyset, audience=tokens.audience, issuer=tokens.issuer,
+        tokens=TokenChecks(keyset=keyset, audience=tokens.audience, issuer=tokens.issuer,
                              leeway=timedelta(seconds=tokens.leeway), revoked=tokens.revoked,
                              max_job_lifetime=timedelta(seconds=tokens.max_job_token_lifetime)),
         agents=agents, warnings=tuple(warnings),
     )
-    return Loaded(snapshot=snapshot, agents=config.agents, files=tuple(files))
+    return LoadedAuthorization(snapshot=snapshot, agents=config.agents, files=tuple(files))
 
 
 #: what a reload does not apply (read at start only): named in a warning when the file changed them
@@ -117,11 +119,11 @@ def restart_only_changes(running: Config, read: Config) -> list[str]:
     return [name for name in RESTART_ONLY if getattr(running, name) != getattr(read, name)]
 
 
-def config_loader(read: Callable[[], tuple[Config, Path | None]], running: Config | None = None) -> Callable[[], Loaded]:
+def config_loader(read: Callable[[], tuple[Config, Path | None]], running: Config | None = None) -> Callable[[], LoadedAuthorization]:
     """A ``load`` for ``CiAuthority`` that reads kasd's configuration again each time; with
     ``running`` (the configuration kasd started with), a reload that finds other settings changed
     says they wait for a restart."""
-    def load() -> Loaded:
+    def load() -> LoadedAuthorization:
         try:
             config, path = read()
         except ConfigError as exc:
@@ -135,14 +137,14 @@ def config_loader(read: Callable[[], tuple[Config, Path | None]], running: Confi
     return load
 
 
-def _load_within_limit(load: Callable[[], Loaded]) -> tuple[Loaded, dict[Path, Stamp]]:
+def _load_within_limit(load: Callable[[], LoadedAuthorization]) -> tuple[LoadedAuthorization, dict[Path, Stamp]]:
     """``load()`` under the YAML time limit, and the stamps of the files it read (blocking)."""
     with yamldoc.time_limit(LOAD_TIME_LIMIT):
         loaded = load()
     return loaded, _stamps(loaded.files)
 
 
-async def _load_off_loop(load: Callable[[], Loaded]) -> tuple[Loaded, dict[Path, Stamp]]:
+async def _load_off_loop(load: Callable[[], LoadedAuthorization]) -> tuple[LoadedAuthorization, dict[Path, Stamp]]:
     """``_load_within_limit`` in a worker thread; ``LoadError`` when it takes too long (the thread is
     left to stop at its next YAML node, its result unused). Cancellable at once."""
     with trio.move_on_after(LOAD_TIME_LIMIT + LOAD_GRACE):
@@ -155,8 +157,8 @@ class CiAuthority:
     ``LoadError``. The first load happens in the constructor, or, given as ``loaded``, in ``open()``
     off the event loop (kasd does not start on a bad file)."""
 
-    def __init__(self, load: Callable[[], Loaded], metrics: Metrics | None = None, *,
-                 clock: Callable[[], float] = time.time, loaded: tuple[Loaded, dict[Path, Stamp]] | None = None,
+    def __init__(self, load: Callable[[], LoadedAuthorization], metrics: Metrics | None = None, *,
+                 clock: Callable[[], float] = time.time, loaded: tuple[LoadedAuthorization, dict[Path, Stamp]] | None = None,
                  finished: FinishedJobs | None = None) -> None:
         # ``finished``: the jobs kasd's store says are over; every snapshot checks job tokens
         # against it, and a change forgets the remembered grants (one of them may be that job's)
@@ -164,7 +166,7 @@ class CiAuthority:
         # which environment owns each slug of a project (kasd's store once ``serve_kasd`` opened it):
         # a job whose environment's slug is another's is refused before anything hangs on that slug
         self.environments = EnvironmentSlugs()
-        self._load: Callable[[], Loaded] = lambda: _checking_finished(load(), self.finished)
+        self._load: Callable[[], LoadedAuthorization] = lambda: _checking_finished(load(), self.finished)
         self._clock = clock
         self._metrics = metrics
         self._granted: dict[tuple[str, str, int], tuple[Grant, int]] = {}
@@ -185,7 +187,7 @@ class CiAuthority:
             metrics.authz_reloads.labels(result="failed").inc(0)
 
     @classmethod
-    async def open(cls, load: Callable[[], Loaded], metrics: Metrics | None = None, *,
+    async def open(cls, load: Callable[[], LoadedAuthorization], metrics: Metrics | None = None, *,
                    clock: Callable[[], float] = time.time, finished: FinishedJobs | None = None) -> CiAuthority:
         """The authority, its first load read off the event loop (signals are answered meanwhile)."""
         return cls(load, metrics, clock=clock, loaded=await _load_off_loop(load), finished=finished)
@@ -260,7 +262,7 @@ class CiAuthority:
                  self.generation)
         return True
 
-    def _log_warnings(self, loaded: Loaded) -> None:
+    def _log_warnings(self, loaded: LoadedAuthorization) -> None:
         for warning in loaded.snapshot.warnings:
             log.warning("agent configuration: %s", warning)
 
@@ -291,7 +293,7 @@ class CiAuthority:
                 await self.reload("changed: " + ", ".join(changed[:3]) + (" …" if len(changed) > 3 else ""))
 
 
-def _checking_finished(loaded: Loaded, finished: FinishedJobs) -> Loaded:
+def _checking_finished(loaded: LoadedAuthorization, finished: FinishedJobs) -> LoadedAuthorization:
     snapshot = loaded.snapshot
     return attrs.evolve(loaded, snapshot=attrs.evolve(snapshot, tokens=attrs.evolve(snapshot.tokens, finished=finished)))
 
@@ -321,5 +323,5 @@ def _stamps(files: Sequence[Path]) -> dict[Path, Stamp]:
     return out
 
 
-__all__ = ["GRANT_CACHE_SIZE", "LOAD_TIME_LIMIT", "RESTART_ONLY", "CiAuthority", "LoadError", "Loaded", "config_loader",
+__all__ = ["GRANT_CACHE_SIZE", "LOAD_TIME_LIMIT", "RESTART_ONLY", "CiAuthority", "LoadError", "LoadedAuthorization", "config_loader",
            "load_authorization", "restart_only_changes"]

@@ -58,7 +58,7 @@ from kasd.authz.verdict import AccessDenied, Grant
 
 _Claims = TypeVar("_Claims", JobClaims, PersonalClaims)
 
-__all__ = ["DEFAULT_MAX_JOB_TOKEN_LIFETIME", "CompiledAgent", "FinishedJobsView", "Snapshot", "TokenSettings",
+__all__ = ["DEFAULT_MAX_JOB_TOKEN_LIFETIME", "CompiledAgent", "FinishedJobsView", "Snapshot", "TokenChecks",
            "load_agents"]
 
 
@@ -79,8 +79,10 @@ DEFAULT_MAX_JOB_TOKEN_LIFETIME = timedelta(hours=24)
 
 
 @attrs.frozen(kw_only=True)
-class TokenSettings:
-    """How job and personal tokens are checked (kasd's ``authorization.tokens``)."""
+class TokenChecks:
+    """How job and personal tokens are checked: kasd's ``authorization.tokens`` once loaded. Not the
+    settings class (``kasd.config``, which this package never imports): that one names key files and
+    seconds as written, this one holds the keys read from them, durations and the finished jobs."""
 
     #: None: none configured, so every token is refused (saying so)
     keyset: KeySet | None
@@ -169,7 +171,7 @@ def _own_groups(decision: Decision, project: Project, slug: str) -> list[str]:
 @attrs.frozen(kw_only=True)
 class Snapshot:
     directory: Directory
-    tokens: TokenSettings
+    tokens: TokenChecks
     agents: Mapping[int, CompiledAgent]
     #: warnings the load gave (unknown keys, missing files), logged once per load
     warnings: tuple[str, ...] = ()

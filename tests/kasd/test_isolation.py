@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from kasctl.authsetup import AuthSetup
-from kasd.authority import CiAuthority, Loaded, load_authorization
+from kasd.authority import CiAuthority, LoadedAuthorization, load_authorization
 from kasd.authz.jobinfo import allowed_agents_response
 from kasd.authz.jobtokens import JobClaims, mint_job_token, mint_personal_token
 from kasd.authz.keys import SigningKey
@@ -192,7 +192,7 @@ async def test_client_impersonation_is_smuggled_through_no_mode_but_agent(
     as itself; 400 in every other mode, before anything is routed."""
     snapshot, auth = world
     agent, kind, make = MODES[mode]
-    authority = CiAuthority(lambda: Loaded(snapshot=snapshot), clock=lambda: NOW)
+    authority = CiAuthority(lambda: LoadedAuthorization(snapshot=snapshot), clock=lambda: NOW)
     token = f"{kind}:{agent}:{make(auth)}"
     for header in ("impersonate-user", "impersonate-group", "impersonate-uid", "impersonate-extra-scopes"):
         headers = (("impersonate-user", "system:admin"),) if header == "impersonate-user" else \
