@@ -1,17 +1,18 @@
 """The two seams of kasd's request pipeline: who may use an agent (``Authority``) and how a request
 reaches it (``Router``), with the values and typed failures they answer with.
 
+The pipeline (``kasd.k8sproxy.pipeline``) is given one of each and asks nothing else: today's
+implementations are the static ``access:`` list (``kasd.access.StaticAccess``) and the local tunnel
+registry (``routing.local.LocalRouter``); CI authorization and the replicated ``routing/`` package
+plug in here without touching a protocol front end. Tests inject fakes.
+
+May import: ``wire`` (a router answers with a logical stream), ``routing.errors`` (its failures),
+``kasd.authz`` (pure values: the verdict), the standard library, attrs. Never the proxy, a front end
+or a listener.
+
 An authority answers with a ``Grant`` or an ``AccessDenied``: both are ``kasd.authz.verdict``'s,
 re-exported here, so the pure authorization code raises the very value the pipeline catches (no
 copy on the way); a router fails with ``routing.errors``' failures, re-exported too.
-
-The pipeline (``kasd.k8sproxy.pipeline``) is given one of each and asks nothing else: today's
-implementations are CI and personal-token authorization (``kasd.authority.CiAuthority``) and the
-tunnel registry (``routing.local.LocalRouter``, or ``routing.router.ReplicatedRouter`` across
-replicas); neither is known to a protocol front end. Tests inject fakes.
-
-May import: ``wire`` (a router answers with a logical stream), ``routing.errors`` (its failures),
-``kasd.authz`` (pure values: the verdict), the standard library, attrs. Never the proxy, a front end or a listener.
 """
 
 from __future__ import annotations
