@@ -64,7 +64,8 @@ __all__ = ["DEFAULT_MAX_JOB_TOKEN_LIFETIME", "CompiledAgent", "FinishedJobsView"
 
 class FinishedJobsView(Protocol):
     """The jobs recorded as finished (``kasd.store.finished.FinishedJobs``: kept in step by kasd's
-    store, read here on every job token)."""
+    store, read here on every job token). Named here, by its one reader, not beside the
+    implementation: ``kasd.store`` imports this package (its slugs), and this package never the store."""
 
     def until(self, job_id: int, now: float) -> int | None: ...
 
