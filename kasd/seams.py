@@ -21,6 +21,7 @@ from typing import Protocol
 
 import attrs
 
+from kasd.authz.templates import ManagedResources
 from kasd.authz.verdict import AccessDenied, Grant
 from routing.errors import (
     AgentNotConnected,
@@ -76,8 +77,9 @@ def parse_bearer(authorization: str | None) -> Credentials:
 
 # ------------------------------------------------------------------ Router
 
-#: re-exported: the verdict lives in ``kasd.authz.verdict`` (the pure package raises it), the failures
-#: a router raises in ``routing.errors`` (routing never imports kasd)
+#: re-exported: the verdict lives in ``kasd.authz.verdict`` (the pure package raises it) and a grant's
+#: managed resources in ``kasd.authz.templates``, the failures a router raises in ``routing.errors``
+#: (routing never imports kasd)
 __all__ = [
     "TOKEN_FORMATS",
     "AccessDenied",
@@ -85,6 +87,7 @@ __all__ = [
     "Authority",
     "Credentials",
     "Grant",
+    "ManagedResources",
     "NoFreeStream",
     "NoOtherSession",
     "PeerUnreachable",
