@@ -2,7 +2,7 @@
 HTTP exchanges kasd opens on them by replaying each against the Kubernetes API server with the
 agent's own credentials plus ``Impersonate-*`` headers.
 
-Modules: ``config`` (file/env/flags → AgentConfig), ``kubeapi`` (how to reach the API server),
+Modules: ``config`` (file/env/flags → AgentdConfig), ``kubeapi`` (how to reach the API server),
 ``upstream`` (HTTP/1.1 client with a keep-alive pool), ``neterrors`` (why a connection failed, in
 words), ``proxy`` (one logical stream → one upstream exchange), ``connection`` (the tunnel manager:
 dialing, placement, GOAWAY replacement), ``redial`` (when a slot dials next: the reconnect

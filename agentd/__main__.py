@@ -17,7 +17,7 @@ from functools import partial
 import trio
 
 from agentd.agent import kube_target_for, run_agent
-from agentd.config import AgentConfig, ConfigError, UsageError, build_parser, load_config
+from agentd.config import AgentdConfig, ConfigError, UsageError, build_parser, load_config
 from agentd.kubeapi import KubeConfigError, KubeTarget
 from daemonkit.fatal import leaves, os_error_line
 from daemonkit.logs import configure_logging
@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     return code
 
 
-async def _run(config: AgentConfig, target: KubeTarget, drain: trio.Event) -> None:
+async def _run(config: AgentdConfig, target: KubeTarget, drain: trio.Event) -> None:
     await run_agent(config, kube_target=target, stop_event=drain)
 
 

@@ -12,7 +12,7 @@ import attrs
 import trio
 
 from agentd import __version__
-from agentd.config import AgentConfig
+from agentd.config import AgentdConfig
 from agentd.connection import ConnectionManager
 from agentd.health import serve_health
 from agentd.kubeapi import KubeTarget, in_cluster_target, kubeconfig_target
@@ -38,7 +38,7 @@ class RunningAgent:
         self.stop_event.set()
 
 
-def kube_target_for(config: AgentConfig) -> KubeTarget:
+def kube_target_for(config: AgentdConfig) -> KubeTarget:
     """The API server as configured (raises KubeConfigError with a message to show)."""
     if config.kubeconfig is not None:
         return kubeconfig_target(config.kubeconfig, context=config.kube_context)
@@ -49,7 +49,7 @@ def kube_target_for(config: AgentConfig) -> KubeTarget:
     return in_cluster_target(config.serviceaccount_dir, environ)
 
 
-def kas_ssl_context(config: AgentConfig) -> ssl.SSLContext | None:
+def kas_ssl_context(config: AgentdConfig) -> ssl.SSLContext | None:
     if not any(url.startswith("https://") for url in config.kas_addresses):
         return None
     context = ssl.create_default_context(cafile=str(config.kas_ca_file) if config.kas_ca_file else None)
@@ -58,7 +58,7 @@ def kas_ssl_context(config: AgentConfig) -> ssl.SSLContext | None:
 
 
 async def run_agent(
-    config: AgentConfig,
+    config: AgentdConfig,
     *,
     kube_target: KubeTarget | None = None,
     stop_event: trio.Event | None = None,

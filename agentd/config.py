@@ -1,5 +1,5 @@
 """agentd's configuration: a YAML file, then environment variables, then flags (each overriding the
-one before). Each setting is declared once below, as a field of ``AgentConfig`` (``setting()``: its
+one before). Each setting is declared once below, as a field of ``AgentdConfig`` (``setting()``: its
 file key, variable, flag, help and check); ``daemonkit.settings`` loads them. Every problem is a
 ``ConfigError`` whose message names the setting and what is wrong; the console script turns it into
 ``agentd: error: …`` and exit code 2, argparse style.
@@ -240,7 +240,7 @@ _NO_TOKEN = "no agent token: pass --token-file PATH (or set AGENTD_TOKEN_FILE)"
 
 
 @attrs.frozen(kw_only=True)
-class AgentConfig:
+class AgentdConfig:
     kas_addresses: tuple[str, ...] = setting(
         key="kas_address", parse=_kas_addresses, env="AGENTD_KAS_ADDRESS", env_split=",", flag="--kas-address",
         flag_action="append", metavar="URL", help="kasd tunnel URL, http://host:8150/tunnel or https://…; repeatable",
@@ -364,7 +364,7 @@ def _later_source_chooses(document: dict[str, Any], sources: dict[str, Source]) 
 
 
 LOADER = SettingsLoader(
-    AgentConfig,
+    AgentdConfig,
     prog="agentd",
     description="The in-cluster agent of kasd: dials out to kasd, keeps tunnels up, and proxies "
     "the requests kasd sends to the Kubernetes API server with its own credentials plus "
@@ -382,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     return LOADER.parser()
 
 
-def _check(loaded: Loaded[AgentConfig]) -> AgentConfig:
+def _check(loaded: Loaded[AgentdConfig]) -> AgentdConfig:
     """The one way to the API server: a kubeconfig, or the pod's service account."""
     config = loaded.value
     if config.kubeconfig is not None and config.in_cluster:
@@ -401,9 +401,9 @@ def _check(loaded: Loaded[AgentConfig]) -> AgentConfig:
     return config
 
 
-def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> AgentConfig:
-    """Merge file < environment < flags into an AgentConfig; raises ConfigError on bad input."""
+def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> AgentdConfig:
+    """Merge file < environment < flags into an AgentdConfig; raises ConfigError on bad input."""
     return _check(LOADER.load(argv, environ))
 
 
-__all__ = ["AgentConfig", "ConfigError", "UsageError", "build_parser", "load_config"]
+__all__ = ["AgentdConfig", "ConfigError", "UsageError", "build_parser", "load_config"]

@@ -39,7 +39,7 @@ KIND_K8S_API = "k8s-api"
 
 
 @attrs.frozen(kw_only=True)
-class RequestRecord:
+class UpstreamRequestRecord:
     """What one request did (the log line, and a hook for tests)."""
 
     method: str
@@ -64,7 +64,7 @@ class _Counters:
 class KubeApiProxy:
     """Handles logical streams of kind ``k8s-api`` against one UpstreamPool."""
 
-    def __init__(self, pool: UpstreamPool, *, on_done: Callable[[RequestRecord], None] | None = None) -> None:
+    def __init__(self, pool: UpstreamPool, *, on_done: Callable[[UpstreamRequestRecord], None] | None = None) -> None:
         self.pool = pool
         self.on_done = on_done
         self.active = 0
@@ -140,7 +140,7 @@ class KubeApiProxy:
             counters.outcome = "client-gone"
 
     def _finish(self, head: RequestHead | None, stream: MuxStream, counters: _Counters, duration: float) -> None:
-        record = RequestRecord(
+        record = UpstreamRequestRecord(
             method=head.method if head else "?",
             path=head.target.split("?", 1)[0] if head else "?",
             status=counters.status,

@@ -41,28 +41,28 @@ CAPS = ConnectionCaps(max_connections=MAX_CONNECTIONS, max_per_source=MAX_CONNEC
 
 
 @attrs.frozen
-class Response:
+class HealthResponse:
     status: int
     body: bytes
     content_type: str = "text/plain; charset=utf-8"
 
 
-Route = Callable[[], Response]
+Route = Callable[[], HealthResponse]
 #: None when ready, or why not
 ReadinessCheck = Callable[[], str | None]
 
 
-def liveness() -> Response:
+def liveness() -> HealthResponse:
     """200 while the process serves at all."""
-    return Response(200, b"ok\n")
+    return HealthResponse(200, b"ok\n")
 
 
 def readiness_route(check: ReadinessCheck) -> Route:
     """200 ``ok`` when ``check()`` says ready, else 503 with its reason."""
 
-    def readiness() -> Response:
+    def readiness() -> HealthResponse:
         reason = check()
-        return Response(200, b"ok\n") if reason is None else Response(503, reason.encode() + b"\n")
+        return HealthResponse(200, b"ok\n") if reason is None else HealthResponse(503, reason.encode() + b"\n")
 
     return readiness
 
@@ -96,12 +96,12 @@ class HealthServer:
         self.max_head = max_head
         self.send_timeout = send_timeout
 
-    def respond(self, method: str, target: str) -> Response:
+    def respond(self, method: str, target: str) -> HealthResponse:
         if method not in ("GET", "HEAD"):
-            return Response(405, b"GET only\n")
+            return HealthResponse(405, b"GET only\n")
         route = self.routes.get(target.split("?", 1)[0])
         if route is None:
-            return Response(404, f"not found: try {', '.join(self.routes)}\n".encode())
+            return HealthResponse(404, f"not found: try {', '.join(self.routes)}\n".encode())
         return route()
 
     async def handle_connection(self, stream: trio.abc.Stream) -> None:

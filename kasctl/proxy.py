@@ -32,6 +32,7 @@ import trio
 
 import http11
 from http11 import CLOSED, END, NEED_DATA, BodyWriter, RequestParser, ResponseParser
+from kasctl.errors import CommandError
 from kasctl.kubeconfig import CA_VARIABLE, SERVER_VARIABLE
 from kasctl.proxyfilter import (
     DEFAULT_ACCEPT_HOSTS,
@@ -72,14 +73,6 @@ own origin, http://<accepted host>:<its port>. Behind another name (with --allow
 """
 
 
-class ProxyError(Exception):
-    """One line for stderr; ``code`` the exit status."""
-
-    def __init__(self, message: str, code: int = 2) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser("proxy", help="a local port that adds your kasd credentials (kubectl, curl)",
                                  description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -110,7 +103,7 @@ class Upstream:
     def __init__(self, server: str, token: str, ca: Path | None) -> None:
         parts = urlsplit(server)
         if parts.scheme not in ("https", "http") or not parts.hostname:
-            raise ProxyError(f"--server must be an https:// URL of kasd's Kubernetes API proxy, got {server!r}")
+            raise CommandError(f"--server must be an https:// URL of kasd's Kubernetes API proxy, got {server!r}")
         self.host = parts.hostname
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self.host_header = parts.netloc.rsplit("@", 1)[-1]
@@ -120,7 +113,7 @@ class Upstream:
             try:
                 self.ssl = ssl.create_default_context(cafile=str(ca)) if ca else ssl.create_default_context()
             except (OSError, ssl.SSLError) as exc:
-                raise ProxyError(f"cannot use --certificate-authority {ca}: {exc}") from None
+                raise CommandError(f"cannot use --certificate-authority {ca}: {exc}") from None
             self.ssl.set_alpn_protocols(["http/1.1"])
 
     async def connect(self) -> trio.abc.Stream:
@@ -251,13 +244,13 @@ def _token(args: argparse.Namespace) -> str:
         try:
             token = args.token_file.read_text().strip()
         except OSError as exc:
-            raise ProxyError(f"cannot read --token-file {args.token_file}: {exc.strerror or exc}") from None
+            raise CommandError(f"cannot read --token-file {args.token_file}: {exc.strerror or exc}") from None
     else:
         token = str(args.token or os.environ.get(TOKEN_VARIABLE, "")).strip()
     if not token:
-        raise ProxyError(f"no token: pass --token-file, --token or set {TOKEN_VARIABLE}")
+        raise CommandError(f"no token: pass --token-file, --token or set {TOKEN_VARIABLE}")
     if not token.startswith(("ci:", "pat:")) or token.count(":") < 2:
-        raise ProxyError("the token must be a whole bearer token: ci:<agent id>:<job token> or pat:<agent id>:<token>")
+        raise CommandError("the token must be a whole bearer token: ci:<agent id>:<job token> or pat:<agent id>:<token>")
     return token
 
 
@@ -269,13 +262,13 @@ def _listen_address(text: str, allow_remote: bool) -> tuple[str, int]:
     except InvalidNumber:
         number = None
     if number is None:
-        raise ProxyError(f"--listen must be HOST:PORT, got {text!r}")
+        raise CommandError(f"--listen must be HOST:PORT, got {text!r}")
     try:
         loopback = ipaddress.ip_address(host).is_loopback
     except ValueError:
         loopback = host == "localhost"
     if not loopback and not allow_remote:
-        raise ProxyError(f"--listen {text} is not a loopback address: anyone who reaches it would use your "
+        raise CommandError(f"--listen {text} is not a loopback address: anyone who reaches it would use your "
                          "token; add --allow-remote if that is what you want")
     return host, number
 
@@ -285,21 +278,21 @@ def run(args: argparse.Namespace) -> int:
         token = _token(args)
         server = args.server or os.environ.get(SERVER_VARIABLE)
         if not server:
-            raise ProxyError(f"missing --server: pass kasd's proxy URL or set {SERVER_VARIABLE}")
+            raise CommandError(f"missing --server: pass kasd's proxy URL or set {SERVER_VARIABLE}")
         ca_value = args.certificate_authority or os.environ.get(CA_VARIABLE)
         upstream = Upstream(server, token, Path(ca_value) if ca_value else None)
         host, port = _listen_address(args.listen, args.allow_remote)
         try:
             checks = RequestFilter.from_flags(args.accept_hosts, args.reject_methods)
         except FilterError as exc:
-            raise ProxyError(str(exc)) from None
+            raise CommandError(str(exc)) from None
         if args.allow_remote and args.accept_hosts == DEFAULT_ACCEPT_HOSTS:
             print("kasctl proxy: note: only requests to localhost, 127.0.0.1 or [::1] are passed on; name the "
                   "hosts others use with --accept-hosts", file=sys.stderr)
         trio.run(_serve, upstream, checks, host, port)
-    except ProxyError as exc:
+    except CommandError as exc:
         print(f"kasctl proxy: {exc}", file=sys.stderr)
-        return exc.code
+        return 2
     except OSError as exc:
         print(f"kasctl proxy: cannot listen on {args.listen}: {exc.strerror or exc}", file=sys.stderr)
         return 1

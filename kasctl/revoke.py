@@ -29,6 +29,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from kasctl.errors import CommandError
 from kasctl.kubeconfig import (
     API_VARIABLE,
     CA_VARIABLE,
@@ -38,7 +39,7 @@ from kasctl.kubeconfig import (
     setting,
 )
 from kasctl.restclient import rest_call
-from kasctl.tokens import CommandError, _signing_key, positive_id
+from kasctl.tokens import _signing_key, positive_id
 from kasd.authz.jobtokens import DEFAULT_AUDIENCE, DEFAULT_ISSUER, JobClaims, mint_job_token
 from kasd.restapi import FINISH_PATH, finish_path
 

@@ -17,6 +17,7 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 
+from kasctl.errors import CommandError
 from kasd.authz.jobtokens import (
     DEFAULT_AUDIENCE,
     DEFAULT_ISSUER,
@@ -180,10 +181,6 @@ def _signing_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--kid", help="the key id kasd knows the key by (default: its thumbprint)")
     group.add_argument("--audience", default=DEFAULT_AUDIENCE, help=f"aud claim (default {DEFAULT_AUDIENCE})")
     group.add_argument("--issuer", default=DEFAULT_ISSUER, help=f"iss claim (default {DEFAULT_ISSUER})")
-
-
-class CommandError(Exception):
-    """A mistake in a command line or its inputs: one line, exit 2."""
 
 
 def _signing_key(args: argparse.Namespace) -> SigningKey:

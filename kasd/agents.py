@@ -9,7 +9,7 @@ from typing import Any
 import trio
 
 from daemonkit.logs import BurstLimitedLog
-from kasd.config import Agent
+from kasd.config import AgentEntry
 from kasd.tokens import digest_matches, hash_token
 from routing.directory import TunnelDirectory
 from routing.local import AgentTunnel, TunnelRegistry
@@ -23,15 +23,15 @@ log = logging.getLogger("kasd.agents")
 class AgentAuthenticator:
     """The ``authenticate`` callback of ``serve_h2_tunnels``: token → the agent record, or None (401)."""
 
-    def __init__(self, agents: Sequence[Agent] | Callable[[], Sequence[Agent]]) -> None:
+    def __init__(self, agents: Sequence[AgentEntry] | Callable[[], Sequence[AgentEntry]]) -> None:
         # a callable: the agents of the configuration in force now (a reload may add or drop one;
         # sessions already authenticated stay)
         self._agents = agents if callable(agents) else (lambda held=tuple(agents): held)
         self._failures = BurstLimitedLog(log, interval=10.0)
 
-    async def __call__(self, token: str, headers: dict[str, str]) -> Agent | None:
+    async def __call__(self, token: str, headers: dict[str, str]) -> AgentEntry | None:
         await trio.lowlevel.checkpoint()
-        found: Agent | None = None
+        found: AgentEntry | None = None
         digest = hash_token(token)
         for agent in self._agents():  # every one, so timing does not tell which matched
             if digest_matches(digest, agent.token_sha256) and found is None:
@@ -65,7 +65,7 @@ class AgentSessions:
     def _held(self, agent_id: int) -> int:
         return sum(1 for _ in self.registry.tunnels(agent_id))
 
-    async def __call__(self, session: Session, agent: Agent) -> None:
+    async def __call__(self, session: Session, agent: AgentEntry) -> None:
         hello = dict(session.connection.peer_metadata)
         # agentd sends its configured id as a string, empty when unset; an int is fine too.
         claimed = hello.get("agent_id")

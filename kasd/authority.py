@@ -3,7 +3,7 @@ directory in kasd's config and each agent's GitLab ``config.yaml`` (``ci_access`
 ``rules:``).
 
 The decision itself is ``kasd.authz.snapshot`` (pure); this module keeps the snapshot in force,
-replaces it on reload, and remembers recent verdicts:
+replaces it on reload, and remembers recent grants:
 
 - ``reload()`` builds a whole new snapshot from the files, in a worker thread (the event loop goes
   on answering readiness, requests and signals) and within ``LOAD_TIME_LIMIT`` (every YAML document
@@ -37,10 +37,9 @@ from daemonkit import yamldoc
 from kasd.authz.agentconfig import AgentConfig, AgentConfigError, agent_config_path
 from kasd.authz.directory import DirectoryError
 from kasd.authz.keys import KeyFileError, KeySet
-from kasd.authz.snapshot import CompiledAgent, Denied, Snapshot, TokenSettings, Verdict, load_agents
+from kasd.authz.snapshot import CompiledAgent, Snapshot, TokenChecks, load_agents
 from kasd.authz.templates import TemplateError, templates_dir
-from kasd.config import Agent as ConfigAgent
-from kasd.config import Config, ConfigError, directory_of
+from kasd.config import AgentEntry, Config, ConfigError, directory_of
 from kasd.metrics import Metrics
 from kasd.seams import AccessDenied, Credentials, Grant
 from kasd.store.environments import EnvironmentRefused, EnvironmentSlugs
@@ -67,16 +66,19 @@ class LoadError(ConfigError):
 
 
 @attrs.frozen(kw_only=True)
-class Loaded:
+class LoadedAuthorization:
+    """What one load of the authorization files gives (``daemonkit.settings.Loaded`` is one settings
+    file's value and where each key came from; this is the decision's snapshot and the files to watch)."""
+
     snapshot: Snapshot
     #: the agents of kasd's config (with their tunnel token hashes) as read with it
-    agents: tuple[ConfigAgent, ...] = ()
+    agents: tuple[AgentEntry, ...] = ()
     #: every file the snapshot was read from (kasd's config, config.yaml files, key files): ``watch``
     #: reloads when one of them changes, appears or goes away
     files: tuple[Path, ...] = ()
 
 
-def load_authorization(config: Config, config_file: Path | None) -> Loaded:
+def load_authorization(config: Config, config_file: Path | None) -> LoadedAuthorization:
     """The snapshot ``config`` (read from ``config_file``) and the agents' files make; ``LoadError``."""
     settings = config.authorization
     files: list[Path] = [config_file] if config_file is not None else []
@@ -100,12 +102,12 @@ def load_authorization(config: Config, config_file: Path | None) -> Loaded:
         raise LoadError(str(exc)) from None
     snapshot = Snapshot(
         directory=directory,
-        tokens=TokenSettings(keyset=keyset, audience=tokens.audience, issuer=tokens.issuer,
+        tokens=TokenChecks(keyset=keyset, audience=tokens.audience, issuer=tokens.issuer,
                              leeway=timedelta(seconds=tokens.leeway), revoked=tokens.revoked,
                              max_job_lifetime=timedelta(seconds=tokens.max_job_token_lifetime)),
         agents=agents, warnings=tuple(warnings),
     )
-    return Loaded(snapshot=snapshot, agents=config.agents, files=tuple(files))
+    return LoadedAuthorization(snapshot=snapshot, agents=config.agents, files=tuple(files))
 
 
 #: what a reload does not apply (read at start only): named in a warning when the file changed them
@@ -117,11 +119,11 @@ def restart_only_changes(running: Config, read: Config) -> list[str]:
     return [name for name in RESTART_ONLY if getattr(running, name) != getattr(read, name)]
 
 
-def config_loader(read: Callable[[], tuple[Config, Path | None]], running: Config | None = None) -> Callable[[], Loaded]:
+def config_loader(read: Callable[[], tuple[Config, Path | None]], running: Config | None = None) -> Callable[[], LoadedAuthorization]:
     """A ``load`` for ``CiAuthority`` that reads kasd's configuration again each time; with
     ``running`` (the configuration kasd started with), a reload that finds other settings changed
     says they wait for a restart."""
-    def load() -> Loaded:
+    def load() -> LoadedAuthorization:
         try:
             config, path = read()
         except ConfigError as exc:
@@ -135,29 +137,14 @@ def config_loader(read: Callable[[], tuple[Config, Path | None]], running: Confi
     return load
 
 
-def grant_of(verdict: Verdict) -> Grant:
-    decision = verdict.decision
-    identity = decision.identity
-    return Grant(
-        kind=verdict.kind,
-        agent_id=decision.agent_id,
-        impersonate=identity.to_impersonation() if identity is not None else None,
-        subject=decision.principal,
-        access_as=decision.access_as or "agent",
-        namespace=verdict.namespace,
-        environment=verdict.environment,
-        managed=verdict.managed,
-    )
-
-
-def _load_within_limit(load: Callable[[], Loaded]) -> tuple[Loaded, dict[Path, Stamp]]:
+def _load_within_limit(load: Callable[[], LoadedAuthorization]) -> tuple[LoadedAuthorization, dict[Path, Stamp]]:
     """``load()`` under the YAML time limit, and the stamps of the files it read (blocking)."""
     with yamldoc.time_limit(LOAD_TIME_LIMIT):
         loaded = load()
     return loaded, _stamps(loaded.files)
 
 
-async def _load_off_loop(load: Callable[[], Loaded]) -> tuple[Loaded, dict[Path, Stamp]]:
+async def _load_off_loop(load: Callable[[], LoadedAuthorization]) -> tuple[LoadedAuthorization, dict[Path, Stamp]]:
     """``_load_within_limit`` in a worker thread; ``LoadError`` when it takes too long (the thread is
     left to stop at its next YAML node, its result unused). Cancellable at once."""
     with trio.move_on_after(LOAD_TIME_LIMIT + LOAD_GRACE):
@@ -170,8 +157,8 @@ class CiAuthority:
     ``LoadError``. The first load happens in the constructor, or, given as ``loaded``, in ``open()``
     off the event loop (kasd does not start on a bad file)."""
 
-    def __init__(self, load: Callable[[], Loaded], metrics: Metrics | None = None, *,
-                 clock: Callable[[], float] = time.time, loaded: tuple[Loaded, dict[Path, Stamp]] | None = None,
+    def __init__(self, load: Callable[[], LoadedAuthorization], metrics: Metrics | None = None, *,
+                 clock: Callable[[], float] = time.time, loaded: tuple[LoadedAuthorization, dict[Path, Stamp]] | None = None,
                  finished: FinishedJobs | None = None) -> None:
         # ``finished``: the jobs kasd's store says are over; every snapshot checks job tokens
         # against it, and a change forgets the remembered grants (one of them may be that job's)
@@ -179,7 +166,7 @@ class CiAuthority:
         # which environment owns each slug of a project (kasd's store once ``serve_kasd`` opened it):
         # a job whose environment's slug is another's is refused before anything hangs on that slug
         self.environments = EnvironmentSlugs()
-        self._load: Callable[[], Loaded] = lambda: _checking_finished(load(), self.finished)
+        self._load: Callable[[], LoadedAuthorization] = lambda: _checking_finished(load(), self.finished)
         self._clock = clock
         self._metrics = metrics
         self._granted: dict[tuple[str, str, int], tuple[Grant, int]] = {}
@@ -200,7 +187,7 @@ class CiAuthority:
             metrics.authz_reloads.labels(result="failed").inc(0)
 
     @classmethod
-    async def open(cls, load: Callable[[], Loaded], metrics: Metrics | None = None, *,
+    async def open(cls, load: Callable[[], LoadedAuthorization], metrics: Metrics | None = None, *,
                    clock: Callable[[], float] = time.time, finished: FinishedJobs | None = None) -> CiAuthority:
         """The authority, its first load read off the event loop (signals are answered meanwhile)."""
         return cls(load, metrics, clock=clock, loaded=await _load_off_loop(load), finished=finished)
@@ -218,27 +205,24 @@ class CiAuthority:
         cached = self._granted.get(key)
         if cached is not None and cached[1] > now:
             return cached[0]
-        try:
-            verdict = self.snapshot.authorize(credentials.kind, credentials.secret, agent_id, now=now)
-        except Denied as exc:
-            raise AccessDenied(exc.status, exc.message, principal=exc.principal) from None
-        await self._check_slug(verdict)
-        grant = grant_of(verdict)
+        grant = self.snapshot.authorize(credentials.kind, credentials.secret, agent_id, now=now)
+        await self._check_slug(grant)
+        assert grant.expires_at is not None  # (the snapshot's grants say until when)
         granted = self._granted
         if len(granted) >= GRANT_CACHE_SIZE:
             del granted[next(iter(granted))]  # the oldest
-        granted[key] = (grant, verdict.expires_at)
+        granted[key] = (grant, grant.expires_at)
         return grant
 
-    async def _check_slug(self, verdict: Verdict) -> None:
+    async def _check_slug(self, grant: Grant) -> None:
         """The job's environment owns its slug in its project (``kasd.store.environments``)."""
-        job, name = verdict.job, verdict.environment
-        if verdict.kind != "ci" or job is None or name is None:
+        job, name = grant.job, grant.environment
+        if grant.kind != "ci" or job is None or name is None:
             return
         project = self.snapshot.directory.project(job.project)
         if project is None:
-            return  # (a verdict is only given for a project kasd knows)
-        principal = verdict.decision.principal
+            return  # (a grant is only given for a project kasd knows)
+        principal = grant.subject
         try:
             await self.environments.claim(project.id, name)
         except EnvironmentRefused as exc:
@@ -278,7 +262,7 @@ class CiAuthority:
                  self.generation)
         return True
 
-    def _log_warnings(self, loaded: Loaded) -> None:
+    def _log_warnings(self, loaded: LoadedAuthorization) -> None:
         for warning in loaded.snapshot.warnings:
             log.warning("agent configuration: %s", warning)
 
@@ -309,7 +293,7 @@ class CiAuthority:
                 await self.reload("changed: " + ", ".join(changed[:3]) + (" …" if len(changed) > 3 else ""))
 
 
-def _checking_finished(loaded: Loaded, finished: FinishedJobs) -> Loaded:
+def _checking_finished(loaded: LoadedAuthorization, finished: FinishedJobs) -> LoadedAuthorization:
     snapshot = loaded.snapshot
     return attrs.evolve(loaded, snapshot=attrs.evolve(snapshot, tokens=attrs.evolve(snapshot.tokens, finished=finished)))
 
@@ -339,5 +323,5 @@ def _stamps(files: Sequence[Path]) -> dict[Path, Stamp]:
     return out
 
 
-__all__ = ["GRANT_CACHE_SIZE", "LOAD_TIME_LIMIT", "RESTART_ONLY", "CiAuthority", "LoadError", "Loaded", "config_loader", "grant_of",
+__all__ = ["GRANT_CACHE_SIZE", "LOAD_TIME_LIMIT", "RESTART_ONLY", "CiAuthority", "LoadError", "LoadedAuthorization", "config_loader",
            "load_authorization", "restart_only_changes"]

@@ -433,7 +433,10 @@ class Listeners:
 
 
 @attrs.frozen(kw_only=True)
-class Agent:
+class AgentEntry:
+    """One ``agents:`` entry: an agent as the directory knows it (``kasd.authz.directory.Agent``) and
+    the hash of its tunnel token, which only the agent port reads."""
+
     id: int = setting(parse=_positive_id)
     name: str = setting(parse=_string)
     config_project: str = setting(parse=_string)
@@ -747,7 +750,7 @@ class StoreSettings:
 @attrs.frozen(kw_only=True)
 class Config:
     listeners: Listeners = Listeners()
-    agents: tuple[Agent, ...] = ()
+    agents: tuple[AgentEntry, ...] = ()
     groups: tuple[GroupEntry, ...] = ()
     projects: tuple[ProjectEntry, ...] = ()
     users: tuple[UserEntry, ...] = ()

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import trio
 
-from daemonkit.health import MAX_CONNECTIONS, HealthServer, Response, liveness
+from daemonkit.health import MAX_CONNECTIONS, HealthResponse, HealthServer, liveness
 from kasd.metrics import CONTENT_TYPE, Metrics
 
 
@@ -54,9 +54,9 @@ class ObservabilityServer(HealthServer):
         routes = {"/liveness": liveness, "/readiness": self._readiness, "/metrics": self._metrics}
         super().__init__(routes, max_connections=max_connections)
 
-    def _readiness(self) -> Response:
+    def _readiness(self) -> HealthResponse:
         status, body = self.health.readiness()
-        return Response(status, body)
+        return HealthResponse(status, body)
 
-    def _metrics(self) -> Response:
-        return Response(200, self.metrics.render(), CONTENT_TYPE)
+    def _metrics(self) -> HealthResponse:
+        return HealthResponse(200, self.metrics.render(), CONTENT_TYPE)

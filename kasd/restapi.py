@@ -25,7 +25,8 @@ import trio
 from daemonkit.logs import UnexpectedErrors
 from kasd.asgiport import AsgiPort, PortLimits
 from kasd.authz.jobinfo import ALLOWED_AGENTS_PATH, allowed_agents_response
-from kasd.authz.snapshot import Denied, Snapshot
+from kasd.authz.snapshot import Snapshot
+from kasd.authz.verdict import AccessDenied
 from kasd.k8sproxy.accesslog import logfmt
 from kasd.managed import Provisioner, ProvisionError
 from kasd.store.environments import EnvironmentRefused, EnvironmentSlugs
@@ -122,7 +123,7 @@ class RestApi:
         snapshot = self._snapshot()
         try:
             claims, allowed = snapshot.allowed_agents(job_token, now=self._clock())
-        except Denied as exc:
+        except AccessDenied as exc:
             return 401, {"message": f"401 Unauthorized: {exc.message}"}
         return 200, allowed_agents_response(snapshot, claims, allowed)
 
@@ -140,7 +141,7 @@ class RestApi:
         snapshot = self._snapshot()
         try:
             claims, allowed = snapshot.allowed_agents(job_token, now=self._clock())
-        except Denied as exc:
+        except AccessDenied as exc:
             return 401, {"message": f"401 Unauthorized: {exc.message}"}
         known = snapshot.directory.project(claims.project)
         if known is None or project.lower() not in (known.path.lower(), str(known.id)):
@@ -159,8 +160,8 @@ class RestApi:
             return 503, {"message": f"503 Service Unavailable: cannot check that environment {environment!r} owns "
                                     f"its slug: {exc}"}
         agents = []
-        for verdict in allowed:
-            plan = verdict.managed
+        for grant in allowed:
+            plan = grant.managed
             if plan is None or self._provisioner is None:
                 continue
             try:
@@ -193,7 +194,7 @@ class RestApi:
         snapshot = self._snapshot()
         try:
             claims = snapshot.verify_job(job_token, now=self._clock())
-        except Denied as exc:
+        except AccessDenied as exc:
             return 401, {"message": f"401 Unauthorized: {exc.message}"}
         if claims.job_id != job_id:
             return 403, {"message": f"403 Forbidden: the job token is for job {claims.job_id}, not {job_id}"}

@@ -7,8 +7,12 @@ registry (``routing.local.LocalRouter``); CI authorization and the replicated ``
 plug in here without touching a protocol front end. Tests inject fakes.
 
 May import: ``wire`` (a router answers with a logical stream), ``routing.errors`` (its failures),
-``tunnelhttp`` (impersonation), ``kasd.authz`` (pure values: a grant's managed resources), the
-standard library, attrs. Never the proxy, a front end or a listener.
+``kasd.authz`` (pure values: the verdict), the standard library, attrs. Never the proxy, a front end
+or a listener.
+
+An authority answers with a ``Grant`` or an ``AccessDenied``: both are ``kasd.authz.verdict``'s,
+re-exported here, so the pure authorization code raises the very value the pipeline catches (no
+copy on the way); a router fails with ``routing.errors``' failures, re-exported too.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Protocol
 import attrs
 
 from kasd.authz.templates import ManagedResources
+from kasd.authz.verdict import AccessDenied, Grant
 from routing.errors import (
     AgentNotConnected,
     NoFreeStream,
@@ -25,7 +30,6 @@ from routing.errors import (
     PeerUnreachable,
     RouteError,
 )
-from tunnelhttp.head import Impersonation
 from wire.frames import Metadata
 from wire.ids import InvalidNumber, parse_id
 from wire.session import MuxStream, Session, StreamRefusedError
@@ -45,44 +49,6 @@ class Credentials:
     agent_id: int
     #: never logged
     secret: str = attrs.field(repr=False)
-
-
-@attrs.frozen(kw_only=True)
-class Grant:
-    """Allowed: for which agent, and as whom agentd acts."""
-
-    kind: str
-    agent_id: int
-    #: None: agentd acts as itself
-    impersonate: Impersonation | None
-    #: who this is, for logs (never the token): ``ci_job:42``, ``user:alice``
-    subject: str
-    #: how the agent acts: ``agent`` (itself: the only mode where the client's own
-    #: ``Impersonate-*`` headers pass), ``impersonate``, ``ci_job``, ``ci_user`` or ``user``
-    access_as: str = "agent"
-    #: the namespace the request's context selects (a rule's, else the entry's default)
-    namespace: str | None = None
-    #: the CI job's environment, if any
-    environment: str | None = None
-    #: what must exist before the request goes on (a managed namespace): ``kasd.managed`` applies it
-    managed: ManagedResources | None = None
-
-    @property
-    def client_may_impersonate(self) -> bool:
-        return self.access_as == "agent"
-
-
-class AccessDenied(Exception):
-    """Not allowed: ``status`` 401 (who are you?) or 403 (not for this agent); ``message`` is safe
-    to show the client."""
-
-    def __init__(self, status: int, message: str, *, principal: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        #: who was refused, when the credentials said it (``ci_job:42``, ``user:alice``): for the
-        #: audit line, never the token
-        self.principal = principal
 
 
 class Authority(Protocol):
@@ -111,7 +77,9 @@ def parse_bearer(authorization: str | None) -> Credentials:
 
 # ------------------------------------------------------------------ Router
 
-#: re-exported: the failures a router raises live in ``routing.errors`` (routing never imports kasd)
+#: re-exported: the verdict lives in ``kasd.authz.verdict`` (the pure package raises it) and a grant's
+#: managed resources in ``kasd.authz.templates``, the failures a router raises in ``routing.errors``
+#: (routing never imports kasd)
 __all__ = [
     "TOKEN_FORMATS",
     "AccessDenied",
@@ -119,6 +87,7 @@ __all__ = [
     "Authority",
     "Credentials",
     "Grant",
+    "ManagedResources",
     "NoFreeStream",
     "NoOtherSession",
     "PeerUnreachable",

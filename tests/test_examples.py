@@ -21,7 +21,7 @@ from kasd.agents import AgentAuthenticator
 from kasd.authority import load_authorization
 from kasd.authz.jobtokens import JobClaims, mint_job_token, mint_personal_token
 from kasd.authz.keys import load_signing_key, write_key_pair
-from kasd.authz.snapshot import Denied
+from kasd.authz.verdict import AccessDenied
 from kasd.config import Config
 from kasd.config import load_config as load_kasd_config
 from kasd.tokens import hash_token
@@ -112,15 +112,15 @@ def test_the_example_agent_configs_decide_as_their_comments_say(tmp_path: Path) 
 
     # prod: protected refs only, as the job, in namespace app
     verdict = snapshot.authorize("ci", job(protected=True), 1, now=now)
-    assert verdict.decision.access_as == "ci_job" and verdict.namespace == "app"
-    assert verdict.decision.identity is not None and verdict.decision.identity.username == "gitlab:ci_job:7"
-    with pytest.raises(Denied, match="protected_branches_only"):
+    assert verdict.access_as == "ci_job" and verdict.namespace == "app"
+    assert verdict.impersonate is not None and verdict.impersonate.user == "gitlab:ci_job:7"
+    with pytest.raises(AccessDenied, match="protected_branches_only"):
         snapshot.authorize("ci", job(protected=False), 1, now=now)
     # prod: alice, a developer of group/app, as herself
     user = snapshot.authorize("pat", mint_personal_token(key, "alice", ttl, now=now), 1, now=now)
-    assert user.decision.identity is not None and user.decision.identity.username == "gitlab:user:alice"
+    assert user.impersonate is not None and user.impersonate.user == "gitlab:user:alice"
     # staging: the rules
-    with pytest.raises(Denied, match="when: never"):
+    with pytest.raises(AccessDenied, match="when: never"):
         snapshot.authorize("ci", job(ref="wip/x"), 2, now=now)
     review = snapshot.authorize("ci", job(ref="feat", environment="review/feat"), 2, now=now)
     assert review.namespace == "review-review-feat-fo7aip"  # GitLab suffixes a slug that differs from its name

@@ -4,7 +4,9 @@ Who a ``ci:``/``pat:`` bearer token says its holder is: ``keys`` (Ed25519 signin
 keys, by ``kid``) and ``jobtokens`` (signed, expiring job and personal tokens). Whom kasd knows:
 ``directory`` (groups, projects, users and their roles, agents). What an agent's GitLab
 ``config.yaml`` allows (``agentconfig``: ``ci_access``, ``user_access``) and the decision over both
-(``policy``: a job or a user → an allowed or denied ``Decision`` with its impersonation identity).
+(``policy``: a job or a user → an allowed or denied ``Decision`` with its impersonation identity),
+and the answer an Authority gives (``verdict``: a ``Grant`` or an ``AccessDenied``, which ``kasd.seams``
+re-exports; ``snapshot`` makes them).
 The ``rules:`` list on each entry (proposed upstream, never shipped): ``regex`` (RE2, which ``=~``
 uses as GitLab does, matched in linear time), ``expr`` (the ``rules:if`` language: parse once at config load,
 evaluate per request), ``expand`` (``$VAR`` expansion of ``namespace:`` templates and the DNS-1123
@@ -19,5 +21,6 @@ May import: ``tunnelhttp.head`` (the impersonation value the proxy sends), ``dae
 attrs, PyYAML, the JOSE library (joserfc, with cryptography beneath it), google-re2 (only in
 ``regex``). Never trio, never the proxy
 (``kasd.k8sproxy``), a front end, a listener or ``routing``, never ``kasd.config`` (the config imports
-the directory's checks, not the reverse): the pipeline asks, this package answers.
+the directory's checks, not the reverse), never ``kasd.seams`` or ``kasd.store`` (both import this
+package): the pipeline asks, this package answers.
 """

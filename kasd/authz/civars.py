@@ -1,47 +1,22 @@
-"""A CI job's identity, and the predefined CI variables GitLab would give that job.
+"""The predefined CI variables GitLab would give a job.
 
 Rules and namespace templates are written against GitLab's predefined variables
-(https://docs.gitlab.com/ci/variables/predefined_variables/); kasd learns a job's identity from
-GitLab (the job token's job) and derives them here. Absent facts give absent variables, as in
-GitLab: no ``CI_COMMIT_BRANCH`` for a tag, no ``CI_ENVIRONMENT_*`` without an environment.
+(https://docs.gitlab.com/ci/variables/predefined_variables/); kasd derives them from the two values
+it already holds: the verified job (``kasd.authz.jobtokens.JobClaims``, what its token says) and its
+project as kasd's directory knows it (``kasd.authz.directory.Project``: its id, namespace and default
+branch). Absent facts give absent variables, as in GitLab: no ``CI_COMMIT_BRANCH`` for a tag, no
+``CI_ENVIRONMENT_*`` without an environment.
 """
 
 from __future__ import annotations
 
 import re
 
-import attrs
-
+from kasd.authz.directory import Project
+from kasd.authz.jobtokens import JobClaims
 from kasd.authz.slugs import environment_slug, ref_slug
 
-__all__ = ["JobFacts", "ci_variables", "guess_environment_tier"]
-
-
-@attrs.frozen(kw_only=True)
-class JobFacts:
-    """What GitLab says about the job a CI job token belongs to."""
-
-    project_path: str
-    """The project's full path, ``group/subgroup/project``."""
-    project_id: int
-    namespace: str
-    """The full path of the project's group or user namespace, ``group/subgroup``."""
-    ref: str
-    """The branch or tag the pipeline runs for (its short name, ``main`` or ``v1.2.3``)."""
-    tag: bool = False
-    """Whether ``ref`` is a tag; refs are branches unless told otherwise."""
-    protected: bool
-    """Whether ``ref`` is a protected branch or tag."""
-    default_branch: str | None = None
-    """The project's default branch; None when the repository has none yet."""
-    environment: str | None = None
-    """The job's environment name, already expanded, if it deploys to one."""
-    environment_tier: str | None = None
-    """The environment's tier; None to guess it from the name, as GitLab does."""
-    job_id: int
-    pipeline_id: int
-    user_login: str | None = None
-    """The username of whoever started the job."""
+__all__ = ["ci_variables", "guess_environment_tier"]
 
 
 # Environment#guess_tier (app/models/environment.rb), in GitLab's order: the first pattern found wins.
@@ -61,28 +36,27 @@ def guess_environment_tier(name: str) -> str:
     return "other"
 
 
-def ci_variables(facts: JobFacts) -> dict[str, str]:
-    """The predefined variables of the job ``facts`` describe, by name."""
+def ci_variables(job: JobClaims, project: Project) -> dict[str, str]:
+    """The predefined variables of ``job``, a job of ``project`` (the directory's: its path as
+    declared, its id, namespace and default branch), by name."""
     variables = {
-        "CI_PROJECT_ID": str(facts.project_id),
-        "CI_PROJECT_PATH": facts.project_path,
-        "CI_PROJECT_PATH_SLUG": ref_slug(facts.project_path),  # Gitlab::Utils.slugify, as the ref's
-        "CI_PROJECT_NAME": facts.project_path.rsplit("/", 1)[-1],
-        "CI_PROJECT_NAMESPACE": facts.namespace,
-        "CI_PROJECT_ROOT_NAMESPACE": facts.namespace.split("/", 1)[0],
-        "CI_COMMIT_REF_NAME": facts.ref,
-        "CI_COMMIT_REF_SLUG": ref_slug(facts.ref),
-        "CI_COMMIT_REF_PROTECTED": "true" if facts.protected else "false",
-        "CI_JOB_ID": str(facts.job_id),
-        "CI_PIPELINE_ID": str(facts.pipeline_id),
+        "CI_PROJECT_ID": str(project.id),
+        "CI_PROJECT_PATH": project.path,
+        "CI_PROJECT_PATH_SLUG": ref_slug(project.path),  # Gitlab::Utils.slugify, as the ref's
+        "CI_PROJECT_NAME": project.path.rsplit("/", 1)[-1],
+        "CI_PROJECT_NAMESPACE": project.namespace,
+        "CI_PROJECT_ROOT_NAMESPACE": project.namespace.split("/", 1)[0],
+        "CI_COMMIT_REF_NAME": job.ref,
+        "CI_COMMIT_REF_SLUG": ref_slug(job.ref),
+        "CI_COMMIT_REF_PROTECTED": "true" if job.protected else "false",
+        "CI_JOB_ID": str(job.job_id),
+        "CI_PIPELINE_ID": str(job.pipeline_id),
     }
-    variables["CI_COMMIT_TAG" if facts.tag else "CI_COMMIT_BRANCH"] = facts.ref
-    if facts.default_branch is not None:
-        variables["CI_DEFAULT_BRANCH"] = facts.default_branch
-    if facts.environment is not None:
-        variables["CI_ENVIRONMENT_NAME"] = facts.environment
-        variables["CI_ENVIRONMENT_SLUG"] = environment_slug(facts.environment)
-        variables["CI_ENVIRONMENT_TIER"] = facts.environment_tier or guess_environment_tier(facts.environment)
-    if facts.user_login is not None:
-        variables["GITLAB_USER_LOGIN"] = facts.user_login
+    variables["CI_COMMIT_TAG" if job.ref_type == "tag" else "CI_COMMIT_BRANCH"] = job.ref
+    variables["CI_DEFAULT_BRANCH"] = project.default_branch
+    if job.environment is not None:
+        variables["CI_ENVIRONMENT_NAME"] = job.environment
+        variables["CI_ENVIRONMENT_SLUG"] = environment_slug(job.environment)
+        variables["CI_ENVIRONMENT_TIER"] = job.environment_tier or guess_environment_tier(job.environment)
+    variables["GITLAB_USER_LOGIN"] = job.user
     return variables

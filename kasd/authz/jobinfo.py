@@ -29,7 +29,8 @@ from typing import Any
 from kasd.authz.civars import guess_environment_tier
 from kasd.authz.jobtokens import JobClaims
 from kasd.authz.slugs import environment_slug
-from kasd.authz.snapshot import Snapshot, Verdict
+from kasd.authz.snapshot import Snapshot
+from kasd.authz.verdict import Grant
 
 __all__ = ["ALLOWED_AGENTS_PATH", "allowed_agents_response", "context_name", "project_identity"]
 
@@ -62,22 +63,22 @@ def project_identity(path: str, project_id: int | None) -> dict[str, Any]:
     }
 
 
-def allowed_agents_response(snapshot: Snapshot, claims: JobClaims, allowed: list[Verdict]) -> dict[str, Any]:
+def allowed_agents_response(snapshot: Snapshot, claims: JobClaims, allowed: list[Grant]) -> dict[str, Any]:
     directory = snapshot.directory
     project = directory.project(claims.project)
     user = directory.user(claims.user)
     agents = []
-    for verdict in allowed:
-        agent = directory.agent(verdict.decision.agent_id)
+    for grant in allowed:
+        agent = directory.agent(grant.agent_id)
         assert agent is not None  # it was decided
         config_project = directory.project(agent.config_project)
-        entry = _entry_of(snapshot, verdict)
+        entry = _entry_of(snapshot, grant)
         agents.append({
             "id": agent.id,
             "config_project": project_identity(agent.config_project, config_project.id if config_project else None),
             "configuration": dict(entry.written) if entry is not None else {},
             "kasd": {"name": agent.name, "context": context_name(agent.config_project, agent.name),
-                     "namespace": verdict.namespace, "access_as": verdict.decision.access_as},
+                     "namespace": grant.namespace, "access_as": grant.access_as},
         })
     role = directory.role_of(user, project) if user is not None and project is not None else None
     body: dict[str, Any] = {
@@ -106,14 +107,13 @@ def allowed_agents_response(snapshot: Snapshot, claims: JobClaims, allowed: list
     return body
 
 
-def _entry_of(snapshot: Snapshot, verdict: Verdict) -> Any:
+def _entry_of(snapshot: Snapshot, grant: Grant) -> Any:
     """The ``ci_access`` entry that allowed it (None for the implicit one of the config project)."""
-    decision = verdict.decision
-    config = snapshot.agents[decision.agent_id].config.ci_access
-    if decision.entry_kind == "instance":
+    config = snapshot.agents[grant.agent_id].config.ci_access
+    if grant.entry_kind == "instance":
         return config.instance
-    entries = config.projects if decision.entry_kind == "project" else config.groups
+    entries = config.projects if grant.entry_kind == "project" else config.groups
     for entry in entries:
-        if entry.id == decision.entry_id:
+        if entry.id == grant.entry_id:
             return entry
     return None

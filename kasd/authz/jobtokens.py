@@ -102,7 +102,10 @@ class TokenStamp:
 
 @attrs.frozen(kw_only=True)
 class JobClaims:
-    """Who a CI job token says its bearer is: one job of one pipeline of one project, run for a user."""
+    """Who a CI job token says its bearer is: one job of one pipeline of one project, run for a user.
+
+    The one job value from the token to the grant: the decision (``policy``), the CI variables
+    (``civars``), the managed resources and the grant itself (``verdict``) all read this, never a copy."""
 
     #: the project's full path, e.g. ``group/app``
     project: str = attrs.field(validator=_project_path)

@@ -13,20 +13,22 @@ Pure functions over the directory (``kasd.authz.directory``) and one agent's loa
   role of a listed project, or of a listed group (own or inherited membership).
 
 A ``Decision`` says allowed or denied, with a reason safe to show the client; an allowed one carries
-the access mode and the impersonation ``Identity`` (None when the agent acts as itself) with GitLab's
-exact user, group and extra strings. The environment slug is computed by the ``slug`` function the
+the access mode and whom agentd impersonates (``tunnelhttp.head.Impersonation``, the value the proxy
+sends; None when the agent acts as itself) with GitLab's exact user, group and extra strings (extras
+in GitLab's order). The job is the verified token's own value (``kasd.authz.jobtokens.JobClaims``). The environment slug is computed by the ``slug`` function the
 caller passes (GitLab's ``CI_ENVIRONMENT_SLUG``, kasd.authz.slugs), never here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Literal
 
 import attrs
 
 from kasd.authz.agentconfig import AgentConfig, CiAccessEntry, EntryKind, RawRule
 from kasd.authz.directory import Agent, Directory, Group, Project, Role, User
+from kasd.authz.jobtokens import JobClaims
 from tunnelhttp.head import CLIENT_IMPERSONATION_REFUSED, Impersonation
 
 #: how the agent acts: itself, a configured identity, the CI job, the CI job's user, the token's user
@@ -42,43 +44,12 @@ USER_ACCESS_MIN_ROLE = Role.DEVELOPER
 
 
 @attrs.frozen(kw_only=True)
-class Job:
-    """What a verified CI job token says about its job (kasd.authz.jobtokens)."""
-
-    #: full path of the job's project
-    project: str
-    #: the token's project id, if it carries one; otherwise the directory's is used
-    project_id: int | None = None
-    job_id: int
-    pipeline_id: int
-    #: username of the user the job runs as
-    user: str
-    ref: str
-    ref_type: Literal["branch", "tag"] = "branch"
-    #: the ref is a protected branch or tag
-    protected: bool = False
-    environment: str | None = None
-    environment_tier: str | None = None
-
-
-@attrs.frozen(kw_only=True)
-class Identity:
-    """Whom agentd impersonates (``Impersonate-User``, ``-Group``, ``-Uid``, ``-Extra-*``)."""
-
-    username: str
-    uid: str | None = None
-    groups: tuple[str, ...] = ()
-    #: in GitLab's order
-    extra: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict, hash=False)
-
-    def to_impersonation(self) -> Impersonation:
-        """The value the proxy puts in the stream's open frame."""
-        return Impersonation(user=self.username, groups=self.groups, uid=self.uid,
-                             extra=tuple((k, tuple(v)) for k, v in self.extra.items()))
-
-
-@attrs.frozen(kw_only=True)
 class Decision:
+    """What one agent's configuration says of a job or a user: the entry that decided and what it
+    asks for (``default_namespace``, ``rules``, ``resource_management``), before the rules run. Not a
+    ``Grant``: the snapshot turns it, with the rules' namespace and the managed resources, into one
+    (``kasd.authz.snapshot``); a denied one into an ``AccessDenied``."""
+
     allowed: bool
     #: denied: why, safe to show the client (a 403's message); allowed: which entry, for logs
     reason: str
@@ -90,8 +61,8 @@ class Decision:
     #: its project or group path (None for instance, implicit and user_access)
     entry_id: str | None = None
     access_as: AccessMode | None = None
-    #: None: the agent acts as itself (``agent``)
-    identity: Identity | None = None
+    #: whom agentd impersonates; None: the agent acts as itself (``agent``)
+    identity: Impersonation | None = None
     default_namespace: str | None = None
     #: the entry's rules, as written, for the rules engine
     rules: tuple[RawRule, ...] = ()
@@ -157,7 +128,8 @@ def select_entry(directory: Directory, agent: Agent, config: AgentConfig, projec
     return config.ci_access.instance
 
 
-def authorize_job(directory: Directory, agent_id: int, config: AgentConfig, job: Job, *, slug: Slug) -> Decision:
+def authorize_job(directory: Directory, agent_id: int, config: AgentConfig, job: JobClaims, *,
+                  slug: Slug) -> Decision:
     """May ``job`` use agent ``agent_id`` (configured by ``config``), and as whom."""
     principal = f"ci_job:{job.job_id}"
 
@@ -189,22 +161,24 @@ def authorize_job(directory: Directory, agent_id: int, config: AgentConfig, job:
                     f"and tags (protected_branches_only), and {job.ref_type} {job.ref!r} is not protected", entry)
     config_project = directory.project(agent.config_project)
     mode = entry.access_as.mode
-    identity: Identity | None = None
+    identity: Impersonation | None = None
     if mode == "impersonate":
         imp = entry.access_as.impersonate
         assert imp is not None
-        identity = Identity(username=imp.username, uid=imp.uid, groups=imp.groups, extra=dict(imp.extra))
+        identity = Impersonation(user=imp.username, uid=imp.uid, groups=imp.groups,
+                                 extra=tuple((k, tuple(v)) for k, v in dict(imp.extra).items()))
     elif mode in ("ci_job", "ci_user"):
         if config_project is None:
             return deny(f"agent {agent_id}'s config project {agent.config_project!r} is not known to kasd", entry)
         extra = _ci_extra(agent, config_project, project, job, slug)
         if mode == "ci_job":
-            identity = Identity(username=f"gitlab:ci_job:{job.job_id}",
-                                groups=_ci_job_groups(directory.ancestors(project), project, job, slug), extra=extra)
+            identity = Impersonation(user=f"gitlab:ci_job:{job.job_id}",
+                                     groups=_ci_job_groups(directory.ancestors(project), project, job, slug),
+                                     extra=extra)
         else:
             user = directory.user(job.user)
-            identity = Identity(username=f"gitlab:user:{job.user}",
-                                groups=_ci_user_groups(directory, user, project), extra=extra)
+            identity = Impersonation(user=f"gitlab:user:{job.user}",
+                                     groups=_ci_user_groups(directory, user, project), extra=extra)
     where = {"project": f"ci_access.projects entry {entry.id}", "group": f"ci_access.groups entry {entry.id}",
              "instance": "ci_access.instance", "implicit": "the agent's own config project"}[entry.kind]
     return Decision(
@@ -214,7 +188,7 @@ def authorize_job(directory: Directory, agent_id: int, config: AgentConfig, job:
     )
 
 
-def _ci_job_groups(ancestors: list[Group], project: Project, job: Job, slug: Slug) -> tuple[str, ...]:
+def _ci_job_groups(ancestors: list[Group], project: Project, job: JobClaims, slug: Slug) -> tuple[str, ...]:
     """GitLab's order: ``gitlab:ci_job``; each group root first, with its environment tier; the
     project; its environment and tier."""
     groups = ["gitlab:ci_job"]
@@ -230,7 +204,8 @@ def _ci_job_groups(ancestors: list[Group], project: Project, job: Job, slug: Slu
     return tuple(groups)
 
 
-def _ci_extra(agent: Agent, config_project: Project, project: Project, job: Job, slug: Slug) -> dict[str, tuple[str, ...]]:
+def _ci_extra(agent: Agent, config_project: Project, project: Project, job: JobClaims,
+              slug: Slug) -> tuple[tuple[str, tuple[str, ...]], ...]:
     extra: dict[str, tuple[str, ...]] = {
         "agent.gitlab.com/id": (str(agent.id),),
         "agent.gitlab.com/config_project_id": (str(config_project.id),),
@@ -243,7 +218,7 @@ def _ci_extra(agent: Agent, config_project: Project, project: Project, job: Job,
         extra["agent.gitlab.com/environment_slug"] = (slug(job.environment),)
         if job.environment_tier is not None:
             extra["agent.gitlab.com/environment_tier"] = (job.environment_tier,)
-    return extra
+    return tuple(extra.items())
 
 
 def _role_groups(kind: str, item_id: int, role: Role | None) -> list[str]:
@@ -297,7 +272,7 @@ def authorize_user(directory: Directory, agent_id: int, config: AgentConfig, use
     if not projects and not groups:
         return deny(f"user {user.username} needs at least the Developer role in a project or group that agent "
                     f"{agent_id} authorizes for user access (user_access)")
-    identity: Identity | None = None
+    identity: Impersonation | None = None
     if access.access_as == "user":
         config_project = directory.project(agent.config_project)
         if config_project is None:
@@ -307,14 +282,14 @@ def authorize_user(directory: Directory, agent_id: int, config: AgentConfig, use
             names += _role_groups("project", project.id, role)
         for group, role in groups:
             names += _role_groups("group", group.id, role)
-        identity = Identity(
-            username=f"gitlab:user:{user.username}", groups=tuple(names),
-            extra={
-                "agent.gitlab.com/id": (str(agent.id),),
-                "agent.gitlab.com/username": (user.username,),
-                "agent.gitlab.com/access_type": (access_type,),
-                "agent.gitlab.com/config_project_id": (str(config_project.id),),
-            },
+        identity = Impersonation(
+            user=f"gitlab:user:{user.username}", groups=tuple(names),
+            extra=(
+                ("agent.gitlab.com/id", (str(agent.id),)),
+                ("agent.gitlab.com/username", (user.username,)),
+                ("agent.gitlab.com/access_type", (access_type,)),
+                ("agent.gitlab.com/config_project_id", (str(config_project.id),)),
+            ),
         )
     return Decision(allowed=True, reason=f"user_access, access_as {access.access_as}", agent_id=agent_id,
                     principal=principal, entry_kind="user_access", access_as=access.access_as, identity=identity)
@@ -326,8 +301,6 @@ __all__ = [
     "USER_ACCESS_MIN_ROLE",
     "AccessMode",
     "Decision",
-    "Identity",
-    "Job",
     "allows_client_impersonation",
     "authorize_job",
     "authorize_user",

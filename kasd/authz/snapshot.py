@@ -5,8 +5,9 @@ agents' ``config.yaml`` files, or not at all: a file that cannot be used raises,
 column and problem, so a reload that fails leaves the previous snapshot in force (the caller keeps
 it). ``Snapshot.authorize(kind, secret, agent_id, now=…)`` is the whole decision for one bearer token
 and agent: verify the token, pick the ``ci_access`` entry (or ``user_access``), apply its ``rules:``,
-resolve the namespace; ``Denied`` (401: who are you?; 403: not for this agent) says why not in words
-a client may read.
+resolve the namespace; the answer is a ``Grant`` (``kasd.authz.verdict``, the very value the
+``Authority`` seam answers with), or an ``AccessDenied`` (401: who are you?; 403: not for this agent)
+saying why not in words a client may read.
 
 Pure, as the rest of this package: time is an argument, reading files is the only I/O.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Literal, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import attrs
 
@@ -28,7 +29,7 @@ from kasd.authz.agentconfig import (
     load_agent_config,
     project_root,
 )
-from kasd.authz.civars import JobFacts, ci_variables, guess_environment_tier
+from kasd.authz.civars import ci_variables, guess_environment_tier
 from kasd.authz.directory import Directory, Project
 from kasd.authz.expand import RoleRef
 from kasd.authz.jobtokens import (
@@ -42,7 +43,7 @@ from kasd.authz.jobtokens import (
     verify_personal_token,
 )
 from kasd.authz.keys import KeySet
-from kasd.authz.policy import Decision, Job, authorize_job, authorize_user
+from kasd.authz.policy import Decision, authorize_job, authorize_user
 from kasd.authz.rules import (
     MAX_RULES,
     MAX_RULES_PROGRAM,
@@ -62,28 +63,18 @@ from kasd.authz.templates import (
     rules_objects,
     templates_dir,
 )
+from kasd.authz.verdict import AccessDenied, Grant
 
 _Claims = TypeVar("_Claims", JobClaims, PersonalClaims)
 
-__all__ = ["DEFAULT_MAX_JOB_TOKEN_LIFETIME", "CompiledAgent", "Denied", "FinishedJobsView", "Snapshot", "TokenSettings",
-           "Verdict", "load_agents"]
-
-
-class Denied(Exception):
-    """Not allowed: ``status`` 401 (the token proves nothing) or 403 (not for this agent);
-    ``message`` is safe to show the client (never the token)."""
-
-    def __init__(self, status: int, message: str, *, principal: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        #: who asked, when the token said it (``ci_job:42``, ``user:alice``), for the audit line
-        self.principal = principal
+__all__ = ["DEFAULT_MAX_JOB_TOKEN_LIFETIME", "CompiledAgent", "FinishedJobsView", "Snapshot", "TokenChecks",
+           "load_agents"]
 
 
 class FinishedJobsView(Protocol):
     """The jobs recorded as finished (``kasd.store.finished.FinishedJobs``: kept in step by kasd's
-    store, read here on every job token)."""
+    store, read here on every job token). Named here, by its one reader, not beside the
+    implementation: ``kasd.store`` imports this package (its slugs), and this package never the store."""
 
     def until(self, job_id: int, now: float) -> int | None: ...
 
@@ -98,8 +89,10 @@ DEFAULT_MAX_JOB_TOKEN_LIFETIME = timedelta(hours=24)
 
 
 @attrs.frozen(kw_only=True)
-class TokenSettings:
-    """How job and personal tokens are checked (kasd's ``authorization.tokens``)."""
+class TokenChecks:
+    """How job and personal tokens are checked: kasd's ``authorization.tokens`` once loaded. Not the
+    settings class (``kasd.config``, which this package never imports): that one names key files and
+    seconds as written, this one holds the keys read from them, durations and the finished jobs."""
 
     #: None: none configured, so every token is refused (saying so)
     keyset: KeySet | None
@@ -127,25 +120,6 @@ class CompiledAgent:
     def template(self) -> EnvironmentTemplate:
         """The template ``resource_management`` applies: the agent's ``default.yaml``, else the built-in."""
         return self.templates.get("default", BUILTIN)
-
-
-@attrs.frozen(kw_only=True)
-class Verdict:
-    """Allowed: the decision (mode, identity) with what the rules or the entry resolved."""
-
-    decision: Decision
-    kind: Literal["ci", "pat"]
-    #: the namespace the request's kubeconfig context selects: a rule's, else the entry's default
-    namespace: str | None = None
-    #: a CI job's environment, if it deploys to one
-    environment: str | None = None
-    #: the verified job (``ci``) or username (``pat``)
-    job: JobClaims | None = None
-    user: str | None = None
-    #: the token's expiry (seconds since the epoch): a cached verdict is good until then
-    expires_at: int
-    #: what kasd creates before the job's first request through the agent (a managed namespace)
-    managed: ManagedResources | None = None
 
 
 def load_agents(directory: Directory, config_root: Path) -> tuple[dict[int, CompiledAgent], list[str]]:
@@ -219,70 +193,66 @@ def _own_groups(decision: Decision, project: Project, slug: str) -> list[str]:
 @attrs.frozen(kw_only=True)
 class Snapshot:
     directory: Directory
-    tokens: TokenSettings
+    tokens: TokenChecks
     agents: Mapping[int, CompiledAgent]
     #: warnings the load gave (unknown keys, missing files), logged once per load
     warnings: tuple[str, ...] = ()
 
-    def authorize(self, kind: str, secret: str, agent_id: int, *, now: float) -> Verdict:
-        """The verdict for bearer token ``<kind>:<agent_id>:<secret>``; ``Denied`` otherwise."""
+    def authorize(self, kind: str, secret: str, agent_id: int, *, now: float) -> Grant:
+        """The grant of bearer token ``<kind>:<agent_id>:<secret>``; ``AccessDenied`` otherwise."""
         if kind == "ci":
             return self._job(secret, agent_id, now)
         if kind == "pat":
             return self._user(secret, agent_id, now)
-        raise Denied(401, f"bad token: unknown token type {kind!r}")
+        raise AccessDenied(401, f"bad token: unknown token type {kind!r}")
 
     def _agent(self, agent_id: int, principal: str) -> CompiledAgent:
         compiled = self.agents.get(agent_id)
         if compiled is None:
-            raise Denied(403, f"agent {agent_id} is not known", principal=principal)
+            raise AccessDenied(403, f"agent {agent_id} is not known", principal=principal)
         return compiled
 
     def _keyset(self) -> KeySet:
         if self.tokens.keyset is None:
-            raise Denied(401, "bad token: kasd verifies no tokens (authorization.tokens.public_keys is empty)")
+            raise AccessDenied(401, "bad token: kasd verifies no tokens (authorization.tokens.public_keys is empty)")
         return self.tokens.keyset
 
     def _verified(self, verify: Callable[..., _Claims], secret: str, what: str, now: float) -> _Claims:
-        """``verify``'s claims of ``secret``; ``Denied`` (401) saying which check failed."""
+        """``verify``'s claims of ``secret``; ``AccessDenied`` (401) saying which check failed."""
         t = self.tokens
         try:
             claims = verify(secret, self._keyset(), audience=t.audience, issuer=t.issuer, now=now,
                             leeway=t.leeway, revoked=t.revoked)
         except TokenInvalid as exc:
-            raise Denied(401, f"bad token: {what} {exc.reason}") from None
+            raise AccessDenied(401, f"bad token: {what} {exc.reason}") from None
         assert claims.stamp is not None
         return claims
 
     def verify_job(self, secret: str, *, now: float) -> JobClaims:
-        """The claims of a valid job token of a job not yet finished; ``Denied`` (401) saying which
-        check failed."""
+        """The claims of a valid job token of a job not yet finished; ``AccessDenied`` (401) saying
+        which check failed."""
         claims = self._verified(verify_job_token, secret, "CI job token", now)
         assert claims.stamp is not None
         longest = self.tokens.max_job_lifetime.total_seconds()
         if claims.stamp.expires_at - claims.stamp.issued_at > longest:
-            raise Denied(401, "bad token: CI job token lives longer than kasd accepts "
+            raise AccessDenied(401, "bad token: CI job token lives longer than kasd accepts "
                               f"(authorization.tokens.max_job_token_lifetime: {longest:g} s)")
         if self.tokens.finished.until(claims.job_id, now) is not None:
-            raise Denied(401, f"bad token: CI job token revoked: job {claims.job_id} is finished",
+            raise AccessDenied(401, f"bad token: CI job token revoked: job {claims.job_id} is finished",
                          principal=f"ci_job:{claims.job_id}")
         return claims
 
-    def _job(self, secret: str, agent_id: int, now: float) -> Verdict:
+    def _job(self, secret: str, agent_id: int, now: float) -> Grant:
         return self.decide_job(self.verify_job(secret, now=now), agent_id)
 
-    def decide_job(self, claims: JobClaims, agent_id: int) -> Verdict:
-        """What agent ``agent_id``'s configuration allows the verified job ``claims``; ``Denied`` (403)."""
+    def decide_job(self, claims: JobClaims, agent_id: int) -> Grant:
+        """What agent ``agent_id``'s configuration grants the verified job ``claims``; ``AccessDenied`` (403)."""
         assert claims.stamp is not None
         principal = f"ci_job:{claims.job_id}"
         compiled = self._agent(agent_id, principal)
-        job = Job(project=claims.project, project_id=claims.project_id, job_id=claims.job_id,
-                  pipeline_id=claims.pipeline_id, user=claims.user, ref=claims.ref, ref_type=claims.ref_type,
-                  protected=claims.protected, environment=claims.environment,
-                  environment_tier=claims.environment_tier)
-        decision = authorize_job(self.directory, agent_id, compiled.config, job, slug=environment_slug)
+        decision = authorize_job(self.directory, agent_id, compiled.config, claims, slug=environment_slug)
         if not decision.allowed:
-            raise Denied(403, f"forbidden: {decision.reason}", principal=principal)
+            raise AccessDenied(403, f"forbidden: {decision.reason}", principal=principal)
         namespace = decision.default_namespace
         rules = compiled.rules.get((decision.entry_kind or "", decision.entry_id))
         project = self.directory.project(claims.project)
@@ -290,18 +260,11 @@ class Snapshot:
         rules_namespace: str | None = None
         rules_roles: tuple[RoleRef, ...] = ()
         if rules:
-            facts = JobFacts(
-                project_path=project.path, project_id=project.id, namespace=project.namespace,
-                ref=claims.ref, tag=claims.ref_type == "tag", protected=claims.protected,
-                default_branch=project.default_branch, environment=claims.environment,
-                environment_tier=claims.environment_tier, job_id=claims.job_id,
-                pipeline_id=claims.pipeline_id, user_login=claims.user,
-            )
-            match = first_match(rules, ci_variables(facts))
+            match = first_match(rules, ci_variables(claims, project))
             entry = f"ci_access.{decision.entry_kind}s entry {decision.entry_id}" if decision.entry_id else \
                 f"ci_access.{decision.entry_kind}"
             if not match.allowed:
-                raise Denied(403, f"forbidden: agent {agent_id} does not allow this job: {entry}: {match.reason}",
+                raise AccessDenied(403, f"forbidden: agent {agent_id} does not allow this job: {entry}: {match.reason}",
                              principal=principal)
             if match.namespace is not None:
                 namespace = rules_namespace = match.namespace
@@ -309,8 +272,8 @@ class Snapshot:
         managed = self._managed(compiled, decision, claims, project, rules_namespace, rules_roles)
         if managed is not None and managed.namespace is not None:
             namespace = managed.namespace
-        return Verdict(decision=decision, kind="ci", namespace=namespace, environment=claims.environment,
-                       job=claims, expires_at=claims.stamp.expires_at, managed=managed)
+        return _grant(decision, kind="ci", namespace=namespace, environment=claims.environment, job=claims,
+                      expires_at=claims.stamp.expires_at, managed=managed)
 
     def _managed(self, compiled: CompiledAgent, decision: Decision, claims: JobClaims, project: Project,
                  rules_namespace: str | None, rules_roles: tuple[RoleRef, ...] = ()) -> ManagedResources | None:
@@ -347,25 +310,36 @@ class Snapshot:
             namespace=names[0] if names else rules_namespace, objects=tuple(objects),
             delete_resources=template.delete_resources)
 
-    def allowed_agents(self, secret: str, *, now: float) -> tuple[JobClaims, list[Verdict]]:
-        """The job a token proves, and every agent it may use (in agent id order); ``Denied`` (401)
+    def allowed_agents(self, secret: str, *, now: float) -> tuple[JobClaims, list[Grant]]:
+        """The job a token proves, and its grant for every agent it may use (in agent id order);
+        ``AccessDenied`` (401)
         for a token that proves nothing. What ``GET /api/v4/job/allowed_agents`` and ``kasctl
         kubeconfig`` answer."""
         claims = self.verify_job(secret, now=now)
-        allowed: list[Verdict] = []
+        allowed: list[Grant] = []
         for agent_id in sorted(self.agents):
             try:
                 allowed.append(self.decide_job(claims, agent_id))
-            except Denied:
+            except AccessDenied:
                 continue
         return claims, allowed
 
-    def _user(self, secret: str, agent_id: int, now: float) -> Verdict:
+    def _user(self, secret: str, agent_id: int, now: float) -> Grant:
         claims = self._verified(verify_personal_token, secret, "personal token", now)
         assert claims.stamp is not None  # (a verified token's)
         principal = f"user:{claims.user}"
         compiled = self._agent(agent_id, principal)
         decision = authorize_user(self.directory, agent_id, compiled.config, claims.user)
         if not decision.allowed:
-            raise Denied(403, f"forbidden: {decision.reason}", principal=principal)
-        return Verdict(decision=decision, kind="pat", user=claims.user, expires_at=claims.stamp.expires_at)
+            raise AccessDenied(403, f"forbidden: {decision.reason}", principal=principal)
+        return _grant(decision, kind="pat", user=claims.user, expires_at=claims.stamp.expires_at)
+
+
+def _grant(decision: Decision, *, kind: str, namespace: str | None = None, environment: str | None = None,
+           job: JobClaims | None = None, user: str | None = None, expires_at: int,
+           managed: ManagedResources | None = None) -> Grant:
+    """An allowed ``decision`` with what the rules and the entry resolved, as the one grant."""
+    return Grant(kind=kind, agent_id=decision.agent_id, impersonate=decision.identity, subject=decision.principal,
+                 access_as=decision.access_as or "agent", namespace=namespace, environment=environment,
+                 managed=managed, job=job, user=user, entry_kind=decision.entry_kind, entry_id=decision.entry_id,
+                 expires_at=expires_at)

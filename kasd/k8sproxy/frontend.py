@@ -33,11 +33,12 @@ class ConnectionLimits(Protocol):
     @property
     def idle_timeout(self) -> float: ...
     @property
-    def http2(self) -> Http2Limits: ...
+    def http2(self) -> Http2ClientLimits: ...
 
 
-class Http2Limits(Protocol):
-    """What an HTTP/2 client may cost (``kasd.config.Http2Limits``)."""
+class Http2ClientLimits(Protocol):
+    """What an HTTP/2 client may cost: the part of ``kasd.config.Http2Limits`` the front ends read
+    (they never import the config)."""
 
     @property
     def reset_limit(self) -> ResetLimit: ...

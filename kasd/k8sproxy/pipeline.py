@@ -263,7 +263,8 @@ class RequestPipeline:
 
     async def _authorize(self, request: ClientRequest, record: RequestRecord) -> tuple[Grant, Hashable]:
         """The grant for this request's token, and who holds it (the principal: the token, never
-        logged); ProxyError 401/403 otherwise."""
+        logged); ProxyError 401/403 otherwise: the authority's ``AccessDenied`` told to the client in
+        the one shape every answer the pipeline refuses with takes (a 401 with its challenge)."""
         auth = [v for k, v in request.headers if k == "authorization"]
         try:
             if len(auth) > 1:

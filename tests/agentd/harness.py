@@ -13,9 +13,9 @@ import attrs
 import trio
 
 from agentd.agent import RunningAgent, run_agent
-from agentd.config import AgentConfig
+from agentd.config import AgentdConfig
 from agentd.kubeapi import KubeTarget
-from agentd.proxy import RequestRecord
+from agentd.proxy import UpstreamRequestRecord
 from daemonkit.settings import HostPort
 from tunnelhttp.head import Impersonation, RequestHead, ResponseHead
 from wire.h2carrier import serve_h2_tunnels
@@ -141,7 +141,7 @@ async def exchange(session: Session, request: RequestHead, body: bytes = b"") ->
     return response, data
 
 
-def agent_config(tmp_path: Path, kas_url: str, **overrides: Any) -> AgentConfig:
+def agent_config(tmp_path: Path, kas_url: str, **overrides: Any) -> AgentdConfig:
     token_file = tmp_path / "agent-token"
     token_file.write_text(AGENT_TOKEN + "\n")
     values: dict[str, Any] = {
@@ -156,7 +156,7 @@ def agent_config(tmp_path: Path, kas_url: str, **overrides: Any) -> AgentConfig:
         "shutdown_grace": 2.0,
     }
     values.update(overrides)
-    return AgentConfig(**values)
+    return AgentdConfig(**values)
 
 
 @attrs.define(eq=False)
@@ -166,7 +166,7 @@ class AgentUnderTest:
 
 
 @asynccontextmanager
-async def running_agent(nursery: trio.Nursery, config: AgentConfig, target: KubeTarget,
+async def running_agent(nursery: trio.Nursery, config: AgentdConfig, target: KubeTarget,
                         **kwargs: Any) -> AsyncIterator[RunningAgent]:
     agent: RunningAgent = await nursery.start(lambda task_status: run_agent(config, kube_target=target,
                                                                             task_status=task_status, **kwargs))
@@ -180,11 +180,11 @@ class RequestLog:
     """What agentd's proxy recorded about each finished request, and an event for the first."""
 
     def __init__(self, agent: RunningAgent) -> None:
-        self.records: list[RequestRecord] = []
+        self.records: list[UpstreamRequestRecord] = []
         self.first = trio.Event()
         agent.proxy.on_done = self._done
 
-    def _done(self, record: RequestRecord) -> None:
+    def _done(self, record: UpstreamRequestRecord) -> None:
         self.records.append(record)
         self.first.set()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import trustme
 
-from agentd.config import AgentConfig, ConfigError, load_config
+from agentd.config import AgentdConfig, ConfigError, load_config
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -216,6 +216,6 @@ def test_cli_help_teaches_with_examples() -> None:
 
 def test_config_is_frozen(files: Path) -> None:
     config = load_config(["--kas-address", "http://k/tunnel", *base_flags(files)], {})
-    assert isinstance(config, AgentConfig)
+    assert isinstance(config, AgentdConfig)
     with pytest.raises(AttributeError):
         config.connections = 3  # type: ignore[misc]

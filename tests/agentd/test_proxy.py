@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from agentd.kubeapi import kubeconfig_target
-from agentd.proxy import RequestRecord
+from agentd.proxy import UpstreamRequestRecord
 from kubesim.server import KubeSim, open_kubesim
 from tests.agentd.harness import (
     SIM_TOKEN,
@@ -35,10 +35,10 @@ class Setup:
         self.sim = sim
         self.kasd = kasd
         self.agent = agent
-        self.records: list[RequestRecord] = []
+        self.records: list[UpstreamRequestRecord] = []
         self.record_event = trio.Event()
 
-    def on_done(self, record: RequestRecord) -> None:
+    def on_done(self, record: UpstreamRequestRecord) -> None:
         self.records.append(record)
         self.record_event.set()
         self.record_event = trio.Event()

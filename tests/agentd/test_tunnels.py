@@ -14,7 +14,7 @@ import trio
 import trustme
 
 from agentd.agent import RunningAgent, run_agent
-from agentd.config import AgentConfig
+from agentd.config import AgentdConfig
 from agentd.kubeapi import kubeconfig_target
 from kubesim.server import open_kubesim
 from tests.agentd.harness import (
@@ -208,7 +208,7 @@ def _configmap_upload(name: str) -> tuple[RequestHead, bytes]:
     return request, body
 
 
-async def _start_stoppable_agent(nursery: trio.Nursery, config: AgentConfig) -> tuple[RunningAgent, trio.Event]:
+async def _start_stoppable_agent(nursery: trio.Nursery, config: AgentdConfig) -> tuple[RunningAgent, trio.Event]:
     finished = trio.Event()
 
     async def run(task_status: trio.TaskStatus[RunningAgent]) -> None:

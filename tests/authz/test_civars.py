@@ -1,20 +1,23 @@
-"""A job's identity → GitLab's predefined CI variables, absent ones omitted."""
+"""A verified job and its project → GitLab's predefined CI variables, absent ones omitted."""
 
 from __future__ import annotations
 
 import attrs
 import pytest
 
-from kasd.authz.civars import JobFacts, ci_variables, guess_environment_tier
+from kasd.authz.civars import ci_variables, guess_environment_tier
+from kasd.authz.directory import Project
+from kasd.authz.jobtokens import JobClaims
 from kasd.authz.slugs import environment_slug
 
-FACTS = JobFacts(project_path="acme/platform/Web-App", project_id=42, namespace="acme/platform",
-                 ref="feature/Login", protected=False, default_branch="main", job_id=7, pipeline_id=3,
-                 user_login="alice")
+JOB = JobClaims(project="acme/platform/web-app", ref="feature/Login", protected=False, job_id=7, pipeline_id=3,
+                user="alice")
+#: the directory's project: its path as declared (the token's may differ in case), id and default branch
+PROJECT = Project(path="acme/platform/Web-App", id=42, default_branch="main")
 
 
 def test_a_branch_job_without_an_environment() -> None:
-    assert ci_variables(FACTS) == {
+    assert ci_variables(JOB, PROJECT) == {
         "CI_PROJECT_ID": "42",
         "CI_PROJECT_PATH": "acme/platform/Web-App",
         "CI_PROJECT_PATH_SLUG": "acme-platform-web-app",
@@ -33,21 +36,21 @@ def test_a_branch_job_without_an_environment() -> None:
 
 
 def test_a_protected_tag_deploying_to_an_environment() -> None:
-    facts = attrs.evolve(FACTS, ref="v1.2.3", tag=True, protected=True, environment="review/feature",
-                         default_branch=None, user_login=None)
-    variables = ci_variables(facts)
+    job = attrs.evolve(JOB, ref="v1.2.3", ref_type="tag", protected=True, environment="review/feature")
+    variables = ci_variables(job, attrs.evolve(PROJECT, default_branch="trunk"))
     assert variables["CI_COMMIT_TAG"] == "v1.2.3"
     assert "CI_COMMIT_BRANCH" not in variables
     assert variables["CI_COMMIT_REF_PROTECTED"] == "true"
     assert variables["CI_ENVIRONMENT_NAME"] == "review/feature"
     assert variables["CI_ENVIRONMENT_SLUG"] == environment_slug("review/feature")
     assert variables["CI_ENVIRONMENT_TIER"] == "development"
-    assert "CI_DEFAULT_BRANCH" not in variables and "GITLAB_USER_LOGIN" not in variables
+    # a project always has a default branch in kasd's directory, and a verified job always names its user
+    assert variables["CI_DEFAULT_BRANCH"] == "trunk" and variables["GITLAB_USER_LOGIN"] == "alice"
 
 
 def test_a_given_tier_wins_over_the_guess() -> None:
-    facts = attrs.evolve(FACTS, environment="review/x", environment_tier="production")
-    assert ci_variables(facts)["CI_ENVIRONMENT_TIER"] == "production"
+    job = attrs.evolve(JOB, environment="review/x", environment_tier="production")
+    assert ci_variables(job, PROJECT)["CI_ENVIRONMENT_TIER"] == "production"
 
 
 @pytest.mark.parametrize(("name", "tier"), [

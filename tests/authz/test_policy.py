@@ -10,12 +10,11 @@ import pytest
 
 from kasd.authz.agentconfig import AgentConfig, parse_agent_config
 from kasd.authz.directory import Directory, Role
+from kasd.authz.jobtokens import JobClaims
 from kasd.authz.policy import (
     CLIENT_IMPERSONATION_REFUSED,
     CLIENT_IMPERSONATION_STATUS,
     Decision,
-    Identity,
-    Job,
     allows_client_impersonation,
     authorize_job,
     authorize_user,
@@ -108,14 +107,14 @@ def slug(name: str) -> str:
 
 
 def job(project: str, *, env: str | None = None, tier: str | None = None, protected: bool = False,
-        project_id: int | None = None, user: str = "alice") -> Job:
-    return Job(project=project, project_id=project_id, job_id=1001, pipeline_id=501, user=user, ref="main",
+        project_id: int | None = None, user: str = "alice") -> JobClaims:
+    return JobClaims(project=project, project_id=project_id, job_id=1001, pipeline_id=501, user=user, ref="main",
                ref_type="branch", protected=protected, environment=env, environment_tier=tier)
 
 
 # (case, job, agent id, expected): expected is (entry kind, entry id, access_as) when allowed, or a
 # piece of the denial's reason
-JOB_MATRIX: list[tuple[str, Job, int, Any]] = [
+JOB_MATRIX: list[tuple[str, JobClaims, int, Any]] = [
     ("project entry, its environment, protected", job("acme/web/shop", env="production", protected=True), 1,
      ("project", "ACME/web/shop", "agent")),
     ("project entry, unprotected ref", job("acme/web/shop", env="production"), 1,
@@ -157,7 +156,7 @@ JOB_MATRIX: list[tuple[str, Job, int, Any]] = [
 
 
 @pytest.mark.parametrize(("case", "the_job", "agent_id", "expected"), JOB_MATRIX, ids=[row[0] for row in JOB_MATRIX])
-def test_job_matrix(case: str, the_job: Job, agent_id: int, expected: Any) -> None:
+def test_job_matrix(case: str, the_job: JobClaims, agent_id: int, expected: Any) -> None:
     decision = authorize_job(DIRECTORY, agent_id, CONFIGS[agent_id], the_job, slug=slug)
     assert decision.agent_id == agent_id and decision.principal == "ci_job:1001"
     if isinstance(expected, tuple):
@@ -191,7 +190,7 @@ def test_ci_job_identity_with_an_environment() -> None:
     decision = authorize_job(DIRECTORY, 1, CONFIGS[1],
                              job("acme/web/frontend/ui", env="Review/Fix 7", tier="development"), slug=slug)
     assert decision.identity is not None
-    assert (decision.identity.username, decision.identity.groups) == (
+    assert (decision.identity.user, decision.identity.groups) == (
         "gitlab:ci_job:1001",
         (
             "gitlab:ci_job",
@@ -201,7 +200,7 @@ def test_ci_job_identity_with_an_environment() -> None:
             "gitlab:project:44", "gitlab:project_env:44:review-fix-7", "gitlab:project_env_tier:44:development",
         ),
     )
-    assert list(decision.identity.extra.items()) == [
+    assert list(decision.identity.extra) == [
         ("agent.gitlab.com/id", ("1",)),
         ("agent.gitlab.com/config_project_id", ("42",)),
         ("agent.gitlab.com/project_id", ("44",)),
@@ -218,37 +217,39 @@ def test_ci_job_identity_without_an_environment_or_tier() -> None:
     bare = authorize_job(DIRECTORY, 1, CONFIGS[1], job("acme/web/frontend/ui"), slug=slug).identity
     assert bare is not None
     assert bare.groups == ("gitlab:ci_job", "gitlab:group:10", "gitlab:group:11", "gitlab:group:12", "gitlab:project:44")
-    assert "agent.gitlab.com/environment_slug" not in bare.extra
+    assert "agent.gitlab.com/environment_slug" not in dict(bare.extra)
     no_tier = authorize_job(DIRECTORY, 1, CONFIGS[1], job("acme/web/frontend/ui", env="qa"), slug=slug).identity
     assert no_tier is not None
     assert no_tier.groups[-2:] == ("gitlab:project:44", "gitlab:project_env:44:qa")
-    assert no_tier.extra["agent.gitlab.com/environment_slug"] == ("qa",)
-    assert "agent.gitlab.com/environment_tier" not in no_tier.extra
+    assert dict(no_tier.extra)["agent.gitlab.com/environment_slug"] == ("qa",)
+    assert "agent.gitlab.com/environment_tier" not in dict(no_tier.extra)
 
 
 def test_ci_user_identity() -> None:
     decision = authorize_job(DIRECTORY, 3, CONFIGS[3], job("acme/web/shop", env="sandbox", tier="testing",
                                                            protected=True), slug=slug)
     assert decision.identity is not None
-    assert decision.identity.username == "gitlab:user:alice"
+    assert decision.identity.user == "gitlab:user:alice"
     assert decision.identity.groups == (
         "gitlab:user",
         "gitlab:project_role:43:guest", "gitlab:project_role:43:reporter", "gitlab:project_role:43:developer",
         "gitlab:group_role:11:guest", "gitlab:group_role:11:reporter", "gitlab:group_role:11:developer",
     )
-    assert list(decision.identity.extra)[:2] == ["agent.gitlab.com/id", "agent.gitlab.com/config_project_id"]
-    assert decision.identity.extra["agent.gitlab.com/id"] == ("3",)
-    assert decision.identity.extra["agent.gitlab.com/environment_tier"] == ("testing",)
+    assert [key for key, _ in decision.identity.extra][:2] == ["agent.gitlab.com/id", "agent.gitlab.com/config_project_id"]
+    assert dict(decision.identity.extra)["agent.gitlab.com/id"] == ("3",)
+    assert dict(decision.identity.extra)["agent.gitlab.com/environment_tier"] == ("testing",)
     stranger = authorize_job(DIRECTORY, 3, CONFIGS[3], job("acme/web/shop", protected=True, user="zed"), slug=slug)
     assert stranger.identity is not None and stranger.identity.groups == ("gitlab:user",)
 
 
 def test_impersonate_identity_is_as_configured() -> None:
     decision = authorize_job(DIRECTORY, 3, CONFIGS[3], job("other/tool", env="sandbox"), slug=slug)
-    assert decision.identity == Identity(username="sandbox-deployer", uid="1001", groups=("sandboxes",),
-                                         extra={"example.com/purpose": ("sandbox", "demo")})
-    assert decision.identity.to_impersonation() == Impersonation(
+    assert decision.identity == Impersonation(
         user="sandbox-deployer", groups=("sandboxes",), uid="1001", extra=(("example.com/purpose", ("sandbox", "demo")),))
+    # the decision's identity is the value the proxy sends: these are the headers agentd adds
+    assert decision.identity.headers() == (
+        ("impersonate-user", "sandbox-deployer"), ("impersonate-group", "sandboxes"), ("impersonate-uid", "1001"),
+        ("impersonate-extra-example.com%2Fpurpose", "sandbox"), ("impersonate-extra-example.com%2Fpurpose", "demo"))
     assert not allows_client_impersonation(decision)
 
 
@@ -290,13 +291,13 @@ def test_user_matrix(case: str, username: str, agent_id: int, expected: str) -> 
 def test_user_identity() -> None:
     alice = authorize_user(DIRECTORY, 1, CONFIGS[1], "alice").identity
     assert alice is not None
-    assert (alice.username, alice.groups) == (
+    assert (alice.user, alice.groups) == (
         "gitlab:user:alice",
         ("gitlab:user",
                 "gitlab:project_role:43:guest", "gitlab:project_role:43:reporter", "gitlab:project_role:43:developer",
                 "gitlab:group_role:11:guest", "gitlab:group_role:11:reporter", "gitlab:group_role:11:developer"),
     )
-    assert list(alice.extra.items()) == [
+    assert list(alice.extra) == [
         ("agent.gitlab.com/id", ("1",)),
         ("agent.gitlab.com/username", ("alice",)),
         ("agent.gitlab.com/access_type", ("personal_access_token",)),

@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from daemonkit.health import HealthServer, Response, liveness, readiness_route, serve_health
+from daemonkit.health import HealthResponse, HealthServer, liveness, readiness_route, serve_health
 from netio.admission import ConnectionCaps
 
 pytestmark = pytest.mark.timeout(10)
@@ -55,7 +55,7 @@ async def test_routes_answer_and_close() -> None:
 
 
 async def test_a_route_sets_its_content_type() -> None:
-    server = HealthServer({"/metrics": lambda: Response(200, b"m 1\n", "text/plain; version=0.0.4")})
+    server = HealthServer({"/metrics": lambda: HealthResponse(200, b"m 1\n", "text/plain; version=0.0.4")})
     data = await _exchange(server, b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
     assert b"content-type: text/plain; version=0.0.4" in data and data.endswith(b"m 1\n")
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kasctl.proxy import ProxyError, _listen_address
+from kasctl.errors import CommandError
+from kasctl.proxy import _listen_address
 from kasctl.stack import Stack, find_kubectl
 from tests.e2e.conftest import LineReader
 
@@ -101,5 +102,5 @@ def test_it_listens_on_loopback_unless_told(stack: Stack, tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("port", ["\u00b2", "8_001", " 8001", "8" * 5000, "65536"])
 def test_a_listen_port_int_would_misread_is_refused(port: str) -> None:
-    with pytest.raises(ProxyError, match="--listen must be HOST:PORT"):
+    with pytest.raises(CommandError, match="--listen must be HOST:PORT"):
         _listen_address(f"127.0.0.1:{port}", allow_remote=False)

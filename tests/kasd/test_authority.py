@@ -17,7 +17,7 @@ from kasctl.authsetup import AuthSetup
 from kasd import authority as authority_module
 from kasd.authority import (
     CiAuthority,
-    Loaded,
+    LoadedAuthorization,
     LoadError,
     config_loader,
     load_authorization,
@@ -61,7 +61,7 @@ class _Files:
         self.config = config
         self.loads = 0
 
-    def __call__(self) -> Loaded:
+    def __call__(self) -> LoadedAuthorization:
         self.loads += 1
         return load_authorization(self.config, None)
 
@@ -236,7 +236,7 @@ async def test_a_template_added_is_read_by_the_watch_and_replaces_the_builtin(au
     assert [o["metadata"]["name"] for o in grant.managed.objects] == ["app-3"]
     # the kubeconfig's context selects it too (GET /api/v4/job/allowed_agents)
     _, allowed = authority.snapshot.allowed_agents(job, now=time.time())
-    assert [v.namespace for v in allowed if v.decision.agent_id == 1] == ["app-3"]
+    assert [v.namespace for v in allowed if v.agent_id == 1] == ["app-3"]
 
 
 async def test_a_bad_new_template_fixed_in_place_is_read_by_the_watch(auth: AuthSetup) -> None:
@@ -246,7 +246,7 @@ async def test_a_bad_new_template_fixed_in_place_is_read_by_the_watch(auth: Auth
     files = _Files(_config(auth))
     failed = trio.Event()
 
-    def load() -> Loaded:
+    def load() -> LoadedAuthorization:
         try:
             return files()
         except LoadError:
@@ -284,7 +284,7 @@ async def test_a_bomb_dropped_into_a_running_kasd_costs_one_failed_reload(
     reading, release = threading.Event(), threading.Event()
     blocked: list[bool] = []
 
-    def load() -> Loaded:
+    def load() -> LoadedAuthorization:
         if files.loads:  # a reload: wait until a task on the event loop lets it go on
             reading.set()
             blocked.append(not release.wait(5))
@@ -322,7 +322,7 @@ async def test_a_load_past_the_time_limit_fails_and_a_cancel_ends_one_at_once(
     files = _Files(_config(auth))
     release = threading.Event()
 
-    def load() -> Loaded:
+    def load() -> LoadedAuthorization:
         if files.loads:
             release.wait(30)
         return files()

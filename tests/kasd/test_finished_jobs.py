@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 
-from kasd.authz.snapshot import Denied
+from kasd.authz.verdict import AccessDenied
 from kasd.config import ConfigError
 from kasd.restapi import ALLOWED_AGENTS_PATH, finish_path
 from kasd.store.finished import FinishedJobs, TooManyFinishedJobs, finished_until
@@ -231,7 +231,7 @@ async def test_a_finished_jobs_token_is_refused_on_the_proxy_and_the_rest_api() 
 
 async def test_a_grant_remembered_before_the_job_finished_is_forgotten() -> None:
     """The authority remembers grants per token: finishing the job must not leave one behind."""
-    from kasd.seams import AccessDenied, Credentials
+    from kasd.seams import Credentials
 
     async with running_kasd(_api_config()) as kasd:
         credentials = Credentials(kind="ci", agent_id=1, secret=CI_SECRET)
@@ -287,7 +287,7 @@ def test_a_revocation_lapses_once_the_tokens_it_covers_have_expired() -> None:
         until = await Revocations(store, view, clock=lambda: clock[0]).finish(7, max_lifetime=3600, leeway=60)
         assert until == NOW + 3600 + 120
         for at, why in ((NOW + 1, "revoked"), (NOW + 3600 + 59, "revoked"), (NOW + 3600 + 61, "expired")):
-            with pytest.raises(Denied, match=why):
+            with pytest.raises(AccessDenied, match=why):
                 snapshot.verify_job(token, now=at)
         clock[0] = until
         assert view.until(7, clock[0]) is None and view.purge(clock[0]) == 1
@@ -297,7 +297,7 @@ def test_a_revocation_lapses_once_the_tokens_it_covers_have_expired() -> None:
     trio.run(main)
     # a token minted to live longer than kasd accepts is refused outright: no revocation could cover it
     long_lived = AUTH.job_token("group/app", job_id=8, ttl=timedelta(hours=2), now=NOW)
-    with pytest.raises(Denied, match=r"lives longer than kasd accepts \(authorization\.tokens\.max_job_token_lifetime: 3600 s\)"):
+    with pytest.raises(AccessDenied, match=r"lives longer than kasd accepts \(authorization\.tokens\.max_job_token_lifetime: 3600 s\)"):
         snapshot.verify_job(long_lived, now=NOW + 1)
 
 

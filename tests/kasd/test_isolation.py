@@ -12,11 +12,12 @@ import pytest
 import trio
 
 from kasctl.authsetup import AuthSetup
-from kasd.authority import CiAuthority, Loaded, load_authorization
+from kasd.authority import CiAuthority, LoadedAuthorization, load_authorization
 from kasd.authz.jobinfo import allowed_agents_response
 from kasd.authz.jobtokens import JobClaims, mint_job_token, mint_personal_token
 from kasd.authz.keys import SigningKey
-from kasd.authz.snapshot import Denied, Snapshot
+from kasd.authz.snapshot import Snapshot
+from kasd.authz.verdict import AccessDenied
 from kasd.config import config_from_mapping
 from kasd.tokens import hash_token
 from routing.errors import AgentNotConnected
@@ -159,12 +160,12 @@ def test_every_cell(world: tuple[Snapshot, AuthSetup], case: str, kind: str, tok
     if verdict_word == "allow":
         mode, _, namespace = rest.partition(" ")
         verdict = snapshot.authorize(kind, token(auth), agent, now=NOW)
-        assert verdict.decision.access_as == mode, case
+        assert verdict.access_as == mode, case
         if namespace:
             assert verdict.namespace is not None and verdict.namespace.startswith(namespace), verdict.namespace
     else:
         status, _, fragment = rest.partition(" ")
-        with pytest.raises(Denied) as info:
+        with pytest.raises(AccessDenied) as info:
             snapshot.authorize(kind, token(auth), agent, now=NOW)
         assert info.value.status == int(status) and fragment in info.value.message, (case, info.value.message)
 
@@ -191,7 +192,7 @@ async def test_client_impersonation_is_smuggled_through_no_mode_but_agent(
     as itself; 400 in every other mode, before anything is routed."""
     snapshot, auth = world
     agent, kind, make = MODES[mode]
-    authority = CiAuthority(lambda: Loaded(snapshot=snapshot), clock=lambda: NOW)
+    authority = CiAuthority(lambda: LoadedAuthorization(snapshot=snapshot), clock=lambda: NOW)
     token = f"{kind}:{agent}:{make(auth)}"
     for header in ("impersonate-user", "impersonate-group", "impersonate-uid", "impersonate-extra-scopes"):
         headers = (("impersonate-user", "system:admin"),) if header == "impersonate-user" else \
@@ -210,7 +211,7 @@ async def test_client_impersonation_is_smuggled_through_no_mode_but_agent(
 def test_the_modes_are_the_five(world: tuple[Snapshot, AuthSetup]) -> None:
     snapshot, auth = world
     for mode, (agent, kind, make) in MODES.items():
-        assert snapshot.authorize(kind, make(auth), agent, now=NOW).decision.access_as == mode
+        assert snapshot.authorize(kind, make(auth), agent, now=NOW).access_as == mode
 
 
 def test_the_allowed_agents_of_a_job_are_the_cells_it_is_allowed_in(world: tuple[Snapshot, AuthSetup]) -> None:
@@ -230,7 +231,7 @@ def test_the_allowed_agents_of_a_job_are_the_cells_it_is_allowed_in(world: tuple
     assert body["environment"] == {"slug": agent["kasd"]["namespace"].removeprefix("shop-"), "tier": "development"}
     assert body["project"] == {"id": 41, "path_with_namespace": "acme/web/shop", "groups": [{"id": 10}, {"id": 11}]}
     protected = snapshot.allowed_agents(_job(auth.key), now=NOW)[1]
-    assert [v.decision.agent_id for v in protected] == [1]
-    with pytest.raises(Denied) as info:
+    assert [v.agent_id for v in protected] == [1]
+    with pytest.raises(AccessDenied) as info:
         snapshot.allowed_agents(_tampered(review), now=NOW)
     assert info.value.status == 401

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from agentd.config import AgentConfig
+from agentd.config import AgentdConfig
 from agentd.kubeapi import KubeTarget, kubeconfig_target
 from kasd.server import Runtime
 from kubesim.server import open_kubesim
@@ -271,7 +271,7 @@ async def test_real_agentd_replicas_one_of_which_cannot_reach_its_api_server(tmp
                 trio.open_nursery() as nursery:
             sim.write_kubeconfig(tmp_path / "kubeconfig")
 
-            def replica(name: str) -> AgentConfig:
+            def replica(name: str) -> AgentdConfig:
                 return agent_config(tmp_path, kasd.agent_url, token_file=token_file, agent_id="1", pod_name=name)
 
             async with running_agent(nursery, replica("agentd-healthy"), kubeconfig_target(tmp_path / "kubeconfig")):

@@ -205,7 +205,7 @@ async def _tunnel(workdir: Path, ca: trustme.CA, cluster_kubeconfig: Path) -> As
     kubesim of `cluster_kubeconfig`; yields the proxy's URL once agentd's tunnel is registered.
     Configured as kasctl/stack.py configures the demo's processes, but in this Trio run."""
     from agentd.agent import run_agent
-    from agentd.config import AgentConfig
+    from agentd.config import AgentdConfig
     from agentd.kubeapi import kubeconfig_target
     from daemonkit.settings import HostPort
     from kasd.config import config_from_mapping
@@ -237,7 +237,7 @@ async def _tunnel(workdir: Path, ca: trustme.CA, cluster_kubeconfig: Path) -> As
     token_file.write_text(AGENT_TOKEN + "\n")
     async with trio.open_nursery() as nursery:
         kasd: Runtime = await nursery.start(serve_kasd, config)
-        agent_config = AgentConfig(
+        agent_config = AgentdConfig(
             kas_addresses=(kasd.agent_url,), token_file=token_file, kubeconfig=cluster_kubeconfig,
             connections=1, health=HostPort("127.0.0.1", 0), agent_id=str(TUNNEL_AGENT_ID),
             pod_name="agentd-0", pod_uid="uid-0", shutdown_grace=1.0)
