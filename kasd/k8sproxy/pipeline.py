@@ -24,8 +24,8 @@ import attrs
 import trio
 from prometheus_client import Counter
 
-from daemonkit.logs import BurstLimitedLog
-from kasd.k8sproxy.accesslog import RequestRecord, logfmt
+from daemonkit.logs import BurstLimitedLog, logfmt
+from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.exchange import CONNECTION_LOST, ClientGone, ClientRequest, Exchange
 from kasd.k8sproxy.principals import PrincipalRequests
 from kasd.k8sproxy.requestinfo import request_info
