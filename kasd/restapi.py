@@ -18,39 +18,22 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qsl, quote, unquote
+from urllib.parse import parse_qsl, unquote
 
 import trio
 
-from daemonkit.logs import UnexpectedErrors
+from daemonkit.logs import UnexpectedErrors, logfmt
 from kasd.asgiport import AsgiPort, PortLimits
-from kasd.authz.jobinfo import ALLOWED_AGENTS_PATH, allowed_agents_response
+from kasd.authz.jobinfo import allowed_agents_response
 from kasd.authz.snapshot import Denied, Snapshot
-from kasd.k8sproxy.accesslog import logfmt
 from kasd.managed import Provisioner, ProvisionError
+from kasd.restpaths import ALLOWED_AGENTS_PATH
 from kasd.store.environments import EnvironmentRefused, EnvironmentSlugs
 from kasd.store.protocol import StoreError
 from kasd.store.revocation import Revocations
 from wire.ids import InvalidNumber, parse_id
 
 log = logging.getLogger("kasd.api")
-
-#: GitLab's stop call, kasd's form (the environment by name): ``kasctl env stop`` calls it
-STOP_PATH = "/api/v4/projects/{project}/environments/{environment}/stop"
-
-
-def stop_path(project: str, environment: str) -> str:
-    """``STOP_PATH`` for a project path (or id) and environment name, each percent-encoded."""
-    return STOP_PATH.format(project=quote(project, safe=""), environment=quote(environment, safe=""))
-
-#: GitLab's "update a job" call, which its runner makes when a job ends (``PUT /api/v4/jobs/:id``,
-#: authorized by the job's own token): kasd records the job as finished (``kasctl token revoke``)
-FINISH_PATH = "/api/v4/jobs/{job_id}"
-
-
-def finish_path(job_id: int) -> str:
-    return FINISH_PATH.format(job_id=job_id)
-
 
 #: seconds one agent's part of an environment stop may take (``Provisioner.stop``): beyond, 504
 STOP_TIME_LIMIT = 120.0
@@ -296,5 +279,4 @@ async def serve_api(app: RestApi, listeners: Sequence[trio.abc.Listener[trio.abc
     await trio.serve_listeners(port.handle_connection, list(listeners), task_status=task_status)
 
 
-__all__ = ["ALLOWED_AGENTS_PATH", "FINISH_PATH", "STOP_PATH", "RestApi", "finish_path", "guarded", "serve_api",
-           "stop_path"]
+__all__ = ["RestApi", "guarded", "serve_api"]

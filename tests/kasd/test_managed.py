@@ -24,7 +24,7 @@ from kasd.authz.slugs import environment_slug
 from kasd.authz.templates import VARIABLES, ManagedResources, render, rules_objects
 from kasd.config import config_from_mapping
 from kasd.managed import AgentClient, Answer, Provisioner, users_of
-from kasd.restapi import stop_path
+from kasd.restpaths import stop_path
 from kasd.server import Runtime
 from kasd.store.made import MadeObjects
 from kasd.tokens import hash_token

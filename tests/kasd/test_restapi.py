@@ -12,7 +12,8 @@ import pytest
 import trio
 
 from kasd.config import Config
-from kasd.restapi import ALLOWED_AGENTS_PATH, RestApi
+from kasd.restapi import RestApi
+from kasd.restpaths import ALLOWED_AGENTS_PATH
 from tests.kasd.helpers import (
     AUTH,
     CI_SECRET,
