@@ -7,7 +7,8 @@ the ``Router`` for a logical stream to the agent, streams the body there, relays
 (or its ``101`` byte pipe) back, and writes one access-log line with the metrics. Both seams are
 injected, so the pipeline runs in tests with fakes and memory streams, no socket.
 
-May import: ``kasd.seams``, ``kasd.metrics``, this package's ``exchange``/``status``/``accesslog``/
+May import: ``kasd.seams``, ``kasd.agentstream`` (a request's stream to the agent, from open to
+head), ``kasd.metrics``, this package's ``exchange``/``status``/``accesslog``/
 ``principals``/``requestinfo``, ``tunnelhttp``, ``wire``, ``netio``, ``daemonkit.logs``. Never a front end (``http1``,
 ``http2``) or ``server``.
 """
@@ -25,19 +26,20 @@ import trio
 from prometheus_client import Counter
 
 from daemonkit.logs import BurstLimitedLog, logfmt
+from kasd.agentstream import AgentStreamError, open_stream, response_head
 from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.exchange import CONNECTION_LOST, ClientGone, ClientRequest, Exchange
 from kasd.k8sproxy.principals import PrincipalRequests
 from kasd.k8sproxy.requestinfo import request_info
 from kasd.k8sproxy.status import ProxyError, status_body, status_headers
-from kasd.managed import Provisioner, ProvisionError
 from kasd.metrics import Metrics
 from kasd.seams import (
     AccessDenied,
     Authority,
     Grant,
     NoOtherSession,
-    RouteError,
+    Provisioner,
+    ProvisionError,
     Router,
     parse_bearer,
 )
@@ -55,7 +57,7 @@ from tunnelhttp.head import (
     strip_hop_by_hop,
 )
 from tunnelhttp.watchbounds import EventBoundary
-from wire.errors import ErrorCode, RemoteProtocolError, UnsendableFrameError
+from wire.errors import ErrorCode
 from wire.frames import Metadata
 from wire.session import (
     MuxStream,
@@ -321,14 +323,9 @@ class RequestPipeline:
         """A stream from the router; ProxyError otherwise (``NoOtherSession`` as itself: only a
         retry, which decides what it means, passes ``avoid``)."""
         try:
-            return await self.router.open_stream(agent_id, metadata, avoid=avoid)
-        except NoOtherSession:
-            raise
-        except RouteError as exc:
+            return await open_stream(self.router, agent_id, metadata, avoid=avoid)
+        except AgentStreamError as exc:
             raise ProxyError(exc.status, exc.message) from None
-        except UnsendableFrameError as exc:  # over a limit in what kasd adds (the impersonation)
-            status = exc.status or (431 if exc.code == ErrorCode.FRAME_SIZE_ERROR else 400)
-            raise ProxyError(status, f"request head does not fit the tunnel: {exc.message}") from None
 
     # ------------------------------------------------------------------ relay
 
@@ -439,9 +436,8 @@ class RequestPipeline:
         try:
             for attempt in range(_RETRIES + 1):
                 try:
-                    metadata = await stream.wait_accepted()
+                    head = await response_head(self.router, stream, agent_id)  # tells the router either way
                 except StreamRefusedError as exc:
-                    self.router.report(stream, exc)
                     if not (t.bodiless and exc.code in _RETRIED_REFUSALS and attempt < _RETRIES):
                         raise _refusal(exc, agent_id) from None
                     reason: Exception = exc
@@ -450,12 +446,9 @@ class RequestPipeline:
                     if not (retry and attempt < _RETRIES):
                         raise ProxyError(502, f"tunnel to agent {agent_id} failed before the response: {exc}") from None
                     reason = exc
+                except AgentStreamError as exc:
+                    raise ProxyError(exc.status, exc.message) from None
                 else:
-                    self.router.report(stream, None)
-                    try:
-                        head = ResponseHead.from_metadata(metadata)
-                    except RemoteProtocolError as exc:
-                        raise ProxyError(502, f"agent {agent_id} sent an invalid response head: {exc}") from None
                     t.stream = stream
                     return head
                 self._retry_log.info((agent_id, type(reason).__name__),
