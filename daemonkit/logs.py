@@ -8,6 +8,7 @@ second instead of on every line.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
@@ -173,3 +174,10 @@ class UnexpectedErrors:
         if not written and self.on_suppressed is not None:
             self.on_suppressed()
         return written
+
+
+def logfmt(value: str) -> str:
+    """A value as logfmt parsers read it: bare if it can be, else double-quoted (``"demo CI job"``)."""
+    if value and not any(c in value for c in ' "=\\') and value.isprintable():
+        return value
+    return json.dumps(value, ensure_ascii=False)

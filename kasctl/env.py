@@ -18,7 +18,7 @@ from typing import Any
 
 from kasctl.kubeconfig import API_VARIABLE, CA_VARIABLE, TOKEN_VARIABLE, read_ca, setting
 from kasctl.restclient import RestError, rest_call
-from kasd.restapi import STOP_PATH, stop_path
+from kasd.restpaths import STOP_PATH, stop_path
 
 HELP = f"""\
 Stop a CI environment: kasd deletes what it created for it (the managed namespace and the

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from kasctl.restclient import RestError, rest_call
-from kasd.authz.jobinfo import ALLOWED_AGENTS_PATH
+from kasd.restpaths import ALLOWED_AGENTS_PATH
 from wire.ids import InvalidNumber, check_id
 
 TOKEN_VARIABLE = "CI_JOB_TOKEN"

@@ -41,7 +41,7 @@ from kasctl.kubeconfig import (
 from kasctl.restclient import rest_call
 from kasctl.tokens import _signing_key, positive_id
 from kasd.authz.jobtokens import DEFAULT_AUDIENCE, DEFAULT_ISSUER, JobClaims, mint_job_token
-from kasd.restapi import FINISH_PATH, finish_path
+from kasd.restpaths import FINISH_PATH, finish_path
 
 #: how long the token kasctl mints to finish a job by its id lives
 OPERATOR_TOKEN_TTL = timedelta(minutes=1)

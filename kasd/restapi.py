@@ -18,17 +18,17 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qsl, quote, unquote
+from urllib.parse import parse_qsl, unquote
 
 import trio
 
-from daemonkit.logs import UnexpectedErrors
+from daemonkit.logs import UnexpectedErrors, logfmt
 from kasd.asgiport import AsgiPort, PortLimits
-from kasd.authz.jobinfo import ALLOWED_AGENTS_PATH, allowed_agents_response
+from kasd.authz.jobinfo import allowed_agents_response
 from kasd.authz.snapshot import Snapshot
 from kasd.authz.verdict import AccessDenied
-from kasd.k8sproxy.accesslog import logfmt
-from kasd.managed import Provisioner, ProvisionError
+from kasd.restpaths import ALLOWED_AGENTS_PATH
+from kasd.seams import Provisioner, ProvisionError
 from kasd.store.environments import EnvironmentRefused, EnvironmentSlugs
 from kasd.store.protocol import StoreError
 from kasd.store.revocation import Revocations
@@ -36,24 +36,9 @@ from wire.ids import InvalidNumber, parse_id
 
 log = logging.getLogger("kasd.api")
 
-#: GitLab's stop call, kasd's form (the environment by name): ``kasctl env stop`` calls it
-STOP_PATH = "/api/v4/projects/{project}/environments/{environment}/stop"
-
-
-def stop_path(project: str, environment: str) -> str:
-    """``STOP_PATH`` for a project path (or id) and environment name, each percent-encoded."""
-    return STOP_PATH.format(project=quote(project, safe=""), environment=quote(environment, safe=""))
-
-#: GitLab's "update a job" call, which its runner makes when a job ends (``PUT /api/v4/jobs/:id``,
-#: authorized by the job's own token): kasd records the job as finished (``kasctl token revoke``)
-FINISH_PATH = "/api/v4/jobs/{job_id}"
-
-
-def finish_path(job_id: int) -> str:
-    return FINISH_PATH.format(job_id=job_id)
-
-
 #: seconds one agent's part of an environment stop may take (``Provisioner.stop``): beyond, 504
+#: (``kasd.server`` gives it to ``RestApi``; the stop's own requests are bounded by the provisioner's
+#: request timeout, its retry rounds few)
 STOP_TIME_LIMIT = 120.0
 
 #: largest request head (request line and headers) this port accepts: beyond, 431 and a close
@@ -79,8 +64,10 @@ class RestApi:
 
     def __init__(self, snapshot: Callable[[], Snapshot], provisioner: Provisioner | None = None,
                  clock: Callable[[], float] = time.time, revocations: Revocations | None = None,
-                 environments: EnvironmentSlugs | None = None) -> None:
+                 environments: EnvironmentSlugs | None = None, *, stop_time_limit: float = STOP_TIME_LIMIT) -> None:
         self._snapshot = snapshot
+        #: seconds one agent's part of an environment stop may take: beyond, 504
+        self._stop_time_limit = stop_time_limit
         #: which environment owns each slug (the proxy's, ``CiAuthority.environments``): a stop acts on
         #: what hangs on the slug, so only the environment that owns it may stop
         self._environments = environments if environments is not None else EnvironmentSlugs()
@@ -164,16 +151,17 @@ class RestApi:
             plan = grant.managed
             if plan is None or self._provisioner is None:
                 continue
+            limit = self._stop_time_limit
             try:
-                # the caller's bound (the stop's own calls are 30 s each, its retry rounds few): one
-                # agent that hangs costs the stop job a clear 504, not an open-ended wait
-                with trio.fail_after(STOP_TIME_LIMIT):
+                # the caller's bound: one agent that hangs costs the stop job a clear 504, not an
+                # open-ended wait
+                with trio.fail_after(limit):
                     report = await self._provisioner.stop(plan)
             except ProvisionError as exc:
                 return 502, {"message": f"502 Bad Gateway: {exc.message}"}
             except trio.TooSlowError:
                 return 504, {"message": f"504 Gateway Timeout: stopping the environment on agent {plan.agent_id} took "
-                                        f"longer than {STOP_TIME_LIMIT:g} s; run the stop again"}
+                                        f"longer than {limit:g} s; run the stop again"}
             agents.append({"id": plan.agent_id, "namespace": plan.namespace, "delete_resources": plan.delete_resources,
                            "deleted": list(report.deleted), "kept": list(report.kept), "absent": list(report.absent)})
         log.info("environment stopped project=%s environment=%s job_id=%d agents=%s", logfmt(claims.project),
@@ -297,5 +285,4 @@ async def serve_api(app: RestApi, listeners: Sequence[trio.abc.Listener[trio.abc
     await trio.serve_listeners(port.handle_connection, list(listeners), task_status=task_status)
 
 
-__all__ = ["ALLOWED_AGENTS_PATH", "FINISH_PATH", "STOP_PATH", "RestApi", "finish_path", "guarded", "serve_api",
-           "stop_path"]
+__all__ = ["RestApi", "guarded", "serve_api"]

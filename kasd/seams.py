@@ -1,9 +1,11 @@
-"""The two seams of kasd's request pipeline: who may use an agent (``Authority``) and how a request
-reaches it (``Router``), with the values and typed failures they answer with.
+"""The seams of kasd's request pipeline: who may use an agent (``Authority``), how a request
+reaches it (``Router``) and what must exist before it goes on (``Provisioner``: managed
+namespaces), with the values and typed failures they answer with.
 
 The pipeline (``kasd.k8sproxy.pipeline``) is given one of each and asks nothing else: today's
 implementations are the static ``access:`` list (``kasd.access.StaticAccess``) and the local tunnel
-registry (``routing.local.LocalRouter``); CI authorization and the replicated ``routing/`` package
+registry (``routing.local.LocalRouter``), and managed namespaces made through that router
+(``kasd.managed.provisioner.AgentProvisioner``); CI authorization and the replicated ``routing/`` package
 plug in here without touching a protocol front end. Tests inject fakes.
 
 May import: ``wire`` (a router answers with a logical stream), ``routing.errors`` (its failures),
@@ -91,8 +93,11 @@ __all__ = [
     "NoFreeStream",
     "NoOtherSession",
     "PeerUnreachable",
+    "ProvisionError",
+    "Provisioner",
     "RouteError",
     "Router",
+    "StopReport",
     "parse_bearer",
 ]
 
@@ -114,4 +119,41 @@ class Router(Protocol):
         """How the agent answered a stream from ``open_stream``: it took it (``refusal`` None) or
         refused it. A router steers later requests by it: a session whose agent cannot reach its
         API server (``UPSTREAM_UNREACHABLE``) is passed over for a while."""
+        ...
+
+
+# ------------------------------------------------------------------ Provisioner
+
+
+class ProvisionError(Exception):
+    """A grant's managed resources could not be applied (or deleted): ``status`` for the job's
+    answer, ``message`` safe to show it (names the object and the agent, never a token)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@attrs.frozen(kw_only=True)
+class StopReport:
+    """What an environment's stop did on one agent, each object described (``Namespace app-42``)."""
+
+    deleted: tuple[str, ...] = ()
+    kept: tuple[str, ...] = ()
+    absent: tuple[str, ...] = ()
+
+
+class Provisioner(Protocol):
+    """Makes a grant's managed resources exist before its request goes on (the pipeline), and
+    deletes them when the environment stops (the REST API's stop call)."""
+
+    async def ensure(self, plan: ManagedResources, *, request_id: str = "") -> None:
+        """``plan``'s objects exist once this returns; ``ProvisionError`` naming the one that failed.
+        Concurrent calls for one plan apply it once; the others wait for it."""
+        ...
+
+    async def stop(self, plan: ManagedResources) -> StopReport:
+        """Delete what was made for ``plan`` (``delete_resources: on_stop``), nothing else;
+        ``ProvisionError`` naming the object that could not be."""
         ...

@@ -26,7 +26,8 @@ from kasd.authority import CiAuthority, config_loader
 from kasd.config import Config, ConfigError, Listener, plaintext_peer_secret
 from kasd.k8sproxy.pipeline import DROPPED, RequestPipeline
 from kasd.k8sproxy.server import ProxyServer, configure_alpn
-from kasd.managed import AgentClient, Provisioner
+from kasd.managed.client import AgentClient
+from kasd.managed.provisioner import AgentProvisioner, ProvisionLimits
 from kasd.metrics import Metrics
 from kasd.observability import Health, ObservabilityServer
 from kasd.replicas import (
@@ -38,7 +39,7 @@ from kasd.replicas import (
     private_server_ssl,
     redis_replication,
 )
-from kasd.restapi import RestApi, serve_api
+from kasd.restapi import STOP_TIME_LIMIT, RestApi, serve_api
 from kasd.seams import Router
 from kasd.store.environments import EnvironmentSlugs
 from kasd.store.finished import FinishedJobs
@@ -81,6 +82,8 @@ class Runtime:
     admissions: dict[str, Admission] = attrs.field(factory=dict)
     #: the finished jobs (the store, and this replica's view of it)
     revocations: Revocations | None = None
+    #: managed namespaces: made before a job's first request, deleted by the environment's stop
+    provisioner: AgentProvisioner | None = None
     _shutdown: trio.Event = attrs.field(factory=trio.Event)
 
     def request_shutdown(self) -> None:
@@ -208,8 +211,9 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
     metrics.finished_jobs.set_function(lambda: len(finished))
     authority = await CiAuthority.open(config_loader(reread or (lambda: (config, None)), running=config), metrics,
                                        finished=finished)
-    # Managed namespaces go through the same router as the jobs' requests, as the agent itself.
-    provisioner = Provisioner(AgentClient(router))
+    # Managed namespaces go through the same router as the jobs' requests, as the agent itself,
+    # within the deadlines given here (each request to the agent, one plan in all).
+    provisioner = AgentProvisioner(AgentClient(router), limits=ProvisionLimits())
     pipeline = RequestPipeline(
         authority, router, metrics,
         dropped_headers=DROPPED.also(config.kubernetes_api.strip_request_headers),
@@ -227,7 +231,7 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
         reset_buckets=reset_buckets,
     )
     runtime = Runtime(config=config, registry=registry, metrics=metrics, health=health, proxy=proxy, router=local,
-                      authority=authority)
+                      authority=authority, provisioner=provisioner)
     stop = trio.Event()
 
     async def listen(name: str, listener: Listener) -> list[trio.SocketListener]:
@@ -338,6 +342,7 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
         nursery.start_soon(authority.watch)
         if api_listeners:
             await nursery.start(partial(serve_api, RestApi(lambda: authority.snapshot, provisioner,
+                                                           stop_time_limit=STOP_TIME_LIMIT,
                                                            revocations=runtime.revocations,
                                                            environments=authority.environments), api_listeners,
                                         ssl_context=api_tls,

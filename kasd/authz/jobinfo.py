@@ -32,11 +32,7 @@ from kasd.authz.slugs import environment_slug
 from kasd.authz.snapshot import Snapshot
 from kasd.authz.verdict import Grant
 
-__all__ = ["ALLOWED_AGENTS_PATH", "allowed_agents_response", "context_name", "project_identity"]
-
-#: GitLab's path of the call (kasd's REST API serves it, ``kasctl kubeconfig`` asks it)
-ALLOWED_AGENTS_PATH = "/api/v4/job/allowed_agents"
-
+__all__ = ["allowed_agents_response", "context_name", "project_identity"]
 
 def context_name(config_project: str, agent_name: str) -> str:
     """GitLab's kubeconfig context name for an agent: ``<config project path>:<agent name>``."""

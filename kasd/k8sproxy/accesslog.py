@@ -4,11 +4,12 @@ a query string (it may carry anything)."""
 
 from __future__ import annotations
 
-import json
 import logging
 
 import attrs
 import trio
+
+from daemonkit.logs import logfmt
 
 log = logging.getLogger("kasd.access")
 
@@ -71,9 +72,3 @@ class RequestRecord:
             self.outcome,
         )
 
-
-def logfmt(value: str) -> str:
-    """A value as logfmt parsers read it: bare if it can be, else double-quoted (``"demo CI job"``)."""
-    if value and not any(c in value for c in ' "=\\') and value.isprintable():
-        return value
-    return json.dumps(value, ensure_ascii=False)

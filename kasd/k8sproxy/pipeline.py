@@ -7,7 +7,8 @@ the ``Router`` for a logical stream to the agent, streams the body there, relays
 (or its ``101`` byte pipe) back, and writes one access-log line with the metrics. Both seams are
 injected, so the pipeline runs in tests with fakes and memory streams, no socket.
 
-May import: ``kasd.seams``, ``kasd.metrics``, this package's ``exchange``/``status``/``accesslog``/
+May import: ``kasd.seams``, ``kasd.agentstream`` (a request's stream to the agent, from open to
+head), ``kasd.metrics``, this package's ``exchange``/``status``/``accesslog``/
 ``principals``/``requestinfo``, ``routing.retry`` (when a request goes to another session),
 ``tunnelhttp``, ``wire``, ``netio``, ``daemonkit.logs``. Never a front end (``http1``,
 ``http2``) or ``server``.
@@ -25,19 +26,20 @@ import attrs
 import trio
 from prometheus_client import Counter
 
-from daemonkit.logs import BurstLimitedLog
-from kasd.k8sproxy.accesslog import RequestRecord, logfmt
+from daemonkit.logs import BurstLimitedLog, logfmt
+from kasd.agentstream import AgentStreamError, open_stream
+from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.exchange import CONNECTION_LOST, ClientGone, ClientRequest, Exchange
 from kasd.k8sproxy.principals import PrincipalRequests
 from kasd.k8sproxy.requestinfo import request_info
 from kasd.k8sproxy.status import ProxyError, status_body, status_headers
-from kasd.managed import Provisioner, ProvisionError
 from kasd.metrics import Metrics
 from kasd.seams import (
     AccessDenied,
     Authority,
     Grant,
-    RouteError,
+    Provisioner,
+    ProvisionError,
     Router,
     parse_bearer,
 )
@@ -56,7 +58,7 @@ from tunnelhttp.head import (
     strip_hop_by_hop,
 )
 from tunnelhttp.watchbounds import EventBoundary
-from wire.errors import ErrorCode, RemoteProtocolError, UnsendableFrameError
+from wire.errors import ErrorCode, RemoteProtocolError
 from wire.frames import Metadata
 from wire.session import MuxStream, StreamRefusedError
 
@@ -309,9 +311,9 @@ class RequestPipeline:
     async def _route(self, agent_id: int, metadata: Metadata) -> MuxStream:
         """A stream from the router; ProxyError otherwise."""
         try:
-            return await self.router.open_stream(agent_id, metadata)
-        except (RouteError, UnsendableFrameError) as exc:
-            raise _route_failure(exc) from None
+            return await open_stream(self.router, agent_id, metadata)
+        except AgentStreamError as exc:
+            raise ProxyError(exc.status, exc.message) from None
 
     # ------------------------------------------------------------------ relay
 
@@ -418,13 +420,13 @@ class RequestPipeline:
         try:
             stream, metadata = await take_or_retry(
                 t.stream, agent_id=agent_id, metadata=t.metadata, method=t.head.method, bodiless=t.bodiless,
-                open_stream=self.router.open_stream, report=self.router.report, on_retry=retrying)
+                open_stream=partial(open_stream, self.router), report=self.router.report, on_retry=retrying)
         except StreamRefusedError as exc:
             raise _refusal(exc, agent_id) from None
         except LOST as exc:
             raise ProxyError(502, f"tunnel to agent {agent_id} failed before the response: {exc}") from None
-        except (RouteError, UnsendableFrameError) as exc:
-            raise _route_failure(exc) from None
+        except AgentStreamError as exc:  # a retry found no stream
+            raise ProxyError(exc.status, exc.message) from None
         t.stream = stream
         try:
             return ResponseHead.from_metadata(metadata)
@@ -567,15 +569,6 @@ async def relay_answer(stream: MuxStream, record: RequestRecord, from_agent: Cou
         await send(data)
         record.bytes_out += len(data)
         from_agent.inc(len(data))
-
-
-def _route_failure(exc: RouteError | UnsendableFrameError) -> ProxyError:
-    """What the client is told when the router found no stream, or the head fits none."""
-    if isinstance(exc, RouteError):
-        return ProxyError(exc.status, exc.message)
-    # over a limit in what kasd adds (the impersonation)
-    status = exc.status or (431 if exc.code == ErrorCode.FRAME_SIZE_ERROR else 400)
-    return ProxyError(status, f"request head does not fit the tunnel: {exc.message}")
 
 
 def _refusal(exc: StreamRefusedError, agent_id: int) -> ProxyError:

@@ -17,7 +17,7 @@ import trio
 
 from kasd.authz.verdict import AccessDenied
 from kasd.config import ConfigError
-from kasd.restapi import ALLOWED_AGENTS_PATH, finish_path
+from kasd.restpaths import ALLOWED_AGENTS_PATH, finish_path
 from kasd.store.finished import FinishedJobs, TooManyFinishedJobs, finished_until
 from kasd.store.protocol import StoreError
 from kasd.store.redis import RedisStore

@@ -15,16 +15,16 @@ from typing import Any
 import pytest
 import trio
 
-import kasd.k8sproxy  # noqa: F401  (first: kasd.managed → kasd.k8sproxy → kasd.managed is an import cycle)
 from agentd.kubeapi import kubeconfig_target
 from kasctl.authsetup import AuthSetup
-from kasd import managed
 from kasd.authz.expand import RoleRef
 from kasd.authz.slugs import environment_slug
 from kasd.authz.templates import VARIABLES, ManagedResources, render, rules_objects
 from kasd.config import config_from_mapping
-from kasd.managed import AgentClient, Answer, Provisioner, users_of
-from kasd.restapi import stop_path
+from kasd.managed.client import AgentClient, Answer
+from kasd.managed.objects import users_of
+from kasd.managed.provisioner import AgentProvisioner, ProvisionLimits
+from kasd.restpaths import stop_path
 from kasd.server import Runtime
 from kasd.store.made import MadeObjects
 from kasd.tokens import hash_token
@@ -70,6 +70,11 @@ async def _stack(tmp_path: Path, agent_yaml: str = MANAGED, templates: dict[str,
             await wait_sessions(kasd, 7, 1)
             yield kasd, sim, auth
         nursery.cancel_scope.cancel()
+
+
+def _provisioner(client: AgentClient, made: MadeObjects | None = None) -> AgentProvisioner:
+    """Another replica's provisioner, with kasd's deadlines."""
+    return AgentProvisioner(client, limits=ProvisionLimits(), made=made)
 
 
 def _job(auth: AuthSetup, environment: str | None = ENV, job_id: int = 5) -> str:
@@ -389,11 +394,11 @@ async def test_first_requests_racing_on_two_replicas_are_both_recorded_and_a_rac
         assert kasd.router is not None
         client = AgentClient(kasd.router)
         made = MadeObjects()  # the replicas' store: what one made, the others trust
-        await Provisioner(client, made=made).ensure(_plan("production"))
+        await _provisioner(client, made=made).ensure(_plan("production"))
         # Two replicas record review/a and review/b at once: both read the same resourceVersion and
         # write; the loser's 409 is read again and retried.
         barrier, opened, arrived = [0], trio.Event(), trio.Event()
-        replicas = [Provisioner(_Gated(client, "PUT", barrier, 2, opened, arrived), made=made) for _ in range(2)]
+        replicas = [_provisioner(_Gated(client, "PUT", barrier, 2, opened, arrived), made=made) for _ in range(2)]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(replicas[0].ensure, _plan("review/a"))
             nursery.start_soon(replicas[1].ensure, _plan("review/b"))
@@ -407,7 +412,7 @@ async def test_first_requests_racing_on_two_replicas_are_both_recorded_and_a_rac
         assert len(puts) == 3  # one of the two lost the race once
         # Two stops at once on two replicas: each removes only itself.
         barrier, opened, arrived = [0], trio.Event(), trio.Event()
-        replicas = [Provisioner(_Gated(client, "PUT", barrier, 2, opened, arrived), made=made) for _ in range(2)]
+        replicas = [_provisioner(_Gated(client, "PUT", barrier, 2, opened, arrived), made=made) for _ in range(2)]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(replicas[0].stop, _plan("review/a"))
             nursery.start_soon(replicas[1].stop, _plan("review/b"))
@@ -418,7 +423,7 @@ async def test_first_requests_racing_on_two_replicas_are_both_recorded_and_a_rac
         # production's stop reads itself as the only user; review/c's first request records itself
         # before the delete is sent: the delete's precondition fails, and the namespace stays for review/c.
         barrier, opened, arrived = [0], trio.Event(), trio.Event()
-        stopping = Provisioner(_Gated(client, "DELETE", barrier, 1, opened, arrived), made=made)
+        stopping = _provisioner(_Gated(client, "DELETE", barrier, 1, opened, arrived), made=made)
         reports = []
 
         async def stop() -> None:
@@ -427,7 +432,7 @@ async def test_first_requests_racing_on_two_replicas_are_both_recorded_and_a_rac
         async with trio.open_nursery() as nursery:
             nursery.start_soon(stop)
             await arrived.wait()
-            await Provisioner(client, made=made).ensure(_plan("review/c"))
+            await _provisioner(client, made=made).ensure(_plan("review/c"))
             opened.set()
         assert reports[0].kept == ("Namespace app-42",) and reports[0].deleted == ()
         namespace = _stored(sim, "", "namespaces", None, "app-42")
@@ -437,7 +442,7 @@ async def test_first_requests_racing_on_two_replicas_are_both_recorded_and_a_rac
 async def test_users_of_other_projects_are_recorded_and_a_stop_of_a_non_user_changes_nothing(tmp_path: Path) -> None:
     async with _stack(tmp_path) as (kasd, sim, _):
         assert kasd.router is not None
-        provisioner = Provisioner(AgentClient(kasd.router))
+        provisioner = _provisioner(AgentClient(kasd.router))
         ours, theirs, idle = _plan("production"), _plan("production", project_id=43), _plan("review/idle")
         await provisioner.ensure(ours)
         await provisioner.ensure(theirs)  # project 43's job uses project 42's namespace (as the agent)
@@ -455,7 +460,7 @@ async def test_users_of_other_projects_are_recorded_and_a_stop_of_a_non_user_cha
 async def test_a_stop_deletes_the_environments_bindings_its_config_no_longer_names(tmp_path: Path) -> None:
     async with _stack(tmp_path) as (kasd, sim, _):
         assert kasd.router is not None
-        provisioner = Provisioner(AgentClient(kasd.router))
+        provisioner = _provisioner(AgentClient(kasd.router))
         edit, view = RoleRef("ClusterRole", "edit"), RoleRef("ClusterRole", "view")
         await provisioner.ensure(_plan("production", roles=(edit,)))
         await provisioner.ensure(_plan("other", roles=(edit,)))
@@ -475,7 +480,7 @@ async def test_a_namespace_without_a_record_of_its_users_is_never_deleted(tmp_pa
         plan = _plan("review/a")
         sim.store.create(sim.store.kind("", "namespaces"), None, {"metadata": {"name": "app-42", "labels": dict(
             plan.objects[0]["metadata"]["labels"])}})
-        provisioner = Provisioner(AgentClient(kasd.router))
+        provisioner = _provisioner(AgentClient(kasd.router))
         await provisioner.ensure(plan)
         report = await provisioner.stop(plan)
         assert report.kept == ("Namespace app-42",)
@@ -536,7 +541,8 @@ ci_access:
         sim.store.create(sim.store.kind("rbac.authorization.k8s.io", "roles"), "app-42", {
             "metadata": {"name": "reader"},
             "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]}]})
-        monkeypatch.setattr(managed, "FAILURE_HOLD", 0.0)  # not answered from memory: tried again
+        assert kasd.provisioner is not None  # not answered from memory: tried again
+        monkeypatch.setattr(kasd.provisioner, "limits", ProvisionLimits(failure_hold=0.0))
         answer = await _call(kasd, staging, "GET", "/api/v1/namespaces/app-42/configmaps")
         assert answer.status == 200, answer.body
         binding = _stored(*rbac, "gitlab-job-access-staging.role.reader")

@@ -13,6 +13,7 @@ import pytest
 import trio
 import trio.testing
 
+from kasd.authz.templates import ManagedResources
 from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Headers
 from kasd.k8sproxy.pipeline import RequestPipeline
 from kasd.k8sproxy.status import ProxyError
@@ -24,8 +25,11 @@ from kasd.seams import (
     Grant,
     NoOtherSession,
     PeerUnreachable,
+    Provisioner,
+    ProvisionError,
     RouteError,
     Router,
+    StopReport,
 )
 from routing.local import AgentTunnel, LocalRouter, TunnelRegistry
 from tunnelhttp.head import Impersonation, RequestHead, ResponseHead, TunnelCode
@@ -591,3 +595,94 @@ async def test_a_failure_while_the_body_is_read_stops_the_reader_before_serve_re
         with trio.fail_after(5):
             await pipeline(FakeRouter(kasd_side)).serve(ex)
         assert ex.aborted and not ex.reader_busy
+
+
+# ------------------------------------------------------------------ the managed branch (a fake Provisioner)
+
+PLAN = ManagedResources(agent_id=1, project_id=42, environment="review/x", slug="review-x", source="rules",
+                        namespace="app-42", objects=({"apiVersion": "v1", "kind": "Namespace",
+                                                      "metadata": {"name": "app-42"}},))
+
+
+class ManagedAuthority(FakeAuthority):
+    """As ``FakeAuthority``, and each grant asks for ``PLAN`` to exist first."""
+
+    async def authorize(self, credentials: Credentials, agent_id: int) -> Grant:
+        return attrs.evolve(await super().authorize(credentials, agent_id), managed=PLAN)
+
+
+@attrs.define
+class FakeProvisioner:
+    """Each ``ensure`` waits for ``ready`` (if given), then fails with ``failure`` or succeeds."""
+
+    ready: trio.Event | None = None
+    failure: ProvisionError | None = None
+    #: (plan, request id) of each ensure, as it began
+    asked: list[tuple[ManagedResources, str]] = attrs.field(factory=list)
+    waiting: trio.Event = attrs.field(factory=trio.Event)
+
+    async def ensure(self, plan: ManagedResources, *, request_id: str = "") -> None:
+        self.asked.append((plan, request_id))
+        self.waiting.set()
+        if self.ready is not None:
+            await self.ready.wait()
+        if self.failure is not None:
+            raise self.failure
+
+    async def stop(self, plan: ManagedResources) -> StopReport:
+        raise AssertionError("the pipeline never stops an environment")
+
+
+def managed_pipeline(router: Router, provisioner: Provisioner) -> RequestPipeline:
+    return RequestPipeline(ManagedAuthority(), router, Metrics(TunnelRegistry()), provisioner=provisioner)
+
+
+async def test_a_first_request_waits_for_its_environment_before_it_is_routed() -> None:
+    provisioner = FakeProvisioner(ready=trio.Event())
+    async with agent_session() as (kasd_side, agent_side), trio.open_nursery() as nursery:
+
+        async def agent() -> None:
+            stream = await agent_side.accept_stream()
+            await stream.accept(ResponseHead(status=200, headers=()).to_metadata())
+            await stream.send_all(b"{}")
+            await stream.send_eof()
+
+        nursery.start_soon(agent)
+        router = FakeRouter(kasd_side)
+        ex = FakeExchange(request(), nursery)
+        with trio.fail_after(5):
+            async with trio.open_nursery() as serving:
+                serving.start_soon(managed_pipeline(router, provisioner).serve, ex)
+                await provisioner.waiting.wait()
+                await trio.testing.wait_all_tasks_blocked()
+                assert router.opened == [] and ex.status is None  # held until the environment exists
+                assert provisioner.ready is not None
+                provisioner.ready.set()
+    assert ex.status == 200 and ex.ended
+    assert [plan for plan, _ in provisioner.asked] == [PLAN]
+    # ensure is told the request's id: its audit lines name the request that caused them
+    assert provisioner.asked[0][1] == dict(ex.headers)["x-request-id"]
+    assert len(router.opened) == 1
+
+
+async def test_an_environment_that_cannot_be_made_is_the_jobs_answer_naming_the_object() -> None:
+    message = ("cannot create RoleBinding app-42/gitlab-job-access-review-x for this job's environment (agent 1): "
+               "it grants ClusterRole 'edti', which the cluster does not have")
+    provisioner = FakeProvisioner(failure=ProvisionError(422, message))
+    router = FakeRouter()
+    async with trio.open_nursery() as nursery:
+        ex = FakeExchange(request(), nursery)
+        await managed_pipeline(router, provisioner).serve(ex)
+    assert router.opened == []  # nothing reaches the agent for a job whose environment is not there
+    assert ex.status == 422 and ex.ended
+    assert ex.json()["message"] == message and ex.json()["reason"] == "Invalid"
+
+
+async def test_a_grant_without_managed_resources_never_asks_the_provisioner() -> None:
+    provisioner = FakeProvisioner(failure=ProvisionError(500, "never asked"))
+    router = FakeRouter(failure=AgentNotConnected(1, 0.5))
+    async with trio.open_nursery() as nursery:
+        ex = FakeExchange(request(), nursery)
+        await RequestPipeline(FakeAuthority(), router, Metrics(TunnelRegistry()), provisioner=provisioner).serve(ex)
+    assert provisioner.asked == []
+    assert ex.status == 503 and len(router.opened) == 1

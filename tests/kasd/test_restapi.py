@@ -13,7 +13,8 @@ import trio
 
 from kasd.authz.slugs import environment_slug
 from kasd.config import Config
-from kasd.restapi import ALLOWED_AGENTS_PATH, RestApi
+from kasd.restapi import RestApi
+from kasd.restpaths import ALLOWED_AGENTS_PATH
 from tests.kasd.helpers import (
     AUTH,
     CI_SECRET,
