@@ -198,8 +198,10 @@ class ConnectionClock:
 
     @property
     def answer_may_be_last(self) -> bool:
-        """One more answer without authorization closes the connection (HTTP/1.1 says so in the
-        answer to a request that is not proven authorized when it is answered)."""
+        """One more answer without authorization closes the connection. HTTP/1.1 says
+        ``Connection: close`` on a Status kasd composes now: whether its request was authorized is
+        known only once it is over (``done(record)``), and a client told so dials again instead of
+        losing its next request to the close."""
         return self.unproven and self.unauthorized + 1 >= UNAUTHORIZED_ANSWERS
 
     def takes_requests(self, draining: bool) -> bool:
