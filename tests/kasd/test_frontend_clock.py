@@ -135,6 +135,7 @@ async def _fake_pipeline(ex: Exchange, *, refusal: ProxyError | None = None, log
 
 @attrs.define
 class _Ended:
+    port: FrontEndContext
     at: list[float] = attrs.field(factory=list)
     event: trio.Event = attrs.field(factory=trio.Event)
 
@@ -145,7 +146,7 @@ async def _connect(*, lockstep: bool = False) -> tuple[trio.abc.Stream, Callable
     pair = trio.testing.lockstep_stream_pair if lockstep else trio.testing.memory_stream_pair
     client, server = pair()
     port = FrontEndContext(limits=_Limits(), serve=_fake_pipeline, count_rejected=lambda status: None)
-    ended = _Ended()
+    ended = _Ended(port)
 
     async def run() -> None:
         connection = Http1Connection(server, port, initial=b"", peer="127.0.0.1:1",
@@ -224,6 +225,21 @@ async def test_http1_a_refused_answer_left_unread_ends_at_the_head_deadline(
             await ended.event.wait()
         nursery.cancel_scope.cancel()
     assert ended.at == [HEADER_TIMEOUT]
+
+
+async def test_http1_draining_closes_an_idle_connection_at_once(
+        autojump_clock: trio.testing.MockClock) -> None:
+    client, start, ended = await _connect()
+    async with trio.open_nursery() as nursery:
+        start(nursery)
+        await client.send_all(_request("good"))
+        assert b"connection: close" not in await client.receive_some(65536)
+        await trio.sleep(5)
+        ended.port.draining = True  # what ProxyServer.start_drain does
+        for scope in list(ended.port.idle_scopes):
+            scope.cancel()
+        assert await _read_until_closed(client) == b""
+    assert ended.at == [5.0]  # at once, not at the idle deadline
 
 
 def test_the_front_ends_name_no_verdict_router_tunnel_or_grant() -> None:
