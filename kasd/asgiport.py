@@ -75,7 +75,9 @@ class AsgiPort:
         self.ssl_context = ssl_context
         self.log = log
         self._strangers = BurstLimitedLog(log, interval=10.0)
-        self.port = FrontEndContext(limits=limits, serve=self.serve, count_rejected=on_rejected)
+        # The app checks a job token on every call and tells the front end nothing of it: each
+        # connection lives under the head and idle clocks (``limits``) alone.
+        self.port = FrontEndContext(limits=limits, serve=self.serve, count_rejected=on_rejected, authorizes=False)
 
     async def handle_connection(self, stream: trio.abc.Stream) -> None:
         stream = fast_stream(stream)

@@ -1,6 +1,12 @@
 """HTTP/1.1 on the proxy port (``http11``, llhttp): keep-alive, streamed bodies both ways, ``101`` →
 raw byte pipe. Protocol only: each request becomes an ``Exchange`` for the request pipeline, which
-decides everything else."""
+decides everything else.
+
+The connection's clocks are ``frontend.ConnectionClock``'s, the same as HTTP/2's: the head deadline
+(hard until one request passed the pipeline), the idle wait between requests, the drain, and the
+close after a few answers refused on a connection none of whose requests passed (that answer says
+``Connection: close``). What is HTTP/1.1's own: a head begun on a kept-alive connection has
+``header_timeout`` from its first byte, and a head not whole in time is answered ``408``."""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import trio
 
 import http11
 from daemonkit.logs import BurstLimitedLog
+from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.exchange import CONNECTION_LOST, ClientGone, ClientRequest, Headers
 from kasd.k8sproxy.frontend import FrontEndContext
 from kasd.k8sproxy.status import status_body, status_headers
@@ -47,7 +54,7 @@ class Http1Connection:
         self.stream = stream
         self.port = port
         self.peer = peer
-        self.head_deadline = head_deadline
+        self.clock = port.clock(head_deadline, trio.current_time())
         self.parser = http11.RequestParser(max_head=port.limits.max_header_bytes)
         self._nursery: trio.Nursery  # the connection's, set by run()
         #: the connection became a byte pipe (101); nothing HTTP is left to say on it
@@ -71,12 +78,10 @@ class Http1Connection:
             await self._serve_requests()
 
     async def _serve_requests(self) -> None:
-        first = True
         while True:
-            request = await self._read_head(first)
+            request = await self._read_head()
             if request is None:
                 return
-            first = False
             self.request_done = self.response_done = False
             keep_alive = await self._handle(request)
             if self.switched:
@@ -85,17 +90,18 @@ class Http1Connection:
                 if not self.request_done:
                     await self._linger_close()  # a body still coming: closing now could reset our answer away
                 return  # the request was read whole: close as soon as the answer is flushed
-            if self.port.draining:
+            if not self.clock.takes_requests(self.port.draining):
                 return
             if request.upgrade:
                 self.parser.start_next_cycle()  # a refused upgrade: HTTP goes on after it
 
-    async def _read_head(self, first: bool) -> http11.Request | None:
+    async def _read_head(self) -> http11.Request | None:
         settings = self.port.limits
-        # A fresh connection's head clock started at accept; a kept-alive one first idles, and the
-        # head clock starts at its first byte.
-        started = first
-        deadline = self.head_deadline if first else trio.current_time() + settings.idle_timeout
+        clock = self.clock
+        # A fresh connection's head clock started at accept; a kept-alive one first waits for the
+        # next request, and a head's own clock starts at its first byte.
+        started = not clock.requests_seen
+        deadline = clock.head_deadline if started else clock.next_request_deadline()
         while True:
             try:
                 event = self.parser.next_event()
@@ -132,7 +138,7 @@ class Http1Connection:
                     return None
                 if not started:
                     started = True
-                    deadline = trio.current_time() + settings.header_timeout
+                    deadline = clock.head_due(trio.current_time())
                 self.parser.feed(data)
                 continue
             if type(event) is http11.Request:
@@ -185,7 +191,7 @@ class Http1Connection:
     def _response_head(self, ex: _H1Exchange, request: http11.Request, status: int,
                        headers: list[tuple[str, str]], *, close: bool = False) -> tuple[bytes, http11.BodyWriter]:
         """The head to send, and the framing of the body after it (as the client can take it)."""
-        keep_alive = (request.keep_alive and not close and not self.port.draining
+        keep_alive = (request.keep_alive and not close and self.clock.takes_requests(self.port.draining)
                       and ex.keep_alive)
         no_body = request.method == "HEAD" or status in (204, 304)
         if not no_body and not any(name == "content-length" for name, _ in headers):
@@ -247,8 +253,10 @@ class Http1Connection:
     async def _handle(self, request: http11.Request) -> bool:
         """Serve one request; True if the connection may carry another."""
         ex = _H1Exchange(self, request)
+        records: list[RequestRecord] = []
+        self.clock.request_started()
         try:
-            await self.port.serve(ex)
+            await self.port.serve(ex, done=records.append)
         except CONNECTION_LOST:
             raise  # the connection broke: nothing left to answer on
         except Exception as exc:  # past the pipeline's own net (a bug): answer it if we still can, and close
@@ -259,6 +267,8 @@ class Http1Connection:
                 with trio.move_on_after(_LINGER_SECONDS), contextlib.suppress(ClientGone):
                     await self._write(head + body)
             return False
+        finally:
+            self.clock.request_ended(records[0] if records else None, trio.current_time())
         return ex.keep_alive and not self.client_gone
 
     def _skip_buffered_body(self) -> None:
@@ -348,10 +358,16 @@ class _H1Exchange:
     async def send_error(self, status: int, headers: Headers, body: bytes) -> None:
         conn = self.conn
         conn._skip_buffered_body()
-        # An unread body closes the connection.
-        head, writer = conn._response_head(self, self.http, status, list(headers), close=not conn.request_done)
+        # An unread body closes the connection, and so does the last answer a connection none of
+        # whose requests passed may have (the clock ends it after this one if it was refused too).
+        close = not conn.request_done or conn.clock.answer_may_be_last
+        head, writer = conn._response_head(self, self.http, status, list(headers), close=close)
         self.head_sent = True
-        await conn._write(head + writer.data(body) + writer.end())
+        # An unproven connection does not outlive its head deadline by not reading its answer.
+        with trio.move_on_at(conn.clock.answer_deadline()) as scope:
+            await conn._write(head + writer.data(body) + writer.end())
+        if scope.cancelled_caught:
+            raise conn._gone("the client took no answer before its head deadline")
         conn.response_done = True
 
     async def send(self, data: bytes) -> None:

@@ -4,22 +4,17 @@ handler task per request.
 Protocol only: each request stream becomes an ``Exchange`` for the request pipeline, which decides
 everything else. Received DATA is acknowledged only as the pipeline takes it (flow control is the
 backpressure); sending respects the client's windows. A client RST_STREAM cancels that request's
-exchange, and the pipeline stops the work behind it. This module owns the connection's clocks: the
-head deadline, the keep-alive idle timeout, and the drain.
-
-The clocks count requests, not frames: PING, SETTINGS, WINDOW_UPDATE and the like reset none of them.
-Until one request was authorized, the head deadline (``header_timeout`` from accept) is a hard
-deadline for the whole connection: it closes (GOAWAY) at that time once no request runs, and after
-``_UNAUTHORIZED_ANSWERS`` requests answered without authorization (401, 403…) as soon as none runs.
-Once authorized, ``idle_timeout`` counts from the end of the last request. Streams the client
-resets before their answer get no access line each: one line per connection sums them up (and
-``h2trio`` ends a connection that resets too many with GOAWAY ENHANCE_YOUR_CALM).
+exchange, and the pipeline stops the work behind it. The connection's clocks (head deadline, idle
+timeout, drain, answers refused before any request passed) are ``frontend.ConnectionClock``'s, the
+same as HTTP/1.1's: only the read waits under them, and a connection the clock closes gets GOAWAY
+``NO_ERROR`` once no request runs (new streams are refused meanwhile). Streams the client resets
+before their answer get no access line each: one line per connection sums them up (and ``h2trio``
+ends a connection that resets too many with GOAWAY ENHANCE_YOUR_CALM).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import re
 
 import h2.config
@@ -47,9 +42,6 @@ _CONNECTION_WINDOW = 16 << 20
 _MAX_STREAMS = 250
 _MUX_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
 _CONNECT_REFUSAL = "CONNECT (and WebSocket over HTTP/2) is not supported; use HTTP/1.1 for exec/attach/port-forward"
-#: requests answered without authorization (401, 403…) a connection that never authenticated may
-#: have before it is closed: kubectl with a bad token sends one or two before it gives up
-_UNAUTHORIZED_ANSWERS = 4
 #: an RFC 9110 method token
 _METHOD = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
@@ -62,7 +54,6 @@ class Http2Connection:
         self.port = port
         self.peer = peer
         self.initial = initial
-        self.head_deadline = head_deadline
         self.driver = H2Driver(
             stream,
             new_connection(h2.config.H2Configuration(client_side=False, header_encoding=None)),
@@ -76,16 +67,8 @@ class Http2Connection:
             reset_bucket=port.reset_bucket(peer),
         )
         self.requests: dict[int, _H2Exchange] = {}
+        self.clock = port.clock(head_deadline, trio.current_time())
         self._read_scope: trio.CancelScope | None = None
-        self._seen_request = False
-        #: a request on this connection was authorized
-        self.authenticated = False
-        #: requests answered without authorization while the connection never authenticated
-        self._unauthorized = 0
-        #: no new requests: close once those running are done
-        self._closing = False
-        #: when the last request ended (the idle clock starts)
-        self._idle_since = trio.current_time()
         #: requests the client dropped before an answer, written as no access line of their own
         self._unlogged = 0
 
@@ -122,25 +105,19 @@ class Http2Connection:
 
     # ------------------------------------------------------------------ reader
 
-    def _read_deadline(self) -> float:
-        if self.requests:
-            return math.inf
-        if not self.authenticated:
-            return self.head_deadline  # hard: authenticated by then, or closed
-        return self._idle_since + self.port.limits.idle_timeout
-
     async def _read_loop(self) -> None:
         driver = self.driver
         if self.initial:
             await driver.pump(self.initial)
+        clock = self.clock
         while not driver.closed:
-            if not self.requests and (self.port.draining or self._closing):
+            if clock.over(self.port.draining):
                 return
             # Only the read waits under the connection's clocks: feeding h2 and flushing its
             # answers is never cut in half.
-            with trio.CancelScope(deadline=self._read_deadline()) as scope:
+            with trio.CancelScope(deadline=clock.next_request_deadline()) as scope:
                 self._read_scope = scope
-                if not self.requests:
+                if not clock.running:
                     self.port.idle_scopes.add(scope)
                 try:
                     data = await self.stream.receive_some(_RECEIVE_SIZE)
@@ -151,17 +128,13 @@ class Http2Connection:
                     self._read_scope = None
                     self.port.idle_scopes.discard(scope)
             if scope.cancelled_caught:
-                if self.requests:
+                if clock.running:
                     continue  # a request finished or the server drains: re-evaluate
-                if not self.authenticated and trio.current_time() >= self.head_deadline:
-                    if not self._seen_request:
-                        _strangers.info((peer_host(self.peer), "timeout"), "HTTP/2 client sent no request in time peer=%s", self.peer)
+                if clock.past_head_deadline(trio.current_time()):
+                    if not clock.requests_seen:
                         self.port.count_rejected(408)
-                    else:
-                        _strangers.info(
-                            (peer_host(self.peer), "unauthorized"),
-                            "HTTP/2 client sent no authorized request in time peer=%s", self.peer,
-                        )
+                    why = clock.expiry()
+                    _strangers.info((peer_host(self.peer), why), "HTTP/2 client %s peer=%s", why, self.peer)
                 return
             if not data:
                 driver.fail("peer closed the connection")
@@ -176,14 +149,14 @@ class Http2Connection:
         """A new request stream (called by the driver's reader once the read that brought it is
         dispatched; must not block). Its head is checked here: a task is started only for a
         well-formed request."""
-        if self.port.draining or self._closing:
+        if not self.clock.takes_requests(self.port.draining):
             self.driver.refuse(h2s)
             return
         request = self._request_of(h2s)
         if request is None:
             self.driver.refuse(h2s, h2.errors.ErrorCodes.PROTOCOL_ERROR)  # malformed (RFC 9113, 8.1.1)
             return
-        self._seen_request = True
+        self.clock.request_started()
         ex = _H2Exchange(h2s, nursery, self)
         ex.request = request
         self.requests[h2s.stream_id] = ex
@@ -216,24 +189,17 @@ class Http2Connection:
 
     def _request_done(self, ex: _H2Exchange, record: RequestRecord | None) -> None:
         self.requests.pop(ex.h2s.stream_id, None)
-        if record is not None:
-            if record.dropped:
-                self._unlogged += 1
-            if record.agent_id is not None:
-                self.authenticated = True
-            elif not self.authenticated and not record.dropped:
-                self._unauthorized += 1
-                if self._unauthorized >= _UNAUTHORIZED_ANSWERS:
-                    self._closing = True  # GOAWAY once no request runs; new ones are refused
-        if not self.requests:
-            self._idle_since = trio.current_time()
-            if self._read_scope is not None:
-                # The reader waits without a deadline while requests run: give it its clock now.
-                self._read_scope.deadline = self._read_deadline()
-                if self.port.draining or self._closing:
-                    self._read_scope.cancel()
-                else:
-                    self.port.idle_scopes.add(self._read_scope)
+        if record is not None and record.dropped:
+            self._unlogged += 1
+        clock = self.clock
+        clock.request_ended(record, trio.current_time())
+        if not clock.running and self._read_scope is not None:
+            # The reader waits without a deadline while requests run: give it its clock now.
+            self._read_scope.deadline = clock.next_request_deadline()
+            if clock.over(self.port.draining):
+                self._read_scope.cancel()
+            else:
+                self.port.idle_scopes.add(self._read_scope)
 
     # ------------------------------------------------------------------ one request
 
@@ -334,11 +300,9 @@ class _H2Exchange:
             raise self._lost(exc) from None
 
     async def send_error(self, status: int, headers: Headers, body: bytes) -> None:
-        # A connection that never authenticated does not outlive its head deadline by leaving
-        # its window shut on a 401 (or any Status) it was sent.
-        connection = self.connection
-        deadline = math.inf if connection.authenticated else connection.head_deadline
-        with trio.move_on_at(deadline) as scope:
+        # An unproven connection does not outlive its head deadline by leaving its window shut
+        # on a 401 (or any Status) it was sent.
+        with trio.move_on_at(self.connection.clock.answer_deadline()) as scope:
             await self.respond(status, headers, body, end=True)
         if scope.cancelled_caught:
             self._gone = True

@@ -80,3 +80,25 @@ async def test_a_body_over_the_cap_is_413_and_never_read_as_a_request() -> None:
 async def test_a_target_that_is_not_a_path_is_400() -> None:
     answer = await _converse(b"GET http://example.com/ HTTP/1.1\r\nHost: k\r\nConnection: close\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 400 ") and b"the request target must be a path" in answer
+
+
+async def test_the_port_keeps_its_own_clocks_not_the_proxy_ports_verdict_rules(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """The app checks a job token per call and tells the front end nothing: a connection is not
+    held to the proxy port's head deadline or its cap on refused answers (``frontend.ConnectionClock``
+    ``gated``), only to ``header_timeout`` for a head and ``idle_timeout`` between requests."""
+    client, server = trio.testing.memory_stream_pair()
+    limits = PortLimits(header_timeout=10.0, idle_timeout=30.0)
+    port = AsgiPort(_app, limits=limits, log=logging.getLogger("kasd.api"))
+    served = 0
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(port.handle_connection, server)
+        for _ in range(6):  # more than the proxy port's 4 answers, well past 10 s from accept
+            await client.send_all(b"GET /x HTTP/1.1\r\nHost: k\r\n\r\n")
+            answer = await client.receive_some(65536)
+            assert answer.startswith(b"HTTP/1.1 200 ") and b"connection: close" not in answer
+            served += 1
+            await trio.sleep(20)
+        last = trio.current_time() - 20
+        assert await client.receive_some(65536) == b""  # closed: idle since the last answer
+    assert served == 6 and trio.current_time() == last + limits.idle_timeout
