@@ -272,9 +272,9 @@ async def test_without_a_tty_ctrl_c_is_data(fs: FileSystem) -> None:
 async def test_whole_input_commands_bound_stdin(fs: FileSystem, monkeypatch: pytest.MonkeyPatch) -> None:
     """sort, tail, wc and grep hold their whole input: from a file it was capped, from stdin it
     was not, so `yes | sort` grew kubesim's memory until it died."""
-    from kubesim import shell
+    from kubesim.shell import stdio
 
-    monkeypatch.setattr(shell, "_MAX_INPUT", 64 * 1024)
+    monkeypatch.setattr(stdio, "MAX_INPUT", 64 * 1024)
     with trio.fail_after(10):
         for command in ("sort", "tail -n 1", "wc -l", "grep y"):
             status, _, err = await sh(fs, f"yes | {command}")
@@ -283,10 +283,10 @@ async def test_whole_input_commands_bound_stdin(fs: FileSystem, monkeypatch: pyt
 
 async def test_a_line_without_end_is_bounded(fs: FileSystem, monkeypatch: pytest.MonkeyPatch) -> None:
     """`read` and sh reading its script from stdin took a line of any length (an endless stream
-    without a newline grew memory for ever); now a line ends after `_MAX_INPUT` bytes."""
-    from kubesim import shell
+    without a newline grew memory for ever); now a line ends after `MAX_INPUT` bytes."""
+    from kubesim.shell import stdio
 
-    monkeypatch.setattr(shell, "_MAX_INPUT", 1000)
+    monkeypatch.setattr(stdio, "MAX_INPUT", 1000)
     with trio.fail_after(10):
         assert await sh(fs, "read a; read b; echo $a > /tmp/a; echo $b > /tmp/b", b"x" * 1500 + b"\n") == (0, "", "")
         assert (fs.stat("/tmp/a").size, fs.stat("/tmp/b").size) == (1001, 501)

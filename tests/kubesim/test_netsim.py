@@ -78,8 +78,8 @@ def _pod(image: str = "nginx:1.27", *, running: bool = True, ports: list[int] | 
 
 
 class _Ctl:
-    """The part of Controllers the network reads: which containers run a process of their own,
-    and their filesystems (none here: nginx serves its image's own pages)."""
+    """`netsim.Containers`, what the network reads of the kubelet: which containers run a process
+    of their own, and their filesystems (none here: nginx serves its image's own pages)."""
 
     def __init__(self) -> None:
         self.processes: dict[tuple[str, str, str], object] = {}
@@ -102,24 +102,24 @@ def test_images_not_named_like_nginx(image: str) -> None:
 def test_what_listens_where() -> None:
     network, ctl = netsim.Network(), _Ctl()
     nginx = _pod(ports=[8080])
-    assert network.listener(ctl, nginx, 80) is not None  # type: ignore[arg-type]
-    assert network.listener(ctl, nginx, 8080) is not None  # type: ignore[arg-type]
-    assert network.listener(ctl, nginx, netsim.ECHO_PORT) is netsim.serve_echo  # type: ignore[arg-type]
-    assert network.listener(ctl, nginx, 81) is None  # type: ignore[arg-type]
+    assert network.listener(ctl, nginx, 80) is not None
+    assert network.listener(ctl, nginx, 8080) is not None
+    assert network.listener(ctl, nginx, netsim.ECHO_PORT) is netsim.serve_echo
+    assert network.listener(ctl, nginx, 81) is None
     busybox = _pod("busybox")
-    assert network.listener(ctl, busybox, 80) is None  # type: ignore[arg-type]
-    assert network.listener(ctl, busybox, netsim.ECHO_PORT) is netsim.serve_echo  # type: ignore[arg-type]
-    assert network.listener(ctl, _pod(running=False), netsim.ECHO_PORT) is None  # type: ignore[arg-type]
+    assert network.listener(ctl, busybox, 80) is None
+    assert network.listener(ctl, busybox, netsim.ECHO_PORT) is netsim.serve_echo
+    assert network.listener(ctl, _pod(running=False), netsim.ECHO_PORT) is None
     # nginx's image running a command of its own (`-- sleep 3600`) runs no nginx.
     ctl.processes[("default", "web", "c")] = object()
-    assert network.listener(ctl, nginx, 80) is None  # type: ignore[arg-type]
+    assert network.listener(ctl, nginx, 80) is None
 
 
 async def test_connecting_where_nothing_listens_is_refused() -> None:
     network = netsim.Network()
     async with trio.open_nursery() as nursery:
         with pytest.raises(ConnectionRefusedError) as caught:
-            await network.connect(_Ctl(), _pod("busybox"), 81, nursery)  # type: ignore[arg-type]
+            await network.connect(_Ctl(), _pod("busybox"), 81, nursery)
     assert caught.value.errno == errno.ECONNREFUSED
 
 
@@ -127,7 +127,7 @@ async def test_the_echo_port_echoes_a_mebibyte_and_the_end() -> None:
     network = netsim.Network()
     payload = bytes(range(256)) * 4096
     async with trio.open_nursery() as nursery:
-        client = await network.connect(_Ctl(), _pod("busybox"), netsim.ECHO_PORT, nursery)  # type: ignore[arg-type]
+        client = await network.connect(_Ctl(), _pod("busybox"), netsim.ECHO_PORT, nursery)
 
         async def write() -> None:
             for start in range(0, len(payload), 10_000):

@@ -46,11 +46,11 @@ from kubesim.patch import apply_patch
 from kubesim.paths import Target, parse_target
 from kubesim.podio import (
     check_streamable,
-    port_forward_pod,
     serve_logs,
     serve_pod_websocket,
     spdy_refused,
 )
+from kubesim.portforward_session import port_forward_pod
 from kubesim.rbac import UserInfo
 from kubesim.requests import RecordedRequest, header_map, header_pairs, record
 from kubesim.resources import Kind

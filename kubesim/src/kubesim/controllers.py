@@ -1,8 +1,10 @@
 """Simple controllers that make objects behave: workloads make pods, pods run, statuses fill in.
 
 This module holds the loop and the small controllers (node, namespaces, endpoint slices, HPAs,
-PVCs); `workloads` holds Deployments, ReplicaSets, StatefulSets, DaemonSets and Jobs, `cronjobs`
-the CronJob controller, and `kubelet` the pod lifecycle and container consoles.
+PVCs); `cluster` holds the state and the writes they all share, `workloads` Deployments,
+ReplicaSets, StatefulSets, DaemonSets and Jobs, `cronjobs` the CronJob controller, and `kubelet`
+the pod lifecycle and container consoles. Those three take the `cluster.Cluster` they act on and
+import nothing of this module, which calls them.
 
 `Controllers.run` wakes on every store change (and on a short tick, for things that happen with
 time) and reconciles everything until nothing changes. Pods become Running and Ready at once,
@@ -18,70 +20,35 @@ unless a knob on the pod (usually set through the pod template's annotations) sa
 from __future__ import annotations
 
 import copy
-import itertools
 import math
-import time
-from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
 import trio
 
 from kubesim import cronjobs, kubelet, workloads
-from kubesim.console import ContainerConsole
+from kubesim.cluster import NODE_IP, NODE_NAME, Cluster
 from kubesim.errors import ApiError
-from kubesim.fs import FileSystem
-from kubesim.kubelet import NODE_IP, NODE_NAME
-from kubesim.netsim import Network
 from kubesim.objects import owned_by, owner_ref, pod_ready
-from kubesim.processes import MainProcess
-from kubesim.resources import Kind
 from kubesim.selectors import selector_from_match_labels
 from kubesim.store import Store
 from kubesim.timefmt import Clock, now, rfc3339, using
 
-_EVENT_IDS = itertools.count(time.time_ns())
 ROOT_CA = "-----BEGIN CERTIFICATE-----\nMIIBkubesimkubesimkubesim\n-----END CERTIFICATE-----\n"
 
 
-class Controllers:
-    """The reconcilers, and the consoles of the containers they started."""
+class Controllers(Cluster):
+    """The reconcilers' loop over the `Cluster` they act on, and the small reconcilers."""
 
     def __init__(self, store: Store, *, tick: float = 0.5, root_ca: bytes | None = None,
                  restart_backoff: tuple[float, float] = (10.0, 300.0),
                  clock: Clock | None = None) -> None:
-        self.store = store
+        super().__init__(store, restart_backoff=restart_backoff, clock=clock)
         self.tick = tick
-        # The server's clock: reconcile reads it even when called from outside the server's tasks.
-        self.clock = clock or Clock()
-        # The kubelet's crash-loop back-off: first delay, doubling up to the second.
-        self.restart_backoff = restart_backoff
-        # Containers' main processes run here (set by `run`; without it, containers idle).
-        self.nursery: trio.Nursery | None = None
-        self.processes: dict[tuple[str, str, str], MainProcess] = {}
-        self.previous_consoles: dict[tuple[str, str, str], ContainerConsole] = {}
-        self.backoffs: dict[tuple[str, str, str], float] = {}
-        # What listens in each pod (port-forward connects through it; `httpd` listens on it).
-        self.network = Network()
-        # The earliest trio time some pass asked to be woken at (a container's restart).
-        self.wake_at = math.inf
         # What every namespace's kube-root-ca.crt ConfigMap carries: the serving CA when known.
         self.root_ca = root_ca.decode() if root_ca else ROOT_CA
-        self.consoles: dict[tuple[str, str, str], ContainerConsole] = {}
-        # Each running container's filesystem (a fresh one per run, as a new writable layer).
-        self.filesystems: dict[tuple[str, str, str], FileSystem] = {}
-        # Set by a pass that saw work which happens with time (crash loops, progress deadlines):
-        # only then does `run` wake on the tick as well as on changes.
-        self.timed_work = False
         # The run loop's wait for a change or a deadline (`poke` ends it early).
         self._waiting: trio.CancelScope | None = None
-        self.kinds = {plural: store.kind(group, plural) for group, plural in (
-            ("", "pods"), ("", "namespaces"), ("", "nodes"), ("", "events"), ("", "services"),
-            ("", "serviceaccounts"), ("", "configmaps"), ("apps", "deployments"),
-            ("apps", "replicasets"), ("apps", "statefulsets"), ("apps", "daemonsets"),
-            ("apps", "controllerrevisions"), ("batch", "jobs"), ("batch", "cronjobs"),
-            ("discovery.k8s.io", "endpointslices"), ("autoscaling", "horizontalpodautoscalers"),
-            ("", "persistentvolumeclaims"))}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -102,22 +69,7 @@ class Controllers:
             finally:
                 self.nursery = None
 
-    def console(self, namespace: str, pod: str, container: str) -> ContainerConsole | None:
-        return self.consoles.get((namespace, pod, container))
-
-    def filesystem(self, namespace: str, pod: str, container: str) -> FileSystem | None:
-        """The container's filesystem while it runs (shared by exec, its main process, listeners)."""
-        return self.filesystems.get((namespace, pod, container))
-
     # -- the loop ------------------------------------------------------------------------------
-
-    def previous_console(self, namespace: str, pod: str, container: str) -> ContainerConsole | None:
-        """The console of the container's run before this one (`kubectl logs --previous`)."""
-        return self.previous_consoles.get((namespace, pod, container))
-
-    def wake_by(self, deadline: float) -> None:
-        """Ask for a pass at trio time `deadline` at the latest (time-based pod work)."""
-        self.wake_at = min(self.wake_at, deadline)
 
     def poke(self) -> None:
         """Make the run loop pass now and recompute when to wake (the clock moved)."""
@@ -156,52 +108,6 @@ class Controllers:
                     # Raced with a deletion (a namespace going away, …): the next pass settles it.
                     continue
         kubelet.close_stale_consoles(self)
-
-    def objects(self, plural: str, namespace: str) -> Iterator[dict[str, Any]]:
-        kind = self.kinds[plural]
-        # Live objects: read them, copy before changing.
-        yield from list(self.store.iter_objects(kind.group, plural, namespace))
-
-    def set_status(self, plural: str, obj: dict[str, Any], status: dict[str, Any]) -> None:
-        if obj.get("status") == status:
-            return
-        obj = copy.deepcopy(obj)
-        obj["status"] = status
-        obj["metadata"].pop("resourceVersion", None)
-        meta = obj["metadata"]
-        self.store.update(self.kinds[plural], meta.get("namespace"), meta["name"], obj, subresource="status")
-
-    def update(self, plural: str, obj: dict[str, Any]) -> None:
-        meta = obj["metadata"]
-        meta.pop("resourceVersion", None)
-        self.store.update(self.kinds[plural], meta.get("namespace"), meta["name"], obj)
-
-    def event(self, involved_kind: Kind, obj: dict[str, Any], reason: str, message: str, *,
-              component: str, type_: str = "Normal", field_path: str = "") -> None:
-        meta = obj["metadata"]
-        stamp = rfc3339(now())
-        involved = {"kind": involved_kind.kind, "namespace": meta.get("namespace", "default"),
-                    "name": meta["name"], "uid": meta.get("uid", ""),
-                    "apiVersion": involved_kind.api_version,
-                    "resourceVersion": meta.get("resourceVersion", "")}
-        if field_path:
-            involved["fieldPath"] = field_path
-        source: dict[str, Any] = {"component": component}
-        if component == "kubelet":
-            source["host"] = NODE_NAME
-        namespace = meta.get("namespace", "default")
-        event: dict[str, Any] = {
-            "metadata": {"name": f"{meta['name']}.{next(_EVENT_IDS):x}",
-                         "namespace": meta.get("namespace", "default")},
-            "involvedObject": involved, "reason": reason, "message": message, "source": source,
-            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1, "type": type_,
-            "eventTime": None, "reportingComponent": component,
-            "reportingInstance": NODE_NAME if component == "kubelet" else "",
-        }
-        try:
-            self.store.create(self.kinds["events"], namespace, event)
-        except ApiError:
-            pass
 
     # -- cluster furniture ---------------------------------------------------------------------
 

@@ -25,17 +25,15 @@ from __future__ import annotations
 
 import copy
 from datetime import UTC, datetime, timedelta, tzinfo
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from kubesim import cron
+from kubesim.cluster import Cluster
 from kubesim.errors import ApiError
 from kubesim.objects import owned_by, owner_ref
 from kubesim.timefmt import now, parse, rfc3339
-
-if TYPE_CHECKING:
-    from kubesim.controllers import Controllers
 
 SCHEDULED_ANNOTATION = "batch.kubernetes.io/cronjob-scheduled-timestamp"
 COMPONENT = "cronjob-controller"
@@ -54,7 +52,7 @@ def _finished(job: dict[str, Any]) -> str | None:
     return None
 
 
-def cronjob(ctl: Controllers, cj: dict[str, Any]) -> None:
+def cronjob(ctl: Cluster, cj: dict[str, Any]) -> None:
     meta, spec = cj["metadata"], cj.get("spec") or {}
     namespace, kind, jobs_kind = meta["namespace"], ctl.kinds["cronjobs"], ctl.kinds["jobs"]
     status = copy.deepcopy(cj.get("status") or {})
@@ -96,7 +94,7 @@ def cronjob(ctl: Controllers, cj: dict[str, Any]) -> None:
                              if ctl.store.exists(jobs_kind, namespace, j["metadata"]["name"])])
 
 
-def _schedule(ctl: Controllers, cj: dict[str, Any], status: dict[str, Any], moment: datetime,
+def _schedule(ctl: Cluster, cj: dict[str, Any], status: dict[str, Any], moment: datetime,
               jobs: dict[str, dict[str, Any]]) -> None:
     meta, spec = cj["metadata"], cj.get("spec") or {}
     kind = ctl.kinds["cronjobs"]
@@ -145,7 +143,7 @@ _REPORTED: dict[str, str] = {}
 _REPORTED_MAX = 10_000
 
 
-def _once(ctl: Controllers, cj: dict[str, Any], scheduled: datetime, reason: str, message: str,
+def _once(ctl: Cluster, cj: dict[str, Any], scheduled: datetime, reason: str, message: str,
           *, type_: str = "Normal") -> None:
     key, note = cj["metadata"]["uid"], f"{reason}@{scheduled.isoformat()}"
     if _REPORTED.get(key) == note:
@@ -156,7 +154,7 @@ def _once(ctl: Controllers, cj: dict[str, Any], scheduled: datetime, reason: str
     ctl.event(ctl.kinds["cronjobs"], cj, reason, message, component=COMPONENT, type_=type_)
 
 
-def _new_job(ctl: Controllers, cj: dict[str, Any], name: str, scheduled: datetime,
+def _new_job(ctl: Cluster, cj: dict[str, Any], name: str, scheduled: datetime,
              zone: tzinfo) -> dict[str, Any]:
     """getJobFromTemplate2."""
     template = (cj.get("spec") or {}).get("jobTemplate") or {}
@@ -172,7 +170,7 @@ def _new_job(ctl: Controllers, cj: dict[str, Any], name: str, scheduled: datetim
     return ctl.store.create(ctl.kinds["jobs"], cj["metadata"]["namespace"], job)
 
 
-def _delete_job(ctl: Controllers, cj: dict[str, Any], name: str) -> None:
+def _delete_job(ctl: Cluster, cj: dict[str, Any], name: str) -> None:
     try:
         ctl.store.delete(ctl.kinds["jobs"], cj["metadata"]["namespace"], name,
                          propagation="Background")
@@ -182,7 +180,7 @@ def _delete_job(ctl: Controllers, cj: dict[str, Any], name: str) -> None:
               component=COMPONENT)
 
 
-def _clean_history(ctl: Controllers, cj: dict[str, Any], jobs: list[dict[str, Any]]) -> None:
+def _clean_history(ctl: Cluster, cj: dict[str, Any], jobs: list[dict[str, Any]]) -> None:
     spec = cj.get("spec") or {}
     for outcome, field in (("Complete", "successfulJobsHistoryLimit"),
                            ("Failed", "failedJobsHistoryLimit")):
@@ -202,7 +200,7 @@ def _clean_history(ctl: Controllers, cj: dict[str, Any], jobs: list[dict[str, An
             _delete_job(ctl, cj, job["metadata"]["name"])
 
 
-def _wake_at_next(ctl: Controllers, schedule: cron.Schedule, moment: datetime, zone: tzinfo) -> None:
+def _wake_at_next(ctl: Cluster, schedule: cron.Schedule, moment: datetime, zone: tzinfo) -> None:
     upcoming = schedule.next_after(moment, zone)
     if upcoming is None:
         return

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
+from kubesim.cluster import NODE_IP, NODE_NAME, Cluster
 from kubesim.console import ContainerConsole
 from kubesim.fs import FileSystem, container_tree
 from kubesim.objects import annotation_true
@@ -24,18 +25,13 @@ from kubesim.processes import MainProcess, ProcessStdin, container_env, main_arg
 from kubesim.shell import command_names
 from kubesim.timefmt import now, parse, rfc3339
 
-if TYPE_CHECKING:
-    from kubesim.controllers import Controllers
-
-NODE_NAME = "kubesim-node"
-NODE_IP = "172.18.0.2"
 CRASH_LOOP = "kubesim.io/crash-loop"
 STALL_ROLLOUT = "kubesim.io/stall-rollout"
 FAIL = "kubesim.io/fail"
 CRASH_RESTART_SECONDS = 5.0
 
 
-def pod(ctl: Controllers, pod: dict[str, Any]) -> None:
+def pod(ctl: Cluster, pod: dict[str, Any]) -> None:
     meta, spec = pod["metadata"], pod.get("spec") or {}
     if meta.get("deletionTimestamp"):
         return
@@ -70,7 +66,7 @@ def pod(ctl: Controllers, pod: dict[str, Any]) -> None:
     if phase == "Running":
         running(ctl, pod)
 
-def start(ctl: Controllers, pod: dict[str, Any]) -> None:
+def start(ctl: Cluster, pod: dict[str, Any]) -> None:
     meta, spec = pod["metadata"], pod.get("spec") or {}
     kind = ctl.kinds["pods"]
     ns, name = meta["namespace"], meta["name"]
@@ -131,7 +127,7 @@ def start(ctl: Controllers, pod: dict[str, Any]) -> None:
               "podIP": ip, "podIPs": [{"ip": ip}], "containerStatuses": statuses}
     ctl.set_status("pods", pod, status)
 
-def running(ctl: Controllers, pod: dict[str, Any]) -> None:
+def running(ctl: Cluster, pod: dict[str, Any]) -> None:
     meta, spec = pod["metadata"], pod.get("spec") or {}
     owner_kinds = {ref.get("kind") for ref in meta.get("ownerReferences") or []}
     crash = annotation_true(pod, CRASH_LOOP)
@@ -182,7 +178,7 @@ def running(ctl: Controllers, pod: dict[str, Any]) -> None:
             if ns == meta["namespace"] and name == meta["name"]:
                 console.log("kubesim: main process exited" + (" with code 1" if failing else ""))
 
-def close_stale_consoles(ctl: Controllers) -> None:
+def close_stale_consoles(ctl: Cluster) -> None:
     pods = ctl.kinds["pods"]
     for key in list(ctl.consoles):
         ns, name, _ = key
@@ -199,7 +195,7 @@ def close_stale_consoles(ctl: Controllers) -> None:
 # -- main processes ------------------------------------------------------------------------------
 
 
-def _spawn(ctl: Controllers, pod: dict[str, Any], container: dict[str, Any], argv: list[str],
+def _spawn(ctl: Cluster, pod: dict[str, Any], container: dict[str, Any], argv: list[str],
            *, pod_ip: str = "") -> None:
     """Start a run of the container's main process; its console replaces the last run's."""
     assert ctl.nursery is not None
@@ -222,7 +218,7 @@ def _spawn(ctl: Controllers, pod: dict[str, Any], container: dict[str, Any], arg
         ctl.nursery.start_soon(process.run, container_env(pod, key[2]), ctl.reconcile)
 
 
-def _sync_processes(ctl: Controllers, pod: dict[str, Any],
+def _sync_processes(ctl: Cluster, pod: dict[str, Any],
                     processes: dict[str, MainProcess | None]) -> None:
     """Exits become `terminated`, restarts (with the kubelet's back-off) or a finished pod."""
     meta, spec = pod["metadata"], pod.get("spec") or {}

@@ -26,16 +26,13 @@ import contextlib
 import contextvars
 import errno
 import functools
-from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any, Protocol
 
 import attrs
 import trio
 
 from kubesim import httpservers
-
-if TYPE_CHECKING:
-    from kubesim.controllers import Controllers
 
 #: The TCP echo every running pod answers (RFC 862's port).
 ECHO_PORT = 7
@@ -45,6 +42,18 @@ BUFFER_LIMIT = 256 * 1024
 CHUNK = 64 * 1024
 
 Handler = Callable[[trio.abc.HalfCloseableStream], Awaitable[None]]
+
+
+class Containers(Protocol):
+    """What the network reads of the kubelet (`cluster.Cluster` is one): which containers run a
+    process of their own, and each running container's filesystem, where its servers read files."""
+
+    @property
+    def processes(self) -> Mapping[tuple[str, str, str], object]:
+        """The containers, by (namespace, pod, container), whose main process runs a command."""
+        ...
+
+    def filesystem(self, namespace: str, pod: str, container: str) -> httpservers.Files | None: ...
 
 
 # -- in-process connections ----------------------------------------------------------------------
@@ -226,7 +235,7 @@ class Network:
         """The ports commands listen on, by pod (for tests and debugging)."""
         return {key: sorted(ports.listeners) for key, ports in self._pods.items()}
 
-    def listener(self, ctl: Controllers, pod: dict[str, Any], port: int) -> Handler | None:
+    def listener(self, ctl: Containers, pod: dict[str, Any], port: int) -> Handler | None:
         """Who answers a connection to `port` in `pod` now; None: nothing listens (refused)."""
         meta = pod["metadata"]
         ports = self._pods.get((meta["namespace"], meta["name"], meta.get("uid", "")))
@@ -245,7 +254,7 @@ class Network:
             return serve_echo
         return None
 
-    async def connect(self, ctl: Controllers, pod: dict[str, Any], port: int,
+    async def connect(self, ctl: Containers, pod: dict[str, Any], port: int,
                       nursery: trio.Nursery) -> SocketEnd:
         """Connect to `port` in `pod`: the listener's handler runs in `nursery` on the other end.
 
@@ -268,7 +277,7 @@ async def _run_handler(handler: Handler, stream: SocketEnd) -> None:
         stream.close()
 
 
-def container_files(ctl: Controllers, namespace: str, pod: str, container: str) -> httpservers.Files | None:
+def container_files(ctl: Containers, namespace: str, pod: str, container: str) -> httpservers.Files | None:
     """The container's filesystem, where its servers read files (None once the container stopped:
     servers then fall back to their image's fixed files, nginx's default pages)."""
     return ctl.filesystem(namespace, pod, container)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kubesim import errors
+from kubesim import errors, exec_ws, portforward_session, streaming
 from kubesim.asgi import Query, Receive, Scope, Send, flag, one, pump, start_stream
 from kubesim.console import ContainerConsole
 from kubesim.controllers import Controllers
@@ -69,19 +69,6 @@ def check_streamable(store: Store, controllers: Controllers, target: Target, que
         raise errors.bad_request(f'container not found ("{container}")')
 
 
-def port_forward_pod(store: Store, target: Target) -> dict[str, Any]:
-    """The API server's checks before it hands `pods/portforward` to the kubelet.
-
-    `PortForwardLocation` (pkg/registry/core/pod/strategy.go): the pod must exist (404 `pods "x"
-    not found`) and be scheduled (400 `pod x does not have a host assigned`). kubectl itself
-    refuses a pod that is not Running before it asks.
-    """
-    pod = store.get(target.kind, target.namespace, target.name or "")
-    if not (pod.get("spec") or {}).get("nodeName"):
-        raise errors.bad_request(f"pod {target.name} does not have a host assigned")
-    return pod
-
-
 def _int(text: str | None, *, signed: bool = False) -> int | None:
     if not text:
         return None
@@ -112,8 +99,6 @@ async def serve_logs(store: Store, controllers: Controllers, target: Target, que
 
 async def serve_pod_websocket(store: Store, controllers: Controllers, target: Target, query: Query,
                               scope: Scope, receive: Receive, send: Send) -> None:
-    from kubesim import exec_ws
-
     streams = {name: flag(query, name) for name in ("stdin", "stdout", "stderr", "tty")}
     if target.subresource in ("exec", "attach"):
         check_streamable(store, controllers, target, query)
@@ -149,8 +134,6 @@ async def _serve_port_forward_websocket(store: Store, controllers: Controllers, 
     WebSocket offering `SPDY/3.1+portforward.k8s.io` is accepted with it and carries the SPDY
     session the kubelet speaks. Other WebSocket port-forward protocols (the kubelet's own
     `portforward.k8s.io`/`v4.channel.k8s.io` channels) are refused: kubectl never uses them."""
-    from kubesim import portforward_session, streaming
-
     if PORT_FORWARD_TUNNEL not in list(scope.get("subprotocols") or []):
         raise errors.bad_request(f"port-forward over WebSocket needs the subprotocol {PORT_FORWARD_TUNNEL} "
                                  "(kubesim serves kubectl's tunnelled SPDY only)")

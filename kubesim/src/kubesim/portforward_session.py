@@ -8,6 +8,8 @@ The same session serves both transports (plain SPDY, and SPDY inside kubectl's W
 only sees streams.
 
 What it needs of a stream is `PeerStream`, the part of the driver's stream API it uses.
+`port_forward_pod` is the API server's check before any of it (the raw upgrade's and the
+WebSocket tunnel's alike).
 """
 
 from __future__ import annotations
@@ -16,18 +18,17 @@ import hashlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import trio
 
-from kubesim import portforward
+from kubesim import errors, portforward
+from kubesim.cluster import Cluster
 from kubesim.netsim import CHUNK
-from kubesim.podio import port_forward_pod
+from kubesim.paths import Target
 from kubesim.spdy_session import SpdySession
+from kubesim.store import Store
 from kubesim.streaming import PodStreamRequest, SpdySubresource
-
-if TYPE_CHECKING:
-    from kubesim.controllers import Controllers
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ def netns_path(pod: dict[str, Any]) -> str:
 class PortForwardSession:
     """The streams of one port-forward connection to `pod`; connections run in `nursery`."""
 
-    def __init__(self, ctl: Controllers, pod: dict[str, Any], nursery: trio.Nursery,
+    def __init__(self, ctl: Cluster, pod: dict[str, Any], nursery: trio.Nursery,
                  *, current: Callable[[], dict[str, Any] | None] | None = None,
                  pairing: portforward.StreamPairing | None = None) -> None:
         self._ctl = ctl
@@ -200,6 +201,19 @@ async def _socket_to_stream(socket: trio.abc.HalfCloseableStream, data: PeerStre
 
 
 # -- the subresource -----------------------------------------------------------------------------
+
+
+def port_forward_pod(store: Store, target: Target) -> dict[str, Any]:
+    """The API server's checks before it hands `pods/portforward` to the kubelet.
+
+    `PortForwardLocation` (pkg/registry/core/pod/strategy.go): the pod must exist (404 `pods "x"
+    not found`) and be scheduled (400 `pod x does not have a host assigned`). kubectl itself
+    refuses a pod that is not Running before it asks.
+    """
+    pod = store.get(target.kind, target.namespace, target.name or "")
+    if not (pod.get("spec") or {}).get("nodeName"):
+        raise errors.bad_request(f"pod {target.name} does not have a host assigned")
+    return pod
 
 
 def _check(request: PodStreamRequest) -> None:

@@ -4,23 +4,20 @@ with the status fields `kubectl rollout status`, `kubectl wait` and `kubectl get
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from kubesim.kubelet import NODE_NAME
+from kubesim.cluster import NODE_NAME, Cluster
 from kubesim.objects import condition, owned_by, owner_ref, percent, pod_ready, template_hash
 from kubesim.resources import Kind
 from kubesim.timefmt import now, parse, rfc3339
 
-if TYPE_CHECKING:
-    from kubesim.controllers import Controllers
 
-
-def pods_of(ctl: Controllers, owner: dict[str, Any]) -> list[dict[str, Any]]:
+def pods_of(ctl: Cluster, owner: dict[str, Any]) -> list[dict[str, Any]]:
     uid = owner["metadata"]["uid"]
     return [p for p in ctl.objects("pods", owner["metadata"]["namespace"])
             if owned_by(p, uid) and not p["metadata"].get("deletionTimestamp")]
 
-def new_pod(ctl: Controllers, owner_kind: Kind, owner: dict[str, Any], template: dict[str, Any], *,
+def new_pod(ctl: Cluster, owner_kind: Kind, owner: dict[str, Any], template: dict[str, Any], *,
              name: str = "", generate_name: str = "", extra_labels: dict[str, str] | None = None,
              hostname: str = "") -> dict[str, Any]:
     meta = copy.deepcopy(template.get("metadata") or {})
@@ -38,7 +35,7 @@ def new_pod(ctl: Controllers, owner_kind: Kind, owner: dict[str, Any], template:
                             {"metadata": meta, "spec": spec})
     return pod
 
-def deployment(ctl: Controllers, dep: dict[str, Any]) -> None:
+def deployment(ctl: Cluster, dep: dict[str, Any]) -> None:
     meta, spec = dep["metadata"], dep.get("spec") or {}
     ns, uid = meta["namespace"], meta["uid"]
     kind, rs_kind = ctl.kinds["deployments"], ctl.kinds["replicasets"]
@@ -161,7 +158,7 @@ def deployment(ctl: Controllers, dep: dict[str, Any]) -> None:
     status["conditions"] = [available_condition, progressing]
     ctl.set_status("deployments", dep, status)
 
-def replicaset(ctl: Controllers, rs: dict[str, Any]) -> None:
+def replicaset(ctl: Cluster, rs: dict[str, Any]) -> None:
     meta, spec = rs["metadata"], rs.get("spec") or {}
     kind = ctl.kinds["replicasets"]
     desired = int(spec.get("replicas", 1))
@@ -190,7 +187,7 @@ def replicaset(ctl: Controllers, rs: dict[str, Any]) -> None:
         status["availableReplicas"] = ready
     ctl.set_status("replicasets", rs, status)
 
-def statefulset(ctl: Controllers, sts: dict[str, Any]) -> None:
+def statefulset(ctl: Cluster, sts: dict[str, Any]) -> None:
     meta, spec = sts["metadata"], sts.get("spec") or {}
     kind = ctl.kinds["statefulsets"]
     ns, name = meta["namespace"], meta["name"]
@@ -229,7 +226,7 @@ def statefulset(ctl: Controllers, sts: dict[str, Any]) -> None:
     status["availableReplicas"] = ready
     ctl.set_status("statefulsets", sts, status)
 
-def daemonset(ctl: Controllers, ds: dict[str, Any]) -> None:
+def daemonset(ctl: Cluster, ds: dict[str, Any]) -> None:
     meta, spec = ds["metadata"], ds.get("spec") or {}
     kind = ctl.kinds["daemonsets"]
     template = spec.get("template") or {}
@@ -257,7 +254,7 @@ def daemonset(ctl: Controllers, ds: dict[str, Any]) -> None:
         del status["numberAvailable"]
     ctl.set_status("daemonsets", ds, status)
 
-def job(ctl: Controllers, job: dict[str, Any]) -> None:
+def job(ctl: Cluster, job: dict[str, Any]) -> None:
     meta, spec = job["metadata"], job.get("spec") or {}
     kind = ctl.kinds["jobs"]
     status = copy.deepcopy(job.get("status") or {})

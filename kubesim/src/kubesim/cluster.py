@@ -1,0 +1,134 @@
+"""What the controllers share: the store and its kinds, the clock, the one node, the containers
+the kubelet runs (their processes, consoles and filesystems), the pods' network, and the writes
+every controller makes (a status, an update, an event).
+
+`controllers.Controllers` is the `Cluster` with the loop and the small reconcilers; `workloads`,
+`cronjobs` and `kubelet` are reconcilers that take the `Cluster` they act on, so none of them
+imports the loop that calls them.
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+import itertools
+import math
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import trio
+
+from kubesim.console import ContainerConsole
+from kubesim.errors import ApiError
+from kubesim.fs import FileSystem
+from kubesim.netsim import Network
+from kubesim.processes import MainProcess
+from kubesim.resources import Kind
+from kubesim.store import Store
+from kubesim.timefmt import Clock, now, rfc3339
+
+#: The one node every pod is scheduled to, and its address.
+NODE_NAME = "kubesim-node"
+NODE_IP = "172.18.0.2"
+
+_EVENT_IDS = itertools.count(time.time_ns())
+
+
+class Cluster(abc.ABC):
+    """The state the reconcilers read and write, and the consoles of the containers they started."""
+
+    def __init__(self, store: Store, *, restart_backoff: tuple[float, float] = (10.0, 300.0),
+                 clock: Clock | None = None) -> None:
+        self.store = store
+        # The server's clock: reconcile reads it even when called from outside the server's tasks.
+        self.clock = clock or Clock()
+        # The kubelet's crash-loop back-off: first delay, doubling up to the second.
+        self.restart_backoff = restart_backoff
+        # Containers' main processes run here (set by `run`; without it, containers idle).
+        self.nursery: trio.Nursery | None = None
+        self.processes: dict[tuple[str, str, str], MainProcess] = {}
+        self.previous_consoles: dict[tuple[str, str, str], ContainerConsole] = {}
+        self.backoffs: dict[tuple[str, str, str], float] = {}
+        # What listens in each pod (port-forward connects through it; `httpd` listens on it).
+        self.network = Network()
+        # The earliest trio time some pass asked to be woken at (a container's restart).
+        self.wake_at = math.inf
+        self.consoles: dict[tuple[str, str, str], ContainerConsole] = {}
+        # Each running container's filesystem (a fresh one per run, as a new writable layer).
+        self.filesystems: dict[tuple[str, str, str], FileSystem] = {}
+        # Set by a pass that saw work which happens with time (crash loops, progress deadlines):
+        # only then does `run` wake on the tick as well as on changes.
+        self.timed_work = False
+        self.kinds = {plural: store.kind(group, plural) for group, plural in (
+            ("", "pods"), ("", "namespaces"), ("", "nodes"), ("", "events"), ("", "services"),
+            ("", "serviceaccounts"), ("", "configmaps"), ("apps", "deployments"),
+            ("apps", "replicasets"), ("apps", "statefulsets"), ("apps", "daemonsets"),
+            ("apps", "controllerrevisions"), ("batch", "jobs"), ("batch", "cronjobs"),
+            ("discovery.k8s.io", "endpointslices"), ("autoscaling", "horizontalpodautoscalers"),
+            ("", "persistentvolumeclaims"))}
+
+    @abc.abstractmethod
+    def reconcile(self) -> None:
+        """Reconcile everything until nothing changes (a container's process calls it on exit)."""
+
+    def console(self, namespace: str, pod: str, container: str) -> ContainerConsole | None:
+        return self.consoles.get((namespace, pod, container))
+
+    def filesystem(self, namespace: str, pod: str, container: str) -> FileSystem | None:
+        """The container's filesystem while it runs (shared by exec, its main process, listeners)."""
+        return self.filesystems.get((namespace, pod, container))
+
+    def previous_console(self, namespace: str, pod: str, container: str) -> ContainerConsole | None:
+        """The console of the container's run before this one (`kubectl logs --previous`)."""
+        return self.previous_consoles.get((namespace, pod, container))
+
+    def wake_by(self, deadline: float) -> None:
+        """Ask for a pass at trio time `deadline` at the latest (time-based pod work)."""
+        self.wake_at = min(self.wake_at, deadline)
+
+    def objects(self, plural: str, namespace: str) -> Iterator[dict[str, Any]]:
+        kind = self.kinds[plural]
+        # Live objects: read them, copy before changing.
+        yield from list(self.store.iter_objects(kind.group, plural, namespace))
+
+    def set_status(self, plural: str, obj: dict[str, Any], status: dict[str, Any]) -> None:
+        if obj.get("status") == status:
+            return
+        obj = copy.deepcopy(obj)
+        obj["status"] = status
+        obj["metadata"].pop("resourceVersion", None)
+        meta = obj["metadata"]
+        self.store.update(self.kinds[plural], meta.get("namespace"), meta["name"], obj, subresource="status")
+
+    def update(self, plural: str, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        meta.pop("resourceVersion", None)
+        self.store.update(self.kinds[plural], meta.get("namespace"), meta["name"], obj)
+
+    def event(self, involved_kind: Kind, obj: dict[str, Any], reason: str, message: str, *,
+              component: str, type_: str = "Normal", field_path: str = "") -> None:
+        meta = obj["metadata"]
+        stamp = rfc3339(now())
+        involved = {"kind": involved_kind.kind, "namespace": meta.get("namespace", "default"),
+                    "name": meta["name"], "uid": meta.get("uid", ""),
+                    "apiVersion": involved_kind.api_version,
+                    "resourceVersion": meta.get("resourceVersion", "")}
+        if field_path:
+            involved["fieldPath"] = field_path
+        source: dict[str, Any] = {"component": component}
+        if component == "kubelet":
+            source["host"] = NODE_NAME
+        namespace = meta.get("namespace", "default")
+        event: dict[str, Any] = {
+            "metadata": {"name": f"{meta['name']}.{next(_EVENT_IDS):x}",
+                         "namespace": meta.get("namespace", "default")},
+            "involvedObject": involved, "reason": reason, "message": message, "source": source,
+            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1, "type": type_,
+            "eventTime": None, "reportingComponent": component,
+            "reportingInstance": NODE_NAME if component == "kubelet" else "",
+        }
+        try:
+            self.store.create(self.kinds["events"], namespace, event)
+        except ApiError:
+            pass
