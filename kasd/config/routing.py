@@ -154,6 +154,9 @@ class Routing:
                           help="ring weight: this replica's share of agents (as weight= in the front end)")
     heartbeat_interval: float = setting(1.0, parse=parse_seconds)
     tunnel_ttl: float = setting(30.0, parse=parse_seconds)
+    #: seconds a replica shutting down waits for Redis at each step (marking itself draining, then
+    #: withdrawing its agents' entries and leaving the membership): Redis may be away
+    leave_timeout: float = setting(2.0, parse=parse_seconds)
     #: what peers dial to forward a request here
     private_url: str | None = setting(
         None, parse=_http_url, env="KASD_PRIVATE_URL", flag="--private-url", metavar="URL",
