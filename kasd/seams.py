@@ -1,10 +1,11 @@
 """The two seams of kasd's request pipeline: who may use an agent (``Authority``) and how a request
 reaches it (``Router``), with the values and typed failures they answer with.
 
-The pipeline (``kasd.k8sproxy.pipeline``) is given one of each and asks nothing else: today's
-implementations are the static ``access:`` list (``kasd.access.StaticAccess``) and the local tunnel
-registry (``routing.local.LocalRouter``); CI authorization and the replicated ``routing/`` package
-plug in here without touching a protocol front end. Tests inject fakes.
+The pipeline (``kasd.k8sproxy.pipeline``) is given one of each and asks nothing else: the
+implementations are CI job and personal tokens checked against the agents' configuration
+(``kasd.authority.CiAuthority``) and the tunnel registry (``routing.local.LocalRouter``; among
+replicas ``routing.router.ReplicatedRouter`` over it); neither touches a protocol front end. Tests
+inject fakes.
 
 May import: ``wire`` (a router answers with a logical stream), ``routing.errors`` (its failures),
 ``tunnelhttp`` (impersonation), ``kasd.authz`` (pure values: a grant's managed resources), the
