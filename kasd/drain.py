@@ -34,9 +34,9 @@ class DrainDeadlines:
     #: the whole drain: proxy requests, forwarded streams and agent sessions finish within it
     #: (``shutdown_timeout``); what is left then is closed
     total: float
-    #: each step that waits for Redis (it may be down): marking this replica draining (at most a
-    #: quarter of ``total``, so that the requests keep most of it), and, after the drain, withdrawing
-    #: its directory entries and leaving the membership (``routing.leave_timeout``)
+    #: each wait for Redis (it may be down): marking this replica draining (at most a quarter of
+    #: ``total``, so that the requests keep most of it), and, after the drain, withdrawing its
+    #: directory entries and leaving the membership, together (``routing.leave_timeout``)
     redis: float = 2.0
     #: telling one agent session where to go before its GOAWAY (a placement notice)
     notice: float = 1.0

@@ -154,8 +154,8 @@ class Routing:
                           help="ring weight: this replica's share of agents (as weight= in the front end)")
     heartbeat_interval: float = setting(1.0, parse=parse_seconds)
     tunnel_ttl: float = setting(30.0, parse=parse_seconds)
-    #: seconds a replica shutting down waits for Redis at each step (marking itself draining, then
-    #: withdrawing its agents' entries and leaving the membership): Redis may be away
+    #: seconds a replica shutting down waits for Redis to mark itself draining, and again to withdraw
+    #: its agents' entries and leave the membership after the drain: Redis may be away
     leave_timeout: float = setting(2.0, parse=parse_seconds)
     #: what peers dial to forward a request here
     private_url: str | None = setting(
