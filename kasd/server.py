@@ -105,7 +105,6 @@ class Runtime:
         return agent_url(self.config, self.addresses)
 
 
-
 def agent_url(config: Config, addresses: dict[str, str]) -> str:
     """What agentd dials to reach this kasd, from the agent listener's bound address."""
     scheme = "https" if config.agent.tls else "http"

@@ -47,7 +47,8 @@ def _optional_id(value: Any) -> int | None:
 
 
 def _memberships(value: Any) -> dict[str, Role]:
-    """``{group or project path: role}``; the paths are checked against the directory in check."""
+    """``{group or project path: role}``; the paths are checked against the directory by
+    ``kasd.config.root.check``."""
     if value is None:
         return {}
     raw = expect_type(value, dict, "a mapping of group or project path to role")

@@ -90,6 +90,7 @@ class Config:
     def private(self) -> PrivateListener:
         return self.listeners.private
 
+
 def check(loaded: Loaded[Config]) -> Config:
     """What no single value can tell: listeners on distinct addresses, agents told apart by id and
     token."""
