@@ -39,7 +39,6 @@ DEFAULT_CONNECTIONS = 2
 #: an outage's first minute is redialed at most 2 s apart (a kasd restart, a rescheduled kasd pod);
 #: a longer one is backed off from exponentially (agentd.redial)
 DEFAULT_RECONNECT_QUICK_WINDOW = 60.0
-DEFAULT_HEALTH_ADDRESS = "0.0.0.0:8080"
 DEFAULT_SERVICEACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 

@@ -145,7 +145,6 @@ class ConnectionManager:
         schemes = {urlsplit(u).scheme for u in self.urls}
         #: a placement may name only these schemes (never http when https is configured)
         self._placement_schemes = {"https"} if "https" in schemes else schemes
-        self._tunnels_nursery: trio.Nursery | None = None
 
     # ---- introspection
 
@@ -173,7 +172,6 @@ class ConnectionManager:
     async def run(self, *, task_status: trio.TaskStatus[ConnectionManager] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep tunnels up until ``stop()``; then drain in-flight streams (bounded) and return."""
         async with trio.open_nursery() as tunnels:
-            self._tunnels_nursery = tunnels
             with trio.CancelScope() as self._dial_scope:
                 if self._stopping:
                     self._dial_scope.cancel()

@@ -68,7 +68,6 @@ class KubeApiProxy:
         self.pool = pool
         self.on_done = on_done
         self.active = 0
-        self.handled = 0
         #: begun when agentd starts to shut down: watches and followed logs end between two events
         self.drain = Drain()
 
@@ -95,7 +94,6 @@ class KubeApiProxy:
                 counters.outcome = "client-gone"
         finally:
             self.active -= 1
-            self.handled += 1
             with trio.move_on_after(1, shield=True):
                 await stream.aclose()
             self._finish(head, stream, counters, trio.current_time() - started)

@@ -68,10 +68,6 @@ class RedialSchedule:
     def flapping(self) -> bool:
         return self._short > self.flap_allowance
 
-    def outage_age(self, now: float) -> float | None:
-        """Seconds since the current outage began (None: a tunnel is up, or none has failed yet)."""
-        return None if self._outage_since is None else now - self._outage_since
-
     def tunnel_up(self) -> None:
         self._outage_since = None
         self._up_after_away, self._seen_away = self._seen_away, False

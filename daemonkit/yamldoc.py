@@ -40,7 +40,6 @@ from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
 from yaml.events import AliasEvent
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
-from yaml.resolver import Resolver
 
 __all__ = [
     "DEFAULT_BUDGET",
@@ -217,30 +216,17 @@ class _Budgeted(Composer):  # type: ignore[misc]
         return node
 
 
-try:
-    from yaml._yaml import CParser as _Parser  # LibYAML's events: the scanning is the slow part
-except ImportError:  # pragma: no cover - PyYAML without LibYAML
-    from yaml.parser import Parser as _Parser
-    from yaml.reader import Reader
-    from yaml.scanner import Scanner
+# LibYAML's parser when PyYAML has it (its events in C: the scanning is the slow part), else PyYAML's
+# own; either through PyYAML's public loader class (parser, safe constructor, resolver), whose
+# composer ``_Budgeted`` replaces by coming first.
+_SafeLoader: Any = yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader
 
-    class _Loader(Reader, Scanner, _Parser, _Budgeted, SafeConstructor, Resolver):  # type: ignore[misc]
-        def __init__(self, text: str, budget: Budget) -> None:
-            Reader.__init__(self, text)
-            Scanner.__init__(self)
-            _Parser.__init__(self)
-            _Budgeted.__init__(self)
-            SafeConstructor.__init__(self)
-            Resolver.__init__(self)
-            self._start_budget(budget)
-else:
-    class _Loader(_Budgeted, _Parser, SafeConstructor, Resolver):  # type: ignore[no-redef,misc]
-        def __init__(self, text: str, budget: Budget) -> None:
-            _Parser.__init__(self, text)
-            _Budgeted.__init__(self)
-            SafeConstructor.__init__(self)
-            Resolver.__init__(self)
-            self._start_budget(budget)
+
+class _Loader(_Budgeted, _SafeLoader):  # type: ignore[misc]
+    def __init__(self, text: str, budget: Budget) -> None:
+        _SafeLoader.__init__(self, text)
+        _Budgeted.__init__(self)
+        self._start_budget(budget)
 
 
 def compose(text: str, budget: Budget = DEFAULT_BUDGET) -> Node | None:

@@ -159,13 +159,13 @@ class CiAuthority:
 
     def __init__(self, load: Callable[[], LoadedAuthorization], metrics: Metrics | None = None, *,
                  clock: Callable[[], float] = time.time, loaded: tuple[LoadedAuthorization, dict[Path, Stamp]] | None = None,
-                 finished: FinishedJobs | None = None) -> None:
+                 finished: FinishedJobs | None = None, environments: EnvironmentSlugs | None = None) -> None:
         # ``finished``: the jobs kasd's store says are over; every snapshot checks job tokens
         # against it, and a change forgets the remembered grants (one of them may be that job's)
         self.finished = finished if finished is not None else FinishedJobs()
-        # which environment owns each slug of a project (kasd's store once ``serve_kasd`` opened it):
-        # a job whose environment's slug is another's is refused before anything hangs on that slug
-        self.environments = EnvironmentSlugs()
+        # which environment owns each slug of a project (``serve_kasd`` passes kasd's store's): a job
+        # whose environment's slug is another's is refused before anything hangs on that slug
+        self.environments = environments if environments is not None else EnvironmentSlugs()
         self._load: Callable[[], LoadedAuthorization] = lambda: _checking_finished(load(), self.finished)
         self._clock = clock
         self._metrics = metrics
@@ -188,9 +188,11 @@ class CiAuthority:
 
     @classmethod
     async def open(cls, load: Callable[[], LoadedAuthorization], metrics: Metrics | None = None, *,
-                   clock: Callable[[], float] = time.time, finished: FinishedJobs | None = None) -> CiAuthority:
+                   clock: Callable[[], float] = time.time, finished: FinishedJobs | None = None,
+                   environments: EnvironmentSlugs | None = None) -> CiAuthority:
         """The authority, its first load read off the event loop (signals are answered meanwhile)."""
-        return cls(load, metrics, clock=clock, loaded=await _load_off_loop(load), finished=finished)
+        return cls(load, metrics, clock=clock, loaded=await _load_off_loop(load), finished=finished,
+                   environments=environments)
 
     @property
     def snapshot(self) -> Snapshot:

@@ -2,11 +2,12 @@
 reaches it (``Router``) and what must exist before it goes on (``Provisioner``: managed
 namespaces), with the values and typed failures they answer with.
 
-The pipeline (``kasd.k8sproxy.pipeline``) is given one of each and asks nothing else: today's
-implementations are the static ``access:`` list (``kasd.access.StaticAccess``) and the local tunnel
-registry (``routing.local.LocalRouter``), and managed namespaces made through that router
-(``kasd.managed.provisioner.AgentProvisioner``); CI authorization and the replicated ``routing/`` package
-plug in here without touching a protocol front end. Tests inject fakes.
+The pipeline (``kasd.k8sproxy.pipeline``) is given one of each and asks nothing else: the
+implementations are CI job and personal tokens checked against the agents' configuration
+(``kasd.authority.CiAuthority``), the tunnel registry (``routing.local.LocalRouter``; among
+replicas ``routing.router.ReplicatedRouter`` over it), and managed namespaces made through that
+router (``kasd.managed.provisioner.AgentProvisioner``); none touches a protocol front end. Tests
+inject fakes.
 
 May import: ``wire`` (a router answers with a logical stream), ``routing.errors`` (its failures),
 ``kasd.authz`` (pure values: the verdict), the standard library, attrs. Never the proxy, a front end

@@ -112,7 +112,7 @@ class _Changes:
 
 
 class StaticMembership(_Changes):
-    """A lone kasd (itself only), and tests: a fixed table, changed with ``set_members``."""
+    """A lone kasd (itself only), and tests: a fixed table."""
 
     def __init__(self, me: Member, others: list[Member] | None = None) -> None:
         super().__init__()
@@ -126,9 +126,6 @@ class StaticMembership(_Changes):
     @property
     def healthy(self) -> bool:
         return True
-
-    def set_members(self, members: list[Member]) -> None:
-        self._replace({m.name: m for m in members})
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()

@@ -321,6 +321,3 @@ def strip_hop_by_hop(headers: Iterable[tuple[str, str]], *, keep_upgrade: bool =
         out += [("connection", "Upgrade")] + [(k, v) for k, v in items if k == "upgrade"]
     return tuple(out)
 
-
-def header_values(headers: Sequence[tuple[str, str]], name: str) -> list[str]:
-    return [v for k, v in headers if k == name]

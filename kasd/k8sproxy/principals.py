@@ -45,9 +45,6 @@ class PrincipalRequests:
         else:
             del self._open[principal]
 
-    def open_requests(self, principal: Hashable) -> int:
-        return self._open.get(principal, 0)
-
     @property
     def principals(self) -> int:
         """Principals with a request open."""

@@ -29,12 +29,6 @@ H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _TLS_CLOSE_SECONDS = 1.0
 
 
-def proxy_ssl_context(cert: str, key: str) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(cert, key)
-    return configure_alpn(ctx)
-
-
 def configure_alpn(ctx: ssl.SSLContext) -> ssl.SSLContext:
     ctx.set_alpn_protocols(["h2", "http/1.1"])
     return ctx

@@ -30,8 +30,9 @@ def test_a_lone_kasd_needs_none_of_it() -> None:
 
 
 def test_a_replica_configuration_loads_and_never_shows_the_secret(tmp_path: Path) -> None:
-    config = config_from_mapping(_replica(tmp_path, weight=20))
+    config = config_from_mapping(_replica(tmp_path, weight=20, leave_timeout=0.5))
     assert config.routing.replicated and config.routing.weight == 20
+    assert config.routing.leave_timeout == 0.5 and config_from_mapping({}).routing.leave_timeout == 2.0
     assert config.routing.peer_secret_file is not None and config.routing.peer_secret_file.value == SECRET
     assert SECRET not in repr(config)
 
@@ -43,6 +44,7 @@ def test_a_replica_configuration_loads_and_never_shows_the_secret(tmp_path: Path
     ({"weight": 0}, "routing.weight"),
     ({"name": "10.0.0.5:0"}, "must name a real port"),
     ({"private_url": "ftp://x"}, "must be http://host:port or https://host:port"),
+    ({"leave_timeout": 0}, "routing.leave_timeout: must be greater than 0 seconds"),
 ])
 def test_bad_replica_settings_name_the_key(tmp_path: Path, routing: dict[str, object], words: str) -> None:
     doc = _replica(tmp_path)
