@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from kasctl import env, kubeconfig, proxy, tokens
+from kasctl import env, kubeconfig, proxy, revoke, tokens
 from kasctl.stack import (
     APP_PROJECT,
     CONTEXT,
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="kasd replicas sharing a Redis (default 1: a lone kasd, no Redis)")
     demo.add_argument("--agentd-replicas", type=_positive, default=None, metavar="M",
                       help="agentd pods (default: 1, or 2 with --replicas > 1)")
-    tokens.add_commands(commands)
+    revoke.add_command(tokens.add_commands(commands))
     kubeconfig.add_command(commands)
     env.add_command(commands)
     proxy.add_command(commands)

@@ -128,8 +128,9 @@ def positive_id(text: str) -> int:
                                          f"({exc.message})") from None
 
 
-def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``keys`` and ``token`` to kasctl's subcommands."""
+def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser],
+                 ) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+    """Add ``keys`` and ``token`` to kasctl's subcommands; the ``token`` kinds, for ``revoke`` to join."""
     raw = argparse.RawDescriptionHelpFormatter
     keys = commands.add_parser("keys", help="make the key pair that signs job and personal tokens",
                                description="Manage the keys that sign kasd's job and personal tokens.")
@@ -168,9 +169,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     _signing_arguments(pat)
     pat.set_defaults(run=_mint_pat)
 
-    from kasctl import revoke  # (it uses this module's signing key loader)
-
-    revoke.add_command(kinds)
+    return kinds  # ``kasctl token revoke`` (kasctl.revoke) joins them there
 
 
 def _signing_arguments(parser: argparse.ArgumentParser) -> None:
