@@ -106,7 +106,8 @@ class AsgiPort:
                 await stream.aclose()
 
     async def serve(self, ex: Exchange, *, refusal: ProxyError | None = None, log_dropped: bool = True,
-                    done: Callable[[RequestRecord], object] | None = None) -> None:
+                    done: Callable[[RequestRecord], object] | None = None,
+                    proven: Callable[[], object] | None = None) -> None:
         """One request: the app's answer, or kasd's (``400`` for a target that is not a path, ``413``
         for a body over the cap, ``500`` for an app that failed before answering)."""
         request = ex.request

@@ -58,6 +58,7 @@ class ServeExchange(Protocol):
         refusal: ProxyError | None = None,
         log_dropped: bool = True,
         done: Callable[[RequestRecord], object] | None = None,
+        proven: Callable[[], object] | None = None,
     ) -> Awaitable[None]: ...
 
 
@@ -152,6 +153,11 @@ class ConnectionClock:
     def request_started(self) -> None:
         self.requests_seen += 1
         self.running += 1
+
+    def request_proved(self) -> None:
+        """A request of this connection was just authorized (before its answer: one that waits for
+        its agent is then not held to the head deadline)."""
+        self.authenticated = True
 
     def request_ended(self, record: RequestRecord | None, now: float) -> None:
         """A request is over; ``record`` says how it went (None: nothing reached the pipeline)."""

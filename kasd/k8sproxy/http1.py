@@ -256,7 +256,7 @@ class Http1Connection:
         records: list[RequestRecord] = []
         self.clock.request_started()
         try:
-            await self.port.serve(ex, done=records.append)
+            await self.port.serve(ex, done=records.append, proven=self.clock.request_proved)
         except CONNECTION_LOST:
             raise  # the connection broke: nothing left to answer on
         except Exception as exc:  # past the pipeline's own net (a bug): answer it if we still can, and close

@@ -210,7 +210,8 @@ class Http2Connection:
         try:
             with ex.scope:
                 h2s.cancel_when_broken(ex.scope)
-                await self.port.serve(ex, refusal=refusal, log_dropped=False, done=records.append)
+                await self.port.serve(ex, refusal=refusal, log_dropped=False, done=records.append,
+                                      proven=self.clock.request_proved)
         except CONNECTION_LOST:
             ex.aborted = True  # this stream alone is reset; the connection's reader sees what broke
         except Exception as exc:  # past the pipeline's own net (a bug): this stream alone ends

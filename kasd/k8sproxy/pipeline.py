@@ -176,12 +176,15 @@ class RequestPipeline:
         refusal: ProxyError | None = None,
         log_dropped: bool = True,
         done: Callable[[RequestRecord], object] | None = None,
+        proven: Callable[[], object] | None = None,
     ) -> None:
         """Answer ``ex``; ``refusal`` is a front end's own verdict on the request (answered as is).
         ``done(record)`` is called as the request ends, even when cancelled: how it went
-        (``record.agent_id`` is set once the request was authorized). ``log_dropped=False``: a
-        request the client dropped before any answer (``record.dropped``) gets no access line;
-        the front end sums those up."""
+        (``record.agent_id`` is set once the request was authorized). ``proven()`` is called the
+        moment it is, before it waits for an agent or a managed namespace: the front end's clock
+        then treats the connection as proven, so a slow answer is not cut at the head deadline.
+        ``log_dropped=False``: a request the client dropped before any answer (``record.dropped``)
+        gets no access line; the front end sums those up."""
         request = ex.request
         info = request_info(request.method, request.target)
         record = RequestRecord(
@@ -195,7 +198,7 @@ class RequestPipeline:
         )
         held = ExitStack()  # what the request holds until it is over (its principal's slot)
         try:
-            await self._serve(ex, record, refusal, held)
+            await self._serve(ex, record, refusal, held, proven)
         except CONNECTION_LOST:  # a connection broke under the front end, which ends it quietly
             raise
         except Exception as exc:  # a bug: it ends this request alone, answered if it still can be
@@ -211,7 +214,8 @@ class RequestPipeline:
             if done is not None:
                 done(record)
 
-    async def _serve(self, ex: Exchange, record: RequestRecord, refusal: ProxyError | None, held: ExitStack) -> None:
+    async def _serve(self, ex: Exchange, record: RequestRecord, refusal: ProxyError | None, held: ExitStack,
+                     proven: Callable[[], object] | None = None) -> None:
         request = ex.request
         try:
             if refusal is not None:
@@ -221,6 +225,8 @@ class RequestPipeline:
                 raise ProxyError(400, f"request target must be a path, got {request.target[:100]!r}")
             record.agent_id, record.subject = grant.agent_id, grant.subject  # a request that goes on
             record.access_as = grant.access_as
+            if proven is not None:
+                proven()
             impersonate = self._impersonation(request, grant)
             if impersonate is not None:
                 record.as_user, record.as_groups = impersonate.user, impersonate.groups

@@ -114,7 +114,8 @@ def _request(token: str, *, close: bool = False) -> bytes:
 
 
 async def _fake_pipeline(ex: Exchange, *, refusal: ProxyError | None = None, log_dropped: bool = True,
-                         done: Callable[[RequestRecord], object] | None = None) -> None:
+                         done: Callable[[RequestRecord], object] | None = None,
+                         proven: Callable[[], object] | None = None) -> None:
     """The pipeline's part the clock hears of: ``good`` passes (the agent answers), others are 401."""
     request = ex.request
     record = RequestRecord(request_id="r", method=request.method, path=request.target, protocol=request.protocol,
@@ -124,6 +125,13 @@ async def _fake_pipeline(ex: Exchange, *, refusal: ProxyError | None = None, log
         if ("authorization", "Bearer good") in request.headers:
             record.agent_id, record.status = 1, 200
             await ex.respond(200, [("content-length", "2")], b"{}", end=True)
+        elif ("authorization", "Bearer slow") in request.headers:  # passes, then its agent is late
+            record.agent_id, record.status = 1, 503
+            if proven is not None:
+                proven()
+            await trio.sleep(HEADER_TIMEOUT + 10)
+            body = status_body(503, "agent 1 is not connected")
+            await ex.send_error(503, status_headers(body), body)
         else:
             record.status = 401
             body = status_body(401, "bad token")
@@ -225,6 +233,25 @@ async def test_http1_a_refused_answer_left_unread_ends_at_the_head_deadline(
             await ended.event.wait()
         nursery.cancel_scope.cancel()
     assert ended.at == [HEADER_TIMEOUT]
+
+
+async def test_http1_a_first_request_proved_then_answered_late_is_answered_not_cut(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """The head deadline holds connections none of whose requests was authorized; a request
+    authorized at once whose Status comes later (an agent that is slow to connect, a managed
+    namespace that takes long) is answered whole: the pipeline tells the clock at authorization."""
+    client, start, _ended = await _connect()
+    async with trio.open_nursery() as nursery:
+        start(nursery)
+        await client.send_all(_request("slow"))
+        with trio.fail_after(HEADER_TIMEOUT + 20):
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = await client.receive_some(65536)
+                assert chunk, head
+                head += chunk
+        nursery.cancel_scope.cancel()
+    assert head.startswith(b"HTTP/1.1 503 "), head
 
 
 async def test_http1_draining_closes_an_idle_connection_at_once(
