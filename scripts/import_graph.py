@@ -2,11 +2,12 @@
 """The product's import graph, read from the code: which package imports which.
 
     python scripts/import_graph.py              # the mermaid graph docs/architecture.md shows
+    python scripts/import_graph.py --inside kasd  # kasd's modules, each subpackage one node
     python scripts/import_graph.py --modules P  # each module of package P and what it imports
 
 It parses every ``.py`` file of the product packages (never runs them) and keeps the imports of
 first-party modules, including those under ``if TYPE_CHECKING:`` (an arrow a reader must follow is
-an arrow, whether or not it runs). ``tests/test_architecture_graph.py`` fails when the diagram in
+an arrow, whether or not it runs). ``tests/test_architecture_graph.py`` fails when a diagram in
 ``docs/architecture.md`` and this script's output disagree, so the picture cannot drift from the code.
 Standard library only, so it runs without the project's environment.
 """
@@ -94,8 +95,9 @@ def package_graph() -> dict[str, set[str]]:
 
 
 def mermaid() -> str:
+    """The package graph, as the page shows it (its first line says how to make it again)."""
     arrows = package_graph()
-    lines = ["graph TD"]
+    lines = ["graph TD", "  %% python scripts/import_graph.py"]
     for source in PRODUCT:
         lines.extend(
             f"  {source} --> {target}"
@@ -104,16 +106,51 @@ def mermaid() -> str:
     return "\n".join(lines) + "\n"
 
 
+#: the modules that put a package together and so import nearly all of it: left out of its inside
+COMPOSERS = ("__main__", "server")
+
+
+def inside(package: str) -> str:
+    """``package``'s own modules and the arrows between them, each subpackage drawn as one node,
+    without its composition roots (``COMPOSERS``)."""
+    def node(module: str) -> str | None:
+        parts = module.split(".")
+        if parts[0] != package or len(parts) == 1:
+            return None
+        if len(parts) == 2 and parts[1] in COMPOSERS:
+            return None
+        sub = ROOT.joinpath(*parts[:2])
+        return ".".join(parts[:2]) + ("/" if sub.is_dir() else "")
+
+    arrows: set[tuple[str, str]] = set()
+    for source, targets in module_graph().items():
+        a = node(source)
+        for target in targets:
+            b = node(target)
+            if a and b and a != b:
+                arrows.add((a, b))
+    left_out = ", ".join(f"{package}.{name}" for name in COMPOSERS)
+    lines = ["graph LR", f"  %% python scripts/import_graph.py --inside {package}",
+             f"  %% left out: {left_out} (they import nearly everything to put it together)"]
+    lines.extend(f"  {_id(a)}[\"{a}\"] --> {_id(b)}[\"{b}\"]" for a, b in sorted(arrows))
+    return "\n".join(lines) + "\n"
+
+
+def _id(name: str) -> str:
+    return name.replace(".", "_").replace("/", "_pkg")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modules", metavar="PACKAGE", help="list each module of PACKAGE and its imports")
+    parser.add_argument("--inside", metavar="PACKAGE", help="the mermaid graph of PACKAGE's own modules")
     args = parser.parse_args(argv)
     if args.modules:
         for name, targets in sorted(module_graph().items()):
             if name == args.modules or name.startswith(args.modules + "."):
                 print(f"{name}: {', '.join(sorted(targets)) or '-'}")
         return 0
-    sys.stdout.write(mermaid())
+    sys.stdout.write(inside(args.inside) if args.inside else mermaid())
     return 0
 
 
