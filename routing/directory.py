@@ -13,7 +13,8 @@ for a local tunnel), ``healthy`` turns False and the outage is logged once (``Re
 ``tunnels_up``/``tunnels_down`` are synchronous (the tunnel registry calls them) and never block:
 the Redis writes happen in ``run``'s task, which also re-registers everything when Redis returns.
 
-May import: ``routing.membership``, ``routing.redisconn``, coredis, trio, the standard library.
+May import: ``routing.membership``, ``routing.redisconn``, ``wire.ids``, coredis, trio, the standard
+library.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@
 ``describe(url)`` is the URL as logs may show it: never a password. ``RedisHealth`` is what the
 membership and the directory share to say "Redis is away" once per outage, not once per request.
 
-May import: coredis, trio, attrs, the standard library.
+May import: coredis (and anyio, the core it runs on: its exceptions), trio, attrs, the standard library.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ peer session, so ``avoid`` (a retry's "not there again") works across the hop un
 The holder side never comes here: ``PeerForwarder`` opens the agent stream with ``LocalRouter``, so
 a forwarded request is never forwarded again.
 
-May import: ``routing.local``/``errors``/``peers``/``membership``/``directory``, ``wire``, trio, the
-standard library.
+May import: ``routing.local``/``errors``/``peers``/``membership``/``directory``, ``wire``,
+``daemonkit.logs``, trio, the standard library.
 """
 
 from __future__ import annotations

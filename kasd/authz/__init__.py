@@ -16,7 +16,8 @@ job → its predefined CI variables) and ``rules`` (a compiled rule list and its
 Apart from reading key and configuration files, everything here is a pure function of its
 arguments: no clock (time is an argument), no sockets, no logging.
 
-May import: ``tunnelhttp.head`` (the impersonation value the proxy sends), ``daemonkit.yamldoc``
+May import: ``tunnelhttp.head`` (the impersonation value the proxy sends), ``wire.ids`` (the one id
+check), ``daemonkit.yamldoc``
 (the one bounded YAML reader, and its words for values that never quote them), the standard library,
 attrs, PyYAML, the JOSE library (joserfc, with cryptography beneath it), google-re2 (only in
 ``regex``). Never trio, never the proxy
