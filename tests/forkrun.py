@@ -32,7 +32,7 @@ from typing import IO, Any
 
 __all__ = ["run_module"]
 
-PRELOAD = ("agentd.__main__", "kasctl.__main__", "kasd.__main__")
+PRELOAD = ("agentd.__main__", "kasctl.__main__", "kasd.__main__", "kubesim.__main__")
 ROOT = Path(__file__).resolve().parent.parent
 
 
