@@ -28,7 +28,7 @@ import threading
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 __all__ = ["run_module"]
 
@@ -96,36 +96,57 @@ class _Server:
     def __init__(self) -> None:
         code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from tests.forkrun import serve; serve()"
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True, bufsize=1)
+                                     stderr=subprocess.DEVNULL, bufsize=0)
+        self.pending = b""  # replies read from the pipe but not yet taken: select() sees only the pipe
+        self.child: int | None = None  # forked and not yet reported (so not reaped: the pid is its)
         self.lock = threading.Lock()
         atexit.register(self.close)
 
-    def _reply(self, stdout: IO[str], timeout: float | None) -> dict[str, Any] | None:
-        if timeout is not None and not select.select([stdout], [], [], timeout)[0]:
-            return None
-        line = stdout.readline()
-        if not line:
-            raise RuntimeError("the fork server of tests/forkrun.py exited")
+    def _reply(self, timeout: float | None) -> dict[str, Any] | None:
+        """The next reply line, or None when none came within ``timeout``."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.pending:
+            if timeout is not None and not select.select([fd], [], [], timeout)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise RuntimeError("the fork server of tests/forkrun.py exited")
+            self.pending += chunk
+        line, _, self.pending = self.pending.partition(b"\n")
         reply: dict[str, Any] = json.loads(line)
         return reply
 
     def run(self, request: dict[str, Any], timeout: float) -> int | None:
         """The exit status, or None when the process outlived ``timeout`` (it is killed)."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        assert self.proc.stdin is not None
         with self.lock:
-            self.proc.stdin.write(json.dumps(request) + "\n")
-            self.proc.stdin.flush()
-            started = self._reply(self.proc.stdout, 30)
-            assert started is not None, "the fork server did not answer"
-            finished = self._reply(self.proc.stdout, timeout)
-            if finished is None:
-                os.kill(started["pid"], signal.SIGKILL)
-                self._reply(self.proc.stdout, None)
-                return None
-            status: int = finished["status"]
-            return status
+            try:
+                self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+                started = self._reply(30)
+                assert started is not None, "the fork server did not answer"
+                self.child = started["pid"]
+                finished = self._reply(timeout)
+                if finished is None:
+                    os.kill(started["pid"], signal.SIGKILL)
+                    self._reply(None)
+                    self.child = None
+                    return None
+                self.child = None
+                status: int = finished["status"]
+                return status
+            except BaseException:
+                self.close()  # interrupted between a request and its replies: no later call may read them
+                raise
 
     def close(self) -> None:
+        if self.child is not None and self.proc.poll() is None:
+            try:
+                if self._reply(0) is None:  # no status yet: still running, and still ours
+                    os.kill(self.child, signal.SIGKILL)
+            except (OSError, RuntimeError, ValueError):
+                pass
+            self.child = None
         if self.proc.poll() is None:
             assert self.proc.stdin is not None
             self.proc.stdin.close()
