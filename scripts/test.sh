@@ -106,9 +106,8 @@ if [ "$selection" = 1 ]; then
     pytest_step pytest -- "$@"  # a selection: that is all, in one process
     notes+=("the safe-mode pass (a selection was given)")
 else
-    # The whole suite on every core (pytest-xdist), each test file on one worker, the slowest files
-    # first (tests/conftest.py: SLOWEST_FIRST; xdist would otherwise order files by their number of tests).
-    PARALLEL=(-n "${KASD_TEST_WORKERS:-auto}" --dist loadfile --no-loadscope-reorder)
+    # The whole suite on every core (pytest-xdist), each test file on one worker.
+    PARALLEL=(-n "${KASD_TEST_WORKERS:-auto}" --dist loadfile)
     echo "== pytest"
     pytest_step pytest -- "${PARALLEL[@]}" "$@"
     echo "== pytest, KASD_SAFE_MODE=1: the wire and proxy tests without the fast paths"

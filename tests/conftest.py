@@ -18,30 +18,15 @@ E2E_FIXTURES = frozenset({
 })
 
 
-# The slowest files, slowest first (measured: docs/testing.md). scripts/test.sh runs each file on one
-# worker (--dist loadfile) in collection order (--no-loadscope-reorder), so these start first and
-# the last file to finish is a short one: the suite's wall time is then about its total over the
-# workers, not that plus one long file started last.
-SLOWEST_FIRST = (
-    "kubesim/test_port_forward.py", "cluster/test_battery.py", "kubesim/test_kubectl.py", "cluster/test_nginx_front.py",
-    "e2e/test_kubectl_tunnel.py", "e2e/test_resilience.py", "cluster/test_failover.py", "e2e/test_demo.py",
-    "test_bench_hostile.py", "test_bench_portforward.py", "kubesim/test_cp.py", "kubesim/test_spdy_serve.py",
-    "kubesim/test_pod_commands.py", "e2e/test_ci_jobs.py", "wire/test_codec.py", "kubesim/test_cronjobs.py",
-)
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """``e2e`` (docs/testing.md) on every test that runs real daemons as processes or a real kubectl:
     everything under tests/e2e and tests/cluster, and any test asking for one of ``E2E_FIXTURES``,
-    so a new test is marked by what it uses. ``-m "not e2e"`` is the fast loop. Then the files of
-    ``SLOWEST_FIRST`` go first, in its order; the rest keep theirs."""
+    so a new test is marked by what it uses. ``-m "not e2e"`` is the fast loop."""
     for item in items:
         path = Path(str(item.path))
         fixtures = set(getattr(item, "fixturenames", ()))
         if any(path.is_relative_to(d) for d in E2E_DIRECTORIES) or fixtures & E2E_FIXTURES:
             item.add_marker(pytest.mark.e2e)
-    rank = {TESTS / name: i for i, name in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: rank.get(Path(str(item.path)), len(rank)))
 
 
 @pytest.fixture
