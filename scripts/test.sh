@@ -4,34 +4,118 @@
 # ruff, mypy (strict, on every product package) and pytest — and, for a whole
 # run (no test paths given), the wire and proxy tests once more with KASD_SAFE_MODE=1, so the code
 # is proven without every fast path that leans on a library's internals (docs/operations.md).
-set -euo pipefail
+# Every step runs even when an earlier one failed; the last line says what ran, passed, failed and
+# was skipped, and the exit status is non-zero when anything failed. Budgets: docs/testing.md.
+#
+# A guest on your machine: it installs system packages (Debian's nginx-light, for the nginx
+# front-end tests) only when CI is set or you ask (KASD_TEST_INSTALL=1), never starts a system
+# service while doing so, and never stops or kills a process it did not start.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/venv.sh
-# The replica tests put a real nginx in front of kasd (tests/cluster/test_nginx_front.py):
-# Debian's nginx-light, installed when absent and this machine can (root with apt-get).
-if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "== installing nginx-light (for the nginx front-end test)"
-        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light) \
-            >/tmp/kasd-nginx-install.log 2>&1 || echo "   (could not install nginx: see /tmp/kasd-nginx-install.log)"
-        # Debian starts the packaged site on port 80; the tests run their own nginx.
-        (service nginx stop || pkill -x nginx) >/dev/null 2>&1 || true
+
+have_nginx() { command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; }
+
+# Installs nginx-light without letting the package start its service: a policy-rc.d that refuses
+# every start (exit 101, Debian's "action forbidden") is in place during the install only, and the
+# one already there, if any, is put back afterwards.
+install_nginx() {
+    local policy=/usr/sbin/policy-rc.d saved=""
+    if [ -e "$policy" ]; then
+        saved=$(mktemp /usr/sbin/.policy-rc.d.kasd-test.XXXXXX) && cp -p "$policy" "$saved" || return 1
+    fi
+    # shellcheck disable=SC2064  # the paths are fixed now
+    trap "restore_policy '$policy' '$saved'" EXIT
+    printf '#!/bin/sh\n# scripts/test.sh: no service starts while it installs packages\nexit 101\n' >"$policy"
+    chmod 755 "$policy"
+    local status=0
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light) \
+        >/tmp/kasd-nginx-install.log 2>&1 || status=$?
+    restore_policy "$policy" "$saved"
+    trap - EXIT
+    return "$status"
+}
+
+restore_policy() {  # $1 the policy file, $2 the saved copy of the one that was there ("" if none)
+    if [ -n "$2" ]; then mv -f "$2" "$1"; else rm -f "$1"; fi
+}
+
+nginx_note=""
+if ! have_nginx; then
+    if [ -n "${CI:-}" ] || [ "${KASD_TEST_INSTALL:-}" = 1 ]; then
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+            echo "== installing nginx-light (for the nginx front-end tests; its service is not started)"
+            install_nginx || echo "   (could not install nginx: see /tmp/kasd-nginx-install.log)"
+        else
+            echo "== nginx wanted but not installed: installing it needs root and apt-get"
+        fi
+    else
+        echo "== no nginx: the nginx front-end tests will be skipped (KASD_TEST_INSTALL=1 installs nginx-light)"
+        nginx_note="the nginx front-end tests (no nginx; KASD_TEST_INSTALL=1 installs it)"
     fi
 fi
+
+results=() failed=0
+record() {  # record NAME STATUS [COUNTS]
+    local verdict=passed
+    [ "$2" = 0 ] || { verdict=FAILED; failed=1; }
+    results+=("$1 $verdict${3:+ ($3)}")
+}
+step() {  # step NAME COMMAND...
+    local name=$1 status=0
+    shift
+    "$@" || status=$?
+    record "$name" "$status"
+}
+
+# pytest with its output shown whole (its own closing lines intact) and kept, so the summary can
+# quote its counts.
+pytest_step() {  # pytest_step NAME [ENV=VALUE...] -- ARGS...
+    local name=$1 log status=0
+    shift
+    local envs=()
+    while [ "$1" != -- ]; do envs+=("$1"); shift; done
+    shift
+    log=$(mktemp /tmp/kasd-test-pytest.XXXXXX)
+    logs+=("$log")
+    env "${envs[@]}" python -m pytest "$@" 2>&1 | tee "$log" || status=$?
+    record "$name" "$status" "$(counts_of "$log")"
+}
+
+# pytest's closing counts, e.g. "2 failed, 1190 passed, 3 skipped", without the rules and the time.
+counts_of() {
+    grep -E '[0-9]+ (passed|failed|errors?|skipped|deselected|xfailed|xpassed)|no tests ran' "$1" | tail -n 1 |
+        sed -E 's/=//g; s/^ +| +$//g; s/ in [0-9.]+s.*$//' | grep . || echo "no pytest summary"
+}
+
+logs=() notes=()
+[ -n "$nginx_note" ] && notes+=("$nginx_note")
+trap 'rm -f "${logs[@]}"' EXIT
+
 echo "== ruff"
-ruff check .
+step ruff ruff check .
 echo "== mypy"
-mypy wire netio http11 tunnelhttp h2trio daemonkit routing kasd agentd kasctl
+step mypy mypy wire netio http11 tunnelhttp h2trio daemonkit routing kasd agentd kasctl
+
+selection=0
 for arg in "$@"; do
-    if [[ "$arg" != -* && -e "${arg%%::*}" ]]; then
-        echo "== pytest"
-        exec python -m pytest "$@"  # a selection: that is all, in one process
-    fi
+    if [[ "$arg" != -* && -e "${arg%%::*}" ]]; then selection=1; fi
 done
-# The whole suite on every core (pytest-xdist), each test file on one worker.
-PARALLEL=(-n "${KASD_TEST_WORKERS:-auto}" --dist loadfile)
-echo "== pytest"
-python -m pytest "${PARALLEL[@]}" "$@"
-echo "== pytest, KASD_SAFE_MODE=1: the wire and proxy tests without the fast paths"
-KASD_SAFE_MODE=1 exec python -m pytest "${PARALLEL[@]}" "$@" tests/wire tests/netio tests/h2trio tests/http11 \
-    tests/kasd/test_proxy.py tests/kasd/test_http2_tls.py tests/agentd
+if [ "$selection" = 1 ]; then
+    echo "== pytest"
+    pytest_step pytest -- "$@"  # a selection: that is all, in one process
+    notes+=("the safe-mode pass (a selection was given)")
+else
+    # The whole suite on every core (pytest-xdist), each test file on one worker.
+    PARALLEL=(-n "${KASD_TEST_WORKERS:-auto}" --dist loadfile)
+    echo "== pytest"
+    pytest_step pytest -- "${PARALLEL[@]}" "$@"
+    echo "== pytest, KASD_SAFE_MODE=1: the wire and proxy tests without the fast paths"
+    pytest_step "pytest (safe mode)" KASD_SAFE_MODE=1 -- "${PARALLEL[@]}" "$@" tests/wire tests/netio tests/h2trio \
+        tests/http11 tests/kasd/test_proxy.py tests/kasd/test_http2_tls.py tests/agentd
+fi
+
+summary=$(IFS=';'; echo "${results[*]}" | sed 's/;/; /g')
+[ ${#notes[@]} -gt 0 ] && summary+="; not run: $(IFS=';'; echo "${notes[*]}" | sed 's/;/; /g')"
+echo "== scripts/test.sh: $summary"
+exit "$failed"

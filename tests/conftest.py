@@ -4,10 +4,29 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.redisproc import RedisCluster, RedisProcess
+
+TESTS = Path(__file__).resolve().parent
+E2E_DIRECTORIES = (TESTS / "e2e", TESTS / "cluster")
+E2E_FIXTURES = frozenset({
+    "stack", "own_stack",  # kasctl.stack: kubesim, kasd and agentd as processes
+    "kubectl_bin", "k",  # a real kubectl (each version found), the slowest thing a test can run
+})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``e2e`` (docs/testing.md) on every test that runs real daemons as processes or a real kubectl:
+    everything under tests/e2e and tests/cluster, and any test asking for one of ``E2E_FIXTURES``,
+    so a new test is marked by what it uses. ``-m "not e2e"`` is the fast loop."""
+    for item in items:
+        path = Path(str(item.path))
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if any(path.is_relative_to(d) for d in E2E_DIRECTORIES) or fixtures & E2E_FIXTURES:
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture

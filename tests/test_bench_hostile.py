@@ -19,6 +19,9 @@ TINY = ["--connections", "2", "--seconds", "0.5", "--settle", "0.2", "--baseline
         "--max-pairs", "640", "--regex-requests", "5", "--requests", "10", "--no-fresh", "--json"]  # fmt: skip
 
 
+pytestmark = pytest.mark.e2e  # a whole stack, as processes
+
+
 @pytest.mark.skipif(find_kubectl() is None, reason="the legitimate client is real kubectl")
 def test_every_attack_runs_and_reports_its_figures() -> None:
     bench = subprocess.Popen([sys.executable, str(HOSTILE), *TINY], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -12,6 +12,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.e2e  # kubesim, kasd, agentd and each kubectl
 @pytest.mark.timeout(120)
 def test_the_bench_prints_direct_and_tunnel_figures_for_each_kubectl_and_transport() -> None:
     result = subprocess.run([sys.executable, "bench/portforward.py", "--mib", "1", "--rounds", "1"],

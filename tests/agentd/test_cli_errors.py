@@ -6,7 +6,6 @@ bound), never a traceback and no usage text unless the command line itself is wr
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from agentd import __version__
 from agentd.config import load_config
 from tests.agentd.harness import AGENT_TOKEN, FakeKasd
 from tests.daemons import running_daemon
+from tests.forkrun import run_module
 from wire.h2carrier import serve_h2_tunnels
 
 pytestmark = pytest.mark.timeout(20)
@@ -43,8 +43,7 @@ def base(d: Path, kas: str = "http://127.0.0.1:19150") -> list[str]:
 
 
 def run_agentd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "agentd", *args], capture_output=True, text=True, timeout=15,
-                          stdin=subprocess.DEVNULL, env={"PATH": "/usr/bin:/bin", **(env or {})})
+    return run_module("agentd", *args, timeout=15, env={"PATH": "/usr/bin:/bin", **(env or {})})
 
 
 def fails(result: subprocess.CompletedProcess[str], code: int, line: str) -> None:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import trustme
 
 from agentd.config import AgentdConfig, ConfigError, load_config
+from tests.forkrun import run_module
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -178,8 +178,7 @@ def test_file_errors(files: Path) -> None:
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "agentd", *args], capture_output=True, text=True, timeout=15,
-                          env={"PATH": "/usr/bin:/bin", **(env or {})})
+    return run_module("agentd", *args, timeout=15, env={"PATH": "/usr/bin:/bin", **(env or {})})
 
 
 def test_cli_bad_input_exits_2_with_a_clear_message(files: Path) -> None:

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 import re2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kasd.authz.regex import MAX_TEXT_LENGTH, RegexError, RegexInputTooLong, compile_regex
+from kasd.authz.regex import (
+    MAX_PROGRAM_SIZE,
+    MAX_TEXT_LENGTH,
+    RegexError,
+    RegexInputTooLong,
+    compile_regex,
+)
 
 
 @pytest.mark.parametrize(("pattern", "text", "matches"), [
@@ -105,23 +110,24 @@ def test_flags_are_gitlabs_inline_prefix_and_errors_quote_only_the_source() -> N
     assert (caught.value.reason, caught.value.offset) == ("missing ): (a", 0)
 
 
-def test_a_long_counted_repetition_costs_milliseconds_not_tenths_of_a_second() -> None:
-    # The figure: the Pike VM took 0.1-0.4 s for each of these evaluations.
+def test_a_long_counted_repetition_is_a_real_search_of_each_distinct_text() -> None:
+    # The figure: the Pike VM took 0.1-0.4 s for each of these evaluations; RE2 takes
+    # about 0.5 ms (bench/worstcase.py measures it; docs/benchmarks.md has the figures).
     regex = compile_regex("[a-z]{600}x")
-    started = time.perf_counter()
+    assert regex.program_size < MAX_PROGRAM_SIZE  # the cost bound: len(text) × program size
     for c in "abcdefghijklmnopqrst":  # distinct texts: each is a real search, not a remembered answer
         assert not regex.search(c * 1024)
-    assert time.perf_counter() - started < 1.0
+    assert regex.search("b" * 600 + "x")
 
 
 def test_a_repeated_question_is_answered_from_memory() -> None:
     regex = compile_regex("[a-z]{600}x")
     text = "q" * 1024
     assert not regex.search(text)
-    started = time.perf_counter()
     for _ in range(10_000):
-        regex.search(text)
-    assert time.perf_counter() - started < 1.0  # ~10 µs a search, or 0.2 µs remembered
+        assert not regex.search(text)
+    memo = regex._matches.cache_info()  # type: ignore[attr-defined]  # the memo, functools.lru_cache
+    assert (memo.misses, memo.hits) == (1, 10_000)  # RE2 searched once: ~0.2 µs a remembered answer
 
 
 def test_the_re2_binding_keeps_what_kasd_relies_on() -> None:
@@ -138,13 +144,13 @@ def test_the_re2_binding_keeps_what_kasd_relies_on() -> None:
     assert compiled.search(b"b" * 600 + b"x") is not None
 
 
-@pytest.mark.parametrize("pattern", [r"(a+)+$", r"(a|aa)*c", r"\d*\d*\d*\d*\d*\d*x", r"(.*a){12}"])
-def test_catastrophic_patterns_take_linear_time(pattern: str) -> None:
-    # Each of these takes Python's backtracking re seconds to centuries on this input.
+@pytest.mark.parametrize(("pattern", "found"), [(r"(a+)+$", False), (r"(a|aa)*c", False),
+                                              (r"\d*\d*\d*\d*\d*\d*x", False), (r"(.*a){12}", True)])
+def test_catastrophic_patterns_are_answered(pattern: str, found: bool) -> None:
+    # Each of these takes Python's backtracking re seconds to centuries on this input; RE2 answers
+    # in well under a millisecond (bench/worstcase.py), and the suite's time cap bounds it here.
     regex = compile_regex(pattern)
-    started = time.perf_counter()
-    regex.search("a" * 1000 + "!")
-    assert time.perf_counter() - started < 1.0
+    assert regex.search("a" * 1000 + "!") is found
 
 
 # Small patterns on which RE2 and Python's re agree (no $, whose meanings differ), matched both ways.

@@ -20,7 +20,9 @@ import yaml
 from kasctl.stack import AGENT_ID, Stack
 from routing.ring import Ring
 from tests.cluster.conftest import KUBECTLS, LineReader, metric, replicated_stack
-from tests.cluster.nginx import Nginx
+from tests.cluster.nginx import Nginx, needs_nginx
+
+pytestmark = needs_nginx
 
 KUBECTL = KUBECTLS[-1][1]
 WEIGHT = 10  # kasd's default routing.weight

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 import zlib
 from pathlib import Path
@@ -18,6 +17,7 @@ import yaml
 from kasctl.stack import AGENT_ID, AGENT_NAME, APP_PROJECT, CONFIG_PROJECT, OTHER_PROJECT, Stack
 from kasd.authz.slugs import environment_slug
 from tests.e2e.conftest import KUBECTL_CAP
+from tests.forkrun import run_module
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -25,8 +25,7 @@ pytestmark = pytest.mark.timeout(120)
 def _job_kubeconfig(stack: Stack, token: str) -> dict[str, object]:
     env = {"CI_JOB_TOKEN": token, "KASCTL_API_URL": stack.api_url, "KASCTL_PROXY_URL": stack.proxy_url,
            "KASCTL_CA_FILE": str(stack.ca_file), "PATH": "/usr/bin:/bin"}
-    result = subprocess.run([sys.executable, "-m", "kasctl", "kubeconfig"], capture_output=True, text=True,
-                            timeout=60, env=env)
+    result = run_module("kasctl", "kubeconfig", timeout=60, env=env)
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)  # type: ignore[no-any-return]
 
@@ -73,16 +72,14 @@ def test_an_allowed_job_works_in_its_managed_namespace_until_the_environment_sto
                                       environment=environment)
     env = {"CI_JOB_TOKEN": stop_token, "CI_PROJECT_PATH": APP_PROJECT, "CI_ENVIRONMENT_NAME": environment,
            "KASCTL_API_URL": stack.api_url, "KASCTL_CA_FILE": str(stack.ca_file), "PATH": "/usr/bin:/bin"}
-    stopped = subprocess.run([sys.executable, "-m", "kasctl", "env", "stop"], capture_output=True, text=True,
-                             timeout=60, env=env)
+    stopped = run_module("kasctl", "env", "stop", timeout=60, env=env)
     assert stopped.returncode == 0, stopped.stderr
     assert f"deleted  RoleBinding {namespace}/gitlab-job-access-{environment_slug(environment)}" in stopped.stdout
     assert f"deleted  Namespace {namespace}" in stopped.stdout
     gone = subprocess.run([*admin, "get", "deployment", "web", "-n", namespace], capture_output=True, text=True,
                           timeout=KUBECTL_CAP)
     assert "NotFound" in gone.stderr, gone.stderr
-    denied = subprocess.run([sys.executable, "-m", "kasctl", "env", "stop"], capture_output=True, text=True,
-                            timeout=60, env={**env, "CI_ENVIRONMENT_NAME": "review/other"})
+    denied = run_module("kasctl", "env", "stop", timeout=60, env={**env, "CI_ENVIRONMENT_NAME": "review/other"})
     assert denied.returncode == 1
     assert "kasd refused (403): 403 Forbidden: the job token is for environment" in denied.stderr
     assert stop_token not in denied.stderr

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import KUBECTL_CAP, LineReader
+from tests.forkrun import run_module
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = "examples/manifests/hello.yaml"
@@ -208,7 +209,6 @@ def test_the_demo_with_three_replicas_answers_through_each(tmp_path: Path) -> No
 
 
 def test_replicas_must_be_a_small_positive_number(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "kasctl", "demo", "--replicas", "0", "--dir", str(tmp_path)],
-                            capture_output=True, text=True, timeout=30, cwd=REPO)  # fmt: skip
+    result = run_module("kasctl", "demo", "--replicas", "0", "--dir", str(tmp_path), timeout=30, cwd=REPO)
     assert result.returncode == 2
     assert "--replicas: must be between 1 and 16, got 0" in result.stderr

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,13 +11,13 @@ import yaml
 
 from kasctl.kubeconfig import KubeconfigError, build
 from kasctl.stack import AGENT_ID, CONFIG_PROJECT, OFFLINE_AGENT_ID, Stack, find_kubectl
+from tests.forkrun import run_module
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def _kasctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kasctl", "kubeconfig", *args], capture_output=True, text=True,
-                          timeout=60, env={"PATH": os.environ.get("PATH", ""), **(env or {})})
+    return run_module("kasctl", "kubeconfig", *args, timeout=60, env={"PATH": os.environ.get("PATH", ""), **(env or {})})
 
 
 def test_the_job_gets_one_context_per_agent_it_may_use_and_kubectl_works(stack: Stack, tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ import argparse
 import os
 import stat
 import subprocess
-import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from kasctl.tokens import parse_ttl
 from kasd.authz.jobtokens import TokenInvalid, verify_job_token, verify_personal_token
 from kasd.authz.keys import KeySet, load_verification_key
+from tests.forkrun import run_module
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -30,8 +30,7 @@ def kasctl(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
     environment = {k: v for k, v in os.environ.items() if k != "KASCTL_SIGNING_KEY_FILE"}
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environment.get("PYTHONPATH")]))
     environment.update(env or {})
-    return subprocess.run([sys.executable, "-m", "kasctl", *args], capture_output=True, text=True,
-                          timeout=30, env=environment, cwd=ROOT)
+    return run_module("kasctl", *args, timeout=30, env=environment, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")

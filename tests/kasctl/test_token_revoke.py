@@ -7,7 +7,6 @@ import json
 import os
 import ssl
 import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.request
@@ -21,13 +20,13 @@ from kasctl.__main__ import main
 from kasctl.kubeconfig import KubeconfigError
 from kasctl.restclient import rest_call
 from kasctl.stack import AGENT_ID, CONFIG_PROJECT, Stack, find_kubectl
+from tests.forkrun import run_module
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def _kasctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kasctl", *args], capture_output=True, text=True, timeout=60,
-                          env={"PATH": os.environ.get("PATH", ""), **(env or {})})
+    return run_module("kasctl", *args, timeout=60, env={"PATH": os.environ.get("PATH", ""), **(env or {})})
 
 
 def _env(stack: Stack, token: str) -> dict[str, str]:

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import yaml
 from kasctl.authsetup import AuthSetup
 from kasd.tokens import hash_token
 from tests.daemons import running_daemon
+from tests.forkrun import run_module
 from tests.kasd.helpers import (
     AGENT1_TOKEN,
     AUTH,
@@ -33,9 +33,7 @@ GOOD_AGENT = {"id": 1, "name": "prod", "config_project": "g/p", "token_sha256": 
 
 
 def _kasd(*args: str, stdin: str = "", env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kasd", *args], input=stdin, capture_output=True, text=True, timeout=15, env=env
-    )
+    return run_module("kasd", *args, input=stdin, timeout=15, env=env)
 
 
 def _write(tmp_path: Path, doc: object) -> str:

@@ -5,7 +5,6 @@ that cannot be bound, never a traceback; plus ``--version`` and a case-insensiti
 from __future__ import annotations
 
 import subprocess
-import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import yaml
 
 from kasd.tokens import hash_token
 from tests.daemons import running_daemon
+from tests.forkrun import run_module
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -24,10 +24,7 @@ PORT_0 = ["--agent-address", "127.0.0.1:0", "--observability-address", "127.0.0.
 
 
 def _kasd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kasd", *args],
-        capture_output=True, text=True, timeout=15, stdin=subprocess.DEVNULL, env={"PATH": "/usr/bin:/bin", **(env or {})},
-    )
+    return run_module("kasd", *args, timeout=15, env={"PATH": "/usr/bin:/bin", **(env or {})})
 
 
 def _config(tmp_path: Path, doc: object = None) -> str:

@@ -4,7 +4,6 @@ given a whole ``ci:``/``pat:`` bearer token instead of the secret part its help 
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,6 +14,7 @@ import trio.testing
 
 from agentd.connection import ConnectionManager
 from kasd.tokens import hash_token
+from tests.forkrun import run_module
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -22,8 +22,7 @@ TOKEN_FILES = ["abc", "abc\n", "abc\n\n", "abc\r\n", "  abc \t\n\n", "\nabc\n"]
 
 
 def _hash_token(stdin: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kasd", "hash-token", *args], input=stdin,
-                          capture_output=True, text=True, timeout=15)
+    return run_module("kasd", "hash-token", *args, input=stdin, timeout=15)
 
 
 async def _token_agentd_sends(token_file: Path) -> str:

@@ -14,17 +14,20 @@ import pytest
 import trio
 import yaml
 
+from tests.forkrun import run_module
 from tests.kubesim.conftest import KUBECTLS
 
 pytestmark = pytest.mark.timeout(30)
 
 
 async def test_help_teaches() -> None:
-    result = await trio.run_process([sys.executable, "-m", "kubesim", "--help"], capture_stdout=True)
-    text = result.stdout.decode()
+    result = await trio.to_thread.run_sync(functools.partial(run_module, "kubesim", "--help"))
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
     assert "--kubeconfig-out" in text and "kubesim.io/crash-loop" in text and "TLS" in text
 
 
+@pytest.mark.e2e  # a real kubectl against the kubesim process
 @pytest.mark.parametrize("token_from", ["flag", "file"])
 async def test_serves_kubectl_and_stops_on_sigterm(tmp_path: Path, token_from: str) -> None:
     kubeconfig = tmp_path / "kubeconfig"
@@ -79,11 +82,10 @@ async def test_a_bad_token_file_is_a_usage_error(tmp_path: Path, content: str | 
     if content is not None:
         token.write_text(content)
     with trio.fail_after(15):
-        result = await trio.run_process(
-            [sys.executable, "-m", "kubesim", "--port", "0", "--token-file", str(token), *extra],
-            capture_stdout=True, capture_stderr=True, check=False)
+        result = await trio.to_thread.run_sync(functools.partial(
+            run_module, "kubesim", "--port", "0", "--token-file", str(token), *extra))
     assert result.returncode == 2
-    assert message in result.stderr.decode()
+    assert message in result.stderr
 
 
 @pytest.mark.parametrize(
@@ -103,9 +105,8 @@ async def test_a_manifest_the_cluster_refuses_stops_the_start_naming_file_and_do
     manifest = tmp_path / "rbac.yaml"
     manifest.write_text(text)
     with trio.fail_after(15):
-        result = await trio.run_process(
-            [sys.executable, "-m", "kubesim", "--port", "0", "--manifest", str(manifest)],
-            capture_stdout=True, capture_stderr=True, check=False)
+        result = await trio.to_thread.run_sync(functools.partial(
+            run_module, "kubesim", "--port", "0", "--manifest", str(manifest)))
     assert result.returncode == 2
-    stderr = result.stderr.decode()
+    stderr = result.stderr
     assert f"--manifest: {manifest}" in stderr and message in stderr, stderr
