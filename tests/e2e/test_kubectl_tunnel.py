@@ -267,7 +267,8 @@ def test_a_killed_port_forward_behind_a_tls_front_frees_its_stream(stack: Stack,
                 freed = time.monotonic() - killed
         finally:
             forward.stop()
+        # freed at all within the poll's bound (before the fix: never, until kasd's next SIGTERM);
+        # how soon (the 2 s grace) is a figure: bench/hostile.py --attack close-notify
         assert _active_streams(stack) == before, f"still held {freed:.1f}s after the kill"
-        assert freed < 4.0
     finally:
         front.close()
