@@ -247,9 +247,18 @@ async def test_the_only_holder_unreachable_is_a_502(tmp_path: Path) -> None:
             assert "127.0.0.1:1" in reply_.json()["message"]
 
 
-async def test_the_peer_secret_is_never_sent_in_clear_to_another_host(tmp_path: Path) -> None:
+async def test_the_peer_secret_is_never_sent_in_clear_to_another_host(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A member's URL comes from Redis: an http:// one on another host (192.0.2.1, TEST-NET) is
-    not dialled at all, since the bearer token would be the peer secret in clear."""
+    not dialled at all, since the bearer token would be the peer secret in clear. (Tests reach
+    only loopback: a dial is caught here before any socket, should the check ever let one through.)"""
+    dialled: list[str] = []
+
+    async def caught(url: str, **kwargs: object) -> None:
+        dialled.append(url)
+        raise OSError("this test dials nothing")
+
+    monkeypatch.setattr("routing.peers.dial_h2_tunnel", caught)
     world = MemoryWorld()
     ghost = Member(name="192.0.2.1:8154", private_url="http://192.0.2.1:8155")
     with trio.fail_after(5):
@@ -261,6 +270,7 @@ async def test_the_peer_secret_is_never_sent_in_clear_to_another_host(tmp_path: 
             message = reply_.json()["message"]
             assert "refusing to send the peer secret to http://192.0.2.1:8155/peer in clear" in message, message
             assert PEER_SECRET not in message
+    assert dialled == []
 
 
 async def test_the_peer_secret_goes_over_https_only_to_a_peer_the_replicas_ca_vouches_for(tmp_path: Path) -> None:
