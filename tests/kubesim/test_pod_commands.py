@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 import pytest
+import trio
 
 from tests.kubesim.kubectl_harness import NamespacedKubectl, ServerThread, table_rows
 
@@ -81,7 +82,14 @@ async def test_failing_always_pod_crash_loops_with_back_off(k: K) -> None:
     assert status["lastState"]["terminated"]["reason"] == "Error"
     assert re.fullmatch(r"back-off \S+ restarting failed container=loop pod=loop_\S+",
                         status["state"]["waiting"]["message"])
-    row = {r[0]: r for r in table_rows(await k.out("get", "pod", "loop"))[1:]}["loop"]
+    # kubectl's table of a pod in back-off (each back-off lasts about a second here: polled, bounded,
+    # as a second kubectl call can come after the container started again)
+    with trio.fail_after(20):
+        while True:
+            row = {r[0]: r for r in table_rows(await k.out("get", "pod", "loop"))[1:]}["loop"]
+            if row[2] == "CrashLoopBackOff":
+                break
+            await trio.sleep(0.05)
     assert row[1:3] == ["0/1", "CrashLoopBackOff"]
     assert re.fullmatch(r"[2-9]\d* \(\d+s ago\)", row[3])
     assert await k.out("logs", "loop", "--previous") == "try\n"
