@@ -7,6 +7,7 @@ which no token of that job could be accepted anyway and the entry is purged.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import trio
@@ -56,4 +57,25 @@ class Store(Protocol):
         ...
 
 
-__all__ = ["Store", "StoreError"]
+
+#: seconds between two purges of lapsed finished jobs (each replica purges its own memory; any may
+#: purge a store shared in Redis)
+PURGE_INTERVAL = 60.0
+
+
+async def purge_lapsed(store: Store, view: FinishedJobs, clock: Callable[[], float],
+                       failed: Callable[[StoreError], object]) -> None:
+    """Every ``PURGE_INTERVAL``: the lapsed entries leave ``view`` (this replica's memory) and the
+    store; a store that could not purge is told to ``failed`` and asked again next time. Until
+    cancelled (both stores' ``run``)."""
+    while True:
+        await trio.sleep(PURGE_INTERVAL)
+        now = clock()
+        view.purge(now)
+        try:
+            await store.purge(now)
+        except StoreError as exc:
+            failed(exc)
+
+
+__all__ = ["PURGE_INTERVAL", "Store", "StoreError", "purge_lapsed"]

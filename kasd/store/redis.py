@@ -27,13 +27,11 @@ from coredis.tokens import PureToken
 from kasd.store.environments import MAX_ENVIRONMENTS, too_many
 from kasd.store.finished import FinishedJobs, TooManyFinishedJobs
 from kasd.store.made import MAX_MADE, too_many_made
-from kasd.store.protocol import StoreError
+from kasd.store.protocol import PURGE_INTERVAL, StoreError, purge_lapsed
 from routing.redisconn import REDIS_ERRORS, subscription
 
 log = logging.getLogger("kasd.store")
 
-#: seconds between two purges of lapsed entries (each replica purges its own map; any may purge Redis)
-PURGE_INTERVAL = 60.0
 #: seconds one Redis call may take
 COMMAND_TIMEOUT = 3.0
 #: seconds before a lost subscription is made again
@@ -148,7 +146,8 @@ class RedisStore:
         first = self.synced
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._listen, view)
-            nursery.start_soon(self._purge, view)
+            # the listener reports an outage; the purge is asked again next time
+            nursery.start_soon(purge_lapsed, self, view, self._clock, lambda exc: None)
             with trio.move_on_after(FIRST_SYNC_TIMEOUT):
                 await first.wait()
             if not first.is_set():
@@ -194,16 +193,6 @@ class RedisStore:
             view.record(int(found[1]), int(found[2]))
         except TooManyFinishedJobs as exc:
             log.warning("finished jobs: %s", exc)
-
-    async def _purge(self, view: FinishedJobs) -> None:
-        while True:
-            await trio.sleep(PURGE_INTERVAL)
-            now = self._clock()
-            view.purge(now)
-            try:
-                await self.purge(now)
-            except StoreError:
-                pass  # the listener reports the outage
 
 
 def _short(error: BaseException) -> str:

@@ -25,12 +25,10 @@ import trio
 from kasd.store.environments import MAX_ENVIRONMENTS, too_many
 from kasd.store.finished import FinishedJobs, TooManyFinishedJobs
 from kasd.store.made import MAX_MADE, too_many_made
-from kasd.store.protocol import StoreError
+from kasd.store.protocol import PURGE_INTERVAL, StoreError, purge_lapsed
 
 log = logging.getLogger("kasd.store")
 
-#: seconds between two purges of lapsed entries
-PURGE_INTERVAL = 60.0
 #: seconds a statement waits for a lock held by another connection (another process misusing the file)
 BUSY_TIMEOUT = 5.0
 
@@ -198,14 +196,8 @@ class SqliteStore:
         now = self._clock()
         view.merge(await self.finished_jobs(now), now)
         task_status.started()
-        while True:
-            await trio.sleep(PURGE_INTERVAL)
-            now = self._clock()
-            view.purge(now)
-            try:
-                await self.purge(now)
-            except StoreError as exc:
-                log.warning("could not purge lapsed finished jobs (tried again in %gs): %s", PURGE_INTERVAL, exc)
+        await purge_lapsed(self, view, self._clock, lambda exc: log.warning(
+            "could not purge lapsed finished jobs (tried again in %gs): %s", PURGE_INTERVAL, exc))
 
 
 __all__ = ["PURGE_INTERVAL", "SqliteStore"]
