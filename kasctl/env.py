@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from kasctl.kubeconfig import API_VARIABLE, CA_VARIABLE, TOKEN_VARIABLE, read_ca, setting
+from kasctl.kubeconfig import API_VARIABLE, CA_VARIABLE, TOKEN_VARIABLE, api_url, read_ca, setting
 from kasctl.restclient import RestError, rest_call
 from kasd.restpaths import STOP_PATH, stop_path
 
@@ -71,9 +71,7 @@ def stop(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -
     project = setting(args.project, environ, "CI_PROJECT_PATH", "--project")
     environment = setting(args.environment, environ, "CI_ENVIRONMENT_NAME", "--environment")
     token = setting(args.job_token, environ, TOKEN_VARIABLE, "--job-token")
-    api = setting(args.api_url, environ, API_VARIABLE, "--api-url").rstrip("/")
-    if not api.startswith(("https://", "http://")):
-        raise RestError(f"--api-url must be an https:// (or http://) URL, got {api!r}", 2)
+    api = api_url(args, environ)
     ca_pem = read_ca(args.certificate_authority or environ.get(CA_VARIABLE))
     return rest_call(api, stop_path(project, environment), token, ca_pem, method="POST")
 

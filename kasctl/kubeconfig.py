@@ -90,14 +90,24 @@ def setting(value: Any, environ: dict[str, str] | os._Environ[str], variable: st
     return str(found)
 
 
+def url_setting(value: Any, environ: dict[str, str] | os._Environ[str], variable: str, what: str) -> str:
+    """``setting``, which must be an ``https://`` (or ``http://``) URL; without a trailing ``/``."""
+    url = setting(value, environ, variable, what).rstrip("/")
+    if not url.startswith(("https://", "http://")):
+        raise KubeconfigError(f"{what} must be an https:// (or http://) URL, got {url!r}", 2)
+    return url
+
+
+def api_url(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> str:
+    """kasd's REST API, from ``--api-url`` or ``$KASCTL_API_URL`` (every command that calls it)."""
+    return url_setting(args.api_url, environ, API_VARIABLE, "--api-url")
+
+
 def kubeconfig_text(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> str:
     token = setting(args.job_token, environ, TOKEN_VARIABLE, "--job-token")
-    api = setting(args.api_url, environ, API_VARIABLE, "--api-url").rstrip("/")
-    server = setting(args.server, environ, SERVER_VARIABLE, "--server")
+    api = api_url(args, environ)
+    server = url_setting(args.server, environ, SERVER_VARIABLE, "--server")
     ca_pem = read_ca(args.certificate_authority or environ.get(CA_VARIABLE))
-    for name, url in (("--api-url", api), ("--server", server)):
-        if not url.startswith(("https://", "http://")):
-            raise KubeconfigError(f"{name} must be an https:// (or http://) URL, got {url!r}", 2)
     return str(yaml.safe_dump(build(allowed_agents(api, token, ca_pem), server, token, ca_pem), sort_keys=False))
 
 

@@ -35,6 +35,7 @@ from kasctl.kubeconfig import (
     CA_VARIABLE,
     TOKEN_VARIABLE,
     KubeconfigError,
+    api_url,
     read_ca,
     setting,
 )
@@ -91,9 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
 def revoke(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> dict[str, Any]:
     """kasd's answer to finishing the job ``args`` names (see the module docstring)."""
-    api = setting(args.api_url, environ, API_VARIABLE, "--api-url").rstrip("/")
-    if not api.startswith(("https://", "http://")):
-        raise KubeconfigError(f"--api-url must be an https:// (or http://) URL, got {api!r}", 2)
+    api = api_url(args, environ)
     if args.job_id is not None or args.project is not None:
         if args.job_token is not None:
             raise KubeconfigError("give either --job-token (the job itself) or --project and --job-id (the operator), "
