@@ -25,7 +25,7 @@ from urllib.parse import unquote
 import attrs
 import trio
 
-from daemonkit.logs import BurstLimitedLog
+from daemonkit.logs import BurstLimitedLog, UnexpectedErrors
 from kasd.config import Http2Limits
 from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.exchange import ClientGone, Exchange
@@ -69,11 +69,15 @@ class AsgiPort:
     """``handle_connection`` serves one accepted stream (give it to ``trio.serve_listeners``)."""
 
     def __init__(self, app: AsgiApp, *, limits: PortLimits = PortLimits(), ssl_context: ssl.SSLContext | None = None,
-                 log: logging.Logger, on_rejected: Callable[[int], None] = lambda status: None) -> None:
+                 log: logging.Logger, on_rejected: Callable[[int], None] = lambda status: None,
+                 unexpected: UnexpectedErrors | None = None) -> None:
         self.app = app
         self.limits = limits
         self.ssl_context = ssl_context
         self.log = log
+        #: an app that fails (a bug): one rate-limited line without the exception's message (which
+        #: may quote the request), never a traceback per request
+        self.unexpected = unexpected if unexpected is not None else UnexpectedErrors(log)
         self._strangers = BurstLimitedLog(log, interval=10.0)
         # The app checks a job token on every call and tells the front end nothing of it: each
         # connection lives under the head and idle clocks (``limits``) alone.
@@ -156,8 +160,9 @@ class AsgiPort:
                 await reply.complete(413, b'{"message":"413 Request Entity Too Large: the body is over %d bytes"}'
                                      % self.limits.max_body_bytes)
             return
-        except Exception:
-            self.log.exception("the API failed method=%s path=%s", request.method, _printable(raw_path[:512]))
+        except Exception as exc:
+            self.unexpected.report(exc, "the API failed method=%s path=%s", request.method[:32],
+                                   _printable(raw_path[:512]))
             if reply.started:
                 reply.outcome = "aborted"
                 ex.abort()

@@ -245,44 +245,16 @@ def port_limits() -> PortLimits:
                       max_body_bytes=MAX_BODY_BYTES)
 
 
-def guarded(app: Callable[[Scope, Receive, Send], Awaitable[None]],
-            unexpected: UnexpectedErrors) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
-    """``app``, with an exception nobody expected (a bug) answered ``500`` in GitLab's words (if no
-    answer began) and reported in one rate-limited line without its message, which may quote the
-    request: never the server's traceback per request."""
-
-    async def serve(scope: Scope, receive: Receive, send: Send) -> None:
-        started = False
-
-        async def tracked(message: dict[str, Any]) -> None:
-            nonlocal started
-            started = True
-            await send(message)
-
-        try:
-            await app(scope, receive, tracked)
-        except Exception as exc:
-            unexpected.report(exc, "API request failed unexpectedly method=%s", str(scope.get("method"))[:16])
-            if not started:
-                payload = b'{"message":"500 Internal Server Error"}'
-                await send({"type": "http.response.start", "status": 500,
-                            "headers": [(b"content-type", b"application/json"),
-                                        (b"content-length", str(len(payload)).encode()), (b"cache-control", b"no-store")]})
-                await send({"type": "http.response.body", "body": payload})
-
-    return serve
-
-
 async def serve_api(app: RestApi, listeners: Sequence[trio.abc.Listener[trio.abc.Stream]], *,
                     ssl_context: ssl.SSLContext | None = None,
                     unexpected: UnexpectedErrors | None = None,
                     task_status: trio.TaskStatus[list[trio.abc.Listener[trio.abc.Stream]]] = trio.TASK_STATUS_IGNORED,
                     ) -> None:
     """Serve ``app`` on ``listeners`` (already capped; TLS, if any, is done here, within the head
-    timeout) until cancelled; an exception nobody expected is a ``500`` (``guarded``)."""
-    served = guarded(app, unexpected if unexpected is not None else UnexpectedErrors(log))
-    port = AsgiPort(served, limits=port_limits(), ssl_context=ssl_context, log=log)
+    timeout) until cancelled; an exception nobody expected is a ``500`` and one rate-limited line
+    (``unexpected``, the port's)."""
+    port = AsgiPort(app, limits=port_limits(), ssl_context=ssl_context, log=log, unexpected=unexpected)
     await trio.serve_listeners(port.handle_connection, list(listeners), task_status=task_status)
 
 
-__all__ = ["RestApi", "guarded", "serve_api"]
+__all__ = ["RestApi", "serve_api"]
