@@ -37,6 +37,12 @@ CLOSE_NORMAL = 1000
 CLOSE_PROTOCOL_ERROR = 1002
 #: Exit status of a command ended by ^C on its terminal (128 + SIGINT).
 INTERRUPTED = 130
+#: How long the API server takes, after accepting a v5 WebSocket, to reach the kubelet (its
+#: StreamTranslator dials SPDY and opens the streams before any byte flows back). A real round
+#: trip; it also keeps kubectl <= 1.32 working, whose WebSocket client starts reading before it
+#: has made its streams and drops what arrives first (fixed in later client-go: "wait until all
+#: streams have been created before starting the readDemuxLoop").
+KUBELET_DIAL_LATENCY = 0.025
 
 
 async def serve_exec(
@@ -249,6 +255,8 @@ class _Session:
 
     async def greet(self, *, stdout: bool, stderr: bool) -> None:
         """The kubelet's signal that the streams are ready: an empty message."""
+        if self.protocol.close_signal:  # v5: only the API server speaks it (see above)
+            await trio.sleep(KUBELET_DIAL_LATENCY)
         channel = channels.STDOUT if stdout else channels.STDERR if stderr else channels.ERROR
         await self._write_message(channel, b"")
 
