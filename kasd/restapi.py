@@ -17,7 +17,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qsl, unquote
 
 import trio
@@ -54,6 +54,12 @@ MAX_BODY_BYTES = 64 * 1024
 #: ``params[:job_token]``, then ``params[:token]``, then the ``JOB-TOKEN`` header)
 JOB_TOKEN_PARAMS = ("job_token", "token")
 
+class StoppedEnvironments(Protocol):
+    async def mark_stopped(self, project_id: int, name: str, at: float, *, job_id: int | None = None) -> object:
+        """``kasd.store.protocol.Store.mark_stopped``."""
+        ...
+
+
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -64,7 +70,8 @@ class RestApi:
 
     def __init__(self, snapshot: Callable[[], Snapshot], provisioner: Provisioner | None = None,
                  clock: Callable[[], float] = time.time, revocations: Revocations | None = None,
-                 environments: EnvironmentSlugs | None = None, *, stop_time_limit: float = STOP_TIME_LIMIT) -> None:
+                 environments: EnvironmentSlugs | None = None, *, stop_time_limit: float = STOP_TIME_LIMIT,
+                 history: StoppedEnvironments | None = None) -> None:
         self._snapshot = snapshot
         #: seconds one agent's part of an environment stop may take: beyond, 504
         self._stop_time_limit = stop_time_limit
@@ -72,6 +79,8 @@ class RestApi:
         #: what hangs on the slug, so only the environment that owns it may stop
         self._environments = environments if environments is not None else EnvironmentSlugs()
         self._provisioner = provisioner
+        #: the store's environments: a stop marks the environment stopped (``kasd.store.deployments``)
+        self._history = history
         self._clock = clock
         self._revocations = revocations
 
@@ -164,6 +173,12 @@ class RestApi:
                                         f"longer than {limit:g} s; run the stop again"}
             agents.append({"id": plan.agent_id, "namespace": plan.namespace, "delete_resources": plan.delete_resources,
                            "deleted": list(report.deleted), "kept": list(report.kept), "absent": list(report.absent)})
+        if self._history is not None:
+            try:
+                await self._history.mark_stopped(known.id, environment, self._clock(), job_id=claims.job_id)
+            except StoreError as exc:  # what the stop deleted is gone: the job is told so, the record is late
+                log.warning("environment not marked stopped: the store failed project=%s environment=%s error=%s",
+                            logfmt(claims.project), logfmt(environment), logfmt(str(exc)))
         log.info("environment stopped project=%s environment=%s job_id=%d agents=%s", logfmt(claims.project),
                  logfmt(environment), claims.job_id, ",".join(str(a["id"]) for a in agents) or "-")
         return 200, {"project": claims.project, "environment": environment, "agents": agents}

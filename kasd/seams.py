@@ -96,6 +96,7 @@ __all__ = [
     "PeerUnreachable",
     "ProvisionError",
     "Provisioner",
+    "Recorder",
     "RouteError",
     "Router",
     "StopReport",
@@ -120,6 +121,23 @@ class Router(Protocol):
         """How the agent answered a stream from ``open_stream``: it took it (``refusal`` None) or
         refused it. A router steers later requests by it: a session whose agent cannot reach its
         API server (``UPSTREAM_UNREACHABLE``) is passed over for a while."""
+        ...
+
+
+# ------------------------------------------------------------------ Recorder
+
+
+class Recorder(Protocol):
+    """Told of each request the pipeline let through (``kasd.store.deployments.DeploymentRecorder``:
+    a CI job's use of an agent for its environment). Both calls return at once and never raise:
+    recording happens off the request's path."""
+
+    def used(self, grant: Grant) -> None:
+        """``grant`` was authorized for a request."""
+        ...
+
+    def wrote(self, grant: Grant, namespace: str) -> None:
+        """A write (POST/PUT/PATCH/DELETE) of ``grant`` into ``namespace`` succeeded."""
         ...
 
 

@@ -54,6 +54,7 @@ from kasd.replicas import (
 )
 from kasd.restapi import STOP_TIME_LIMIT, RestApi, serve_api
 from kasd.seams import Router
+from kasd.store.deployments import DeploymentRecorder
 from kasd.store.environments import EnvironmentSlugs
 from kasd.store.finished import FinishedJobs
 from kasd.store.made import MadeObjects
@@ -95,6 +96,10 @@ class Runtime:
     revocations: Revocations | None = None
     #: managed namespaces: made before a job's first request, deleted by the environment's stop
     provisioner: AgentProvisioner | None = None
+    #: the store (finished jobs, environments and their deployment history)
+    store: Store | None = None
+    #: what records each CI job's deployments into the store
+    recorder: DeploymentRecorder | None = None
     _shutdown: trio.Event = attrs.field(factory=trio.Event)
 
     def request_shutdown(self) -> None:
@@ -162,6 +167,9 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
         # The replication (its Redis connection and its tasks) opens before the nursery and closes after it.
         async with _opened(replication, me) as replicas, trio.open_nursery() as nursery:
             await nursery.start(kept.run, finished)
+            # each CI job's use of an agent for its environment, written to the store by one task
+            recorder = DeploymentRecorder(kept, project_id=lambda path: _project_id(authority, path))
+            await nursery.start(recorder.run)
             router: Router = local
             pool = None
             if replicas is not None:
@@ -176,7 +184,7 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
                 authority, router, metrics,
                 dropped_headers=DROPPED.also(config.kubernetes_api.strip_request_headers),
                 max_requests_per_principal=config.kubernetes_api.max_requests_per_principal,
-                provisioner=provisioner,
+                provisioner=provisioner, recorder=recorder,
             )
             proxy = ProxyServer(pipeline, metrics, config.kubernetes_api,
                                 ssl_context=configure_alpn(proxy_tls) if proxy_tls else None,
@@ -184,7 +192,7 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
             runtime = Runtime(config=config, registry=registry, metrics=metrics, health=health, proxy=proxy,
                               authority=authority, addresses=addresses, router=router, replication=replicas,
                               pool=pool, admissions=admissions, revocations=Revocations(kept, finished),
-                              provisioner=provisioner)
+                              provisioner=provisioner, store=kept, recorder=recorder)
             if replicas is not None:
                 assert me is not None and pool is not None
                 forwarder = runtime.forwarder = PeerForwarder(
@@ -202,7 +210,7 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
             if "api" in names:
                 api = RestApi(lambda: authority.snapshot, provisioner, stop_time_limit=STOP_TIME_LIMIT,
                               revocations=runtime.revocations,
-                              environments=authority.environments)
+                              environments=authority.environments, history=kept)
                 await nursery.start(partial(serve_api, api, stoppable("api"), ssl_context=api_tls,
                                             unexpected=metrics.unexpected_errors("api", logging.getLogger("kasd.api"))))
             observability = ObservabilityServer(health, metrics, max_connections=config.observability.max_connections)
@@ -340,6 +348,12 @@ async def _store(config: Config, given: Store | None) -> AsyncIterator[Store]:
         return
     async with open_store(config) as store:
         yield store
+
+
+def _project_id(authority: CiAuthority, path: str) -> int | None:
+    """A project's id from the directory in force (for job tokens that carry none)."""
+    project = authority.snapshot.directory.project(path)
+    return project.id if project is not None else None
 
 
 async def _forget_departed(replicas: Replication, pool: PeerPool) -> None:

@@ -56,7 +56,7 @@ from kasd.config.root import (
     plaintext_peer_secret,
 )
 from kasd.config.routing import PEER_SECRET_MIN, RedisSettings, Routing, SecretFile
-from kasd.config.store import STORE_FILE_NAME, StoreSettings
+from kasd.config.store import STORE_FILE_NAME, EnvironmentSettings, StoreSettings
 from kasd.config.values import parse_address
 
 __all__ = [
@@ -73,6 +73,7 @@ __all__ = [
     "AuthorizationSettings",
     "Config",
     "ConfigError",
+    "EnvironmentSettings",
     "GroupEntry",
     "Http2Limits",
     "KubernetesAPIListener",

@@ -4,8 +4,10 @@ record, written once for every protocol front end.
 A front end hands ``RequestPipeline.serve`` an ``Exchange`` (``exchange``); the pipeline reads the
 bearer token (``kasd.seams.parse_bearer``), asks the ``Authority`` for a grant, cleans the head, asks
 the ``Router`` for a logical stream to the agent, streams the body there, relays the agent's answer
-(or its ``101`` byte pipe) back, and writes one access-log line with the metrics. Both seams are
-injected, so the pipeline runs in tests with fakes and memory streams, no socket.
+(or its ``101`` byte pipe) back, and writes one access-log line with the metrics; a CI job's use of
+the agent, and each namespace it wrote into, is told to the ``Recorder`` (its environment's
+deployment history). The seams are injected, so the pipeline runs in tests with fakes and memory
+streams, no socket.
 
 May import: ``kasd.seams``, ``kasd.agentstream`` (a request's stream to the agent, from open to
 head), ``kasd.metrics``, this package's ``exchange``/``status``/``accesslog``/
@@ -31,7 +33,12 @@ from kasd.agentstream import AgentStreamError, open_stream
 from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.exchange import CONNECTION_LOST, ClientGone, ClientRequest, Exchange
 from kasd.k8sproxy.principals import PrincipalRequests
-from kasd.k8sproxy.requestinfo import request_info
+from kasd.k8sproxy.requestinfo import (
+    NAMESPACE_CREATE_PATH,
+    created_namespace,
+    request_info,
+    written_namespace,
+)
 from kasd.k8sproxy.status import ProxyError, status_body, status_headers
 from kasd.metrics import Metrics
 from kasd.seams import (
@@ -40,6 +47,7 @@ from kasd.seams import (
     Grant,
     Provisioner,
     ProvisionError,
+    Recorder,
     Router,
     parse_bearer,
 )
@@ -76,6 +84,8 @@ _WATCH_AFTER = 1.0
 #: per-chunk Python work dominates bulk transfers: fewer, larger chunks
 _CHUNK = 256 * 1024
 _MUX_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
+#: bytes of a Namespace create's body kept to read the new namespace's name (the recorder's)
+_NAMESPACE_BODY = 16 * 1024
 
 
 @attrs.frozen
@@ -143,6 +153,8 @@ class _Transfer:
     ending: bool = False
     #: what the reader task failed with, unexpectedly (the request then ends as the pipeline's own failure)
     failure: Exception | None = None
+    #: the first bytes of the body, kept for the recorder (a Namespace create: its name), else None
+    tap: bytearray | None = None
 
 
 class RequestPipeline:
@@ -151,9 +163,11 @@ class RequestPipeline:
     def __init__(
         self, authority: Authority, router: Router, metrics: Metrics, *, drain: Drain | None = None,
         dropped_headers: DroppedHeaders = DROPPED, max_requests_per_principal: int = MAX_REQUESTS_PER_PRINCIPAL,
-        provisioner: Provisioner | None = None,
+        provisioner: Provisioner | None = None, recorder: Recorder | None = None,
     ) -> None:
         self.authority = authority
+        #: told of each CI job's use of an agent and of the namespaces it wrote into (never waited on)
+        self.recorder = recorder
         self.router = router
         #: creates a grant's managed namespace before its first request goes on
         self.provisioner = provisioner
@@ -236,6 +250,8 @@ class RequestPipeline:
                     await self.provisioner.ensure(grant.managed, request_id=record.request_id)
                 except ProvisionError as exc:
                     raise ProxyError(exc.status, exc.message) from None
+            if self.recorder is not None:
+                self.recorder.used(grant)
             head = RequestHead(
                 method=request.method,
                 target=request.target,
@@ -265,7 +281,23 @@ class RequestPipeline:
             except ClientGone:
                 record.outcome = "client-gone"
             return
-        await self._exchange(_Transfer(ex, grant, head, metadata, stream, record, bodiless))
+        transfer = _Transfer(ex, grant, head, metadata, stream, record, bodiless)
+        recording = self.recorder is not None and grant.job is not None and grant.job.environment is not None
+        if recording and request.method == "POST" and request.target.split("?", 1)[0] == NAMESPACE_CREATE_PATH:
+            transfer.tap = bytearray()
+        await self._exchange(transfer)
+        if recording and 200 <= record.status < 300:
+            self._record_write(transfer)
+
+    def _record_write(self, t: _Transfer) -> None:
+        """Tell the recorder the namespace a successful write went into, if any."""
+        assert self.recorder is not None
+        request = t.ex.request
+        namespace = written_namespace(request.method, request.target)
+        if not namespace and t.tap is not None and "dryRun" not in request.target:
+            namespace = created_namespace(bytes(t.tap))
+        if namespace:
+            self.recorder.wrote(t.grant, namespace)
 
     # ------------------------------------------------------------------ authenticate, authorize, route
 
@@ -390,7 +422,10 @@ class RequestPipeline:
         """True once the body is in; False if the agent's stream broke (the response side says why)."""
         bytes_to_agent = self.metrics.bytes_to_agent
         stream = t.stream
+        tap = t.tap
         while data := await t.ex.receive_body():
+            if tap is not None and len(tap) < _NAMESPACE_BODY:
+                tap += data[:_NAMESPACE_BODY - len(tap)]
             try:
                 await stream.send_all(data)
             except _MUX_ERRORS:

@@ -12,11 +12,19 @@ Pure: no I/O, no trio.
 
 from __future__ import annotations
 
+import json
+import re
 from urllib.parse import parse_qs, unquote
 
 import attrs
 
-__all__ = ["RequestInfo", "request_info"]
+__all__ = ["NAMESPACE_CREATE_PATH", "RequestInfo", "created_namespace", "request_info", "written_namespace"]
+
+#: where a Namespace is created (its name is in the body, not the path)
+NAMESPACE_CREATE_PATH = "/api/v1/namespaces"
+_WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+#: a namespace's name (DNS-1123 label)
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 _VERBS = {"POST": "create", "GET": "get", "HEAD": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 #: the subresources kube-apiserver names a verb after the method of (``exec`` is ``create`` on pods/exec)
@@ -64,3 +72,27 @@ def request_info(method: str, target: str) -> RequestInfo:
         if values and values[0].lower() in ("1", "true"):
             verb = "watch"
     return RequestInfo(verb=verb, resource=resource, subresource=subresource, namespace=namespace, name=name)
+
+
+def written_namespace(method: str, target: str) -> str:
+    """The namespace a POST/PUT/PATCH/DELETE to ``target`` writes into (``/api/v1/namespaces/NS/…``,
+    ``/apis/G/V/namespaces/NS/…``, the namespace object itself); "" for a read, a dry run, a
+    cluster-scoped object, or a namespace create (its name is in the body: ``created_namespace``)."""
+    if method.upper() not in _WRITES:
+        return ""
+    path, _, query = target.partition("?")
+    if "dryRun" in query:
+        return ""
+    namespace = request_info(method, path).namespace
+    return namespace if _NAMESPACE.fullmatch(namespace) else ""
+
+
+def created_namespace(body: bytes) -> str:
+    """The name of the Namespace a create's JSON body makes (what kubectl sends); "" if it says none."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return ""
+    metadata = obj.get("metadata") if isinstance(obj, dict) and obj.get("kind") == "Namespace" else None
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    return name if isinstance(name, str) and _NAMESPACE.fullmatch(name) else ""

@@ -2,17 +2,21 @@
 ``kasd.store.sqlite.SqliteStore`` (a lone kasd) and ``kasd.store.redis.RedisStore`` (replicas).
 
 Its first content is the finished jobs: job id → until (seconds since the epoch), the moment after
-which no token of that job could be accepted anyway and the entry is purged.
+which no token of that job could be accepted anyway and the entry is purged. Environments and their
+deployment history (``kasd.store.deployments``) are kept there too, purged by the same loop.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
 from kasd.store.finished import FinishedJobs
+
+if TYPE_CHECKING:  # (deployments imports StoreError from here)
+    from kasd.store.deployments import Deployment, Environment
 
 
 class StoreError(Exception):
@@ -51,6 +55,44 @@ class Store(Protocol):
         """Forget ``key`` (its object is deleted); ``StoreError``."""
         ...
 
+    async def record_deployment(self, d: Deployment) -> Environment:
+        """Record ``d``: its environment (project id, name) is created, or updated (a stopped one
+        used by a job other than the one that stopped it is available again); the deployment of the
+        same job and agent, if kept, is merged (namespaces joined, first use kept); beyond
+        ``max_deployments`` the oldest of the environment go. The environment as it now is;
+        ``StoreError`` (unreachable, or full)."""
+        ...
+
+    async def environments(self, *, project_id: int | None = None, project_prefix: str | None = None,
+                           tier: str | None = None, state: str | None = None) -> list[Environment]:
+        """Every environment that matches all the filters given (``project_prefix="group/"``: a
+        group's projects and its subgroups', without case), by id; ``StoreError``."""
+        ...
+
+    async def environment(self, env_id: int) -> Environment | None:
+        """The environment with id ``env_id``; ``StoreError``."""
+        ...
+
+    async def environment_named(self, project_id: int, name: str) -> Environment | None:
+        """Project ``project_id``'s environment ``name``; ``StoreError``."""
+        ...
+
+    async def deployments(self, env_id: int, limit: int = 50) -> list[Deployment]:
+        """Environment ``env_id``'s kept deployments, newest first, at most ``limit`` (≤ 1000); ``StoreError``."""
+        ...
+
+    async def mark_stopped(self, project_id: int, name: str, at: float, *, job_id: int | None = None
+                           ) -> Environment | None:
+        """Mark the environment stopped at ``at`` (by job ``job_id``, whose own later records do
+        not make it available again); None if it was never recorded; ``StoreError``."""
+        ...
+
+    async def purge_history(self, now: float) -> int:
+        """Forget the history older than the retention or beyond the cap (an available
+        environment's newest deployment stays), and stopped environments untouched for the
+        retention; how many records went; ``StoreError``."""
+        ...
+
     async def run(self, view: FinishedJobs, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Fill ``view`` from the store (``started()`` once it holds what the store holds), then keep
         it in step with changes made anywhere, and purge both as entries expire, until cancelled."""
@@ -74,6 +116,7 @@ async def purge_lapsed(store: Store, view: FinishedJobs, clock: Callable[[], flo
         view.purge(now)
         try:
             await store.purge(now)
+            await store.purge_history(now)
         except StoreError as exc:
             failed(exc)
 

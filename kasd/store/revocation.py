@@ -16,6 +16,7 @@ from pathlib import Path
 import trio
 
 from kasd.config import STORE_FILE_NAME, Config, ConfigError
+from kasd.store.deployments import HistoryLimits
 from kasd.store.finished import MAX_FINISHED_JOBS, FinishedJobs, TooManyFinishedJobs, finished_until
 from kasd.store.protocol import Store, StoreError
 from kasd.store.sqlite import SqliteStore
@@ -71,7 +72,8 @@ async def open_store(config: Config, *, environ: Mapping[str, str] = os.environ,
 
         async with open_redis(redis.url, password=redis.password) as client:
             log.info("store: finished jobs in Redis redis=%s", describe(redis.url))
-            yield RedisStore(client, key_prefix=redis.key_prefix, max_entries=max_entries, clock=clock)
+            yield RedisStore(client, key_prefix=redis.key_prefix, max_entries=max_entries, clock=clock,
+                             history=HistoryLimits.of(config.environments))
         return
     path = sqlite_path(config, environ)
     if path == ":memory:":
@@ -80,7 +82,8 @@ async def open_store(config: Config, *, environ: Mapping[str, str] = os.environ,
         log.info("store: in memory (neither store.path nor $%s is set): finished jobs are forgotten when kasd "
                  "stops, and their tokens then work again until they expire", STATE_DIRECTORY)
     try:
-        store = await trio.to_thread.run_sync(lambda: SqliteStore.open_sync(path, max_entries=max_entries, clock=clock))
+        store = await trio.to_thread.run_sync(lambda: SqliteStore.open_sync(
+            path, max_entries=max_entries, clock=clock, history=HistoryLimits.of(config.environments)))
     except StoreError as exc:
         named_by = "store.path" if config.store.path is not None else f"${STATE_DIRECTORY}"
         raise ConfigError(f"{named_by}: {exc}") from None
