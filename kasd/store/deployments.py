@@ -217,6 +217,10 @@ def dumps(data: Any) -> str:
 # ------------------------------------------------------------------ the recorder
 
 
+#: (job id, agent id, environment): a job has one environment, but its id alone is not what is signed
+_Key = tuple[int, int, str]
+
+
 @attrs.define(eq=False)
 class _Use:
     deployment: Deployment
@@ -244,8 +248,8 @@ class DeploymentRecorder:
         self._project_id = project_id
         self._clock = clock
         self._remembered = remembered
-        self._send, self._receive = trio.open_memory_channel[tuple[tuple[int, int], Deployment]](queue_size)
-        self._uses: OrderedDict[tuple[int, int], _Use] = OrderedDict()
+        self._send, self._receive = trio.open_memory_channel[tuple[_Key, Deployment]](queue_size)
+        self._uses: OrderedDict[_Key, _Use] = OrderedDict()
         self.recorded = self.dropped = self.failed = 0
         self._log = BurstLimitedLog(log, interval=60.0)
 
@@ -264,7 +268,7 @@ class DeploymentRecorder:
         if use is None or namespace in use.namespaces or len(use.namespaces) >= MAX_NAMESPACES:
             return
         use.namespaces.add(namespace)
-        key = (use.deployment.job_id, use.deployment.agent_id)
+        key = (use.deployment.job_id, use.deployment.agent_id, use.deployment.environment)
         if not self._queue(key, attrs.evolve(use.deployment, namespaces=tuple(sorted(use.namespaces)))):
             use.namespaces.discard(namespace)  # the next write into it tries again
 
@@ -272,7 +276,7 @@ class DeploymentRecorder:
         job = grant.job
         if grant.kind != "ci" or job is None or job.environment is None:
             return None
-        key = (job.job_id, grant.agent_id)
+        key = (job.job_id, grant.agent_id, job.environment)
         use = self._uses.get(key)
         if use is not None:
             self._uses.move_to_end(key)
@@ -296,7 +300,7 @@ class DeploymentRecorder:
             self._uses.popitem(last=False)  # the least recently seen
         return use
 
-    def _queue(self, key: tuple[int, int], deployment: Deployment) -> bool:
+    def _queue(self, key: _Key, deployment: Deployment) -> bool:
         try:
             self._send.send_nowait((key, deployment))
         except trio.WouldBlock:

@@ -9,13 +9,17 @@ import json
 import subprocess
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import trio
 import yaml
 
 from kasctl.stack import AGENT_ID, AGENT_NAME, APP_PROJECT, CONFIG_PROJECT, OTHER_PROJECT, Stack
 from kasd.authz.slugs import environment_slug
+from kasd.store.deployments import Environment
+from kasd.store.sqlite import SqliteStore
 from tests.e2e.conftest import KUBECTL_CAP
 from tests.forkrun import run_module
 
@@ -35,6 +39,26 @@ def _kubectl(binary: str, config: object, *args: str, tmp: Path) -> subprocess.C
     path.write_text(yaml.safe_dump(config))
     return subprocess.run([binary, "--kubeconfig", str(path), *args], capture_output=True, text=True,
                           timeout=KUBECTL_CAP)
+
+
+def _environment_when(stack: Stack, name: str, ready: Callable[[Environment], bool]) -> Environment:
+    """Project 3's environment ``name`` in the stack's kasd store (its SQLite file, read beside kasd)
+    once ``ready`` says so: the recorder writes off the request's path (polled, bounded)."""
+
+    async def read() -> Environment | None:
+        store = SqliteStore.open_sync(stack.dir / "kasd.sqlite3", max_entries=10)
+        try:
+            return await store.environment_named(3, name)
+        finally:
+            await store.aclose()
+
+    deadline = time.monotonic() + 10
+    while True:
+        env = trio.run(read)
+        if env is not None and ready(env):
+            return env
+        assert time.monotonic() < deadline, f"kasd's store has {env}"
+        time.sleep(0.05)
 
 
 def test_an_allowed_job_works_in_its_managed_namespace_until_the_environment_stops(
@@ -67,6 +91,13 @@ def test_an_allowed_job_works_in_its_managed_namespace_until_the_environment_sto
     labels = json.loads(subprocess.run([*admin, "get", "namespace", namespace, "-o", "json"], capture_output=True,
                                        text=True, timeout=KUBECTL_CAP, check=True).stdout)["metadata"]["labels"]
     assert labels["kasd.gitlab-agent.io/managed-by"] == "kasd"
+    # kasd's store holds the deployment: the job, its agent, the namespace it wrote into
+    deployed = _environment_when(stack, environment, lambda env: env.last_deployment is not None
+                                 and env.namespaces == (namespace,))
+    assert (deployed.project_id, deployed.tier, deployed.agents, deployed.state) == (3, "development", (AGENT_ID,),
+                                                                                    "available")
+    last = deployed.last_deployment
+    assert last is not None and (last.job_id, last.pipeline_id, last.user, last.ref) == (41, 5, "demo", "feat")
     # The stop job (GitLab's environment: action: stop) stops it: kasd deletes what it made.
     stop_token = stack.auth.job_token(APP_PROJECT, job_id=42, pipeline_id=5, user="demo", ref="feat",
                                       environment=environment)
@@ -76,6 +107,7 @@ def test_an_allowed_job_works_in_its_managed_namespace_until_the_environment_sto
     assert stopped.returncode == 0, stopped.stderr
     assert f"deleted  RoleBinding {namespace}/gitlab-job-access-{environment_slug(environment)}" in stopped.stdout
     assert f"deleted  Namespace {namespace}" in stopped.stdout
+    assert _environment_when(stack, environment, lambda env: env.state == "stopped").id == deployed.id  # not forgotten
     gone = subprocess.run([*admin, "get", "deployment", "web", "-n", namespace], capture_output=True, text=True,
                           timeout=KUBECTL_CAP)
     assert "NotFound" in gone.stderr, gone.stderr
