@@ -49,13 +49,14 @@ _DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 def _duration(value: Any) -> float:
     """Seconds, or a number with a unit: ``90d``, ``36h``, ``30m``, ``45s``."""
-    if isinstance(value, str) and value.strip()[-1:].lower() in _DURATION_UNITS:
-        text = value.strip()
-        try:
-            return parse_seconds(float(text[:-1])) * _DURATION_UNITS[text[-1].lower()]
-        except (ValueError, Problem):
-            raise Problem(f"{value!r} is not a duration (seconds, or a number with s, m, h or d: 90d)") from None
-    return parse_seconds(value)
+    if not isinstance(value, str):
+        return parse_seconds(value)
+    text = value.strip()
+    unit = _DURATION_UNITS.get(text[-1:].lower())
+    try:
+        return parse_seconds(float(text[:-1]) if unit else float(text)) * (unit or 1.0)
+    except (ValueError, Problem):
+        raise Problem(f"{value!r} is not a duration (seconds, or a number with s, m, h or d: 90d)") from None
 
 
 @attrs.frozen(kw_only=True)

@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trio.testing
 
 from kasd.store.deployments import Deployment, HistoryLimits
 from kasd.store.protocol import Store
@@ -155,35 +156,41 @@ async def test_the_redis_keys_carry_one_hash_tag(redis_server: RedisProcess) -> 
     assert b"kasd:environments:{envs}:records" in keys and b"kasd:environments:{envs}:deployments:1" in keys
 
 
-def test_a_sqlite_store_reads_off_the_event_loop(tmp_path: Path) -> None:
-    """Every statement runs in a worker thread: the loop keeps running while one waits."""
+def test_a_sqlite_store_writes_off_the_event_loop(tmp_path: Path) -> None:
+    """Every statement runs in a worker thread: while one waits for the connection, the loop runs on
+    (were it on the loop's thread, the lock held here would hang the loop, and the test's time cap end it)."""
     store = SqliteStore.open_sync(tmp_path / "k.db", max_entries=10)
 
     async def main() -> None:
-        ticks = 0
+        done = trio.Event()
 
-        async def tick() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await trio.sleep(0)
+        async def record() -> None:
+            await store.record_deployment(deployment())
+            done.set()
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(tick)
             store._lock.acquire()  # another statement holds the connection
-            done = trio.Event()
-
-            async def record() -> None:
-                await store.record_deployment(deployment())
-                done.set()
-
             nursery.start_soon(record)
-            before = ticks
-            while ticks < before + 50:
-                await trio.sleep(0)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not done.is_set()
             store._lock.release()
-            await done.wait()
-            nursery.cancel_scope.cancel()
+            with trio.fail_after(5):
+                await done.wait()
         await store.aclose()
 
     trio.run(main)
+
+
+async def test_the_history_kept_is_a_setting_the_store_is_opened_with(tmp_path: Path) -> None:
+    from kasd.config import ConfigError
+    from kasd.store.revocation import open_store
+    from tests.kasd.helpers import make_config
+
+    config = make_config({"store": {"path": str(tmp_path / "k.db")},
+                          "environments": {"history_retention": "36h", "max_deployments": 5}})
+    async with open_store(config) as store:
+        assert isinstance(store, SqliteStore)
+        assert store.history == HistoryLimits(retention=36 * 3600, max_deployments=5)
+    with pytest.raises(ConfigError, match=r"^environments\.history_retention: '3x' is not a duration \(seconds, or "
+                                          r"a number with s, m, h or d: 90d\)"):
+        make_config({"environments": {"history_retention": "3x"}})
