@@ -51,13 +51,14 @@ from kasd.store.protocol import StoreError
 log = logging.getLogger("kasd.store.deployments")
 
 #: namespaces one deployment records: a job writing into more is recorded with the first ones
-MAX_NAMESPACES = 64
+MAX_NAMESPACES = 32
 #: the most environments a store records (as many as it has slugs: ``kasd.store.environments``)
 MAX_RECORDED_ENVIRONMENTS = 100_000
 #: records waiting for the store; beyond, dropped and counted
 QUEUE_SIZE = 1024
-#: (job, agent) uses remembered per replica: a forgotten one is recorded again (the store merges it)
-REMEMBERED = 16_384
+#: (job, agent) uses remembered per replica (each with its ≤ 32 namespaces: ≤ ~15 MB): a forgotten
+#: one is recorded again (the store merges it)
+REMEMBERED = 4096
 #: the most deployments ``Store.deployments`` answers with
 MAX_LIMIT = 1000
 
@@ -258,10 +259,23 @@ class DeploymentRecorder:
     def used(self, grant: Grant) -> None:
         """``grant`` (a CI job's, for an agent) was authorized for a request: recorded once per
         (job, agent), with the grant's managed namespace."""
-        self._use(grant)
+        try:
+            self._use(grant)
+        except Exception as exc:  # a bug here must not fail the request
+            self._bug(exc)
 
     def wrote(self, grant: Grant, namespace: str) -> None:
         """The job of ``grant`` wrote into ``namespace``: recorded if it is new for the job and agent."""
+        try:
+            self._wrote(grant, namespace)
+        except Exception as exc:
+            self._bug(exc)
+
+    def _bug(self, exc: Exception) -> None:
+        self._log.log(logging.ERROR, "bug", "deployment not recorded: the recorder failed unexpectedly error=%s",
+                        type(exc).__name__)
+
+    def _wrote(self, grant: Grant, namespace: str) -> None:
         if not namespace:
             return
         use = self._use(grant)
