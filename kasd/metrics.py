@@ -75,6 +75,11 @@ class Metrics:
             "kasd_finished_jobs", "Ended CI jobs whose tokens this replica refuses (until they would have expired)",
             registry=r,
         )
+        #: what became of each deployment record the proxy's recorder made (``kasd.store.deployments``)
+        self.deployment_records = Counter(
+            "kasd_deployment_records", "Deployment records by outcome (recorded, dropped: queue full, failed: store error)",
+            ["outcome"], registry=r,
+        )
         self.authz_reloads = Counter(
             "kasd_authz_reloads", "Authorization configuration reloads by result (ok, failed)", ["result"], registry=r
         )

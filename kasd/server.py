@@ -168,7 +168,8 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
         async with _opened(replication, me) as replicas, trio.open_nursery() as nursery:
             await nursery.start(kept.run, finished)
             # each CI job's use of an agent for its environment, written to the store by one task
-            recorder = DeploymentRecorder(kept, project_id=lambda path: _project_id(authority, path))
+            recorder = DeploymentRecorder(kept, project_id=lambda path: _project_id(authority, path),
+                                          count=lambda outcome: metrics.deployment_records.labels(outcome).inc())
             await nursery.start(recorder.run)
             router: Router = local
             pool = None

@@ -243,8 +243,10 @@ class DeploymentRecorder:
 
     def __init__(self, store: DeploymentStore, *, project_id: Callable[[str], int | None] = lambda _path: None,
                  clock: Callable[[], float] = time.time, queue_size: int = QUEUE_SIZE,
-                 remembered: int = REMEMBERED) -> None:
+                 remembered: int = REMEMBERED, count: Callable[[str], object] = lambda _outcome: None) -> None:
         self.store = store
+        #: told each record's outcome: ``recorded``, ``dropped`` (the queue full) or ``failed`` (the store)
+        self._count = count
         #: a project's id from its path (``kasd.authz.directory``), for tokens that carry none
         self._project_id = project_id
         self._clock = clock
@@ -319,6 +321,7 @@ class DeploymentRecorder:
             self._send.send_nowait((key, deployment))
         except trio.WouldBlock:
             self.dropped += 1
+            self._count("dropped")
             self._log.warning("full", "deployment not recorded: the recorder's queue is full (the store is slow) "
                               "job_id=%d agent_id=%d dropped=%d", deployment.job_id, deployment.agent_id, self.dropped)
             return False
@@ -335,11 +338,13 @@ class DeploymentRecorder:
                 await self.store.record_deployment(deployment)
             except StoreError as exc:
                 self.failed += 1
+                self._count("failed")
                 self._uses.pop(key, None)
                 self._log.warning("store", "deployment not recorded: the store failed job_id=%d agent_id=%d "
                                   "failed=%d error=%s", deployment.job_id, deployment.agent_id, self.failed, exc)
             else:
                 self.recorded += 1
+                self._count("recorded")
 
     def statistics(self) -> RecorderStatistics:
         return RecorderStatistics(queued=self._receive.statistics().current_buffer_used, remembered=len(self._uses),

@@ -116,7 +116,8 @@ class StuckStore:
 
 async def test_a_full_queue_drops_records_and_never_holds_a_request(caplog: pytest.LogCaptureFixture) -> None:
     store = StuckStore()
-    recorder = DeploymentRecorder(store, project_id={"group/app": 42}.get, queue_size=2)
+    outcomes: list[str] = []
+    recorder = DeploymentRecorder(store, project_id={"group/app": 42}.get, queue_size=2, count=outcomes.append)
     async with agent_session() as (kasd_side, agent_side), trio.open_nursery() as nursery:
         nursery.start_soon(agent, agent_side)
         await nursery.start(recorder.run)
@@ -129,6 +130,7 @@ async def test_a_full_queue_drops_records_and_never_holds_a_request(caplog: pyte
         stats = recorder.statistics()
         nursery.cancel_scope.cancel()
     assert store.asked == 1 and stats.queued == 2 and stats.dropped > 0
+    assert outcomes == ["dropped"] * stats.dropped  # what kasd_deployment_records_total{outcome} counts
     # one line says so, not one per dropped record
     lines = [r for r in caplog.records if "recorder's queue is full" in r.getMessage()]
     assert len(lines) == 1
