@@ -109,6 +109,17 @@ async def test_a_deployment_is_kept_merged_and_read_back_by_another_client(opene
         assert await two.environment_named(42, "nope") is None and await two.environment(999) is None
 
 
+async def test_two_replicas_recording_one_job_at_once_merge_never_overwrite(opener: Opener) -> None:
+    async with opener() as one, opener() as two, trio.open_nursery() as nursery:
+        for i in range(10):
+            nursery.start_soon(one.record_deployment, deployment(namespaces=(f"a{i}",)))
+            nursery.start_soon(two.record_deployment, deployment(namespaces=(f"b{i}",)))
+    async with opener() as three:
+        env = await three.environment_named(42, "review/feat-x")
+        assert env is not None and len(env.namespaces) == 20
+        assert [len(d.namespaces) for d in await three.deployments(env.id)] == [20]
+
+
 async def test_a_stopped_environment_is_marked_not_forgotten_and_available_when_used_again(opener: Opener) -> None:
     async with opener() as store:
         env = await store.record_deployment(deployment())
