@@ -15,8 +15,8 @@ Deliberate departures from those sources:
   annotation that is not JSON) answers Unknown, naming what it could not read.
 - Messages: where Argo's message is empty but the status is not Healthy, a short one is given
   instead (the load balancer not assigned yet, the container a crash-looping pod waits on when the
-  kubelet gave no message, the container and reason of a last termination), so a roll-up can say
-  why. Every message is cut at ``MAX_MESSAGE`` characters. Argo's CronJob typo ("succesfully") is
+  kubelet gave no message, the container and reason of a last termination, the scheduler's message
+  for a pending pod it could not place), so a roll-up can say why. Every message is cut at ``MAX_MESSAGE`` characters. Argo's CronJob typo ("succesfully") is
   spelled right.
 - Pod: a pod without ``spec.restartPolicy`` is read as ``Always`` (the API server's default; Argo
   would answer Unknown for a running one).
@@ -260,6 +260,9 @@ def _pod(obj: Mapping[str, Any]) -> Health:
             return Health(DEGRADED, ", ".join(waits))
     phase = status.get("phase")
     if phase == "Pending":
+        unscheduled = _condition(status, "PodScheduled")
+        if not pod_message and unscheduled is not None and unscheduled.get("status") == "False":
+            pod_message = text(unscheduled.get("message"))  # the scheduler's why ("Insufficient cpu")
         return Health(PROGRESSING, pod_message)
     if phase == "Succeeded":
         return Health(HEALTHY, pod_message)
