@@ -258,5 +258,6 @@ def build_graph(objects: Iterable[Mapping[str, Any]], *,
                 link(node_id, f"/PersistentVolume//{volume}", "binds")
 
     roots = tuple(sorted(i for i in nodes if i not in parent))
-    return Graph(nodes=nodes, edges=tuple(sorted(edges)), roots=roots,
+    ordered = tuple(sorted(edges, key=lambda e: (e.source, e.target, e.relation)))  # attrs' __lt__ is slow
+    return Graph(nodes=nodes, edges=ordered, roots=roots,
                  health=rollup((i, nodes[i].health) for i in sorted(nodes)))
