@@ -329,7 +329,7 @@ def forests(draw: st.DrawFn) -> list[dict[str, Any]]:
         o = obj(api_version, kind, f"o{i}", namespace, uid=f"u{i}")
         eligible = [p for p in objects if p["metadata"].get("namespace", "") in ("", namespace)]
         owners = []
-        if eligible and draw(st.booleans()):
+        if len(eligible) > 0 and draw(st.booleans()):
             owners.append(ref(draw(st.sampled_from(eligible)), controller=draw(st.booleans())))
         if draw(st.booleans()):
             owners.append({"apiVersion": "v1", "kind": "Gone", "name": "gone", "uid": f"gone{i}"})
@@ -395,7 +395,7 @@ def test_removing_an_owner_orphans_exactly_its_dependents(objects: list[dict[str
 @settings(max_examples=40, deadline=None)
 @given(objects=st.one_of(forests(), tangles()), seed=st.integers(0, 2**32))
 def test_to_json_does_not_depend_on_the_order_objects_came_in(objects: list[dict[str, Any]], seed: int) -> None:
-    shuffled = list(objects) + [objects[0]]  # a duplicate too
+    shuffled = [*objects, objects[0]]  # a duplicate too
     random.Random(seed).shuffle(shuffled)
     assert json.dumps(build_graph(objects).to_json()) == json.dumps(build_graph(shuffled).to_json())
 
