@@ -23,13 +23,16 @@ Pod                                    the ConfigMaps, Secrets, PVCs and Service
 PersistentVolumeClaim                  its PersistentVolume (by name; cluster-scoped)
 =====================================  ==========================================================
 
-Nothing already in ``objects`` is asked for by name. Secrets are asked for because a pod's
+Nothing already in ``objects`` is asked for by name. A namespace, name or label that the API server
+would not accept (``..``, ``a?b``) makes no request: they come from the cluster's answers and go into
+a path or a query. Secrets are asked for because a pod's
 dependence on one is worth drawing; the shell should keep only their metadata (the graph reads no
 more). Cost: linear in the size of ``objects``; at most one request per (object, reference).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -91,7 +94,18 @@ _OWNS = {
 }
 
 
-def _request(kind: str, namespace: str, **kw: str | None) -> FetchRequest:
+# What the API server accepts as a namespace and as an object name (RFC 1123 label / subdomain).
+# Names come from objects the cluster answered with; one that could not be a name (``..``, ``a?b``,
+# ``%2F``) would change the path it is put in, so no request is made for it.
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+def _request(kind: str, namespace: str, **kw: str | None) -> FetchRequest | None:
+    if namespace and not _NAMESPACE.fullmatch(namespace):
+        return None
+    if (name := kw.get("name")) is not None and not _NAME.fullmatch(name):
+        return None
     group, version, resource = _KINDS[kind]
     return FetchRequest(group=group, version=version, kind=kind, resource=resource,
                         namespace=namespace, **kw)
@@ -106,10 +120,13 @@ def dependents_to_fetch(objects: Iterable[Mapping[str, Any]]) -> list[FetchReque
         present.add((group, kind, namespace, name))
     wanted: set[FetchRequest] = set()
 
+    def want(request: FetchRequest | None) -> None:
+        if request is not None:
+            wanted.add(request)
+
     def by_name(kind: str, namespace: str, name: str) -> None:
-        group = _KINDS[kind][0]
-        if name and "/" not in name and (group, kind, namespace, name) not in present:
-            wanted.add(_request(kind, namespace, name=name))
+        if name and (_KINDS[kind][0], kind, namespace, name) not in present:
+            want(_request(kind, namespace, name=name))
 
     for obj in objs:
         group, _version, kind, namespace, name = identity(obj)
@@ -120,14 +137,14 @@ def dependents_to_fetch(objects: Iterable[Mapping[str, Any]]) -> list[FetchReque
         if (made := _OWNS.get((group, kind))) is not None and namespace:
             selector = selector_string(mapping(spec.get("selector")))
             if selector is not None:  # no selector: it owns nothing we could ask for without a list of all
-                wanted.add(_request(made, namespace, label_selector=selector, owner_uid=uid))
+                want(_request(made, namespace, label_selector=selector, owner_uid=uid))
         elif (group, kind) == ("batch", "CronJob") and namespace:
             labels = mapping(mapping(mapping(spec.get("jobTemplate")).get("metadata")).get("labels"))
             selector = selector_string({"matchLabels": labels}) if labels else None
-            wanted.add(_request("Job", namespace, label_selector=selector, owner_uid=uid))
+            want(_request("Job", namespace, label_selector=selector, owner_uid=uid))
         elif (group, kind) == ("", "Service") and namespace:
-            wanted.add(_request("EndpointSlice", namespace,
-                                label_selector=f"{SERVICE_NAME_LABEL}={name}"))
+            if _NAME.fullmatch(name):
+                want(_request("EndpointSlice", namespace, label_selector=f"{SERVICE_NAME_LABEL}={name}"))
         elif kind == "Ingress" and group in ("networking.k8s.io", "extensions") and namespace:
             for service in ingress_services(obj):
                 by_name("Service", namespace, service)

@@ -5,6 +5,7 @@ EndpointSlice serves, and label selectors. Each reader is linear in the size of 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -99,20 +100,31 @@ def service_selector(service: Mapping[str, Any]) -> dict[str, str]:
     return dict(selector)
 
 
+# A label key (optional DNS-subdomain prefix, then a name of at most 63) and a label value, as the
+# API server validates them: what goes into a labelSelector can then never be another term.
+_LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+
+
+def _label(key: object, value: object = "") -> bool:
+    return (isinstance(key, str) and isinstance(value, str)
+            and _LABEL_KEY.fullmatch(key) is not None and _LABEL_VALUE.fullmatch(value) is not None)
+
+
 def selector_string(selector: Mapping[str, Any]) -> str | None:
     """A ``metav1.LabelSelector`` (matchLabels, matchExpressions) as a ``labelSelector`` query
     value; None when it has no term or one this cannot write (then nothing should be fetched by it:
-    an empty selector would select everything)."""
+    an empty selector would select everything), or a key or value the API server would refuse."""
     terms = []
     for key, value in sorted(mapping(selector.get("matchLabels")).items()):
-        if not isinstance(key, str) or not isinstance(value, str):
+        if not _label(key, value):
             return None
         terms.append(f"{key}={value}")
     for raw in seq(selector.get("matchExpressions")):
         expr = mapping(raw)
         key, operator = text(expr.get("key")), expr.get("operator")
         values = [v for v in seq(expr.get("values")) if isinstance(v, str)]
-        if not key:
+        if not _label(key) or not all(_label(key, v) for v in values):
             return None
         if operator in ("In", "NotIn") and values:
             terms.append(f"{key} {operator.lower()} ({','.join(sorted(values))})")

@@ -417,3 +417,22 @@ def test_ten_thousand_owner_refs_and_selectors_over_ten_thousand_pods_stay_linea
     assert len(linked(graph, "selects")) == 20_000
     assert owns(graph)["example.com/Thing/prod/t"] == "/Pod/prod/p0"
     assert elapsed < 10, f"build_graph took {elapsed:.1f}s"
+
+
+def test_a_name_the_api_server_would_refuse_makes_no_request() -> None:
+    """Names and labels come from the cluster's answers and go into a path or a query: one that
+    could not be a name (``..``, ``a?b``, a selector with a comma in a value) must not become a
+    different request (``/secrets/..`` is the list of every Secret)."""
+    pod = obj("v1", "Pod", "p", spec={"volumes": [
+        {"name": "a", "secret": {"secretName": ".."}},
+        {"name": "b", "configMap": {"name": "cm?labelSelector=x"}},
+        {"name": "c", "configMap": {"name": "fine"}}]})
+    odd_ns = obj("v1", "Pod", "q", "prod/../kube-system", spec={"serviceAccountName": "sa"})
+    rs = obj("apps/v1", "ReplicaSet", "rs", spec={"selector": {"matchLabels": {"app": "a,tier!=z"}}})
+    expr = obj("apps/v1", "ReplicaSet", "rs2", spec={"selector": {"matchExpressions": [
+        {"key": "app", "operator": "In", "values": ["a) or (b"]}]}})
+    good = obj("apps/v1", "ReplicaSet", "rs3", spec={"selector": {"matchLabels": {"app.kubernetes.io/name": "web"}}})
+    requests = dependents_to_fetch([pod, odd_ns, rs, expr, good])
+    assert [(r.path(), r.label_selector) for r in requests] == [
+        ("/api/v1/namespaces/prod/configmaps/fine", None),
+        ("/api/v1/namespaces/prod/pods", "app.kubernetes.io/name=web")]
