@@ -17,6 +17,14 @@ nothing):
 ``uses``     Pod → ConfigMap / Secret / PersistentVolumeClaim / ServiceAccount (references.pod_uses).
 ``binds``    PersistentVolumeClaim → PersistentVolume (``spec.volumeName``).
 
+The environment's health (``Graph.health``) is the roll-up of the **roots** — the objects nothing in
+the set owns — as Argo CD rolls up an application over the resources it manages and not over what
+their controllers made: a Deployment's health already speaks for its ReplicaSets and Pods (a
+crash-looping pod keeps it Progressing, and Degraded once its progress deadline passes), a CronJob's
+for its Jobs. So a failed pod that a Job retried past, or a failed Job a CronJob keeps in its history,
+does not hold the environment Degraded; every node still has its own health for the tree and graph.
+A bare Pod, or a Pod whose owner was not fetched, is a root and counts.
+
 Objects without apiVersion, kind or name, or with a ``/`` in kind, namespace or name (no API server
 serves such a name), are left out. Two objects with one id (the same object listed twice, say at
 two versions) are one node: the one with the larger ``resourceVersion`` (then uid, then body) wins.
@@ -89,7 +97,7 @@ class Graph:
     nodes: dict[str, Node]
     edges: tuple[Edge, ...]  # sorted
     roots: tuple[str, ...]  # sorted: the nodes without an ``owns`` parent
-    health: Health  # the roll-up of every node's health
+    health: Health  # the roll-up of the roots' health (see the module docstring)
 
     def children(self) -> dict[str, list[str]]:
         """Each owner's ``owns`` children, sorted by id."""
@@ -260,4 +268,4 @@ def build_graph(objects: Iterable[Mapping[str, Any]], *,
     roots = tuple(sorted(i for i in nodes if i not in parent))
     ordered = tuple(sorted(edges, key=lambda e: (e.source, e.target, e.relation)))  # attrs' __lt__ is slow
     return Graph(nodes=nodes, edges=ordered, roots=roots,
-                 health=rollup((i, nodes[i].health) for i in sorted(nodes)))
+                 health=rollup((i, nodes[i].health) for i in roots))

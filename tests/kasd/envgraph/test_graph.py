@@ -101,10 +101,33 @@ def test_the_kubesim_environment_as_people_see_it() -> None:
     assert linked(graph, "scales") == {("autoscaling/HorizontalPodAutoscaler/prod/hello",
                                         "apps/Deployment/prod/hello")}
     assert {(p, "/ConfigMap/prod/hello-config") for p in pods} <= linked(graph, "uses")
-    assert graph.health == Health(DEGRADED, (
-        '/Pod/prod/broken-xpfwx: container "m" failed with exit code 1; '
-        "/Pod/prod/crashy-rtnxqws6ds-x98q8: back-off restarting failed container; "
-        "batch/Job/prod/broken: Job has reached the specified backoff limit"))
+    assert graph.health == Health(DEGRADED, "batch/Job/prod/broken: Job has reached the specified backoff limit")
+
+
+def test_the_environment_is_judged_by_its_roots_as_argo_judges_an_application() -> None:
+    """A crash-looping pod is Degraded itself, its Deployment Progressing until the progress
+    deadline; a failed pod that its Job retried past, or a failed Job a CronJob keeps, does not hold
+    the environment Degraded."""
+    kept = ("crashy", "hello", "migrate", "hello-config", "default")
+    crashing = [o for o in environment() if o["metadata"]["name"].startswith(kept)
+                and o["kind"] not in ("HorizontalPodAutoscaler", "Ingress")]
+    graph = build_graph(crashing)
+    assert graph.nodes["/Pod/prod/crashy-rtnxqws6ds-x98q8"].health.status == DEGRADED
+    assert graph.health == Health(PROGRESSING, "apps/Deployment/prod/crashy: Waiting for rollout to "
+                                               "finish: 0 of 1 updated replicas are available...")
+    cronjob = obj("batch/v1", "CronJob", "nightly", spec={"suspend": False})
+    cronjob["status"] = {"lastScheduleTime": "2026-11-27T03:00:00Z", "lastSuccessfulTime": "2026-11-27T03:00:41Z"}
+    failed_job = obj("batch/v1", "Job", "nightly-1", owners=[ref(cronjob)])
+    failed_job["status"] = {"conditions": [{"type": "Failed", "status": "True", "message": "BackoffLimitExceeded"}]}
+    retried = obj("batch/v1", "Job", "migrate")
+    retried["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    failed_pod = obj("v1", "Pod", "migrate-1", owners=[ref(retried)])
+    failed_pod["status"] = {"phase": "Failed"}
+    graph = build_graph([cronjob, failed_job, retried, failed_pod])
+    assert {n.health.status for n in graph.nodes.values()} == {HEALTHY, DEGRADED}
+    assert graph.health == Health(HEALTHY)
+    orphan = build_graph([failed_pod])  # its owner not fetched: a root, and it counts
+    assert orphan.health.status == DEGRADED
 
 
 def test_to_json_is_the_contracts_shape() -> None:
