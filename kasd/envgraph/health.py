@@ -19,7 +19,9 @@ Deliberate departures from those sources:
   for a pending pod it could not place), so a roll-up can say why. Every message is cut at ``MAX_MESSAGE`` characters. Argo's CronJob typo ("succesfully") is
   spelled right.
 - Pod: a pod without ``spec.restartPolicy`` is read as ``Always`` (the API server's default; Argo
-  would answer Unknown for a running one).
+  would answer Unknown for a running one). Init containers that wait on an error (``Init:
+  CrashLoopBackOff``, an init image that cannot be pulled) degrade the pod as its containers do;
+  Argo reads only the containers, so such a pod stays Pending, Progressing, for ever.
 - Job: the ``Complete``/``Failed``/``Suspended`` conditions count only when their status is
   ``"True"`` (Argo counts a ``Suspended=False`` condition, left on a resumed job, as completion, so a
   resumed job that is running reads Healthy; here it reads Progressing). A suspended job's message is
@@ -250,7 +252,7 @@ def _pod(obj: Mapping[str, Any]) -> Health:
     if policy == "Always":
         # Argo leaves finite pods (hooks) alone here: a bad image there must not fail a hook early.
         waits = []
-        for ctr in containers:
+        for ctr in [mapping(c) for c in seq(status.get("initContainerStatuses"))] + containers:
             waiting = mapping(mapping(ctr.get("state")).get("waiting"))
             reason = text(waiting.get("reason"))
             if waiting and _failing_wait(reason):

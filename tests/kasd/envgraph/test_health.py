@@ -100,6 +100,7 @@ CASES = [
     ("pod-failed-exit-code", DEGRADED, "container \"m\" failed with exit code 1"),
     ("pod-failed-oomkilled", DEGRADED, "OOMKilled"),
     ("pod-imagepullbackoff-restart-never", PROGRESSING, ""),
+    ("pod-init-crashloopbackoff", DEGRADED, "back-off restarting failed container"),
     ("pod-imagepullbackoff", DEGRADED, "Back-off pulling image \"registry.example/app:nope\""),
     ("pod-pending-container-creating", PROGRESSING, ""),
     ("pod-pending-unschedulable", PROGRESSING, "0/1 nodes are available: 1 Insufficient cpu. preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod."),
