@@ -84,6 +84,7 @@ class FakeKasd:
         self.log_lines: list[str] = ["line 1: starting", "line 2: listening on :8080"]
         self.log_watchers: set[trio.MemorySendChannel[str]] = set()
         self.seen: list[tuple[str, str, dict[str, str]]] = []   # (method, path, headers) of state changes
+        self.watch_status: int | None = None   # when set, the watch path answers this error
         self.url = ""
         self._token: trio.lowlevel.TrioToken | None = None
         self._cancel: trio.CancelScope | None = None
@@ -101,6 +102,17 @@ class FakeKasd:
                 send.send_nowait(json.dumps(graph))
             except (trio.WouldBlock, trio.BrokenResourceError):
                 self.watchers[env_id].discard(send)
+
+    def break_watch(self, status: int) -> None:
+        """End every watch stream, and answer new ones with ``status``: kasd restarting, say."""
+        self.watch_status = status
+        for watchers in self.watchers.values():
+            for send in watchers:
+                send.close()
+            watchers.clear()
+
+    def mend_watch(self) -> None:
+        self.watch_status = None
 
     def log(self, line: str) -> None:
         self.log_lines.append(line)
@@ -171,12 +183,15 @@ class FakeKasd:
 
         async def watch(request: Request) -> Response:
             env_id = request.path_params["env"]
+            if self.watch_status is not None:
+                return JSONResponse({"message": "503 Service Unavailable"}, self.watch_status)
             send, receive = trio.open_memory_channel[str](16)
             self.watchers[env_id].add(send)
 
             async def events() -> AsyncIterator[str]:
                 try:
-                    yield f"event: graph\ndata: {json.dumps(self.graphs[env_id])}\n\n"
+                    # a quick retry after a stream ends, so a test need not wait the browser's 3 s
+                    yield f"retry: 200\nevent: graph\ndata: {json.dumps(self.graphs[env_id])}\n\n"
                     async for graph in receive:
                         yield f"event: graph\ndata: {graph}\n\n"
                 finally:

@@ -152,6 +152,20 @@ def test_pod_logs_stream_and_delete(page: Any, fake: FakeKasd, shots: Path) -> N
     expect(panel.get_by_text("This object is no longer in the environment.")).to_be_visible()
 
 
+def test_live_updates_come_back_after_the_stream_breaks(page: Any, fake: FakeKasd) -> None:
+    from playwright.sync_api import expect
+
+    banner = page.locator("#banner")
+    expect(banner).to_be_hidden()
+    fake.call(fake.break_watch, 503)
+    expect(banner).to_contain_text("Live updates")
+    expect(banner).to_have_attribute("role", "status")
+    fake.call(fake.set_graph, 1, hello_graph("Degraded", ("hello-7d9-def", "hello-7d9-new")))
+    fake.call(fake.mend_watch)
+    expect(banner).to_be_hidden()
+    expect(page.locator("#env-health")).to_have_text("Degraded")
+
+
 def test_flux_reconcile_refusal_and_csrf(page: Any, fake: FakeKasd) -> None:
     from playwright.sync_api import expect
 
