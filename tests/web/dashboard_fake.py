@@ -77,7 +77,8 @@ class FakeKasd:
     def __init__(self) -> None:
         self.session = secrets.token_urlsafe(16)
         self.csrf = secrets.token_urlsafe(16)
-        self.environments = {1: environment(1, "production", "production"), 2: environment(2, "secret", "production")}
+        self.environments = {1: environment(1, "production", "production"), 2: environment(2, "secret", "production"),
+                             3: environment(3, "review/feat-x", "development")}
         self.refused = {2}          # environments whose resources user_access refuses
         self.graphs: dict[int, dict[str, Any]] = {1: hello_graph()}
         self.watchers: dict[int, set[trio.MemorySendChannel[str]]] = {1: set()}
@@ -170,6 +171,12 @@ class FakeKasd:
                 return JSONResponse({"message": "404 Project Not Found"}, 404)
             return JSONResponse(list(self.environments.values()))
 
+        async def group_envs(request: Request) -> Response:
+            if not PROJECT.startswith(request.path_params["group"] + "/"):
+                return JSONResponse({"message": "404 Group Not Found"}, 404)
+            tier = request.query_params.get("tier")
+            return JSONResponse([e for e in self.environments.values() if tier in (None, e["tier"])])
+
         async def env_summary(request: Request) -> Response:
             env_id = request.path_params["env"]
             graph = self.graphs.get(env_id)
@@ -247,6 +254,7 @@ class FakeKasd:
             Route("/-/sign_out", guarded(sign_out), methods=["POST"]),
             Route("/api/kasd/v1/agents", guarded(agents)),
             Route("/api/v4/projects/{project:path}/environments", guarded(project_envs)),
+            Route("/api/v4/groups/{group:path}/environments", guarded(group_envs)),
             Route(base, guarded(env_summary)),
             Route(f"{base}/resources", guarded(resources)),
             Route(f"{base}/resources/watch", guarded(watch)),

@@ -92,7 +92,12 @@ def test_sign_in_then_agents(page: Any, fake: FakeKasd) -> None:
 def test_environment_graph_turns_healthy_without_reload(page: Any, fake: FakeKasd, shots: Path) -> None:
     from playwright.sync_api import expect
 
+    go(page, "#/environments?group=group&tier=production")  # every production environment of a group
+    table = page.get_by_role("table", name="Environments")
+    expect(table).to_contain_text("secret")
+    assert "review/feat-x" not in table.inner_text()
     go(page, "#/environments?project=group/app")
+    expect(table).to_contain_text("review/feat-x")
     row = page.get_by_role("row", name=re.compile(r"^production "))
     expect(row).to_contain_text("Progressing")
     row.get_by_role("link", name="production").click()
