@@ -193,4 +193,18 @@ def test_flux_reconcile_refusal_and_csrf(page: Any, fake: FakeKasd) -> None:
     assert "CSRF" in body["message"]
 
     go(page, "#/environments/2")
+    expect(page.get_by_role("heading", name="Access refused")).to_be_visible()
     expect(page.get_by_role("alert")).to_have_text(REFUSAL)
+
+
+def test_an_ended_session_goes_back_to_sign_in_and_returns(page: Any, fake: FakeKasd) -> None:
+    from playwright.sync_api import expect
+
+    fake.call(setattr, fake, "session", "a-new-one")  # kasd forgot the browser's session
+    go(page, "#/environments?project=group/app")
+    expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+    expect(page.get_by_role("alert")).to_contain_text("Your session has ended")
+    page.get_by_label("Personal access token").fill(TOKEN)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("table", name="Environments")).to_contain_text("production")
+    assert page.evaluate("location.hash") == "#/environments?project=group/app"

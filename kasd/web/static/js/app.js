@@ -2,7 +2,7 @@
 // #/environments/ID), so the server serves one HTML file and the fragment never reaches a log.
 
 import { ApiError, NetworkError, forgetSession, getJSON, paths, signIn, signOut, signedIn } from "./api.js";
-import { append, badge, clear, h, when } from "./dom.js";
+import { append, badge, clear, h, projectOf, when } from "./dom.js";
 import { showEnvironment } from "./environment.js";
 
 const main = document.getElementById("main");
@@ -37,7 +37,13 @@ export const ui = {
     }
     if (err?.name === "AbortError") return;
     const text = err instanceof ApiError ? err.message : `Something went wrong: ${err?.message ?? err}`;
-    append(where, h("p", { class: "error", role: "alert" }, text));
+    const alert = h("p", { class: "error", role: "alert" }, text);
+    if (where === main) {
+      // a whole page failed: say so in its place, not under what the last page showed
+      ui.page(err instanceof ApiError && err.status === 403 ? "Access refused" : "Something went wrong", alert);
+    } else {
+      append(where, alert);
+    }
   },
   banner(text) {
     if (text) {
@@ -167,7 +173,7 @@ async function showEnvironments(params) {
     cells.set(e.id, cell);
     return h("tr", {},
       h("td", {}, h("a", { href: `#/environments/${encodeURIComponent(e.id)}` }, e.name ?? String(e.id))),
-      h("td", {}, e.project?.path_with_namespace ?? e.project_path ?? e.project ?? project),
+      h("td", {}, projectOf(e) || project),
       h("td", {}, e.tier ?? ""),
       h("td", {}, e.state ?? ""),
       cell);

@@ -50,3 +50,10 @@ export function when(seconds) {
   const d = typeof seconds === "number" ? new Date(seconds * 1000) : new Date(seconds);
   return Number.isNaN(d.getTime()) ? String(seconds) : d.toISOString().replace(".000Z", "Z");
 }
+
+// The project an environment belongs to, from GitLab's shape or kasd's.
+export function projectOf(env) {
+  const p = env.project;
+  if (p && typeof p === "object") return p.path_with_namespace ?? p.full_path ?? String(p.id ?? "");
+  return env.project_path ?? (typeof p === "string" ? p : "");
+}

@@ -3,7 +3,7 @@
 // live by the SSE path — the badge, tree and node colours change in place, without a reload.
 
 import { ApiError, NetworkError, getJSON, getText, paths, request } from "./api.js";
-import { append, badge, clear, h, updateBadge, when } from "./dom.js";
+import { append, badge, clear, h, projectOf, updateBadge, when } from "./dom.js";
 import { drawGraph, updateGraph } from "./graph.js";
 
 const MAX_LOG_CHARS = 200_000;  // the log pane keeps the newest text only (bounded memory)
@@ -36,7 +36,7 @@ export async function showEnvironment(envId, params, ui) {
 
   ui.page(`Environment ${env.name ?? envId}`,
     h("p", { class: "env-meta" },
-      env.project?.path_with_namespace ?? env.project_path ?? env.project ?? "",
+      projectOf(env),
       env.tier ? ` · tier ${env.tier}` : "", env.state ? ` · ${env.state}` : ""),
     h("p", {}, "Health: ", h("span", { id: "env-health", "aria-live": "polite", "aria-atomic": "true" }, healthBadge)),
     healthText,
