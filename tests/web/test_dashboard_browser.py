@@ -66,6 +66,10 @@ def keep(page: Any, shots: Path, name: str, **kwargs: Any) -> None:
         shutil.copy(shots / name, Path(wanted) / name)
 
 
+# Every wait_for_function is given a function ("() => …"): an expression string is eval'ed inside the
+# page, which the dashboard's CSP (no 'unsafe-eval') refuses as soon as the first check fails.
+
+
 def go(page: Any, fragment: str) -> None:
     page.evaluate("(f) => { location.hash = f; }", fragment)
 
@@ -106,7 +110,7 @@ def test_environment_graph_turns_healthy_without_reload(page: Any, fake: FakeKas
     expect(badge).to_have_text("Progressing")
     expect(page.get_by_role("navigation", name="Resource tree")).to_contain_text("hello-7d9-def")
     want = sorted(n["id"] for n in hello_graph()["nodes"])
-    page.wait_for_function(f"globalThis.kasdDashboard?.cy()?.nodes().length === {len(want)}")
+    page.wait_for_function(f"() => globalThis.kasdDashboard?.cy()?.nodes().length === {len(want)}")
     assert page.evaluate("globalThis.kasdDashboard.cy().nodes().map((n) => n.id()).sort()") == want
     assert page.evaluate("globalThis.kasdDashboard.cy().$id('apps/Deployment/prod/hello').data('status')") == "Progressing"
     assert page.evaluate("globalThis.kasdDashboard.cy().edges().length") == len(hello_graph()["edges"])
@@ -115,7 +119,7 @@ def test_environment_graph_turns_healthy_without_reload(page: Any, fake: FakeKas
 
     fake.call(fake.set_graph, 1, hello_graph("Healthy"))
     expect(badge).to_have_text("Healthy")
-    page.wait_for_function("globalThis.kasdDashboard.cy().$id('apps/Deployment/prod/hello').data('status') === 'Healthy'")
+    page.wait_for_function("() => globalThis.kasdDashboard.cy().$id('apps/Deployment/prod/hello').data('status') === 'Healthy'")
     assert page.evaluate("window.__samePage") is True, "the page was reloaded"
     assert page.locator("#env-health").get_attribute("aria-live") == "polite"
 
@@ -152,7 +156,7 @@ def test_pod_logs_stream_and_delete(page: Any, fake: FakeKasd, shots: Path) -> N
     assert (method, path) == ("DELETE", "/api/kasd/v1/environments/1/pods/prod/hello-7d9-abc")
     assert headers["x-csrf-token"] == fake.csrf
     # kasd's watch sends the graph with the replacement; the graph and the panel follow
-    page.wait_for_function("globalThis.kasdDashboard.cy().$id('/Pod/prod/hello-7d9-new').nonempty()")
+    page.wait_for_function("() => globalThis.kasdDashboard.cy().$id('/Pod/prod/hello-7d9-new').nonempty()")
     assert page.evaluate("globalThis.kasdDashboard.cy().$id('/Pod/prod/hello-7d9-abc').empty()")
     expect(panel.get_by_text("This object is no longer in the environment.")).to_be_visible()
 
