@@ -53,6 +53,8 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         context.add_init_script(WATCH_PAGE)
         tab = context.pages[0] if context.pages else context.new_page()
         tab.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+        tab.on("response", lambda r: errors.append(f"{r.status} for {r.url}")
+               if "/-/dashboard/" in r.url and r.status >= 400 else None)
         yield tab
         errors += tab.evaluate("window.__kasdErrors ?? []")
         context.close()

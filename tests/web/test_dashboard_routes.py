@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 from starlette.applications import Starlette
+from starlette.types import Message
 
 from kasd.web.dashboard import STATIC, dashboard_routes
 
@@ -20,7 +21,7 @@ APP = Starlette(routes=dashboard_routes())
 
 async def get(path: str) -> tuple[int, dict[str, str], bytes]:
     """One GET through the ASGI app: (status, headers, body)."""
-    sent: list[dict[str, object]] = []
+    sent: list[Message] = []
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
              "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
              "root_path": "", "headers": [(b"host", b"kasd.test")], "server": ("kasd.test", 80),
@@ -28,22 +29,22 @@ async def get(path: str) -> tuple[int, dict[str, str], bytes]:
 
     requested = False
 
-    async def receive() -> dict[str, object]:
+    async def receive() -> Message:
         nonlocal requested
         if requested:  # the client stays connected until the answer is done
             await trio.sleep_forever()
         requested = True
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    async def send(message: dict[str, object]) -> None:
+    async def send(message: Message) -> None:
         sent.append(message)
 
     with trio.fail_after(5):
         await APP(scope, receive, send)
     start = sent[0]
-    headers = {k.decode().lower(): v.decode() for k, v in start["headers"]}  # type: ignore[attr-defined]
-    body = b"".join(m.get("body", b"") for m in sent[1:])  # type: ignore[misc]
-    return start["status"], headers, body  # type: ignore[return-value]
+    headers = {k.decode().lower(): v.decode() for k, v in start["headers"]}
+    body = b"".join(m.get("body", b"") for m in sent[1:])
+    return start["status"], headers, body
 
 
 async def test_index_and_static_files_carry_the_csp() -> None:
