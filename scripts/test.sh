@@ -8,18 +8,24 @@
 # was skipped, and the exit status is non-zero when anything failed. Budgets: docs/testing.md.
 #
 # A guest on your machine: it installs system packages (Debian's nginx-light, for the nginx
-# front-end tests) only when CI is set or you ask (KASD_TEST_INSTALL=1), never starts a system
-# service while doing so, and never stops or kills a process it did not start.
+# front-end tests; Debian's chromium and the playwright package, for the dashboard's browser tests)
+# only when CI is set or you ask (KASD_TEST_INSTALL=1), never starts a system service while doing
+# so, and never stops or kills a process it did not start.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/venv.sh
 
 have_nginx() { command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; }
 
-# Installs nginx-light without letting the package start its service: a policy-rc.d that refuses
+have_chromium() { [ -x /usr/bin/chromium ]; }
+have_playwright() { python -c 'import playwright.sync_api' >/dev/null 2>&1; }
+
+# Installs Debian packages ($2...) without letting any start a service: a policy-rc.d that refuses
 # every start (exit 101, Debian's "action forbidden") is in place during the install only, and the
-# one already there, if any, is put back afterwards.
-install_nginx() {
+# one already there, if any, is put back afterwards. $1 is the log file.
+install_packages() {
+    local log=$1
+    shift
     local policy=/usr/sbin/policy-rc.d saved=""
     if [ -e "$policy" ]; then
         saved=$(mktemp /usr/sbin/.policy-rc.d.kasd-test.XXXXXX) && cp -p "$policy" "$saved" || return 1
@@ -29,8 +35,8 @@ install_nginx() {
     printf '#!/bin/sh\n# scripts/test.sh: no service starts while it installs packages\nexit 101\n' >"$policy"
     chmod 755 "$policy"
     local status=0
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light) \
-        >/tmp/kasd-nginx-install.log 2>&1 || status=$?
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@") \
+        >"$log" 2>&1 || status=$?
     restore_policy "$policy" "$saved"
     trap - EXIT
     return "$status"
@@ -45,13 +51,38 @@ if ! have_nginx; then
     if [ -n "${CI:-}" ] || [ "${KASD_TEST_INSTALL:-}" = 1 ]; then
         if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
             echo "== installing nginx-light (for the nginx front-end tests; its service is not started)"
-            install_nginx || echo "   (could not install nginx: see /tmp/kasd-nginx-install.log)"
+            install_packages /tmp/kasd-nginx-install.log nginx-light ||
+                echo "   (could not install nginx: see /tmp/kasd-nginx-install.log)"
         else
             echo "== nginx wanted but not installed: installing it needs root and apt-get"
         fi
     else
         echo "== no nginx: the nginx front-end tests will be skipped (KASD_TEST_INSTALL=1 installs nginx-light)"
         nginx_note="the nginx front-end tests (no nginx; KASD_TEST_INSTALL=1 installs it)"
+    fi
+fi
+
+# The dashboard's browser tests: Debian's chromium (playwright's own browser downloads are not
+# used) and the playwright package (in the dev extra; installed here too for a .venv made before).
+browser_note=""
+if ! have_chromium || ! have_playwright; then
+    if [ -n "${CI:-}" ] || [ "${KASD_TEST_INSTALL:-}" = 1 ]; then
+        if ! have_playwright; then
+            echo "== installing playwright (the Python package only; it drives Debian's chromium)"
+            python -m pip install -q 'playwright>=1.45' || echo "   (could not install playwright)"
+        fi
+        if ! have_chromium; then
+            if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+                echo "== installing chromium (for the dashboard's browser tests)"
+                install_packages /tmp/kasd-chromium-install.log chromium ||
+                    echo "   (could not install chromium: see /tmp/kasd-chromium-install.log)"
+            else
+                echo "== chromium wanted but not installed: installing it needs root and apt-get"
+            fi
+        fi
+    else
+        echo "== no chromium or playwright: the dashboard's browser tests will be skipped (KASD_TEST_INSTALL=1 installs them)"
+        browser_note="the dashboard's browser tests (no chromium or playwright; KASD_TEST_INSTALL=1 installs them)"
     fi
 fi
 
@@ -90,6 +121,7 @@ counts_of() {
 
 logs=() notes=()
 [ -n "$nginx_note" ] && notes+=("$nginx_note")
+[ -n "$browser_note" ] && notes+=("$browser_note")
 trap 'rm -f "${logs[@]}"' EXIT
 
 echo "== ruff"
