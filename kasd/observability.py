@@ -11,7 +11,7 @@ from daemonkit.health import MAX_CONNECTIONS, HealthResponse, HealthServer, live
 from kasd.metrics import CONTENT_TYPE, Metrics
 
 
-class Health:
+class Readiness:
     """Readiness: up once every listener is bound, down again while draining; among replicas,
     ``degraded`` (still 200) while Redis is unreachable.
 
@@ -48,7 +48,7 @@ def _not_degraded() -> str | None:
 
 
 class ObservabilityServer(HealthServer):
-    def __init__(self, health: Health, metrics: Metrics, *, max_connections: int = MAX_CONNECTIONS) -> None:
+    def __init__(self, health: Readiness, metrics: Metrics, *, max_connections: int = MAX_CONNECTIONS) -> None:
         self.health = health
         self.metrics = metrics
         routes = {"/liveness": liveness, "/readiness": self._readiness, "/metrics": self._metrics}

@@ -42,7 +42,7 @@ from kasd.listening import (
 from kasd.managed.client import AgentClient
 from kasd.managed.provisioner import AgentProvisioner, ProvisionLimits
 from kasd.metrics import Metrics
-from kasd.observability import Health, ObservabilityServer
+from kasd.observability import ObservabilityServer, Readiness
 from kasd.replicas import (
     Replication,
     ReplicationFactory,
@@ -78,7 +78,7 @@ class Runtime:
     config: Config
     registry: TunnelRegistry
     metrics: Metrics
-    health: Health
+    health: Readiness
     proxy: ProxyServer
     #: who may use which agent (``reload()`` on SIGHUP; ``watch`` reloads on file changes)
     authority: CiAuthority
@@ -140,7 +140,7 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
     registry = TunnelRegistry(breaker=BreakerPolicy(initial=config.routing.breaker_initial_hold,
                                                     maximum=config.routing.breaker_max_hold))
     metrics = Metrics(registry)
-    health = Health()
+    health = Readiness()
     local = LocalRouter(registry, agent_wait_timeout=config.agent_wait_timeout)
     finished = FinishedJobs()
     metrics.finished_jobs.set_function(lambda: len(finished))
@@ -265,7 +265,7 @@ async def _join(nursery: trio.Nursery, config: Config, replicas: Replication, me
     return pool
 
 
-def _watch_replicas(metrics: Metrics, health: Health, replicas: Replication, pool: PeerPool,
+def _watch_replicas(metrics: Metrics, health: Readiness, replicas: Replication, pool: PeerPool,
                     forwarder: PeerForwarder) -> None:
     """The replicas' gauges, and readiness's word when Redis is away."""
     metrics.enable_replicas(redis_up=lambda: replicas.healthy,
