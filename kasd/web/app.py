@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, quote
@@ -22,8 +22,9 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
+from kasd.asgiport import AsgiApp
 from kasd.authz.directory import Role
 from kasd.authz.snapshot import Snapshot
 from kasd.restapi import _stop_path
@@ -284,7 +285,7 @@ class WebApp:
         page = _number(q.get("page"), "page", 1, 1, 10**6)
         per_page = _number(q.get("per_page"), "per_page", DEFAULT_PER_PAGE, 1, MAX_PER_PAGE)
         base = f"{request.url.scheme}://{request.headers.get('host', 'localhost')}{request.url.path}"
-        query = {k: v for k, v in q.items() if k not in ("page", "per_page")}
+        query = {k: v for k, v in q.items() if k not in ("page", "per_page", "csrf_token", "private_token")}
         headers = page_headers(base, query, page, per_page, len(envs))
         return JSONResponse([gitlab_environment(e) for e in paginate(envs, page, per_page)], headers=headers)
 
@@ -541,16 +542,21 @@ def _rest_path(scope: Scope) -> bool:
         _stop_path(bytes(scope.get("raw_path") or path.encode())) is not None
 
 
-def mount(rest: ASGIApp, web: ASGIApp) -> ASGIApp:
+#: any ASGI app (RestApi's and Starlette's spell the scope types differently)
+AnyAsgi = Callable[..., Awaitable[None]]
+
+
+def mount(rest: AnyAsgi, web: AnyAsgi) -> AsgiApp:
     """The API port's one app: ``rest`` for the job-token paths (unchanged), ``web`` for the rest,
     and the security headers on every answer of both."""
 
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+    async def app(scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
+                  send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
         if scope["type"] != "http":
             await rest(scope, receive, send)  # (lifespan: RestApi answers it)
             return
 
-        async def send_secured(message: Message) -> None:
+        async def send_secured(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 present = {bytes(name).lower() for name, _ in message.get("headers", ())}
                 extra = [(name, value) for name, value in SECURITY_HEADERS if name not in present]

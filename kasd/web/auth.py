@@ -126,7 +126,10 @@ def project_for(snapshot: Snapshot, caller: Caller, ident: str, *, need: Role = 
 def group_for(snapshot: Snapshot, caller: Caller, ident: str) -> Group:
     directory = snapshot.directory
     group = directory.group_by_id(int(ident)) if ident.isdigit() else directory.group(ident)
-    if group is None or directory.group_role(caller.username, group) is None:
+    # a member of one of its projects sees it too (as GitLab shows a private group to them)
+    if group is None or (directory.group_role(caller.username, group) is None and not any(
+            p.path.lower().startswith(group.path.lower() + "/") and directory.role_of(caller.username, p) is not None
+            for p in directory.projects)):
         raise Refusal(404, "404 Group Not Found")
     return group
 
