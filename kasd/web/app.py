@@ -27,8 +27,7 @@ from starlette.types import Receive, Scope, Send
 from kasd.asgiport import AsgiApp
 from kasd.authz.directory import Role
 from kasd.authz.snapshot import Snapshot
-from kasd.restapi import _stop_path
-from kasd.restpaths import ALLOWED_AGENTS_PATH
+from kasd.restapi import RestApi
 from kasd.web import openapi
 from kasd.web.auth import (
     Caller,
@@ -535,18 +534,11 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return JSONResponse({"message": words}, status_code=exc.status_code, headers=exc.headers)
 
 
-def _rest_path(scope: Scope) -> bool:
-    """Whether ``kasd.restapi.RestApi`` (job tokens) answers this path."""
-    path = scope["path"]
-    return path == ALLOWED_AGENTS_PATH or path.startswith("/api/v4/jobs/") or \
-        _stop_path(bytes(scope.get("raw_path") or path.encode())) is not None
-
-
 #: any ASGI app (RestApi's and Starlette's spell the scope types differently)
 AnyAsgi = Callable[..., Awaitable[None]]
 
 
-def mount(rest: AnyAsgi, web: AnyAsgi) -> AsgiApp:
+def mount(rest: RestApi, web: AnyAsgi) -> AsgiApp:
     """The API port's one app: ``rest`` for the job-token paths (unchanged), ``web`` for the rest,
     and the security headers on every answer of both."""
 
@@ -563,6 +555,6 @@ def mount(rest: AnyAsgi, web: AnyAsgi) -> AsgiApp:
                 message = {**message, "headers": [*message.get("headers", ()), *extra]}
             await send(message)
 
-        await (rest if _rest_path(scope) else web)(scope, receive, send_secured)
+        await (rest if rest.serves(scope) else web)(scope, receive, send_secured)
 
     return app
