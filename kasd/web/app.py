@@ -21,7 +21,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from kasd.asgiport import AsgiApp
@@ -100,7 +100,8 @@ class WebApp:
 
     def __init__(self, snapshot: Callable[[], Snapshot], store: EnvironmentStore, views: Views,
                  agents: ConnectedAgents, *, key: bytes, settings: WebSettings = WebSettings(),
-                 clock: Callable[[], float] = time.time, graph_of: GraphOf = envgraph_json) -> None:
+                 clock: Callable[[], float] = time.time, graph_of: GraphOf = envgraph_json,
+                 extra_routes: Sequence[BaseRoute] = ()) -> None:
         self._snapshot = snapshot
         self._store = store
         self._views = views
@@ -136,6 +137,7 @@ class WebApp:
                   methods=["POST"]),
         ]
         self.routes = routes
+        served: list[BaseRoute] = [*routes, *extra_routes]  # (the dashboard's: kasd.web.dashboard.dashboard_routes())
         middleware = []
         if settings.cors_origins:
             middleware.append(Middleware(
@@ -144,7 +146,7 @@ class WebApp:
                 allow_headers=["PRIVATE-TOKEN", "Authorization", "X-CSRF-Token", "Content-Type"],
                 expose_headers=["x-page", "x-per-page", "x-total", "x-total-pages", "x-next-page", "x-prev-page",
                                 "link"], max_age=600))
-        self.app = Starlette(routes=routes, middleware=middleware,
+        self.app = Starlette(routes=served, middleware=middleware,
                              exception_handlers={Refusal: _refused, HTTPException: _http_error})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -197,6 +199,10 @@ class WebApp:
     # ------------------------------------------------------------------ session
 
     async def sign_in(self, request: Request) -> Response:
+        origin = request.headers.get("origin")
+        if origin is not None and origin.lower() not in self._own_origins(request):
+            # a page of another site signing its visitor in (as someone else): refused
+            raise Refusal(403, "403 Forbidden: sign-in from another origin")
         source = request.client.host if request.client else "-"
         wait = self._limit.take(source)
         if wait > 0:
@@ -227,6 +233,10 @@ class WebApp:
         answer.set_cookie(COOKIE, self._signer.cookie_value(session), max_age=max(0, session.expires - int(now)),
                           path="/", secure=self._settings.tls, httponly=True, samesite="strict")
         return _no_store(answer)
+
+    def _own_origins(self, request: Request) -> set[str]:
+        host = request.headers.get("host", "")
+        return {f"{request.url.scheme}://{host}".lower(), *self._settings.cors_origins}
 
     async def sign_out(self, request: Request) -> Response:
         self._caller(request)  # (a cookie call: CSRF checked)
@@ -462,8 +472,9 @@ def resource_of(kind: str) -> str:
 
 
 def _identity(group: str, version: str, kind: str, namespace: str, name: str) -> tuple[str, str, str, str, str]:
-    """The path's object identity: the core group is spelled ``core``, no namespace ``_``."""
-    group = "" if group == "core" else group
+    """The path's object identity: the core group is spelled ``core`` or ``_``, no namespace ``_``
+    (no API group or namespace can have those names)."""
+    group = "" if group in ("core", "_") else group
     namespace = "" if namespace == "_" else namespace
     if group and not _GROUP.fullmatch(group):
         raise Refusal(400, "400 Bad Request: group must be an API group (core for the core group)")

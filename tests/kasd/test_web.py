@@ -5,6 +5,7 @@ one app on the API port that still gives the job-token calls to ``RestApi``."""
 from __future__ import annotations
 
 import json
+import logging
 from functools import partial
 from typing import Any
 
@@ -139,6 +140,12 @@ async def test_a_form_sign_in_goes_to_the_dashboard_and_sign_ins_are_rate_limite
     limited = await call(app, "POST", "/-/sign_in", form, b"token=wrong")
     assert limited.status == 429 and int(limited.headers["retry-after"]) >= 1
     assert (await call(app, "POST", "/-/sign_in", form, b"token=wrong", client="10.0.0.2")).status == 401
+    other_site = await call(app, "POST", "/-/sign_in", [*form, ("origin", "https://evil.example")],
+                            f"token={TOKENS['bob']}".encode(), client="10.0.0.3")
+    assert other_site.status == 403 and not other_site.cookies
+    same_site = await call(app, "POST", "/-/sign_in", [*form, ("origin", "http://kasd")],
+                           f"token={TOKENS['bob']}".encode(), client="10.0.0.3")
+    assert same_site.status == 303
 
 
 async def test_cors_answers_only_configured_origins_and_every_answer_has_the_security_headers() -> None:
@@ -166,7 +173,7 @@ async def test_cors_answers_only_configured_origins_and_every_answer_has_the_sec
 async def test_objects_are_read_only_from_the_graph_and_flux_reconcile_annotates() -> None:
     app, views = _app()
     base = "/api/kasd/v1/environments/1"
-    got = await call(app, "GET", f"{base}/objects/core/v1/Pod/prod/hello-1", _token("alice"))
+    got = await call(app, "GET", f"{base}/objects/_/v1/Pod/prod/hello-1", _token("alice"))
     assert got.status == 200 and "managedFields" not in got.json()["metadata"]
     assert views.requests[-1][2] == "/api/v1/namespaces/prod/pods/hello-1"
     as_yaml = await call(app, "GET", f"{base}/objects/core/v1/Pod/prod/hello-1", [*_token("alice"),
@@ -263,16 +270,21 @@ def test_the_openapi_document_is_served_kept_in_docs_and_describes_every_route()
         assert set(m.lower() for m in route.methods or ()) - {"head"} <= set(doc["paths"][path]), path
 
 
-async def test_starlette_runs_on_trio_behind_kasds_own_front_end_beside_the_job_token_calls() -> None:
+async def test_starlette_runs_on_trio_behind_kasds_own_front_end_beside_the_job_token_calls(
+        caplog: pytest.LogCaptureFixture) -> None:
     app, _ = _app()
     snap = snapshot()
-    port = AsgiPort(app, log=__import__("logging").getLogger("test.web"))
+    port = AsgiPort(app, log=logging.getLogger("test.web"))
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(partial(trio.serve_tcp, port.handle_connection, 0, host="127.0.0.1"))
         number = listeners[0].socket.getsockname()[1]
         web = await http_request(number, "GET", "/api/v4/projects/group%2Fapp/environments",
                                  [("private-token", TOKENS["bob"])])
         assert web.status == 200 and [e["id"] for e in json.loads(web.body)] == [1, 2, 3]
+        with caplog.at_level(logging.INFO, logger="test.web"):
+            await http_request(number, "DELETE", "/api/kasd/v1/environments/1/pods/prod/hello-1?csrf_token=SEKRIT",
+                               [("cookie", "_kasd_session=x")])
+        assert "SEKRIT" not in caplog.text and "path=/api/kasd/v1/environments/1/pods/prod/hello-1 " in caplog.text
         rest = await http_request(number, "GET", ALLOWED_AGENTS_PATH, [])
         assert rest.status == 401 and b"JOB-TOKEN" in rest.body
         assert rest.headers["x-content-type-options"] == "nosniff"
