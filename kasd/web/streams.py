@@ -29,13 +29,24 @@ class _Producer(Response):
     def __init__(self, produce: Callable[[Callable[[bytes], Awaitable[None]]], Awaitable[None]], media_type: str) -> None:
         super().__init__(status_code=200, media_type=media_type,
                          headers={"cache-control": "no-store", "x-accel-buffering": "no"})
+        # a streamed body has no length: Response's ``content-length: 0`` would cut it (the front end
+        # frames it chunked)
+        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
         self._produce = produce
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        gone = False
 
         async def write(data: bytes) -> None:
-            await send({"type": "http.response.body", "body": data, "more_body": True})
+            nonlocal gone
+            try:
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            except Exception:  # the client went (ClientGone, a broken stream): stop producing, quietly
+                gone = True
+                nursery.cancel_scope.cancel()
+                await trio.lowlevel.checkpoint()  # (raises Cancelled: the scope is cancelled)
+                raise
 
         async with trio.open_nursery() as nursery:
             async def until_gone() -> None:
@@ -46,7 +57,8 @@ class _Producer(Response):
             nursery.start_soon(until_gone)
             await self._produce(write)
             nursery.cancel_scope.cancel()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if not gone:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def sse_event(event: str, data: Any) -> bytes:
@@ -139,9 +151,12 @@ def text_stream(stream: Callable[[], AbstractAsyncContextManager[AsyncIterator[b
     """``text/plain``, chunked: what ``stream()`` gives, as it comes."""
 
     async def produce(write: Callable[[bytes], Awaitable[None]]) -> None:
-        async with stream() as chunks:
-            async for chunk in chunks:
-                if chunk:
-                    await write(chunk)
+        try:
+            async with stream() as chunks:
+                async for chunk in chunks:
+                    if chunk:
+                        await write(chunk)
+        except Exception as exc:  # the cluster ended it (pod gone, container not found …): say so in the text
+            await write(f"\n[kasd: the log stream ended: {type(exc).__name__}: {str(exc)[:300]}]\n".encode())
 
     return _Producer(produce, "text/plain; charset=utf-8")

@@ -87,6 +87,17 @@ def test_status_prints_the_owns_tree_with_health_plain_when_not_a_terminal() -> 
     ]
 
 
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_status_colours_health_only_on_a_terminal() -> None:
+    out = _Terminal()
+    assert run_status(_args(), FakeKasd("Degraded", "CrashLoopBackOff"), out=out) == 1
+    assert "\x1b[31mDegraded" in out.getvalue()
+
+
 def test_status_exits_1_when_degraded_and_prints_json_with_o_json() -> None:
     out = io.StringIO()
     assert run_status(_args(output="json"), FakeKasd("Degraded", "CrashLoopBackOff"), out=out) == 1

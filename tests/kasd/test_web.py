@@ -188,6 +188,7 @@ async def test_objects_are_read_only_from_the_graph_and_flux_reconcile_annotates
     assert "involvedObject.uid%3Duid-hello-1" in views.requests[-1][2]
     log = await call(app, "GET", f"{base}/pods/prod/hello-1/log?tailLines=10&follow=true", _token("alice"))
     assert log.body == b"line 1\nline 2\n" and log.headers["content-type"].startswith("text/plain")
+    assert "content-length" not in log.headers  # streamed: chunked on the wire
     assert views.requests[-1][2] == "/api/v1/namespaces/prod/pods/hello-1/log?follow=true&tailLines=10"
     done = await call(app, "POST", f"{base}/flux/Kustomization/prod/apps/reconcile", _token("alice"))
     assert done.status == 200
@@ -272,7 +273,7 @@ def test_the_openapi_document_is_served_kept_in_docs_and_describes_every_route()
 
 async def test_starlette_runs_on_trio_behind_kasds_own_front_end_beside_the_job_token_calls(
         caplog: pytest.LogCaptureFixture) -> None:
-    app, _ = _app()
+    app, views = _app()
     snap = snapshot()
     port = AsgiPort(app, log=logging.getLogger("test.web"))
     async with trio.open_nursery() as nursery:
@@ -285,6 +286,17 @@ async def test_starlette_runs_on_trio_behind_kasds_own_front_end_beside_the_job_
             await http_request(number, "DELETE", "/api/kasd/v1/environments/1/pods/prod/hello-1?csrf_token=SEKRIT",
                                [("cookie", "_kasd_session=x")])
         assert "SEKRIT" not in caplog.text and "path=/api/kasd/v1/environments/1/pods/prod/hello-1 " in caplog.text
+        # a browser that leaves the live graph: kasd.asgiport says http.disconnect, the watch closes
+        client = await trio.open_tcp_stream("127.0.0.1", number)
+        await client.send_all(b"GET /api/kasd/v1/environments/1/resources/watch HTTP/1.1\r\nHost: kasd\r\n"
+                              b"PRIVATE-TOKEN: " + TOKENS["alice"].encode() + b"\r\n\r\n")
+        seen = b""
+        while b"event: graph" not in seen:
+            seen += await client.receive_some(65536)
+        assert b"text/event-stream" in seen and b"transfer-encoding: chunked" in seen.lower()
+        await client.aclose()
+        with trio.fail_after(5):
+            await views.watch_closed.wait()
         rest = await http_request(number, "GET", ALLOWED_AGENTS_PATH, [])
         assert rest.status == 401 and b"JOB-TOKEN" in rest.body
         assert rest.headers["x-content-type-options"] == "nosniff"
