@@ -165,7 +165,7 @@ class WebApp:
         if env is None:
             raise Refusal(404, "404 Environment Not Found")
         try:
-            project_for(snapshot, caller, str(env.project_id), need=need)
+            project_for(snapshot, caller, str(env.project_id), need=need, explain=True)
         except Refusal as exc:
             if exc.status == 404:  # (one that exists in a project they cannot see is not told apart)
                 raise Refusal(404, "404 Environment Not Found") from None
@@ -259,9 +259,9 @@ class WebApp:
         q = request.query_params
         name, search = q.get("name"), q.get("search")
         if name is not None and search is not None:
-            raise Refusal(400, "400 Bad Request: name, search are mutually exclusive")
-        if search is not None and len(search) < 3:
-            raise Refusal(400, "400 Bad Request: search must be at least 3 characters")
+            raise Refusal(400, "name, search cannot be used together", key="error")
+        if search and len(search) < 3:
+            raise Refusal(400, "400 Bad request - Search query is less than 3 characters")
         state = _state(q.get("states"))
         envs = await self._store.environments(project_id=project.id, tier=_tier(q.get("tier")), state=state)
         if name is not None:
@@ -275,7 +275,7 @@ class WebApp:
         project = project_for(snapshot, caller, request.path_params["project"])
         env = await self._store.environment(int(request.path_params["env_id"]))
         if env is None or env.project_id != project.id:
-            raise Refusal(404, "404 Environment Not Found")
+            raise Refusal(404, "404 Not found")
         return JSONResponse(gitlab_environment(env, detail=True))
 
     async def group_environments(self, request: Request) -> Response:
@@ -292,7 +292,7 @@ class WebApp:
     def _page(self, request: Request, envs: Sequence[EnvironmentLike]) -> Response:
         q = request.query_params
         page = _number(q.get("page"), "page", 1, 1, 10**6)
-        per_page = _number(q.get("per_page"), "per_page", DEFAULT_PER_PAGE, 1, MAX_PER_PAGE)
+        per_page = min(_number(q.get("per_page"), "per_page", DEFAULT_PER_PAGE, 1, 10**6), MAX_PER_PAGE)  # (GitLab: at most 100)
         base = f"{request.url.scheme}://{request.headers.get('host', 'localhost')}{request.url.path}"
         query = {k: v for k, v in q.items() if k not in ("page", "per_page", "csrf_token", "private_token")}
         headers = page_headers(base, query, page, per_page, len(envs))
@@ -505,7 +505,7 @@ def _state(text: str | None) -> str | None:
     if text is None or text == "":
         return None
     if text not in STATES:
-        raise Refusal(400, f"400 Bad Request: states does not have a valid value (one of {', '.join(STATES)})")
+        raise Refusal(400, "states does not have a valid value", key="error")
     return text
 
 
@@ -514,7 +514,7 @@ def _tier(text: str | None) -> str | None:
     if text is None or text == "":
         return None
     if text not in tiers:
-        raise Refusal(400, f"400 Bad Request: tier does not have a valid value (one of {', '.join(tiers)})")
+        raise Refusal(400, "tier does not have a valid value", key="error")
     return text
 
 
@@ -536,7 +536,7 @@ def _no_store(answer: Response) -> Response:
 
 async def _refused(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, Refusal)
-    return JSONResponse({"message": exc.message}, status_code=exc.status, headers=exc.headers)
+    return JSONResponse({exc.key: exc.message}, status_code=exc.status, headers=exc.headers)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -26,11 +26,13 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 class Refusal(Exception):
     """An answer in GitLab's words: ``{"message": "404 Project Not Found"}``."""
 
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None, *, key: str = "message") -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.headers = headers or {}
+        #: "message", or "error" for a parameter that fails GitLab's (Grape's) validation
+        self.key = key
 
 
 UNAUTHORIZED = "401 Unauthorized"
@@ -110,16 +112,19 @@ def csrf_query(request: Request) -> str | None:
     return dict(parse_qsl(query)).get("csrf_token") if "csrf_token" in query else None
 
 
-def project_for(snapshot: Snapshot, caller: Caller, ident: str, *, need: Role = Role.REPORTER) -> Project:
+def project_for(snapshot: Snapshot, caller: Caller, ident: str, *, need: Role = Role.REPORTER,
+                explain: bool = False) -> Project:
     """The project named by ``ident`` (its id, or its full path) if ``caller`` may see it: 404 when
-    not (unknown or not a member: GitLab does not tell them apart), 403 below ``need``."""
+    not (unknown or not a member: GitLab does not tell them apart), 403 below ``need`` (GitLab's
+    bare ``403 Forbidden``; kasd's own paths, ``explain``, say which role)."""
     directory = snapshot.directory
     project = directory.project_by_id(int(ident)) if ident.isdigit() else directory.project(ident)
     role = directory.role_of(caller.username, project) if project is not None else None
     if project is None or role is None:
         raise Refusal(404, "404 Project Not Found")
     if role < need:
-        raise Refusal(403, f"403 Forbidden: this needs the {need.name.title()} role in {project.path}")
+        raise Refusal(403, f"403 Forbidden: this needs the {need.name.title()} role in {project.path}" if explain
+                      else "403 Forbidden")
     return project
 
 

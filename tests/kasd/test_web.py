@@ -58,7 +58,11 @@ async def test_no_token_is_401_and_a_project_the_user_cannot_see_is_404_as_gitla
         reply = await call(app, "GET", f"/api/v4/projects/{project}/environments", _token("carol"))
         assert (reply.status, reply.json()) == (404, {"message": "404 Project Not Found"}), project
     # a Guest sees the project, not its environments
-    assert (await call(app, "GET", "/api/v4/projects/42/environments", _token("dave"))).status == 403
+    guest = await call(app, "GET", "/api/v4/projects/42/environments", _token("dave"))
+    assert (guest.status, guest.json()) == (403, {"message": "403 Forbidden"})
+    # Reporter sees the environment, not a Developer's actions (kasd's path says which role)
+    refused = await call(app, "DELETE", "/api/kasd/v1/environments/1/pods/prod/hello-1", _token("bob"))
+    assert refused.json() == {"message": "403 Forbidden: this needs the Developer role in group/app"}
     # an environment of another project, by id: not found either
     assert (await call(app, "GET", "/api/kasd/v1/environments/9", _token("alice"))).json() == \
         {"message": "404 Environment Not Found"}
@@ -95,7 +99,13 @@ async def test_gitlab_shapes_filters_and_pagination() -> None:
     search = await call(app, "GET", "/api/v4/projects/42/environments?search=review", _token("bob"))
     assert [e["name"] for e in search.json()] == ["review/feat-x", "review/old"]
     both = await call(app, "GET", "/api/v4/projects/42/environments?search=rev&name=x", _token("bob"))
-    assert both.json() == {"message": "400 Bad Request: name, search are mutually exclusive"}
+    assert both.json() == {"error": "name, search cannot be used together"}  # Grape's words
+    short = await call(app, "GET", "/api/v4/projects/42/environments?search=re", _token("bob"))
+    assert short.json() == {"message": "400 Bad request - Search query is less than 3 characters"}
+    bad_state = await call(app, "GET", "/api/v4/projects/42/environments?states=gone", _token("bob"))
+    assert (bad_state.status, bad_state.json()) == (400, {"error": "states does not have a valid value"})
+    other = await call(app, "GET", "/api/v4/projects/42/environments/9", _token("bob"))  # group/infra's
+    assert (other.status, other.json()) == (404, {"message": "404 Not found"})
     one = await call(app, "GET", "/api/v4/projects/42/environments/1", _token("bob"))
     assert one.json()["last_deployment"]["deployable"]["id"] == 7
     group = await call(app, "GET", "/api/v4/groups/group/environments", _token("bob"))
