@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, quote
 
 import attrs
@@ -40,6 +41,7 @@ from kasd.web.auth import (
     viewer_for,
 )
 from kasd.web.seams import (
+    AnswerLike,
     ConnectedAgents,
     EnvironmentLike,
     EnvironmentStore,
@@ -83,6 +85,7 @@ _VERSION = re.compile(r"v[0-9]+((alpha|beta)[0-9]+)?")
 _KIND = re.compile(r"[A-Za-z][A-Za-z0-9]{0,62}")
 _GROUP = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 MAX_TAIL_LINES = 100_000
+T = TypeVar("T")
 
 
 @attrs.frozen(kw_only=True)
@@ -101,7 +104,11 @@ class WebApp:
     def __init__(self, snapshot: Callable[[], Snapshot], store: EnvironmentStore, views: Views,
                  agents: ConnectedAgents, *, key: bytes, settings: WebSettings = WebSettings(),
                  clock: Callable[[], float] = time.time, graph_of: GraphOf = envgraph_json,
-                 extra_routes: Sequence[BaseRoute] = ()) -> None:
+                 extra_routes: Sequence[BaseRoute] = (),
+                 agent_errors: tuple[type[Exception], ...] = ()) -> None:
+        #: what ``views`` raise when the agent cannot be asked (``kasd.agentclient.AgentRequestError``:
+        #: ``status`` and ``message``, safe to show)
+        self._agent_errors = agent_errors
         self._snapshot = snapshot
         self._store = store
         self._views = views
@@ -188,10 +195,27 @@ class WebApp:
             raise Refusal(404, "404 Not Found: no agent has deployed to this environment")
         return viewer_for(snapshot, caller, agent_id)
 
+    def _agent_refusal(self, exc: Exception) -> Refusal:
+        status = int(getattr(exc, "status", 502))
+        status = status if status in (403, 404, 409, 422, 429, 502, 503, 504) else 502
+        return Refusal(status, f"{status} {str(getattr(exc, 'message', '') or exc)[:300]}")
+
+    @asynccontextmanager
+    async def _opened(self, source: AbstractAsyncContextManager[T]) -> AsyncIterator[T]:
+        """``source`` entered, its refusal on entering (the agent's) the caller's answer."""
+        async with AsyncExitStack() as stack:
+            try:
+                value = await stack.enter_async_context(source)
+            except self._agent_errors as exc:
+                raise self._agent_refusal(exc) from None
+            yield value
+
     async def _env_snapshot(self, env: EnvironmentLike, viewer: Viewer) -> SnapshotLike:
         try:
             with trio.fail_after(SNAPSHOT_LIMIT):
                 return await self._views.snapshot(env, viewer)
+        except self._agent_errors as exc:
+            raise self._agent_refusal(exc) from None
         except trio.TooSlowError:
             raise Refusal(504, f"504 Gateway Timeout: the environment's objects did not come within "
                                f"{SNAPSHOT_LIMIT:g} s") from None
@@ -337,7 +361,7 @@ class WebApp:
     async def watch(self, request: Request) -> Response:
         snapshot, caller, env = await self._environment(request)
         viewer = self._viewer(request, snapshot, caller, env)
-        return graph_events(lambda: self._views.watch(env, viewer), self._graph_of)
+        return graph_events(lambda: self._opened(self._views.watch(env, viewer)), self._graph_of)
 
     async def deployments(self, request: Request) -> Response:
         _, _, env = await self._environment(request)
@@ -366,9 +390,9 @@ class WebApp:
     async def object(self, request: Request) -> Response:
         viewer, _, target, _ = await self._object_of(request)
         answer = await self._agent_request(viewer, "GET", target)
-        obj = _json_of(answer.body)
-        if isinstance(obj, dict):
-            obj.get("metadata", {}).pop("managedFields", None)
+        obj = json.loads(json.dumps(answer.body))  # (a plain copy to trim)
+        if isinstance(obj.get("metadata"), dict):
+            obj["metadata"].pop("managedFields", None)
         if "application/yaml" in request.headers.get("accept", ""):
             return Response(yaml.safe_dump(obj, sort_keys=False), media_type="application/yaml")
         return JSONResponse(obj)
@@ -378,7 +402,7 @@ class WebApp:
         uid = str((obj.get("metadata") or {}).get("uid") or "")
         where = f"/api/v1/namespaces/{quote(namespace, safe='')}/events" if namespace else "/api/v1/events"
         answer = await self._agent_request(viewer, "GET", f"{where}?fieldSelector={quote('involvedObject.uid=' + uid)}")
-        items = (_json_of(answer.body) or {}).get("items") or []
+        items = answer.body.get("items") or []
         events = [{"type": e.get("type"), "reason": e.get("reason"), "message": e.get("message"),
                    "count": e.get("count"), "first_timestamp": e.get("firstTimestamp") or e.get("eventTime"),
                    "last_timestamp": e.get("lastTimestamp") or e.get("eventTime"),
@@ -405,7 +429,7 @@ class WebApp:
             params.append(("tailLines", str(_number(q.get("tailLines"), "tailLines", 0, 0, MAX_TAIL_LINES))))
         query = "&".join(f"{k}={quote(v, safe='')}" for k, v in params)
         target = f"/api/v1/namespaces/{namespace}/pods/{name}/log" + (f"?{query}" if query else "")
-        return text_stream(lambda: self._views.stream(viewer, target))
+        return text_stream(lambda: self._opened(self._views.stream(viewer, target)))
 
     async def delete_pod(self, request: Request) -> Response:
         snapshot, caller, env = await self._environment(request, need=Role.DEVELOPER)
@@ -435,18 +459,21 @@ class WebApp:
         group, _, version = str(found[0]["apiVersion"]).rpartition("/")
         now = datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
         patch = {"metadata": {"annotations": {"reconcile.fluxcd.io/requestedAt": now}}}
-        await self._agent_request(viewer, "PATCH", object_path(group, version, kind, namespace, name),
-                                  body=json.dumps(patch).encode())
+        await self._agent_request(viewer, "PATCH", object_path(group, version, kind, namespace, name), body=patch,
+                                  content_type="application/merge-patch+json")
         return JSONResponse({"reconcile_requested_at": now, "object": f"{group}/{kind}/{namespace}/{name}"})
 
-    async def _agent_request(self, viewer: Viewer, method: str, target: str, *, body: bytes | None = None) -> Any:
+    async def _agent_request(self, viewer: Viewer, method: str, target: str, *, body: Mapping[str, Any] | None = None,
+                             content_type: str = "application/json") -> AnswerLike:
         try:
             with trio.fail_after(REQUEST_LIMIT):
-                answer = await self._views.request(viewer, method, target, body=body)
+                answer = await self._views.request(viewer, method, target, body=body, content_type=content_type)
+        except self._agent_errors as exc:
+            raise self._agent_refusal(exc) from None
         except trio.TooSlowError:
             raise Refusal(504, f"504 Gateway Timeout: the agent did not answer within {REQUEST_LIMIT:g} s") from None
         if not 200 <= answer.status < 300:
-            message = (_json_of(answer.body) or {}).get("message") if answer.body else None
+            message = answer.body.get("message")
             raise Refusal(answer.status if answer.status in (403, 404, 409, 422) else 502,
                           f"{answer.status} from the cluster: {str(message or '')[:300]}".strip())
         return answer
@@ -516,13 +543,6 @@ def _tier(text: str | None) -> str | None:
     if text not in tiers:
         raise Refusal(400, "tier does not have a valid value", key="error")
     return text
-
-
-def _json_of(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except ValueError:
-        raise Refusal(502, "502 Bad Gateway: the cluster answered with something that is not JSON") from None
 
 
 def _iso(seconds: int) -> str:

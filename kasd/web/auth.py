@@ -65,7 +65,10 @@ def offered_token(request: Request) -> str | None:
     if authorization:
         scheme, _, value = authorization.partition(" ")
         if scheme.lower() == "bearer" and value.strip():
-            return value.strip()
+            # the proxy port's form (pat:<agent id>:<token>) carries the same personal token
+            kind, _, rest = value.strip().partition(":")
+            agent, _, token = rest.partition(":")
+            return token if kind == "pat" and agent.isdigit() and token else value.strip()
         raise Refusal(401, f"{UNAUTHORIZED}: send a personal token as PRIVATE-TOKEN: <token> or Authorization: "
                            "Bearer <token>")
     return None

@@ -118,24 +118,27 @@ class UpdateLike(Protocol):
 
 
 class AnswerLike(Protocol):
-    """What the agent's API server answered to one request."""
+    """What the agent's API server answered to one request (``kasd.agentclient.Answer``)."""
 
     @property
     def status(self) -> int: ...
+    #: the answer as JSON when it was a JSON object, else empty
     @property
-    def body(self) -> bytes: ...
+    def body(self) -> Mapping[str, Any]: ...
 
 
 class Views(Protocol):
     """``kasd.environments.EnvironmentViews``. A watch's iterator ends with ``ViewerTooSlow`` (any
-    exception: the SSE stream says why and ends)."""
+    exception: the SSE stream says why and ends). When the agent cannot be asked, its methods raise
+    ``kasd.agentclient.AgentRequestError`` (``status``, ``message``): ``WebApp(agent_errors=…)``
+    names that class, and its answers become the caller's (``502``, ``504``, …)."""
 
     async def snapshot(self, env: Any, viewer: Any) -> SnapshotLike: ...
 
     def watch(self, env: Any, viewer: Any) -> AbstractAsyncContextManager[AsyncIterator[UpdateLike]]: ...
 
-    async def request(self, viewer: Any, method: str, target: str, *, body: bytes | None = None,
-                      accept: str = "application/json") -> AnswerLike: ...
+    async def request(self, viewer: Any, method: str, target: str, *, body: Mapping[str, Any] | None = None,
+                      accept: str = "application/json", content_type: str = "application/json") -> AnswerLike: ...
 
     def stream(self, viewer: Any, target: str) -> AbstractAsyncContextManager[AsyncIterator[bytes]]: ...
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import trio
 from starlette.responses import Response
@@ -17,24 +17,36 @@ from starlette.types import Receive, Scope, Send
 from kasd.web.seams import GraphOf, SnapshotLike, UpdateLike, node_id
 from kasd.web.shapes import kasd_problem
 
+S = TypeVar("S")
+
 #: seconds between ``: ping`` comments when nothing changes (proxies close quiet connections)
 HEARTBEAT_SECONDS = 15.0
 #: seconds updates are gathered before one ``graph`` event is sent for them all
 COALESCE_SECONDS = 0.2
 
 
-class _Producer(Response):
-    """A streamed answer: ``produce(write)`` writes the body; it is cancelled when the client goes."""
+Write = Callable[[bytes], Awaitable[None]]
 
-    def __init__(self, produce: Callable[[Callable[[bytes], Awaitable[None]]], Awaitable[None]], media_type: str) -> None:
+
+class _Producer(Response, Generic[S]):
+    """A streamed answer: ``source()`` is entered first (a refusal then is still a whole error
+    answer), then ``produce(source, write)`` writes the body; it is cancelled when the client goes."""
+
+    def __init__(self, source: Callable[[], AbstractAsyncContextManager[S]],
+                 produce: Callable[[S, Write], Awaitable[None]], media_type: str) -> None:
         super().__init__(status_code=200, media_type=media_type,
                          headers={"cache-control": "no-store", "x-accel-buffering": "no"})
         # a streamed body has no length: Response's ``content-length: 0`` would cut it (the front end
         # frames it chunked)
         self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
+        self._source = source
         self._produce = produce
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with self._source() as source:
+            await self._stream(source, receive, send)
+
+    async def _stream(self, source: S, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         gone = False
 
@@ -55,7 +67,7 @@ class _Producer(Response):
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(until_gone)
-            await self._produce(write)
+            await self._produce(source, write)
             nursery.cancel_scope.cancel()
         if not gone:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -101,7 +113,7 @@ def graph_events(watch: Callable[[], AbstractAsyncContextManager[AsyncIterator[U
     ``problems`` when they change, ``: ping`` every ``heartbeat`` seconds; when the view drops this
     viewer (too slow) or fails, an ``end`` event saying so, and the stream ends."""
 
-    async def produce(write: Callable[[bytes], Awaitable[None]]) -> None:
+    async def produce(updates: AsyncIterator[UpdateLike], write: Write) -> None:
         state = GraphState()
         wake = trio.Event()
         pending = {"graph": False, "problems": False}
@@ -121,7 +133,7 @@ def graph_events(watch: Callable[[], AbstractAsyncContextManager[AsyncIterator[U
                 ended.append("the watch ended")
             wake.set()
 
-        async with watch() as updates, trio.open_nursery() as nursery:
+        async with trio.open_nursery() as nursery:
             nursery.start_soon(pump, updates)
             await write(b": connected\n\n")
             while True:
@@ -144,19 +156,18 @@ def graph_events(watch: Callable[[], AbstractAsyncContextManager[AsyncIterator[U
                     nursery.cancel_scope.cancel()
                     return
 
-    return _Producer(produce, "text/event-stream")
+    return _Producer(watch, produce, "text/event-stream")
 
 
 def text_stream(stream: Callable[[], AbstractAsyncContextManager[AsyncIterator[bytes]]]) -> Response:
     """``text/plain``, chunked: what ``stream()`` gives, as it comes."""
 
-    async def produce(write: Callable[[bytes], Awaitable[None]]) -> None:
+    async def produce(chunks: AsyncIterator[bytes], write: Write) -> None:
         try:
-            async with stream() as chunks:
-                async for chunk in chunks:
-                    if chunk:
-                        await write(chunk)
+            async for chunk in chunks:
+                if chunk:
+                    await write(chunk)
         except Exception as exc:  # the cluster ended it (pod gone, container not found …): say so in the text
             await write(f"\n[kasd: the log stream ended: {type(exc).__name__}: {str(exc)[:300]}]\n".encode())
 
-    return _Producer(produce, "text/plain; charset=utf-8")
+    return _Producer(stream, produce, "text/plain; charset=utf-8")

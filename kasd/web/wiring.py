@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import trio
+from starlette.routing import BaseRoute
 
 from kasd.asgiport import AsgiApp
 from kasd.authz.snapshot import Snapshot
@@ -44,10 +45,14 @@ def web_settings(config: Config) -> WebSettings:
 
 
 def api_app(rest: RestApi, config: Config, snapshot: Callable[[], Snapshot], store: EnvironmentStore, views: Views,
-            registry: TunnelRegistry, replica: str) -> AsgiApp:
+            registry: TunnelRegistry, replica: str, *, agent_errors: tuple[type[Exception], ...] = (),
+            extra_routes: Sequence[BaseRoute] = ()) -> AsgiApp:
     """The API port's one app: ``rest`` (job tokens) and the web app. The session key is shared by
-    every replica when they share a peer secret (``routing.peer_secret_file``); else random."""
+    every replica when they share a peer secret (``routing.peer_secret_file``); else random.
+    ``agent_errors``: ``(kasd.agentclient.AgentRequestError,)``; ``extra_routes``: the dashboard's
+    (``kasd.web.dashboard.dashboard_routes()``)."""
     secret = config.routing.peer_secret_file
     web = WebApp(snapshot, store, views, RegistryAgents(registry, replica),
-                 key=session_key(secret.value if secret is not None else None), settings=web_settings(config))
+                 key=session_key(secret.value if secret is not None else None), settings=web_settings(config),
+                 agent_errors=agent_errors, extra_routes=extra_routes)
     return mount(rest, web)

@@ -21,6 +21,7 @@ from kasd.web.openapi import document
 from tests.kasd.helpers import http_request
 from tests.kasd.webfakes import (
     TOKENS,
+    AgentRequestError,
     FakeAgents,
     FakeStore,
     FakeViews,
@@ -40,7 +41,7 @@ def _app(views: FakeViews | None = None, **settings: Any) -> tuple[Any, FakeView
     views = views or FakeViews()
     snap = snapshot()
     web = WebApp(lambda: snap, FakeStore(), views, FakeAgents(), key=KEY, settings=WebSettings(**settings),
-                 graph_of=fake_graph)
+                 graph_of=fake_graph, agent_errors=(AgentRequestError,))
     return mount(RestApi(lambda: snap), web), views
 
 
@@ -82,6 +83,9 @@ async def test_resources_need_the_agents_user_access_and_say_why_not() -> None:
     assert body["problems"] == [{"group": "", "version": "v1", "kind": "Secret", "namespace": "prod",
                                  "reason": "forbidden", "message": "no"}]
     assert views.viewers[-1].agent_id == 1 and views.viewers[-1].key == "agent"  # user_access access_as agent
+    # the kubeconfig's form of the same token (pat:<agent id>:<token>) is read too
+    assert (await call(app, "GET", "/api/kasd/v1/environments/1", [("authorization", f"Bearer pat:1:{TOKENS['alice']}")]
+                       )).json()["health"]["status"] == "Healthy"
 
 
 async def test_gitlab_shapes_filters_and_pagination() -> None:
@@ -202,11 +206,18 @@ async def test_objects_are_read_only_from_the_graph_and_flux_reconcile_annotates
     assert views.requests[-1][2] == "/api/v1/namespaces/prod/pods/hello-1/log?follow=true&tailLines=10"
     done = await call(app, "POST", f"{base}/flux/Kustomization/prod/apps/reconcile", _token("alice"))
     assert done.status == 200
-    _, method, target, body = views.requests[-1]
+    _, method, target, (body, content_type) = views.requests[-1]
     assert (method, target) == ("PATCH", "/apis/kustomize.toolkit.fluxcd.io/v1/namespaces/prod/kustomizations/apps")
-    assert body is not None and json.loads(body)["metadata"]["annotations"]["reconcile.fluxcd.io/requestedAt"]
+    assert content_type == "application/merge-patch+json"
+    assert body["metadata"]["annotations"]["reconcile.fluxcd.io/requestedAt"].endswith("Z")
     bad = await call(app, "GET", f"{base}/pods/prod/hello-1/log?tailLines=-1", _token("alice"))
     assert bad.status == 400 and "tailLines" in bad.json()["message"]
+    views.log_refused = True  # refused as it opens: still a whole error answer
+    refused = await call(app, "GET", f"{base}/pods/prod/hello-1/log", _token("alice"))
+    assert (refused.status, refused.json()) == (404, {"message": "404 container not found"})
+    views.unreachable = True  # the agent's answer is the caller's, in kasd's words
+    gone = await call(app, "GET", f"{base}/resources", _token("alice"))
+    assert (gone.status, gone.json()) == (503, {"message": "503 agent 1 is not connected"})
 
 
 async def _sse(app: Any, views: FakeViews, *, leave: trio.Event) -> list[bytes]:

@@ -126,7 +126,16 @@ class Update:
 @attrs.frozen
 class Answer:
     status: int
-    body: bytes
+    body: Mapping[str, Any]
+
+
+class AgentRequestError(Exception):
+    """(``kasd.agentclient.AgentRequestError``)"""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
 
 
 class ViewerTooSlow(Exception):
@@ -136,7 +145,11 @@ class ViewerTooSlow(Exception):
 class FakeViews:
     def __init__(self) -> None:
         self.objects: list[Mapping[str, Any]] = [DEPLOYMENT, pod("hello-1"), KUSTOMIZATION]
-        self.requests: list[tuple[Any, str, str, bytes | None]] = []
+        self.requests: list[tuple[Any, str, str, Any]] = []
+        #: a snapshot the agent cannot answer
+        self.unreachable = False
+        #: a log stream the agent refuses as it opens
+        self.log_refused = False
         self.viewers: list[Any] = []
         #: what a watch yields after its RESYNC; the test sends, closing it ends the watch
         self.updates_in, self.updates_out = trio.open_memory_channel[Any](10)
@@ -146,6 +159,8 @@ class FakeViews:
     async def snapshot(self, env: Any, viewer: Any) -> Snap:
         self.viewers.append(viewer)
         await trio.lowlevel.checkpoint()
+        if self.unreachable:
+            raise AgentRequestError(503, "agent 1 is not connected")
         return Snap(tuple(self.objects), (KindProblem("", "v1", "Secret", "prod", "forbidden", "no"),), None)
 
     @asynccontextmanager
@@ -164,21 +179,22 @@ class FakeViews:
         finally:
             self.watch_closed.set()
 
-    async def request(self, viewer: Any, method: str, target: str, *, body: bytes | None = None,
-                      accept: str = "application/json") -> Answer:
-        self.requests.append((viewer, method, target, body))
+    async def request(self, viewer: Any, method: str, target: str, *, body: Mapping[str, Any] | None = None,
+                      accept: str = "application/json", content_type: str = "application/json") -> Answer:
+        self.requests.append((viewer, method, target, (body, content_type)))
         await trio.lowlevel.checkpoint()
         if method == "GET" and "/events" in target:
-            return Answer(200, json.dumps({"items": [{"type": "Warning", "reason": "BackOff", "message": "m",
-                                                      "count": 2, "lastTimestamp": "2026-01-01T00:00:00Z"}]}).encode())
+            return Answer(200, {"items": [{"type": "Warning", "reason": "BackOff", "message": "m", "count": 2,
+                                           "lastTimestamp": "2026-01-01T00:00:00Z"}]})
         if method == "GET":
-            return Answer(200, json.dumps({**pod("hello-1"), "metadata": {**pod("hello-1")["metadata"],
-                                                                         "managedFields": [{}]}}).encode())
-        return Answer(200, b"{}")
+            return Answer(200, {**pod("hello-1"), "metadata": {**pod("hello-1")["metadata"], "managedFields": [{}]}})
+        return Answer(200, {})
 
     @asynccontextmanager
     async def stream(self, viewer: Any, target: str) -> AsyncIterator[AsyncIterator[bytes]]:
         self.requests.append((viewer, "STREAM", target, None))
+        if self.log_refused:
+            raise AgentRequestError(404, "container not found")
 
         async def chunks() -> AsyncIterator[bytes]:
             yield b"line 1\n"
