@@ -207,9 +207,9 @@ def show(answer: Mapping[str, Any], output: str, out: TextIO) -> None:
 
 
 def tree_lines(graph: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
-    """(prefix, node) for each node of the ``owns`` forest, roots first, children by id.
-
-    A stand-in for ``kasd.envgraph.tree_lines`` until that part is merged."""
+    """(prefix, node) for each node of the ``owns`` forest, depth first, roots in the graph's order,
+    children by id: ``kasd.envgraph.tree_lines``' walk, over the graph's JSON (what kasctl gets;
+    ``tree_lines`` takes a ``Graph``). A node met twice (bad data) is shown once."""
     nodes = {n["id"]: n for n in graph.get("nodes") or ()}
     children: dict[str, list[str]] = {}
     for edge in graph.get("edges") or ():

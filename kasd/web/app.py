@@ -29,6 +29,7 @@ from kasd.asgiport import AsgiApp
 from kasd.authz.directory import Role
 from kasd.authz.snapshot import Snapshot
 from kasd.restapi import RestApi
+from kasd.store.protocol import StoreError
 from kasd.web import openapi
 from kasd.web.auth import (
     Caller,
@@ -50,6 +51,7 @@ from kasd.web.seams import (
     Viewer,
     Views,
     envgraph_json,
+    labels_of,
     node_id,
 )
 from kasd.web.session import COOKIE, SessionSigner
@@ -154,7 +156,8 @@ class WebApp:
                 expose_headers=["x-page", "x-per-page", "x-total", "x-total-pages", "x-next-page", "x-prev-page",
                                 "link"], max_age=600))
         self.app = Starlette(routes=served, middleware=middleware,
-                             exception_handlers={Refusal: _refused, HTTPException: _http_error})
+                             exception_handlers={Refusal: _refused, HTTPException: _http_error,
+                                                 StoreError: _store_failed})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
@@ -348,20 +351,21 @@ class WebApp:
         snapshot, caller, env = await self._environment(request)
         viewer = self._viewer(request, snapshot, caller, env)
         view = await self._env_snapshot(env, viewer)
-        graph = self._graph_of(view.objects)
+        graph = self._graph_of(view.objects, labels_of(env))
         return JSONResponse({"environment": kasd_environment(env), "health": graph.get("health")})
 
     async def resources(self, request: Request) -> Response:
         snapshot, caller, env = await self._environment(request)
         viewer = self._viewer(request, snapshot, caller, env)
         view = await self._env_snapshot(env, viewer)
-        return JSONResponse({"environment": kasd_environment(env), "graph": self._graph_of(view.objects),
+        return JSONResponse({"environment": kasd_environment(env), "graph": self._graph_of(view.objects, labels_of(env)),
                              "problems": [kasd_problem(p) for p in view.problems], "hint": view.hint})
 
     async def watch(self, request: Request) -> Response:
         snapshot, caller, env = await self._environment(request)
         viewer = self._viewer(request, snapshot, caller, env)
-        return graph_events(lambda: self._opened(self._views.watch(env, viewer)), self._graph_of)
+        return graph_events(lambda: self._opened(self._views.watch(env, viewer)),
+                            lambda objects: self._graph_of(objects, labels_of(env)))
 
     async def deployments(self, request: Request) -> Response:
         _, _, env = await self._environment(request)
@@ -557,6 +561,10 @@ def _no_store(answer: Response) -> Response:
 async def _refused(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, Refusal)
     return JSONResponse({exc.key: exc.message}, status_code=exc.status, headers=exc.headers)
+
+
+async def _store_failed(request: Request, exc: Exception) -> Response:
+    return JSONResponse({"message": f"503 Service Unavailable: kasd's store failed: {str(exc)[:300]}"}, status_code=503)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -149,16 +149,22 @@ class ConnectedAgents(Protocol):
     def connections(self) -> Mapping[int, Sequence[Mapping[str, Any]]]: ...
 
 
-#: ``kasd.envgraph.build_graph(objects).to_json()``
-GraphOf = Callable[[Iterable[Mapping[str, Any]]], dict[str, Any]]
+#: ``kasd.envgraph.build_graph(objects, selector=…).to_json()``: the selector is the environment's
+#: labels (which nodes are ``labelled``)
+GraphOf = Callable[[Iterable[Mapping[str, Any]], Mapping[str, str]], dict[str, Any]]
 
 
-def envgraph_json(objects: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+def envgraph_json(objects: Iterable[Mapping[str, Any]], selector: Mapping[str, str]) -> dict[str, Any]:
     """The graph of ``objects`` as ``kasd.envgraph`` builds it (part A of issue 27)."""
     from kasd import envgraph  # type: ignore[attr-defined,unused-ignore]  # (merged by the lead)
 
-    result: dict[str, Any] = envgraph.build_graph(objects).to_json()
+    result: dict[str, Any] = envgraph.build_graph(objects, selector=selector).to_json()
     return result
+
+
+def labels_of(env: EnvironmentLike) -> dict[str, str]:
+    """The labels GitLab's dashboard selects an environment's objects by."""
+    return {"app.gitlab.com/project_id": str(env.project_id), "app.gitlab.com/environment_slug": env.slug}
 
 
 def node_id(obj: Mapping[str, Any]) -> str:

@@ -14,7 +14,7 @@ import trio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from kasd.web.seams import GraphOf, SnapshotLike, UpdateLike, node_id
+from kasd.web.seams import SnapshotLike, UpdateLike, node_id
 from kasd.web.shapes import kasd_problem
 
 S = TypeVar("S")
@@ -107,7 +107,8 @@ class GraphState:
         return self.objects.values()
 
 
-def graph_events(watch: Callable[[], AbstractAsyncContextManager[AsyncIterator[UpdateLike]]], graph_of: GraphOf, *,
+def graph_events(watch: Callable[[], AbstractAsyncContextManager[AsyncIterator[UpdateLike]]],
+                 graph_of: Callable[[Iterable[Mapping[str, Any]]], dict[str, Any]], *,
                  heartbeat: float = HEARTBEAT_SECONDS, coalesce: float = COALESCE_SECONDS) -> Response:
     """``text/event-stream``: ``graph`` (the whole graph JSON) after each batch of updates,
     ``problems`` when they change, ``: ping`` every ``heartbeat`` seconds; when the view drops this

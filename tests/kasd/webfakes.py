@@ -211,7 +211,8 @@ class FakeAgents:
         return {1: [{"pod": "agentd-0", "version": "1.0", "since": "2026-01-01T00:00:00Z", "replica": "kasd-0"}]}
 
 
-def fake_graph(objects: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+def fake_graph(objects: Iterable[Mapping[str, Any]], selector: Mapping[str, str]) -> dict[str, Any]:
+    assert selector["app.gitlab.com/project_id"] == "42"
     from kasd.web.seams import node_id
     objs = list(objects)
     failed = [node_id(o) for o in objs if (o.get("status") or {}).get("phase") == "Failed"]
