@@ -146,3 +146,33 @@ def test_timeout_durations() -> None:
     assert duration("5m") == 300 and duration("90s") == 90 and duration("1h") == 3600 and duration("45") == 45
     with pytest.raises(argparse.ArgumentTypeError):
         duration("soon")
+
+
+def test_the_event_stream_reader_parses_events_and_sends_the_token_as_private_token() -> None:
+    import http.server
+    import threading
+
+    seen: list[str | None] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("PRIVATE-TOKEN"))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            self.wfile.write(b': connected\n\nevent: graph\ndata: {"a":\ndata: 1}\n\n: ping\n\nevent: end\ndata: {}\n\n')
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.handle_request, daemon=True)
+    thread.start()
+    try:
+        from kasctl.restclient import rest_events
+        events = list(rest_events(f"http://127.0.0.1:{server.server_port}", "/w", "tok", None, read_timeout=5))
+    finally:
+        thread.join(5)
+        server.server_close()
+    assert events == [("graph", '{"a":\n1}'), ("end", "{}")]
+    assert seen == ["tok"]
