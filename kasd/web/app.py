@@ -171,7 +171,8 @@ class WebApp:
     async def _environment(self, request: Request, *, need: Role = Role.REPORTER
                            ) -> tuple[Snapshot, Caller, EnvironmentLike]:
         snapshot, caller = self._caller(request)
-        env = await self._store.environment(int(request.path_params["env_id"]))
+        env_id = int(request.path_params["env_id"])
+        env = await self._store.environment(env_id) if 0 < env_id < 2**63 else None  # (ids are 63-bit)
         if env is None:
             raise Refusal(404, "404 Environment Not Found")
         try:
@@ -300,7 +301,8 @@ class WebApp:
     async def project_environment(self, request: Request) -> Response:
         snapshot, caller = self._caller(request)
         project = project_for(snapshot, caller, request.path_params["project"])
-        env = await self._store.environment(int(request.path_params["env_id"]))
+        env_id = int(request.path_params["env_id"])
+        env = await self._store.environment(env_id) if 0 < env_id < 2**63 else None  # (ids are 63-bit)
         if env is None or env.project_id != project.id:
             raise Refusal(404, "404 Not found")
         return JSONResponse(gitlab_environment(env, detail=True))

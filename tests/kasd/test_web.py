@@ -110,6 +110,8 @@ async def test_gitlab_shapes_filters_and_pagination() -> None:
     assert (bad_state.status, bad_state.json()) == (400, {"error": "states does not have a valid value"})
     other = await call(app, "GET", "/api/v4/projects/42/environments/9", _token("bob"))  # group/infra's
     assert (other.status, other.json()) == (404, {"message": "404 Not found"})
+    huge = await call(app, "GET", f"/api/v4/projects/42/environments/{2**64}", _token("bob"))
+    assert (huge.status, huge.json()) == (404, {"message": "404 Not found"})
     one = await call(app, "GET", "/api/v4/projects/42/environments/1", _token("bob"))
     assert one.json()["last_deployment"]["deployable"]["id"] == 7
     group = await call(app, "GET", "/api/v4/groups/group/environments", _token("bob"))

@@ -81,6 +81,8 @@ class FakeStore:
 
     async def environment(self, env_id: int) -> Environment | None:
         await trio.lowlevel.checkpoint()
+        if not -(2**63) <= env_id < 2**63:  # as SQLite's INTEGER
+            raise OverflowError("Python int too large to convert to SQLite INTEGER")
         return next((e for e in self.envs if e.id == env_id), None)
 
     async def deployments(self, env_id: int, limit: int = 50) -> list[Deployment]:
