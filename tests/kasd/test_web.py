@@ -325,3 +325,29 @@ async def test_starlette_runs_on_trio_behind_kasds_own_front_end_beside_the_job_
         assert rest.headers["x-content-type-options"] == "nosniff"
         nursery.cancel_scope.cancel()
     del snap
+
+
+async def test_a_session_lasts_at_most_12_hours_and_ends_when_its_token_is_revoked() -> None:
+    from datetime import timedelta
+
+    import attrs
+
+    from kasd.authz.jobtokens import verify_personal_token
+    from tests.kasd.helpers import AUTH
+
+    token = AUTH.personal_token("alice", ttl=timedelta(days=2))
+    snap = snapshot()
+    current = [snap]
+    web = WebApp(lambda: current[0], FakeStore(), FakeViews(), FakeAgents(), key=KEY, graph_of=fake_graph)
+    signed_in = await call(web, "POST", "/-/sign_in", [("content-type", "application/json")],
+                           json.dumps({"token": token}).encode())
+    (cookie,) = signed_in.cookies
+    max_age = int(next(f for f in cookie.split("; ") if f.lower().startswith("max-age=")).split("=")[1])
+    assert 12 * 3600 - 5 <= max_age <= 12 * 3600
+    jar = [("cookie", cookie.split(";")[0])]
+    assert (await call(web, "GET", "/-/session", jar)).status == 200
+    assert snap.tokens.keyset is not None
+    jti = verify_personal_token(token, snap.tokens.keyset, audience=snap.tokens.audience,
+                                issuer=snap.tokens.issuer).stamp.token_id  # type: ignore[union-attr]
+    current[0] = attrs.evolve(snap, tokens=attrs.evolve(snap.tokens, revoked=frozenset({jti})))
+    assert (await call(web, "GET", "/-/session", jar)).status == 401
