@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "proxy":
         return proxy.run(args)
     if args.command == "env":
-        return env.run(args)
+        return env.dispatch(args)
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover
     return 2
 

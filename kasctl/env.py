@@ -14,8 +14,10 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
+from kasctl import envstatus
 from kasctl.kubeconfig import API_VARIABLE, CA_VARIABLE, TOKEN_VARIABLE, api_url, read_ca, setting
 from kasctl.restclient import RestError, rest_call
 from kasd.restpaths import STOP_PATH, stop_path
@@ -38,9 +40,11 @@ kasctl follows no redirect: the token goes to --api-url and nowhere else.
 
 
 def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    env = commands.add_parser("env", help="CI environments: stop one (delete its managed namespace)",
-                              description="CI environments kasd manages namespaces for.")
+    env = commands.add_parser("env", help="CI environments: list them, show one's health, stop one",
+                              description="CI environments: list a project's (kasctl env list), show one's objects "
+                                          "and health (kasctl env status), stop one (kasctl env stop).")
     actions = env.add_subparsers(dest="env_command", required=True, metavar="ACTION")
+    envstatus.add_commands(actions)
     stop = actions.add_parser("stop", help="delete what kasd created for an environment", description=HELP,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     stop.add_argument("--project", metavar="PATH", help="the project's full path or id (default $CI_PROJECT_PATH)")
@@ -52,6 +56,12 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
                       help=f"CA (PEM) of kasd's certificate (default ${CA_VARIABLE}; else the system's)")
     stop.add_argument("--json", action="store_true", help="print kasd's answer as JSON")
     stop.set_defaults(run=run)
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    """The chosen action's ``run``."""
+    action: Callable[[argparse.Namespace], int] = args.run
+    return action(args)
 
 
 def run(args: argparse.Namespace) -> int:

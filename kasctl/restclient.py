@@ -18,6 +18,7 @@ import json
 import ssl
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from email.message import Message
 from typing import IO, Any, NoReturn
 from urllib.parse import urljoin, urlsplit
@@ -69,10 +70,18 @@ def opener(ca_pem: bytes | None) -> urllib.request.OpenerDirector:
 
 
 def rest_call(api: str, path: str, token: str, ca_pem: bytes | None, *, method: str = "GET",
-              body: dict[str, Any] | None = None) -> dict[str, Any]:
-    """kasd's JSON answer to ``method api+path`` with ``Job-Token: token`` (and ``body`` as JSON);
-    ``RestError`` with kasd's own message when it refuses, or saying why it could not be reached."""
-    headers = {"Job-Token": token, "Accept": "application/json"}
+              body: dict[str, Any] | None = None, token_header: str = "Job-Token") -> dict[str, Any]:
+    """``rest_json`` of a call whose answer is a JSON object."""
+    answer: dict[str, Any] = rest_json(api, path, token, ca_pem, method=method, body=body, token_header=token_header)
+    return answer
+
+
+def rest_json(api: str, path: str, token: str, ca_pem: bytes | None, *, method: str = "GET",
+              body: dict[str, Any] | None = None, token_header: str = "Job-Token") -> Any:
+    """kasd's JSON answer to ``method api+path`` with ``Job-Token: token`` (``token_header``:
+    ``PRIVATE-TOKEN`` for a personal token) (and ``body`` as JSON); ``RestError`` with kasd's own
+    message when it refuses, or saying why it could not be reached."""
+    headers = {token_header: token, "Accept": "application/json"}
     data = None
     if body is not None:
         data = json.dumps(body).encode()
@@ -80,9 +89,41 @@ def rest_call(api: str, path: str, token: str, ca_pem: bytes | None, *, method: 
     request = urllib.request.Request(f"{api}{path}", data=data, method=method, headers=headers)
     try:
         with opener(ca_pem).open(request, timeout=TIMEOUT) as response:
-            return json.loads(response.read(MAX_ANSWER))  # type: ignore[no-any-return]
+            return json.loads(response.read(MAX_ANSWER))
     except urllib.error.HTTPError as exc:
         _refused(exc)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise RestError(f"cannot reach kasd's REST API at {api}: {reason}") from None
+
+
+def rest_events(api: str, path: str, token: str, ca_pem: bytes | None, *, read_timeout: float,
+                token_header: str = "PRIVATE-TOKEN") -> Iterator[tuple[str, str]]:
+    """The server-sent events of ``GET api+path``: (event, data) as each comes; ends when kasd ends
+    the stream. A read waits at most ``read_timeout`` seconds (kasd sends a comment every 15 s):
+    ``RestError`` then. No redirect is followed."""
+    request = urllib.request.Request(f"{api}{path}", method="GET",
+                                     headers={token_header: token, "Accept": "text/event-stream"})
+    try:
+        with opener(ca_pem).open(request, timeout=read_timeout) as response:
+            event, data = "message", list[str]()
+            while True:
+                line = response.readline(MAX_ANSWER)
+                if not line:
+                    return
+                text = line.decode("utf-8", "replace").rstrip("\r\n")
+                if not text:
+                    if data:
+                        yield event, "\n".join(data)
+                    event, data = "message", list[str]()
+                elif text.startswith("event:"):
+                    event = text[6:].strip()
+                elif text.startswith("data:"):
+                    data.append(text[5:].removeprefix(" "))
+    except urllib.error.HTTPError as exc:
+        _refused(exc)
+    except TimeoutError:
+        raise RestError(f"kasd's event stream at {api} was silent for {read_timeout:g} s") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise RestError(f"cannot reach kasd's REST API at {api}: {reason}") from None
@@ -96,4 +137,4 @@ def _refused(exc: urllib.error.HTTPError) -> NoReturn:
     raise RestError(f"kasd refused ({exc.code}): {str(message)[:500] or exc.reason}") from None
 
 
-__all__ = ["RestError", "describe_location", "opener", "rest_call"]
+__all__ = ["RestError", "describe_location", "opener", "rest_call", "rest_events", "rest_json"]

@@ -107,6 +107,15 @@ class RestApi:
                                 (b"cache-control", b"no-store")]})
         await send({"type": "http.response.body", "body": payload})
 
+    @staticmethod
+    def serves(scope: Scope) -> bool:
+        """Whether this app answers the request's path (the API port gives every other path to the
+        web app, ``kasd.web.mount``): ``/api/v4/job/allowed_agents``, ``/api/v4/jobs/…`` and an
+        environment's ``…/stop``."""
+        path = scope["path"]
+        return path == ALLOWED_AGENTS_PATH or path.startswith("/api/v4/jobs/") or \
+            _stop_path(bytes(scope.get("raw_path") or path.encode())) is not None
+
     def answer(self, method: str, path: str, job_token: str | None) -> tuple[int, dict[str, Any]]:
         """(status, JSON body) for one request, in GitLab's words (``{"message": "401 Unauthorized"}``)."""
         if path != ALLOWED_AGENTS_PATH:

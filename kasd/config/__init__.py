@@ -15,6 +15,7 @@ The modules, one per section of the file:
 - ``authorization``: ``authorization:`` (config projects, token verification);
 - ``routing``: ``routing:`` (sessions, Redis, replicas and how they trust each other);
 - ``store``: ``store:`` (what outlives the process);
+- ``web``: ``web:`` (the environments API and dashboard: CORS origins);
 - ``root``: ``Config`` (the top-level keys) and the checks that need the whole of it;
 - ``loading``: the loader, its words in errors and ``--help``, and ``load_config`` and friends.
 
@@ -58,6 +59,7 @@ from kasd.config.root import (
 from kasd.config.routing import PEER_SECRET_MIN, RedisSettings, Routing, SecretFile
 from kasd.config.store import STORE_FILE_NAME, EnvironmentSettings, StoreSettings
 from kasd.config.values import parse_address
+from kasd.config.web import WebConfig
 
 __all__ = [
     "DESCRIPTION",
@@ -89,6 +91,7 @@ __all__ = [
     "TLSFiles",
     "TokenSettings",
     "UserEntry",
+    "WebConfig",
     "argument_parser",
     "config_from_mapping",
     "directory_of",

@@ -25,6 +25,7 @@ from kasd.config.listeners import (
 from kasd.config.routing import PEER_SECRET_MIN, Routing
 from kasd.config.store import EnvironmentSettings, StoreSettings
 from kasd.config.values import parse_seconds
+from kasd.config.web import WebConfig
 from routing.peers import is_loopback_host, plaintext_crosses_network
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -58,6 +59,7 @@ class Config:
     routing: Routing = Routing()
     store: StoreSettings = StoreSettings()
     environments: EnvironmentSettings = EnvironmentSettings()
+    web: WebConfig = WebConfig()
     agent_wait_timeout: float = setting(
         10.0, parse=parse_seconds, env="KASD_AGENT_WAIT_TIMEOUT", flag="--agent-wait-timeout", metavar="SECONDS",
         help="how long a request waits for its agent to connect before 503",

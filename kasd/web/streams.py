@@ -1,0 +1,174 @@
+"""Answers that go on: the live graph as server-sent events and a pod's log as chunked text. Each
+is an ASGI response that runs its producer beside a watch for the client leaving
+(``http.disconnect``): whichever ends first ends the answer, and the watch or the log stream under
+it is closed (so the view's last viewer leaving closes the shared watches)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Generic, TypeVar
+
+import trio
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from kasd.web.seams import SnapshotLike, UpdateLike, node_id
+from kasd.web.shapes import kasd_problem
+
+S = TypeVar("S")
+
+#: seconds between ``: ping`` comments when nothing changes (proxies close quiet connections)
+HEARTBEAT_SECONDS = 15.0
+#: seconds updates are gathered before one ``graph`` event is sent for them all
+COALESCE_SECONDS = 0.2
+
+
+Write = Callable[[bytes], Awaitable[None]]
+
+
+class _Producer(Response, Generic[S]):
+    """A streamed answer: ``source()`` is entered first (a refusal then is still a whole error
+    answer), then ``produce(source, write)`` writes the body; it is cancelled when the client goes."""
+
+    def __init__(self, source: Callable[[], AbstractAsyncContextManager[S]],
+                 produce: Callable[[S, Write], Awaitable[None]], media_type: str) -> None:
+        super().__init__(status_code=200, media_type=media_type,
+                         headers={"cache-control": "no-store", "x-accel-buffering": "no"})
+        # a streamed body has no length: Response's ``content-length: 0`` would cut it (the front end
+        # frames it chunked)
+        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
+        self._source = source
+        self._produce = produce
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with self._source() as source:
+            await self._stream(source, receive, send)
+
+    async def _stream(self, source: S, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        gone = False
+
+        async def write(data: bytes) -> None:
+            nonlocal gone
+            try:
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            except Exception:  # the client went (ClientGone, a broken stream): stop producing, quietly
+                gone = True
+                nursery.cancel_scope.cancel()
+                await trio.lowlevel.checkpoint()  # (raises Cancelled: the scope is cancelled)
+                raise
+
+        async with trio.open_nursery() as nursery:
+            async def until_gone() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(until_gone)
+            await self._produce(source, write)
+            nursery.cancel_scope.cancel()
+        if not gone:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def sse_event(event: str, data: Any) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+class GraphState:
+    """The objects a watch has shown so far, by node id, and its last problems."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, Mapping[str, Any]] = {}
+        self.problems: list[dict[str, Any]] = []
+        self.hint: str | None = None
+
+    def apply(self, update: UpdateLike) -> bool:
+        """Take one update; True when the problems changed too."""
+        if update.type == "RESYNC":
+            snapshot: SnapshotLike | None = update.snapshot
+            self.objects = {node_id(o): o for o in (snapshot.objects if snapshot is not None else ())}
+            problems = [kasd_problem(p) for p in (snapshot.problems if snapshot is not None else ())]
+            changed = problems != self.problems
+            self.problems, self.hint = problems, snapshot.hint if snapshot is not None else None
+            return changed
+        if update.object is None:
+            return False
+        key = node_id(update.object)
+        if update.type == "DELETED":
+            self.objects.pop(key, None)
+        else:
+            self.objects[key] = update.object
+        return False
+
+    def values(self) -> Iterable[Mapping[str, Any]]:
+        return self.objects.values()
+
+
+def graph_events(watch: Callable[[], AbstractAsyncContextManager[AsyncIterator[UpdateLike]]],
+                 graph_of: Callable[[Iterable[Mapping[str, Any]]], dict[str, Any]], *,
+                 heartbeat: float = HEARTBEAT_SECONDS, coalesce: float = COALESCE_SECONDS) -> Response:
+    """``text/event-stream``: ``graph`` (the whole graph JSON) after each batch of updates,
+    ``problems`` when they change, ``: ping`` every ``heartbeat`` seconds; when the view drops this
+    viewer (too slow) or fails, an ``end`` event saying so, and the stream ends."""
+
+    async def produce(updates: AsyncIterator[UpdateLike], write: Write) -> None:
+        state = GraphState()
+        wake = trio.Event()
+        pending = {"graph": False, "problems": False}
+        ended: list[str] = []
+
+        async def pump(updates: AsyncIterator[UpdateLike]) -> None:
+            nonlocal wake
+            try:
+                async for update in updates:
+                    if state.apply(update):
+                        pending["problems"] = True
+                    pending["graph"] = True
+                    wake.set()
+            except Exception as exc:  # ViewerTooSlow, or the view failed: say so, then end
+                ended.append(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            else:
+                ended.append("the watch ended")
+            wake.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pump, updates)
+            await write(b": connected\n\n")
+            while True:
+                with trio.move_on_after(heartbeat):
+                    await wake.wait()
+                if not wake.is_set():
+                    await write(b": ping\n\n")
+                    continue
+                if not ended:
+                    await trio.sleep(coalesce)  # gather a burst of updates into one event
+                wake = trio.Event()
+                if pending["graph"]:
+                    pending["graph"] = False
+                    await write(sse_event("graph", graph_of(state.values())))
+                if pending["problems"]:
+                    pending["problems"] = False
+                    await write(sse_event("problems", {"problems": state.problems, "hint": state.hint}))
+                if ended:
+                    await write(sse_event("end", {"message": ended[0]}))
+                    nursery.cancel_scope.cancel()
+                    return
+
+    return _Producer(watch, produce, "text/event-stream")
+
+
+def text_stream(stream: Callable[[], AbstractAsyncContextManager[AsyncIterator[bytes]]]) -> Response:
+    """``text/plain``, chunked: what ``stream()`` gives, as it comes."""
+
+    async def produce(chunks: AsyncIterator[bytes], write: Write) -> None:
+        try:
+            async for chunk in chunks:
+                if chunk:
+                    await write(chunk)
+        except Exception as exc:  # the cluster ended it (pod gone, container not found …): say so in the text
+            await write(f"\n[kasd: the log stream ended: {type(exc).__name__}: {str(exc)[:300]}]\n".encode())
+
+    return _Producer(stream, produce, "text/plain; charset=utf-8")

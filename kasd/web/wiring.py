@@ -1,0 +1,58 @@
+"""What ``kasd.server`` needs to put the web app on the API port: the connected agents from the
+tunnel registry, the session key and settings from kasd's configuration, and the one app."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import trio
+from starlette.routing import BaseRoute
+
+from kasd.asgiport import AsgiApp
+from kasd.authz.snapshot import Snapshot
+from kasd.config import Config
+from kasd.restapi import RestApi
+from kasd.web.app import WebApp, WebSettings, mount
+from kasd.web.seams import EnvironmentStore, Views
+from kasd.web.session import session_key
+from routing.local import TunnelRegistry
+
+
+class RegistryAgents:
+    """The agents connected to this replica (``routing.local.TunnelRegistry``); ``replica`` names it.
+    (Among replicas each one shows its own tunnels.)"""
+
+    def __init__(self, registry: TunnelRegistry, replica: str) -> None:
+        self._registry = registry
+        self._replica = replica
+
+    def connections(self) -> Mapping[int, Sequence[Mapping[str, Any]]]:
+        offset = time.time() - trio.current_time()  # connected_at is Trio's clock
+        out: dict[int, list[Mapping[str, Any]]] = {}
+        for tunnel in self._registry.tunnels():
+            since = datetime.fromtimestamp(tunnel.connected_at + offset, UTC).isoformat(timespec="seconds")
+            out.setdefault(tunnel.agent_id, []).append({
+                "pod": tunnel.pod_name, "version": tunnel.version, "since": since.replace("+00:00", "Z"),
+                "replica": self._replica})
+        return out
+
+
+def web_settings(config: Config) -> WebSettings:
+    return WebSettings(cors_origins=config.web.cors_origins, tls=config.listeners.api.tls is not None)
+
+
+def api_app(rest: RestApi, config: Config, snapshot: Callable[[], Snapshot], store: EnvironmentStore, views: Views,
+            registry: TunnelRegistry, replica: str, *, agent_errors: tuple[type[Exception], ...] = (),
+            extra_routes: Sequence[BaseRoute] = ()) -> AsgiApp:
+    """The API port's one app: ``rest`` (job tokens) and the web app. The session key is shared by
+    every replica when they share a peer secret (``routing.peer_secret_file``); else random.
+    ``agent_errors``: ``(kasd.agentclient.AgentRequestError,)``; ``extra_routes``: the dashboard's
+    (``kasd.web.dashboard.dashboard_routes()``)."""
+    secret = config.routing.peer_secret_file
+    web = WebApp(snapshot, store, views, RegistryAgents(registry, replica),
+                 key=session_key(secret.value if secret is not None else None), settings=web_settings(config),
+                 agent_errors=agent_errors, extra_routes=extra_routes)
+    return mount(rest, web)

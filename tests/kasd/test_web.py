@@ -1,0 +1,353 @@
+"""kasd's web app (``kasd.web``) in process, with fakes for the store and the live views: who may
+see what (GitLab's 401/403/404), the session cookie and CSRF, CORS, GitLab's shapes, SSE, and the
+one app on the API port that still gives the job-token calls to ``RestApi``."""
+
+from __future__ import annotations
+
+import json
+import logging
+from functools import partial
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from kasd.asgiport import AsgiPort
+from kasd.restapi import RestApi
+from kasd.restpaths import ALLOWED_AGENTS_PATH
+from kasd.web import WebApp, WebSettings, mount
+from kasd.web.openapi import document
+from tests.kasd.helpers import http_request
+from tests.kasd.webfakes import (
+    TOKENS,
+    AgentRequestError,
+    FakeAgents,
+    FakeStore,
+    FakeViews,
+    Update,
+    ViewerTooSlow,
+    call,
+    fake_graph,
+    pod,
+    snapshot,
+)
+
+pytestmark = pytest.mark.timeout(30)
+KEY = b"k" * 32
+
+
+def _app(views: FakeViews | None = None, **settings: Any) -> tuple[Any, FakeViews]:
+    views = views or FakeViews()
+    snap = snapshot()
+    web = WebApp(lambda: snap, FakeStore(), views, FakeAgents(), key=KEY, settings=WebSettings(**settings),
+                 graph_of=fake_graph, agent_errors=(AgentRequestError,))
+    return mount(RestApi(lambda: snap), web), views
+
+
+def _token(user: str) -> list[tuple[str, str]]:
+    return [("private-token", TOKENS[user])]
+
+
+async def test_no_token_is_401_and_a_project_the_user_cannot_see_is_404_as_gitlab_answers() -> None:
+    app, _ = _app()
+    reply = await call(app, "GET", "/api/v4/projects/group%2Fapp/environments")
+    assert (reply.status, reply.json()) == (401, {"message": "401 Unauthorized"})
+    bad = await call(app, "GET", "/api/v4/projects/42/environments", [("authorization", "Bearer nope")])
+    assert bad.status == 401 and bad.json()["message"].startswith("401 Unauthorized: personal token")
+    for project in ("group%2Fapp", "42", "group%2Fnowhere"):
+        reply = await call(app, "GET", f"/api/v4/projects/{project}/environments", _token("carol"))
+        assert (reply.status, reply.json()) == (404, {"message": "404 Project Not Found"}), project
+    # a Guest sees the project, not its environments
+    guest = await call(app, "GET", "/api/v4/projects/42/environments", _token("dave"))
+    assert (guest.status, guest.json()) == (403, {"message": "403 Forbidden"})
+    # Reporter sees the environment, not a Developer's actions (kasd's path says which role)
+    refused = await call(app, "DELETE", "/api/kasd/v1/environments/1/pods/prod/hello-1", _token("bob"))
+    assert refused.json() == {"message": "403 Forbidden: this needs the Developer role in group/app"}
+    # an environment of another project, by id: not found either
+    assert (await call(app, "GET", "/api/kasd/v1/environments/9", _token("alice"))).json() == \
+        {"message": "404 Environment Not Found"}
+
+
+async def test_resources_need_the_agents_user_access_and_say_why_not() -> None:
+    app, views = _app()
+    reply = await call(app, "GET", "/api/kasd/v1/environments/1/resources", _token("bob"))
+    assert reply.status == 403
+    assert reply.json()["message"] == ("403 Forbidden: user bob needs at least the Developer role in a project or "
+                                       "group that agent 1 authorizes for user access (user_access)")
+    ok = await call(app, "GET", "/api/kasd/v1/environments/1/resources",
+                    [("authorization", f"Bearer {TOKENS['alice']}")])
+    assert ok.status == 200
+    body = ok.json()
+    assert body["graph"]["health"]["status"] == "Healthy" and body["environment"]["name"] == "production"
+    assert body["problems"] == [{"group": "", "version": "v1", "kind": "Secret", "namespace": "prod",
+                                 "reason": "forbidden", "message": "no"}]
+    assert views.viewers[-1].agent_id == 1 and views.viewers[-1].key == "agent"  # user_access access_as agent
+    # the kubeconfig's form of the same token (pat:<agent id>:<token>) is read too
+    assert (await call(app, "GET", "/api/kasd/v1/environments/1", [("authorization", f"Bearer pat:1:{TOKENS['alice']}")]
+                       )).json()["health"]["status"] == "Healthy"
+
+
+async def test_gitlab_shapes_filters_and_pagination() -> None:
+    app, _ = _app()
+    reply = await call(app, "GET", "/api/v4/projects/group%2Fapp/environments?per_page=2", _token("bob"))
+    assert reply.status == 200
+    envs = reply.json()
+    assert [e["name"] for e in envs] == ["production", "review/feat-x"]
+    assert set(envs[0]) >= {"id", "name", "slug", "external_url", "state", "tier", "created_at", "updated_at"}
+    assert envs[0]["created_at"] == "2026-05-28T20:26:40.000Z"
+    assert reply.headers["x-total"] == "3" and reply.headers["x-total-pages"] == "2"
+    assert reply.headers["x-next-page"] == "2" and 'rel="next"' in reply.headers["link"]
+    stopped = await call(app, "GET", "/api/v4/projects/42/environments?states=stopped", _token("bob"))
+    assert [e["name"] for e in stopped.json()] == ["review/old"]
+    search = await call(app, "GET", "/api/v4/projects/42/environments?search=review", _token("bob"))
+    assert [e["name"] for e in search.json()] == ["review/feat-x", "review/old"]
+    both = await call(app, "GET", "/api/v4/projects/42/environments?search=rev&name=x", _token("bob"))
+    assert both.json() == {"error": "name, search cannot be used together"}  # Grape's words
+    short = await call(app, "GET", "/api/v4/projects/42/environments?search=re", _token("bob"))
+    assert short.json() == {"message": "400 Bad request - Search query is less than 3 characters"}
+    bad_state = await call(app, "GET", "/api/v4/projects/42/environments?states=gone", _token("bob"))
+    assert (bad_state.status, bad_state.json()) == (400, {"error": "states does not have a valid value"})
+    other = await call(app, "GET", "/api/v4/projects/42/environments/9", _token("bob"))  # group/infra's
+    assert (other.status, other.json()) == (404, {"message": "404 Not found"})
+    huge = await call(app, "GET", f"/api/v4/projects/42/environments/{2**64}", _token("bob"))
+    assert (huge.status, huge.json()) == (404, {"message": "404 Not found"})
+    one = await call(app, "GET", "/api/v4/projects/42/environments/1", _token("bob"))
+    assert one.json()["last_deployment"]["deployable"]["id"] == 7
+    group = await call(app, "GET", "/api/v4/groups/group/environments", _token("bob"))
+    assert [e["id"] for e in group.json()] == [1, 2, 3]  # not group/infra's: bob cannot see it
+
+
+async def test_a_session_cookie_is_signed_http_only_strict_and_state_changes_need_its_csrf_token() -> None:
+    app, views = _app(tls=True)
+    signed_in = await call(app, "POST", "/-/sign_in", [("content-type", "application/json")],
+                           json.dumps({"token": TOKENS["alice"]}).encode())
+    assert signed_in.status == 200
+    (cookie,) = signed_in.cookies
+    flags = [f.strip().lower() for f in cookie.split(";")]
+    assert {"httponly", "samesite=strict", "secure", "path=/"} <= set(flags)
+    assert TOKENS["alice"] not in cookie
+    csrf = signed_in.json()["csrf_token"]
+    jar = [("cookie", cookie.split(";")[0])]
+    assert (await call(app, "GET", "/-/session", jar)).json()["csrf_token"] == csrf
+    path = "/api/kasd/v1/environments/1/pods/prod/hello-1"
+    missing = await call(app, "DELETE", path, jar)
+    assert missing.status == 403 and "CSRF" in missing.json()["message"]
+    wrong = await call(app, "DELETE", path, [*jar, ("x-csrf-token", csrf[:-2] + "xx")])
+    assert wrong.status == 403
+    assert not [r for r in views.requests if r[1] == "DELETE"]
+    ok = await call(app, "DELETE", path, [*jar, ("x-csrf-token", csrf)])
+    assert ok.status == 200 and views.requests[-1][1:3] == ("DELETE", "/api/v1/namespaces/prod/pods/hello-1")
+    # a token call needs no CSRF token
+    assert (await call(app, "DELETE", path, _token("alice"))).status == 200
+    # a forged cookie is nobody
+    forged = cookie.split(";")[0][:-4] + "AAAA"
+    assert (await call(app, "GET", "/-/session", [("cookie", forged)])).status == 401
+
+
+async def test_a_form_sign_in_goes_to_the_dashboard_and_sign_ins_are_rate_limited_per_source() -> None:
+    app, _ = _app(sign_in_per_minute=3)
+    form = [("content-type", "application/x-www-form-urlencoded")]
+    reply = await call(app, "POST", "/-/sign_in", form, f"token={TOKENS['bob']}".encode())
+    assert reply.status == 303 and reply.headers["location"] == "/-/dashboard/"
+    assert "secure" not in reply.cookies[0].lower()  # no TLS on this port
+    for _ in range(2):
+        assert (await call(app, "POST", "/-/sign_in", form, b"token=wrong")).status == 401
+    limited = await call(app, "POST", "/-/sign_in", form, b"token=wrong")
+    assert limited.status == 429 and int(limited.headers["retry-after"]) >= 1
+    assert (await call(app, "POST", "/-/sign_in", form, b"token=wrong", client="10.0.0.2")).status == 401
+    other_site = await call(app, "POST", "/-/sign_in", [*form, ("origin", "https://evil.example")],
+                            f"token={TOKENS['bob']}".encode(), client="10.0.0.3")
+    assert other_site.status == 403 and not other_site.cookies
+    same_site = await call(app, "POST", "/-/sign_in", [*form, ("origin", "http://kasd")],
+                           f"token={TOKENS['bob']}".encode(), client="10.0.0.3")
+    assert same_site.status == 303
+
+
+async def test_cors_answers_only_configured_origins_and_every_answer_has_the_security_headers() -> None:
+    app, _ = _app(cors_origins=("https://dash.example",))
+    preflight = [("access-control-request-method", "GET"), ("access-control-request-headers", "private-token")]
+    ok = await call(app, "OPTIONS", "/api/v4/projects/42/environments", [("origin", "https://dash.example"), *preflight])
+    assert ok.headers["access-control-allow-origin"] == "https://dash.example"
+    other = await call(app, "OPTIONS", "/api/v4/projects/42/environments", [("origin", "https://evil.example"),
+                                                                             *preflight])
+    assert "access-control-allow-origin" not in other.headers
+    get = await call(app, "GET", "/api/v4/projects/42/environments", [("origin", "https://evil.example"),
+                                                                       *_token("bob")])
+    assert "access-control-allow-origin" not in get.headers
+    none, _ = _app()
+    plain = await call(none, "GET", "/api/v4/projects/42/environments", [("origin", "https://dash.example"),
+                                                                          *_token("bob")])
+    assert "access-control-allow-origin" not in plain.headers
+    for reply in (ok, get, plain, await call(none, "GET", ALLOWED_AGENTS_PATH)):
+        assert reply.headers["content-security-policy"].startswith("default-src 'self'")
+        assert "frame-ancestors 'none'" in reply.headers["content-security-policy"]
+        assert reply.headers["x-content-type-options"] == "nosniff"
+        assert reply.headers["referrer-policy"] == "no-referrer"
+
+
+async def test_objects_are_read_only_from_the_graph_and_flux_reconcile_annotates() -> None:
+    app, views = _app()
+    base = "/api/kasd/v1/environments/1"
+    got = await call(app, "GET", f"{base}/objects/_/v1/Pod/prod/hello-1", _token("alice"))
+    assert got.status == 200 and "managedFields" not in got.json()["metadata"]
+    assert views.requests[-1][2] == "/api/v1/namespaces/prod/pods/hello-1"
+    as_yaml = await call(app, "GET", f"{base}/objects/core/v1/Pod/prod/hello-1", [*_token("alice"),
+                                                                                  ("accept", "application/yaml")])
+    assert as_yaml.headers["content-type"].startswith("application/yaml") and b"kind: Pod" in as_yaml.body
+    for path in (f"{base}/objects/core/v1/Secret/prod/db", f"{base}/pods/prod/other/log",
+                 f"{base}/flux/Kustomization/prod/other/reconcile"):
+        method = "POST" if path.endswith("reconcile") else "GET"
+        assert (await call(app, method, path, _token("alice"))).status == 404, path
+    events = await call(app, "GET", f"{base}/objects/core/v1/Pod/prod/hello-1/events", _token("alice"))
+    assert events.json()["events"][0]["reason"] == "BackOff"
+    assert "involvedObject.uid%3Duid-hello-1" in views.requests[-1][2]
+    log = await call(app, "GET", f"{base}/pods/prod/hello-1/log?tailLines=10&follow=true", _token("alice"))
+    assert log.body == b"line 1\nline 2\n" and log.headers["content-type"].startswith("text/plain")
+    assert "content-length" not in log.headers  # streamed: chunked on the wire
+    assert views.requests[-1][2] == "/api/v1/namespaces/prod/pods/hello-1/log?follow=true&tailLines=10"
+    done = await call(app, "POST", f"{base}/flux/Kustomization/prod/apps/reconcile", _token("alice"))
+    assert done.status == 200
+    _, method, target, (body, content_type) = views.requests[-1]
+    assert (method, target) == ("PATCH", "/apis/kustomize.toolkit.fluxcd.io/v1/namespaces/prod/kustomizations/apps")
+    assert content_type == "application/merge-patch+json"
+    assert body["metadata"]["annotations"]["reconcile.fluxcd.io/requestedAt"].endswith("Z")
+    bad = await call(app, "GET", f"{base}/pods/prod/hello-1/log?tailLines=-1", _token("alice"))
+    assert bad.status == 400 and "tailLines" in bad.json()["message"]
+    views.log_refused = True  # refused as it opens: still a whole error answer
+    refused = await call(app, "GET", f"{base}/pods/prod/hello-1/log", _token("alice"))
+    assert (refused.status, refused.json()) == (404, {"message": "404 container not found"})
+    views.unreachable = True  # the agent's answer is the caller's, in kasd's words
+    gone = await call(app, "GET", f"{base}/resources", _token("alice"))
+    assert (gone.status, gone.json()) == (503, {"message": "503 agent 1 is not connected"})
+
+
+async def _sse(app: Any, views: FakeViews, *, leave: trio.Event) -> list[bytes]:
+    """Chunks of the watch stream until it ends (the client leaves when ``leave`` is set)."""
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "GET", "scheme": "http", "path": "/api/kasd/v1/environments/1/resources/watch",
+             "raw_path": b"/api/kasd/v1/environments/1/resources/watch", "query_string": b"", "root_path": "",
+             "server": None, "client": ("127.0.0.1", 1),
+             "headers": [(b"private-token", TOKENS["alice"].encode())]}
+    chunks: list[bytes] = []
+    first = True
+
+    async def receive() -> dict[str, Any]:
+        nonlocal first
+        if first:
+            first = False
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await leave.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            assert dict(message["headers"])[b"content-type"].startswith(b"text/event-stream")
+        else:
+            chunks.append(message.get("body", b""))
+            if b"event: graph" in chunks[-1] and b"hello-2" in chunks[-1]:
+                leave.set()  # the update arrived: the client goes
+
+    await app(scope, receive, send)
+    return chunks
+
+
+async def test_sse_sends_the_graph_then_each_coalesced_change_and_ends_when_the_client_goes(
+        autojump_clock: trio.testing.MockClock) -> None:
+    app, views = _app()
+    leave = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(views.updates_in.send, Update("ADDED", object=pod("hello-2", "Pending")))
+        chunks = await _sse(app, views, leave=leave)
+    text = b"".join(chunks).decode()
+    graphs = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ") and '"nodes"' in line]
+    # the first RESYNC and the ADDED came within one coalescing window: one event with both
+    assert graphs[-1]["health"]["status"] == "Progressing" and "/Pod/prod/hello-2" in graphs[-1]["health"]["message"]
+    assert views.watch_closed.is_set()
+
+
+async def test_sse_heartbeats_and_a_viewer_dropped_as_too_slow_gets_an_end_event(
+        autojump_clock: trio.testing.MockClock) -> None:
+    app, views = _app()
+    leave = trio.Event()
+    async with trio.open_nursery() as nursery:
+        async def later() -> None:
+            await trio.sleep(40)  # (mock clock) long enough for two heartbeats
+            await views.updates_in.send(ViewerTooSlow("the viewer fell behind"))
+        nursery.start_soon(later)
+        text = b"".join(await _sse(app, views, leave=leave)).decode()
+    assert text.count(": ping") >= 2
+    assert 'event: end\ndata: {"message":"ViewerTooSlow: the viewer fell behind"}' in text
+    assert views.watch_closed.is_set()
+
+
+def test_the_openapi_document_is_served_kept_in_docs_and_describes_every_route() -> None:
+    from pathlib import Path
+    doc = document()
+    kept = json.loads((Path(__file__).parents[2] / "docs" / "openapi.json").read_text())
+    assert kept == doc, "run: python -m kasd.web.openapi > docs/openapi.json"
+    snap = snapshot()
+    web = WebApp(lambda: snap, FakeStore(), FakeViews(), FakeAgents(), key=KEY, graph_of=fake_graph)
+    for route in web.routes:
+        path = route.path.replace(":path}", "}").replace(":int}", "}")
+        assert path in doc["paths"], path
+        assert set(m.lower() for m in route.methods or ()) - {"head"} <= set(doc["paths"][path]), path
+
+
+async def test_starlette_runs_on_trio_behind_kasds_own_front_end_beside_the_job_token_calls(
+        caplog: pytest.LogCaptureFixture) -> None:
+    app, views = _app()
+    snap = snapshot()
+    port = AsgiPort(app, log=logging.getLogger("test.web"))
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, port.handle_connection, 0, host="127.0.0.1"))
+        number = listeners[0].socket.getsockname()[1]
+        web = await http_request(number, "GET", "/api/v4/projects/group%2Fapp/environments",
+                                 [("private-token", TOKENS["bob"])])
+        assert web.status == 200 and [e["id"] for e in json.loads(web.body)] == [1, 2, 3]
+        with caplog.at_level(logging.INFO, logger="test.web"):
+            await http_request(number, "DELETE", "/api/kasd/v1/environments/1/pods/prod/hello-1?csrf_token=SEKRIT",
+                               [("cookie", "_kasd_session=x")])
+        assert "SEKRIT" not in caplog.text and "path=/api/kasd/v1/environments/1/pods/prod/hello-1 " in caplog.text
+        # a browser that leaves the live graph: kasd.asgiport says http.disconnect, the watch closes
+        client = await trio.open_tcp_stream("127.0.0.1", number)
+        await client.send_all(b"GET /api/kasd/v1/environments/1/resources/watch HTTP/1.1\r\nHost: kasd\r\n"
+                              b"PRIVATE-TOKEN: " + TOKENS["alice"].encode() + b"\r\n\r\n")
+        seen = b""
+        while b"event: graph" not in seen:
+            seen += await client.receive_some(65536)
+        assert b"text/event-stream" in seen and b"transfer-encoding: chunked" in seen.lower()
+        await client.aclose()
+        with trio.fail_after(5):
+            await views.watch_closed.wait()
+        rest = await http_request(number, "GET", ALLOWED_AGENTS_PATH, [])
+        assert rest.status == 401 and b"JOB-TOKEN" in rest.body
+        assert rest.headers["x-content-type-options"] == "nosniff"
+        nursery.cancel_scope.cancel()
+    del snap
+
+
+async def test_a_session_lasts_at_most_12_hours_and_ends_when_its_token_is_revoked() -> None:
+    from datetime import timedelta
+
+    import attrs
+
+    from kasd.authz.jobtokens import verify_personal_token
+    from tests.kasd.helpers import AUTH
+
+    token = AUTH.personal_token("alice", ttl=timedelta(days=2))
+    snap = snapshot()
+    current = [snap]
+    web = WebApp(lambda: current[0], FakeStore(), FakeViews(), FakeAgents(), key=KEY, graph_of=fake_graph)
+    signed_in = await call(web, "POST", "/-/sign_in", [("content-type", "application/json")],
+                           json.dumps({"token": token}).encode())
+    (cookie,) = signed_in.cookies
+    max_age = int(next(f for f in cookie.split("; ") if f.lower().startswith("max-age=")).split("=")[1])
+    assert 12 * 3600 - 5 <= max_age <= 12 * 3600
+    jar = [("cookie", cookie.split(";")[0])]
+    assert (await call(web, "GET", "/-/session", jar)).status == 200
+    assert snap.tokens.keyset is not None
+    jti = verify_personal_token(token, snap.tokens.keyset, audience=snap.tokens.audience,
+                                issuer=snap.tokens.issuer).stamp.token_id  # type: ignore[union-attr]
+    current[0] = attrs.evolve(snap, tokens=attrs.evolve(snap.tokens, revoked=frozenset({jti})))
+    assert (await call(web, "GET", "/-/session", jar)).status == 401
