@@ -32,8 +32,8 @@ from kasd.restapi import RestApi
 from kasd.store.protocol import StoreError
 from kasd.web import openapi
 from kasd.web.auth import (
+    ApiRefusal,
     Caller,
-    Refusal,
     SignInLimit,
     authenticate,
     group_for,
@@ -156,7 +156,7 @@ class WebApp:
                 expose_headers=["x-page", "x-per-page", "x-total", "x-total-pages", "x-next-page", "x-prev-page",
                                 "link"], max_age=600))
         self.app = Starlette(routes=served, middleware=middleware,
-                             exception_handlers={Refusal: _refused, HTTPException: _http_error,
+                             exception_handlers={ApiRefusal: _refused, HTTPException: _http_error,
                                                  StoreError: _store_failed})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -174,12 +174,12 @@ class WebApp:
         env_id = int(request.path_params["env_id"])
         env = await self._store.environment(env_id) if 0 < env_id < 2**63 else None  # (ids are 63-bit)
         if env is None:
-            raise Refusal(404, "404 Environment Not Found")
+            raise ApiRefusal(404, "404 Environment Not Found")
         try:
             project_for(snapshot, caller, str(env.project_id), need=need, explain=True)
-        except Refusal as exc:
+        except ApiRefusal as exc:
             if exc.status == 404:  # (one that exists in a project they cannot see is not told apart)
-                raise Refusal(404, "404 Environment Not Found") from None
+                raise ApiRefusal(404, "404 Environment Not Found") from None
             raise
         return snapshot, caller, env
 
@@ -188,7 +188,7 @@ class WebApp:
         asked = request.query_params.get("agent")
         if asked is not None:
             if not asked.isdigit() or int(asked) not in env.agents:
-                raise Refusal(400, f"400 Bad Request: agent must be one of the environment's agents "
+                raise ApiRefusal(400, f"400 Bad Request: agent must be one of the environment's agents "
                                    f"({', '.join(map(str, env.agents)) or 'none'})")
             agent_id = int(asked)
         elif env.last_deployment is not None:
@@ -196,13 +196,13 @@ class WebApp:
         elif env.agents:
             agent_id = env.agents[0]
         else:
-            raise Refusal(404, "404 Not Found: no agent has deployed to this environment")
+            raise ApiRefusal(404, "404 Not Found: no agent has deployed to this environment")
         return viewer_for(snapshot, caller, agent_id)
 
-    def _agent_refusal(self, exc: Exception) -> Refusal:
+    def _agent_refusal(self, exc: Exception) -> ApiRefusal:
         status = int(getattr(exc, "status", 502))
         status = status if status in (403, 404, 409, 422, 429, 502, 503, 504) else 502
-        return Refusal(status, f"{status} {str(getattr(exc, 'message', '') or exc)[:300]}")
+        return ApiRefusal(status, f"{status} {str(getattr(exc, 'message', '') or exc)[:300]}")
 
     @asynccontextmanager
     async def _opened(self, source: AbstractAsyncContextManager[T]) -> AsyncIterator[T]:
@@ -221,7 +221,7 @@ class WebApp:
         except self._agent_errors as exc:
             raise self._agent_refusal(exc) from None
         except trio.TooSlowError:
-            raise Refusal(504, f"504 Gateway Timeout: the environment's objects did not come within "
+            raise ApiRefusal(504, f"504 Gateway Timeout: the environment's objects did not come within "
                                f"{SNAPSHOT_LIMIT:g} s") from None
 
     # ------------------------------------------------------------------ session
@@ -230,11 +230,11 @@ class WebApp:
         origin = request.headers.get("origin")
         if origin is not None and origin.lower() not in self._own_origins(request):
             # a page of another site signing its visitor in (as someone else): refused
-            raise Refusal(403, "403 Forbidden: sign-in from another origin")
+            raise ApiRefusal(403, "403 Forbidden: sign-in from another origin")
         source = request.client.host if request.client else "-"
         wait = self._limit.take(source)
         if wait > 0:
-            raise Refusal(429, "429 Too Many Requests: too many sign-in attempts; try again later",
+            raise ApiRefusal(429, "429 Too Many Requests: too many sign-in attempts; try again later",
                           {"retry-after": str(int(wait) + 1)})
         body = await request.body()
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -248,7 +248,7 @@ class WebApp:
         except (ValueError, UnicodeDecodeError):
             token = None
         if not isinstance(token, str) or not token.strip():
-            raise Refusal(400, '400 Bad Request: send {"token": "<personal token>"} as JSON, or a form with token')
+            raise ApiRefusal(400, '400 Bad Request: send {"token": "<personal token>"} as JSON, or a form with token')
         now = self._clock()
         caller = verify_token(self._snapshot(), token.strip(), now)
         session = self._signer.new(caller.username, caller.expires, caller.token_id, now)
@@ -275,7 +275,7 @@ class WebApp:
     async def session(self, request: Request) -> Response:
         _, caller = self._caller(request)
         if caller.session is None:
-            raise Refusal(401, "401 Unauthorized: no session (sign in with POST /-/sign_in)")
+            raise ApiRefusal(401, "401 Unauthorized: no session (sign in with POST /-/sign_in)")
         return _no_store(JSONResponse({"user": caller.username, "expires_at": _iso(caller.expires),
                                        "csrf_token": self._signer.csrf_token(caller.session)}))
 
@@ -287,9 +287,9 @@ class WebApp:
         q = request.query_params
         name, search = q.get("name"), q.get("search")
         if name is not None and search is not None:
-            raise Refusal(400, "name, search cannot be used together", key="error")
+            raise ApiRefusal(400, "name, search cannot be used together", key="error")
         if search and len(search) < 3:
-            raise Refusal(400, "400 Bad request - Search query is less than 3 characters")
+            raise ApiRefusal(400, "400 Bad request - Search query is less than 3 characters")
         state = _state(q.get("states"))
         envs = await self._store.environments(project_id=project.id, tier=_tier(q.get("tier")), state=state)
         if name is not None:
@@ -304,7 +304,7 @@ class WebApp:
         env_id = int(request.path_params["env_id"])
         env = await self._store.environment(env_id) if 0 < env_id < 2**63 else None  # (ids are 63-bit)
         if env is None or env.project_id != project.id:
-            raise Refusal(404, "404 Not found")
+            raise ApiRefusal(404, "404 Not found")
         return JSONResponse(gitlab_environment(env, detail=True))
 
     async def group_environments(self, request: Request) -> Response:
@@ -343,7 +343,7 @@ class WebApp:
             if role is None or role < Role.REPORTER:
                 try:
                     viewer_for(snapshot, caller, agent.id)
-                except Refusal:
+                except ApiRefusal:
                     continue
             out.append({"id": agent.id, "name": agent.name, "config_project": agent.config_project,
                         "connections": [dict(c) for c in connections.get(agent.id, ())]})
@@ -382,7 +382,7 @@ class WebApp:
         for obj in view.objects:
             if node_id(obj) == wanted:
                 return obj
-        raise Refusal(404, f"404 Not Found: {wanted} is not an object of this environment")
+        raise ApiRefusal(404, f"404 Not Found: {wanted} is not an object of this environment")
 
     async def _object_of(self, request: Request) -> tuple[Viewer, Mapping[str, Any], str, str]:
         snapshot, caller, env = await self._environment(request)
@@ -428,7 +428,7 @@ class WebApp:
             params.append(("container", _name(container, "container")))
         follow = q.get("follow", "false")
         if follow not in ("true", "false"):
-            raise Refusal(400, "400 Bad Request: follow must be true or false")
+            raise ApiRefusal(400, "400 Bad Request: follow must be true or false")
         if follow == "true":
             params.append(("follow", "true"))
         if q.get("tailLines") is not None:
@@ -452,7 +452,7 @@ class WebApp:
         p = request.path_params
         kind = p["kind"]
         if not _KIND.fullmatch(kind):
-            raise Refusal(400, "400 Bad Request: kind must be a Kubernetes kind (Kustomization, HelmRelease …)")
+            raise ApiRefusal(400, "400 Bad Request: kind must be a Kubernetes kind (Kustomization, HelmRelease …)")
         namespace, name = _name(p["namespace"], "namespace"), _name(p["name"], "name")
         viewer = self._viewer(request, snapshot, caller, env)
         view = await self._env_snapshot(env, viewer)
@@ -461,7 +461,7 @@ class WebApp:
                  and (o.get("metadata") or {}).get("namespace") == namespace
                  and (o.get("metadata") or {}).get("name") == name]
         if not found:
-            raise Refusal(404, f"404 Not Found: no Flux {kind} {namespace}/{name} in this environment")
+            raise ApiRefusal(404, f"404 Not Found: no Flux {kind} {namespace}/{name} in this environment")
         group, _, version = str(found[0]["apiVersion"]).rpartition("/")
         now = datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
         patch = {"metadata": {"annotations": {"reconcile.fluxcd.io/requestedAt": now}}}
@@ -477,10 +477,10 @@ class WebApp:
         except self._agent_errors as exc:
             raise self._agent_refusal(exc) from None
         except trio.TooSlowError:
-            raise Refusal(504, f"504 Gateway Timeout: the agent did not answer within {REQUEST_LIMIT:g} s") from None
+            raise ApiRefusal(504, f"504 Gateway Timeout: the agent did not answer within {REQUEST_LIMIT:g} s") from None
         if not 200 <= answer.status < 300:
             message = answer.body.get("message")
-            raise Refusal(answer.status if answer.status in (403, 404, 409, 422) else 502,
+            raise ApiRefusal(answer.status if answer.status in (403, 404, 409, 422) else 502,
                           f"{answer.status} from the cluster: {str(message or '')[:300]}".strip())
         return answer
 
@@ -510,11 +510,11 @@ def _identity(group: str, version: str, kind: str, namespace: str, name: str) ->
     group = "" if group in ("core", "_") else group
     namespace = "" if namespace == "_" else namespace
     if group and not _GROUP.fullmatch(group):
-        raise Refusal(400, "400 Bad Request: group must be an API group (core for the core group)")
+        raise ApiRefusal(400, "400 Bad Request: group must be an API group (core for the core group)")
     if not _VERSION.fullmatch(version):
-        raise Refusal(400, "400 Bad Request: version must be an API version (v1, v1beta1 …)")
+        raise ApiRefusal(400, "400 Bad Request: version must be an API version (v1, v1beta1 …)")
     if not _KIND.fullmatch(kind):
-        raise Refusal(400, "400 Bad Request: kind must be a Kubernetes kind")
+        raise ApiRefusal(400, "400 Bad Request: kind must be a Kubernetes kind")
     if namespace:
         _name(namespace, "namespace")
     return group, version, kind, namespace, _name(name, "name")
@@ -522,7 +522,7 @@ def _identity(group: str, version: str, kind: str, namespace: str, name: str) ->
 
 def _name(text: str, what: str) -> str:
     if not _NAME.fullmatch(text):
-        raise Refusal(400, f"400 Bad Request: {what} must be a Kubernetes name (lower-case letters, digits, '-', '.')")
+        raise ApiRefusal(400, f"400 Bad Request: {what} must be a Kubernetes name (lower-case letters, digits, '-', '.')")
     return text
 
 
@@ -530,7 +530,7 @@ def _number(text: str | None, what: str, default: int, low: int, high: int) -> i
     if text is None or text == "":
         return default
     if not text.isdigit() or not low <= int(text) <= high:
-        raise Refusal(400, f"400 Bad Request: {what} must be a whole number from {low} to {high}")
+        raise ApiRefusal(400, f"400 Bad Request: {what} must be a whole number from {low} to {high}")
     return int(text)
 
 
@@ -538,7 +538,7 @@ def _state(text: str | None) -> str | None:
     if text is None or text == "":
         return None
     if text not in STATES:
-        raise Refusal(400, "states does not have a valid value", key="error")
+        raise ApiRefusal(400, "states does not have a valid value", key="error")
     return text
 
 
@@ -547,7 +547,7 @@ def _tier(text: str | None) -> str | None:
     if text is None or text == "":
         return None
     if text not in tiers:
-        raise Refusal(400, "tier does not have a valid value", key="error")
+        raise ApiRefusal(400, "tier does not have a valid value", key="error")
     return text
 
 
@@ -561,7 +561,7 @@ def _no_store(answer: Response) -> Response:
 
 
 async def _refused(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, Refusal)
+    assert isinstance(exc, ApiRefusal)
     return JSONResponse({exc.key: exc.message}, status_code=exc.status, headers=exc.headers)
 
 

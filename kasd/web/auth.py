@@ -17,13 +17,13 @@ from kasd.authz.jobtokens import TokenInvalid, verify_personal_token
 from kasd.authz.policy import authorize_user
 from kasd.authz.snapshot import Snapshot
 from kasd.web.seams import Viewer
-from kasd.web.session import COOKIE, Session, SessionSigner
+from kasd.web.session import COOKIE, BrowserSession, SessionSigner
 
 #: methods that change nothing: no CSRF token asked
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-class Refusal(Exception):
+class ApiRefusal(Exception):
     """An answer in GitLab's words: ``{"message": "404 Project Not Found"}``."""
 
     def __init__(self, status: int, message: str, headers: dict[str, str] | None = None, *, key: str = "message") -> None:
@@ -43,7 +43,7 @@ class Caller:
     username: str
     #: how: "token" (PRIVATE-TOKEN / Bearer) or "session" (the cookie)
     via: str
-    session: Session | None = None
+    session: BrowserSession | None = None
     #: until when (seconds since the epoch) the proof holds
     expires: int = 0
     token_id: str = ""
@@ -69,7 +69,7 @@ def offered_token(request: Request) -> str | None:
             kind, _, rest = value.strip().partition(":")
             agent, _, token = rest.partition(":")
             return token if kind == "pat" and agent.isdigit() and token else value.strip()
-        raise Refusal(401, f"{UNAUTHORIZED}: send a personal token as PRIVATE-TOKEN: <token> or Authorization: "
+        raise ApiRefusal(401, f"{UNAUTHORIZED}: send a personal token as PRIVATE-TOKEN: <token> or Authorization: "
                            "Bearer <token>")
     return None
 
@@ -78,14 +78,14 @@ def verify_token(snapshot: Snapshot, token: str, now: float) -> Caller:
     """The user a personal token proves, or 401 saying which check failed."""
     t = snapshot.tokens
     if t.keyset is None:
-        raise Refusal(401, f"{UNAUTHORIZED}: kasd verifies no tokens (authorization.tokens.public_keys is empty)")
+        raise ApiRefusal(401, f"{UNAUTHORIZED}: kasd verifies no tokens (authorization.tokens.public_keys is empty)")
     try:
         claims = verify_personal_token(token, t.keyset, audience=t.audience, issuer=t.issuer, now=now, leeway=t.leeway,
                                        revoked=t.revoked)
     except TokenInvalid as exc:
-        raise Refusal(401, f"{UNAUTHORIZED}: personal token {exc.reason}") from None
+        raise ApiRefusal(401, f"{UNAUTHORIZED}: personal token {exc.reason}") from None
     if snapshot.directory.user(claims.user) is None:
-        raise Refusal(401, f"{UNAUTHORIZED}: user {claims.user!r} is not known to kasd")
+        raise ApiRefusal(401, f"{UNAUTHORIZED}: user {claims.user!r} is not known to kasd")
     assert claims.stamp is not None
     return Caller(username=claims.user, via="token", expires=claims.stamp.expires_at, token_id=claims.stamp.token_id)
 
@@ -98,13 +98,13 @@ def authenticate(request: Request, snapshot: Snapshot, signer: SessionSigner, no
         return verify_token(snapshot, token, now)
     session = signer.read(request.cookies.get(COOKIE), now)
     if session is None:
-        raise Refusal(401, UNAUTHORIZED)
+        raise ApiRefusal(401, UNAUTHORIZED)
     if session.token_id in snapshot.tokens.revoked or snapshot.directory.user(session.user) is None:
-        raise Refusal(401, f"{UNAUTHORIZED}: the session's token is revoked or its user is no longer known")
+        raise ApiRefusal(401, f"{UNAUTHORIZED}: the session's token is revoked or its user is no longer known")
     if request.method not in SAFE_METHODS:
         offered = _header(request, "x-csrf-token") or csrf_query(request)
         if not signer.csrf_ok(session, offered):
-            raise Refusal(403, "403 Forbidden: a call made with the session cookie that changes something needs the "
+            raise ApiRefusal(403, "403 Forbidden: a call made with the session cookie that changes something needs the "
                                "session's CSRF token (X-CSRF-Token header, from the sign-in answer or GET /-/session)")
     return Caller(username=session.user, via="session", session=session, expires=session.expires,
                   token_id=session.token_id)
@@ -124,9 +124,9 @@ def project_for(snapshot: Snapshot, caller: Caller, ident: str, *, need: Role = 
     project = directory.project_by_id(int(ident)) if ident.isdigit() else directory.project(ident)
     role = directory.role_of(caller.username, project) if project is not None else None
     if project is None or role is None:
-        raise Refusal(404, "404 Project Not Found")
+        raise ApiRefusal(404, "404 Project Not Found")
     if role < need:
-        raise Refusal(403, f"403 Forbidden: this needs the {need.name.title()} role in {project.path}" if explain
+        raise ApiRefusal(403, f"403 Forbidden: this needs the {need.name.title()} role in {project.path}" if explain
                       else "403 Forbidden")
     return project
 
@@ -138,7 +138,7 @@ def group_for(snapshot: Snapshot, caller: Caller, ident: str) -> Group:
     if group is None or (directory.group_role(caller.username, group) is None and not any(
             p.path.lower().startswith(group.path.lower() + "/") and directory.role_of(caller.username, p) is not None
             for p in directory.projects)):
-        raise Refusal(404, "404 Group Not Found")
+        raise ApiRefusal(404, "404 Group Not Found")
     return group
 
 
@@ -146,10 +146,10 @@ def viewer_for(snapshot: Snapshot, caller: Caller, agent_id: int) -> Viewer:
     """As whom ``caller`` sees through agent ``agent_id`` (its ``user_access``), or 403 with why not."""
     compiled = snapshot.agents.get(agent_id)
     if compiled is None:
-        raise Refusal(403, f"403 Forbidden: agent {agent_id} is not known")
+        raise ApiRefusal(403, f"403 Forbidden: agent {agent_id} is not known")
     decision = authorize_user(snapshot.directory, agent_id, compiled.config, caller.username)
     if not decision.allowed:
-        raise Refusal(403, f"403 Forbidden: {decision.reason}")
+        raise ApiRefusal(403, f"403 Forbidden: {decision.reason}")
     key = "agent" if decision.identity is None else f"user:{caller.username}"
     return Viewer(agent_id, identity=decision.identity, key=key)
 

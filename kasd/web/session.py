@@ -40,7 +40,7 @@ def session_key(peer_secret: str | None) -> bytes:
 
 
 @attrs.frozen(kw_only=True)
-class Session:
+class BrowserSession:
     user: str
     #: seconds since the epoch
     expires: int
@@ -64,16 +64,16 @@ class SessionSigner:
     def _mac(self, what: bytes) -> str:
         return _b64(hmac.new(self._key, what, hashlib.sha256).digest())
 
-    def new(self, user: str, token_expires: int, token_id: str, now: float) -> Session:
+    def new(self, user: str, token_expires: int, token_id: str, now: float) -> BrowserSession:
         expires = min(int(token_expires), int(now) + MAX_SESSION_SECONDS)
-        return Session(user=user, expires=expires, token_id=token_id, nonce=secrets.token_urlsafe(16))
+        return BrowserSession(user=user, expires=expires, token_id=token_id, nonce=secrets.token_urlsafe(16))
 
-    def cookie_value(self, session: Session) -> str:
+    def cookie_value(self, session: BrowserSession) -> str:
         payload = _b64(json.dumps({"u": session.user, "exp": session.expires, "jti": session.token_id,
                                    "n": session.nonce}, separators=(",", ":")).encode())
         return f"{payload}.{self._mac(payload.encode())}"
 
-    def read(self, value: str | None, now: float) -> Session | None:
+    def read(self, value: str | None, now: float) -> BrowserSession | None:
         """The session of a cookie value, or None (absent, forged, malformed or expired)."""
         if not value or len(value) > MAX_COOKIE_BYTES:
             return None
@@ -82,14 +82,14 @@ class SessionSigner:
             return None
         try:
             data: Any = json.loads(_unb64(payload))
-            session = Session(user=str(data["u"]), expires=int(data["exp"]), token_id=str(data["jti"]),
+            session = BrowserSession(user=str(data["u"]), expires=int(data["exp"]), token_id=str(data["jti"]),
                               nonce=str(data["n"]))
         except (ValueError, KeyError, TypeError):
             return None
         return session if session.expires > now else None
 
-    def csrf_token(self, session: Session) -> str:
+    def csrf_token(self, session: BrowserSession) -> str:
         return self._mac(b"csrf\x00" + session.nonce.encode())
 
-    def csrf_ok(self, session: Session, offered: str | None) -> bool:
+    def csrf_ok(self, session: BrowserSession, offered: str | None) -> bool:
         return bool(offered) and hmac.compare_digest(str(offered).encode(), self.csrf_token(session).encode())
