@@ -18,6 +18,7 @@ attrs, the standard library. Never the proxy, a front end or the web app (they i
 
 from kasd.environments.values import (
     EnvironmentRef,
+    EnvironmentSnapshot,
     KindProblem,
     Snapshot,
     Update,
@@ -27,5 +28,5 @@ from kasd.environments.values import (
 )
 from kasd.environments.views import EnvironmentViews, ViewsStatistics
 
-__all__ = ["EnvironmentRef", "EnvironmentViews", "KindProblem", "Snapshot", "Update", "ViewLimits", "Viewer",
+__all__ = ["EnvironmentRef", "EnvironmentSnapshot", "EnvironmentViews", "KindProblem", "Snapshot", "Update", "ViewLimits", "Viewer",
            "ViewerTooSlow", "ViewsStatistics"]

@@ -53,12 +53,19 @@ class KindProblem:
 
 
 @attrs.frozen
-class Snapshot:
+class EnvironmentSnapshot:
+    """An environment's objects at one time (``Snapshot``: the name issue 27's contract gives it;
+    the class is named apart from ``kasd.authz.snapshot.Snapshot``, one concept, one name)."""
+
     #: whole objects as the API answered (``managedFields`` dropped; Secrets without their values)
     objects: tuple[Mapping[str, Any], ...]
     problems: tuple[KindProblem, ...]
     #: when nothing carries the labels: GitLab's message, naming both labels
     hint: str | None
+
+
+#: the contract's name (``from kasd.environments import Snapshot``)
+Snapshot = EnvironmentSnapshot
 
 
 @attrs.frozen
@@ -99,4 +106,4 @@ class ViewLimits:
     backoff: tuple[float, float] = (1.0, 30.0)
 
 
-__all__ = ["EnvironmentRef", "KindProblem", "Snapshot", "Update", "ViewLimits", "Viewer", "ViewerTooSlow"]
+__all__ = ["EnvironmentRef", "EnvironmentSnapshot", "KindProblem", "Snapshot", "Update", "ViewLimits", "Viewer", "ViewerTooSlow"]
