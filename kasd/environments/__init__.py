@@ -12,8 +12,8 @@ object per kasd process: ``EnvironmentViews`` (``views``).
   the stand-in for ``kasd.envgraph``'s helpers until that part is merged);
 - ``discover``, ``watching``, ``views``: the I/O, through ``kasd.agentclient``.
 
-May import: ``kasd.agentclient``, ``kasd.seams``, ``tunnelhttp`` (the impersonation value), trio,
-attrs, the standard library. Never the proxy, a front end or the web app (they import this).
+May import: ``kasd.agentclient``, ``kasd.seams``, ``tunnelhttp`` (the impersonation value),
+``daemonkit.logs``, trio, attrs, the standard library. Never the proxy, a front end or the web app (they import this).
 """
 
 from kasd.environments.values import (

@@ -24,12 +24,14 @@ without limit.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
 
 import trio
 
+from daemonkit.logs import BurstLimitedLog
 from kasd.agentclient import AgentApi, AgentRequestError
 from kasd.environments.discover import Discovered, discover
 from kasd.environments.kinds import ApiKind
@@ -58,6 +60,8 @@ ALWAYS_WATCHED = frozenset({
     ("networking.k8s.io", "Ingress"), ("batch", "CronJob"), ("", "ConfigMap"), ("", "Secret"),
     ("", "PersistentVolumeClaim"), ("", "ServiceAccount"), ("autoscaling", "HorizontalPodAutoscaler"),
 })
+
+_failures = BurstLimitedLog(logging.getLogger("kasd.environments"), interval=10.0)
 
 #: seconds between a member Pod using an object the set lacks and the discovery that fetches it
 REDISCOVER_DELAY = 1.0
@@ -156,7 +160,11 @@ class WatchSet:
                 self.discoveries += 1
                 self._load(found)
                 self._resync()
-                await self._watch_all(found)
+                try:
+                    await self._watch_all(found)
+                except Exception as exc:  # a bug here must not end kasd's other views: logged, retried
+                    _failures.log(logging.ERROR, self.env.id, "environment watch set failed environment=%s "
+                                  "viewer=%s error=%r", self.env.id, self.viewer.key, exc)
                 if trio.current_time() - began < self.limits.backoff[1]:
                     await trio.sleep(wait)  # a watch broke soon after it began: do not hammer the agent
                     wait = min(wait * 2, self.limits.backoff[1])

@@ -52,7 +52,7 @@ def _objects() -> list[dict[str, Any]]:
                                          "envFrom": [{"secretRef": {"name": "hello-db"}}]}]}}
     rules = [{"apiGroups": ["", "apps", "discovery.k8s.io", "batch", "networking.k8s.io", "autoscaling",
                             "policy", "rbac.authorization.k8s.io"],
-              "resources": ["pods", "services", "secrets", "serviceaccounts", "persistentvolumeclaims",
+              "resources": ["pods", "pods/log", "services", "secrets", "serviceaccounts", "persistentvolumeclaims",
                             "deployments", "replicasets", "statefulsets", "daemonsets", "endpointslices", "jobs",
                             "cronjobs", "ingresses", "horizontalpodautoscalers", "poddisruptionbudgets",
                             "roles", "rolebindings", "podtemplates", "replicationcontrollers",
@@ -169,6 +169,21 @@ async def test_discovery_finds_the_labelled_objects_and_their_dependents_and_rep
         assert problems == [("", "ConfigMap", "prod", "forbidden")], as_alice.problems
         assert 'User "alice" cannot list resource "configmaps"' in as_alice.problems[0].message
         assert any(r.impersonate.get("impersonate-user") == "alice" for r in sim.requests)
+        # one object, as asked for in YAML: a Secret still comes as JSON, without its values
+        secret_answer = await views.request(AGENT, "GET", "/api/v1/namespaces/prod/secrets/hello-db",
+                                            accept="application/yaml")
+        assert secret_answer.status == 200 and secret_answer.body["metadata"]["name"] == "hello-db"
+        assert b"s3cret" not in secret_answer.raw and "data" not in secret_answer.body
+        with pytest.raises(ValueError, match="watch"):
+            await views.request(AGENT, "GET", "/api/v1/namespaces/prod/secrets?watch=1")
+        # a pod's log, streamed; and only a pod's log
+        pod = sorted(pods)[0].rsplit("/", 1)[1]
+        async with views.stream(ALICE, f"/api/v1/namespaces/prod/pods/{pod}/log?container=web") as chunks:
+            log = b"".join([chunk async for chunk in chunks])
+        assert log, "kubesim's nginx container writes a log"
+        with pytest.raises(ValueError, match="pod's log"):
+            async with views.stream(AGENT, "/api/v1/namespaces/prod/secrets"):
+                pass
         # nothing labelled for another environment: GitLab's message, naming both labels
         empty = await views.snapshot(Env(slug="staging"), AGENT)
         assert empty.objects == ()
