@@ -144,7 +144,9 @@ async def discover(api: AgentApi, env: EnvironmentRef, viewer: Viewer, limits: V
         problems.append(KindProblem("", "", "", "", "error",
                                     f"more than {limits.max_objects} objects: the rest are left out"))
     kept = {i: found[i] for i in sorted(members)}
-    snapshot = Snapshot(tuple(kept.values()), tuple(problems),
+    # one problem per kind, namespace and reason (a kind's list and its GETs for Pods may both fail)
+    unique = {_problem_key(p): p for p in reversed(problems)}
+    snapshot = Snapshot(tuple(kept.values()), tuple(p for p in problems if unique.get(_problem_key(p)) is p),
                         None if labelled_found else no_resources_hint(env.project_id, env.slug))
     return Discovered(snapshot, listed, served, versions, kept,
                       {i: o for i, o in found.items() if i not in members})
@@ -235,6 +237,11 @@ async def _fetch_references(get: Any, found: dict[str, Mapping[str, Any]], membe
             problems.append(KindProblem("", "", "", "", "timeout", "objects the environment's Pods use were not "
                                         f"all read within the discovery's {limits.time_cap:g} s"))
             return
+
+
+def _problem_key(problem: KindProblem) -> tuple[str, ...]:
+    # a kind's problems are one per namespace and reason; discovery's own (no kind) each apart
+    return (problem.group, problem.kind, problem.namespace, problem.reason, "" if problem.kind else problem.message)
 
 
 def _reason(status: int) -> str:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -103,6 +103,7 @@ class WatchSet:
         self.members: dict[str, Mapping[str, Any]] = {}
         self.candidates: dict[str, Mapping[str, Any]] = {}
         self._uids: dict[str, str] = {}
+        self._unreadable: set[str] = set()
         self.problems: tuple[KindProblem, ...] = ()
         self.hint: str | None = None
         #: upstream WATCH requests this set opened (for tests and metrics)
@@ -176,6 +177,9 @@ class WatchSet:
         self.candidates = dict(found.candidates)
         self._uids = {str((o.get("metadata") or {}).get("uid")): i for i, o in self.members.items()}
         self.problems, self.hint = found.snapshot.problems, found.snapshot.hint
+        # what the members use that discovery could not read (forbidden, missing): no reason to
+        # discover again when the next Pod uses it too
+        self._unreadable = _reference_ids(self.members.values()) - set(self.members)
 
     def _resync(self) -> None:
         self.current = self.snapshot()
@@ -288,10 +292,9 @@ class WatchSet:
             for other_id, other in list(self.candidates.items()):
                 if other_id in self.candidates and self._is_member(other):
                     self._add(other_id, other)
-        if obj.get("kind") == "Pod" and not group_of(obj):
-            wanted = {f"{g}/{_KINDS.get(p, p)}/{ns}/{name}" for g, p, ns, name in references([obj])}
-            if wanted - set(self.members):
-                self._soon.set()
+        if obj.get("kind") == "Pod" and not group_of(obj) and \
+                _reference_ids([obj]) - set(self.members) - self._unreadable:
+            self._soon.set()
 
 
 _DEPENDENT_KINDS = frozenset({("apps", "ReplicaSet"), ("", "Pod"), ("batch", "Job"),
@@ -299,6 +302,10 @@ _DEPENDENT_KINDS = frozenset({("apps", "ReplicaSet"), ("", "Pod"), ("batch", "Jo
 
 _KINDS = {"configmaps": "ConfigMap", "secrets": "Secret", "persistentvolumeclaims": "PersistentVolumeClaim",
           "serviceaccounts": "ServiceAccount", "persistentvolumes": "PersistentVolume"}
+
+
+def _reference_ids(objects: Iterable[Mapping[str, Any]]) -> set[str]:
+    return {f"{g}/{_KINDS.get(p, p)}/{ns}/{name}" for g, p, ns, name in references(objects)}
 
 
 async def _lines(chunks: AsyncIterator[bytes], max_line: int) -> AsyncIterator[bytes]:
