@@ -5,6 +5,7 @@ ReplicaSet's event came after it."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -203,4 +204,37 @@ async def test_a_watch_set_relists_on_410_gone_and_on_a_broken_stream_and_takes_
         again = await _next(updates)
         assert again.type == "RESYNC"
         assert watch_set.discoveries == 3
+        nursery.cancel_scope.cancel()
+
+
+async def test_while_the_agent_is_away_viewers_are_told_so_and_the_set_tries_again_with_backoff(
+        autojump_clock: trio.testing.MockClock) -> None:
+    api = FakeApi()
+    api.objects["deployments"] = [_obj("Deployment", "hello", "d1", labels=LABELS)]
+    away: list[float] = []
+    answer = api.request
+
+    async def unreachable(agent_id: int, method: str, target: str, *args: Any, **kwargs: Any) -> Answer:
+        if target == "/api":
+            away.append(trio.current_time())
+        if trio.current_time() < 3.5:  # the agent comes back after 3.5 s
+            raise AgentRequestError(503, "agent 7 is not connected: no tunnel to it within 5 s")
+        return await answer(agent_id, method, target, *args, **kwargs)
+
+    api.request = unreachable  # type: ignore[method-assign]
+    watch_set = WatchSet(cast(AgentApi, api), Env(), AGENT, ViewLimits(backoff=(1.0, 30.0)))
+    updates = watch_set.join()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_set.run)
+        first = await _next(updates)
+        assert first.type == "RESYNC" and first.snapshot is not None and first.snapshot.objects == ()
+        assert [p.message for p in first.snapshot.problems] == ["agent 7 is not connected: no tunnel to it within 5 s"]
+        while True:
+            update = await _next(updates)
+            assert update.type == "RESYNC" and update.snapshot is not None
+            if update.snapshot.objects:
+                break
+        assert [o["metadata"]["name"] for o in update.snapshot.objects] == ["hello"]
+        assert update.snapshot.problems == ()
+        assert [round(b - a) for a, b in itertools.pairwise(away)] == [1, 2, 4]  # doubling waits
         nursery.cancel_scope.cancel()
