@@ -46,6 +46,10 @@ class AgentRequestError(Exception):
         self.message = message
 
 
+class AnswerTooLarge(AgentRequestError):
+    """The answer went past the bytes its asker allowed (502): a list may ask again for less."""
+
+
 @attrs.frozen
 class Answer:
     status: int
@@ -141,7 +145,7 @@ class AgentApi:
             async for chunk in answer.chunks():
                 data += chunk
                 if len(data) > max_bytes:
-                    raise AgentRequestError(502, f"agent {agent_id} answered {method} {target.partition('?')[0]} "
+                    raise AnswerTooLarge(502, f"agent {agent_id} answered {method} {target.partition('?')[0]} "
                                                  f"with more than {max_bytes} bytes")
         parsed: Any = {}
         if data:
@@ -153,4 +157,4 @@ class AgentApi:
                       content_type=answer.content_type)
 
 
-__all__ = ["MAX_ANSWER", "AgentApi", "AgentRequestError", "Answer", "StreamedAnswer"]
+__all__ = ["MAX_ANSWER", "AgentApi", "AgentRequestError", "Answer", "AnswerTooLarge", "StreamedAnswer"]

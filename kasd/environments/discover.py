@@ -23,7 +23,7 @@ from urllib.parse import quote, urlencode
 import attrs
 import trio
 
-from kasd.agentclient import AgentApi, AgentRequestError, Answer
+from kasd.agentclient import AgentApi, AgentRequestError, Answer, AnswerTooLarge
 from kasd.environments import kinds as kinds_
 from kasd.environments.kinds import ApiKind
 from kasd.environments.objects import (
@@ -95,16 +95,21 @@ async def discover(api: AgentApi, env: EnvironmentRef, viewer: Viewer, limits: V
     async def list_one(kind: ApiKind, namespace: str) -> None:
         async with limiter:
             with trio.move_on_after(limits.kind_time_cap) as kind_scope:
-                query = {"limit": str(limits.page_size)}
-                if not kind.dependent:
-                    query["labelSelector"] = selector
+                page = limits.page_size
+                query = {} if kind.dependent else {"labelSelector": selector}
                 cont = ""
                 while True:
-                    target = kind.path(namespace) + "?" + urlencode({**query, **({"continue": cont} if cont else {})},
-                                                                    quote_via=quote)
+                    target = kind.path(namespace) + "?" + urlencode(
+                        {**query, "limit": str(page), **({"continue": cont} if cont else {})}, quote_via=quote)
                     try:
                         answer = await api.request(viewer.agent_id, "GET", target, impersonate=viewer.identity,
                                                    max_bytes=limits.max_answer_bytes)
+                    except AnswerTooLarge as exc:
+                        if page > 1:  # large objects: ask again for fewer at a time
+                            page //= 2
+                            continue
+                        problems.append(_problem(kind, namespace, exc.status, exc.message))
+                        break
                     except AgentRequestError as exc:
                         problems.append(_problem(kind, namespace, exc.status, exc.message))
                         break
