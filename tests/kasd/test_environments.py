@@ -17,8 +17,9 @@ import pytest
 import trio
 import trio.testing
 
-from kasd.agentclient import AgentApi, AgentRequestError, Answer
+from kasd.agentclient import AgentApi, AgentRequestError, Answer, AnswerTooLarge
 from kasd.environments import Update, Viewer, ViewLimits
+from kasd.environments.discover import discover
 from kasd.environments.kinds import (
     DISCOVERY_ACCEPT,
     SKIPPED,
@@ -238,3 +239,24 @@ async def test_while_the_agent_is_away_viewers_are_told_so_and_the_set_tries_aga
         assert update.snapshot.problems == ()
         assert [round(b - a) for a, b in itertools.pairwise(away)] == [1, 2, 4]  # doubling waits
         nursery.cancel_scope.cancel()
+
+
+async def test_a_list_page_over_the_byte_limit_is_asked_again_for_fewer_objects() -> None:
+    api = FakeApi()
+    api.objects["deployments"] = [_obj("Deployment", f"hello-{i}", f"d{i}", labels=LABELS) for i in range(5)]
+    limits_seen: list[int] = []
+    answer = api.request
+
+    async def paged(agent_id: int, method: str, target: str, *args: Any, **kwargs: Any) -> Answer:
+        query = parse_qs(urlsplit(target).query)
+        if "deployments" in target:
+            limit = int(query["limit"][0])
+            limits_seen.append(limit)
+            if limit > 2:  # big objects: only two fit in an answer
+                raise AnswerTooLarge(502, f"agent 7 answered GET {urlsplit(target).path} with more than 8 bytes")
+        return await answer(agent_id, method, target, *args, **kwargs)
+
+    api.request = paged  # type: ignore[method-assign]
+    found = await discover(cast(AgentApi, api), Env(), AGENT, ViewLimits(page_size=8))
+    assert limits_seen == [8, 4, 2] and found.snapshot.problems == ()
+    assert len(found.snapshot.objects) == 5
