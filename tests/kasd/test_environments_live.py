@@ -45,14 +45,15 @@ ALICE = Viewer(agent_id=7, identity=Impersonation(user="alice", groups=("devs",)
 
 
 def _objects() -> list[dict[str, Any]]:
-    """A labelled Deployment (its pods use an unlabelled Secret) and Service, a labelled ConfigMap,
+    """A labelled Deployment (its pods use an unlabelled Secret) and Service, a labelled ConfigMap and
+    custom resource,
     an unlabelled Deployment of someone else; alice may read everything in prod but ConfigMaps."""
     template = {"metadata": {"labels": {"app": "hello"}},
                 "spec": {"containers": [{"name": "web", "image": "nginx",
                                          "envFrom": [{"secretRef": {"name": "hello-db"}}]}]}}
-    rules = [{"apiGroups": ["", "apps", "discovery.k8s.io", "batch", "networking.k8s.io", "autoscaling",
+    rules = [{"apiGroups": ["", "apps", "discovery.k8s.io", "example.com", "batch", "networking.k8s.io", "autoscaling",
                             "policy", "rbac.authorization.k8s.io"],
-              "resources": ["pods", "pods/log", "services", "secrets", "serviceaccounts", "persistentvolumeclaims",
+              "resources": ["pods", "pods/log", "widgets", "services", "secrets", "serviceaccounts", "persistentvolumeclaims",
                             "deployments", "replicasets", "statefulsets", "daemonsets", "endpointslices", "jobs",
                             "cronjobs", "ingresses", "horizontalpodautoscalers", "poddisruptionbudgets",
                             "roles", "rolebindings", "podtemplates", "replicationcontrollers",
@@ -75,6 +76,14 @@ def _objects() -> list[dict[str, Any]]:
                                                                "labels": LABELS}, "data": {"a": "b"}},
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hello-db", "namespace": "prod"},
          "stringData": {"password": "s3cret-value"}},
+        {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+         "metadata": {"name": "widgets.example.com"},
+         "spec": {"group": "example.com", "scope": "Namespaced",
+                  "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+                  "versions": [{"name": "v1", "served": True, "storage": True, "schema": {
+                      "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}},
+        {"apiVersion": "example.com/v1", "kind": "Widget",
+         "metadata": {"name": "w1", "namespace": "prod", "labels": LABELS}, "spec": {"size": 3}},
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "other", "namespace": "prod"},
          "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "other"}},
                   "template": {"metadata": {"labels": {"app": "other"}},
@@ -154,7 +163,7 @@ async def test_discovery_finds_the_labelled_objects_and_their_dependents_and_rep
         ids = _ids(snapshot.objects)
         pods = {i for i in ids if i.startswith("/Pod/prod/hello-")}
         assert len(pods) == 2 and not any("other" in i for i in ids), ids
-        assert {"apps/Deployment/prod/hello", "/Service/prod/hello", "/ConfigMap/prod/hello",
+        assert {"apps/Deployment/prod/hello", "/Service/prod/hello", "/ConfigMap/prod/hello", "example.com/Widget/prod/w1",
                 "/Secret/prod/hello-db", "/ServiceAccount/prod/default"} <= ids
         assert len([i for i in ids if i.startswith("apps/ReplicaSet/prod/hello-")]) == 1
         assert len([i for i in ids if i.startswith("discovery.k8s.io/EndpointSlice/prod/hello-")]) == 1
@@ -197,11 +206,13 @@ async def test_two_viewers_share_one_watch_set_that_sees_a_scale_up_and_a_deleti
         first, second = _Reader(), _Reader()
         async with trio.open_nursery() as nursery, views.watch(Env(), AGENT) as updates:
             nursery.start_soon(first.read, updates)
-            await first.until(lambda ids: "apps/Deployment/prod/hello" in ids)
+            with trio.fail_after(5):
+                await first.until(lambda ids: "apps/Deployment/prod/hello" in ids)
             assert first.updates[0].type == "RESYNC"
             async with views.watch(Env(), AGENT) as updates2, views.watch(Env(), AGENT) as slow:
                 nursery.start_soon(second.read, updates2)
-                await second.until(lambda ids: ids == first.ids)
+                with trio.fail_after(5):
+                    await second.until(lambda ids: ids == first.ids)
                 assert second.updates[0].type == "RESYNC"
                 stats = views.statistics()
                 assert (stats.watch_sets, stats.viewers, stats.discoveries) == (1, 3, 1)
@@ -215,7 +226,7 @@ async def test_two_viewers_share_one_watch_set_that_sees_a_scale_up_and_a_deleti
                     with trio.fail_after(5):
                         await reader.until(lambda ids: len([i for i in ids if i.startswith("/Pod/prod/hello-")]) == 5)
                 # the one that never read fell behind and was dropped; the others go on
-                with pytest.raises(ViewerTooSlow):
+                with pytest.raises(ViewerTooSlow), trio.fail_after(5):
                     async for _ in slow:
                         pass
                 services = sim.store.kind("", "services")
