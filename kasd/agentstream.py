@@ -1,5 +1,5 @@
 """One request's logical stream to an agent, from open to close: the steps the proxy's pipeline
-(``kasd.k8sproxy.pipeline``) and kasd's own requests to an agent (``kasd.managed.client``) share, so
+(``kasd.k8sproxy.pipeline``) and kasd's own requests to an agent (``kasd.agentclient``) share, so
 both tell the router the same things and fail the same way.
 
 1. ``open_stream``: the router's stream for the request head (``AgentStreamError`` with the status
