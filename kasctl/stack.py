@@ -39,11 +39,15 @@ CONTEXT = f"{CONFIG_PROJECT}:{AGENT_NAME}"
 OFFLINE_AGENT_ID = 2
 OFFLINE_CONFIG_PROJECT = "group/offline"
 DEMO_USER = "demo"
+#: a Reporter of the demo project: sees its environments, but not their objects (user_access wants
+#: a Developer), as GitLab refuses a Reporter the dashboard for Kubernetes
+GUEST_USER = "guest"
 #: a second project whose review/* jobs the demo agent lets in, and a third it does not
 APP_PROJECT = "group/app"
 OTHER_PROJECT = "group/other"
 #: the demo agent's config.yaml: its own project's jobs, and group/app's review/* environments
-#: (each in a namespace of its own), acting as the job
+#: (each in a namespace of its own), acting as the job; the demo project's developers with their
+#: personal tokens (the environments dashboard, `kasctl env status`), acting as the agent
 DEMO_AGENT_CONFIG = """\
 ci_access:
   projects:
@@ -55,6 +59,10 @@ ci_access:
       rules:
         - namespace: review-$CI_ENVIRONMENT_SLUG
           on_overflow: truncate
+user_access:
+  access_as: {agent: {}}
+  projects:
+    - id: group/demo
 """
 #: the offline agent's: the demo project's jobs (as the agent), and its developers' personal tokens
 OFFLINE_AGENT_CONFIG = """\
@@ -251,8 +259,10 @@ class Stack:
         self.auth.agent_config(OFFLINE_CONFIG_PROJECT, "offline", OFFLINE_AGENT_CONFIG)
         #: a CI job of the demo project (its kubectl acts as the job: gitlab:ci_job:1)
         self.job_token = self.auth.job_token(CONFIG_PROJECT, job_id=1, pipeline_id=1, user=DEMO_USER)
-        #: the demo user's personal token: user_access on the offline agent only (agent 1: 403)
+        #: the demo user's personal token (a Developer of the demo project: user_access on both agents)
         self.personal_token = self.auth.personal_token(DEMO_USER)
+        #: a Reporter's: sees the demo project's environments, refused their objects (403)
+        self.guest_token = self.auth.personal_token(GUEST_USER)
         self.cluster_token = secrets.token_urlsafe(32)
         self.peer_secret = secrets.token_urlsafe(32)
         self.kubesim: Process | None = None
@@ -400,7 +410,8 @@ class Stack:
             "groups": [{"path": "group", "id": 1}],
             "projects": [{"path": CONFIG_PROJECT, "id": 1}, {"path": OFFLINE_CONFIG_PROJECT, "id": 2},
                          {"path": APP_PROJECT, "id": 3}, {"path": OTHER_PROJECT, "id": 4}],
-            "users": [{"username": DEMO_USER, "memberships": {CONFIG_PROJECT: "developer"}}],
+            "users": [{"username": DEMO_USER, "memberships": {CONFIG_PROJECT: "developer"}},
+                      {"username": GUEST_USER, "memberships": {CONFIG_PROJECT: "reporter"}}],
             **self.auth.kasd_settings(),
             "agent_wait_timeout": self.agent_wait_timeout,
         }

@@ -23,7 +23,7 @@ from urllib.parse import parse_qsl, unquote
 import trio
 
 from daemonkit.logs import UnexpectedErrors, logfmt
-from kasd.asgiport import AsgiPort, PortLimits
+from kasd.asgiport import AsgiApp, AsgiPort, PortLimits
 from kasd.authz.jobinfo import allowed_agents_response
 from kasd.authz.snapshot import Snapshot
 from kasd.authz.verdict import AccessDenied
@@ -269,7 +269,7 @@ def port_limits() -> PortLimits:
                       max_body_bytes=MAX_BODY_BYTES)
 
 
-async def serve_api(app: RestApi, listeners: Sequence[trio.abc.Listener[trio.abc.Stream]], *,
+async def serve_api(app: AsgiApp, listeners: Sequence[trio.abc.Listener[trio.abc.Stream]], *,
                     ssl_context: ssl.SSLContext | None = None,
                     unexpected: UnexpectedErrors | None = None,
                     task_status: trio.TaskStatus[list[trio.abc.Listener[trio.abc.Stream]]] = trio.TASK_STATUS_IGNORED,

@@ -26,10 +26,12 @@ from daemonkit.listeners import REFUSAL_LOG_INTERVAL
 from daemonkit.logs import BurstLimitedLog
 from daemonkit.notify import sd_notify, write_ready_file
 from h2trio.budget import ResetBuckets
+from kasd.agentclient import AgentRequestError
 from kasd.agents import AgentAuthenticator, AgentSessions
 from kasd.authority import CiAuthority, config_loader
 from kasd.config import Config, plaintext_peer_secret
 from kasd.drain import DrainDeadlines, drain_alone, drain_replica
+from kasd.environments import EnvironmentViews
 from kasd.k8sproxy.pipeline import DROPPED, RequestPipeline
 from kasd.k8sproxy.server import ProxyServer, configure_alpn
 from kasd.listening import (
@@ -60,6 +62,8 @@ from kasd.store.finished import FinishedJobs
 from kasd.store.made import MadeObjects
 from kasd.store.protocol import Store
 from kasd.store.revocation import Revocations, open_store
+from kasd.web.dashboard import dashboard_routes
+from kasd.web.wiring import api_app
 from netio.admission import Admission
 from routing.local import BreakerPolicy, LocalRouter, TunnelRegistry
 from routing.membership import Member
@@ -100,6 +104,8 @@ class Runtime:
     store: Store | None = None
     #: what records each CI job's deployments into the store
     recorder: DeploymentRecorder | None = None
+    #: environments, live (the API port's web app): discovery and the shared watch sets
+    views: EnvironmentViews | None = None
     _shutdown: trio.Event = attrs.field(factory=trio.Event)
 
     def request_shutdown(self) -> None:
@@ -209,9 +215,16 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
             await nursery.start(trio.serve_listeners, proxy.handle_connection, stoppable("kubernetes_api"))
             nursery.start_soon(authority.watch)
             if "api" in names:
-                api = RestApi(lambda: authority.snapshot, provisioner, stop_time_limit=STOP_TIME_LIMIT,
-                              revocations=runtime.revocations,
-                              environments=authority.environments, history=kept)
+                rest = RestApi(lambda: authority.snapshot, provisioner, stop_time_limit=STOP_TIME_LIMIT,
+                               revocations=runtime.revocations,
+                               environments=authority.environments, history=kept)
+                # Environments, live: one set of watches per environment and viewer identity, through
+                # the same router as every request, for the web app (REST API, SSE, dashboard).
+                views = runtime.views = EnvironmentViews(router)
+                await nursery.start(views.run)
+                api = api_app(rest, config, lambda: authority.snapshot, kept, views, registry,
+                              me.name if me is not None else addresses["kubernetes_api"],
+                              agent_errors=(AgentRequestError,), extra_routes=dashboard_routes())
                 await nursery.start(partial(serve_api, api, stoppable("api"), ssl_context=api_tls,
                                             unexpected=metrics.unexpected_errors("api", logging.getLogger("kasd.api"))))
             observability = ObservabilityServer(health, metrics, max_connections=config.observability.max_connections)

@@ -154,7 +154,7 @@ def _get(stack: Stack, path: str, token: str | None) -> tuple[int, dict[str, obj
         (None, 401, "Unauthorized", "missing bearer token"),
         ("ci:1:not-the-job-token", 401, "Unauthorized", "bad token"),
         ("nonsense", 401, "Unauthorized", "bad token"),
-        ("pat:{agent}:{pat}", 403, "Forbidden", "not configured for user access"),
+        ("pat:{agent}:{guest}", 403, "Forbidden", "user guest needs at least the Developer role"),
         ("ci:{offline}:{job}", 503, "ServiceUnavailable", "not connected"),
     ],
 )
@@ -162,7 +162,8 @@ def test_errors_are_status_json_that_say_what_is_wrong(
     stack: Stack, token: str | None, status: int, reason: str, message: str
 ) -> None:
     if token is not None:
-        token = token.format(agent=AGENT_ID, offline=OFFLINE_AGENT_ID, pat=stack.personal_token, job=stack.job_token)
+        token = token.format(agent=AGENT_ID, offline=OFFLINE_AGENT_ID, guest=stack.guest_token,
+                             job=stack.job_token)
     code, body = _get(stack, "/api/v1/namespaces", token)
     assert code == status
     assert body["kind"] == "Status" and body["code"] == status and body["reason"] == reason
