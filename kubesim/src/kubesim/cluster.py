@@ -15,8 +15,10 @@ import itertools
 import math
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
+import attrs
 import trio
 
 from kubesim.console import ContainerConsole
@@ -35,6 +37,15 @@ NODE_IP = "172.18.0.2"
 _EVENT_IDS = itertools.count(time.time_ns())
 
 
+@attrs.define
+class ImagePull:
+    """The kubelet's image back-off for one container: its failed pulls of `image` so far."""
+    image: str
+    failures: int
+    failed_at: datetime
+    retry_at: datetime
+
+
 class Cluster(abc.ABC):
     """The state the reconcilers read and write, and the consoles of the containers they started."""
 
@@ -50,6 +61,10 @@ class Cluster(abc.ABC):
         self.processes: dict[tuple[str, str, str], MainProcess] = {}
         self.previous_consoles: dict[tuple[str, str, str], ContainerConsole] = {}
         self.backoffs: dict[tuple[str, str, str], float] = {}
+        # Containers whose image cannot be pulled: when each failed and may be tried again.
+        self.image_pulls: dict[tuple[str, str, str], ImagePull] = {}
+        # The images the node has pulled (an `IfNotPresent` container then finds them there).
+        self.node_images: set[str] = set()
         # What listens in each pod (port-forward connects through it; `httpd` listens on it).
         self.network = Network()
         # The earliest trio time some pass asked to be woken at (a container's restart).
@@ -66,7 +81,7 @@ class Cluster(abc.ABC):
             ("apps", "replicasets"), ("apps", "statefulsets"), ("apps", "daemonsets"),
             ("apps", "controllerrevisions"), ("batch", "jobs"), ("batch", "cronjobs"),
             ("discovery.k8s.io", "endpointslices"), ("autoscaling", "horizontalpodautoscalers"),
-            ("", "persistentvolumeclaims"))}
+            ("", "persistentvolumeclaims"), ("networking.k8s.io", "ingresses"))}
 
     @abc.abstractmethod
     def reconcile(self) -> None:

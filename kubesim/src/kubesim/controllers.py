@@ -15,6 +15,12 @@ unless a knob on the pod (usually set through the pod template's annotations) sa
 - `kubesim.io/stall-rollout: "true"`: the pod runs but never becomes Ready, so a rollout of a
   template carrying it stalls (and hits its progress deadline).
 - `kubesim.io/fail: "true"`: a Job's pod exits with code 1 (the Job then fails).
+- `kubesim.io/oom-kill: "true"`: the container is OOMKilled (exit code 137) and crash-loops.
+- `kubesim.io/ready-after: "3s"`: the pod runs, and is Ready that long after its containers started.
+- an image on a registry host under `.invalid` cannot be pulled (`ErrImagePull`, `ImagePullBackOff`).
+
+Services of type LoadBalancer and Ingresses get an address in `status.loadBalancer.ingress` at once,
+or `kubesim.io/load-balancer-after` (a Go duration, or `"never"`) after their creation.
 """
 
 from __future__ import annotations
@@ -32,7 +38,12 @@ from kubesim.errors import ApiError
 from kubesim.objects import owned_by, owner_ref, pod_ready
 from kubesim.selectors import selector_from_match_labels
 from kubesim.store import Store
-from kubesim.timefmt import Clock, now, rfc3339, using
+from kubesim.timefmt import Clock, now, parse, rfc3339, using
+
+#: the annotation that delays (or, with "never", withholds) a load balancer's address
+LOAD_BALANCER_AFTER = "kubesim.io/load-balancer-after"
+#: the address the cluster's ingress controller publishes on every Ingress (its own LoadBalancer's)
+INGRESS_IP = "172.18.255.200"
 
 ROOT_CA = "-----BEGIN CERTIFICATE-----\nMIIBkubesimkubesimkubesim\n-----END CERTIFICATE-----\n"
 
@@ -95,7 +106,8 @@ class Controllers(Cluster):
             ("daemonsets", partial(workloads.daemonset, self)),
             ("cronjobs", partial(cronjobs.cronjob, self)), ("jobs", partial(workloads.job, self)),
             ("pods", partial(kubelet.pod, self)),
-            ("services", self._service), ("horizontalpodautoscalers", self._hpa),
+            ("services", self._service), ("ingresses", self._ingress),
+            ("horizontalpodautoscalers", self._hpa),
             ("persistentvolumeclaims", self._pvc),
         ):
             kind = self.kinds[plural]
@@ -157,7 +169,54 @@ class Controllers(Cluster):
 
     # -- services, scaling, storage ------------------------------------------------------------
 
+    def _load_balancer_due(self, obj: dict[str, Any]) -> bool:
+        """Whether the simulated load balancer has an address for `obj` by now
+        (`kubesim.io/load-balancer-after`: a Go duration after its creation, or "never")."""
+        text = (obj["metadata"].get("annotations") or {}).get(LOAD_BALANCER_AFTER)
+        if text is None:
+            return True
+        if text.strip().lower() == "never":
+            return False
+        delay = kubelet.parse_go_duration(text)
+        created = parse(obj["metadata"].get("creationTimestamp"))
+        if delay is None or created is None:
+            return True
+        remaining = delay - (now() - created).total_seconds()
+        if remaining <= 0:
+            return True
+        self.timed_work = True
+        if _in_trio():
+            self.wake_by(trio.current_time() + remaining)
+        return False
+
+    def _load_balancer(self, svc: dict[str, Any]) -> None:
+        """The cloud's service controller: a LoadBalancer Service gets an external address."""
+        spec = svc.get("spec") or {}
+        status = svc.get("status") or {}
+        ingress = (status.get("loadBalancer") or {}).get("ingress")
+        if spec.get("type") != "LoadBalancer":
+            if ingress:  # no longer a load balancer: the cloud's is deleted
+                self.set_status("services", svc, {**status, "loadBalancer": {}})
+            return
+        if ingress or not self._load_balancer_due(svc):
+            return
+        kind = self.kinds["services"]
+        self.event(kind, svc, "EnsuringLoadBalancer", "Ensuring load balancer", component="service-controller")
+        address = self.store.allocator.load_balancer_ip()
+        self.set_status("services", svc, {**status, "loadBalancer": {
+            "ingress": [{"ip": address, "ipMode": "VIP"}]}})
+        self.event(kind, svc, "EnsuredLoadBalancer", "Ensured load balancer", component="service-controller")
+
+    def _ingress(self, ing: dict[str, Any]) -> None:
+        """The ingress controller (one, behind the cluster's ingress address) publishes its address."""
+        status = ing.get("status") or {}
+        if ((status.get("loadBalancer") or {}).get("ingress")) or not self._load_balancer_due(ing):
+            return
+        self.set_status("ingresses", ing, {**status, "loadBalancer": {"ingress": [{"ip": INGRESS_IP}]}})
+
     def _service(self, svc: dict[str, Any]) -> None:
+        self._load_balancer(svc)
+        svc = self.store.find(self.kinds["services"], svc["metadata"]["namespace"], svc["metadata"]["name"]) or svc
         meta, spec = svc["metadata"], svc.get("spec") or {}
         selector = spec.get("selector")
         if not selector:
@@ -225,3 +284,11 @@ class Controllers(Cluster):
         self.set_status("persistentvolumeclaims", pvc, {
             "phase": "Bound", "accessModes": spec.get("accessModes") or ["ReadWriteOnce"],
             "capacity": {"storage": storage}})
+
+
+def _in_trio() -> bool:
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        return False
+    return True

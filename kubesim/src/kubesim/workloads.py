@@ -262,7 +262,19 @@ def job(ctl: Cluster, job: dict[str, Any]) -> None:
     if any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions):
         return
     stamp = rfc3339(now())
-    status.setdefault("startTime", stamp)
+    suspended = bool(spec.get("suspend"))
+    was_suspended = any(c.get("type") == "Suspended" and c.get("status") == "True" for c in conditions)
+    if suspended != was_suspended and (suspended or was_suspended):
+        # The Job controller's Suspended condition (JobSuspended / JobResumed) and its event.
+        reason, message = ("JobSuspended", "Job suspended") if suspended else ("JobResumed", "Job resumed")
+        entry = condition("Suspended", "True" if suspended else "False", reason, message, conditions, stamp=stamp)
+        entry["lastProbeTime"] = stamp
+        status["conditions"] = [c for c in conditions if c.get("type") != "Suspended"] + [entry]
+        ctl.event(kind, job, "Suspended" if suspended else "Resumed", message, component="job-controller")
+    if suspended:
+        status.pop("startTime", None)  # a suspended Job has not started (it restarts its clock on resume)
+    else:
+        status.setdefault("startTime", stamp)
     completions = int(spec.get("completions", 1) or 1)
     parallelism = int(spec.get("parallelism", 1))
     uid = meta["uid"]
@@ -298,13 +310,13 @@ def job(ctl: Cluster, job: dict[str, Any]) -> None:
     if succeeded >= completions:
         status.pop("active", None)
         status["completionTime"] = stamp
-        status["conditions"] = [
+        status["conditions"] = [*_suspension(status),
             condition("SuccessCriteriaMet", "True", "CompletionsReached",
                        "Reached expected number of succeeded pods", None, stamp=stamp),
             condition("Complete", "True", "CompletionsReached",
                        "Reached expected number of succeeded pods", None, stamp=stamp),
         ]
-        for entry in status["conditions"]:
+        for entry in status["conditions"][-2:]:
             entry["lastProbeTime"] = stamp
         ctl.event(kind, job, "Completed", "Job completed", component="job-controller")
     elif past_limit:
@@ -313,12 +325,19 @@ def job(ctl: Cluster, job: dict[str, Any]) -> None:
             if ctl.store.exists(ctl.kinds["pods"], meta["namespace"], pod["metadata"]["name"]):
                 ctl.store.delete(ctl.kinds["pods"], meta["namespace"], pod["metadata"]["name"])
             status["failed"] = status.get("failed", 0) + 1
-        status["conditions"] = [
+        status["conditions"] = [*_suspension(status),
             condition("FailureTarget", "True", "BackoffLimitExceeded",
                        "Job has reached the specified backoff limit", None, stamp=stamp),
             condition("Failed", "True", "BackoffLimitExceeded",
                        "Job has reached the specified backoff limit", None, stamp=stamp),
         ]
+        for entry in status["conditions"][-2:]:
+            entry["lastProbeTime"] = stamp
         ctl.event(kind, job, "BackoffLimitExceeded", "Job has reached the specified backoff limit",
                    component="job-controller", type_="Warning")
     ctl.set_status("jobs", job, status)
+
+
+def _suspension(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Job's Suspended condition, which stays when it finishes."""
+    return [c for c in status.get("conditions") or [] if c.get("type") == "Suspended"]
