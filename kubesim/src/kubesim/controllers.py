@@ -35,7 +35,7 @@ import trio
 from kubesim import cronjobs, kubelet, workloads
 from kubesim.cluster import NODE_IP, NODE_NAME, Cluster
 from kubesim.errors import ApiError
-from kubesim.objects import owned_by, owner_ref, pod_ready
+from kubesim.objects import owner_ref, pod_ready
 from kubesim.selectors import selector_from_match_labels
 from kubesim.store import Store
 from kubesim.timefmt import Clock, now, parse, rfc3339, using
@@ -216,7 +216,7 @@ class Controllers(Cluster):
 
     def _service(self, svc: dict[str, Any]) -> None:
         self._load_balancer(svc)
-        svc = self.store.find(self.kinds["services"], svc["metadata"]["namespace"], svc["metadata"]["name"]) or svc
+        svc = self.store.peek(self.kinds["services"], svc["metadata"]["namespace"], svc["metadata"]["name"]) or svc
         meta, spec = svc["metadata"], svc.get("spec") or {}
         selector = spec.get("selector")
         if not selector:
@@ -225,7 +225,15 @@ class Controllers(Cluster):
         eps_kind = self.kinds["endpointslices"]
         matches = selector_from_match_labels({"matchLabels": selector})
         endpoints = []
-        for pod in sorted(self.objects("pods", ns), key=lambda p: p["metadata"]["name"]):
+        # Candidates: the pods with the selector's first label (an index), then the whole selector.
+        first_key, first_value = next(iter(sorted(selector.items())))
+        candidates = self.labelled("pods", ns, str(first_key), str(first_value))
+        slices = self.owned("endpointslices", ns, meta["uid"])
+        fingerprint = (meta.get("resourceVersion"), *sorted(p["metadata"].get("resourceVersion", "") for p in candidates),
+                       *sorted(e["metadata"].get("resourceVersion", "") for e in slices))
+        if self.settled(meta["uid"], fingerprint):
+            return
+        for pod in sorted(candidates, key=lambda p: p["metadata"]["name"]):
             ip = (pod.get("status") or {}).get("podIP")
             if not ip or not matches(pod) or pod["metadata"].get("deletionTimestamp"):
                 continue
@@ -243,9 +251,8 @@ class Controllers(Cluster):
             entry = {"name": port.get("name", ""), "protocol": port.get("protocol", "TCP"),
                      "port": target if isinstance(target, int) else port.get("port")}
             ports.append(entry)
-        existing = next((e for e in self.objects("endpointslices", ns)
-                         if (e["metadata"].get("labels") or {}).get("kubernetes.io/service-name") == meta["name"]
-                         and owned_by(e, meta["uid"])), None)
+        existing = next((e for e in slices
+                         if (e["metadata"].get("labels") or {}).get("kubernetes.io/service-name") == meta["name"]), None)
         body = {"addressType": "IPv4", "endpoints": endpoints, "ports": ports}
         if existing is None:
             self.store.create(eps_kind, ns, {
@@ -257,6 +264,7 @@ class Controllers(Cluster):
         elif any(existing.get(k) != v for k, v in body.items()):
             existing = {**copy.deepcopy(existing), **body}
             self.update("endpointslices", existing)
+        self.settle(meta["uid"], fingerprint)
 
     def _hpa(self, hpa: dict[str, Any]) -> None:
         spec = hpa.get("spec") or {}

@@ -18,6 +18,7 @@ resolves), e.g. `registry.invalid/app:1`, cannot be pulled: `ErrImagePull`, then
 
 from __future__ import annotations
 
+import base64
 import copy
 import hashlib
 import re
@@ -107,7 +108,7 @@ def start(ctl: Cluster, pod: dict[str, Any]) -> None:
             if key not in ctl.processes:
                 _spawn(ctl, pod, container, argv, pod_ip=ip)
         elif key not in ctl.consoles:
-            ctl.filesystems[key] = _new_filesystem(pod, container, ip)
+            ctl.filesystems[key] = _new_filesystem(ctl, pod, container, ip)
             console = ContainerConsole()
             console.log(f"kubesim: container {cname} started (image {image})")
             for line in _startup_lines(container):
@@ -224,7 +225,7 @@ def _spawn(ctl: Cluster, pod: dict[str, Any], container: dict[str, Any], argv: l
     stdin = ProcessStdin(open_=bool(container.get("stdin")), once=bool(container.get("stdinOnce")))
     console.pipe_stdin(stdin)
     # A run (the first or a restart) starts from the image: a fresh writable layer.
-    filesystem = _new_filesystem(pod, container, pod_ip or (pod.get("status") or {}).get("podIP") or "")
+    filesystem = _new_filesystem(ctl, pod, container, pod_ip or (pod.get("status") or {}).get("podIP") or "")
     process = MainProcess(argv=argv, console=console, stdin=stdin, fs=filesystem)
     previous = ctl.consoles.get(key)
     if previous is not None:
@@ -319,11 +320,53 @@ def _sync_processes(ctl: Cluster, pod: dict[str, Any],
     ctl.set_status("pods", pod, status)
 
 
-def _new_filesystem(pod: dict[str, Any], container: dict[str, Any], pod_ip: str) -> FileSystem:
+def _new_filesystem(ctl: Cluster, pod: dict[str, Any], container: dict[str, Any], pod_ip: str) -> FileSystem:
     meta = pod["metadata"]
-    return container_tree(FileSystem(), image=str(container.get("image") or ""),
-                          hostname=(pod.get("spec") or {}).get("hostname") or meta["name"],
-                          namespace=meta["namespace"], pod_ip=pod_ip, commands=tuple(command_names()))
+    filesystem = container_tree(FileSystem(), image=str(container.get("image") or ""),
+                                hostname=(pod.get("spec") or {}).get("hostname") or meta["name"],
+                                namespace=meta["namespace"], pod_ip=pod_ip, commands=tuple(command_names()))
+    _mount_volumes(ctl, pod, container, filesystem)
+    return filesystem
+
+
+def _mount_volumes(ctl: Cluster, pod: dict[str, Any], container: dict[str, Any], filesystem: FileSystem) -> None:
+    """The container's ConfigMap and Secret volumes, as files under their mount paths (a key per
+    file, or the volume's `items`), read when the container starts. A missing object mounts
+    nothing (a real kubelet waits, with `FailedMount` events)."""
+    namespace = pod["metadata"]["namespace"]
+    volumes = {v.get("name"): v for v in (pod.get("spec") or {}).get("volumes") or []}
+    for mount in container.get("volumeMounts") or []:
+        volume = volumes.get(mount.get("name")) or {}
+        source = volume.get("configMap") or volume.get("secret")
+        if source is None:
+            continue
+        if "configMap" in volume:
+            obj = ctl.store.find(ctl.kinds["configmaps"], namespace, source.get("name", ""))
+            files = {k: str(v).encode() for k, v in ((obj or {}).get("data") or {}).items()}
+            files.update({k: _b64(v) for k, v in ((obj or {}).get("binaryData") or {}).items()})
+        else:
+            obj = ctl.store.find(ctl.store.kind("", "secrets"), namespace, source.get("secretName", ""))
+            files = {k: _b64(v) for k, v in ((obj or {}).get("data") or {}).items()}
+        items = source.get("items")
+        paths = ({item.get("key"): item.get("path") for item in items} if items
+                 else {key: key for key in files})
+        root = str(mount.get("mountPath") or "/").rstrip("/") + "/"
+        for key, rel in paths.items():
+            if key not in files or not rel:
+                continue
+            target = root + str(rel)
+            try:
+                filesystem.mkdir(target.rsplit("/", 1)[0] or "/", parents=True)
+                filesystem.write_file(target, files[key])
+            except OSError:
+                continue  # a path the image's tree does not allow: left out
+
+
+def _b64(text: Any) -> bytes:
+    try:
+        return base64.b64decode(str(text))
+    except ValueError:
+        return b""
 
 
 def _go_duration(seconds: float) -> str:
@@ -469,7 +512,7 @@ NODE_RESOLVER = "127.0.0.11:53"
 def _image_parts(image: str) -> tuple[str, str, str]:
     """(registry host, repository path, tag or digest) of an image reference, normalized as the
     container runtime does (`nginx` → `docker.io`, `library/nginx`, `latest`)."""
-    rest, digest = (image.split("@", 1) + [""])[:2]
+    rest, _, digest = image.partition("@")
     first, _, remainder = rest.partition("/")
     if remainder and ("." in first or ":" in first or first == "localhost"):
         host, path = first, remainder
