@@ -223,7 +223,6 @@ class Controllers(Cluster):
             return
         ns = meta["namespace"]
         eps_kind = self.kinds["endpointslices"]
-        matches = selector_from_match_labels({"matchLabels": selector})
         endpoints = []
         # Candidates: the pods with the selector's first label (an index), then the whole selector.
         first_key, first_value = next(iter(sorted(selector.items())))
@@ -233,6 +232,7 @@ class Controllers(Cluster):
                        *sorted(e["metadata"].get("resourceVersion", "") for e in slices))
         if self.settled(meta["uid"], fingerprint):
             return
+        matches = selector_from_match_labels({"matchLabels": selector})
         for pod in sorted(candidates, key=lambda p: p["metadata"]["name"]):
             ip = (pod.get("status") or {}).get("podIP")
             if not ip or not matches(pod) or pod["metadata"].get("deletionTimestamp"):
