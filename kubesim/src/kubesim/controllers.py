@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from functools import partial
 from typing import Any
 
@@ -39,6 +40,11 @@ from kubesim.objects import owner_ref, pod_ready
 from kubesim.selectors import selector_from_match_labels
 from kubesim.store import Store
 from kubesim.timefmt import Clock, now, parse, rfc3339, using
+
+#: seconds a reconcile must take before the loop batches the changes that follow it, and the
+#: longest it then waits for more (a small store, as in tests, is settled at once after each change)
+BATCH_AFTER = 0.005
+BATCH_MAX = 0.05
 
 #: the annotation that delays (or, with "never", withholds) a load balancer's address
 LOAD_BALANCER_AFTER = "kubesim.io/load-balancer-after"
@@ -68,13 +74,21 @@ class Controllers(Cluster):
                 self.reconcile()
                 task_status.started()
                 seen = self.store.resource_version
+                cost = 0.0
                 while True:
                     deadline = min(trio.current_time() + (self.tick if self.timed_work else math.inf),
                                    self.wake_at)
                     with trio.move_on_at(deadline) as self._waiting:
                         await self.store.wait_changed(seen)
                     self._waiting = None
+                    if cost >= BATCH_AFTER:
+                        # Passes have become costly (a large store): the writes arriving while we
+                        # wait as long as the last one took join the next, so a client writing
+                        # many objects one by one costs a pass per batch, not per object.
+                        await trio.sleep(min(cost, BATCH_MAX))
+                    started = time.perf_counter()
                     self.reconcile()
+                    cost = time.perf_counter() - started
                     seen = self.store.resource_version
                     await trio.lowlevel.checkpoint()
             finally:
