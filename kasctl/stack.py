@@ -97,7 +97,7 @@ STOP_MARGIN = 5.0
 #: kubesim stops at once on SIGTERM; this only bounds a hang
 KUBESIM_STOP_TIMEOUT = 10.0
 
-#: the demo's manifest (a Deployment and a ConfigMap), when run from a source checkout
+#: the demo's manifest (a Deployment, its ConfigMap, Service and Ingress, a CronJob), when run from a source checkout
 DEMO_MANIFEST = Path(__file__).resolve().parents[1] / "examples" / "manifests" / "hello.yaml"
 
 

@@ -15,8 +15,10 @@ import itertools
 import math
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
+import attrs
 import trio
 
 from kubesim.console import ContainerConsole
@@ -35,6 +37,15 @@ NODE_IP = "172.18.0.2"
 _EVENT_IDS = itertools.count(time.time_ns())
 
 
+@attrs.define
+class ImagePull:
+    """The kubelet's image back-off for one container: its failed pulls of `image` so far."""
+    image: str
+    failures: int
+    failed_at: datetime
+    retry_at: datetime
+
+
 class Cluster(abc.ABC):
     """The state the reconcilers read and write, and the consoles of the containers they started."""
 
@@ -50,6 +61,10 @@ class Cluster(abc.ABC):
         self.processes: dict[tuple[str, str, str], MainProcess] = {}
         self.previous_consoles: dict[tuple[str, str, str], ContainerConsole] = {}
         self.backoffs: dict[tuple[str, str, str], float] = {}
+        # Containers whose image cannot be pulled: when each failed and may be tried again.
+        self.image_pulls: dict[tuple[str, str, str], ImagePull] = {}
+        # The images the node has pulled (an `IfNotPresent` container then finds them there).
+        self.node_images: set[str] = set()
         # What listens in each pod (port-forward connects through it; `httpd` listens on it).
         self.network = Network()
         # The earliest trio time some pass asked to be woken at (a container's restart).
@@ -60,13 +75,20 @@ class Cluster(abc.ABC):
         # Set by a pass that saw work which happens with time (crash loops, progress deadlines):
         # only then does `run` wake on the tick as well as on changes.
         self.timed_work = False
+        # Each Deployment's pod-template hash by (uid, generation): a template changes only with
+        # the generation, and hashing it on every pass is costly.
+        self.template_hashes: dict[tuple[str, int], str] = {}
+        # Per object uid, the inputs its reconciler last settled it with (`settled`).
+        self._settled: dict[str, tuple[Any, ...]] = {}
+        self._owner_index: dict[str, tuple[int, dict[tuple[str, str], list[dict[str, Any]]]]] = {}
+        self._label_index: dict[str, tuple[int, dict[tuple[str, str, str], list[dict[str, Any]]]]] = {}
         self.kinds = {plural: store.kind(group, plural) for group, plural in (
             ("", "pods"), ("", "namespaces"), ("", "nodes"), ("", "events"), ("", "services"),
             ("", "serviceaccounts"), ("", "configmaps"), ("apps", "deployments"),
             ("apps", "replicasets"), ("apps", "statefulsets"), ("apps", "daemonsets"),
             ("apps", "controllerrevisions"), ("batch", "jobs"), ("batch", "cronjobs"),
             ("discovery.k8s.io", "endpointslices"), ("autoscaling", "horizontalpodautoscalers"),
-            ("", "persistentvolumeclaims"))}
+            ("", "persistentvolumeclaims"), ("networking.k8s.io", "ingresses"))}
 
     @abc.abstractmethod
     def reconcile(self) -> None:
@@ -91,6 +113,54 @@ class Cluster(abc.ABC):
         kind = self.kinds[plural]
         # Live objects: read them, copy before changing.
         yield from list(self.store.iter_objects(kind.group, plural, namespace))
+
+    def settled(self, uid: str, fingerprint: tuple[Any, ...]) -> bool:
+        """Whether the reconciler of object `uid` already settled it with these inputs (the
+        resourceVersions it reads): then it has nothing to do, and a pass need not redo it."""
+        return self._settled.get(uid) == fingerprint
+
+    def settle(self, uid: str, fingerprint: tuple[Any, ...] | None) -> None:
+        """Record the inputs object `uid` was settled with (None: not settled, e.g. it waits
+        for time to pass)."""
+        if fingerprint is None:
+            self._settled.pop(uid, None)
+            return
+        if len(self._settled) > 100_000:
+            self._settled.clear()
+        self._settled[uid] = fingerprint
+
+    def owned(self, plural: str, namespace: str, uid: str) -> list[dict[str, Any]]:
+        """The live objects of `plural` in `namespace` whose controller is `uid` (read, copy before
+        changing), from an index rebuilt only when the resource changed: a controller asking
+        for each owner's children is then linear in the objects, not in owners × objects."""
+        kind = self.kinds[plural]
+        version = self.store.changes(kind.group, plural)
+        cached = self._owner_index.get(plural)
+        if cached is None or cached[0] != version:
+            index: dict[tuple[str, str], list[dict[str, Any]]] = {}
+            for obj in self.store.iter_objects(kind.group, plural):
+                meta = obj["metadata"]
+                for ref in meta.get("ownerReferences") or []:
+                    if ref.get("controller"):
+                        index.setdefault((meta.get("namespace", ""), ref.get("uid", "")), []).append(obj)
+                        break
+            cached = self._owner_index[plural] = (version, index)
+        return list(cached[1].get((namespace, uid), ()))
+
+    def labelled(self, plural: str, namespace: str, key: str, value: str) -> list[dict[str, Any]]:
+        """The live objects of `plural` in `namespace` with label `key=value` (an index rebuilt
+        only when the resource changed)."""
+        kind = self.kinds[plural]
+        version = self.store.changes(kind.group, plural)
+        cached = self._label_index.get(plural)
+        if cached is None or cached[0] != version:
+            index: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+            for obj in self.store.iter_objects(kind.group, plural):
+                meta = obj["metadata"]
+                for label, text in (meta.get("labels") or {}).items():
+                    index.setdefault((meta.get("namespace", ""), label, text), []).append(obj)
+            cached = self._label_index[plural] = (version, index)
+        return list(cached[1].get((namespace, key, value), ()))
 
     def set_status(self, plural: str, obj: dict[str, Any], status: dict[str, Any]) -> None:
         if obj.get("status") == status:

@@ -15,12 +15,19 @@ unless a knob on the pod (usually set through the pod template's annotations) sa
 - `kubesim.io/stall-rollout: "true"`: the pod runs but never becomes Ready, so a rollout of a
   template carrying it stalls (and hits its progress deadline).
 - `kubesim.io/fail: "true"`: a Job's pod exits with code 1 (the Job then fails).
+- `kubesim.io/oom-kill: "true"`: the container is OOMKilled (exit code 137) and crash-loops.
+- `kubesim.io/ready-after: "3s"`: the pod runs, and is Ready that long after its containers started.
+- an image on a registry host under `.invalid` cannot be pulled (`ErrImagePull`, `ImagePullBackOff`).
+
+Services of type LoadBalancer and Ingresses get an address in `status.loadBalancer.ingress` at once,
+or `kubesim.io/load-balancer-after` (a Go duration, or `"never"`) after their creation.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import time
 from functools import partial
 from typing import Any
 
@@ -29,10 +36,20 @@ import trio
 from kubesim import cronjobs, kubelet, workloads
 from kubesim.cluster import NODE_IP, NODE_NAME, Cluster
 from kubesim.errors import ApiError
-from kubesim.objects import owned_by, owner_ref, pod_ready
+from kubesim.objects import owner_ref, pod_ready
 from kubesim.selectors import selector_from_match_labels
 from kubesim.store import Store
-from kubesim.timefmt import Clock, now, rfc3339, using
+from kubesim.timefmt import Clock, now, parse, rfc3339, using
+
+#: seconds a reconcile must take before the loop batches the changes that follow it, and the
+#: longest it then waits for more (a small store, as in tests, is settled at once after each change)
+BATCH_AFTER = 0.005
+BATCH_MAX = 0.05
+
+#: the annotation that delays (or, with "never", withholds) a load balancer's address
+LOAD_BALANCER_AFTER = "kubesim.io/load-balancer-after"
+#: the address the cluster's ingress controller publishes on every Ingress (its own LoadBalancer's)
+INGRESS_IP = "172.18.255.200"
 
 ROOT_CA = "-----BEGIN CERTIFICATE-----\nMIIBkubesimkubesimkubesim\n-----END CERTIFICATE-----\n"
 
@@ -57,13 +74,21 @@ class Controllers(Cluster):
                 self.reconcile()
                 task_status.started()
                 seen = self.store.resource_version
+                cost = 0.0
                 while True:
                     deadline = min(trio.current_time() + (self.tick if self.timed_work else math.inf),
                                    self.wake_at)
                     with trio.move_on_at(deadline) as self._waiting:
                         await self.store.wait_changed(seen)
                     self._waiting = None
+                    if cost >= BATCH_AFTER:
+                        # Passes have become costly (a large store): the writes arriving while we
+                        # wait as long as the last one took join the next, so a client writing
+                        # many objects one by one costs a pass per batch, not per object.
+                        await trio.sleep(min(cost, BATCH_MAX))
+                    started = time.perf_counter()
                     self.reconcile()
+                    cost = time.perf_counter() - started
                     seen = self.store.resource_version
                     await trio.lowlevel.checkpoint()
             finally:
@@ -95,7 +120,8 @@ class Controllers(Cluster):
             ("daemonsets", partial(workloads.daemonset, self)),
             ("cronjobs", partial(cronjobs.cronjob, self)), ("jobs", partial(workloads.job, self)),
             ("pods", partial(kubelet.pod, self)),
-            ("services", self._service), ("horizontalpodautoscalers", self._hpa),
+            ("services", self._service), ("ingresses", self._ingress),
+            ("horizontalpodautoscalers", self._hpa),
             ("persistentvolumeclaims", self._pvc),
         ):
             kind = self.kinds[plural]
@@ -157,16 +183,71 @@ class Controllers(Cluster):
 
     # -- services, scaling, storage ------------------------------------------------------------
 
+    def _load_balancer_due(self, obj: dict[str, Any]) -> bool:
+        """Whether the simulated load balancer has an address for `obj` by now
+        (`kubesim.io/load-balancer-after`: a Go duration after its creation, or "never")."""
+        text = (obj["metadata"].get("annotations") or {}).get(LOAD_BALANCER_AFTER)
+        if text is None:
+            return True
+        if text.strip().lower() == "never":
+            return False
+        delay = kubelet.parse_go_duration(text)
+        created = parse(obj["metadata"].get("creationTimestamp"))
+        if delay is None or created is None:
+            return True
+        remaining = delay - (now() - created).total_seconds()
+        if remaining <= 0:
+            return True
+        self.timed_work = True
+        if _in_trio():
+            self.wake_by(trio.current_time() + remaining)
+        return False
+
+    def _load_balancer(self, svc: dict[str, Any]) -> None:
+        """The cloud's service controller: a LoadBalancer Service gets an external address."""
+        spec = svc.get("spec") or {}
+        status = svc.get("status") or {}
+        ingress = (status.get("loadBalancer") or {}).get("ingress")
+        if spec.get("type") != "LoadBalancer":
+            if ingress:  # no longer a load balancer: the cloud's is deleted
+                self.set_status("services", svc, {**status, "loadBalancer": {}})
+            return
+        if ingress or not self._load_balancer_due(svc):
+            return
+        kind = self.kinds["services"]
+        self.event(kind, svc, "EnsuringLoadBalancer", "Ensuring load balancer", component="service-controller")
+        address = self.store.allocator.load_balancer_ip()
+        self.set_status("services", svc, {**status, "loadBalancer": {
+            "ingress": [{"ip": address, "ipMode": "VIP"}]}})
+        self.event(kind, svc, "EnsuredLoadBalancer", "Ensured load balancer", component="service-controller")
+
+    def _ingress(self, ing: dict[str, Any]) -> None:
+        """The ingress controller (one, behind the cluster's ingress address) publishes its address."""
+        status = ing.get("status") or {}
+        if ((status.get("loadBalancer") or {}).get("ingress")) or not self._load_balancer_due(ing):
+            return
+        self.set_status("ingresses", ing, {**status, "loadBalancer": {"ingress": [{"ip": INGRESS_IP}]}})
+
     def _service(self, svc: dict[str, Any]) -> None:
+        self._load_balancer(svc)
+        svc = self.store.peek(self.kinds["services"], svc["metadata"]["namespace"], svc["metadata"]["name"]) or svc
         meta, spec = svc["metadata"], svc.get("spec") or {}
         selector = spec.get("selector")
         if not selector:
             return
         ns = meta["namespace"]
         eps_kind = self.kinds["endpointslices"]
-        matches = selector_from_match_labels({"matchLabels": selector})
         endpoints = []
-        for pod in sorted(self.objects("pods", ns), key=lambda p: p["metadata"]["name"]):
+        # Candidates: the pods with the selector's first label (an index), then the whole selector.
+        first_key, first_value = next(iter(sorted(selector.items())))
+        candidates = self.labelled("pods", ns, str(first_key), str(first_value))
+        slices = self.owned("endpointslices", ns, meta["uid"])
+        fingerprint = (meta.get("resourceVersion"), *sorted(p["metadata"].get("resourceVersion", "") for p in candidates),
+                       *sorted(e["metadata"].get("resourceVersion", "") for e in slices))
+        if self.settled(meta["uid"], fingerprint):
+            return
+        matches = selector_from_match_labels({"matchLabels": selector})
+        for pod in sorted(candidates, key=lambda p: p["metadata"]["name"]):
             ip = (pod.get("status") or {}).get("podIP")
             if not ip or not matches(pod) or pod["metadata"].get("deletionTimestamp"):
                 continue
@@ -184,9 +265,8 @@ class Controllers(Cluster):
             entry = {"name": port.get("name", ""), "protocol": port.get("protocol", "TCP"),
                      "port": target if isinstance(target, int) else port.get("port")}
             ports.append(entry)
-        existing = next((e for e in self.objects("endpointslices", ns)
-                         if (e["metadata"].get("labels") or {}).get("kubernetes.io/service-name") == meta["name"]
-                         and owned_by(e, meta["uid"])), None)
+        existing = next((e for e in slices
+                         if (e["metadata"].get("labels") or {}).get("kubernetes.io/service-name") == meta["name"]), None)
         body = {"addressType": "IPv4", "endpoints": endpoints, "ports": ports}
         if existing is None:
             self.store.create(eps_kind, ns, {
@@ -198,6 +278,7 @@ class Controllers(Cluster):
         elif any(existing.get(k) != v for k, v in body.items()):
             existing = {**copy.deepcopy(existing), **body}
             self.update("endpointslices", existing)
+        self.settle(meta["uid"], fingerprint)
 
     def _hpa(self, hpa: dict[str, Any]) -> None:
         spec = hpa.get("spec") or {}
@@ -225,3 +306,11 @@ class Controllers(Cluster):
         self.set_status("persistentvolumeclaims", pvc, {
             "phase": "Bound", "accessModes": spec.get("accessModes") or ["ReadWriteOnce"],
             "capacity": {"storage": storage}})
+
+
+def _in_trio() -> bool:
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        return False
+    return True

@@ -32,10 +32,20 @@ class Allocator:
     def __init__(self) -> None:
         self._service = itertools.count(10)
         self._pod = itertools.count(5)
+        self._load_balancer = itertools.count(200)
+        self._node_port = itertools.count(30080)
 
     def cluster_ip(self) -> str:
         n = next(self._service)
         return f"10.96.{n // 250}.{n % 250 + 1}"
+
+    def load_balancer_ip(self) -> str:
+        """The next external address of a LoadBalancer Service (as MetalLB on a kind network)."""
+        n = next(self._load_balancer)
+        return f"172.18.{255 - n // 250}.{n % 250 + 1}"
+
+    def node_port(self) -> int:
+        return 30000 + (next(self._node_port) - 30000) % 2768
 
     def pod_ip(self) -> str:
         n = next(self._pod)
@@ -187,9 +197,16 @@ def apply_defaults(kind: Kind, obj: dict[str, Any], allocator: Allocator) -> Non
             spec.setdefault("ipFamilies", ["IPv4"])
             spec.setdefault("ipFamilyPolicy", "SingleStack")
             spec.setdefault("internalTrafficPolicy", "Cluster")
+            node_ports = spec.get("type") in ("NodePort", "LoadBalancer")
+            if node_ports:
+                spec.setdefault("externalTrafficPolicy", "Cluster")
+            if spec.get("type") == "LoadBalancer":
+                spec.setdefault("allocateLoadBalancerNodePorts", True)
             for port in spec.get("ports") or []:
                 port.setdefault("protocol", "TCP")
                 port.setdefault("targetPort", port.get("port"))
+                if node_ports and spec.get("allocateLoadBalancerNodePorts", True):
+                    port.setdefault("nodePort", allocator.node_port())
             obj.setdefault("status", {}).setdefault("loadBalancer", {})
         case "persistentvolumeclaims":
             assert spec is not None

@@ -7,17 +7,27 @@ Knobs, annotations on a pod (usually through its template):
 - `kubesim.io/crash-loop: "true"`: the container keeps exiting with code 1 (`CrashLoopBackOff`).
 - `kubesim.io/stall-rollout: "true"`: the pod runs but never becomes Ready.
 - `kubesim.io/fail: "true"`: a Job's pod exits with code 1.
+- `kubesim.io/oom-kill: "true"`: the container is killed for memory as it starts (exit code 137,
+  `OOMKilled`), and crash-loops as `kubesim.io/crash-loop` does.
+- `kubesim.io/ready-after: "3s"` (a Go duration): each container runs but is Ready only that long
+  after it started (as with a readiness probe's `initialDelaySeconds`), so a rollout takes time.
+
+And by the image reference: an image on a registry host under `.invalid` (RFC 6761: it never
+resolves), e.g. `registry.invalid/app:1`, cannot be pulled: `ErrImagePull`, then `ImagePullBackOff`.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import hashlib
+import re
+from datetime import timedelta
 from typing import Any
 
 import trio
 
-from kubesim.cluster import NODE_IP, NODE_NAME, Cluster
+from kubesim.cluster import NODE_IP, NODE_NAME, Cluster, ImagePull
 from kubesim.console import ContainerConsole
 from kubesim.fs import FileSystem, container_tree
 from kubesim.objects import annotation_true
@@ -28,6 +38,8 @@ from kubesim.timefmt import now, parse, rfc3339
 CRASH_LOOP = "kubesim.io/crash-loop"
 STALL_ROLLOUT = "kubesim.io/stall-rollout"
 FAIL = "kubesim.io/fail"
+OOM_KILL = "kubesim.io/oom-kill"
+READY_AFTER = "kubesim.io/ready-after"
 CRASH_RESTART_SECONDS = 5.0
 
 
@@ -61,6 +73,9 @@ def pod(ctl: Cluster, pod: dict[str, Any]) -> None:
         return
     phase = status.get("phase")
     if phase == "Pending":
+        if any(pull_error(c.get("image", "")) for c in containers) or _pull_waiting(status):
+            pull_failed(ctl, pod)
+            return
         start(ctl, pod)
         return
     if phase == "Running":
@@ -72,8 +87,9 @@ def start(ctl: Cluster, pod: dict[str, Any]) -> None:
     ns, name = meta["namespace"], meta["name"]
     stamp = rfc3339(now())
     ip = (pod.get("status") or {}).get("podIP") or ctl.store.allocator.pod_ip()
-    crash = annotation_true(pod, CRASH_LOOP)
-    stall = annotation_true(pod, STALL_ROLLOUT)
+    oom = annotation_true(pod, OOM_KILL)
+    crash = annotation_true(pod, CRASH_LOOP) or oom
+    stall = annotation_true(pod, STALL_ROLLOUT) or ready_after(pod) is not None
     job_pod = "Job" in {ref.get("kind") for ref in meta.get("ownerReferences") or []}
     fail = annotation_true(pod, FAIL)
     statuses = []
@@ -81,8 +97,7 @@ def start(ctl: Cluster, pod: dict[str, Any]) -> None:
         cname = container.get("name", "")
         image = container.get("image", "")
         field_path = f"spec.containers{{{cname}}}"
-        ctl.event(kind, pod, "Pulled", f'Container image "{image}" already present on machine',
-                   component="kubelet", field_path=field_path)
+        _pull(ctl, pod, container)
         ctl.event(kind, pod, "Created", f"Created container: {cname}", component="kubelet",
                    field_path=field_path)
         ctl.event(kind, pod, "Started", f"Started container {cname}", component="kubelet",
@@ -93,7 +108,7 @@ def start(ctl: Cluster, pod: dict[str, Any]) -> None:
             if key not in ctl.processes:
                 _spawn(ctl, pod, container, argv, pod_ip=ip)
         elif key not in ctl.consoles:
-            ctl.filesystems[key] = _new_filesystem(pod, container, ip)
+            ctl.filesystems[key] = _new_filesystem(ctl, pod, container, ip)
             console = ContainerConsole()
             console.log(f"kubesim: container {cname} started (image {image})")
             for line in _startup_lines(container):
@@ -107,7 +122,7 @@ def start(ctl: Cluster, pod: dict[str, Any]) -> None:
             "state": {"running": {"startedAt": stamp}},
         }
         if crash:
-            entry.update(_crashed(stamp, 1))
+            entry.update(_crashed(ctl, pod, cname, stamp, 1, oom=oom))
         statuses.append(entry)
     all_ready = bool(statuses) and all(s["ready"] for s in statuses)
     ready_text = "True" if all_ready else "False"
@@ -130,7 +145,10 @@ def start(ctl: Cluster, pod: dict[str, Any]) -> None:
 def running(ctl: Cluster, pod: dict[str, Any]) -> None:
     meta, spec = pod["metadata"], pod.get("spec") or {}
     owner_kinds = {ref.get("kind") for ref in meta.get("ownerReferences") or []}
-    crash = annotation_true(pod, CRASH_LOOP)
+    oom = annotation_true(pod, OOM_KILL)
+    crash = annotation_true(pod, CRASH_LOOP) or oom
+    if not crash and _ready_after_elapsed(ctl, pod):
+        pod = ctl.store.get(ctl.kinds["pods"], meta["namespace"], meta["name"])
     processes = {c.get("name", ""): ctl.processes.get((meta["namespace"], meta["name"], c.get("name", "")))
                  for c in spec.get("containers") or []}
     if not crash and any(p is not None for p in processes.values()):
@@ -149,7 +167,8 @@ def running(ctl: Cluster, pod: dict[str, Any]) -> None:
             finished = parse(((entry.get("lastState") or {}).get("terminated") or {}).get("finishedAt"))
             backoff = CRASH_RESTART_SECONDS * min(2 ** entry.get("restartCount", 0), 8)
             if finished is None or (now() - finished).total_seconds() >= backoff:
-                entry.update(_crashed(stamp, entry.get("restartCount", 0) + 1))
+                entry.update(_crashed(ctl, pod, entry["name"], stamp, entry.get("restartCount", 0) + 1,
+                                      oom=oom))
                 ctl.event(ctl.kinds["pods"], pod, "BackOff", "Back-off restarting failed container "
                            f"{entry['name']} in pod {meta['name']}_{meta['namespace']}({meta['uid']})",
                            component="kubelet", type_="Warning",
@@ -180,6 +199,8 @@ def running(ctl: Cluster, pod: dict[str, Any]) -> None:
 
 def close_stale_consoles(ctl: Cluster) -> None:
     pods = ctl.kinds["pods"]
+    for key in [key for key in ctl.image_pulls if not ctl.store.exists(pods, key[0], key[1])]:
+        del ctl.image_pulls[key]
     for key in list(ctl.consoles):
         ns, name, _ = key
         if not ctl.store.exists(pods, ns, name):
@@ -204,7 +225,7 @@ def _spawn(ctl: Cluster, pod: dict[str, Any], container: dict[str, Any], argv: l
     stdin = ProcessStdin(open_=bool(container.get("stdin")), once=bool(container.get("stdinOnce")))
     console.pipe_stdin(stdin)
     # A run (the first or a restart) starts from the image: a fresh writable layer.
-    filesystem = _new_filesystem(pod, container, pod_ip or (pod.get("status") or {}).get("podIP") or "")
+    filesystem = _new_filesystem(ctl, pod, container, pod_ip or (pod.get("status") or {}).get("podIP") or "")
     process = MainProcess(argv=argv, console=console, stdin=stdin, fs=filesystem)
     previous = ctl.consoles.get(key)
     if previous is not None:
@@ -224,7 +245,7 @@ def _sync_processes(ctl: Cluster, pod: dict[str, Any],
     meta, spec = pod["metadata"], pod.get("spec") or {}
     ns, name = meta["namespace"], meta["name"]
     policy = spec.get("restartPolicy") or "Always"
-    stall = annotation_true(pod, STALL_ROLLOUT)
+    stall = annotation_true(pod, STALL_ROLLOUT) or ready_after(pod) is not None
     first_delay, max_delay = ctl.restart_backoff
     clock = trio.current_time()
     stamp = rfc3339(now())
@@ -258,8 +279,8 @@ def _sync_processes(ctl: Cluster, pod: dict[str, Any],
             entry.update({"state": {"running": {"startedAt": stamp}}, "ready": not stall, "started": True,
                           "restartCount": entry.get("restartCount", 0) + 1,
                           "lastState": {"terminated": terminated}})
-            for reason, message in (("Pulled", f'Container image "{entry.get("image", "")}" already present on machine'),
-                                    ("Created", f"Created container: {cname}"),
+            _pull(ctl, pod, containers.get(cname) or {"name": cname, "image": entry.get("image", "")})
+            for reason, message in (("Created", f"Created container: {cname}"),
                                     ("Started", f"Started container {cname}")):
                 ctl.event(ctl.kinds["pods"], pod, reason, message, component="kubelet", field_path=field_path)
         else:
@@ -299,11 +320,53 @@ def _sync_processes(ctl: Cluster, pod: dict[str, Any],
     ctl.set_status("pods", pod, status)
 
 
-def _new_filesystem(pod: dict[str, Any], container: dict[str, Any], pod_ip: str) -> FileSystem:
+def _new_filesystem(ctl: Cluster, pod: dict[str, Any], container: dict[str, Any], pod_ip: str) -> FileSystem:
     meta = pod["metadata"]
-    return container_tree(FileSystem(), image=str(container.get("image") or ""),
-                          hostname=(pod.get("spec") or {}).get("hostname") or meta["name"],
-                          namespace=meta["namespace"], pod_ip=pod_ip, commands=tuple(command_names()))
+    filesystem = container_tree(FileSystem(), image=str(container.get("image") or ""),
+                                hostname=(pod.get("spec") or {}).get("hostname") or meta["name"],
+                                namespace=meta["namespace"], pod_ip=pod_ip, commands=tuple(command_names()))
+    _mount_volumes(ctl, pod, container, filesystem)
+    return filesystem
+
+
+def _mount_volumes(ctl: Cluster, pod: dict[str, Any], container: dict[str, Any], filesystem: FileSystem) -> None:
+    """The container's ConfigMap and Secret volumes, as files under their mount paths (a key per
+    file, or the volume's `items`), read when the container starts. A missing object mounts
+    nothing (a real kubelet waits, with `FailedMount` events)."""
+    namespace = pod["metadata"]["namespace"]
+    volumes = {v.get("name"): v for v in (pod.get("spec") or {}).get("volumes") or []}
+    for mount in container.get("volumeMounts") or []:
+        volume = volumes.get(mount.get("name")) or {}
+        source = volume.get("configMap") or volume.get("secret")
+        if source is None:
+            continue
+        if "configMap" in volume:
+            obj = ctl.store.find(ctl.kinds["configmaps"], namespace, source.get("name", ""))
+            files = {k: str(v).encode() for k, v in ((obj or {}).get("data") or {}).items()}
+            files.update({k: _b64(v) for k, v in ((obj or {}).get("binaryData") or {}).items()})
+        else:
+            obj = ctl.store.find(ctl.store.kind("", "secrets"), namespace, source.get("secretName", ""))
+            files = {k: _b64(v) for k, v in ((obj or {}).get("data") or {}).items()}
+        items = source.get("items")
+        paths = ({item.get("key"): item.get("path") for item in items} if items
+                 else {key: key for key in files})
+        root = str(mount.get("mountPath") or "/").rstrip("/") + "/"
+        for key, rel in paths.items():
+            if key not in files or not rel:
+                continue
+            target = root + str(rel)
+            try:
+                filesystem.mkdir(target.rsplit("/", 1)[0] or "/", parents=True)
+                filesystem.write_file(target, files[key])
+            except OSError:
+                continue  # a path the image's tree does not allow: left out
+
+
+def _b64(text: Any) -> bytes:
+    try:
+        return base64.b64decode(str(text))
+    except ValueError:
+        return b""
 
 
 def _go_duration(seconds: float) -> str:
@@ -313,13 +376,19 @@ def _go_duration(seconds: float) -> str:
     return f"{int(minutes)}m{text}" if minutes else text
 
 
-def _crashed(stamp: str, restarts: int) -> dict[str, Any]:
+def _crashed(ctl: Cluster, pod: dict[str, Any], cname: str, stamp: str, restarts: int, *,
+             oom: bool = False) -> dict[str, Any]:
+    """A container that exited (code 1, or 137 killed for memory) and waits to be restarted."""
+    meta = pod["metadata"]
+    delay = _go_duration(CRASH_RESTART_SECONDS * min(2 ** restarts, 8))
     return {
         "ready": False, "started": False, "restartCount": restarts,
         "state": {"waiting": {"reason": "CrashLoopBackOff",
-                              "message": "back-off restarting failed container"}},
-        "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": stamp,
-                                     "finishedAt": stamp}},
+                              "message": f"back-off {delay} restarting failed container={cname} "
+                                         f"pod={meta['name']}_{meta['namespace']}({meta['uid']})"}},
+        "lastState": {"terminated": {"exitCode": 137 if oom else 1,
+                                     "reason": "OOMKilled" if oom else "Error",
+                                     "startedAt": stamp, "finishedAt": stamp}},
     }
 
 
@@ -332,3 +401,220 @@ def _startup_lines(container: dict[str, Any]) -> list[str]:
         lines.append(f"kubesim: listening on :{port.get('containerPort')}/{port.get('protocol', 'TCP')}")
     lines.append("kubesim: ready")
     return lines
+
+
+def _pull(ctl: Cluster, pod: dict[str, Any], container: dict[str, Any]) -> None:
+    """The image manager's events before a container starts: `Pulling` and `Pulled` when the node
+    pulls the image (not there yet, or `imagePullPolicy: Always`), else `Pulled` "already present"."""
+    image = container.get("image", "")
+    field_path = f"spec.containers{{{container.get('name', '')}}}"
+    policy = container.get("imagePullPolicy") or "IfNotPresent"
+    if policy == "Never" or (policy == "IfNotPresent" and image in ctl.node_images):
+        ctl.event(ctl.kinds["pods"], pod, "Pulled", f'Container image "{image}" already present on machine',
+                  component="kubelet", field_path=field_path)
+        return
+    digest = hashlib.sha256(image.encode()).digest()
+    took = _go_duration_precise(0.4 + int.from_bytes(digest[:2], "big") / 65535 * 2.5)
+    size = 5_000_000 + int.from_bytes(digest[2:6], "big") % 70_000_000
+    ctl.event(ctl.kinds["pods"], pod, "Pulling", f'Pulling image "{image}"', component="kubelet",
+              field_path=field_path)
+    ctl.event(ctl.kinds["pods"], pod, "Pulled", f'Successfully pulled image "{image}" in {took} '
+              f"({took} including waiting). Image size: {size} bytes.", component="kubelet",
+              field_path=field_path)
+    ctl.node_images.add(image)
+
+
+def _go_duration_precise(seconds: float) -> str:
+    """A sub-minute duration as Go prints it with milliseconds: 1.532s, 812ms."""
+    millis = round(seconds * 1000)
+    return f"{millis}ms" if millis < 1000 else f"{millis / 1000:g}s"
+
+
+# -- readiness after a delay (`kubesim.io/ready-after`) --------------------------------------------
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_go_duration(text: str) -> float | None:
+    """Seconds in a Go duration (`3s`, `1m30s`, `500ms`), as time.ParseDuration reads it; None when
+    it does not parse or is negative."""
+    text = text.strip()
+    if text == "0":
+        return 0.0
+    total, at = 0.0, 0
+    while at < len(text):
+        match = _DURATION_PART.match(text, at)
+        if match is None:
+            return None
+        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        at = match.end()
+    return total if text else None
+
+
+def ready_after(pod: dict[str, Any]) -> float | None:
+    """The pod's `kubesim.io/ready-after` delay in seconds, or None (no knob, or not a duration)."""
+    text = (pod.get("metadata", {}).get("annotations") or {}).get(READY_AFTER)
+    return None if text is None else parse_go_duration(text)
+
+
+def _ready_after_elapsed(ctl: Cluster, pod: dict[str, Any]) -> bool:
+    """Make the running containers whose `ready-after` delay has passed Ready (and the pod, when
+    all are), as a readiness probe's first success would; True when the pod changed."""
+    delay = ready_after(pod)
+    if delay is None or annotation_true(pod, STALL_ROLLOUT):
+        return False
+    status = copy.deepcopy(pod.get("status") or {})
+    moment = now()
+    changed = False
+    for entry in status.get("containerStatuses") or []:
+        started = parse(((entry.get("state") or {}).get("running") or {}).get("startedAt"))
+        if entry.get("ready") or started is None:
+            continue
+        remaining = delay - (moment - started).total_seconds()
+        if remaining <= 0:
+            entry["ready"] = True
+            changed = True
+        else:
+            ctl.timed_work = True
+            try:
+                ctl.wake_by(trio.current_time() + remaining)
+            except RuntimeError:  # reconciled from outside Trio: the next pass will look again
+                pass
+    if not changed:
+        return False
+    entries = status.get("containerStatuses") or []
+    ready = all(entry.get("ready") for entry in entries)
+    stamp = rfc3339(moment)
+    for condition in status.get("conditions") or []:
+        if condition["type"] not in ("Ready", "ContainersReady"):
+            continue
+        condition.pop("reason", None)
+        condition.pop("message", None)
+        if ready:
+            if condition.get("status") != "True":
+                condition["lastTransitionTime"] = stamp
+            condition["status"] = "True"
+        else:
+            not_ready = ",".join(e.get("name", "") for e in entries if not e.get("ready"))
+            condition.update({"status": "False", "reason": "ContainersNotReady",
+                              "message": f"containers with unready status: [{not_ready}]"})
+    ctl.set_status("pods", pod, status)
+    return True
+
+
+# -- images that cannot be pulled -------------------------------------------------------------------
+
+#: where the node's runtime asks names (kind's node: Docker's embedded DNS)
+NODE_RESOLVER = "127.0.0.11:53"
+
+
+def _image_parts(image: str) -> tuple[str, str, str]:
+    """(registry host, repository path, tag or digest) of an image reference, normalized as the
+    container runtime does (`nginx` → `docker.io`, `library/nginx`, `latest`)."""
+    rest, _, digest = image.partition("@")
+    first, _, remainder = rest.partition("/")
+    if remainder and ("." in first or ":" in first or first == "localhost"):
+        host, path = first, remainder
+    else:
+        host, path = "docker.io", rest if "/" in rest else f"library/{rest}"
+    name, colon, tag = path.rpartition(":")
+    if colon and "/" not in tag:
+        path = name
+    else:
+        tag = ""
+    return host, path, digest or tag or "latest"
+
+
+def pull_error(image: str) -> str | None:
+    """The container runtime's error for pulling `image`, when kubesim's node cannot pull it: a
+    registry host under `.invalid` (RFC 6761 reserves it: it never resolves). None otherwise."""
+    host, path, reference = _image_parts(image)
+    hostname = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    if not (hostname == "invalid" or hostname.endswith(".invalid")):
+        return None
+    separator = "@" if reference.startswith("sha256:") else ":"
+    ref = f"{host}/{path}{separator}{reference}"
+    return (f'rpc error: code = Unknown desc = failed to pull and unpack image "{ref}": failed to '
+            f'resolve reference "{ref}": failed to do request: Head "https://{host}/v2/{path}/'
+            f'manifests/{reference}": dial tcp: lookup {hostname} on {NODE_RESOLVER}: no such host')
+
+
+def _pull_waiting(status: dict[str, Any]) -> bool:
+    return any(((entry.get("state") or {}).get("waiting") or {}).get("reason") in ("ErrImagePull", "ImagePullBackOff")
+               for entry in status.get("containerStatuses") or [])
+
+
+def pull_failed(ctl: Cluster, pod: dict[str, Any]) -> None:
+    """A pod whose image cannot be pulled stays Pending: each failed pull is `ErrImagePull` (events
+    `Pulling`, `Failed`), the kubelet's next sync, a first back-off later, shows `ImagePullBackOff`
+    (events `BackOff`, `Failed`), and the pull is tried again when the image back-off (the first
+    delay doubled at each failure, at most the maximum: `restart_backoff`) has passed.
+
+    kubesim does not start the pod's other containers meanwhile (a real kubelet does)."""
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    kind = ctl.kinds["pods"]
+    containers = spec.get("containers") or []
+    if not any(pull_error(c.get("image", "")) for c in containers):
+        # The pod's image was changed to one that pulls: start it as usual.
+        for key in [key for key in ctl.image_pulls if key[:2] == (meta["namespace"], meta["name"])]:
+            del ctl.image_pulls[key]
+        start(ctl, pod)
+        return
+    ctl.timed_work = True
+    first_delay, max_delay = ctl.restart_backoff
+    moment = now()
+    stamp = rfc3339(moment)
+    status = copy.deepcopy(pod.get("status") or {})
+    ip = status.get("podIP") or ctl.store.allocator.pod_ip()
+    old = {entry.get("name"): entry for entry in status.get("containerStatuses") or []}
+    statuses = []
+    for container in containers:
+        cname, image = container.get("name", ""), container.get("image", "")
+        field_path = f"spec.containers{{{cname}}}"
+        entry = {"name": cname, "image": image, "imageID": "", "ready": False, "restartCount": 0,
+                 "started": False, "state": {"waiting": {"reason": "ContainerCreating"}}}
+        entry.update({k: v for k, v in (old.get(cname) or {}).items() if k == "state"})
+        error = pull_error(image)
+        key = (meta["namespace"], meta["name"], cname)
+        pull = ctl.image_pulls.get(key)
+        if error is None:
+            statuses.append(entry)
+            continue
+        if pull is None or pull.image != image or moment >= pull.retry_at:
+            failures = 1 if pull is None or pull.image != image else pull.failures + 1
+            backoff = min(first_delay * 2 ** failures, max_delay)
+            ctl.image_pulls[key] = ImagePull(image=image, failures=failures, failed_at=moment,
+                                             retry_at=moment + timedelta(seconds=backoff))
+            ctl.event(kind, pod, "Pulling", f'Pulling image "{image}"', component="kubelet",
+                      field_path=field_path)
+            ctl.event(kind, pod, "Failed", f'Failed to pull image "{image}": {error}', component="kubelet",
+                      type_="Warning", field_path=field_path)
+            ctl.event(kind, pod, "Failed", "Error: ErrImagePull", component="kubelet", type_="Warning",
+                      field_path=field_path)
+            entry["state"] = {"waiting": {"reason": "ErrImagePull", "message": error}}
+        elif (moment >= pull.failed_at + timedelta(seconds=first_delay)
+              and ((entry["state"].get("waiting") or {}).get("reason") != "ImagePullBackOff")):
+            # The kubelet's next sync of the pod finds the image in back-off.
+            ctl.event(kind, pod, "BackOff", f'Back-off pulling image "{image}"', component="kubelet",
+                      field_path=field_path)
+            ctl.event(kind, pod, "Failed", "Error: ImagePullBackOff", component="kubelet",
+                      type_="Warning", field_path=field_path)
+            entry["state"] = {"waiting": {"reason": "ImagePullBackOff",
+                                          "message": f'Back-off pulling image "{image}": ErrImagePull: {error}'}}
+        statuses.append(entry)
+    not_ready = ",".join(entry["name"] for entry in statuses)
+    conditions = []
+    for kind_name in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"):
+        previous = next((c for c in status.get("conditions") or [] if c.get("type") == kind_name), None)
+        wanted: dict[str, Any] = {"type": kind_name, "status": "True", "lastProbeTime": None,
+                                  "lastTransitionTime": stamp}
+        if kind_name in ("Ready", "ContainersReady"):
+            wanted.update({"status": "False", "reason": "ContainersNotReady",
+                           "message": f"containers with unready status: [{not_ready}]"})
+        if previous is not None and previous.get("status") == wanted["status"]:
+            wanted["lastTransitionTime"] = previous.get("lastTransitionTime", stamp)
+        conditions.append(wanted)
+    status.update({"phase": "Pending", "conditions": conditions, "podIP": ip, "podIPs": [{"ip": ip}],
+                   "containerStatuses": statuses})
+    ctl.set_status("pods", pod, status)

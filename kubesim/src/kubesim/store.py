@@ -78,14 +78,19 @@ class _Objects(dict[Key, dict[str, Any]]):
     def __init__(self) -> None:
         super().__init__()
         self.by_resource: dict[tuple[str, str], dict[Key, dict[str, Any]]] = {}
+        # How many times each resource's objects were set or removed (indexes built on them
+        # know when they are stale).
+        self.changes: dict[tuple[str, str], int] = {}
 
     def __setitem__(self, key: Key, value: dict[str, Any]) -> None:
         super().__setitem__(key, value)
         self.by_resource.setdefault(key[:2], {})[key] = value
+        self.changes[key[:2]] = self.changes.get(key[:2], 0) + 1
 
     def pop(self, key: Key, *default: Any) -> Any:
         value = super().pop(key, *default)
         self.by_resource.get(key[:2], {}).pop(key, None)
+        self.changes[key[:2]] = self.changes.get(key[:2], 0) + 1
         return value
 
     def of(self, group: str, plural: str) -> dict[Key, dict[str, Any]]:
@@ -192,6 +197,14 @@ class Store:
         if obj is None:
             raise errors.not_found(kind.group, kind.plural, name)
         return self._out(kind, obj)
+
+    def peek(self, kind: Kind, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """The live (not copied, stored-version) object, for controllers that only read it."""
+        return self._objects.get(_key(kind, namespace, name))
+
+    def changes(self, group: str, plural: str) -> int:
+        """A number that changes whenever an object of the resource is set or removed."""
+        return self._objects.changes.get((group, plural), 0)
 
     def exists(self, kind: Kind, namespace: str | None, name: str) -> bool:
         return _key(kind, namespace, name) in self._objects

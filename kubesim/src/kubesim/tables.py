@@ -7,6 +7,8 @@ a real cluster shows.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -396,16 +398,45 @@ TABLES: dict[str, tuple[list[Column], Row]] = {
 }
 
 
+_JSONPATH_STEP = re.compile(
+    r"""\.(?P<name>[A-Za-z0-9_\-/]+)"""
+    r"""|\[(?P<index>-?\d+|\*)\]"""
+    r"""|\[\?\(@(?P<fpath>(?:\.[A-Za-z0-9_\-/]+)+)\s*(?P<op>==|!=)\s*(?P<lit>"[^"]*"|'[^']*'|-?\d+|true|false)\)\]""")
+
+
 def _jsonpath_cell(obj: dict[str, Any], path: str) -> Any:
-    node: Any = obj
-    for part in path.strip().lstrip(".").split("."):
-        if not part:
-            continue
-        if isinstance(node, dict):
-            node = node.get(part)
-        else:
+    """The first value a CRD printer column's JSONPath finds (as the API server's table convertor
+    takes `results[0][0]`): fields, `[n]`, `[*]` and filters `[?(@.type=="Ready")]` (== and !=)."""
+    text = path.strip()
+    if text.startswith("{") and text.endswith("}"):
+        text = text[1:-1]
+    text = text if text.startswith((".", "[")) else "." + text
+    nodes: list[Any] = [obj]
+    at = 0
+    while at < len(text):
+        match = _JSONPATH_STEP.match(text, at)
+        if match is None:
             return None
-    return node
+        at = match.end()
+        found: list[Any] = []
+        for node in nodes:
+            if match.group("name") is not None:
+                if isinstance(node, dict) and match.group("name") in node:
+                    found.append(node[match.group("name")])
+            elif match.group("index") is not None:
+                if isinstance(node, list):
+                    if match.group("index") == "*":
+                        found.extend(node)
+                    elif -len(node) <= int(match.group("index")) < len(node):
+                        found.append(node[int(match.group("index"))])
+            elif isinstance(node, list):
+                wanted = json.loads(match.group("lit").replace("'", '"'))
+                for item in node:
+                    value = _jsonpath_cell(item, match.group("fpath")) if isinstance(item, dict) else None
+                    if (value == wanted) == (match.group("op") == "=="):
+                        found.append(item)
+        nodes = found
+    return nodes[0] if nodes else None
 
 
 def _custom_columns(kind: Kind) -> tuple[list[Column], Row]:

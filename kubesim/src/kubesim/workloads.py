@@ -7,15 +7,14 @@ import copy
 from typing import Any
 
 from kubesim.cluster import NODE_NAME, Cluster
-from kubesim.objects import condition, owned_by, owner_ref, percent, pod_ready, template_hash
+from kubesim.objects import condition, owner_ref, percent, pod_ready, template_hash
 from kubesim.resources import Kind
 from kubesim.timefmt import now, parse, rfc3339
 
 
 def pods_of(ctl: Cluster, owner: dict[str, Any]) -> list[dict[str, Any]]:
-    uid = owner["metadata"]["uid"]
-    return [p for p in ctl.objects("pods", owner["metadata"]["namespace"])
-            if owned_by(p, uid) and not p["metadata"].get("deletionTimestamp")]
+    return [p for p in ctl.owned("pods", owner["metadata"]["namespace"], owner["metadata"]["uid"])
+            if not p["metadata"].get("deletionTimestamp")]
 
 def new_pod(ctl: Cluster, owner_kind: Kind, owner: dict[str, Any], template: dict[str, Any], *,
              name: str = "", generate_name: str = "", extra_labels: dict[str, str] | None = None,
@@ -41,8 +40,15 @@ def deployment(ctl: Cluster, dep: dict[str, Any]) -> None:
     kind, rs_kind = ctl.kinds["deployments"], ctl.kinds["replicasets"]
     desired = int(spec.get("replicas", 1))
     template = spec.get("template") or {}
-    pod_hash = template_hash(template)
-    owned = [copy.deepcopy(rs) for rs in ctl.objects("replicasets", ns) if owned_by(rs, uid)]
+    pod_hash = ctl.template_hashes.get((uid, meta.get("generation", 1)))
+    if pod_hash is None:
+        if len(ctl.template_hashes) > 10_000:
+            ctl.template_hashes.clear()
+        pod_hash = ctl.template_hashes[(uid, meta.get("generation", 1))] = template_hash(template)
+    owned = ctl.owned("replicasets", ns, uid)  # live: copy before changing one
+    fingerprint = (meta.get("resourceVersion"), *sorted(rs["metadata"].get("resourceVersion", "") for rs in owned))
+    if ctl.settled(uid, fingerprint):
+        return
     new_rs = next((rs for rs in owned
                    if (rs["metadata"].get("labels") or {}).get("pod-template-hash") == pod_hash), None)
     revisions = [int((rs["metadata"].get("annotations") or {}).get("deployment.kubernetes.io/revision", "0"))
@@ -70,11 +76,13 @@ def deployment(ctl: Cluster, dep: dict[str, Any]) -> None:
                    f"Scaled up replica set {new_rs['metadata']['name']} from 0 to {desired}",
                    component="deployment-controller")
     else:
-        rs_annotations = new_rs["metadata"].setdefault("annotations", {})
-        current_revision = int(rs_annotations.get("deployment.kubernetes.io/revision", "0"))
+        live_annotations = new_rs["metadata"].get("annotations") or {}
+        current_revision = int(live_annotations.get("deployment.kubernetes.io/revision", "0"))
         wanted_revision = current_revision if current_revision == max(revisions, default=0) else max(revisions) + 1
         if new_rs["spec"].get("replicas") != desired or current_revision != wanted_revision or any(
-                rs_annotations.get(k) != v for k, v in annotations.items()):
+                live_annotations.get(k) != v for k, v in annotations.items()):
+            new_rs = copy.deepcopy(new_rs)
+            rs_annotations = new_rs["metadata"].setdefault("annotations", {})
             old_count = new_rs["spec"].get("replicas")
             new_rs["spec"]["replicas"] = desired
             rs_annotations.update(annotations)
@@ -85,7 +93,7 @@ def deployment(ctl: Cluster, dep: dict[str, Any]) -> None:
                 ctl.event(kind, dep, "ScalingReplicaSet",
                            f"Scaled {verb} replica set {new_rs['metadata']['name']} from {old_count} to {desired}",
                            component="deployment-controller")
-        new_rs = ctl.store.get(rs_kind, ns, new_rs["metadata"]["name"])
+        new_rs = ctl.store.peek(rs_kind, ns, new_rs["metadata"]["name"]) or new_rs
     new_status = new_rs.get("status") or {}
     new_ready = new_status.get("readyReplicas", 0)
     stalled = False
@@ -94,6 +102,7 @@ def deployment(ctl: Cluster, dep: dict[str, Any]) -> None:
             continue
         if new_ready >= desired and rs["spec"].get("replicas", 0) != 0:
             old_count = rs["spec"].get("replicas", 0)
+            rs = copy.deepcopy(rs)
             rs["spec"]["replicas"] = 0
             ctl.update("replicasets", rs)
             ctl.event(kind, dep, "ScalingReplicaSet",
@@ -101,8 +110,7 @@ def deployment(ctl: Cluster, dep: dict[str, Any]) -> None:
                        component="deployment-controller")
         elif new_ready < desired:
             stalled = True
-    all_rs = [ctl.store.get(rs_kind, ns, rs["metadata"]["name"]) for rs in owned
-              if ctl.store.exists(rs_kind, ns, rs["metadata"]["name"])]
+    all_rs = [live for rs in owned if (live := ctl.store.peek(rs_kind, ns, rs["metadata"]["name"])) is not None]
     if all(rs["metadata"]["uid"] != new_rs["metadata"]["uid"] for rs in all_rs):
         all_rs.append(new_rs)
     replicas = sum((rs.get("status") or {}).get("replicas", 0) for rs in all_rs)
@@ -157,12 +165,17 @@ def deployment(ctl: Cluster, dep: dict[str, Any]) -> None:
         status["unavailableReplicas"] = replicas - available
     status["conditions"] = [available_condition, progressing]
     ctl.set_status("deployments", dep, status)
+    # Complete: nothing changes until it or its ReplicaSets do. Else time matters (the deadline).
+    ctl.settle(uid, fingerprint if complete else None)
 
 def replicaset(ctl: Cluster, rs: dict[str, Any]) -> None:
     meta, spec = rs["metadata"], rs.get("spec") or {}
     kind = ctl.kinds["replicasets"]
     desired = int(spec.get("replicas", 1))
     pods = pods_of(ctl, rs)
+    fingerprint = (meta.get("resourceVersion"), *sorted(p["metadata"].get("resourceVersion", "") for p in pods))
+    if ctl.settled(meta["uid"], fingerprint):
+        return
     template = spec.get("template") or {}
     for _ in range(max(0, desired - len(pods))):
         pod = new_pod(ctl, kind, rs, template, generate_name=f"{meta['name']}-")
@@ -186,6 +199,7 @@ def replicaset(ctl: Cluster, rs: dict[str, Any]) -> None:
         status["readyReplicas"] = ready
         status["availableReplicas"] = ready
     ctl.set_status("replicasets", rs, status)
+    ctl.settle(meta["uid"], fingerprint)
 
 def statefulset(ctl: Cluster, sts: dict[str, Any]) -> None:
     meta, spec = sts["metadata"], sts.get("spec") or {}
@@ -262,11 +276,23 @@ def job(ctl: Cluster, job: dict[str, Any]) -> None:
     if any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions):
         return
     stamp = rfc3339(now())
-    status.setdefault("startTime", stamp)
+    suspended = bool(spec.get("suspend"))
+    was_suspended = any(c.get("type") == "Suspended" and c.get("status") == "True" for c in conditions)
+    if suspended != was_suspended and (suspended or was_suspended):
+        # The Job controller's Suspended condition (JobSuspended / JobResumed) and its event.
+        reason, message = ("JobSuspended", "Job suspended") if suspended else ("JobResumed", "Job resumed")
+        entry = condition("Suspended", "True" if suspended else "False", reason, message, conditions, stamp=stamp)
+        entry["lastProbeTime"] = stamp
+        status["conditions"] = [c for c in conditions if c.get("type") != "Suspended"] + [entry]
+        ctl.event(kind, job, "Suspended" if suspended else "Resumed", message, component="job-controller")
+    if suspended:
+        status.pop("startTime", None)  # a suspended Job has not started (it restarts its clock on resume)
+    else:
+        status.setdefault("startTime", stamp)
     completions = int(spec.get("completions", 1) or 1)
     parallelism = int(spec.get("parallelism", 1))
     uid = meta["uid"]
-    all_pods = [p for p in ctl.objects("pods", meta["namespace"]) if owned_by(p, uid)]
+    all_pods = ctl.owned("pods", meta["namespace"], uid)
     succeeded = sum(1 for p in all_pods if (p.get("status") or {}).get("phase") == "Succeeded")
     failed = sum(1 for p in all_pods if (p.get("status") or {}).get("phase") == "Failed")
     active = [p for p in all_pods if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
@@ -298,13 +324,13 @@ def job(ctl: Cluster, job: dict[str, Any]) -> None:
     if succeeded >= completions:
         status.pop("active", None)
         status["completionTime"] = stamp
-        status["conditions"] = [
+        status["conditions"] = [*_suspension(status),
             condition("SuccessCriteriaMet", "True", "CompletionsReached",
                        "Reached expected number of succeeded pods", None, stamp=stamp),
             condition("Complete", "True", "CompletionsReached",
                        "Reached expected number of succeeded pods", None, stamp=stamp),
         ]
-        for entry in status["conditions"]:
+        for entry in status["conditions"][-2:]:
             entry["lastProbeTime"] = stamp
         ctl.event(kind, job, "Completed", "Job completed", component="job-controller")
     elif past_limit:
@@ -313,12 +339,19 @@ def job(ctl: Cluster, job: dict[str, Any]) -> None:
             if ctl.store.exists(ctl.kinds["pods"], meta["namespace"], pod["metadata"]["name"]):
                 ctl.store.delete(ctl.kinds["pods"], meta["namespace"], pod["metadata"]["name"])
             status["failed"] = status.get("failed", 0) + 1
-        status["conditions"] = [
+        status["conditions"] = [*_suspension(status),
             condition("FailureTarget", "True", "BackoffLimitExceeded",
                        "Job has reached the specified backoff limit", None, stamp=stamp),
             condition("Failed", "True", "BackoffLimitExceeded",
                        "Job has reached the specified backoff limit", None, stamp=stamp),
         ]
+        for entry in status["conditions"][-2:]:
+            entry["lastProbeTime"] = stamp
         ctl.event(kind, job, "BackoffLimitExceeded", "Job has reached the specified backoff limit",
                    component="job-controller", type_="Warning")
     ctl.set_status("jobs", job, status)
+
+
+def _suspension(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Job's Suspended condition, which stays when it finishes."""
+    return [c for c in status.get("conditions") or [] if c.get("type") == "Suspended"]
