@@ -199,7 +199,7 @@ class Cluster(abc.ABC):
                message, component)
         seen = self._event_keys.get(key)
         previous = None if seen is None else self.store.peek(self.kinds["events"], namespace, seen)
-        if previous is not None:
+        if seen is not None and previous is not None:
             repeated = copy.deepcopy(previous)
             repeated["count"] = int(previous.get("count") or 1) + 1
             repeated["lastTimestamp"] = stamp
