@@ -6,7 +6,7 @@ live graph as server-sent events, and the dashboard (``kasd.web.dashboard``: sta
 port, the job-token calls of ``kasd.restapi.RestApi`` unchanged.
 
 May import: ``kasd.authz`` (tokens, directory, policy: pure), ``kasd.restapi`` (to route to it),
-``kasd.asgiport`` (the app's type), ``kasd.store.protocol`` (its failure), ``kasd.config`` and ``routing.local`` (``wiring``: what
+``kasd.asgiport`` (the app's type), ``kasd.store.protocol`` (its failure), ``kasd.config`` ``routing.retry`` (HTTP's safe methods, one list), and ``routing.local`` (``wiring``: what
 ``kasd.server`` plugs in), ``tunnelhttp.head`` (an impersonation), starlette, trio, attrs, pyyaml,
 cryptography (HKDF), the standard library. What it consumes from the rest of kasd (the store's
 environments, the live views of ``kasd.environments``, the connected agents, the graph of

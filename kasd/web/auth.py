@@ -18,9 +18,9 @@ from kasd.authz.policy import authorize_user
 from kasd.authz.snapshot import Snapshot
 from kasd.web.seams import Viewer
 from kasd.web.session import COOKIE, BrowserSession, SessionSigner
-
-#: methods that change nothing: no CSRF token asked
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+from routing.retry import (
+    SAFE_METHODS,  # HTTP's safe methods (RFC 9110 §9.2.1): change nothing, no CSRF token asked
+)
 
 
 class ApiRefusal(Exception):
