@@ -174,6 +174,7 @@ ENVIRONMENTS = {  # name: (job id, namespace)
     "nightly": (13, "env-cron"),
     "broken": (14, "env-pull"),
     "live": (15, "env-live"),
+    "patient": (16, "env-patient"),
 }
 
 
@@ -188,6 +189,8 @@ def deployed(stack: Stack) -> dict[str, int]:
         "nightly": [cronjob("nightly", "report")],
         "broken": [pod("broken", "app", "registry.invalid/group/app:1.0")],
         "live": [configmap("live", "settings")],
+        # the same crash loop with the default deadline (10 minutes)
+        "patient": [deployment("patient", "crashy", {"kubesim.io/crash-loop": "true"})],
     }
     jobs = {name: Job(stack, name, job_id, tier="production" if name == "production" else None)
             for name, (job_id, _) in ENVIRONMENTS.items()}
@@ -264,6 +267,18 @@ def test_a_crash_looping_deployment_is_degraded_once_its_progress_deadline_passe
     answer = json.loads(as_json.stdout)
     assert answer["graph"]["health"]["status"] == "Degraded" and answer["environment"]["id"] == env_id
     assert status(answer["graph"], pods[0]["id"]) == "Degraded"
+
+
+def test_a_crash_looping_pod_leaves_its_deployment_progressing_until_the_deadline(
+        stack: Stack, deployed: dict[str, int]) -> None:
+    """The roll-up judges the roots, as Argo CD does: the pod's own badge is Degraded, the
+    Deployment (and so the environment) Progressing until its progress deadline passes."""
+    graph = graph_when(stack, deployed["patient"], lambda g: any(
+        n["kind"] == "Pod" and n["health"]["status"] == "Degraded" for n in g["nodes"]))
+    assert status(graph) == "Progressing" and status(graph, "apps/Deployment/env-patient/crashy") == "Progressing"
+    plain = kasctl_env(stack, "status", "--project", CONFIG_PROJECT, "--environment", "patient")
+    assert plain.returncode == 0, plain.stderr  # not Degraded (yet)
+    assert plain.stdout.startswith("patient (group/demo): Progressing"), plain.stdout
 
 
 def test_a_suspended_cronjob_is_suspended(stack: Stack, deployed: dict[str, int]) -> None:
