@@ -14,12 +14,15 @@ from pathlib import Path
 from kasctl import env, kubeconfig, proxy, revoke, tokens
 from kasctl.stack import (
     APP_PROJECT,
+    CONFIG_PROJECT,
     CONTEXT,
+    DEMO_ENVIRONMENT,
     DEMO_MANIFEST,
     OTHER_PROJECT,
     Stack,
     StackError,
     find_kubectl,
+    write_secret,
 )
 from wire.ids import InvalidNumber, parse_decimal
 
@@ -132,6 +135,7 @@ The cluster is reachable only through agentd's tunnel to kasd ({stack.proxy_url}
 {apply}
 
 {_ci_lines(stack)}
+{_environment_lines(stack)}
 {_replica_lines(stack)}{"" if smoke else chr(10) + "Press Ctrl-C to stop."}""",
         flush=True,
     )
@@ -164,6 +168,25 @@ def _ci_lines(stack: Stack) -> str:
         f"  {kasctl} token revoke   # the job is over: every kasd refuses CI_JOB_TOKEN from now on (401)\n"
         f"  CI_JOB_TOKEN=$({kasctl} token ci --project {OTHER_PROJECT} --job-id 8 --pipeline-id 3 --user demo --ref main "
         f"--ttl 1h) {kasctl} kubeconfig   # refused: no contexts\n"
+    )
+
+
+def _environment_lines(stack: Stack) -> str:
+    """The environments views (docs/environments.md): the dashboard, and the same in the terminal.
+    The demo user's personal token is written to a file (mode 0600) rather than printed."""
+    kasctl = _kasctl()
+    token_file = stack.dir / "personal-token"
+    write_secret(token_file, stack.personal_token + "\n")
+    return (
+        f"Environments: the kubeconfig above is CI job 1 of {CONFIG_PROJECT} deploying to its {DEMO_ENVIRONMENT}\n"
+        f"environment, and the demo applied examples/manifests/hello.yaml with it: kasd recorded the deployment,\n"
+        f"and shows what it made, live, with its health (your browser does not know the demo's CA,\n"
+        f"{stack.ca_file}: accept the warning, or trust that file).\n"
+        f"  dashboard: {stack.api_url}/-/dashboard/   # sign in with the personal token in {token_file}\n"
+        f"  export KASCTL_TOKEN=$(cat {token_file}) KASCTL_API_URL={stack.api_url} KASCTL_CA_FILE={stack.ca_file}\n"
+        f"  {kasctl} env list --project {CONFIG_PROJECT}\n"
+        f"  {kasctl} env status --project {CONFIG_PROJECT} --environment {DEMO_ENVIRONMENT} --wait --timeout 2m"
+        f"   # the tree, each object's health; waits for Healthy\n"
     )
 
 

@@ -39,6 +39,8 @@ CONTEXT = f"{CONFIG_PROJECT}:{AGENT_NAME}"
 OFFLINE_AGENT_ID = 2
 OFFLINE_CONFIG_PROJECT = "group/offline"
 DEMO_USER = "demo"
+#: the environment the demo's own job deploys to (examples/manifests/hello.yaml carries its labels)
+DEMO_ENVIRONMENT = "production"
 #: a Reporter of the demo project: sees its environments, but not their objects (user_access wants
 #: a Developer), as GitLab refuses a Reporter the dashboard for Kubernetes
 GUEST_USER = "guest"
@@ -257,8 +259,10 @@ class Stack:
         self.auth = AuthSetup(self.dir / "authorization")
         self.auth.agent_config(CONFIG_PROJECT, AGENT_NAME, DEMO_AGENT_CONFIG)
         self.auth.agent_config(OFFLINE_CONFIG_PROJECT, "offline", OFFLINE_AGENT_CONFIG)
-        #: a CI job of the demo project (its kubectl acts as the job: gitlab:ci_job:1)
-        self.job_token = self.auth.job_token(CONFIG_PROJECT, job_id=1, pipeline_id=1, user=DEMO_USER)
+        #: a CI job of the demo project deploying to its `production` environment (its kubectl acts
+        #: as the job: gitlab:ci_job:1; kasd records what it deploys there: the environments views)
+        self.job_token = self.auth.job_token(CONFIG_PROJECT, job_id=1, pipeline_id=1, user=DEMO_USER,
+                                             environment=DEMO_ENVIRONMENT, environment_tier="production")
         #: the demo user's personal token (a Developer of the demo project: user_access on both agents)
         self.personal_token = self.auth.personal_token(DEMO_USER)
         #: a Reporter's: sees the demo project's environments, refused their objects (403)

@@ -101,10 +101,20 @@ _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 
+def valid_namespace(namespace: str) -> bool:
+    """Whether ``namespace`` could be a namespace's name (so it may go into a request's path)."""
+    return _NAMESPACE.fullmatch(namespace) is not None
+
+
+def valid_name(name: str) -> bool:
+    """Whether ``name`` could be an object's name (so it may go into a request's path)."""
+    return _NAME.fullmatch(name) is not None
+
+
 def _request(kind: str, namespace: str, **kw: str | None) -> FetchRequest | None:
-    if namespace and not _NAMESPACE.fullmatch(namespace):
+    if namespace and not valid_namespace(namespace):
         return None
-    if (name := kw.get("name")) is not None and not _NAME.fullmatch(name):
+    if (name := kw.get("name")) is not None and not valid_name(name):
         return None
     group, version, resource = _KINDS[kind]
     return FetchRequest(group=group, version=version, kind=kind, resource=resource,

@@ -3,16 +3,20 @@ an environment (pure: no I/O).
 
 ``sanitize`` drops what a dashboard must never show (a Secret's values — ``data``, ``stringData``
 and kubectl's ``last-applied-configuration`` annotation, which holds them too) and what no one reads
-(``managedFields``). ``member_ids`` and ``references`` decide the unlabelled dependents: this is the
-minimal stand-in for ``kasd.envgraph``'s ``dependents_to_fetch`` and ``node_id`` (part A of issue 27,
-written in parallel): replace the bodies of ``node_id``, ``member_ids`` and ``references`` with calls
-to it once it is merged; nothing else here calls the graph.
+(``managedFields``). ``member_ids`` and ``references`` decide the unlabelled dependents: which
+objects discovery found belong to the environment (owner chains, a Service's EndpointSlices), and
+which objects its Pods and PVCs use, read with ``kasd.envgraph``'s rules (``pod_uses``, and its
+check of the names that may go into a path). ``node_id`` is ``kasd.envgraph.node_id``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from kasd.envgraph import node_id
+from kasd.envgraph.dependents import valid_name, valid_namespace
+from kasd.envgraph.references import pod_uses
 
 PROJECT_LABEL = "app.gitlab.com/project_id"
 SLUG_LABEL = "app.gitlab.com/environment_slug"
@@ -37,12 +41,6 @@ def no_resources_hint(project_id: int, slug: str) -> str:
 def group_of(obj: Mapping[str, Any]) -> str:
     api_version = str(obj.get("apiVersion") or "")
     return api_version.rpartition("/")[0] if "/" in api_version else ""
-
-
-def node_id(obj: Mapping[str, Any]) -> str:
-    """``"<group>/<Kind>/<namespace>/<name>"`` (the contract's node id; ``kasd.envgraph.node_id``)."""
-    meta = obj.get("metadata") or {}
-    return f"{group_of(obj)}/{obj.get('kind', '')}/{meta.get('namespace') or ''}/{meta.get('name', '')}"
 
 
 def sanitize(obj: Mapping[str, Any], *, api_version: str | None = None, kind: str | None = None) -> dict[str, Any]:
@@ -113,55 +111,28 @@ def member_ids(objects: Iterable[Mapping[str, Any]], project_id: int, slug: str)
 
 def references(objects: Iterable[Mapping[str, Any]]) -> set[tuple[str, str, str, str]]:
     """(group, plural, namespace, name) of what member objects use and may lack the labels: the
-    ConfigMaps, Secrets, PersistentVolumeClaims and ServiceAccount of each Pod, the
-    PersistentVolume of each bound PVC (namespace empty)."""
+    ConfigMaps, Secrets, PersistentVolumeClaims and ServiceAccount of each Pod
+    (``kasd.envgraph.pod_uses``), the PersistentVolume of each bound PVC (namespace empty). A name
+    or namespace the API server would refuse (``..``, ``?``, ``a/b``: taken from the cluster's
+    answer, it would change the path it is put in) is left out, as ``kasd.envgraph`` leaves it."""
     out: set[tuple[str, str, str, str]] = set()
     for obj in objects:
         kind, namespace = obj.get("kind"), _meta(obj, "namespace")
         if group_of(obj) != "":
             continue
-        if kind == "Pod":
-            spec = obj.get("spec") or {}
-            out.add(("", "serviceaccounts", namespace, str(spec.get("serviceAccountName") or "default")))
-            for plural, name in _pod_uses(spec):
-                out.add(("", plural, namespace, name))
+        if kind == "Pod" and valid_namespace(namespace):
+            for used_kind, name in pod_uses(obj):
+                if used_kind in _PLURALS and valid_name(name):
+                    out.add(("", _PLURALS[used_kind], namespace, name))
         elif kind == "PersistentVolumeClaim":
             volume = (obj.get("spec") or {}).get("volumeName")
-            if isinstance(volume, str) and volume:
+            if isinstance(volume, str) and valid_name(volume):
                 out.add(("", "persistentvolumes", "", volume))
     return out
 
 
-def _pod_uses(spec: Mapping[str, Any]) -> Iterable[tuple[str, str]]:
-    for volume in spec.get("volumes") or ():
-        if not isinstance(volume, dict):
-            continue
-        yield from _named("configmaps", (volume.get("configMap") or {}).get("name"))
-        yield from _named("secrets", (volume.get("secret") or {}).get("secretName"))
-        yield from _named("persistentvolumeclaims", (volume.get("persistentVolumeClaim") or {}).get("claimName"))
-        for source in (volume.get("projected") or {}).get("sources") or ():
-            if isinstance(source, dict):
-                yield from _named("configmaps", (source.get("configMap") or {}).get("name"))
-                yield from _named("secrets", (source.get("secret") or {}).get("name"))
-    for pull in spec.get("imagePullSecrets") or ():
-        if isinstance(pull, dict):
-            yield from _named("secrets", pull.get("name"))
-    for container in [*(spec.get("containers") or ()), *(spec.get("initContainers") or ())]:
-        if not isinstance(container, dict):
-            continue
-        for env in container.get("env") or ():
-            source = (env.get("valueFrom") or {}) if isinstance(env, dict) else {}
-            yield from _named("configmaps", (source.get("configMapKeyRef") or {}).get("name"))
-            yield from _named("secrets", (source.get("secretKeyRef") or {}).get("name"))
-        for env_from in container.get("envFrom") or ():
-            if isinstance(env_from, dict):
-                yield from _named("configmaps", (env_from.get("configMapRef") or {}).get("name"))
-                yield from _named("secrets", (env_from.get("secretRef") or {}).get("name"))
-
-
-def _named(plural: str, name: object) -> Iterable[tuple[str, str]]:
-    if isinstance(name, str) and name:
-        yield plural, name
+_PLURALS = {"ConfigMap": "configmaps", "Secret": "secrets", "PersistentVolumeClaim": "persistentvolumeclaims",
+            "ServiceAccount": "serviceaccounts"}
 
 
 def _meta(obj: Mapping[str, Any], key: str) -> str:

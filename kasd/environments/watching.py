@@ -110,6 +110,7 @@ class WatchSet:
         self.watches_opened = 0
         self.discoveries = 0
         self._soon = trio.Event()
+        self._turn = trio.StrictFIFOLock()
         self.cancel_scope = trio.CancelScope()
 
     # ---- viewers
@@ -224,7 +225,12 @@ class WatchSet:
             self.watches_opened += 1
             if answer.status == 200:
                 async for line in _lines(answer.chunks(), self.limits.max_answer_bytes):
-                    version = self._event(kind, line, version)
+                    # One event at a time for the whole set, each followed by a schedule point: the
+                    # viewers' tasks take each update before the next, so a burst (a chunk of many
+                    # events, several watches at once) does not fill the queue of a viewer that keeps up.
+                    async with self._turn:
+                        version = self._event(kind, line, version)
+                        await trio.lowlevel.checkpoint()
             elif answer.status != 403:
                 raise _Resync
         if answer.status == 403:  # may list but not watch: the next discovery lists it again

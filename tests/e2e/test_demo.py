@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import signal
+import ssl
 import subprocess
 import sys
 import urllib.request
@@ -93,6 +94,23 @@ def test_every_printed_command_works_and_ctrl_c_stops_cleanly(tmp_path: Path, ku
         assert "job 7 of group/app is finished" in ci.stdout, ci.stdout
         ended = run(_whoami)
         assert ended.returncode != 0 and "job 7 is finished" in ended.stderr, ended.stderr
+
+        # The environments block: the dashboard answers, and the printed kasctl lines show the demo's
+        # production environment (what the demo applied with the job's kubeconfig) until it is Healthy.
+        start = next(i for i, line in enumerate(guide) if line.startswith("Environments:"))
+        block = [line.strip() for line in guide[start:] if line.startswith("  ")][:4]
+        dashboard = re.search(r"https://\S+/-/dashboard/", block[0])
+        assert dashboard is not None, block
+        context = ssl.create_default_context(cafile=str(tmp_path / "demo" / "ca.pem"))
+        with urllib.request.urlopen(dashboard.group(), timeout=10, context=context) as response:
+            assert response.status == 200 and b"<html" in response.read()
+        script = "set -e\n" + "\n".join(block[1:])
+        envs = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=150,
+                              env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)}, cwd=REPO)
+        assert envs.returncode == 0, (script, envs.stdout, envs.stderr)
+        assert re.search(r"^production\s+production\s+available\s", envs.stdout, re.M), envs.stdout
+        assert re.search(r"^Deployment default/hello\s+Healthy$", envs.stdout, re.M), envs.stdout
+        assert re.search(r"^production \(group/demo\): Healthy$", envs.stdout, re.M), envs.stdout
 
         listed = run(get_all)
         assert listed.returncode == 0, listed.stderr

@@ -260,3 +260,19 @@ async def test_a_list_page_over_the_byte_limit_is_asked_again_for_fewer_objects(
     found = await discover(cast(AgentApi, api), Env(), AGENT, ViewLimits(page_size=8))
     assert limits_seen == [8, 4, 2] and found.snapshot.problems == ()
     assert len(found.snapshot.objects) == 5
+
+
+def test_a_name_the_api_server_would_refuse_is_never_put_into_a_path() -> None:
+    """A Pod (as the cluster answered it) naming a ConfigMap ``..``, a Secret ``?`` or a claim
+    ``a/b``, or a PVC naming a volume ``..``: no GET is made for them, since each would name another
+    path (``/api/v1/namespaces/ns/secrets/?`` is the list of every Secret); good names still are."""
+    from kasd.environments.objects import references
+
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns"},
+           "spec": {"serviceAccountName": "runner", "volumes": [
+               {"name": "a", "configMap": {"name": ".."}}, {"name": "b", "secret": {"secretName": "?"}},
+               {"name": "c", "persistentVolumeClaim": {"claimName": "a/b"}},
+               {"name": "d", "configMap": {"name": "settings"}}]}}
+    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "c", "namespace": "ns"},
+           "spec": {"volumeName": ".."}}
+    assert references([pod, pvc]) == {("", "configmaps", "ns", "settings"), ("", "serviceaccounts", "ns", "runner")}

@@ -7,7 +7,7 @@ problem, watches shared by two viewers see a scale-up and a deletion, a slow vie
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -146,6 +146,19 @@ class _Reader:
             self._changed.set()
             self._changed = trio.Event()
 
+    def last(self, ident: str) -> Mapping[str, Any]:
+        """The latest state of ``ident`` this viewer was told of."""
+        for update in reversed(self.updates):
+            if update.object is not None and _ids([update.object]) == {ident}:
+                return update.object
+            if update.snapshot is not None:
+                return next((o for o in update.snapshot.objects if _ids([o]) == {ident}), {})
+        return {}
+
+    async def until_last(self, ident: str, holds: Callable[[Mapping[str, Any]], bool]) -> None:
+        while not holds(self.last(ident)):
+            await self._changed.wait()
+
     async def until(self, holds: Callable[[set[str]], bool]) -> None:
         while not holds(self.ids):
             await self._changed.wait()
@@ -202,7 +215,7 @@ async def test_discovery_finds_the_labelled_objects_and_their_dependents_and_rep
 
 async def test_two_viewers_share_one_watch_set_that_sees_a_scale_up_and_a_deletion_and_a_slow_viewer_is_dropped(
         tmp_path: Path) -> None:
-    async with _stack(tmp_path, ViewLimits(viewer_queue=6)) as (_, sim, views):
+    async with _stack(tmp_path, ViewLimits(viewer_queue=8)) as (_, sim, views):
         first, second = _Reader(), _Reader()
         async with trio.open_nursery() as nursery, views.watch(Env(), AGENT) as updates:
             nursery.start_soon(first.read, updates)
@@ -225,7 +238,18 @@ async def test_two_viewers_share_one_watch_set_that_sees_a_scale_up_and_a_deleti
                 for reader in (first, second):
                     with trio.fail_after(5):
                         await reader.until(lambda ids: len([i for i in ids if i.startswith("/Pod/prod/hello-")]) == 5)
-                # the one that never read fell behind and was dropped; the others go on
+                # more changes than a viewer's queue holds: the one that never read fell behind and
+                # was dropped; the others saw every change
+                config_maps = sim.store.kind("", "configmaps")
+                for n in range(12):
+                    config_map = sim.store.get(config_maps, "prod", "hello")
+                    config_map["data"] = {"n": str(n)}
+                    sim.store.update(config_maps, "prod", "hello", config_map)
+                for reader in (first, second):
+                    with trio.fail_after(5):
+                        await reader.until_last("/ConfigMap/prod/hello", lambda o: o.get("data") == {"n": "11"})
+                    assert [u.object["data"]["n"] for u in reader.updates if u.object and
+                            u.object["kind"] == "ConfigMap" and u.type == "MODIFIED"][-12:] == [str(n) for n in range(12)]
                 with pytest.raises(ViewerTooSlow), trio.fail_after(5):
                     async for _ in slow:
                         pass

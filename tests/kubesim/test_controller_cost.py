@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kubesim import controllers, objects, workloads
+from kubesim import controllers, objects, selectors, workloads
 from kubesim.controllers import Controllers
 from kubesim.store import Store
 
@@ -47,7 +47,7 @@ def test_a_settled_pass_is_linear_in_the_objects(monkeypatch: pytest.MonkeyPatch
             monkeypatch.setattr(module, "owned_by", counting("owned_by", objects.owned_by))
     monkeypatch.setattr(workloads, "template_hash", counting("template_hash", objects.template_hash))
     monkeypatch.setattr(controllers, "selector_from_match_labels",
-                        counting("selector", controllers.selector_from_match_labels))
+                        counting("selector", selectors.selector_from_match_labels))
     before = store.resource_version
     ctl.reconcile()
     assert store.resource_version == before  # settled: nothing written

@@ -78,6 +78,8 @@ class Cluster(abc.ABC):
         # Each Deployment's pod-template hash by (uid, generation): a template changes only with
         # the generation, and hashing it on every pass is costly.
         self.template_hashes: dict[tuple[str, int], str] = {}
+        # Each recorded event's identity → its name, so a repeat raises its count (`event`).
+        self._event_keys: dict[tuple[str, ...], str] = {}
         # Per object uid, the inputs its reconciler last settled it with (`settled`).
         self._settled: dict[str, tuple[Any, ...]] = {}
         self._owner_index: dict[str, tuple[int, dict[tuple[str, str], list[dict[str, Any]]]]] = {}
@@ -190,6 +192,23 @@ class Cluster(abc.ABC):
         if component == "kubelet":
             source["host"] = NODE_NAME
         namespace = meta.get("namespace", "default")
+        # client-go's EventCorrelator: an event identical to one already recorded (same source,
+        # object, field, type, reason and message) raises that one's count and lastTimestamp
+        # rather than making another (`kubectl get events` shows `x5 over 2m`).
+        key = (namespace, involved["kind"], involved["name"], involved["uid"], field_path, type_, reason,
+               message, component)
+        seen = self._event_keys.get(key)
+        previous = None if seen is None else self.store.peek(self.kinds["events"], namespace, seen)
+        if seen is not None and previous is not None:
+            repeated = copy.deepcopy(previous)
+            repeated["count"] = int(previous.get("count") or 1) + 1
+            repeated["lastTimestamp"] = stamp
+            repeated["metadata"].pop("resourceVersion", None)
+            try:
+                self.store.update(self.kinds["events"], namespace, seen, repeated)
+            except ApiError:
+                pass
+            return
         event: dict[str, Any] = {
             "metadata": {"name": f"{meta['name']}.{next(_EVENT_IDS):x}",
                          "namespace": meta.get("namespace", "default")},
@@ -201,4 +220,7 @@ class Cluster(abc.ABC):
         try:
             self.store.create(self.kinds["events"], namespace, event)
         except ApiError:
-            pass
+            return
+        if len(self._event_keys) > 100_000:
+            self._event_keys.clear()
+        self._event_keys[key] = event["metadata"]["name"]

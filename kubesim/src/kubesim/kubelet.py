@@ -403,22 +403,30 @@ def _startup_lines(container: dict[str, Any]) -> list[str]:
     return lines
 
 
+def image_ref(image: str) -> str:
+    """The image as the kubelet's image manager names it in events and messages: `:latest`
+    added when it has neither tag nor digest (applyDefaultImageTag)."""
+    last = image.rsplit("/", 1)[-1]
+    return image if "@" in image or ":" in last else f"{image}:latest"
+
+
 def _pull(ctl: Cluster, pod: dict[str, Any], container: dict[str, Any]) -> None:
     """The image manager's events before a container starts: `Pulling` and `Pulled` when the node
     pulls the image (not there yet, or `imagePullPolicy: Always`), else `Pulled` "already present"."""
     image = container.get("image", "")
+    ref = image_ref(image)
     field_path = f"spec.containers{{{container.get('name', '')}}}"
     policy = container.get("imagePullPolicy") or "IfNotPresent"
     if policy == "Never" or (policy == "IfNotPresent" and image in ctl.node_images):
-        ctl.event(ctl.kinds["pods"], pod, "Pulled", f'Container image "{image}" already present on machine',
+        ctl.event(ctl.kinds["pods"], pod, "Pulled", f'Container image "{ref}" already present on machine',
                   component="kubelet", field_path=field_path)
         return
     digest = hashlib.sha256(image.encode()).digest()
     took = _go_duration_precise(0.4 + int.from_bytes(digest[:2], "big") / 65535 * 2.5)
     size = 5_000_000 + int.from_bytes(digest[2:6], "big") % 70_000_000
-    ctl.event(ctl.kinds["pods"], pod, "Pulling", f'Pulling image "{image}"', component="kubelet",
+    ctl.event(ctl.kinds["pods"], pod, "Pulling", f'Pulling image "{ref}"', component="kubelet",
               field_path=field_path)
-    ctl.event(ctl.kinds["pods"], pod, "Pulled", f'Successfully pulled image "{image}" in {took} '
+    ctl.event(ctl.kinds["pods"], pod, "Pulled", f'Successfully pulled image "{ref}" in {took} '
               f"({took} including waiting). Image size: {size} bytes.", component="kubelet",
               field_path=field_path)
     ctl.node_images.add(image)
@@ -571,6 +579,7 @@ def pull_failed(ctl: Cluster, pod: dict[str, Any]) -> None:
     statuses = []
     for container in containers:
         cname, image = container.get("name", ""), container.get("image", "")
+        ref = image_ref(image)
         field_path = f"spec.containers{{{cname}}}"
         entry = {"name": cname, "image": image, "imageID": "", "ready": False, "restartCount": 0,
                  "started": False, "state": {"waiting": {"reason": "ContainerCreating"}}}
@@ -586,9 +595,9 @@ def pull_failed(ctl: Cluster, pod: dict[str, Any]) -> None:
             backoff = min(first_delay * 2 ** failures, max_delay)
             ctl.image_pulls[key] = ImagePull(image=image, failures=failures, failed_at=moment,
                                              retry_at=moment + timedelta(seconds=backoff))
-            ctl.event(kind, pod, "Pulling", f'Pulling image "{image}"', component="kubelet",
+            ctl.event(kind, pod, "Pulling", f'Pulling image "{ref}"', component="kubelet",
                       field_path=field_path)
-            ctl.event(kind, pod, "Failed", f'Failed to pull image "{image}": {error}', component="kubelet",
+            ctl.event(kind, pod, "Failed", f'Failed to pull image "{ref}": {error}', component="kubelet",
                       type_="Warning", field_path=field_path)
             ctl.event(kind, pod, "Failed", "Error: ErrImagePull", component="kubelet", type_="Warning",
                       field_path=field_path)
@@ -596,12 +605,12 @@ def pull_failed(ctl: Cluster, pod: dict[str, Any]) -> None:
         elif (moment >= pull.failed_at + timedelta(seconds=first_delay)
               and ((entry["state"].get("waiting") or {}).get("reason") != "ImagePullBackOff")):
             # The kubelet's next sync of the pod finds the image in back-off.
-            ctl.event(kind, pod, "BackOff", f'Back-off pulling image "{image}"', component="kubelet",
+            ctl.event(kind, pod, "BackOff", f'Back-off pulling image "{ref}"', component="kubelet",
                       field_path=field_path)
             ctl.event(kind, pod, "Failed", "Error: ImagePullBackOff", component="kubelet",
                       type_="Warning", field_path=field_path)
             entry["state"] = {"waiting": {"reason": "ImagePullBackOff",
-                                          "message": f'Back-off pulling image "{image}": ErrImagePull: {error}'}}
+                                          "message": f'Back-off pulling image "{ref}": ErrImagePull: {error}'}}
         statuses.append(entry)
     not_ready = ",".join(entry["name"] for entry in statuses)
     conditions = []
