@@ -224,7 +224,8 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
                 await nursery.start(views.run)
                 api = api_app(rest, config, lambda: authority.snapshot, kept, views, registry,
                               me.name if me is not None else addresses["kubernetes_api"],
-                              agent_errors=(AgentRequestError,), extra_routes=dashboard_routes())
+                              agent_errors=(AgentRequestError,), extra_routes=dashboard_routes(),
+                              directory=replicas.directory if replicas is not None else None)
                 await nursery.start(partial(serve_api, api, stoppable("api"), ssl_context=api_tls,
                                             unexpected=metrics.unexpected_errors("api", logging.getLogger("kasd.api"))))
             observability = ObservabilityServer(health, metrics, max_connections=config.observability.max_connections)

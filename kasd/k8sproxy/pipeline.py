@@ -285,9 +285,14 @@ class RequestPipeline:
         recording = self.recorder is not None and grant.job is not None and grant.job.environment is not None
         if recording and request.method == "POST" and request.target.split("?", 1)[0] == NAMESPACE_CREATE_PATH:
             transfer.tap = bytearray()
-        await self._exchange(transfer)
-        if recording and 200 <= record.status < 300:
-            self._record_write(transfer)
+        try:
+            await self._exchange(transfer)
+        finally:
+            # Also when the task is cancelled after the answer went out (kubectl exits the moment its
+            # last write is answered, and the front end cancels while the tunnel stream closes): the
+            # write happened. Synchronous and never raising, so safe in a finally.
+            if recording and 200 <= record.status < 300:
+                self._record_write(transfer)
 
     def _record_write(self, t: _Transfer) -> None:
         """Tell the recorder the namespace a successful write went into, if any."""

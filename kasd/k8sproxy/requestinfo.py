@@ -88,7 +88,10 @@ def written_namespace(method: str, target: str) -> str:
 
 
 def created_namespace(body: bytes) -> str:
-    """The name of the Namespace a create's JSON body makes (what kubectl sends); "" if it says none."""
+    """The name of the Namespace a create's body makes, JSON or Kubernetes protobuf (kubectl 1.35+
+    sends ``kubectl create namespace`` as protobuf); "" if it says none."""
+    if body.startswith(_PROTOBUF_MAGIC):
+        return _protobuf_namespace(body[len(_PROTOBUF_MAGIC):])
     try:
         obj = json.loads(body)
     except ValueError:
@@ -96,3 +99,62 @@ def created_namespace(body: bytes) -> str:
     metadata = obj.get("metadata") if isinstance(obj, dict) and obj.get("kind") == "Namespace" else None
     name = metadata.get("name") if isinstance(metadata, dict) else None
     return name if isinstance(name, str) and _NAMESPACE.fullmatch(name) else ""
+
+
+#: the envelope of a Kubernetes protobuf body (``runtime.Unknown`` follows)
+_PROTOBUF_MAGIC = b"k8s\x00"
+
+
+def _protobuf_namespace(unknown: bytes) -> str:
+    """The name in a protobuf ``runtime.Unknown`` whose type is v1 Namespace: ``typeMeta`` (1:
+    apiVersion, 2: kind) and ``raw`` (2), the Namespace, whose ``metadata`` (1) has ``name`` (1)."""
+    envelope = _fields(unknown)
+    type_meta = _fields(envelope.get(1, b""))
+    if type_meta.get(2) != b"Namespace" or type_meta.get(1) != b"v1":
+        return ""
+    name = _fields(_fields(envelope.get(2, b"")).get(1, b"")).get(1, b"")
+    try:
+        text = name.decode("ascii")
+    except UnicodeDecodeError:
+        return ""
+    return text if _NAMESPACE.fullmatch(text) else ""
+
+
+def _fields(message: bytes) -> dict[int, bytes]:
+    """The length-delimited fields of one protobuf message (the first of each number); {} when it
+    does not parse. Linear in the message's length."""
+    out: dict[int, bytes] = {}
+    at, end = 0, len(message)
+    while at < end:
+        key, at = _varint(message, at)
+        if key < 0:
+            return {}
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            _, at = _varint(message, at)
+            if at < 0:
+                return {}
+        elif wire == 1:
+            at += 8
+        elif wire == 5:
+            at += 4
+        elif wire == 2:
+            size, at = _varint(message, at)
+            if size < 0 or at + size > end:
+                return {}
+            out.setdefault(number, message[at:at + size])
+            at += size
+        else:
+            return {}
+    return out if at == end else {}
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    """A varint at ``at`` (at most 10 bytes) and where it ends; (-1, -1) when it does not parse."""
+    value = shift = 0
+    for i in range(at, min(at + 10, len(data))):
+        value |= (data[i] & 0x7F) << shift
+        if not data[i] & 0x80:
+            return value, i + 1
+        shift += 7
+    return -1, -1

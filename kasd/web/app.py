@@ -335,8 +335,7 @@ class WebApp:
     async def agents(self, request: Request) -> Response:
         snapshot, caller = self._caller(request)
         directory = snapshot.directory
-        connections = self._agents.connections()
-        out = []
+        visible = []
         for agent in directory.agents:
             config_project = directory.project(agent.config_project)
             role = directory.role_of(caller.username, config_project) if config_project is not None else None
@@ -345,9 +344,10 @@ class WebApp:
                     viewer_for(snapshot, caller, agent.id)
                 except ApiRefusal:
                     continue
-            out.append({"id": agent.id, "name": agent.name, "config_project": agent.config_project,
-                        "connections": [dict(c) for c in connections.get(agent.id, ())]})
-        return JSONResponse(out)
+            visible.append(agent)
+        connections = await self._agents.connections([agent.id for agent in visible])
+        return JSONResponse([{"id": agent.id, "name": agent.name, "config_project": agent.config_project,
+                              "connections": [dict(c) for c in connections.get(agent.id, ())]} for agent in visible])
 
     async def environment(self, request: Request) -> Response:
         snapshot, caller, env = await self._environment(request)

@@ -144,9 +144,11 @@ class Views(Protocol):
 
 
 class ConnectedAgents(Protocol):
-    """The tunnels kasd holds now: agent id → its connections (``{pod, version, since, replica}``)."""
+    """The tunnels of ``agent_ids`` now: agent id → its connections (``{pod, version, since,
+    replica}``): this replica's in full, another replica's (from the directory in Redis) with only
+    ``replica`` known (the others null)."""
 
-    def connections(self) -> Mapping[int, Sequence[Mapping[str, Any]]]: ...
+    async def connections(self, agent_ids: Sequence[int]) -> Mapping[int, Sequence[Mapping[str, Any]]]: ...
 
 
 #: ``kasd.envgraph.build_graph(objects, selector=…).to_json()``: the selector is the environment's

@@ -5,6 +5,7 @@ exactly one hop."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -15,8 +16,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kasctl.stack import Stack
+from kasctl.stack import AGENT_ID, CONFIG_PROJECT, Stack
 from tests.cluster.conftest import KUBECTLS, LineReader, kubectl_at, metric
+from tests.e2e.test_environments import (
+    Job,
+    deployment,
+    get,
+    graph_events,
+    in_namespace,
+    kasctl_env,
+    recorded,
+    status,
+)
 
 
 def _ok(result: subprocess.CompletedProcess[str]) -> str:
@@ -120,3 +131,44 @@ def battery(three: Stack, kubectl_bin: str, replica: int, tmp_path: Path) -> Non
         assert forwarded == 0  # the holder serves from its own tunnel
     else:
         assert forwarded >= 10  # every request above crossed the hop to the holder
+
+
+# Environments among replicas (issue 27): in this module to share its stack.
+
+def test_an_environment_is_seen_through_every_replica(three: Stack) -> None:
+    """A CI job deploys through the replica holding the agent's tunnel; another replica serves the
+    environment's objects and live graph through the hop; a third reads the history (Redis)."""
+    where = holder(three)
+    hop, third = (where + 1) % 3, (where + 2) % 3
+    job = Job(three, "staging", 51, tier="staging")
+    job.deploy("env-staging", deployment("staging", "web", {"kubesim.io/ready-after": "1h"}), replica=where)
+    # the history written on the holder, read on the third: GitLab's list, then kasctl env list
+    env = recorded(three, "staging", in_namespace("env-staging"), replica=third)
+    history = get(three, f"/api/kasd/v1/environments/{env['id']}/deployments", replica=third)
+    assert [(d["job_id"], d["namespaces"]) for d in history] == [(51, ["env-staging"])]
+    listing = kasctl_env(three, "list", "--project", CONFIG_PROJECT, replica=third)
+    assert listing.returncode == 0, listing.stderr
+    assert listing.stdout.splitlines()[1].split()[:4] == ["staging", "staging", "available", "Progressing"]
+    # the objects and the live graph on a replica without the tunnel
+    graph = get(three, f"/api/kasd/v1/environments/{env['id']}/resources", replica=hop)["graph"]
+    assert status(graph, "apps/Deployment/env-staging/web") == "Progressing"
+    events = graph_events(three, env["id"], replica=hop)
+    assert status(next(events)) == "Progressing"
+    job.kubectl("-n", "env-staging", "patch", "deployment", "web", "--type=merge", "-p",
+                json.dumps({"spec": {"template": {"metadata": {"annotations": {"kubesim.io/ready-after": "1s"}}}}}),
+                replica=third)
+    deadline = time.monotonic() + 20
+    for graph in events:  # each a graph event through the hop, until the rollout is done
+        if status(graph) == "Healthy":
+            break
+        assert time.monotonic() < deadline, graph["health"]
+    events.close()
+    # /api/kasd/v1/agents on every replica shows the one tunnel: in full on its holder; elsewhere
+    # which replica holds it (the directory in Redis knows no more)
+    answers = [next(a for a in get(three, "/api/kasd/v1/agents", replica=replica) if a["id"] == AGENT_ID)
+               for replica in range(3)]
+    (held,) = answers[where]["connections"]
+    assert held["pod"] == "agentd-demo-0" and held["since"] and held["version"], held
+    for replica in (hop, third):
+        assert answers[replica]["connections"] == [{"pod": None, "version": None, "since": None,
+                                                    "replica": held["replica"]}], answers[replica]

@@ -68,8 +68,11 @@ def kubectl(binary: str, stack: Stack, *args: str, stdin: str | None = None, env
 class LineReader:
     """A long-running kubectl (watch, logs -f) whose output lines are read with a deadline."""
 
-    def __init__(self, args: Sequence[str], *, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env)
+    def __init__(self, args: Sequence[str], *, cwd: Path | None = None, env: dict[str, str] | None = None,
+                 merge_stderr: bool = False) -> None:
+        """``merge_stderr``: read stderr's lines too, interleaved (a command's progress lines)."""
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+                                     text=True, cwd=cwd, env=env)
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.seen: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()

@@ -10,7 +10,7 @@ import trio
 
 from kasd.authz.jobtokens import JobClaims
 from kasd.authz.slugs import environment_slug
-from kasd.k8sproxy.exchange import ClientRequest
+from kasd.k8sproxy.exchange import ClientRequest, Headers
 from kasd.k8sproxy.pipeline import RequestPipeline
 from kasd.metrics import Metrics
 from kasd.seams import Credentials, Grant
@@ -134,3 +134,47 @@ async def test_a_full_queue_drops_records_and_never_holds_a_request(caplog: pyte
     # one line says so, not one per dropped record
     lines = [r for r in caplog.records if "recorder's queue is full" in r.getMessage()]
     assert len(lines) == 1
+
+
+async def test_a_write_is_recorded_even_when_the_client_leaves_as_soon_as_it_has_the_answer() -> None:
+    """kubectl exits the moment its last write is answered; the front end then cancels the request's
+    task while the pipeline still closes the tunnel stream. The write happened: it is recorded."""
+    store = SqliteStore.open_sync(":memory:", max_entries=10)
+    written = trio.Event()
+
+    class Counted:
+        async def record_deployment(self, d: Deployment) -> Environment:
+            env = await store.record_deployment(d)
+            if "last" in d.namespaces:
+                written.set()
+            return env
+
+    recorder = DeploymentRecorder(Counted(), project_id={"group/app": 42}.get, clock=lambda: 1_800_000_000.0)
+
+    @attrs.define
+    class Leaving(FakeExchange):
+        scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+
+        async def respond(self, status: int, headers: Headers, body: bytes, *, end: bool) -> None:
+            await super().respond(status, headers, body, end=end)
+            if end:
+                self.scope.cancel()  # the connection closes: the request's task is cancelled
+
+        async def end(self) -> None:
+            await super().end()
+            self.scope.cancel()
+
+    async with agent_session() as (kasd_side, agent_side), trio.open_nursery() as nursery:
+        nursery.start_soon(agent, agent_side)
+        await nursery.start(recorder.run)
+        pipeline = RequestPipeline(JobAuthority(), FakeRouter(kasd_side), Metrics(TunnelRegistry()), recorder=recorder)
+        ex = Leaving(call("POST", "/api/v1/namespaces/last/configmaps"), nursery, body=[b"{}"])
+        with trio.fail_after(5), ex.scope:
+            await pipeline.serve(ex)
+        assert ex.status == 201 and ex.ended and ex.scope.cancelled_caught
+        with trio.move_on_after(2):
+            await written.wait()
+        env = await store.environment_named(42, "review/x")
+        nursery.cancel_scope.cancel()
+    assert env is not None and env.namespaces == ("app-42", "last")
+    await store.aclose()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kasd.k8sproxy.requestinfo import RequestInfo, request_info
+from kasd.k8sproxy.requestinfo import RequestInfo, created_namespace, request_info
 
 
 @pytest.mark.parametrize(
@@ -39,3 +39,27 @@ from kasd.k8sproxy.requestinfo import RequestInfo, request_info
 )
 def test_kube_apiserver_reads_it_so(method: str, target: str, expected: RequestInfo) -> None:
     assert request_info(method, target) == expected
+
+
+#: ``kubectl create namespace env-prod`` as kubectl 1.37 sends it: Kubernetes protobuf (``k8s\0``,
+#: then runtime.Unknown: typeMeta v1/Namespace, raw the Namespace, empty contentEncoding/Type)
+_NAMESPACE_META = b"\n\x08env-prod\x12\x00\x1a\x00\"\x00*\x002\x008\x00B\x00"
+_NAMESPACE_RAW = b"\n" + bytes([len(_NAMESPACE_META)]) + _NAMESPACE_META + b"\x12\x00\x1a\x02\n\x00"
+KUBECTL_PROTOBUF = (b"k8s\x00\n\x0f\n\x02v1\x12\tNamespace\x12" + bytes([len(_NAMESPACE_RAW)]) + _NAMESPACE_RAW
+                    + b"\x1a\x00\"\x00")
+
+
+@pytest.mark.parametrize(
+    ("body", "name"),
+    [
+        (b'{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"env-prod"}}', "env-prod"),
+        (KUBECTL_PROTOBUF, "env-prod"),  # what kubectl 1.35+ sends: recorded as the JSON form is
+        (KUBECTL_PROTOBUF.replace(b"\tNamespace", b"\tConfigMap"), ""),  # (same length) not a Namespace
+        (KUBECTL_PROTOBUF[:-12], ""),  # cut short (the tap keeps 16 KiB): nothing read past the end
+        (KUBECTL_PROTOBUF.replace(b"env-prod", b"ENV_PROD"), ""),  # not a namespace name
+        (b"k8s\x00" + b"\xff" * 20, ""),  # not protobuf at all
+        (b"k8s\x00", ""),
+    ],
+)
+def test_the_name_a_namespace_create_makes_is_read_from_json_or_protobuf(body: bytes, name: str) -> None:
+    assert created_namespace(body) == name

@@ -351,3 +351,25 @@ async def test_a_session_lasts_at_most_12_hours_and_ends_when_its_token_is_revok
                                 issuer=snap.tokens.issuer).stamp.token_id  # type: ignore[union-attr]
     current[0] = attrs.evolve(snap, tokens=attrs.evolve(snap.tokens, revoked=frozenset({jti})))
     assert (await call(web, "GET", "/-/session", jar)).status == 401
+
+
+async def test_agents_among_replicas_name_the_replica_holding_a_tunnel_elsewhere() -> None:
+    """``/api/kasd/v1/agents`` on a replica without the agent's tunnel: the directory in Redis says
+    which replica holds it (it knows no pod, version or time), asked only for agents shown."""
+    from kasd.web.wiring import RegistryAgents
+    from routing.local import TunnelRegistry
+
+    class Directory:
+        def __init__(self) -> None:
+            self.asked: list[int] = []
+
+        async def holders(self, agent_id: int) -> frozenset[str]:
+            self.asked.append(agent_id)
+            return frozenset({"kasd-1"}) if agent_id == 1 else frozenset()
+
+    directory = Directory()
+    agents = RegistryAgents(TunnelRegistry(), "kasd-2", directory)  # type: ignore[arg-type]
+    assert await agents.connections([1, 2]) == {
+        1: [{"pod": None, "version": None, "since": None, "replica": "kasd-1"}]}
+    assert directory.asked == [1, 2]
+    assert await RegistryAgents(TunnelRegistry(), "kasd").connections([1]) == {}  # a lone kasd

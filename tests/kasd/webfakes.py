@@ -209,7 +209,7 @@ class FakeViews:
 
 
 class FakeAgents:
-    def connections(self) -> Mapping[int, Sequence[Mapping[str, Any]]]:
+    async def connections(self, agent_ids: Sequence[int]) -> Mapping[int, Sequence[Mapping[str, Any]]]:
         return {1: [{"pod": "agentd-0", "version": "1.0", "since": "2026-01-01T00:00:00Z", "replica": "kasd-0"}]}
 
 

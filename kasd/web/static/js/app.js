@@ -123,8 +123,10 @@ async function showAgents() {
       h("td", {}, a.config_project ?? a.config_project_path ?? a.project ?? ""),
       h("td", {}, connections.length === 0 ? "not connected" : h("ul", { class: "plain" },
         connections.map((c) => h("li", {},
-          `${c.pod ?? "?"} (${c.version ?? "unknown version"}) since ${when(c.since)}`,
-          c.replica ? ` on replica ${c.replica}` : "")))));
+          // (among replicas, a tunnel another replica holds is known by that replica's name only)
+          c.pod == null && c.replica ? `a tunnel on replica ${c.replica}` :
+            `${c.pod ?? "?"} (${c.version ?? "unknown version"}) since ${when(c.since)}`,
+          c.pod != null && c.replica ? ` on replica ${c.replica}` : "")))));
   });
   ui.page("Agents", list.length === 0 ? h("p", {}, "No agent is connected.") :
     h("table", { class: "data", "aria-label": "Connected agents" },
