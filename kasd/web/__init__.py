@@ -13,8 +13,8 @@ environments, the live views of ``kasd.environments``, the connected agents, the
 ``kasd.envgraph``) comes in through the Protocols of ``kasd.web.seams``.
 """
 
+from kasd.environments.values import Viewer
 from kasd.web.app import WebApp, WebSettings, mount
-from kasd.web.seams import Viewer
 from kasd.web.session import session_key
 
 __all__ = ["Viewer", "WebApp", "WebSettings", "mount", "session_key"]

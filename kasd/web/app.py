@@ -28,6 +28,8 @@ from starlette.types import Receive, Scope, Send
 from kasd.asgiport import AsgiApp
 from kasd.authz.directory import Role
 from kasd.authz.snapshot import Snapshot
+from kasd.envgraph import node_id
+from kasd.environments.values import Viewer
 from kasd.restapi import RestApi
 from kasd.store.protocol import StoreError
 from kasd.web import openapi
@@ -48,11 +50,9 @@ from kasd.web.seams import (
     EnvironmentStore,
     GraphOf,
     SnapshotLike,
-    Viewer,
     Views,
     envgraph_json,
     labels_of,
-    node_id,
 )
 from kasd.web.session import COOKIE, SessionSigner
 from kasd.web.shapes import (

@@ -16,7 +16,7 @@ from kasd.authz.directory import Group, Project, Role
 from kasd.authz.jobtokens import TokenInvalid, verify_personal_token
 from kasd.authz.policy import authorize_user
 from kasd.authz.snapshot import Snapshot
-from kasd.web.seams import Viewer
+from kasd.environments.values import Viewer
 from kasd.web.session import COOKIE, BrowserSession, SessionSigner
 from routing.retry import (
     SAFE_METHODS,  # HTTP's safe methods (RFC 9110 §9.2.1): change nothing, no CSRF token asked

@@ -8,22 +8,6 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
-import attrs
-
-from tunnelhttp.head import Impersonation
-
-
-@attrs.frozen
-class Viewer:
-    """As whom discovery and watches act (``kasd.environments.Viewer``, same fields: the lead keeps
-    one of the two)."""
-
-    agent_id: int
-    #: None: as the agent itself; else impersonate (user_access access_as user)
-    identity: Impersonation | None
-    #: what shares a watch set: "agent" or "user:<name>"
-    key: str
-
 
 class DeploymentLike(Protocol):
     @property
@@ -168,10 +152,3 @@ def labels_of(env: EnvironmentLike) -> dict[str, str]:
     """The labels GitLab's dashboard selects an environment's objects by."""
     return {"app.gitlab.com/project_id": str(env.project_id), "app.gitlab.com/environment_slug": env.slug}
 
-
-def node_id(obj: Mapping[str, Any]) -> str:
-    """``"<group>/<Kind>/<namespace>/<name>"`` (``kasd.envgraph.node_id``: the same rule)."""
-    api_version = str(obj.get("apiVersion") or "")
-    group = api_version.rpartition("/")[0]
-    meta = obj.get("metadata") or {}
-    return f"{group}/{obj.get('kind', '')}/{meta.get('namespace') or ''}/{meta.get('name', '')}"

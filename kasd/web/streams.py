@@ -14,7 +14,8 @@ import trio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from kasd.web.seams import SnapshotLike, UpdateLike, node_id
+from kasd.envgraph import node_id
+from kasd.web.seams import SnapshotLike, UpdateLike
 from kasd.web.shapes import kasd_problem
 
 S = TypeVar("S")

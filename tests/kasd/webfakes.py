@@ -215,7 +215,7 @@ class FakeAgents:
 
 def fake_graph(objects: Iterable[Mapping[str, Any]], selector: Mapping[str, str]) -> dict[str, Any]:
     assert selector["app.gitlab.com/project_id"] == "42"
-    from kasd.web.seams import node_id
+    from kasd.envgraph import node_id
     objs = list(objects)
     failed = [node_id(o) for o in objs if (o.get("status") or {}).get("phase") == "Failed"]
     pending = [node_id(o) for o in objs if (o.get("status") or {}).get("phase") == "Pending"]
