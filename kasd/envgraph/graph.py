@@ -129,7 +129,7 @@ def tree_lines(graph: Graph) -> list[tuple[int, str]]:
 
 def _rv(obj: Mapping[str, Any]) -> int:
     raw = text(mapping(obj.get("metadata")).get("resourceVersion"))
-    return int(raw) if raw.isdigit() and len(raw) < 30 else -1
+    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 30 else -1
 
 
 def _preferred(a: Mapping[str, Any], b: Mapping[str, Any]) -> Mapping[str, Any]:

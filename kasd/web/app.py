@@ -187,7 +187,7 @@ class WebApp:
         """Through which agent: ``?agent=`` (one of the environment's), else its last deployment's."""
         asked = request.query_params.get("agent")
         if asked is not None:
-            if not asked.isdigit() or int(asked) not in env.agents:
+            if not (asked.isascii() and asked.isdigit()) or int(asked) not in env.agents:
                 raise ApiRefusal(400, f"400 Bad Request: agent must be one of the environment's agents "
                                    f"({', '.join(map(str, env.agents)) or 'none'})")
             agent_id = int(asked)
@@ -529,7 +529,7 @@ def _name(text: str, what: str) -> str:
 def _number(text: str | None, what: str, default: int, low: int, high: int) -> int:
     if text is None or text == "":
         return default
-    if not text.isdigit() or not low <= int(text) <= high:
+    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
         raise ApiRefusal(400, f"400 Bad Request: {what} must be a whole number from {low} to {high}")
     return int(text)
 

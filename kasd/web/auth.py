@@ -68,7 +68,7 @@ def offered_token(request: Request) -> str | None:
             # the proxy port's form (pat:<agent id>:<token>) carries the same personal token
             kind, _, rest = value.strip().partition(":")
             agent, _, token = rest.partition(":")
-            return token if kind == "pat" and agent.isdigit() and token else value.strip()
+            return token if kind == "pat" and agent.isascii() and agent.isdigit() and token else value.strip()
         raise ApiRefusal(401, f"{UNAUTHORIZED}: send a personal token as PRIVATE-TOKEN: <token> or Authorization: "
                            "Bearer <token>")
     return None
@@ -121,7 +121,7 @@ def project_for(snapshot: Snapshot, caller: Caller, ident: str, *, need: Role = 
     not (unknown or not a member: GitLab does not tell them apart), 403 below ``need`` (GitLab's
     bare ``403 Forbidden``; kasd's own paths, ``explain``, say which role)."""
     directory = snapshot.directory
-    project = directory.project_by_id(int(ident)) if ident.isdigit() else directory.project(ident)
+    project = directory.project_by_id(int(ident)) if ident.isascii() and ident.isdigit() else directory.project(ident)
     role = directory.role_of(caller.username, project) if project is not None else None
     if project is None or role is None:
         raise ApiRefusal(404, "404 Project Not Found")
@@ -133,7 +133,7 @@ def project_for(snapshot: Snapshot, caller: Caller, ident: str, *, need: Role = 
 
 def group_for(snapshot: Snapshot, caller: Caller, ident: str) -> Group:
     directory = snapshot.directory
-    group = directory.group_by_id(int(ident)) if ident.isdigit() else directory.group(ident)
+    group = directory.group_by_id(int(ident)) if ident.isascii() and ident.isdigit() else directory.group(ident)
     # a member of one of its projects sees it too (as GitLab shows a private group to them)
     if group is None or (directory.group_role(caller.username, group) is None and not any(
             p.path.lower().startswith(group.path.lower() + "/") and directory.role_of(caller.username, p) is not None

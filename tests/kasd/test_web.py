@@ -58,6 +58,13 @@ async def test_no_token_is_401_and_a_project_the_user_cannot_see_is_404_as_gitla
     for project in ("group%2Fapp", "42", "group%2Fnowhere"):
         reply = await call(app, "GET", f"/api/v4/projects/{project}/environments", _token("carol"))
         assert (reply.status, reply.json()) == (404, {"message": "404 Project Not Found"}), project
+    # digits Python reads but no id is spelled with (superscript two, Arabic-Indic four): not found, never a 500
+    for ident in ("%C2%B2", "%D9%A4"):
+        for path in (f"/api/v4/projects/{ident}/environments", f"/api/v4/groups/{ident}/environments"):
+            reply = await call(app, "GET", path, _token("alice"))
+            assert reply.status == 404, (path, reply.status)
+    odd = await call(app, "GET", "/api/kasd/v1/environments/1/resources?agent=%C2%B2", _token("alice"))
+    assert odd.status == 400, odd.status
     # a Guest sees the project, not its environments
     guest = await call(app, "GET", "/api/v4/projects/42/environments", _token("dave"))
     assert (guest.status, guest.json()) == (403, {"message": "403 Forbidden"})

@@ -459,3 +459,14 @@ def test_a_name_the_api_server_would_refuse_makes_no_request() -> None:
     assert [(r.path(), r.label_selector) for r in requests] == [
         ("/api/v1/namespaces/prod/configmaps/fine", None),
         ("/api/v1/namespaces/prod/pods", "app.kubernetes.io/name=web")]
+
+
+def test_a_resource_version_that_is_no_number_never_fails_the_graph() -> None:
+    """The same object twice (two versions, or a re-list), one with a resourceVersion Python's
+    ``isdigit`` takes but ``int`` refuses: the graph is still built, from the one with a number."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "a", "namespace": "n", "uid": "u"}}
+    odd = {**pod, "metadata": {**pod["metadata"], "resourceVersion": "\u00b2"}}
+    good = {**pod, "metadata": {**pod["metadata"], "resourceVersion": "7"}}
+    for objects in ([odd, good], [good, odd]):
+        graph = build_graph(objects)
+        assert list(graph.nodes) == ["/Pod/n/a"]
