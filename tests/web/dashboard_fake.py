@@ -219,9 +219,10 @@ class FakeKasd:
                                  "spec": {"containers": [{"name": "hello"}]}})
 
         async def events(request: Request) -> Response:
-            return JSONResponse({"items": [{"type": "Normal", "reason": "Pulled", "count": 1,
-                                            "message": "<b>Container image</b> already present",
-                                            "lastTimestamp": "2026-11-27T10:00:01Z"}]})
+            return JSONResponse({"events": [{"type": "Normal", "reason": "Pulled", "count": 1,  # kasd's shape
+                                             "message": "<b>Container image</b> already present",
+                                             "first_timestamp": "2026-11-27T10:00:01Z",
+                                             "last_timestamp": "2026-11-27T10:00:01Z", "source": "kubelet"}]})
 
         async def pod_log(request: Request) -> Response:
             send, receive = trio.open_memory_channel[str](64)

@@ -152,12 +152,13 @@ export async function showEnvironment(envId, params, ui) {
   function renderEvents(box, answer) {
     const items = Array.isArray(answer) ? answer : answer.items ?? answer.events ?? [];
     clear(box).append(items.length === 0 ? h("p", {}, "No events.") :
-      h("table", { class: "data" },
+      h("table", { class: "data", "aria-label": "Events" },
         h("thead", {}, h("tr", {}, ["Type", "Reason", "Message", "Count", "Last seen"].map((t) => h("th", { scope: "col" }, t)))),
         h("tbody", {}, items.map((e) => h("tr", {},
           h("td", {}, e.type ?? ""), h("td", {}, e.reason ?? ""), h("td", {}, e.message ?? e.note ?? ""),
           h("td", {}, String(e.count ?? e.series?.count ?? "")),
-          h("td", {}, e.lastTimestamp ?? e.eventTime ?? e.metadata?.creationTimestamp ?? ""))))));
+          // kasd's shape (docs/openapi.json): last_timestamp; the others are Kubernetes' own field names
+          h("td", {}, e.last_timestamp ?? e.lastTimestamp ?? e.eventTime ?? e.metadata?.creationTimestamp ?? ""))))));
   }
 
   function logSection(node) {
