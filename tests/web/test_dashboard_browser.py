@@ -5,9 +5,7 @@ One browser and one page for the module; the tests run in order and carry the se
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,8 +33,8 @@ def fake() -> Iterator[FakeKasd]:
 
 @pytest.fixture(scope="module")
 def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Screenshots, kept as test artifacts; KASD_DASHBOARD_SCREENSHOTS=docs/images also copies the two
-    docs/environments.md shows there."""
+    """Screenshots, kept as test artifacts (docs/environments.md shows the real product's, from
+    test_dashboard_live.py)."""
     return tmp_path_factory.mktemp("dashboard-screenshots")
 
 
@@ -63,9 +61,6 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 def keep(page: Any, shots: Path, name: str, **kwargs: Any) -> None:
     page.screenshot(path=str(shots / name), **kwargs)
-    wanted = os.environ.get("KASD_DASHBOARD_SCREENSHOTS")
-    if wanted:
-        shutil.copy(shots / name, Path(wanted) / name)
 
 
 # Every wait_for_function is given a function ("() => …"): an expression string is eval'ed inside the
