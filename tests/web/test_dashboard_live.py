@@ -47,7 +47,7 @@ spec:
   selector: {{app: hello}}
   ports: [{{name: http, port: 80, targetPort: 80}}]
 """
-#: the second step, while the page watches: a Deployment whose pods are Ready 3 s after they start
+#: the second step, while the page watches: a Deployment whose pods are Ready 4 s after they start
 #: (kubesim's stand-in for a readiness probe), so its rollout is visibly Progressing
 DEPLOYMENT = f"""\
 apiVersion: apps/v1
@@ -63,7 +63,7 @@ spec:
   template:
     metadata:
       labels: {LABELS}
-      annotations: {{kubesim.io/ready-after: 3s}}
+      annotations: {{kubesim.io/ready-after: 4s}}
     spec:
       containers:
         - name: hello
@@ -199,11 +199,17 @@ def test_sign_in_and_watch_the_rollout_turn_healthy(page: Any, stack: Stack, job
     page.wait_for_url(re.compile(r"#/environments/\d+"))
     STATE["env"] = int(re.search(r"#/environments/(\d+)", page.url).group(1))  # type: ignore[union-attr]
     expect(page.get_by_role("navigation", name="Resource tree")).to_contain_text("Service live/hello")
-    page.evaluate("window.__samePage = true")
+    # every health the badge shows from now on, in order (the test itself may look too late to see one)
+    page.evaluate("""() => {
+        window.__samePage = true;
+        const badge = document.querySelector("#env-health");
+        window.__healths = [badge.textContent];
+        new MutationObserver(() => window.__healths.push(badge.textContent))
+            .observe(badge, {childList: true, subtree: true, characterData: true});
+    }""")
 
     job.run("apply", "-f", "-", stdin=DEPLOYMENT)
     badge = page.locator("#env-health")
-    expect(badge).to_have_text("Progressing")
     page.wait_for_function("() => globalThis.kasdDashboard.cy().nodes('[kind = \"Pod\"]').length === 2")
     kinds = page.evaluate("globalThis.kasdDashboard.cy().nodes().map((n) => n.data('kind')).sort()")
     assert {"Deployment", "ReplicaSet", "Pod", "Service"} <= set(kinds), kinds
@@ -214,6 +220,9 @@ def test_sign_in_and_watch_the_rollout_turn_healthy(page: Any, stack: Stack, job
     expect(badge).to_have_text("Healthy", timeout=15_000)
     page.wait_for_function("() => globalThis.kasdDashboard.cy().$id('apps/Deployment/live/hello').data('status') === 'Healthy'")
     assert page.evaluate("window.__samePage") is True, "the page was reloaded"
+    shown: list[str] = page.evaluate("window.__healths")
+    changes = [h for i, h in enumerate(shown) if i == 0 or h != shown[i - 1]]
+    assert changes[0] == "Healthy" and changes[-2:] == ["Progressing", "Healthy"], changes  # (the Service alone: Healthy)
 
 
 def test_follow_a_pods_logs_while_the_container_writes(page: Any, job: Job, shots: Path) -> None:
