@@ -116,6 +116,10 @@ async def test_gitlab_shapes_filters_and_pagination() -> None:
     assert one.json()["last_deployment"]["deployable"]["id"] == 7
     group = await call(app, "GET", "/api/v4/groups/group/environments", _token("bob"))
     assert [e["id"] for e in group.json()] == [1, 2, 3]  # not group/infra's: bob cannot see it
+    # whose environment each is: GitLab's Environment entity exposes its project (BasicProjectDetails)
+    project = {"id": 42, "name": "app", "path": "app", "path_with_namespace": "group/app"}
+    assert [e["project"] for e in group.json()] == [project] * 3
+    assert envs[0]["project"] == one.json()["project"] == project
 
 
 async def test_a_session_cookie_is_signed_http_only_strict_and_state_changes_need_its_csrf_token() -> None:

@@ -194,8 +194,10 @@ def test_sign_in_and_watch_the_rollout_turn_healthy(page: Any, stack: Stack, job
 
     sign_in(page, stack, stack.personal_token)
     expect(page.get_by_role("table", name="Connected agents")).to_contain_text("demo")
-    go(page, f"#/environments?project={CONFIG_PROJECT}")
-    page.get_by_role("table", name="Environments").get_by_role("link", name="production").click()
+    go(page, "#/environments?group=group&tier=production")  # every production environment of the group
+    row = page.get_by_role("table", name="Environments").get_by_role("row", name=re.compile(r"^production "))
+    expect(row).to_contain_text(f"production {CONFIG_PROJECT} production available Healthy", use_inner_text=True)
+    row.get_by_role("link", name="production").click()
     page.wait_for_url(re.compile(r"#/environments/\d+"))
     STATE["env"] = int(re.search(r"#/environments/(\d+)", page.url).group(1))  # type: ignore[union-attr]
     expect(page.get_by_role("navigation", name="Resource tree")).to_contain_text("Service live/hello")
