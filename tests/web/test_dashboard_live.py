@@ -136,8 +136,7 @@ def new_page(browser: Any, errors: list[str]) -> Any:
     tab.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
     tab.on("response", lambda r: errors.append(f"{r.status} for {r.request.method} {r.url}") if r.status >= 400 else None)
     tab.on("requestfailed", lambda r: None if _streamed_to_the_end(r) else errors.append(f"{r.failure} for {r.method} {r.url}"))
-    tab.on("console", lambda m: errors.append(f"console: {m.text}")
-           if m.type == "error" and not m.location.get("url", "").endswith("/favicon.ico") else None)
+    tab.on("console", lambda m: errors.append(f"console: {m.text} ({m.location.get('url')})") if m.type == "error" else None)
     return tab
 
 
