@@ -68,7 +68,7 @@ spec:
       containers:
         - name: hello
           image: nginx:1.27
-          stdin: true
+          stdin: true          # the test writes a log line through `kubectl attach -i`
           ports: [{{containerPort: 80}}]
 """
 KUBECTL_CAP = 20  # seconds any one kubectl call may take
@@ -214,6 +214,11 @@ def test_sign_in_and_watch_the_rollout_turn_healthy(page: Any, stack: Stack, job
     page.wait_for_function("() => globalThis.kasdDashboard.cy().nodes('[kind = \"Pod\"]').length === 2")
     kinds = page.evaluate("globalThis.kasdDashboard.cy().nodes().map((n) => n.data('kind')).sort()")
     assert {"Deployment", "ReplicaSet", "Pod", "Service"} <= set(kinds), kinds
+    drawn, listed = page.evaluate("""() => [  // (at one moment: an update may come between two calls)
+        globalThis.kasdDashboard.cy().nodes().map((n) => n.id()).sort(),
+        [...document.querySelectorAll("nav.tree button.node")].map((b) => b.dataset.id).sort()]""")
+    assert drawn == listed, (drawn, listed)  # the graph draws what the tree lists
+    assert page.evaluate("globalThis.kasdDashboard.cy().$id('apps/Deployment/live/hello').outgoers('edge').length") == 1
     # the health line at the top, the tree and the whole graph in one 1280×800 picture
     page.evaluate("window.scrollTo(0, document.querySelector('#env-health').getBoundingClientRect().top + scrollY - 16)")
     keep(page, shots, "environment-graph.png")
