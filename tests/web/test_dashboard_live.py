@@ -20,6 +20,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -196,10 +197,16 @@ def test_sign_in_and_watch_the_rollout_turn_healthy(page: Any, stack: Stack, job
     go(page, "#/environments?group=group&tier=production")  # every production environment of the group
     row = page.get_by_role("table", name="Environments").get_by_role("row", name=re.compile(r"^production "))
     expect(row).to_contain_text(f"production {CONFIG_PROJECT} production available Healthy", use_inner_text=True)
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(urlsplit(r.url).path))
     row.get_by_role("link", name="production").click()
     page.wait_for_url(re.compile(r"#/environments/\d+"))
-    STATE["env"] = int(re.search(r"#/environments/(\d+)", page.url).group(1))  # type: ignore[union-attr]
+    STATE["env"] = env = int(re.search(r"#/environments/(\d+)", page.url).group(1))  # type: ignore[union-attr]
     expect(page.get_by_role("navigation", name="Resource tree")).to_contain_text("Service live/hello")
+    expect(page.get_by_role("region", name="Deployments")).to_contain_text("main demo 7 7 1 live", use_inner_text=True)
+    # the page lists the environment's objects through the agent once (and watches), not once more for its health
+    base = f"/api/kasd/v1/environments/{env}"
+    assert sorted(p for p in asked if p.startswith(base)) == [base + "/deployments", base + "/resources", base + "/resources/watch"], asked
     # every health the badge shows from now on, in order (the test itself may look too late to see one)
     page.evaluate("""() => {
         window.__samePage = true;

@@ -12,11 +12,10 @@ const isFlux = (n) => /(^|\.)fluxcd\.io$/.test(n.group ?? "");
 const isPod = (n) => n.group === "" && n.kind === "Pod";
 
 export async function showEnvironment(envId, params, ui) {
-  const [summary, resources] = await Promise.all([
-    getJSON(paths.environment(envId)),
-    getJSON(paths.resources(envId)),
-  ]);
-  const env = summary.environment ?? resources.environment ?? {};
+  // One call: the answer carries the environment too, and each call lists the environment's objects
+  // through its agent (the summary path would list them all again only for the roll-up).
+  const resources = await getJSON(paths.resources(envId));
+  const env = resources.environment ?? {};
   let graph = resources.graph;
   let selected = params.get("node");
   let cy = null;
@@ -24,8 +23,8 @@ export async function showEnvironment(envId, params, ui) {
   let source = null;
   let closed = false;
 
-  const healthBadge = badge(graph.health ?? summary.health);
-  const healthText = h("p", { class: "health-message", id: "env-health-message" }, (graph.health ?? summary.health)?.message ?? "");
+  const healthBadge = badge(graph.health);
+  const healthText = h("p", { class: "health-message", id: "env-health-message" }, graph.health?.message ?? "");
   const problemsBox = h("div", { id: "problems" });
   const tree = h("nav", { class: "tree", "aria-label": "Resource tree" });
   const graphBox = h("div", { id: "graph", class: "graph", role: "img" });
