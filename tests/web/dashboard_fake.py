@@ -112,6 +112,17 @@ class FakeKasd:
                 send.close()
             watchers.clear()
 
+    def end_watch(self, message: str) -> None:
+        """End every watch stream as kasd does when it drops a viewer: an ``end`` event, then the end."""
+        for watchers in self.watchers.values():
+            for send in watchers:
+                try:
+                    send.send_nowait(json.dumps({"end": message}))
+                except (trio.WouldBlock, trio.BrokenResourceError):
+                    pass
+                send.close()
+            watchers.clear()
+
     def mend_watch(self) -> None:
         self.watch_status = None
 
@@ -200,6 +211,9 @@ class FakeKasd:
                     # a quick retry after a stream ends, so a test need not wait the browser's 3 s
                     yield f"retry: 200\nevent: graph\ndata: {json.dumps(self.graphs[env_id])}\n\n"
                     async for graph in receive:
+                        if graph.startswith('{"end"'):
+                            yield f"event: end\ndata: {json.dumps({'message': json.loads(graph)['end']})}\n\n"
+                            return
                         yield f"event: graph\ndata: {graph}\n\n"
                 finally:
                     self.watchers[env_id].discard(send)

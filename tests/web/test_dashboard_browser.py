@@ -163,6 +163,18 @@ def test_live_updates_come_back_after_the_stream_breaks(page: Any, fake: FakeKas
 
     banner = page.locator("#banner")
     expect(banner).to_be_hidden()
+    # kasd drops a viewer that does not keep up, saying why (an "end" event); the page says so and comes back
+    page.evaluate("""() => {
+        window.__banners = [];
+        const banner = document.querySelector("#banner");
+        new MutationObserver(() => window.__banners.push(banner.hidden ? null : banner.textContent))
+            .observe(banner, {attributes: true, childList: true, characterData: true, subtree: true});
+    }""")
+    fake.call(fake.end_watch, "ViewerTooSlow: the viewer fell 64 updates behind")
+    page.wait_for_function("() => window.__banners.length > 0 && document.querySelector('#banner').hidden")
+    assert ("Live updates stopped by kasd (ViewerTooSlow: the viewer fell 64 updates behind) — reconnecting…"
+            in page.evaluate("window.__banners")), page.evaluate("window.__banners")
+
     fake.call(fake.break_watch, 503)
     expect(banner).to_contain_text("Live updates")
     expect(banner).to_have_attribute("role", "status")

@@ -256,7 +256,18 @@ export async function showEnvironment(envId, params, ui) {
   function watch() {
     if (closed) return;
     source = new EventSource(paths.watch(envId));
-    source.addEventListener("open", () => ui.banner(null));
+    let endedBecause = null;  // kasd's reason, when it ended the stream itself (an "end" event)
+    source.addEventListener("open", () => {
+      endedBecause = null;
+      ui.banner(null);
+    });
+    source.addEventListener("end", (event) => {
+      try {
+        endedBecause = String(JSON.parse(event.data).message ?? "");
+      } catch {
+        endedBecause = "";
+      }
+    });
     source.addEventListener("graph", (event) => {
       try {
         applyGraph(JSON.parse(event.data));
@@ -275,7 +286,8 @@ export async function showEnvironment(envId, params, ui) {
     source.addEventListener("error", () => {
       if (closed) return;
       if (source.readyState === EventSource.CONNECTING) {
-        ui.banner("Live updates interrupted — reconnecting…");
+        ui.banner(endedBecause === null ? "Live updates interrupted — reconnecting…"
+          : `Live updates stopped by kasd${endedBecause ? ` (${endedBecause})` : ""} — reconnecting…`);
         return;
       }
       source.close();
