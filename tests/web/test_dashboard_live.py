@@ -115,6 +115,7 @@ def job(stack: Stack) -> Job:
 
 @pytest.fixture(scope="module")
 def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Screenshots, kept as test artifacts."""
     return tmp_path_factory.mktemp("dashboard-live")
 
 
@@ -198,7 +199,11 @@ def test_sign_in_and_watch_the_rollout_turn_healthy(page: Any, stack: Stack, job
     row = page.get_by_role("table", name="Environments").get_by_role("row", name=re.compile(r"^production "))
     expect(row).to_contain_text(f"production {CONFIG_PROJECT} production available Healthy", use_inner_text=True)
     asked: list[str] = []
-    page.on("request", lambda r: asked.append(urlsplit(r.url).path))
+
+    def ask(request: Any) -> None:
+        asked.append(urlsplit(request.url).path)
+
+    page.on("request", ask)
     row.get_by_role("link", name="production").click()
     page.wait_for_url(re.compile(r"#/environments/\d+"))
     STATE["env"] = env = int(re.search(r"#/environments/(\d+)", page.url).group(1))  # type: ignore[union-attr]
@@ -206,6 +211,7 @@ def test_sign_in_and_watch_the_rollout_turn_healthy(page: Any, stack: Stack, job
     expect(page.get_by_role("region", name="Deployments")).to_contain_text("main demo 7 7 1 live", use_inner_text=True)
     # the page lists the environment's objects through the agent once (and watches), not once more for its health
     base = f"/api/kasd/v1/environments/{env}"
+    page.remove_listener("request", ask)
     assert sorted(p for p in asked if p.startswith(base)) == [base + "/deployments", base + "/resources", base + "/resources/watch"], asked
     # every health the badge shows from now on, in order (the test itself may look too late to see one)
     page.evaluate("""() => {
