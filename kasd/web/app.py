@@ -400,7 +400,9 @@ class WebApp:
         if isinstance(obj.get("metadata"), dict):
             obj["metadata"].pop("managedFields", None)
         if "application/yaml" in request.headers.get("accept", ""):
-            return Response(yaml.safe_dump(obj, sort_keys=False), media_type="application/yaml")
+            # keys sorted, as `kubectl get -o yaml` shows an object (apiVersion, kind, metadata, spec,
+            # status), whatever order the API server sent them in
+            return Response(yaml.safe_dump(obj, sort_keys=True), media_type="application/yaml")
         return JSONResponse(obj)
 
     async def events(self, request: Request) -> Response:

@@ -120,7 +120,10 @@ def document() -> dict[str, Any]:
         "GitlabEnvironment": {"type": "object", "required": ["id", "name", "slug", "state"], "properties": {
             "id": {"type": "integer"}, "name": {"type": "string"}, "slug": {"type": "string"},
             "external_url": {"type": ["string", "null"]}, "state": {"type": "string"},
-            "tier": {"type": ["string", "null"]}, "created_at": {"type": "string"}, "updated_at": {"type": "string"}}},
+            "tier": {"type": ["string", "null"]}, "created_at": {"type": "string"}, "updated_at": {"type": "string"},
+            "project": {"type": "object", "description": "GitLab's BasicProjectDetails, the fields kasd knows",
+                        "properties": {"id": {"type": "integer"}, "name": {"type": "string"},
+                                       "path": {"type": "string"}, "path_with_namespace": {"type": "string"}}}}},
         "Environment": {"type": "object", "properties": {
             "id": {"type": "integer"}, "project_id": {"type": "integer"}, "project": {"type": "string"},
             "name": {"type": "string"}, "slug": {"type": "string"}, "tier": {"type": ["string", "null"]},

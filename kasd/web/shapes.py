@@ -32,9 +32,17 @@ def gitlab_deployment(d: DeploymentLike) -> dict[str, Any]:
             "deployable": {"id": d.job_id, "status": "success", "ref": d.ref, "pipeline": {"id": d.pipeline_id}}}
 
 
+def gitlab_project(project_id: int, path: str) -> dict[str, Any]:
+    """The part of GitLab's ``BasicProjectDetails`` kasd knows: its id and paths (the name is the
+    path's last part: kasd's directory has no display names)."""
+    last = path.rsplit("/", 1)[-1]
+    return {"id": project_id, "name": last, "path": last, "path_with_namespace": path}
+
+
 def gitlab_environment(env: EnvironmentLike, *, detail: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": env.id, "name": env.name, "slug": env.slug, "description": None, "external_url": None,
+        "project": gitlab_project(env.project_id, env.project),
         "state": env.state, "tier": env.tier, "created_at": iso(env.created_at), "updated_at": iso(env.updated_at),
         "enable_advanced_logs_querying": False, "logs_api_path": None, "auto_stop_at": None,
         "auto_stop_setting": "always",

@@ -123,6 +123,10 @@ async def test_gitlab_shapes_filters_and_pagination() -> None:
     assert one.json()["last_deployment"]["deployable"]["id"] == 7
     group = await call(app, "GET", "/api/v4/groups/group/environments", _token("bob"))
     assert [e["id"] for e in group.json()] == [1, 2, 3]  # not group/infra's: bob cannot see it
+    # whose environment each is: GitLab's Environment entity exposes its project (BasicProjectDetails)
+    project = {"id": 42, "name": "app", "path": "app", "path_with_namespace": "group/app"}
+    assert [e["project"] for e in group.json()] == [project] * 3
+    assert envs[0]["project"] == one.json()["project"] == project
 
 
 async def test_a_session_cookie_is_signed_http_only_strict_and_state_changes_need_its_csrf_token() -> None:
@@ -201,7 +205,9 @@ async def test_objects_are_read_only_from_the_graph_and_flux_reconcile_annotates
     assert views.requests[-1][2] == "/api/v1/namespaces/prod/pods/hello-1"
     as_yaml = await call(app, "GET", f"{base}/objects/core/v1/Pod/prod/hello-1", [*_token("alice"),
                                                                                   ("accept", "application/yaml")])
-    assert as_yaml.headers["content-type"].startswith("application/yaml") and b"kind: Pod" in as_yaml.body
+    assert as_yaml.headers["content-type"].startswith("application/yaml")
+    # as `kubectl get -o yaml` shows an object, whatever order the API server sent its keys in
+    assert as_yaml.body.decode().startswith("apiVersion: v1\nkind: Pod\nmetadata:\n  name: hello-1\n  namespace: prod\n")
     for path in (f"{base}/objects/core/v1/Secret/prod/db", f"{base}/pods/prod/other/log",
                  f"{base}/flux/Kustomization/prod/other/reconcile"):
         method = "POST" if path.endswith("reconcile") else "GET"

@@ -189,7 +189,9 @@ class FakeViews:
             return Answer(200, {"items": [{"type": "Warning", "reason": "BackOff", "message": "m", "count": 2,
                                            "lastTimestamp": "2026-01-01T00:00:00Z"}]})
         if method == "GET":
-            return Answer(200, {**pod("hello-1"), "metadata": {**pod("hello-1")["metadata"], "managedFields": [{}]}})
+            # (kubesim's key order: apiVersion and kind last)
+            return Answer(200, {"metadata": {**pod("hello-1")["metadata"], "managedFields": [{}]},
+                                "status": {"phase": "Running"}, "apiVersion": "v1", "kind": "Pod"})
         return Answer(200, {})
 
     @asynccontextmanager

@@ -112,6 +112,17 @@ class FakeKasd:
                 send.close()
             watchers.clear()
 
+    def end_watch(self, message: str) -> None:
+        """End every watch stream as kasd does when it drops a viewer: an ``end`` event, then the end."""
+        for watchers in self.watchers.values():
+            for send in watchers:
+                try:
+                    send.send_nowait(json.dumps({"end": message}))
+                except (trio.WouldBlock, trio.BrokenResourceError):
+                    pass
+                send.close()
+            watchers.clear()
+
     def mend_watch(self) -> None:
         self.watch_status = None
 
@@ -200,6 +211,9 @@ class FakeKasd:
                     # a quick retry after a stream ends, so a test need not wait the browser's 3 s
                     yield f"retry: 200\nevent: graph\ndata: {json.dumps(self.graphs[env_id])}\n\n"
                     async for graph in receive:
+                        if graph.startswith('{"end"'):
+                            yield f"event: end\ndata: {json.dumps({'message': json.loads(graph)['end']})}\n\n"
+                            return
                         yield f"event: graph\ndata: {graph}\n\n"
                 finally:
                     self.watchers[env_id].discard(send)
@@ -219,9 +233,10 @@ class FakeKasd:
                                  "spec": {"containers": [{"name": "hello"}]}})
 
         async def events(request: Request) -> Response:
-            return JSONResponse({"items": [{"type": "Normal", "reason": "Pulled", "count": 1,
-                                            "message": "<b>Container image</b> already present",
-                                            "lastTimestamp": "2026-11-27T10:00:01Z"}]})
+            return JSONResponse({"events": [{"type": "Normal", "reason": "Pulled", "count": 1,  # kasd's shape
+                                             "message": "<b>Container image</b> already present",
+                                             "first_timestamp": "2026-11-27T10:00:01Z",
+                                             "last_timestamp": "2026-11-27T10:00:01Z", "source": "kubelet"}]})
 
         async def pod_log(request: Request) -> Response:
             send, receive = trio.open_memory_channel[str](64)

@@ -62,6 +62,9 @@ async def test_index_and_static_files_carry_the_csp() -> None:
         assert headers["content-security-policy"].startswith("default-src 'self'"), path
     status, headers, _ = await get("/-/dashboard/static/dashboard.css")
     assert (status, headers["content-type"].split(";")[0]) == (200, "text/css")
+    assert b'<link rel="icon" href="static/favicon.svg"' in body  # (else the browser asks for /favicon.ico)
+    status, headers, _ = await get("/-/dashboard/static/favicon.svg")
+    assert (status, headers["content-type"].split(";")[0]) == (200, "image/svg+xml")
 
 
 async def test_the_bare_path_redirects_and_nothing_outside_static_is_served() -> None:

@@ -12,11 +12,10 @@ const isFlux = (n) => /(^|\.)fluxcd\.io$/.test(n.group ?? "");
 const isPod = (n) => n.group === "" && n.kind === "Pod";
 
 export async function showEnvironment(envId, params, ui) {
-  const [summary, resources] = await Promise.all([
-    getJSON(paths.environment(envId)),
-    getJSON(paths.resources(envId)),
-  ]);
-  const env = summary.environment ?? resources.environment ?? {};
+  // One call: the answer carries the environment too, and each call lists the environment's objects
+  // through its agent (the summary path would list them all again only for the roll-up).
+  const resources = await getJSON(paths.resources(envId));
+  const env = resources.environment ?? {};
   let graph = resources.graph;
   let selected = params.get("node");
   let cy = null;
@@ -24,8 +23,8 @@ export async function showEnvironment(envId, params, ui) {
   let source = null;
   let closed = false;
 
-  const healthBadge = badge(graph.health ?? summary.health);
-  const healthText = h("p", { class: "health-message", id: "env-health-message" }, (graph.health ?? summary.health)?.message ?? "");
+  const healthBadge = badge(graph.health);
+  const healthText = h("p", { class: "health-message", id: "env-health-message" }, graph.health?.message ?? "");
   const problemsBox = h("div", { id: "problems" });
   const tree = h("nav", { class: "tree", "aria-label": "Resource tree" });
   const graphBox = h("div", { id: "graph", class: "graph", role: "img" });
@@ -152,12 +151,13 @@ export async function showEnvironment(envId, params, ui) {
   function renderEvents(box, answer) {
     const items = Array.isArray(answer) ? answer : answer.items ?? answer.events ?? [];
     clear(box).append(items.length === 0 ? h("p", {}, "No events.") :
-      h("table", { class: "data" },
+      h("table", { class: "data", "aria-label": "Events" },
         h("thead", {}, h("tr", {}, ["Type", "Reason", "Message", "Count", "Last seen"].map((t) => h("th", { scope: "col" }, t)))),
         h("tbody", {}, items.map((e) => h("tr", {},
           h("td", {}, e.type ?? ""), h("td", {}, e.reason ?? ""), h("td", {}, e.message ?? e.note ?? ""),
           h("td", {}, String(e.count ?? e.series?.count ?? "")),
-          h("td", {}, e.lastTimestamp ?? e.eventTime ?? e.metadata?.creationTimestamp ?? ""))))));
+          // kasd's shape (docs/openapi.json): last_timestamp; the others are Kubernetes' own field names
+          h("td", {}, e.last_timestamp ?? e.lastTimestamp ?? e.eventTime ?? e.metadata?.creationTimestamp ?? ""))))));
   }
 
   function logSection(node) {
@@ -256,7 +256,18 @@ export async function showEnvironment(envId, params, ui) {
   function watch() {
     if (closed) return;
     source = new EventSource(paths.watch(envId));
-    source.addEventListener("open", () => ui.banner(null));
+    let endedBecause = null;  // kasd's reason, when it ended the stream itself (an "end" event)
+    source.addEventListener("open", () => {
+      endedBecause = null;
+      ui.banner(null);
+    });
+    source.addEventListener("end", (event) => {
+      try {
+        endedBecause = String(JSON.parse(event.data).message ?? "");
+      } catch {
+        endedBecause = "";
+      }
+    });
     source.addEventListener("graph", (event) => {
       try {
         applyGraph(JSON.parse(event.data));
@@ -275,7 +286,8 @@ export async function showEnvironment(envId, params, ui) {
     source.addEventListener("error", () => {
       if (closed) return;
       if (source.readyState === EventSource.CONNECTING) {
-        ui.banner("Live updates interrupted — reconnecting…");
+        ui.banner(endedBecause === null ? "Live updates interrupted — reconnecting…"
+          : `Live updates stopped by kasd${endedBecause ? ` (${endedBecause})` : ""} — reconnecting…`);
         return;
       }
       source.close();
