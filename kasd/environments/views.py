@@ -37,6 +37,8 @@ class ViewsStatistics:
     #: upstream WATCH requests opened since the start, by every set
     watches_opened: int
     discoveries: int
+    #: viewers dropped since the start for falling behind (``ViewerTooSlow``)
+    viewers_dropped: int = 0
 
 
 class EnvironmentViews:
@@ -56,6 +58,7 @@ class EnvironmentViews:
         self._nursery: trio.Nursery | None = None
         self._opened_before = 0
         self._discoveries_before = 0
+        self._dropped_before = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Hold the watch sets' tasks until cancelled."""
@@ -93,6 +96,7 @@ class EnvironmentViews:
                 watch_set.cancel_scope.cancel()
                 self._opened_before += watch_set.watches_opened
                 self._discoveries_before += watch_set.discoveries
+                self._dropped_before += watch_set.dropped
 
     async def request(self, viewer: Viewer, method: str, target: str, *, body: Mapping[str, Any] | None = None,
                       accept: str = "application/json", content_type: str = "application/json") -> Answer:
@@ -140,7 +144,8 @@ class EnvironmentViews:
         sets = list(self._sets.values())
         return ViewsStatistics(watch_sets=len(sets), viewers=sum(len(s.subscribers) for s in sets),
                                watches_opened=self._opened_before + sum(s.watches_opened for s in sets),
-                               discoveries=self._discoveries_before + sum(s.discoveries for s in sets))
+                               discoveries=self._discoveries_before + sum(s.discoveries for s in sets),
+                               viewers_dropped=self._dropped_before + sum(s.dropped for s in sets))
 
 
 def _refuse_watch(target: str) -> None:

@@ -109,6 +109,8 @@ class WatchSet:
         #: upstream WATCH requests this set opened (for tests and metrics)
         self.watches_opened = 0
         self.discoveries = 0
+        #: viewers dropped for falling behind (their channel was full)
+        self.dropped = 0
         self._soon = trio.Event()
         self.cancel_scope = trio.CancelScope()
 
@@ -138,6 +140,7 @@ class WatchSet:
             subscription.send.send_nowait(update)
         except trio.WouldBlock:
             subscription.too_slow = True
+            self.dropped += 1
             self.leave(subscription)
         except trio.ClosedResourceError:
             self.leave(subscription)

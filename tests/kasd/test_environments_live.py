@@ -229,6 +229,7 @@ async def test_two_viewers_share_one_watch_set_that_sees_a_scale_up_and_a_deleti
                 with pytest.raises(ViewerTooSlow), trio.fail_after(5):
                     async for _ in slow:
                         pass
+                assert views.statistics().viewers_dropped == 1  # (kasd_environment_viewers_dropped_total)
                 services = sim.store.kind("", "services")
                 sim.store.delete(services, "prod", "hello")
                 sim.controllers.reconcile()
