@@ -32,6 +32,12 @@ class ViewsFigures(Protocol):
     def discoveries(self) -> int: ...
     @property
     def viewers_dropped(self) -> int: ...
+    @property
+    def snapshots_discovered(self) -> int: ...
+    @property
+    def snapshots_shared(self) -> int: ...
+    @property
+    def snapshots_from_views(self) -> int: ...
 
 
 class _ViewsCollector(Collector):
@@ -50,6 +56,14 @@ class _ViewsCollector(Collector):
                                   "(first, after a broken watch, and periodically)", value=stats.discoveries)
         yield CounterMetricFamily("kasd_environment_viewers_dropped", "Viewers dropped for falling behind their "
                                   "environment's updates (their bounded queue was full)", value=stats.viewers_dropped)
+        snapshots = CounterMetricFamily("kasd_environment_snapshots", "One-off reads of an environment's objects "
+                                        "(REST API), by what answered: a discovery of their own, one another "
+                                        "caller ran at the same time (shared), a live view's objects (view)",
+                                        labels=["answered_by"])
+        snapshots.add_metric(["discovery"], stats.snapshots_discovered)
+        snapshots.add_metric(["shared"], stats.snapshots_shared)
+        snapshots.add_metric(["view"], stats.snapshots_from_views)
+        yield snapshots
 
 
 class Metrics:

@@ -111,6 +111,8 @@ class WatchSet:
         self.discoveries = 0
         #: viewers dropped for falling behind (their channel was full)
         self.dropped = 0
+        #: the members are as current as the watches: discovered, and every watch running since
+        self.live = False
         self._soon = trio.Event()
         self.cancel_scope = trio.CancelScope()
 
@@ -156,6 +158,7 @@ class WatchSet:
                 try:
                     found = await discover(self.api, self.env, self.viewer, self.limits)
                 except AgentRequestError as exc:
+                    self.live = False
                     self.problems = (KindProblem("", "", "", "", "error", exc.message),)
                     self._resync()
                     await trio.sleep(wait)
@@ -165,10 +168,13 @@ class WatchSet:
                 self._load(found)
                 self._resync()
                 try:
+                    self.live = True
                     await self._watch_all(found)
                 except Exception as exc:  # a bug here must not end kasd's other views: logged, retried
                     _failures.log(logging.ERROR, self.env.id, "environment watch set failed environment=%s "
                                   "viewer=%s error=%r", self.env.id, self.viewer.key, exc)
+                finally:
+                    self.live = False  # a watch broke (or it is time to discover again): not current
                 if trio.current_time() - began < self.limits.backoff[1]:
                     await trio.sleep(wait)  # a watch broke soon after it began: do not hammer the agent
                     wait = min(wait * 2, self.limits.backoff[1])
