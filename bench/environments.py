@@ -533,6 +533,19 @@ async def bench_viewers(ends: Ends, kasd: ProcessFigures, ids: dict[str, int], s
         await trio.sleep(1.0)
         stats = ends.metrics()
         print(f"  kasd's metrics: {_watch_stats(stats)}")
+        # a one-off read of the watched environment (the dashboard opening it, `kasctl env status`)
+        # vs one of an environment nobody watches
+        other = next(i for s, i in ids.items() if s not in (slug, "big"))
+        reads: dict[str, list[float]] = {"watched": [], "unwatched": []}
+        user = ends.user()
+        for _ in range(5):
+            for label, target in (("watched", env_id), ("unwatched", other)):
+                began = time.perf_counter()
+                await user.ok("GET", f"/api/kasd/v1/environments/{target}/resources")
+                reads[label].append(time.perf_counter() - began)
+        await user.aclose()
+        print(f"  GET …/resources, 5 each: of the watched environment p50 {ms(pct(reads['watched'], 50))}, of an "
+              f"unwatched one p50 {ms(pct(reads['unwatched'], 50))} ({_snapshot_stats(ends.metrics())})")
         cpu1, t1 = kasd.cpu(), time.perf_counter()
         latencies = await changes_latency(ends, viewers, [(slug, env_id)], changes)
         seconds = time.perf_counter() - t1
@@ -574,6 +587,14 @@ async def _more_changes(ends: Ends, slug: str, count: int) -> None:
         await sim.ok("DELETE", f"/api/v1/namespaces/{slug}/configmaps/{name}")
         await trio.sleep(0.05)
     await sim.aclose()
+
+
+def _snapshot_stats(stats: dict[str, float]) -> str:
+    def get(how: str) -> int:
+        return int(stats.get(f'kasd_environment_snapshots_total{{answered_by="{how}"}}', 0))
+
+    return (f"one-off reads answered by a discovery {get('discovery')}, by a shared one {get('shared')}, "
+            f"by a live view {get('view')}")
 
 
 def _watch_stats(stats: dict[str, float]) -> str:
