@@ -26,13 +26,16 @@ discovery   ``GET /api/kasd/v1/environments/:id/resources`` of ``big`` (every li
             Also kasd's CPU seconds per discovery.
 listing     what the dashboard's environments page does: the project's list, then
             ``GET /api/kasd/v1/environments/:id`` (the health badge) for each environment, four at
-            a time: the wall time for all of them, and kasd's CPU.
+            a time: the wall time for all of them, and kasd's CPU (each is a discovery of its own
+            unless someone watches that environment: ``kasd_environment_snapshots_total``).
 viewers     ``--viewers`` SSE viewers (``…/resources/watch``) on one environment plus one slow
             viewer (a client that sends its request and never reads): kasd's RSS and CPU before,
             with them, and after the slow one has been dropped (kasd's metric
             ``kasd_environment_viewers``: once its socket is full, one write waits
             ``kasd.web.streams.WRITE_TIMEOUT_SECONDS`` and kasd cuts it off); kasd's memory stays
             bounded meanwhile (its state is the view's objects, one pending event at most).
+            Also a one-off ``GET …/resources`` of the watched environment (answered by its live
+            view, no discovery) against one of an environment nobody watches (a discovery).
 latency     ``--changes`` changes in kubesim (a labelled ConfigMap created, then deleted, in
             turn, straight at kubesim): the time from sending the change to each viewer's first
             ``graph`` event that shows it, p50/p99 over every viewer and change. The SSE stream
