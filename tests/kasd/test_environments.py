@@ -260,3 +260,35 @@ async def test_a_list_page_over_the_byte_limit_is_asked_again_for_fewer_objects(
     found = await discover(cast(AgentApi, api), Env(), AGENT, ViewLimits(page_size=8))
     assert limits_seen == [8, 4, 2] and found.snapshot.problems == ()
     assert len(found.snapshot.objects) == 5
+
+
+async def test_a_kind_that_was_not_listed_in_time_is_listed_and_watched_again_within_seconds(
+        autojump_clock: trio.testing.MockClock) -> None:
+    api = FakeApi()
+    api.objects["deployments"] = [_obj("Deployment", "hello", "d1", labels=LABELS)]
+    answer = api.request
+    slow = [True]
+
+    async def busy(agent_id: int, method: str, target: str, *args: Any, **kwargs: Any) -> Answer:
+        if slow[0] and urlsplit(target).path.endswith("/deployments"):
+            slow[0] = False
+            await trio.sleep(60)  # the first list of Deployments does not come in time (many views opening at once)
+        return await answer(agent_id, method, target, *args, **kwargs)
+
+    api.request = busy  # type: ignore[method-assign]
+    watch_set = WatchSet(cast(AgentApi, api), Env(), AGENT, ViewLimits(backoff=(1.0, 30.0)))
+    updates = watch_set.join()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_set.run)
+        first = await _next(updates)
+        assert first.snapshot is not None and first.snapshot.objects == ()
+        assert [(p.kind, p.reason) for p in first.snapshot.problems] == [("Deployment", "timeout")]
+        began = trio.current_time()
+        with trio.fail_after(30):  # (before: only at the periodic discovery, 5 minutes later)
+            second = await _next(updates)
+        assert second.snapshot is not None and [o["metadata"]["name"] for o in second.snapshot.objects] == ["hello"]
+        assert second.snapshot.problems == () and trio.current_time() - began < 5
+        while "/apis/apps/v1/namespaces/prod/deployments" not in api.watching:  # and now it is watched
+            await api.watch_opened.wait()
+            api.watch_opened = trio.Event()
+        nursery.cancel_scope.cancel()
