@@ -141,7 +141,7 @@ class Client:
             event = conn.next_event()
             if event is h11.NEED_DATA:
                 chunk = await self.stream.receive_some(1 << 18)
-                conn.receive_data(chunk)
+                conn.receive_data(bytes(chunk))
                 continue
             if isinstance(event, h11.Response):
                 status = event.status_code
@@ -335,7 +335,7 @@ class Viewer:
             while True:
                 event = conn.next_event()
                 if event is h11.NEED_DATA:
-                    conn.receive_data(await stream.receive_some(1 << 18))
+                    conn.receive_data(bytes(await stream.receive_some(1 << 18)))
                     continue
                 if isinstance(event, h11.Response):
                     if event.status_code != 200:
@@ -541,9 +541,11 @@ async def bench_viewers(ends: Ends, kasd: ProcessFigures, ids: dict[str, int], s
         slow_since, dropped_at = time.perf_counter(), [0.0]
 
         async def until_dropped() -> None:  # kasd's viewers gauge falls back to the readers' count
-            # (another process's figure: polled, no event to wait on)
-            while (await trio.to_thread.run_sync(ends.metrics)).get("kasd_environment_viewers", 0) > count:  # noqa: ASYNC110
-                await trio.sleep(0.5)
+            # (another process's figure: polled, no event to wait on): first kasd counts it, then not
+            for joined in (True, False):
+                while ((await trio.to_thread.run_sync(ends.metrics)).get("kasd_environment_viewers", 0)  # noqa: ASYNC110
+                       > count) != joined:
+                    await trio.sleep(0.2)
             dropped_at[0] = time.perf_counter()
 
         nursery.start_soon(until_dropped)

@@ -292,3 +292,20 @@ async def test_a_kind_that_was_not_listed_in_time_is_listed_and_watched_again_wi
             await api.watch_opened.wait()
             api.watch_opened = trio.Event()
         nursery.cancel_scope.cancel()
+
+
+def test_the_views_figures_are_kasd_metrics() -> None:
+    from kasd.environments import ViewsStatistics
+    from kasd.metrics import Metrics
+    from routing.local import TunnelRegistry
+
+    metrics = Metrics(TunnelRegistry())
+    metrics.enable_environment_views(lambda: ViewsStatistics(
+        watch_sets=2, viewers=5, watches_opened=30, discoveries=3, viewers_dropped=1, snapshots_discovered=4,
+        snapshots_shared=1, snapshots_from_views=6))
+    lines = set(metrics.render().decode().splitlines())
+    assert {"kasd_environment_watch_sets 2.0", "kasd_environment_viewers 5.0",
+            "kasd_environment_watches_opened_total 30.0", "kasd_environment_discoveries_total 3.0",
+            "kasd_environment_viewers_dropped_total 1.0", 'kasd_environment_snapshots_total{answered_by="discovery"} 4.0',
+            'kasd_environment_snapshots_total{answered_by="shared"} 1.0',
+            'kasd_environment_snapshots_total{answered_by="view"} 6.0'} <= lines
