@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from daemonkit.logs import UnexpectedErrors
 from routing.local import TunnelRegistry
@@ -14,6 +17,53 @@ from routing.local import TunnelRegistry
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 #: seconds between two ERROR lines of one kind of unexpected exception (the rest are counted)
 UNEXPECTED_LINE_INTERVAL = 60.0
+
+
+class ViewsFigures(Protocol):
+    """What ``kasd.environments.ViewsStatistics`` tells (this module does not import the views)."""
+
+    @property
+    def watch_sets(self) -> int: ...
+    @property
+    def viewers(self) -> int: ...
+    @property
+    def watches_opened(self) -> int: ...
+    @property
+    def discoveries(self) -> int: ...
+    @property
+    def viewers_dropped(self) -> int: ...
+    @property
+    def snapshots_discovered(self) -> int: ...
+    @property
+    def snapshots_shared(self) -> int: ...
+    @property
+    def snapshots_from_views(self) -> int: ...
+
+
+class _ViewsCollector(Collector):
+    def __init__(self, statistics: Callable[[], ViewsFigures]) -> None:
+        self._statistics = statistics
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._statistics()
+        yield GaugeMetricFamily("kasd_environment_watch_sets", "Live environment views: one set of upstream watches "
+                                "per environment and viewer identity, shared by its viewers", value=stats.watch_sets)
+        yield GaugeMetricFamily("kasd_environment_viewers", "Viewers of live environment views (SSE streams)",
+                                value=stats.viewers)
+        yield CounterMetricFamily("kasd_environment_watches_opened", "Upstream WATCH requests the environment views "
+                                  "opened through the tunnels", value=stats.watches_opened)
+        yield CounterMetricFamily("kasd_environment_discoveries", "Discoveries the live environment views ran "
+                                  "(first, after a broken watch, and periodically)", value=stats.discoveries)
+        yield CounterMetricFamily("kasd_environment_viewers_dropped", "Viewers dropped for falling behind their "
+                                  "environment's updates (their bounded queue was full)", value=stats.viewers_dropped)
+        snapshots = CounterMetricFamily("kasd_environment_snapshots", "One-off reads of an environment's objects "
+                                        "(REST API), by what answered: a discovery of their own, one another "
+                                        "caller ran at the same time (shared), a live view's objects (view)",
+                                        labels=["answered_by"])
+        snapshots.add_metric(["discovery"], stats.snapshots_discovered)
+        snapshots.add_metric(["shared"], stats.snapshots_shared)
+        snapshots.add_metric(["view"], stats.snapshots_from_views)
+        yield snapshots
 
 
 class Metrics:
@@ -109,6 +159,11 @@ class Metrics:
         self.peer_sessions.labels(direction="in").set_function(peers_in)
         for metric in (self.redis_up, self.forwarded_requests, self.peer_sessions):
             self.registry.register(metric)
+
+    def enable_environment_views(self, statistics: Callable[[], ViewsFigures]) -> None:
+        """Export the environments' live views (``kasd.environments.EnvironmentViews.statistics``):
+        what their shared watches and viewers cost (read when scraped)."""
+        self.registry.register(_ViewsCollector(statistics))
 
     def unexpected_errors(self, port: str, logger: logging.Logger) -> UnexpectedErrors:
         """Where ``port``'s unexpected exceptions are reported: rate-limited lines, counted here."""

@@ -221,6 +221,7 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
                 # Environments, live: one set of watches per environment and viewer identity, through
                 # the same router as every request, for the web app (REST API, SSE, dashboard).
                 views = runtime.views = EnvironmentViews(router)
+                metrics.enable_environment_views(views.statistics)
                 await nursery.start(views.run)
                 api = api_app(rest, config, lambda: authority.snapshot, kept, views, registry,
                               me.name if me is not None else addresses["kubernetes_api"],

@@ -37,6 +37,22 @@ class ViewsStatistics:
     #: upstream WATCH requests opened since the start, by every set
     watches_opened: int
     discoveries: int
+    #: viewers dropped since the start for falling behind (``ViewerTooSlow``)
+    viewers_dropped: int = 0
+    #: ``snapshot`` calls: answered by a discovery of their own, by one another caller ran at the
+    #: same time, by a live view's objects
+    snapshots_discovered: int = 0
+    snapshots_shared: int = 0
+    snapshots_from_views: int = 0
+
+
+class _Flight:
+    """One discovery that callers of ``snapshot`` asking at the same time wait for."""
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.result: Snapshot | None = None
+        self.error: AgentRequestError | None = None
 
 
 class EnvironmentViews:
@@ -56,6 +72,11 @@ class EnvironmentViews:
         self._nursery: trio.Nursery | None = None
         self._opened_before = 0
         self._discoveries_before = 0
+        self._dropped_before = 0
+        self._flights: dict[tuple[Any, ...], _Flight] = {}
+        self._snapshot_discoveries = 0
+        self._shared_discoveries = 0
+        self._from_views = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Hold the watch sets' tasks until cancelled."""
@@ -69,8 +90,39 @@ class EnvironmentViews:
 
     async def snapshot(self, env: EnvironmentRef, viewer: Viewer) -> Snapshot:
         """``env``'s objects as ``viewer`` sees them now; ``AgentRequestError`` if the agent could
-        not be asked at all. The caller holds the deadline (``limits.time_cap`` bounds it anyway)."""
-        return (await discover(self.api, env, viewer, self.limits)).snapshot
+        not be asked at all. The caller holds the deadline (``limits.time_cap`` bounds it anyway).
+
+        No discovery when it can be spared: while a live view of ``env`` for the same viewer key is
+        current (discovered, every watch running), its objects are the answer; and callers asking
+        at the same time (the dashboard opens an environment with two requests; a page of
+        environments asks each one's health) share one discovery."""
+        key = (env.id, viewer.agent_id, viewer.key)
+        watch_set = self._sets.get(key)
+        if watch_set is not None and watch_set.live and tuple(watch_set.env.namespaces) == tuple(env.namespaces):
+            self._from_views += 1
+            return watch_set.snapshot()
+        flight_key = (*key, env.project_id, env.slug, tuple(env.namespaces))
+        flight = self._flights.get(flight_key)
+        if flight is not None:
+            await flight.done.wait()
+            if flight.error is not None:
+                raise flight.error
+            if flight.result is not None:
+                self._shared_discoveries += 1
+                return flight.result
+            # (the caller that ran it went away before it ended: discover for this one)
+        flight = self._flights[flight_key] = _Flight()
+        try:
+            self._snapshot_discoveries += 1
+            flight.result = (await discover(self.api, env, viewer, self.limits)).snapshot
+            return flight.result
+        except AgentRequestError as exc:
+            flight.error = exc
+            raise
+        finally:
+            if self._flights.get(flight_key) is flight:
+                del self._flights[flight_key]
+            flight.done.set()
 
     @asynccontextmanager
     async def watch(self, env: EnvironmentRef, viewer: Viewer) -> AsyncIterator[AsyncIterator[Update]]:
@@ -93,6 +145,7 @@ class EnvironmentViews:
                 watch_set.cancel_scope.cancel()
                 self._opened_before += watch_set.watches_opened
                 self._discoveries_before += watch_set.discoveries
+                self._dropped_before += watch_set.dropped
 
     async def request(self, viewer: Viewer, method: str, target: str, *, body: Mapping[str, Any] | None = None,
                       accept: str = "application/json", content_type: str = "application/json") -> Answer:
@@ -140,7 +193,10 @@ class EnvironmentViews:
         sets = list(self._sets.values())
         return ViewsStatistics(watch_sets=len(sets), viewers=sum(len(s.subscribers) for s in sets),
                                watches_opened=self._opened_before + sum(s.watches_opened for s in sets),
-                               discoveries=self._discoveries_before + sum(s.discoveries for s in sets))
+                               discoveries=self._discoveries_before + sum(s.discoveries for s in sets),
+                               viewers_dropped=self._dropped_before + sum(s.dropped for s in sets),
+                               snapshots_discovered=self._snapshot_discoveries,
+                               snapshots_shared=self._shared_discoveries, snapshots_from_views=self._from_views)
 
 
 def _refuse_watch(target: str) -> None:

@@ -13,7 +13,9 @@ one watch per namespace of each watched kind (four dependent kinds, the always-w
 found), each one tunnel stream to the agent, held while someone looks.
 
 A watch that ends with 410 Gone, an ERROR event, or a broken stream makes the set discover again
-(a ``RESYNC``); when the agent is away, it tries again with backoff (``limits.backoff``). A watch the
+(a ``RESYNC``); when the agent is away, it tries again with backoff (``limits.backoff``). A
+discovery in which a kind timed out or failed (so that kind is not watched) is tried again with the
+same backoff, the other watches running meanwhile, rather than at the next periodic discovery. A watch the
 API server ends cleanly (its timeout) is resumed from the last resourceVersion seen.
 
 Each viewer has a bounded channel (``limits.viewer_queue``): a viewer whose channel is full when an
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -109,6 +112,12 @@ class WatchSet:
         #: upstream WATCH requests this set opened (for tests and metrics)
         self.watches_opened = 0
         self.discoveries = 0
+        #: viewers dropped for falling behind (their channel was full)
+        self.dropped = 0
+        #: the members are as current as the watches: discovered, and every watch running since
+        self.live = False
+        #: the last watches ended to retry an incomplete discovery
+        self._retrying = False
         self._soon = trio.Event()
         self._turn = trio.StrictFIFOLock()
         self.cancel_scope = trio.CancelScope()
@@ -139,6 +148,7 @@ class WatchSet:
             subscription.send.send_nowait(update)
         except trio.WouldBlock:
             subscription.too_slow = True
+            self.dropped += 1
             self.leave(subscription)
         except trio.ClosedResourceError:
             self.leave(subscription)
@@ -154,6 +164,7 @@ class WatchSet:
                 try:
                     found = await discover(self.api, self.env, self.viewer, self.limits)
                 except AgentRequestError as exc:
+                    self.live = False
                     self.problems = (KindProblem("", "", "", "", "error", exc.message),)
                     self._resync()
                     await trio.sleep(wait)
@@ -162,12 +173,22 @@ class WatchSet:
                 self.discoveries += 1
                 self._load(found)
                 self._resync()
+                # a kind not listed in time (or failing) is not watched: discover again soon, with
+                # backoff, rather than at the next periodic discovery (many views opening at once
+                # can make some lists time out)
+                incomplete = any(p.reason in ("timeout", "error") for p in self.problems)
+                self._retrying = False
                 try:
-                    await self._watch_all(found)
+                    self.live = True
+                    await self._watch_all(found, wait if incomplete else None)
                 except Exception as exc:  # a bug here must not end kasd's other views: logged, retried
                     _failures.log(logging.ERROR, self.env.id, "environment watch set failed environment=%s "
                                   "viewer=%s error=%r", self.env.id, self.viewer.key, exc)
-                if trio.current_time() - began < self.limits.backoff[1]:
+                finally:
+                    self.live = False  # a watch broke (or it is time to discover again): not current
+                if self._retrying:  # (the watches ran meanwhile: no further wait)
+                    wait = min(wait * 2, self.limits.backoff[1])
+                elif trio.current_time() - began < self.limits.backoff[1]:
                     await trio.sleep(wait)  # a watch broke soon after it began: do not hammer the agent
                     wait = min(wait * 2, self.limits.backoff[1])
                 else:
@@ -186,8 +207,9 @@ class WatchSet:
         self.current = self.snapshot()
         self._publish(Update("RESYNC", None, self.current))
 
-    async def _watch_all(self, found: Discovered) -> None:
-        """Until one watch needs a new list, or it is time to discover again."""
+    async def _watch_all(self, found: Discovered, retry_in: float | None = None) -> None:
+        """Until one watch needs a new list, or it is time to discover again (after ``retry_in``
+        seconds when the discovery was incomplete)."""
         self._soon = trio.Event()
         found_kinds = {(group_of(o), str(o.get("kind"))) for o in found.members.values()}
         watched = [k for k in found.kinds
@@ -198,12 +220,14 @@ class WatchSet:
                     version = found.versions.get((kind.group, kind.plural, namespace))
                     if version is not None:  # listed (not forbidden, not timed out)
                         nursery.start_soon(self._watch_one, kind, namespace, version, nursery.cancel_scope)
-            nursery.start_soon(self._rediscover_later, nursery.cancel_scope)
+            nursery.start_soon(self._rediscover_later, nursery.cancel_scope, retry_in)
 
-    async def _rediscover_later(self, scope: trio.CancelScope) -> None:
+    async def _rediscover_later(self, scope: trio.CancelScope, retry_in: float | None) -> None:
         with trio.move_on_after(self.limits.rediscover_interval):
-            await self._soon.wait()
-            await trio.sleep(REDISCOVER_DELAY)
+            with trio.move_on_after(retry_in if retry_in is not None else math.inf) as retry:
+                await self._soon.wait()
+                await trio.sleep(REDISCOVER_DELAY)
+            self._retrying = retry.cancelled_caught
         scope.cancel()
 
     async def _watch_one(self, kind: ApiKind, namespace: str, version: str, scope: trio.CancelScope) -> None:

@@ -65,7 +65,7 @@ from kasd.web.shapes import (
     page_headers,
     paginate,
 )
-from kasd.web.streams import graph_events, text_stream
+from kasd.web.streams import SharedGraphs, graph_events, text_stream
 
 #: every answer of the port carries these (the dashboard is same-origin only, framed by no one)
 SECURITY_HEADERS = (
@@ -119,6 +119,8 @@ class WebApp:
         self._settings = settings
         self._clock = clock
         self._graph_of = graph_of
+        #: each live view's graph, built once per change for all its viewers
+        self._graphs = SharedGraphs()
         self._limit = SignInLimit(clock, per_minute=settings.sign_in_per_minute,
                                   burst=max(1, int(settings.sign_in_per_minute)))
         routes = [
@@ -367,7 +369,8 @@ class WebApp:
         snapshot, caller, env = await self._environment(request)
         viewer = self._viewer(request, snapshot, caller, env)
         return graph_events(lambda: self._opened(self._views.watch(env, viewer)),
-                            lambda objects: self._graph_of(objects, labels_of(env)))
+                            lambda objects: self._graph_of(objects, labels_of(env)),
+                            shared=(self._graphs, (env.id, viewer.agent_id, viewer.key)))
 
     async def deployments(self, request: Request) -> Response:
         _, _, env = await self._environment(request)

@@ -276,3 +276,52 @@ def test_a_name_the_api_server_would_refuse_is_never_put_into_a_path() -> None:
     pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "c", "namespace": "ns"},
            "spec": {"volumeName": ".."}}
     assert references([pod, pvc]) == {("", "configmaps", "ns", "settings"), ("", "serviceaccounts", "ns", "runner")}
+
+
+async def test_a_kind_that_was_not_listed_in_time_is_listed_and_watched_again_within_seconds(
+        autojump_clock: trio.testing.MockClock) -> None:
+    api = FakeApi()
+    api.objects["deployments"] = [_obj("Deployment", "hello", "d1", labels=LABELS)]
+    answer = api.request
+    slow = [True]
+
+    async def busy(agent_id: int, method: str, target: str, *args: Any, **kwargs: Any) -> Answer:
+        if slow[0] and urlsplit(target).path.endswith("/deployments"):
+            slow[0] = False
+            await trio.sleep(60)  # the first list of Deployments does not come in time (many views opening at once)
+        return await answer(agent_id, method, target, *args, **kwargs)
+
+    api.request = busy  # type: ignore[method-assign]
+    watch_set = WatchSet(cast(AgentApi, api), Env(), AGENT, ViewLimits(backoff=(1.0, 30.0)))
+    updates = watch_set.join()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_set.run)
+        first = await _next(updates)
+        assert first.snapshot is not None and first.snapshot.objects == ()
+        assert [(p.kind, p.reason) for p in first.snapshot.problems] == [("Deployment", "timeout")]
+        began = trio.current_time()
+        with trio.fail_after(30):  # (before: only at the periodic discovery, 5 minutes later)
+            second = await _next(updates)
+        assert second.snapshot is not None and [o["metadata"]["name"] for o in second.snapshot.objects] == ["hello"]
+        assert second.snapshot.problems == () and trio.current_time() - began < 5
+        while "/apis/apps/v1/namespaces/prod/deployments" not in api.watching:  # and now it is watched
+            await api.watch_opened.wait()
+            api.watch_opened = trio.Event()
+        nursery.cancel_scope.cancel()
+
+
+def test_the_views_figures_are_kasd_metrics() -> None:
+    from kasd.environments import ViewsStatistics
+    from kasd.metrics import Metrics
+    from routing.local import TunnelRegistry
+
+    metrics = Metrics(TunnelRegistry())
+    metrics.enable_environment_views(lambda: ViewsStatistics(
+        watch_sets=2, viewers=5, watches_opened=30, discoveries=3, viewers_dropped=1, snapshots_discovered=4,
+        snapshots_shared=1, snapshots_from_views=6))
+    lines = set(metrics.render().decode().splitlines())
+    assert {"kasd_environment_watch_sets 2.0", "kasd_environment_viewers 5.0",
+            "kasd_environment_watches_opened_total 30.0", "kasd_environment_discoveries_total 3.0",
+            "kasd_environment_viewers_dropped_total 1.0", 'kasd_environment_snapshots_total{answered_by="discovery"} 4.0',
+            'kasd_environment_snapshots_total{answered_by="shared"} 1.0',
+            'kasd_environment_snapshots_total{answered_by="view"} 6.0'} <= lines

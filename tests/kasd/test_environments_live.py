@@ -164,6 +164,16 @@ class _Reader:
             await self._changed.wait()
 
 
+def _lists(sim: KubeSim) -> list[str]:
+    """The paths kubesim was asked to list (no watch), in order."""
+    return [r.path for r in sim.requests if r.method == "GET" and "watch=1" not in r.query
+            and "labelSelector" in r.query]
+
+
+async def _append(out: list[Any], value: Any) -> None:
+    out.append(await value)
+
+
 def _watches(sim: KubeSim) -> Counter[str]:
     """How many times kubesim was asked to watch each path."""
     return Counter(r.path for r in sim.requests if "watch=1" in r.query)
@@ -229,6 +239,19 @@ async def test_two_viewers_share_one_watch_set_that_sees_a_scale_up_and_a_deleti
                 assert second.updates[0].type == "RESYNC"
                 stats = views.statistics()
                 assert (stats.watch_sets, stats.viewers, stats.discoveries) == (1, 3, 1)
+                # a snapshot while the view is live is its objects: no discovery; two at once for
+                # a viewer key with no view share one discovery
+                lists = len(_lists(sim))
+                assert _ids((await views.snapshot(Env(), AGENT)).objects) == first.ids
+                assert len(_lists(sim)) == lists
+                answers: list[Any] = []
+                async with trio.open_nursery() as both:
+                    for _ in range(2):
+                        both.start_soon(lambda: _append(answers, views.snapshot(Env(), ALICE)))
+                assert answers[0] is answers[1] and answers[0].objects
+                assert Counter(_lists(sim)[lists:]).most_common(1)[0][1] == 1  # each kind listed once
+                stats = views.statistics()
+                assert (stats.snapshots_from_views, stats.snapshots_discovered, stats.snapshots_shared) == (1, 1, 1)
                 # scale up: the new pods (unlabelled, owned by the labelled Deployment's ReplicaSet) appear
                 deployments = sim.store.kind("apps", "deployments")
                 hello = sim.store.get(deployments, "prod", "hello")
@@ -253,6 +276,7 @@ async def test_two_viewers_share_one_watch_set_that_sees_a_scale_up_and_a_deleti
                 with pytest.raises(ViewerTooSlow), trio.fail_after(5):
                     async for _ in slow:
                         pass
+                assert views.statistics().viewers_dropped == 1  # (kasd_environment_viewers_dropped_total)
                 services = sim.store.kind("", "services")
                 sim.store.delete(services, "prod", "hello")
                 sim.controllers.reconcile()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
@@ -18,6 +20,7 @@ from kasd.restapi import RestApi
 from kasd.restpaths import ALLOWED_AGENTS_PATH
 from kasd.web import WebApp, WebSettings, mount
 from kasd.web.openapi import document
+from kasd.web.streams import COALESCE_SECONDS, WRITE_TIMEOUT_SECONDS
 from tests.kasd.helpers import http_request
 from tests.kasd.webfakes import (
     TOKENS,
@@ -25,6 +28,7 @@ from tests.kasd.webfakes import (
     FakeAgents,
     FakeStore,
     FakeViews,
+    Snap,
     Update,
     ViewerTooSlow,
     call,
@@ -292,6 +296,104 @@ async def test_sse_heartbeats_and_a_viewer_dropped_as_too_slow_gets_an_end_event
     assert text.count(": ping") >= 2
     assert 'event: end\ndata: {"message":"ViewerTooSlow: the viewer fell behind"}' in text
     assert views.watch_closed.is_set()
+
+
+class _BroadcastViews(FakeViews):
+    """One live view every watch shares, as ``kasd.environments`` does: each update (the same
+    object) goes to every viewer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.channels: list[trio.MemorySendChannel[Any]] = []
+
+    @asynccontextmanager
+    async def watch(self, env: Any, viewer: Any) -> AsyncIterator[AsyncIterator[Update]]:
+        send, receive = trio.open_memory_channel[Any](10)
+        self.channels.append(send)
+
+        async def updates() -> AsyncIterator[Update]:
+            yield Update("RESYNC", snapshot=Snap(tuple(self.objects)))
+            async for item in receive:
+                yield item
+
+        yield updates()
+
+    async def publish(self, update: Update) -> None:
+        for channel in self.channels:
+            await channel.send(update)
+
+
+async def _viewer(app: Any, events: list[dict[str, Any]], leave: trio.Event,
+                  send_blocks_after: int | None = None) -> None:
+    """An SSE client of environment 1: each graph event into ``events`` until ``leave``; with
+    ``send_blocks_after``, it takes that many body parts and then nothing (its socket is full)."""
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "GET", "scheme": "http", "path": "/api/kasd/v1/environments/1/resources/watch",
+             "raw_path": b"/api/kasd/v1/environments/1/resources/watch", "query_string": b"", "root_path": "",
+             "server": None, "client": ("127.0.0.1", 1), "headers": [(b"private-token", TOKENS["alice"].encode())]}
+    asked = False
+    parts = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal asked
+        if not asked:
+            asked = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await leave.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal parts
+        if message["type"] != "http.response.body":
+            return
+        parts += 1
+        if send_blocks_after is not None and parts > send_blocks_after:
+            await trio.sleep_forever()
+        for block in message.get("body", b"").decode().split("\n\n"):
+            if block.startswith("event: graph\n"):
+                events.append(json.loads(block.split("data: ", 1)[1]))
+
+    await app(scope, receive, send)
+
+
+async def test_viewers_of_one_environment_share_each_graph_built_once_per_change(
+        autojump_clock: trio.testing.MockClock) -> None:
+    builds = 0
+
+    def counted(objects: Any, selector: Any) -> dict[str, Any]:
+        nonlocal builds
+        builds += 1
+        return fake_graph(objects, selector)
+
+    views = _BroadcastViews()
+    snap = snapshot()
+    web = WebApp(lambda: snap, FakeStore(), views, FakeAgents(), key=KEY, graph_of=counted,
+                 agent_errors=(AgentRequestError,))
+    app = mount(RestApi(lambda: snap), web)
+    seen: list[list[dict[str, Any]]] = [[] for _ in range(3)]
+    leave = trio.Event()
+    async with trio.open_nursery() as nursery:
+        for events in seen:
+            nursery.start_soon(_viewer, app, events, leave)
+        await trio.sleep(1)
+        assert [len(events) for events in seen] == [1, 1, 1] and builds == 1
+        await views.publish(Update("ADDED", object=pod("hello-2", "Pending")))
+        await trio.sleep(1)
+        leave.set()
+    assert all("/Pod/prod/hello-2" in {n["id"] for n in events[-1]["nodes"]} for events in seen)
+    assert all(events == seen[0] for events in seen)
+    assert builds == 2  # one graph per state for the three viewers, not one per viewer
+
+
+async def test_a_viewer_that_takes_nothing_is_cut_off_and_leaves_the_view(
+        autojump_clock: trio.testing.MockClock) -> None:
+    app, views = _app()
+    events: list[dict[str, Any]] = []
+    began = trio.current_time()
+    with trio.fail_after(WRITE_TIMEOUT_SECONDS + 60):  # (before: held open for as long as the client was there)
+        await _viewer(app, events, trio.Event(), send_blocks_after=1)  # ": connected", then its socket is full
+    assert views.watch_closed.is_set()  # the shared watch is left: the view is not held for it
+    assert trio.current_time() - began == pytest.approx(WRITE_TIMEOUT_SECONDS + COALESCE_SECONDS)
 
 
 def test_the_openapi_document_is_served_kept_in_docs_and_describes_every_route() -> None:
