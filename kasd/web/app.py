@@ -29,7 +29,7 @@ from kasd.asgiport import AsgiApp
 from kasd.authz.directory import Role
 from kasd.authz.snapshot import Snapshot
 from kasd.envgraph import node_id
-from kasd.environments.values import Viewer
+from kasd.environments.values import Viewer, ViewerTooSlow
 from kasd.restapi import RestApi
 from kasd.store.protocol import StoreError
 from kasd.web import openapi
@@ -370,7 +370,8 @@ class WebApp:
         viewer = self._viewer(request, snapshot, caller, env)
         return graph_events(lambda: self._opened(self._views.watch(env, viewer)),
                             lambda objects: self._graph_of(objects, labels_of(env)),
-                            shared=(self._graphs, (env.id, viewer.agent_id, viewer.key)))
+                            shared=(self._graphs, (env.id, viewer.agent_id, viewer.key)),
+                            shown=(*self._agent_errors, ViewerTooSlow))
 
     async def deployments(self, request: Request) -> Response:
         _, _, env = await self._environment(request)
@@ -440,7 +441,7 @@ class WebApp:
             params.append(("tailLines", str(_number(q.get("tailLines"), "tailLines", 0, 0, MAX_TAIL_LINES))))
         query = "&".join(f"{k}={quote(v, safe='')}" for k, v in params)
         target = f"/api/v1/namespaces/{namespace}/pods/{name}/log" + (f"?{query}" if query else "")
-        return text_stream(lambda: self._opened(self._views.stream(viewer, target)))
+        return text_stream(lambda: self._opened(self._views.stream(viewer, target)), shown=self._agent_errors)
 
     async def delete_pod(self, request: Request) -> Response:
         snapshot, caller, env = await self._environment(request, need=Role.DEVELOPER)

@@ -11,6 +11,7 @@ each state (``SharedGraphs``): it is built and serialized once, not once per vie
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -27,11 +28,26 @@ import trio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from daemonkit.logs import UnexpectedErrors
 from kasd.envgraph import node_id
 from kasd.web.seams import SnapshotLike, UpdateLike
 from kasd.web.shapes import kasd_problem
 
 S = TypeVar("S")
+
+#: a stream ended by an error nobody foresaw: one rate-limited line (type and frames, never the
+#: message), and the client is told only that kasd logged it
+_UNEXPECTED = UnexpectedErrors(logging.getLogger("kasd.api"))
+
+
+def ended_because(exc: Exception, shown: tuple[type[Exception], ...]) -> str:
+    """What a client of a stream is told about the error that ended it: an error made to be shown
+    (``shown``: the view dropping a slow viewer, the agent or the cluster refusing) says its message;
+    anything else (a bug) is logged, and its text, which could quote anything, is not sent."""
+    if isinstance(exc, shown):
+        return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    _UNEXPECTED.report(exc, "a live stream failed")
+    return "kasd could not go on with this stream (it logged why)"
 
 #: seconds between ``: ping`` comments when nothing changes (proxies close quiet connections)
 HEARTBEAT_SECONDS = 15.0
@@ -181,7 +197,7 @@ def graph_events(watch: Callable[[], AbstractAsyncContextManager[AsyncIterator[U
                  graph_of: Callable[[Iterable[Mapping[str, Any]]], dict[str, Any]], *,
                  heartbeat: float = HEARTBEAT_SECONDS, coalesce: float = COALESCE_SECONDS,
                  shared: tuple[SharedGraphs, Hashable] | None = None,
-                 write_timeout: float = WRITE_TIMEOUT_SECONDS) -> Response:
+                 write_timeout: float = WRITE_TIMEOUT_SECONDS, shown: tuple[type[Exception], ...] = ()) -> Response:
     """``text/event-stream``: ``graph`` (the whole graph JSON) after each batch of updates,
     ``problems`` when they change, ``: ping`` every ``heartbeat`` seconds; when the view drops this
     viewer (too slow) or fails, an ``end`` event saying so, and the stream ends. ``shared``: where
@@ -189,17 +205,17 @@ def graph_events(watch: Callable[[], AbstractAsyncContextManager[AsyncIterator[U
 
     async def produce(updates: AsyncIterator[UpdateLike], write: Write) -> None:
         if shared is None:
-            await _produce_graphs(updates, write, SharedGraph(graph_of), heartbeat, coalesce)
+            await _produce_graphs(updates, write, SharedGraph(graph_of), heartbeat, coalesce, shown)
         else:
             graphs, key = shared
             with graphs.joined(key, graph_of) as graph:
-                await _produce_graphs(updates, write, graph, heartbeat, coalesce)
+                await _produce_graphs(updates, write, graph, heartbeat, coalesce, shown)
 
     return _Producer(watch, produce, "text/event-stream", write_timeout=write_timeout)
 
 
 async def _produce_graphs(updates: AsyncIterator[UpdateLike], write: Write, graph: SharedGraph, heartbeat: float,
-                          coalesce: float) -> None:
+                          coalesce: float, shown: tuple[type[Exception], ...]) -> None:
     """``graph_events``' body: ``graph`` from ``graph`` after each batch, ``problems``, pings, ``end``."""
     state = GraphState()
     wake = trio.Event()
@@ -215,7 +231,7 @@ async def _produce_graphs(updates: AsyncIterator[UpdateLike], write: Write, grap
                 pending["graph"] = True
                 wake.set()
         except Exception as exc:  # ViewerTooSlow, or the view failed: say so, then end
-            ended.append(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            ended.append(ended_because(exc, shown))
         else:
             ended.append("the watch ended")
         wake.set()
@@ -244,7 +260,8 @@ async def _produce_graphs(updates: AsyncIterator[UpdateLike], write: Write, grap
                 return
 
 
-def text_stream(stream: Callable[[], AbstractAsyncContextManager[AsyncIterator[bytes]]]) -> Response:
+def text_stream(stream: Callable[[], AbstractAsyncContextManager[AsyncIterator[bytes]]], *,
+                shown: tuple[type[Exception], ...] = ()) -> Response:
     """``text/plain``, chunked: what ``stream()`` gives, as it comes."""
 
     async def produce(chunks: AsyncIterator[bytes], write: Write) -> None:
@@ -253,6 +270,6 @@ def text_stream(stream: Callable[[], AbstractAsyncContextManager[AsyncIterator[b
                 if chunk:
                     await write(chunk)
         except Exception as exc:  # the cluster ended it (pod gone, container not found …): say so in the text
-            await write(f"\n[kasd: the log stream ended: {type(exc).__name__}: {str(exc)[:300]}]\n".encode())
+            await write(f"\n[kasd: the log stream ended: {ended_because(exc, shown)[:300]}]\n".encode())
 
     return _Producer(stream, produce, "text/plain; charset=utf-8")

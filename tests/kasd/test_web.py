@@ -16,6 +16,7 @@ import trio
 import trio.testing
 
 from kasd.asgiport import AsgiPort
+from kasd.environments.values import ViewerTooSlow
 from kasd.restapi import RestApi
 from kasd.restpaths import ALLOWED_AGENTS_PATH
 from kasd.web import WebApp, WebSettings, mount
@@ -30,7 +31,6 @@ from tests.kasd.webfakes import (
     FakeViews,
     Snap,
     Update,
-    ViewerTooSlow,
     call,
     fake_graph,
     pod,
@@ -296,6 +296,19 @@ async def test_sse_heartbeats_and_a_viewer_dropped_as_too_slow_gets_an_end_event
     assert text.count(": ping") >= 2
     assert 'event: end\ndata: {"message":"ViewerTooSlow: the viewer fell behind"}' in text
     assert views.watch_closed.is_set()
+
+
+async def test_a_stream_ended_by_a_bug_tells_the_client_only_that_kasd_logged_it(
+        autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture) -> None:
+    """An error nobody foresaw (its text may quote anything: a header, a token) is one log line
+    (type and frames, no message) and, to the client, no more than that kasd logged it."""
+    app, views = _app()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(views.updates_in.send, RuntimeError("PRIVATE-TOKEN: glpat-secret"))
+        text = b"".join(await _sse(app, views, leave=trio.Event())).decode()
+    assert 'event: end\ndata: {"message":"kasd could not go on with this stream (it logged why)"}' in text
+    assert "glpat-secret" not in text and "glpat-secret" not in caplog.text
+    assert "error=RuntimeError" in caplog.text
 
 
 class _BroadcastViews(FakeViews):

@@ -140,10 +140,6 @@ class AgentRequestError(Exception):
         self.message = message
 
 
-class ViewerTooSlow(Exception):
-    pass
-
-
 class FakeViews:
     def __init__(self) -> None:
         self.objects: list[Mapping[str, Any]] = [DEPLOYMENT, pod("hello-1"), KUSTOMIZATION]
