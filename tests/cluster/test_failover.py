@@ -96,6 +96,10 @@ def test_redis_away_local_agents_keep_working_and_routing_recovers(spread: Stack
     holder = _holder(spread)
     other = (holder + 1) % 3
     assert _get(spread, other)[0] == 0
+    # The stack's job deploys to an environment: each replica checks its slug's owner in the store
+    # once (then remembers it), and refuses the job (503) while it cannot — the job has used the
+    # holder before the outage, as a running job has.
+    assert _get(spread, holder)[0] == 0
     assert spread.redis is not None
     assert spread.redis.stop() == 0
     # For 10 s without Redis: the holder serves its agent throughout; readiness and the metric say
