@@ -46,7 +46,7 @@ from kasd.config.store import (
     DEFAULT_MAX_DEPLOYMENTS,
     EnvironmentSettings,
 )
-from kasd.store.protocol import StoreError
+from kasd.store.errors import StoreError
 
 log = logging.getLogger("kasd.store.deployments")
 

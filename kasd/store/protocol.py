@@ -9,19 +9,13 @@ deployment history (``kasd.store.deployments``) are kept there too, purged by th
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import trio
 
+from kasd.store.deployments import Deployment, Environment
+from kasd.store.errors import StoreError
 from kasd.store.finished import FinishedJobs
-
-if TYPE_CHECKING:  # (deployments imports StoreError from here)
-    from kasd.store.deployments import Deployment, Environment
-
-
-class StoreError(Exception):
-    """The store could not do what was asked (unreachable, full, a bad file); ``str()`` says why
-    and is safe to show a client (no secret, no path beyond the store's own)."""
 
 
 class Store(Protocol):
