@@ -104,7 +104,7 @@ def member_ids(objects: Iterable[Mapping[str, Any]], project_id: int, slug: str)
 def adopter_keys(obj: Mapping[str, Any]) -> tuple[str, ...]:
     """The keys under which ``adoption_index`` files the objects ``obj`` adopts: its uid, and for a
     core Service, its namespace and name (its EndpointSlices)."""
-    keys = (f"uid:{_meta(obj, 'uid')}",)
+    keys: tuple[str, ...] = (f"uid:{_meta(obj, 'uid')}",)
     if obj.get("kind") == "Service" and group_of(obj) == "":
         keys += (f"service:{_meta(obj, 'namespace')}/{_meta(obj, 'name')}",)
     return keys
