@@ -184,7 +184,7 @@ class EnvironmentViews:
                         break
                 try:
                     message = str(json.loads(bytes(data)).get("message") or "")
-                except (ValueError, AttributeError):
+                except (ValueError, AttributeError, RecursionError):
                     message = ""
                 raise AgentRequestError(answer.status, message or f"HTTP {answer.status}")
             yield answer.chunks()

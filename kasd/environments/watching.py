@@ -270,7 +270,7 @@ class WatchSet:
         (410 Expired among them) or a line that is not an event."""
         try:
             event = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # (nested deeper than Python's stack)
             raise _Resync from None
         kind_of_event = event.get("type") if isinstance(event, dict) else None
         obj = event.get("object") if isinstance(event, dict) else None

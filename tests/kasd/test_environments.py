@@ -23,6 +23,7 @@ from kasd.environments.discover import discover
 from kasd.environments.kinds import (
     DISCOVERY_ACCEPT,
     SKIPPED,
+    ApiKind,
     from_aggregated,
     from_resource_list,
     legacy_group_versions,
@@ -354,3 +355,46 @@ def test_a_chain_of_owners_the_tenant_wrote_costs_one_pass_in_discovery_and_in_a
     assert time.perf_counter() - began < 2.0
     assert watch_set.dropped == 1  # (the viewer's queue of 64 overflowed: dropped, as designed)
     assert updates.too_slow
+
+
+async def test_an_answer_or_a_watch_line_nested_deeper_than_pythons_stack_is_unreadable_not_a_crash() -> None:
+    # A custom resource whose schema keeps unknown fields (a HelmRelease's values) may nest 10,000
+    # deep on a real API server; Python's JSON parser raises RecursionError past ~1,000, which no
+    # caller of AgentApi.request or the watch expected (discovery failed with it).
+    from kasd.environments.watching import _Resync
+
+    deep = b'{"kind":"HelmRelease","spec":{"values":' + b"[" * 5000 + b"]" * 5000 + b"}}"
+
+    class DeepStream:
+        def __init__(self) -> None:
+            self.sent = False
+
+        async def send_all(self, data: bytes) -> None: ...
+        async def send_eof(self) -> None: ...
+        async def aclose(self) -> None: ...
+
+        async def receive_some(self, max_bytes: int) -> bytes:
+            if self.sent:
+                return b""
+            self.sent = True
+            return deep
+
+    api = AgentApi(cast(Any, None))
+    import kasd.agentclient as agentclient
+
+    async def open_stream(router: Any, agent_id: int, metadata: Any) -> DeepStream:
+        return DeepStream()
+
+    async def response_head(router: Any, stream: Any, agent_id: int) -> Any:
+        return attrs.make_class("Head", ["status", "headers"])(200, (("content-type", "application/json"),))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(agentclient, "open_stream", open_stream)
+        patch.setattr(agentclient, "response_head", response_head)
+        answer = await api.request(7, "GET", "/apis/helm.toolkit.fluxcd.io/v2/namespaces/prod/helmreleases",
+                                   max_bytes=1 << 20)
+    assert answer.status == 200 and answer.body == {}
+    watch_set = WatchSet(cast(AgentApi, FakeApi()), Env(), AGENT, ViewLimits())
+    kind = ApiKind("helm.toolkit.fluxcd.io", "v2", "HelmRelease", "helmreleases", True, ("list", "watch"))
+    with pytest.raises(_Resync):
+        watch_set._event(kind, b'{"type":"ADDED","object":' + deep + b"}", "1")
