@@ -50,6 +50,10 @@ class Discovered:
     #: node id → object: the environment's, and the dependent kinds' others (kept for a later owner)
     members: dict[str, Mapping[str, Any]]
     candidates: dict[str, Mapping[str, Any]]
+    #: the environment's namespaces listed (at most ``limits.max_namespaces``): those to watch
+    namespaces: tuple[str, ...] = ()
+    #: the problems that say a limit cut the environment short: discovering again changes nothing
+    over_limits: tuple[KindProblem, ...] = ()
 
 
 class _Budget:
@@ -90,7 +94,13 @@ async def discover(api: AgentApi, env: EnvironmentRef, viewer: Viewer, limits: V
     budget = _Budget(limits.max_objects)
     found: dict[str, Mapping[str, Any]] = {}
     versions: dict[tuple[str, str, str], str] = {}
-    unfinished: set[tuple[ApiKind, str]] = {(k, ns) for k in listed for ns in env.namespaces}
+    namespaces = tuple(env.namespaces)[:limits.max_namespaces]
+    over_limits: list[KindProblem] = []
+    if len(env.namespaces) > limits.max_namespaces:
+        over_limits.append(KindProblem("", "", "", "", "error",
+                                       f"the environment has {len(env.namespaces)} namespaces: only the first "
+                                       f"{limits.max_namespaces} are listed and watched"))
+    unfinished: set[tuple[ApiKind, str]] = {(k, ns) for k in listed for ns in namespaces}
 
     async def list_one(kind: ApiKind, namespace: str) -> None:
         async with limiter:
@@ -146,15 +156,16 @@ async def discover(api: AgentApi, env: EnvironmentRef, viewer: Viewer, limits: V
     labelled_found = bool(members)
     await _fetch_references(get, found, members, served, budget, problems, deadline, limits)
     if budget.exceeded:
-        problems.append(KindProblem("", "", "", "", "error",
-                                    f"more than {limits.max_objects} objects: the rest are left out"))
+        over_limits.append(KindProblem("", "", "", "", "error",
+                                       f"more than {limits.max_objects} objects: the rest are left out"))
+    problems += over_limits
     kept = {i: found[i] for i in sorted(members)}
     # one problem per kind, namespace and reason (a kind's list and its GETs for Pods may both fail)
     unique = {_problem_key(p): p for p in reversed(problems)}
     snapshot = Snapshot(tuple(kept.values()), tuple(p for p in problems if unique.get(_problem_key(p)) is p),
                         None if labelled_found else no_resources_hint(env.project_id, env.slug))
     return Discovered(snapshot, listed, served, versions, kept,
-                      {i: o for i, o in found.items() if i not in members})
+                      {i: o for i, o in found.items() if i not in members}, namespaces, tuple(over_limits))
 
 
 async def _served(get: Any, problems: list[KindProblem], limiter: trio.CapacityLimiter) -> list[ApiKind]:

@@ -102,6 +102,10 @@ class ViewLimits:
     viewer_queue: int = 64
     #: seconds between re-discoveries of a watched environment (new kinds, unlabelled references)
     rediscover_interval: float = 300.0
+    #: namespaces of one environment listed and watched (its first, sorted); the rest are a problem.
+    #: An environment's namespaces are the union over its kept deployments (100 × 32): each one
+    #: costs a list per kind in every discovery and a tunnel stream per watched kind while viewed
+    max_namespaces: int = 32
     #: first and longest wait before a broken watch set discovers again (doubling between)
     backoff: tuple[float, float] = (1.0, 30.0)
 

@@ -177,8 +177,9 @@ class WatchSet:
                 self._resync()
                 # a kind not listed in time (or failing) is not watched: discover again soon, with
                 # backoff, rather than at the next periodic discovery (many views opening at once
-                # can make some lists time out)
-                incomplete = any(p.reason in ("timeout", "error") for p in self.problems)
+                # can make some lists time out); a limit's problem (too many objects, namespaces) is
+                # not one: discovering again every 30 s would only list the same too many again
+                incomplete = any(p.reason in ("timeout", "error") for p in self.problems if p not in found.over_limits)
                 self._retrying = False
                 try:
                     self.live = True
@@ -218,7 +219,7 @@ class WatchSet:
                    if k.dependent or (k.group, k.kind) in ALWAYS_WATCHED or (k.group, k.kind) in found_kinds]
         async with trio.open_nursery() as nursery:
             for kind in watched:
-                for namespace in self.env.namespaces:
+                for namespace in found.namespaces:
                     version = found.versions.get((kind.group, kind.plural, namespace))
                     if version is not None:  # listed (not forbidden, not timed out)
                         nursery.start_soon(self._watch_one, kind, namespace, version, nursery.cancel_scope)

@@ -398,3 +398,41 @@ async def test_an_answer_or_a_watch_line_nested_deeper_than_pythons_stack_is_unr
     kind = ApiKind("helm.toolkit.fluxcd.io", "v2", "HelmRelease", "helmreleases", True, ("list", "watch"))
     with pytest.raises(_Resync):
         watch_set._event(kind, b'{"type":"ADDED","object":' + deep + b"}", "1")
+
+
+async def test_an_environment_of_many_namespaces_is_listed_and_watched_in_its_first_32_and_says_so(
+        autojump_clock: trio.testing.MockClock) -> None:
+    # 100 deployments × 32 namespaces each: before, every discovery listed every kind in all of
+    # them, and a viewer opened a watch per watched kind in each — thousands of tunnel streams.
+    api = FakeApi()
+    api.objects["deployments"] = [_obj("Deployment", "hello", "d1", labels=LABELS)]
+    many = Env(namespaces=tuple(f"ns-{i:04}" for i in range(3200)))
+    watch_set = WatchSet(cast(AgentApi, api), many, AGENT, ViewLimits())
+    updates = watch_set.join()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_set.run)
+        first = await _next(updates)
+        await trio.sleep(60)
+        nursery.cancel_scope.cancel()
+    assert first.snapshot is not None
+    assert [p.message for p in first.snapshot.problems] == [
+        "the environment has 3200 namespaces: only the first 32 are listed and watched"]
+    namespaces = {path.split("/")[-2] for path in [*api.lists, *api.watching]}
+    assert namespaces == set(many.namespaces[:32])
+    assert len(api.watching) == 3 * 32 and watch_set.discoveries == 1  # (a limit is no reason to relist)
+
+
+async def test_an_environment_over_max_objects_is_not_discovered_again_every_30_seconds(
+        autojump_clock: trio.testing.MockClock) -> None:
+    api = FakeApi()
+    api.objects["deployments"] = [_obj("Deployment", f"hello-{i}", f"d{i}", labels=LABELS) for i in range(5)]
+    watch_set = WatchSet(cast(AgentApi, api), Env(), AGENT, ViewLimits(max_objects=3))
+    updates = watch_set.join()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_set.run)
+        first = await _next(updates)
+        await trio.sleep(290)  # (before: a new discovery after 1, 2, 4, 8, 16, 30, 30… s)
+        nursery.cancel_scope.cancel()
+    assert first.snapshot is not None and len(first.snapshot.objects) == 3
+    assert [p.message for p in first.snapshot.problems] == ["more than 3 objects: the rest are left out"]
+    assert watch_set.discoveries == 1
