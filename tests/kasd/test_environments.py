@@ -436,3 +436,36 @@ async def test_an_environment_over_max_objects_is_not_discovered_again_every_30_
     assert first.snapshot is not None and len(first.snapshot.objects) == 3
     assert [p.message for p in first.snapshot.problems] == ["more than 3 objects: the rest are left out"]
     assert watch_set.discoveries == 1
+
+
+async def test_a_cluster_serving_100000_kinds_costs_one_bounded_discovery_with_a_bounded_list_of_problems(
+        autojump_clock: trio.testing.MockClock) -> None:
+    # An 8 MiB discovery document names ~100,000 kinds (a hostile cluster, or CRDs by the thousand)
+    # whose lists never answer: before, a task per (kind, namespace) started at once and a problem
+    # for each one not listed, in every snapshot and SSE event.
+    api = FakeApi()
+    many = [{"resource": f"things{i}", "responseKind": {"kind": f"Thing{i:06}"}, "scope": "Namespaced",
+             "verbs": ["list", "watch"]} for i in range(100_000)]
+    plain = api.request
+    started = 0
+
+    async def request(agent_id: int, method: str, target: str, *args: Any, **kwargs: Any) -> Answer:
+        nonlocal started
+        if urlsplit(target).path == "/apis":
+            return Answer(200, {"kind": "APIGroupDiscoveryList", "items": [
+                {"metadata": {"name": "a.example.com"}, "versions": [{"version": "v1", "resources": many}]},
+                *_discovery_doc(False)["items"]]})
+        if "a.example.com" in target:
+            started += 1
+            await trio.sleep_forever()
+        return await plain(agent_id, method, target, *args, **kwargs)
+
+    api.request = request  # type: ignore[method-assign]
+    with trio.fail_after(60):
+        found = await discover(cast(AgentApi, api), Env(namespaces=("a", "b")), AGENT, ViewLimits())
+    problems = [p.message for p in found.snapshot.problems]
+    assert len(problems) == 100 and problems[0] == (
+        "the cluster serves 100003 kinds: only the first 1000 are listed")
+    assert {"/apis/apps/v1/namespaces/a/deployments", "/api/v1/namespaces/b/pods"} <= set(api.lists)
+    assert problems[-1].startswith("and ") and problems[-1].endswith(" more problems")
+    assert started <= 1000 * 2
