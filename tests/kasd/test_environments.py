@@ -469,3 +469,26 @@ async def test_a_cluster_serving_100000_kinds_costs_one_bounded_discovery_with_a
     assert {"/apis/apps/v1/namespaces/a/deployments", "/api/v1/namespaces/b/pods"} <= set(api.lists)
     assert problems[-1].startswith("and ") and problems[-1].endswith(" more problems")
     assert started <= 1000 * 2
+
+
+async def test_a_secret_is_read_as_json_however_its_path_is_spelled() -> None:
+    # The API server decodes %-escapes in a path: "/%73ecrets/" is the Secrets, and an answer in
+    # YAML is passed through as sent (not stripped): the shell must ask for JSON there too.
+    from kasd.environments import EnvironmentViews
+
+    asked: list[str] = []
+
+    class Api:
+        async def request(self, agent_id: int, method: str, target: str, body: Any = None, *, accept: str,
+                          **_: Any) -> Answer:
+            asked.append(accept)
+            return Answer(200, {"apiVersion": "v1", "kind": "Secret", "data": {"password": "czNjcmV0"},
+                                "metadata": {"name": "db"}})
+
+    views = EnvironmentViews(cast(Any, None))
+    views.api = cast(AgentApi, Api())
+    for target in ("/api/v1/namespaces/prod/secrets/db", "/api/v1/namespaces/prod/%73ecrets/db",
+                   "/api/v1/namespaces/prod/secret%73/db", "/api/v1/%73ecrets"):
+        answer = await views.request(AGENT, "GET", target, accept="application/yaml")
+        assert b"czNjcmV0" not in answer.raw
+    assert asked == ["application/json"] * 4
