@@ -151,8 +151,8 @@ class AgentApi:
         if data:
             try:
                 parsed = json.loads(bytes(data))
-            except ValueError:
-                parsed = {}
+            except (ValueError, RecursionError):  # (an object nested deeper than Python's stack: the
+                parsed = {}                        # cluster's answer, a tenant's custom resource)
         return Answer(status=answer.status, body=parsed if isinstance(parsed, dict) else {}, raw=bytes(data),
                       content_type=answer.content_type)
 

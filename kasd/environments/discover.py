@@ -50,6 +50,10 @@ class Discovered:
     #: node id → object: the environment's, and the dependent kinds' others (kept for a later owner)
     members: dict[str, Mapping[str, Any]]
     candidates: dict[str, Mapping[str, Any]]
+    #: the environment's namespaces listed (at most ``limits.max_namespaces``): those to watch
+    namespaces: tuple[str, ...] = ()
+    #: the problems that say a limit cut the environment short: discovering again changes nothing
+    over_limits: tuple[KindProblem, ...] = ()
 
 
 class _Budget:
@@ -85,12 +89,24 @@ async def discover(api: AgentApi, env: EnvironmentRef, viewer: Viewer, limits: V
                                     f"API discovery did not finish within {limits.time_cap:g} s"))
         return Discovered(Snapshot((), tuple(problems), None), [], {}, {}, {}, {})
     listed = kinds_.listable(served_kinds)
+    over_limits: list[KindProblem] = []
+    if len(listed) > limits.max_kinds:
+        over_limits.append(KindProblem("", "", "", "", "error",
+                                       f"the cluster serves {len(listed)} kinds: only the first {limits.max_kinds} "
+                                       "are listed"))
+        kept_kinds = set(sorted(listed, key=_priority)[:limits.max_kinds])
+        listed = [k for k in listed if k in kept_kinds]
     served = kinds_.served(served_kinds)
     selector = label_selector(env.project_id, env.slug)
     budget = _Budget(limits.max_objects)
     found: dict[str, Mapping[str, Any]] = {}
     versions: dict[tuple[str, str, str], str] = {}
-    unfinished: set[tuple[ApiKind, str]] = {(k, ns) for k in listed for ns in env.namespaces}
+    namespaces = tuple(env.namespaces)[:limits.max_namespaces]
+    if len(env.namespaces) > limits.max_namespaces:
+        over_limits.append(KindProblem("", "", "", "", "error",
+                                       f"the environment has {len(env.namespaces)} namespaces: only the first "
+                                       f"{limits.max_namespaces} are listed and watched"))
+    unfinished: set[tuple[ApiKind, str]] = {(k, ns) for k in listed for ns in namespaces}
 
     async def list_one(kind: ApiKind, namespace: str) -> None:
         async with limiter:
@@ -135,10 +151,21 @@ async def discover(api: AgentApi, env: EnvironmentRef, viewer: Viewer, limits: V
                                             f"{limits.kind_time_cap:g} s"))
         unfinished.discard((kind, namespace))
 
+    # max_concurrency workers taking the lists in turn: a task per list in flight, not per list
+    # (1,000 kinds × 32 namespaces would be 32,000 tasks started at once)
+    # Kubernetes' own kinds first (``_priority``): custom kinds whose lists hang (a broken conversion
+    # webhook, an aggregated API that is down) in a group sorting before "apps" must not hold every
+    # worker until the deadline while the Deployments wait
+    pairs = iter(sorted(unfinished, key=lambda p: (_priority(p[0]), p[1])))
+
+    async def worker() -> None:
+        for kind, namespace in pairs:
+            await list_one(kind, namespace)
+
     with trio.move_on_at(deadline):
         async with trio.open_nursery() as nursery:
-            for kind, namespace in sorted(unfinished, key=lambda p: (p[0].group, p[0].kind, p[1])):
-                nursery.start_soon(list_one, kind, namespace)
+            for _ in range(limits.max_concurrency):
+                nursery.start_soon(worker)
     for kind, namespace in sorted(unfinished, key=lambda p: (p[0].group, p[0].kind, p[1])):
         problems.append(KindProblem(kind.group, kind.version, kind.kind, namespace, "timeout",
                                     f"not listed within the discovery's {limits.time_cap:g} s"))
@@ -146,15 +173,21 @@ async def discover(api: AgentApi, env: EnvironmentRef, viewer: Viewer, limits: V
     labelled_found = bool(members)
     await _fetch_references(get, found, members, served, budget, problems, deadline, limits)
     if budget.exceeded:
-        problems.append(KindProblem("", "", "", "", "error",
-                                    f"more than {limits.max_objects} objects: the rest are left out"))
+        over_limits.append(KindProblem("", "", "", "", "error",
+                                       f"more than {limits.max_objects} objects: the rest are left out"))
+    problems[:0] = over_limits  # (first: the cut of the problems below never hides them)
     kept = {i: found[i] for i in sorted(members)}
     # one problem per kind, namespace and reason (a kind's list and its GETs for Pods may both fail)
     unique = {_problem_key(p): p for p in reversed(problems)}
-    snapshot = Snapshot(tuple(kept.values()), tuple(p for p in problems if unique.get(_problem_key(p)) is p),
+    problems = [p for p in problems if unique.get(_problem_key(p)) is p]
+    if len(problems) > limits.max_problems:  # (1,000 kinds timing out in 32 namespaces: 32,000 problems)
+        more = KindProblem("", "", "", "", "error", f"and {len(problems) - limits.max_problems + 1} more problems")
+        problems = [*problems[:limits.max_problems - 1], more]
+        over_limits.append(more)
+    snapshot = Snapshot(tuple(kept.values()), tuple(problems),
                         None if labelled_found else no_resources_hint(env.project_id, env.slug))
     return Discovered(snapshot, listed, served, versions, kept,
-                      {i: o for i, o in found.items() if i not in members})
+                      {i: o for i, o in found.items() if i not in members}, namespaces, tuple(over_limits))
 
 
 async def _served(get: Any, problems: list[KindProblem], limiter: trio.CapacityLimiter) -> list[ApiKind]:
@@ -242,6 +275,12 @@ async def _fetch_references(get: Any, found: dict[str, Mapping[str, Any]], membe
             problems.append(KindProblem("", "", "", "", "timeout", "objects the environment's Pods use were not "
                                         f"all read within the discovery's {limits.time_cap:g} s"))
             return
+
+
+def _priority(kind: ApiKind) -> tuple[bool, bool, str, str]:
+    """Kubernetes' own groups first (no dot, or ``*.k8s.io``; a CRD's group must have a dot), so no
+    pile of custom kinds pushes a Deployment out of ``max_kinds`` or behind the deadline."""
+    return ("." in kind.group, not kind.group.endswith(".k8s.io"), kind.group, kind.kind)
 
 
 def _problem_key(problem: KindProblem) -> tuple[str, ...]:

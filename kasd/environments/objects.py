@@ -88,25 +88,47 @@ def member_ids(objects: Iterable[Mapping[str, Any]], project_id: int, slug: str)
     CronJob's Jobs) and the EndpointSlices of member Services (``kubernetes.io/service-name``)."""
     pending = {node_id(o): o for o in objects}
     members = {i for i, o in pending.items() if labelled(o, project_id, slug)}
-    uids = {str((pending[i].get("metadata") or {}).get("uid")) for i in members}
-    services = {(_meta(pending[i], "namespace"), _meta(pending[i], "name")) for i in members
-                if pending[i].get("kind") == "Service" and group_of(pending[i]) == ""}
-    rest = {i: o for i, o in pending.items() if i not in members}
-    changed = True
-    while changed and rest:
-        changed = False
-        for i, o in list(rest.items()):
-            owners = {str(r.get("uid")) for r in (o.get("metadata") or {}).get("ownerReferences") or ()
-                      if isinstance(r, dict)}
-            slice_of = (o.get("kind") == "EndpointSlice" and
-                        (_meta(o, "namespace"), ((o.get("metadata") or {}).get("labels") or {}).get(SERVICE_NAME_LABEL))
-                        in services)
-            if owners & uids or slice_of:
-                members.add(i)
-                uids.add(str(_meta(o, "uid")))
-                del rest[i]
-                changed = True
+    # one pass to index who points at what, then a walk from the labelled objects: linear in the
+    # objects and their references whatever order a chain of owners comes in (the cluster's answer,
+    # and the owner references in it, are the tenant's to write)
+    children = adoption_index((i, o) for i, o in pending.items() if i not in members)
+    todo = list(members)
+    while todo:
+        for child in adopted(children, pending[todo.pop()]):
+            if child not in members:
+                members.add(child)
+                todo.append(child)
     return members
+
+
+def adopter_keys(obj: Mapping[str, Any]) -> tuple[str, ...]:
+    """The keys under which ``adoption_index`` files the objects ``obj`` adopts: its uid, and for a
+    core Service, its namespace and name (its EndpointSlices)."""
+    keys: tuple[str, ...] = (f"uid:{_meta(obj, 'uid')}",)
+    if obj.get("kind") == "Service" and group_of(obj) == "":
+        keys += (f"service:{_meta(obj, 'namespace')}/{_meta(obj, 'name')}",)
+    return keys
+
+
+def adoption_index(objects: Iterable[tuple[str, Mapping[str, Any]]]) -> dict[str, list[str]]:
+    """(id, object) pairs filed under each key of an owner that would adopt them (``adopter_keys``):
+    each owner reference's uid, and an EndpointSlice's Service."""
+    index: dict[str, list[str]] = {}
+    for ident, obj in objects:
+        meta = obj.get("metadata") or {}
+        refs = meta.get("ownerReferences") if isinstance(meta, dict) else None
+        for ref in refs if isinstance(refs, list) else ():
+            if isinstance(ref, dict):
+                index.setdefault(f"uid:{ref.get('uid')}", []).append(ident)
+        labels = meta.get("labels") if isinstance(meta, dict) else None
+        if obj.get("kind") == "EndpointSlice" and isinstance(labels, dict) and SERVICE_NAME_LABEL in labels:
+            index.setdefault(f"service:{_meta(obj, 'namespace')}/{labels[SERVICE_NAME_LABEL]}", []).append(ident)
+    return index
+
+
+def adopted(index: Mapping[str, list[str]], obj: Mapping[str, Any]) -> list[str]:
+    """The ids ``index`` (``adoption_index``) files under ``obj``'s keys: what it adopts."""
+    return [i for key in adopter_keys(obj) for i in index.get(key, ())]
 
 
 def references(objects: Iterable[Mapping[str, Any]]) -> set[tuple[str, str, str, str]]:

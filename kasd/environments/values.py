@@ -102,6 +102,15 @@ class ViewLimits:
     viewer_queue: int = 64
     #: seconds between re-discoveries of a watched environment (new kinds, unlabelled references)
     rediscover_interval: float = 300.0
+    #: namespaces of one environment listed and watched (its first, sorted); the rest are a problem.
+    #: An environment's namespaces are the union over its kept deployments (100 × 32): each one
+    #: costs a list per kind in every discovery and a tunnel stream per watched kind while viewed
+    max_namespaces: int = 32
+    #: kinds one discovery lists (the first, by group and kind); the rest are a problem. A discovery
+    #: document of 8 MiB names ~100,000 kinds: each a list (a task) per namespace in every discovery
+    max_kinds: int = 1000
+    #: problems one snapshot carries; past them one problem says how many more there were
+    max_problems: int = 100
     #: first and longest wait before a broken watch set discovers again (doubling between)
     backoff: tuple[float, float] = (1.0, 30.0)
 

@@ -13,7 +13,7 @@ import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import attrs
 import trio
@@ -153,7 +153,7 @@ class EnvironmentViews:
         managedFields). A Secret is always read as JSON, whatever ``accept`` asks (its values are
         dropped from the JSON; YAML would be passed through as sent). No watches here."""
         _refuse_watch(target)
-        if _SECRETS.match(urlsplit(target).path):
+        if _SECRETS.match(unquote(urlsplit(target).path)):  # (as the API server reads it: %73ecrets too)
             accept = "application/json"
         answer = await self.api.request(viewer.agent_id, method, target, body, impersonate=viewer.identity,
                                         accept=accept, content_type=content_type,
@@ -184,7 +184,7 @@ class EnvironmentViews:
                         break
                 try:
                     message = str(json.loads(bytes(data)).get("message") or "")
-                except (ValueError, AttributeError):
+                except (ValueError, AttributeError, RecursionError):
                     message = ""
                 raise AgentRequestError(answer.status, message or f"HTTP {answer.status}")
             yield answer.chunks()

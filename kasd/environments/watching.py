@@ -40,6 +40,8 @@ from kasd.environments.discover import Discovered, discover
 from kasd.environments.kinds import ApiKind
 from kasd.environments.objects import (
     SERVICE_NAME_LABEL,
+    adopted,
+    adoption_index,
     group_of,
     label_selector,
     labelled,
@@ -175,8 +177,9 @@ class WatchSet:
                 self._resync()
                 # a kind not listed in time (or failing) is not watched: discover again soon, with
                 # backoff, rather than at the next periodic discovery (many views opening at once
-                # can make some lists time out)
-                incomplete = any(p.reason in ("timeout", "error") for p in self.problems)
+                # can make some lists time out); a limit's problem (too many objects, namespaces) is
+                # not one: discovering again every 30 s would only list the same too many again
+                incomplete = any(p.reason in ("timeout", "error") for p in self.problems if p not in found.over_limits)
                 self._retrying = False
                 try:
                     self.live = True
@@ -216,7 +219,7 @@ class WatchSet:
                    if k.dependent or (k.group, k.kind) in ALWAYS_WATCHED or (k.group, k.kind) in found_kinds]
         async with trio.open_nursery() as nursery:
             for kind in watched:
-                for namespace in self.env.namespaces:
+                for namespace in found.namespaces:
                     version = found.versions.get((kind.group, kind.plural, namespace))
                     if version is not None:  # listed (not forbidden, not timed out)
                         nursery.start_soon(self._watch_one, kind, namespace, version, nursery.cancel_scope)
@@ -268,7 +271,7 @@ class WatchSet:
         (410 Expired among them) or a line that is not an event."""
         try:
             event = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # (nested deeper than Python's stack)
             raise _Resync from None
         kind_of_event = event.get("type") if isinstance(event, dict) else None
         obj = event.get("object") if isinstance(event, dict) else None
@@ -310,21 +313,33 @@ class WatchSet:
             self.candidates[ident] = obj
 
     def _add(self, ident: str, obj: Mapping[str, Any]) -> None:
-        if ident not in self.members and len(self.members) >= self.limits.max_objects:
-            return
-        self.candidates.pop(ident, None)
-        added = ident not in self.members
-        self.members[ident] = obj
-        self._uids[str((obj.get("metadata") or {}).get("uid"))] = ident
-        self._publish(Update("ADDED" if added else "MODIFIED", obj, None))
-        if added:
-            # a new owner adopts what came before it (a Pod's event may beat its ReplicaSet's)
-            for other_id, other in list(self.candidates.items()):
-                if other_id in self.candidates and self._is_member(other):
-                    self._add(other_id, other)
-        if obj.get("kind") == "Pod" and not group_of(obj) and \
-                _reference_ids([obj]) - set(self.members) - self._unreadable:
-            self._soon.set()
+        # A new member adopts the candidates that came before it (a Pod's event may beat its
+        # ReplicaSet's), and they theirs: a walk over one index of the candidates built for this
+        # event, not a scan of every candidate per object adopted — owner references are the
+        # tenant's to write, and a chain of thousands must cost one pass, not a pass per link
+        # (nor a Python frame per link).
+        index: dict[str, list[str]] | None = None
+        todo = [(ident, obj)]
+        queued: set[str] = set()
+        while todo:
+            ident, obj = todo.pop()
+            if ident not in self.members and len(self.members) >= self.limits.max_objects:
+                continue
+            self.candidates.pop(ident, None)
+            added = ident not in self.members
+            self.members[ident] = obj
+            self._uids[str((obj.get("metadata") or {}).get("uid"))] = ident
+            self._publish(Update("ADDED" if added else "MODIFIED", obj, None))
+            if added and self.candidates:
+                if index is None:
+                    index = adoption_index(self.candidates.items())
+                for child in adopted(index, obj):
+                    if child in self.candidates and child not in queued:
+                        queued.add(child)
+                        todo.append((child, self.candidates[child]))
+            if obj.get("kind") == "Pod" and not group_of(obj) and any(
+                    r not in self.members and r not in self._unreadable for r in _reference_ids([obj])):
+                self._soon.set()
 
 
 _DEPENDENT_KINDS = frozenset({("apps", "ReplicaSet"), ("", "Pod"), ("batch", "Job"),

@@ -89,12 +89,14 @@ def written_namespace(method: str, target: str) -> str:
 
 def created_namespace(body: bytes) -> str:
     """The name of the Namespace a create's body makes, JSON or Kubernetes protobuf (kubectl 1.35+
-    sends ``kubectl create namespace`` as protobuf); "" if it says none."""
+    sends ``kubectl create namespace`` as protobuf); "" if it says none. Never raises: it runs in
+    the pipeline's ``finally``, on bytes the job chose (the API server accepts JSON nested 10,000
+    deep in an unknown field; Python's parser gives up at about 1,000 with a RecursionError)."""
     if body.startswith(_PROTOBUF_MAGIC):
         return _protobuf_namespace(body[len(_PROTOBUF_MAGIC):])
     try:
         obj = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # (16 KiB of `[` nest deeper than the interpreter's stack)
         return ""
     metadata = obj.get("metadata") if isinstance(obj, dict) and obj.get("kind") == "Namespace" else None
     name = metadata.get("name") if isinstance(metadata, dict) else None

@@ -247,7 +247,7 @@ class WebApp:
             else:
                 data = json.loads(body or b"null")
                 token = data.get("token") if isinstance(data, dict) else None
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # (a stranger's `[[[[…`: not a 500)
             token = None
         if not isinstance(token, str) or not token.strip():
             raise ApiRefusal(400, '400 Bad Request: send {"token": "<personal token>"} as JSON, or a form with token')

@@ -205,3 +205,18 @@ async def test_the_history_kept_is_a_setting_the_store_is_opened_with(tmp_path: 
     with pytest.raises(ConfigError, match=r"^environments\.history_retention: '3x' is not a duration \(seconds, or "
                                           r"a number with s, m, h or d: 90d\)"):
         make_config({"environments": {"history_retention": "3x"}})
+
+
+async def test_hostile_environment_names_and_paths_are_kept_exactly_under_one_hash_tag(opener: Opener) -> None:
+    # what a token's claims may say (GitLab allows 255 characters in a name): braces (Redis hash
+    # tags), newlines, the key separator, non-ASCII, a NUL
+    names = ["{envs}\n:x}", "é" * 255, "a:b:c", "x\x00y", "}" * 40 + "{"]
+    async with opener() as one:
+        recorded = [await one.record_deployment(deployment(environment=name, slug=f"s{i}", project="g/{a}\n",
+                                                           at=NOW + i)) for i, name in enumerate(names)]
+    async with opener() as two:
+        for env, name in zip(recorded, names, strict=True):
+            read = await two.environment_named(42, name)
+            assert read is not None and read.id == env.id and read.name == name and read.project == "g/{a}\n"
+        assert len({e.id for e in recorded}) == len(names)
+        assert sorted(e.name for e in await two.environments(project_id=42)) == sorted(names)

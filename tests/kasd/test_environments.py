@@ -23,6 +23,7 @@ from kasd.environments.discover import discover
 from kasd.environments.kinds import (
     DISCOVERY_ACCEPT,
     SKIPPED,
+    ApiKind,
     from_aggregated,
     from_resource_list,
     legacy_group_versions,
@@ -325,3 +326,169 @@ def test_the_views_figures_are_kasd_metrics() -> None:
             "kasd_environment_viewers_dropped_total 1.0", 'kasd_environment_snapshots_total{answered_by="discovery"} 4.0',
             'kasd_environment_snapshots_total{answered_by="shared"} 1.0',
             'kasd_environment_snapshots_total{answered_by="view"} 6.0'} <= lines
+
+
+def test_a_chain_of_owners_the_tenant_wrote_costs_one_pass_in_discovery_and_in_a_watch_set() -> None:
+    # 4,999 Jobs each owned by the one before, the first by a labelled Deployment, listed (and
+    # watched) child first: before, discovery scanned every object once per link (9 s of a blocked
+    # event loop) and the watch set adopted them one Python frame per link (a RecursionError after
+    # 10 s); now both are one walk over an index.
+    import time
+
+    from kasd.environments.objects import member_ids
+
+    def job(i: int) -> dict[str, Any]:
+        owner = "d1" if i == 0 else f"j{i - 1}"
+        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+            "name": f"job-{i}", "namespace": "prod", "uid": f"j{i}", "ownerReferences": [{"uid": owner}]}}
+
+    jobs = [job(i) for i in reversed(range(4999))]
+    deployment = _obj("Deployment", "hello", "d1", labels=LABELS)
+    began = time.perf_counter()
+    assert len(member_ids([*jobs, deployment], 42, "production")) == 5000
+    watch_set = WatchSet(cast(AgentApi, FakeApi()), Env(), AGENT, ViewLimits())
+    updates = watch_set.join()
+    for obj in jobs:
+        watch_set._apply("ADDED", obj)
+    watch_set._apply("ADDED", deployment)
+    assert len(watch_set.members) == 5000 and not watch_set.candidates
+    assert time.perf_counter() - began < 2.0
+    assert watch_set.dropped == 1  # (the viewer's queue of 64 overflowed: dropped, as designed)
+    assert updates.too_slow
+
+
+async def test_an_answer_or_a_watch_line_nested_deeper_than_pythons_stack_is_unreadable_not_a_crash() -> None:
+    # A custom resource whose schema keeps unknown fields (a HelmRelease's values) may nest 10,000
+    # deep on a real API server; Python's JSON parser raises RecursionError past ~1,000, which no
+    # caller of AgentApi.request or the watch expected (discovery failed with it).
+    from kasd.environments.watching import _Resync
+
+    deep = b'{"kind":"HelmRelease","spec":{"values":' + b"[" * 5000 + b"]" * 5000 + b"}}"
+
+    class DeepStream:
+        def __init__(self) -> None:
+            self.sent = False
+
+        async def send_all(self, data: bytes) -> None: ...
+        async def send_eof(self) -> None: ...
+        async def aclose(self) -> None: ...
+
+        async def receive_some(self, max_bytes: int) -> bytes:
+            if self.sent:
+                return b""
+            self.sent = True
+            return deep
+
+    api = AgentApi(cast(Any, None))
+    import kasd.agentclient as agentclient
+
+    async def open_stream(router: Any, agent_id: int, metadata: Any) -> DeepStream:
+        return DeepStream()
+
+    async def response_head(router: Any, stream: Any, agent_id: int) -> Any:
+        return attrs.make_class("Head", ["status", "headers"])(200, (("content-type", "application/json"),))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(agentclient, "open_stream", open_stream)
+        patch.setattr(agentclient, "response_head", response_head)
+        answer = await api.request(7, "GET", "/apis/helm.toolkit.fluxcd.io/v2/namespaces/prod/helmreleases",
+                                   max_bytes=1 << 20)
+    assert answer.status == 200 and answer.body == {}
+    watch_set = WatchSet(cast(AgentApi, FakeApi()), Env(), AGENT, ViewLimits())
+    kind = ApiKind("helm.toolkit.fluxcd.io", "v2", "HelmRelease", "helmreleases", True, ("list", "watch"))
+    with pytest.raises(_Resync):
+        watch_set._event(kind, b'{"type":"ADDED","object":' + deep + b"}", "1")
+
+
+async def test_an_environment_of_many_namespaces_is_listed_and_watched_in_its_first_32_and_says_so(
+        autojump_clock: trio.testing.MockClock) -> None:
+    # 100 deployments × 32 namespaces each: before, every discovery listed every kind in all of
+    # them, and a viewer opened a watch per watched kind in each — thousands of tunnel streams.
+    api = FakeApi()
+    api.objects["deployments"] = [_obj("Deployment", "hello", "d1", labels=LABELS)]
+    many = Env(namespaces=tuple(f"ns-{i:04}" for i in range(3200)))
+    watch_set = WatchSet(cast(AgentApi, api), many, AGENT, ViewLimits())
+    updates = watch_set.join()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_set.run)
+        first = await _next(updates)
+        await trio.sleep(60)
+        nursery.cancel_scope.cancel()
+    assert first.snapshot is not None
+    assert [p.message for p in first.snapshot.problems] == [
+        "the environment has 3200 namespaces: only the first 32 are listed and watched"]
+    namespaces = {path.split("/")[-2] for path in [*api.lists, *api.watching]}
+    assert namespaces == set(many.namespaces[:32])
+    assert len(api.watching) == 3 * 32 and watch_set.discoveries == 1  # (a limit is no reason to relist)
+
+
+async def test_an_environment_over_max_objects_is_not_discovered_again_every_30_seconds(
+        autojump_clock: trio.testing.MockClock) -> None:
+    api = FakeApi()
+    api.objects["deployments"] = [_obj("Deployment", f"hello-{i}", f"d{i}", labels=LABELS) for i in range(5)]
+    watch_set = WatchSet(cast(AgentApi, api), Env(), AGENT, ViewLimits(max_objects=3))
+    updates = watch_set.join()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_set.run)
+        first = await _next(updates)
+        await trio.sleep(290)  # (before: a new discovery after 1, 2, 4, 8, 16, 30, 30… s)
+        nursery.cancel_scope.cancel()
+    assert first.snapshot is not None and len(first.snapshot.objects) == 3
+    assert [p.message for p in first.snapshot.problems] == ["more than 3 objects: the rest are left out"]
+    assert watch_set.discoveries == 1
+
+
+async def test_a_cluster_serving_100000_kinds_costs_one_bounded_discovery_with_a_bounded_list_of_problems(
+        autojump_clock: trio.testing.MockClock) -> None:
+    # An 8 MiB discovery document names ~100,000 kinds (a hostile cluster, or CRDs by the thousand)
+    # whose lists never answer: before, a task per (kind, namespace) started at once and a problem
+    # for each one not listed, in every snapshot and SSE event.
+    api = FakeApi()
+    many = [{"resource": f"things{i}", "responseKind": {"kind": f"Thing{i:06}"}, "scope": "Namespaced",
+             "verbs": ["list", "watch"]} for i in range(100_000)]
+    plain = api.request
+    started = 0
+
+    async def request(agent_id: int, method: str, target: str, *args: Any, **kwargs: Any) -> Answer:
+        nonlocal started
+        if urlsplit(target).path == "/apis":
+            return Answer(200, {"kind": "APIGroupDiscoveryList", "items": [
+                {"metadata": {"name": "a.example.com"}, "versions": [{"version": "v1", "resources": many}]},
+                *_discovery_doc(False)["items"]]})
+        if "a.example.com" in target:
+            started += 1
+            await trio.sleep_forever()
+        return await plain(agent_id, method, target, *args, **kwargs)
+
+    api.request = request  # type: ignore[method-assign]
+    with trio.fail_after(60):
+        found = await discover(cast(AgentApi, api), Env(namespaces=("a", "b")), AGENT, ViewLimits())
+    problems = [p.message for p in found.snapshot.problems]
+    assert len(problems) == 100 and problems[0] == (
+        "the cluster serves 100003 kinds: only the first 1000 are listed")
+    assert {"/apis/apps/v1/namespaces/a/deployments", "/api/v1/namespaces/b/pods"} <= set(api.lists)
+    assert problems[-1].startswith("and ") and problems[-1].endswith(" more problems")
+    assert started <= 1000 * 2
+
+
+async def test_a_secret_is_read_as_json_however_its_path_is_spelled() -> None:
+    # The API server decodes %-escapes in a path: "/%73ecrets/" is the Secrets, and an answer in
+    # YAML is passed through as sent (not stripped): the shell must ask for JSON there too.
+    from kasd.environments import EnvironmentViews
+
+    asked: list[str] = []
+
+    class Api:
+        async def request(self, agent_id: int, method: str, target: str, body: Any = None, *, accept: str,
+                          **_: Any) -> Answer:
+            asked.append(accept)
+            return Answer(200, {"apiVersion": "v1", "kind": "Secret", "data": {"password": "czNjcmV0"},
+                                "metadata": {"name": "db"}})
+
+    views = EnvironmentViews(cast(Any, None))
+    views.api = cast(AgentApi, Api())
+    for target in ("/api/v1/namespaces/prod/secrets/db", "/api/v1/namespaces/prod/%73ecrets/db",
+                   "/api/v1/namespaces/prod/secret%73/db", "/api/v1/%73ecrets"):
+        answer = await views.request(AGENT, "GET", target, accept="application/yaml")
+        assert b"czNjcmV0" not in answer.raw
+    assert asked == ["application/json"] * 4

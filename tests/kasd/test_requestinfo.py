@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from kasd.k8sproxy.requestinfo import RequestInfo, created_namespace, request_info
 
@@ -63,3 +65,21 @@ KUBECTL_PROTOBUF = (b"k8s\x00\n\x0f\n\x02v1\x12\tNamespace\x12" + bytes([len(_NA
 )
 def test_the_name_a_namespace_create_makes_is_read_from_json_or_protobuf(body: bytes, name: str) -> None:
     assert created_namespace(body) == name
+
+
+@pytest.mark.timeout(5)
+def test_a_namespace_create_body_nested_deeper_than_pythons_stack_names_nothing_and_never_raises() -> None:
+    # The API server accepts JSON nested 10,000 deep in an unknown field (fieldValidation Warn): the
+    # create succeeds, and this runs in the pipeline's `finally` — before, a RecursionError there.
+    deep = b'{"apiVersion":"v1","kind":"Namespace","x":' + b"[" * 16000
+    assert created_namespace(deep) == ""
+    assert created_namespace(b"[" * 16384) == ""
+
+
+@pytest.mark.timeout(30)
+@hypothesis.settings(max_examples=400, deadline=200, suppress_health_check=[hypothesis.HealthCheck.too_slow])
+@hypothesis.given(body=st.binary(max_size=16384), protobuf=st.booleans())
+def test_any_16_kib_a_job_sends_as_a_namespace_create_is_read_in_bounded_time_without_raising(
+        body: bytes, protobuf: bool) -> None:
+    name = created_namespace((b"k8s\x00" if protobuf else b"") + body)
+    assert name == "" or (name.isascii() and len(name) <= 63)

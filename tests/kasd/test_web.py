@@ -501,3 +501,9 @@ async def test_agents_among_replicas_name_the_replica_holding_a_tunnel_elsewhere
         1: [{"pod": None, "version": None, "since": None, "replica": "kasd-1"}]}
     assert directory.asked == [1, 2]
     assert await RegistryAgents(TunnelRegistry(), "kasd").connections([1]) == {}  # a lone kasd
+
+
+async def test_a_sign_in_body_nested_deeper_than_pythons_stack_is_a_400_not_a_500() -> None:
+    app, _ = _app()
+    reply = await call(app, "POST", "/-/sign_in", [("content-type", "application/json")], b"[" * 100_000)
+    assert reply.status == 400 and "token" in reply.json()["message"]
