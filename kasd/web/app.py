@@ -17,6 +17,7 @@ import attrs
 import trio
 import yaml
 from starlette.applications import Starlette
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
@@ -40,6 +41,7 @@ from kasd.web.auth import (
     authenticate,
     group_for,
     project_for,
+    small_int,
     verify_token,
     viewer_for,
 )
@@ -90,6 +92,24 @@ MAX_TAIL_LINES = 100_000
 T = TypeVar("T")
 
 
+class _EnvIdConvertor(Convertor[int]):
+    """An environment id in a path: digits, of which more than 19 (ids are 63-bit) are no id (0, which
+    the handlers answer as not found after the caller is known, as any unknown id), where Starlette's
+    ``int`` convertor would hand them to ``int()``, which raises past 4,300 digits (a 500 a stranger
+    could cause at will)."""
+
+    regex = "[0-9]+"
+
+    def convert(self, value: str) -> int:
+        return small_int(value) or 0
+
+    def to_string(self, value: int) -> str:
+        return str(value)
+
+
+register_url_convertor("env_id", _EnvIdConvertor())
+
+
 @attrs.frozen(kw_only=True)
 class WebSettings:
     #: origins (``https://host[:port]``) whose pages may call the API (``web.cors_origins``); none by default
@@ -128,23 +148,23 @@ class WebApp:
             Route("/-/sign_out", self.sign_out, methods=["POST"]),
             Route("/-/session", self.session, methods=["GET"]),
             Route("/api/v4/projects/{project:path}/environments", self.project_environments, methods=["GET"]),
-            Route("/api/v4/projects/{project:path}/environments/{env_id:int}", self.project_environment,
+            Route("/api/v4/projects/{project:path}/environments/{env_id:env_id}", self.project_environment,
                   methods=["GET"]),
             Route("/api/v4/groups/{group:path}/environments", self.group_environments, methods=["GET"]),
             Route("/api/kasd/v1/openapi.json", self.openapi_document, methods=["GET"]),
             Route("/api/kasd/v1/agents", self.agents, methods=["GET"]),
-            Route("/api/kasd/v1/environments/{env_id:int}", self.environment, methods=["GET"]),
-            Route("/api/kasd/v1/environments/{env_id:int}/resources", self.resources, methods=["GET"]),
-            Route("/api/kasd/v1/environments/{env_id:int}/resources/watch", self.watch, methods=["GET"]),
-            Route("/api/kasd/v1/environments/{env_id:int}/deployments", self.deployments, methods=["GET"]),
-            Route("/api/kasd/v1/environments/{env_id:int}/objects/{group}/{version}/{kind}/{namespace}/{name}",
+            Route("/api/kasd/v1/environments/{env_id:env_id}", self.environment, methods=["GET"]),
+            Route("/api/kasd/v1/environments/{env_id:env_id}/resources", self.resources, methods=["GET"]),
+            Route("/api/kasd/v1/environments/{env_id:env_id}/resources/watch", self.watch, methods=["GET"]),
+            Route("/api/kasd/v1/environments/{env_id:env_id}/deployments", self.deployments, methods=["GET"]),
+            Route("/api/kasd/v1/environments/{env_id:env_id}/objects/{group}/{version}/{kind}/{namespace}/{name}",
                   self.object, methods=["GET"]),
-            Route("/api/kasd/v1/environments/{env_id:int}/objects/{group}/{version}/{kind}/{namespace}/{name}/events",
+            Route("/api/kasd/v1/environments/{env_id:env_id}/objects/{group}/{version}/{kind}/{namespace}/{name}/events",
                   self.events, methods=["GET"]),
-            Route("/api/kasd/v1/environments/{env_id:int}/pods/{namespace}/{name}/log", self.pod_log, methods=["GET"]),
-            Route("/api/kasd/v1/environments/{env_id:int}/pods/{namespace}/{name}", self.delete_pod,
+            Route("/api/kasd/v1/environments/{env_id:env_id}/pods/{namespace}/{name}/log", self.pod_log, methods=["GET"]),
+            Route("/api/kasd/v1/environments/{env_id:env_id}/pods/{namespace}/{name}", self.delete_pod,
                   methods=["DELETE"]),
-            Route("/api/kasd/v1/environments/{env_id:int}/flux/{kind}/{namespace}/{name}/reconcile", self.reconcile,
+            Route("/api/kasd/v1/environments/{env_id:env_id}/flux/{kind}/{namespace}/{name}/reconcile", self.reconcile,
                   methods=["POST"]),
         ]
         self.routes = routes
@@ -189,10 +209,11 @@ class WebApp:
         """Through which agent: ``?agent=`` (one of the environment's), else its last deployment's."""
         asked = request.query_params.get("agent")
         if asked is not None:
-            if not (asked.isascii() and asked.isdigit()) or int(asked) not in env.agents:
+            number = small_int(asked)
+            if number is None or number not in env.agents:
                 raise ApiRefusal(400, f"400 Bad Request: agent must be one of the environment's agents "
                                    f"({', '.join(map(str, env.agents)) or 'none'})")
-            agent_id = int(asked)
+            agent_id = number
         elif env.last_deployment is not None:
             agent_id = env.last_deployment.agent_id
         elif env.agents:
@@ -535,9 +556,10 @@ def _name(text: str, what: str) -> str:
 def _number(text: str | None, what: str, default: int, low: int, high: int) -> int:
     if text is None or text == "":
         return default
-    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
+    number = small_int(text)
+    if number is None or not low <= number <= high:
         raise ApiRefusal(400, f"400 Bad Request: {what} must be a whole number from {low} to {high}")
-    return int(text)
+    return number
 
 
 def _state(text: str | None) -> str | None:

@@ -36,6 +36,14 @@ class ApiRefusal(Exception):
 
 
 UNAUTHORIZED = "401 Unauthorized"
+#: the most digits an id or a number of a request may have (ids are 63-bit: 19 digits); longer is no
+#: id at all, never handed to ``int()`` (which refuses over 4,300 digits and is slow well before)
+MAX_DIGITS = 19
+
+
+def small_int(text: str) -> int | None:
+    """``text`` as a whole number when it is ASCII digits only and at most ``MAX_DIGITS`` of them, else None."""
+    return int(text) if 0 < len(text) <= MAX_DIGITS and text.isascii() and text.isdigit() else None
 
 
 @attrs.frozen(kw_only=True)
@@ -121,7 +129,9 @@ def project_for(snapshot: Snapshot, caller: Caller, ident: str, *, need: Role = 
     not (unknown or not a member: GitLab does not tell them apart), 403 below ``need`` (GitLab's
     bare ``403 Forbidden``; kasd's own paths, ``explain``, say which role)."""
     directory = snapshot.directory
-    project = directory.project_by_id(int(ident)) if ident.isascii() and ident.isdigit() else directory.project(ident)
+    number = small_int(ident)
+    project = directory.project_by_id(number) if number is not None else (
+        None if ident.isascii() and ident.isdigit() else directory.project(ident))
     role = directory.role_of(caller.username, project) if project is not None else None
     if project is None or role is None:
         raise ApiRefusal(404, "404 Project Not Found")
@@ -133,7 +143,9 @@ def project_for(snapshot: Snapshot, caller: Caller, ident: str, *, need: Role = 
 
 def group_for(snapshot: Snapshot, caller: Caller, ident: str) -> Group:
     directory = snapshot.directory
-    group = directory.group_by_id(int(ident)) if ident.isascii() and ident.isdigit() else directory.group(ident)
+    number = small_int(ident)
+    group = directory.group_by_id(number) if number is not None else (
+        None if ident.isascii() and ident.isdigit() else directory.group(ident))
     # a member of one of its projects sees it too (as GitLab shows a private group to them)
     if group is None or (directory.group_role(caller.username, group) is None and not any(
             p.path.lower().startswith(group.path.lower() + "/") and directory.role_of(caller.username, p) is not None

@@ -417,7 +417,7 @@ def test_the_openapi_document_is_served_kept_in_docs_and_describes_every_route()
     snap = snapshot()
     web = WebApp(lambda: snap, FakeStore(), FakeViews(), FakeAgents(), key=KEY, graph_of=fake_graph)
     for route in web.routes:
-        path = route.path.replace(":path}", "}").replace(":int}", "}")
+        path = route.path.replace(":path}", "}").replace(":int}", "}").replace(":env_id}", "}")
         assert path in doc["paths"], path
         assert set(m.lower() for m in route.methods or ()) - {"head"} <= set(doc["paths"][path]), path
 
@@ -501,3 +501,21 @@ async def test_agents_among_replicas_name_the_replica_holding_a_tunnel_elsewhere
         1: [{"pod": None, "version": None, "since": None, "replica": "kasd-1"}]}
     assert directory.asked == [1, 2]
     assert await RegistryAgents(TunnelRegistry(), "kasd").connections([1]) == {}  # a lone kasd
+
+
+async def test_a_number_of_thousands_of_digits_anywhere_is_a_clear_4xx_never_a_500() -> None:
+    # Python's int() refuses a string of over 4,300 digits: every id and number a request carries
+    # (path, query, with or without credentials) is refused by its length before it gets there
+    app, _ = _app()
+    big = "1" * 5000
+    for path, status in ((f"/api/kasd/v1/environments/{big}", 404), (f"/api/v4/projects/{big}/environments", 404),
+                         (f"/api/v4/groups/{big}/environments", 404), (f"/api/v4/projects/42/environments/{big}", 404),
+                         (f"/api/kasd/v1/environments/1/deployments?limit={big}", 400),
+                         (f"/api/v4/projects/42/environments?page={big}", 400),
+                         (f"/api/kasd/v1/environments/1/resources?agent={big}", 400),
+                         (f"/api/kasd/v1/environments/1/pods/prod/hello-1/log?tailLines={big}", 400)):
+        reply = await call(app, "GET", path, _token("alice"))
+        assert reply.status == status, (path[:60], reply.status)
+        assert "message" in reply.json() or "error" in reply.json()
+    stranger = await call(app, "GET", f"/api/kasd/v1/environments/{big}/resources")
+    assert stranger.status == 401  # (as for any id: who asks is checked first)
