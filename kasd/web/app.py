@@ -7,8 +7,13 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import (
+    AbstractAsyncContextManager,
+    AsyncExitStack,
+    asynccontextmanager,
+    contextmanager,
+)
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, quote
@@ -118,6 +123,8 @@ class WebSettings:
     tls: bool = False
     #: sign-in attempts per source per minute (and the burst)
     sign_in_per_minute: float = 10.0
+    #: live answers (the graph's SSE, pod logs) one person may have open at once on this kasd
+    max_streams_per_user: int = 16
 
 
 class WebApp:
@@ -141,6 +148,8 @@ class WebApp:
         self._graph_of = graph_of
         #: each live view's graph, built once per change for all its viewers
         self._graphs = SharedGraphs()
+        #: open live answers by user (``max_streams_per_user`` each)
+        self._streams: dict[str, int] = {}
         self._limit = SignInLimit(clock, per_minute=settings.sign_in_per_minute,
                                   burst=max(1, int(settings.sign_in_per_minute)))
         routes = [
@@ -228,14 +237,31 @@ class WebApp:
         return ApiRefusal(status, f"{status} {str(getattr(exc, 'message', '') or exc)[:300]}")
 
     @asynccontextmanager
-    async def _opened(self, source: AbstractAsyncContextManager[T]) -> AsyncIterator[T]:
-        """``source`` entered, its refusal on entering (the agent's) the caller's answer."""
+    async def _opened(self, source: AbstractAsyncContextManager[T], caller: Caller) -> AsyncIterator[T]:
+        """``source`` entered, its refusal on entering (the agent's) the caller's answer; while it is
+        open it holds one of ``caller``'s ``max_streams_per_user`` (one more is ``429``)."""
         async with AsyncExitStack() as stack:
+            stack.enter_context(self._stream_slot(caller))
             try:
                 value = await stack.enter_async_context(source)
             except self._agent_errors as exc:
                 raise self._agent_refusal(exc) from None
             yield value
+
+    @contextmanager
+    def _stream_slot(self, caller: Caller) -> Iterator[None]:
+        key = caller.username.lower()
+        held = self._streams.get(key, 0)
+        if held >= self._settings.max_streams_per_user:
+            raise ApiRefusal(429, f"429 Too Many Requests: {held} live streams (graph or log) are open for this user "
+                                  f"on this kasd, the most it allows; close one first", {"retry-after": "10"})
+        self._streams[key] = held + 1
+        try:
+            yield
+        finally:
+            left = self._streams.pop(key) - 1
+            if left:
+                self._streams[key] = left
 
     async def _env_snapshot(self, env: EnvironmentLike, viewer: Viewer) -> SnapshotLike:
         try:
@@ -389,7 +415,7 @@ class WebApp:
     async def watch(self, request: Request) -> Response:
         snapshot, caller, env = await self._environment(request)
         viewer = self._viewer(request, snapshot, caller, env)
-        return graph_events(lambda: self._opened(self._views.watch(env, viewer)),
+        return graph_events(lambda: self._opened(self._views.watch(env, viewer), caller),
                             lambda objects: self._graph_of(objects, labels_of(env)),
                             shared=(self._graphs, (env.id, viewer.agent_id, viewer.key)),
                             shown=(*self._agent_errors, ViewerTooSlow))
@@ -462,7 +488,7 @@ class WebApp:
             params.append(("tailLines", str(_number(q.get("tailLines"), "tailLines", 0, 0, MAX_TAIL_LINES))))
         query = "&".join(f"{k}={quote(v, safe='')}" for k, v in params)
         target = f"/api/v1/namespaces/{namespace}/pods/{name}/log" + (f"?{query}" if query else "")
-        return text_stream(lambda: self._opened(self._views.stream(viewer, target)), shown=self._agent_errors)
+        return text_stream(lambda: self._opened(self._views.stream(viewer, target), caller), shown=self._agent_errors)
 
     async def delete_pod(self, request: Request) -> Response:
         snapshot, caller, env = await self._environment(request, need=Role.DEVELOPER)

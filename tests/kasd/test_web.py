@@ -519,3 +519,24 @@ async def test_a_number_of_thousands_of_digits_anywhere_is_a_clear_4xx_never_a_5
         assert "message" in reply.json() or "error" in reply.json()
     stranger = await call(app, "GET", f"/api/kasd/v1/environments/{big}/resources")
     assert stranger.status == 401  # (as for any id: who asks is checked first)
+
+
+async def test_one_person_may_hold_only_a_few_live_streams_open_at_once(autojump_clock: trio.testing.MockClock) -> None:
+    # each open graph stream or followed log holds a watch or a log stream through the agent: one
+    # person (many tabs, a script, many source addresses) cannot open them without bound
+    app, _ = _app(max_streams_per_user=2)
+    leave = trio.Event()
+    async with trio.open_nursery() as nursery:
+        for _ in range(2):
+            nursery.start_soon(_viewer, app, [], leave)
+        await trio.testing.wait_all_tasks_blocked()
+        for path in ("/api/kasd/v1/environments/1/resources/watch",
+                     "/api/kasd/v1/environments/1/pods/prod/hello-1/log?follow=true"):
+            with trio.fail_after(5):  # (a stream let through would never end)
+                refused = await call(app, "GET", path, _token("alice"))
+            assert refused.status == 429, (path, refused.status)
+            assert "live streams" in refused.json()["message"] and refused.headers["retry-after"] == "10"
+        leave.set()
+    # closed streams give their places back
+    log = await call(app, "GET", "/api/kasd/v1/environments/1/pods/prod/hello-1/log", _token("alice"))
+    assert (log.status, log.body) == (200, b"line 1\nline 2\n")
