@@ -300,7 +300,8 @@ class WebApp:
             raise ApiRefusal(400, '400 Bad Request: send {"token": "<personal token>"} as JSON, or a form with token')
         now = self._clock()
         caller = verify_token(self._snapshot(), token.strip(), now)
-        session = self._signer.new(caller.username, caller.expires, caller.token_id, now)
+        session = self._signer.new(caller.username, caller.expires, caller.token_id, now,
+                                   key_id=caller.key_id)
         answer: Response
         if form:  # a browser's form: to the dashboard, which asks GET /-/session for the CSRF token
             answer = RedirectResponse("/-/dashboard/", status_code=303)

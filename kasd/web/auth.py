@@ -55,6 +55,8 @@ class Caller:
     #: until when (seconds since the epoch) the proof holds
     expires: int = 0
     token_id: str = ""
+    #: the ``kid`` of the key that signed the token
+    key_id: str = ""
 
 
 def _header(request: Request, name: str) -> str | None:
@@ -95,7 +97,8 @@ def verify_token(snapshot: Snapshot, token: str, now: float) -> Caller:
     if snapshot.directory.user(claims.user) is None:
         raise ApiRefusal(401, f"{UNAUTHORIZED}: user {claims.user!r} is not known to kasd")
     assert claims.stamp is not None
-    return Caller(username=claims.user, via="token", expires=claims.stamp.expires_at, token_id=claims.stamp.token_id)
+    return Caller(username=claims.user, via="token", expires=claims.stamp.expires_at, token_id=claims.stamp.token_id,
+                  key_id=claims.stamp.key_id)
 
 
 def authenticate(request: Request, snapshot: Snapshot, signer: SessionSigner, now: float) -> Caller:
@@ -107,15 +110,20 @@ def authenticate(request: Request, snapshot: Snapshot, signer: SessionSigner, no
     session = signer.read(request.cookies.get(COOKIE), now)
     if session is None:
         raise ApiRefusal(401, UNAUTHORIZED)
-    if session.token_id in snapshot.tokens.revoked or snapshot.directory.user(session.user) is None:
-        raise ApiRefusal(401, f"{UNAUTHORIZED}: the session's token is revoked or its user is no longer known")
+    # what would refuse the token now refuses its session: its id revoked, its signing key taken out
+    # of authorization.tokens.public_keys (rotation after a leak), its user gone
+    keyset = snapshot.tokens.keyset
+    if session.token_id in snapshot.tokens.revoked or keyset is None or keyset.get(session.key_id) is None \
+            or snapshot.directory.user(session.user) is None:
+        raise ApiRefusal(401, f"{UNAUTHORIZED}: the session's token is revoked, its signing key is no longer "
+                              "trusted, or its user is no longer known")
     if request.method not in SAFE_METHODS:
         offered = _header(request, "x-csrf-token") or csrf_query(request)
         if not signer.csrf_ok(session, offered):
             raise ApiRefusal(403, "403 Forbidden: a call made with the session cookie that changes something needs the "
                                "session's CSRF token (X-CSRF-Token header, from the sign-in answer or GET /-/session)")
     return Caller(username=session.user, via="session", session=session, expires=session.expires,
-                  token_id=session.token_id)
+                  token_id=session.token_id, key_id=session.key_id)
 
 
 def csrf_query(request: Request) -> str | None:

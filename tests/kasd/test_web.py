@@ -455,12 +455,13 @@ async def test_starlette_runs_on_trio_behind_kasds_own_front_end_beside_the_job_
     del snap
 
 
-async def test_a_session_lasts_at_most_12_hours_and_ends_when_its_token_is_revoked() -> None:
+async def test_a_session_lasts_at_most_12_hours_and_ends_when_its_token_is_revoked_or_its_key_rotated_out() -> None:
     from datetime import timedelta
 
     import attrs
 
     from kasd.authz.jobtokens import verify_personal_token
+    from kasd.authz.keys import KeySet, SigningKey
     from tests.kasd.helpers import AUTH
 
     token = AUTH.personal_token("alice", ttl=timedelta(days=2))
@@ -479,6 +480,13 @@ async def test_a_session_lasts_at_most_12_hours_and_ends_when_its_token_is_revok
                                 issuer=snap.tokens.issuer).stamp.token_id  # type: ignore[union-attr]
     current[0] = attrs.evolve(snap, tokens=attrs.evolve(snap.tokens, revoked=frozenset({jti})))
     assert (await call(web, "GET", "/-/session", jar)).status == 401
+    # rotating the signing key (after a leak) ends every token the old key signed: their sessions too
+    current[0] = snap
+    assert (await call(web, "GET", "/-/session", jar)).status == 200
+    rotated = KeySet.of([SigningKey.generate().verification_key()])
+    current[0] = attrs.evolve(snap, tokens=attrs.evolve(snap.tokens, keyset=rotated))
+    ended = await call(web, "GET", "/-/session", jar)
+    assert ended.status == 401 and "signing key" in ended.json()["message"]
 
 
 async def test_agents_among_replicas_name_the_replica_holding_a_tunnel_elsewhere() -> None:
