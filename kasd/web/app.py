@@ -364,8 +364,10 @@ class WebApp:
         envs = await self._store.environments(project_prefix=group.path + "/", tier=_tier(q.get("tier")),
                                               state=_state(q.get("states")))
         directory = snapshot.directory
-        visible = [e for e in envs if (role := directory.role_of(caller.username, e.project)) is not None
-                   and role >= Role.REPORTER]
+        # whose an environment is: its project's id (as for every other path), never the path recorded
+        # with it, which a renamed project leaves behind for another project to take
+        visible = [e for e in envs if (project := directory.project_by_id(e.project_id)) is not None
+                   and (role := directory.role_of(caller.username, project)) is not None and role >= Role.REPORTER]
         return self._page(request, sorted(visible, key=lambda e: e.id))
 
     def _page(self, request: Request, envs: Sequence[EnvironmentLike]) -> Response:

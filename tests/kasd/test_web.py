@@ -548,3 +548,16 @@ async def test_one_person_may_hold_only_a_few_live_streams_open_at_once(autojump
     # closed streams give their places back
     log = await call(app, "GET", "/api/kasd/v1/environments/1/pods/prod/hello-1/log", _token("alice"))
     assert (log.status, log.body) == (200, b"line 1\nline 2\n")
+
+
+async def test_who_sees_an_environment_in_a_group_listing_follows_its_projects_id_not_a_recorded_path() -> None:
+    # group/infra's environment recorded when group/infra was called group/app (or before group/app
+    # took the freed path): bob, a Reporter of today's group/app, must not see it, as by its id
+    from tests.kasd.webfakes import ENVIRONMENTS, Environment
+    stale = Environment(id=11, project_id=1, project="group/app", name="ops-old", slug="ops-old")
+    snap = snapshot()
+    web = WebApp(lambda: snap, FakeStore([*ENVIRONMENTS, stale]), FakeViews(), FakeAgents(), key=KEY,
+                 graph_of=fake_graph)
+    listed = await call(web, "GET", "/api/v4/groups/group/environments", _token("bob"))
+    assert [e["id"] for e in listed.json()] == [1, 2, 3]
+    assert (await call(web, "GET", "/api/kasd/v1/environments/11", _token("bob"))).status == 404
