@@ -561,3 +561,25 @@ async def test_who_sees_an_environment_in_a_group_listing_follows_its_projects_i
     listed = await call(web, "GET", "/api/v4/groups/group/environments", _token("bob"))
     assert [e["id"] for e in listed.json()] == [1, 2, 3]
     assert (await call(web, "GET", "/api/kasd/v1/environments/11", _token("bob"))).status == 404
+
+
+async def test_the_status_codes_the_app_answers_are_those_its_openapi_document_lists(
+        autojump_clock: trio.testing.MockClock) -> None:
+    doc = document()
+    app, views = _app(max_streams_per_user=0)
+    watch = "/api/kasd/v1/environments/{env_id}/resources/watch"
+    answers = [("get", "/api/v4/projects/{project}/environments",
+                await call(app, "GET", "/api/v4/projects/42/environments?states=gone", _token("bob"))),
+               ("get", watch, await call(app, "GET", "/api/kasd/v1/environments/1/resources/watch", _token("alice"))),
+               ("get", "/api/kasd/v1/environments/{env_id}/pods/{namespace}/{name}/log",
+                await call(app, "GET", "/api/kasd/v1/environments/1/pods/prod/hello-1/log", _token("alice")))]
+    views.unreachable = True
+    answers.append(("get", "/api/kasd/v1/environments/{env_id}/resources",
+                    await call(app, "GET", "/api/kasd/v1/environments/1/resources", _token("alice"))))
+    assert [reply.status for _, _, reply in answers] == [400, 429, 429, 503]
+    for method, path, reply in answers:
+        responses = doc["paths"][path][method]["responses"]
+        assert str(reply.status) in responses, (method, path, reply.status)
+        schema = responses[str(reply.status)]["content"]["application/json"]["schema"]["$ref"].rpartition("/")[2]
+        shapes = doc["components"]["schemas"][schema].get("oneOf") or [doc["components"]["schemas"][schema]]
+        assert any(set(shape["required"]) == set(reply.json()) for shape in shapes), (path, reply.json())
