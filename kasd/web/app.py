@@ -280,6 +280,9 @@ class WebApp:
         if origin is not None and origin.lower() not in self._own_origins(request):
             # a page of another site signing its visitor in (as someone else): refused
             raise ApiRefusal(403, "403 Forbidden: sign-in from another origin")
+        if origin is None and request.headers.get("sec-fetch-site", "").lower() in ("cross-site", "same-site"):
+            # the same, from a browser that left Origin out (a page cannot forge Sec-Fetch-Site)
+            raise ApiRefusal(403, "403 Forbidden: sign-in from another origin")
         source = request.client.host if request.client else "-"
         wait = self._limit.take(source)
         if wait > 0:
@@ -288,6 +291,11 @@ class WebApp:
         body = await request.body()
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         form = content_type == "application/x-www-form-urlencoded"
+        if not form and content_type != "application/json":
+            # (a cross-site form can send text/plain that reads as JSON; a page can send
+            # application/json to another origin only through CORS)
+            raise ApiRefusal(415, "415 Unsupported Media Type: send the token as application/json or "
+                                  "application/x-www-form-urlencoded")
         try:
             if form:
                 token = dict(parse_qsl(body.decode())).get("token")

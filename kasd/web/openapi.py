@@ -74,7 +74,8 @@ def document() -> dict[str, Any]:
                 "application/x-www-form-urlencoded": {"schema": {"type": "object", "properties": {
                     "token": {"type": "string"}}, "required": ["token"]}}}},
             "responses": {"200": _json(s("Session")), "303": {"description": "a form: to the dashboard"},
-                          "429": {"description": "too many attempts from this source"}, **_ERRORS}}},
+                          "429": {"description": "too many attempts from this source"},
+                          "415": _error("neither JSON nor a form"), **_ERRORS}}},
         "/-/sign_out": {"post": {**_op("End the session (clears the cookie)", [], {"description": "done"}, csrf=True),
                                  "responses": {"204": {"description": "signed out"}, **_ERRORS}}},
         "/-/session": {"get": _op("The session's user, expiry and CSRF token", [], _json(s("Session")))},

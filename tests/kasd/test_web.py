@@ -177,6 +177,14 @@ async def test_a_form_sign_in_goes_to_the_dashboard_and_sign_ins_are_rate_limite
     same_site = await call(app, "POST", "/-/sign_in", [*form, ("origin", "http://kasd")],
                            f"token={TOKENS['bob']}".encode(), client="10.0.0.3")
     assert same_site.status == 303
+    # login CSRF without Origin: a browser still says where the request came from; and a cross-site
+    # form's text/plain body that reads as JSON is not a sign-in
+    no_origin = await call(app, "POST", "/-/sign_in", [*form, ("sec-fetch-site", "cross-site")],
+                           f"token={TOKENS['bob']}".encode(), client="10.0.0.4")
+    assert no_origin.status == 403 and not no_origin.cookies
+    plain = await call(app, "POST", "/-/sign_in", [("content-type", "text/plain")],
+                       json.dumps({"token": TOKENS["bob"], "x": "="}).encode(), client="10.0.0.4")
+    assert plain.status == 415 and not plain.cookies
 
 
 async def test_cors_answers_only_configured_origins_and_every_answer_has_the_security_headers() -> None:
