@@ -7,8 +7,13 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import (
+    AbstractAsyncContextManager,
+    AsyncExitStack,
+    asynccontextmanager,
+    contextmanager,
+)
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, quote
@@ -17,6 +22,7 @@ import attrs
 import trio
 import yaml
 from starlette.applications import Starlette
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
@@ -40,6 +46,7 @@ from kasd.web.auth import (
     authenticate,
     group_for,
     project_for,
+    small_int,
     verify_token,
     viewer_for,
 )
@@ -90,6 +97,24 @@ MAX_TAIL_LINES = 100_000
 T = TypeVar("T")
 
 
+class _EnvIdConvertor(Convertor[int]):
+    """An environment id in a path: digits, of which more than 19 (ids are 63-bit) are no id (0, which
+    the handlers answer as not found after the caller is known, as any unknown id), where Starlette's
+    ``int`` convertor would hand them to ``int()``, which raises past 4,300 digits (a 500 a stranger
+    could cause at will)."""
+
+    regex = "[0-9]+"
+
+    def convert(self, value: str) -> int:
+        return small_int(value) or 0
+
+    def to_string(self, value: int) -> str:
+        return str(value)
+
+
+register_url_convertor("env_id", _EnvIdConvertor())
+
+
 @attrs.frozen(kw_only=True)
 class WebSettings:
     #: origins (``https://host[:port]``) whose pages may call the API (``web.cors_origins``); none by default
@@ -98,6 +123,8 @@ class WebSettings:
     tls: bool = False
     #: sign-in attempts per source per minute (and the burst)
     sign_in_per_minute: float = 10.0
+    #: live answers (the graph's SSE, pod logs) one person may have open at once on this kasd
+    max_streams_per_user: int = 16
 
 
 class WebApp:
@@ -121,6 +148,8 @@ class WebApp:
         self._graph_of = graph_of
         #: each live view's graph, built once per change for all its viewers
         self._graphs = SharedGraphs()
+        #: open live answers by user (``max_streams_per_user`` each)
+        self._streams: dict[str, int] = {}
         self._limit = SignInLimit(clock, per_minute=settings.sign_in_per_minute,
                                   burst=max(1, int(settings.sign_in_per_minute)))
         routes = [
@@ -128,23 +157,23 @@ class WebApp:
             Route("/-/sign_out", self.sign_out, methods=["POST"]),
             Route("/-/session", self.session, methods=["GET"]),
             Route("/api/v4/projects/{project:path}/environments", self.project_environments, methods=["GET"]),
-            Route("/api/v4/projects/{project:path}/environments/{env_id:int}", self.project_environment,
+            Route("/api/v4/projects/{project:path}/environments/{env_id:env_id}", self.project_environment,
                   methods=["GET"]),
             Route("/api/v4/groups/{group:path}/environments", self.group_environments, methods=["GET"]),
             Route("/api/kasd/v1/openapi.json", self.openapi_document, methods=["GET"]),
             Route("/api/kasd/v1/agents", self.agents, methods=["GET"]),
-            Route("/api/kasd/v1/environments/{env_id:int}", self.environment, methods=["GET"]),
-            Route("/api/kasd/v1/environments/{env_id:int}/resources", self.resources, methods=["GET"]),
-            Route("/api/kasd/v1/environments/{env_id:int}/resources/watch", self.watch, methods=["GET"]),
-            Route("/api/kasd/v1/environments/{env_id:int}/deployments", self.deployments, methods=["GET"]),
-            Route("/api/kasd/v1/environments/{env_id:int}/objects/{group}/{version}/{kind}/{namespace}/{name}",
+            Route("/api/kasd/v1/environments/{env_id:env_id}", self.environment, methods=["GET"]),
+            Route("/api/kasd/v1/environments/{env_id:env_id}/resources", self.resources, methods=["GET"]),
+            Route("/api/kasd/v1/environments/{env_id:env_id}/resources/watch", self.watch, methods=["GET"]),
+            Route("/api/kasd/v1/environments/{env_id:env_id}/deployments", self.deployments, methods=["GET"]),
+            Route("/api/kasd/v1/environments/{env_id:env_id}/objects/{group}/{version}/{kind}/{namespace}/{name}",
                   self.object, methods=["GET"]),
-            Route("/api/kasd/v1/environments/{env_id:int}/objects/{group}/{version}/{kind}/{namespace}/{name}/events",
+            Route("/api/kasd/v1/environments/{env_id:env_id}/objects/{group}/{version}/{kind}/{namespace}/{name}/events",
                   self.events, methods=["GET"]),
-            Route("/api/kasd/v1/environments/{env_id:int}/pods/{namespace}/{name}/log", self.pod_log, methods=["GET"]),
-            Route("/api/kasd/v1/environments/{env_id:int}/pods/{namespace}/{name}", self.delete_pod,
+            Route("/api/kasd/v1/environments/{env_id:env_id}/pods/{namespace}/{name}/log", self.pod_log, methods=["GET"]),
+            Route("/api/kasd/v1/environments/{env_id:env_id}/pods/{namespace}/{name}", self.delete_pod,
                   methods=["DELETE"]),
-            Route("/api/kasd/v1/environments/{env_id:int}/flux/{kind}/{namespace}/{name}/reconcile", self.reconcile,
+            Route("/api/kasd/v1/environments/{env_id:env_id}/flux/{kind}/{namespace}/{name}/reconcile", self.reconcile,
                   methods=["POST"]),
         ]
         self.routes = routes
@@ -189,10 +218,11 @@ class WebApp:
         """Through which agent: ``?agent=`` (one of the environment's), else its last deployment's."""
         asked = request.query_params.get("agent")
         if asked is not None:
-            if not (asked.isascii() and asked.isdigit()) or int(asked) not in env.agents:
+            number = small_int(asked)
+            if number is None or number not in env.agents:
                 raise ApiRefusal(400, f"400 Bad Request: agent must be one of the environment's agents "
                                    f"({', '.join(map(str, env.agents)) or 'none'})")
-            agent_id = int(asked)
+            agent_id = number
         elif env.last_deployment is not None:
             agent_id = env.last_deployment.agent_id
         elif env.agents:
@@ -207,14 +237,31 @@ class WebApp:
         return ApiRefusal(status, f"{status} {str(getattr(exc, 'message', '') or exc)[:300]}")
 
     @asynccontextmanager
-    async def _opened(self, source: AbstractAsyncContextManager[T]) -> AsyncIterator[T]:
-        """``source`` entered, its refusal on entering (the agent's) the caller's answer."""
+    async def _opened(self, source: AbstractAsyncContextManager[T], caller: Caller) -> AsyncIterator[T]:
+        """``source`` entered, its refusal on entering (the agent's) the caller's answer; while it is
+        open it holds one of ``caller``'s ``max_streams_per_user`` (one more is ``429``)."""
         async with AsyncExitStack() as stack:
+            stack.enter_context(self._stream_slot(caller))
             try:
                 value = await stack.enter_async_context(source)
             except self._agent_errors as exc:
                 raise self._agent_refusal(exc) from None
             yield value
+
+    @contextmanager
+    def _stream_slot(self, caller: Caller) -> Iterator[None]:
+        key = caller.username.lower()
+        held = self._streams.get(key, 0)
+        if held >= self._settings.max_streams_per_user:
+            raise ApiRefusal(429, f"429 Too Many Requests: {held} live streams (graph or log) are open for this user "
+                                  f"on this kasd, the most it allows; close one first", {"retry-after": "10"})
+        self._streams[key] = held + 1
+        try:
+            yield
+        finally:
+            left = self._streams.pop(key) - 1
+            if left:
+                self._streams[key] = left
 
     async def _env_snapshot(self, env: EnvironmentLike, viewer: Viewer) -> SnapshotLike:
         try:
@@ -233,6 +280,9 @@ class WebApp:
         if origin is not None and origin.lower() not in self._own_origins(request):
             # a page of another site signing its visitor in (as someone else): refused
             raise ApiRefusal(403, "403 Forbidden: sign-in from another origin")
+        if origin is None and request.headers.get("sec-fetch-site", "").lower() in ("cross-site", "same-site"):
+            # the same, from a browser that left Origin out (a page cannot forge Sec-Fetch-Site)
+            raise ApiRefusal(403, "403 Forbidden: sign-in from another origin")
         source = request.client.host if request.client else "-"
         wait = self._limit.take(source)
         if wait > 0:
@@ -241,6 +291,11 @@ class WebApp:
         body = await request.body()
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         form = content_type == "application/x-www-form-urlencoded"
+        if not form and content_type != "application/json":
+            # (a cross-site form can send text/plain that reads as JSON; a page can send
+            # application/json to another origin only through CORS)
+            raise ApiRefusal(415, "415 Unsupported Media Type: send the token as application/json or "
+                                  "application/x-www-form-urlencoded")
         try:
             if form:
                 token = dict(parse_qsl(body.decode())).get("token")
@@ -253,7 +308,8 @@ class WebApp:
             raise ApiRefusal(400, '400 Bad Request: send {"token": "<personal token>"} as JSON, or a form with token')
         now = self._clock()
         caller = verify_token(self._snapshot(), token.strip(), now)
-        session = self._signer.new(caller.username, caller.expires, caller.token_id, now)
+        session = self._signer.new(caller.username, caller.expires, caller.token_id, now,
+                                   key_id=caller.key_id)
         answer: Response
         if form:  # a browser's form: to the dashboard, which asks GET /-/session for the CSRF token
             answer = RedirectResponse("/-/dashboard/", status_code=303)
@@ -316,8 +372,10 @@ class WebApp:
         envs = await self._store.environments(project_prefix=group.path + "/", tier=_tier(q.get("tier")),
                                               state=_state(q.get("states")))
         directory = snapshot.directory
-        visible = [e for e in envs if (role := directory.role_of(caller.username, e.project)) is not None
-                   and role >= Role.REPORTER]
+        # whose an environment is: its project's id (as for every other path), never the path recorded
+        # with it, which a renamed project leaves behind for another project to take
+        visible = [e for e in envs if (project := directory.project_by_id(e.project_id)) is not None
+                   and (role := directory.role_of(caller.username, project)) is not None and role >= Role.REPORTER]
         return self._page(request, sorted(visible, key=lambda e: e.id))
 
     def _page(self, request: Request, envs: Sequence[EnvironmentLike]) -> Response:
@@ -368,7 +426,7 @@ class WebApp:
     async def watch(self, request: Request) -> Response:
         snapshot, caller, env = await self._environment(request)
         viewer = self._viewer(request, snapshot, caller, env)
-        return graph_events(lambda: self._opened(self._views.watch(env, viewer)),
+        return graph_events(lambda: self._opened(self._views.watch(env, viewer), caller),
                             lambda objects: self._graph_of(objects, labels_of(env)),
                             shared=(self._graphs, (env.id, viewer.agent_id, viewer.key)),
                             shown=(*self._agent_errors, ViewerTooSlow))
@@ -441,7 +499,7 @@ class WebApp:
             params.append(("tailLines", str(_number(q.get("tailLines"), "tailLines", 0, 0, MAX_TAIL_LINES))))
         query = "&".join(f"{k}={quote(v, safe='')}" for k, v in params)
         target = f"/api/v1/namespaces/{namespace}/pods/{name}/log" + (f"?{query}" if query else "")
-        return text_stream(lambda: self._opened(self._views.stream(viewer, target)), shown=self._agent_errors)
+        return text_stream(lambda: self._opened(self._views.stream(viewer, target), caller), shown=self._agent_errors)
 
     async def delete_pod(self, request: Request) -> Response:
         snapshot, caller, env = await self._environment(request, need=Role.DEVELOPER)
@@ -535,9 +593,10 @@ def _name(text: str, what: str) -> str:
 def _number(text: str | None, what: str, default: int, low: int, high: int) -> int:
     if text is None or text == "":
         return default
-    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
+    number = small_int(text)
+    if number is None or not low <= number <= high:
         raise ApiRefusal(400, f"400 Bad Request: {what} must be a whole number from {low} to {high}")
-    return int(text)
+    return number
 
 
 def _state(text: str | None) -> str | None:

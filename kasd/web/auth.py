@@ -36,6 +36,14 @@ class ApiRefusal(Exception):
 
 
 UNAUTHORIZED = "401 Unauthorized"
+#: the most digits an id or a number of a request may have (ids are 63-bit: 19 digits); longer is no
+#: id at all, never handed to ``int()`` (which refuses over 4,300 digits and is slow well before)
+MAX_DIGITS = 19
+
+
+def small_int(text: str) -> int | None:
+    """``text`` as a whole number when it is ASCII digits only and at most ``MAX_DIGITS`` of them, else None."""
+    return int(text) if 0 < len(text) <= MAX_DIGITS and text.isascii() and text.isdigit() else None
 
 
 @attrs.frozen(kw_only=True)
@@ -47,6 +55,8 @@ class Caller:
     #: until when (seconds since the epoch) the proof holds
     expires: int = 0
     token_id: str = ""
+    #: the ``kid`` of the key that signed the token
+    key_id: str = ""
 
 
 def _header(request: Request, name: str) -> str | None:
@@ -87,7 +97,8 @@ def verify_token(snapshot: Snapshot, token: str, now: float) -> Caller:
     if snapshot.directory.user(claims.user) is None:
         raise ApiRefusal(401, f"{UNAUTHORIZED}: user {claims.user!r} is not known to kasd")
     assert claims.stamp is not None
-    return Caller(username=claims.user, via="token", expires=claims.stamp.expires_at, token_id=claims.stamp.token_id)
+    return Caller(username=claims.user, via="token", expires=claims.stamp.expires_at, token_id=claims.stamp.token_id,
+                  key_id=claims.stamp.key_id)
 
 
 def authenticate(request: Request, snapshot: Snapshot, signer: SessionSigner, now: float) -> Caller:
@@ -99,15 +110,20 @@ def authenticate(request: Request, snapshot: Snapshot, signer: SessionSigner, no
     session = signer.read(request.cookies.get(COOKIE), now)
     if session is None:
         raise ApiRefusal(401, UNAUTHORIZED)
-    if session.token_id in snapshot.tokens.revoked or snapshot.directory.user(session.user) is None:
-        raise ApiRefusal(401, f"{UNAUTHORIZED}: the session's token is revoked or its user is no longer known")
+    # what would refuse the token now refuses its session: its id revoked, its signing key taken out
+    # of authorization.tokens.public_keys (rotation after a leak), its user gone
+    keyset = snapshot.tokens.keyset
+    if session.token_id in snapshot.tokens.revoked or keyset is None or keyset.get(session.key_id) is None \
+            or snapshot.directory.user(session.user) is None:
+        raise ApiRefusal(401, f"{UNAUTHORIZED}: the session's token is revoked, its signing key is no longer "
+                              "trusted, or its user is no longer known")
     if request.method not in SAFE_METHODS:
         offered = _header(request, "x-csrf-token") or csrf_query(request)
         if not signer.csrf_ok(session, offered):
             raise ApiRefusal(403, "403 Forbidden: a call made with the session cookie that changes something needs the "
                                "session's CSRF token (X-CSRF-Token header, from the sign-in answer or GET /-/session)")
     return Caller(username=session.user, via="session", session=session, expires=session.expires,
-                  token_id=session.token_id)
+                  token_id=session.token_id, key_id=session.key_id)
 
 
 def csrf_query(request: Request) -> str | None:
@@ -121,7 +137,9 @@ def project_for(snapshot: Snapshot, caller: Caller, ident: str, *, need: Role = 
     not (unknown or not a member: GitLab does not tell them apart), 403 below ``need`` (GitLab's
     bare ``403 Forbidden``; kasd's own paths, ``explain``, say which role)."""
     directory = snapshot.directory
-    project = directory.project_by_id(int(ident)) if ident.isascii() and ident.isdigit() else directory.project(ident)
+    number = small_int(ident)
+    project = directory.project_by_id(number) if number is not None else (
+        None if ident.isascii() and ident.isdigit() else directory.project(ident))
     role = directory.role_of(caller.username, project) if project is not None else None
     if project is None or role is None:
         raise ApiRefusal(404, "404 Project Not Found")
@@ -133,7 +151,9 @@ def project_for(snapshot: Snapshot, caller: Caller, ident: str, *, need: Role = 
 
 def group_for(snapshot: Snapshot, caller: Caller, ident: str) -> Group:
     directory = snapshot.directory
-    group = directory.group_by_id(int(ident)) if ident.isascii() and ident.isdigit() else directory.group(ident)
+    number = small_int(ident)
+    group = directory.group_by_id(number) if number is not None else (
+        None if ident.isascii() and ident.isdigit() else directory.group(ident))
     # a member of one of its projects sees it too (as GitLab shows a private group to them)
     if group is None or (directory.group_role(caller.username, group) is None and not any(
             p.path.lower().startswith(group.path.lower() + "/") and directory.role_of(caller.username, p) is not None

@@ -8,10 +8,25 @@ import json
 from typing import Any
 
 _MSG = {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}
-_ERRORS = {str(code): {"description": text, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Message"}}}}
-           for code, text in ((400, "bad input, named"), (401, "no or bad token or session"),
-                              (403, "not allowed (the reason; a cookie call without its CSRF token)"),
-                              (404, "unknown, or not visible to the caller"))}
+
+
+def _error(text: str, schema: str = "Message") -> dict[str, Any]:
+    return {"description": text, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}}
+
+
+# what every operation may answer (a filter GitLab validates answers {"error": …}, as GitLab's Grape does;
+# the store failing answers 503)
+_ERRORS = {"400": _error("bad input, named", "BadRequest"), "401": _error("no or bad token or session"),
+           "403": _error("not allowed (the reason; a cookie call without its CSRF token)"),
+           "404": _error("unknown, or not visible to the caller"),
+           "503": _error("kasd's store failed, or the agent is not connected")}
+# what an operation that goes through the agent may answer besides
+_AGENT_ERRORS = {"409": _error("the cluster refused: conflict"), "422": _error("the cluster refused: invalid"),
+                 "429": _error("the agent or the cluster is too busy"),
+                 "502": _error("the agent or the cluster failed"),
+                 "504": _error("the agent or the environment's objects did not answer in time")}
+# what a streamed answer may answer before it starts
+_STREAM_ERRORS = {"429": _error("too many live streams (graph or log) open for this user; Retry-After")}
 
 
 def _p(name: str, where: str = "path", schema: dict[str, Any] | None = None, description: str = "",
@@ -24,11 +39,13 @@ def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def _op(summary: str, params: list[dict[str, Any]], ok: dict[str, Any], *, csrf: bool = False) -> dict[str, Any]:
+def _op(summary: str, params: list[dict[str, Any]], ok: dict[str, Any], *, csrf: bool = False,
+        agent: bool = False, stream: bool = False) -> dict[str, Any]:
     description = summary + (" With the session cookie, the X-CSRF-Token header (or csrf_token query parameter) "
                              "must carry the session's CSRF token." if csrf else "")
     return {"summary": summary, "description": description, "parameters": params,
-            "responses": {"200": ok, **_ERRORS}}
+            "responses": {"200": ok, **_ERRORS, **(_AGENT_ERRORS if agent else {}),
+                          **(_STREAM_ERRORS if stream else {})}}
 
 
 _ENV_ID = _p("env_id", schema={"type": "integer", "minimum": 1}, description="the environment's id")
@@ -57,7 +74,8 @@ def document() -> dict[str, Any]:
                 "application/x-www-form-urlencoded": {"schema": {"type": "object", "properties": {
                     "token": {"type": "string"}}, "required": ["token"]}}}},
             "responses": {"200": _json(s("Session")), "303": {"description": "a form: to the dashboard"},
-                          "429": {"description": "too many attempts from this source"}, **_ERRORS}}},
+                          "429": {"description": "too many attempts from this source"},
+                          "415": _error("neither JSON nor a form"), **_ERRORS}}},
         "/-/sign_out": {"post": {**_op("End the session (clears the cookie)", [], {"description": "done"}, csrf=True),
                                  "responses": {"204": {"description": "signed out"}, **_ERRORS}}},
         "/-/session": {"get": _op("The session's user, expiry and CSRF token", [], _json(s("Session")))},
@@ -76,17 +94,19 @@ def document() -> dict[str, Any]:
                                            _json({"type": "array", "items": s("Agent")}))},
         "/api/kasd/v1/environments/{env_id}": {"get": _op(
             "An environment and its health (roll-up)", [_ENV_ID, _p("agent", "query", {"type": "integer"})],
-            _json({"type": "object", "properties": {"environment": s("Environment"), "health": s("Health")}}))},
+            _json({"type": "object", "properties": {"environment": s("Environment"), "health": s("Health")}}),
+            agent=True)},
         "/api/kasd/v1/environments/{env_id}/resources": {"get": _op(
             "The environment's objects as a graph (seen through its agent's user_access)",
             [_ENV_ID, _p("agent", "query", {"type": "integer"})],
             _json({"type": "object", "properties": {"environment": s("Environment"), "graph": s("Graph"),
                                                     "problems": {"type": "array", "items": _ANY},
-                                                    "hint": {"type": ["string", "null"]}}}))},
+                                                    "hint": {"type": ["string", "null"]}}}), agent=True)},
         "/api/kasd/v1/environments/{env_id}/resources/watch": {"get": _op(
             "Server-sent events: graph (the whole graph after each batch of changes), problems, end; ': ping' "
             "comments every 15 s", [_ENV_ID, _p("agent", "query", {"type": "integer"})],
-            {"description": "event stream", "content": {"text/event-stream": {"schema": {"type": "string"}}}})},
+            {"description": "event stream", "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+            agent=True, stream=True)},
         "/api/kasd/v1/environments/{env_id}/deployments": {"get": _op(
             "Deployment history, newest first", [_ENV_ID, _p("limit", "query", {"type": "integer", "minimum": 1,
                                                                                   "maximum": 500})],
@@ -94,27 +114,32 @@ def document() -> dict[str, Any]:
         "/api/kasd/v1/environments/{env_id}/objects/{group}/{version}/{kind}/{namespace}/{name}": {"get": _op(
             "One object of the environment's graph (application/yaml when asked)", _OBJ,
             {"description": "the object", "content": {"application/json": {"schema": _ANY},
-                                                      "application/yaml": {"schema": {"type": "string"}}}})},
+                                                      "application/yaml": {"schema": {"type": "string"}}}},
+            agent=True)},
         "/api/kasd/v1/environments/{env_id}/objects/{group}/{version}/{kind}/{namespace}/{name}/events": {"get": _op(
             "The events of one object of the graph", _OBJ,
-            _json({"type": "object", "properties": {"events": {"type": "array", "items": _ANY}}}))},
+            _json({"type": "object", "properties": {"events": {"type": "array", "items": _ANY}}}), agent=True)},
         "/api/kasd/v1/environments/{env_id}/pods/{namespace}/{name}/log": {"get": _op(
             "A pod's log, streamed", [_ENV_ID, _p("namespace"), _p("name"), _p("container", "query"),
                                       _p("follow", "query", {"type": "string", "enum": ["true", "false"]}),
                                       _p("tailLines", "query", {"type": "integer", "minimum": 0,
                                                                 "maximum": 100000})],
-            {"description": "the log", "content": {"text/plain": {"schema": {"type": "string"}}}})},
+            {"description": "the log", "content": {"text/plain": {"schema": {"type": "string"}}}},
+            agent=True, stream=True)},
         "/api/kasd/v1/environments/{env_id}/pods/{namespace}/{name}": {"delete": _op(
-            "Delete a pod of the graph (Developer)", [_ENV_ID, _p("namespace"), _p("name")], _json(_ANY), csrf=True)},
+            "Delete a pod of the graph (Developer)", [_ENV_ID, _p("namespace"), _p("name")], _json(_ANY), csrf=True,
+            agent=True)},
         "/api/kasd/v1/environments/{env_id}/flux/{kind}/{namespace}/{name}/reconcile": {"post": _op(
             "Ask Flux to reconcile an object of the graph now (reconcile.fluxcd.io/requestedAt; Developer)",
-            [_ENV_ID, _p("kind"), _p("namespace"), _p("name")], _json(_ANY), csrf=True)},
+            [_ENV_ID, _p("kind"), _p("namespace"), _p("name")], _json(_ANY), csrf=True, agent=True)},
     }
     health = {"type": "object", "properties": {"status": {"type": "string", "enum": [
         "Healthy", "Progressing", "Degraded", "Suspended", "Missing", "Unknown"]}, "message": {"type": "string"}},
         "required": ["status", "message"]}
     schemas = {
         "Message": _MSG, "Health": health,
+        "BadRequest": {"oneOf": [_MSG, {"type": "object", "properties": {"error": {"type": "string"}},
+                                        "required": ["error"]}]},
         "Session": {"type": "object", "properties": {"user": {"type": "string"}, "expires_at": {"type": "string"},
                                                      "csrf_token": {"type": "string"}}},
         "GitlabEnvironment": {"type": "object", "required": ["id", "name", "slug", "state"], "properties": {

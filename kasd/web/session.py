@@ -1,7 +1,8 @@
 """The browser session: a signed cookie (``_kasd_session``) that stands for a personal token for at
 most its lifetime (and ``MAX_SESSION_SECONDS``), and the CSRF token tied to it.
 
-The cookie holds no token: ``{"u": user, "exp": …, "jti": the token's id, "n": a random nonce}``,
+The cookie holds no token: ``{"u": user, "exp": …, "jti": the token's id, "kid": the id of the key
+that signed the token, "n": a random nonce}``,
 base64url, then ``.``, then HMAC-SHA256 over that (base64url). Every replica signs with the same key
 (``session_key``: HKDF-SHA256 of the peer secret, labelled, so a session made on one replica is good
 on all); a lone kasd draws a random key at start (sessions end with the process). The CSRF token is
@@ -47,6 +48,8 @@ class BrowserSession:
     #: the personal token's ``jti`` (a revoked token ends its sessions)
     token_id: str
     nonce: str
+    #: the ``kid`` of the key that signed the token (a key taken out of the key set ends its sessions)
+    key_id: str = ""
 
 
 def _b64(data: bytes) -> str:
@@ -64,13 +67,14 @@ class SessionSigner:
     def _mac(self, what: bytes) -> str:
         return _b64(hmac.new(self._key, what, hashlib.sha256).digest())
 
-    def new(self, user: str, token_expires: int, token_id: str, now: float) -> BrowserSession:
+    def new(self, user: str, token_expires: int, token_id: str, now: float, key_id: str = "") -> BrowserSession:
         expires = min(int(token_expires), int(now) + MAX_SESSION_SECONDS)
-        return BrowserSession(user=user, expires=expires, token_id=token_id, nonce=secrets.token_urlsafe(16))
+        return BrowserSession(user=user, expires=expires, token_id=token_id, nonce=secrets.token_urlsafe(16),
+                              key_id=key_id)
 
     def cookie_value(self, session: BrowserSession) -> str:
         payload = _b64(json.dumps({"u": session.user, "exp": session.expires, "jti": session.token_id,
-                                   "n": session.nonce}, separators=(",", ":")).encode())
+                                   "kid": session.key_id, "n": session.nonce}, separators=(",", ":")).encode())
         return f"{payload}.{self._mac(payload.encode())}"
 
     def read(self, value: str | None, now: float) -> BrowserSession | None:
@@ -83,7 +87,7 @@ class SessionSigner:
         try:
             data: Any = json.loads(_unb64(payload))
             session = BrowserSession(user=str(data["u"]), expires=int(data["exp"]), token_id=str(data["jti"]),
-                              nonce=str(data["n"]))
+                                     nonce=str(data["n"]), key_id=str(data["kid"]))
         except (ValueError, KeyError, TypeError):
             return None
         return session if session.expires > now else None

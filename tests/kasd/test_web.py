@@ -177,6 +177,14 @@ async def test_a_form_sign_in_goes_to_the_dashboard_and_sign_ins_are_rate_limite
     same_site = await call(app, "POST", "/-/sign_in", [*form, ("origin", "http://kasd")],
                            f"token={TOKENS['bob']}".encode(), client="10.0.0.3")
     assert same_site.status == 303
+    # login CSRF without Origin: a browser still says where the request came from; and a cross-site
+    # form's text/plain body that reads as JSON is not a sign-in
+    no_origin = await call(app, "POST", "/-/sign_in", [*form, ("sec-fetch-site", "cross-site")],
+                           f"token={TOKENS['bob']}".encode(), client="10.0.0.4")
+    assert no_origin.status == 403 and not no_origin.cookies
+    plain = await call(app, "POST", "/-/sign_in", [("content-type", "text/plain")],
+                       json.dumps({"token": TOKENS["bob"], "x": "="}).encode(), client="10.0.0.4")
+    assert plain.status == 415 and not plain.cookies
 
 
 async def test_cors_answers_only_configured_origins_and_every_answer_has_the_security_headers() -> None:
@@ -417,7 +425,7 @@ def test_the_openapi_document_is_served_kept_in_docs_and_describes_every_route()
     snap = snapshot()
     web = WebApp(lambda: snap, FakeStore(), FakeViews(), FakeAgents(), key=KEY, graph_of=fake_graph)
     for route in web.routes:
-        path = route.path.replace(":path}", "}").replace(":int}", "}")
+        path = route.path.replace(":path}", "}").replace(":int}", "}").replace(":env_id}", "}")
         assert path in doc["paths"], path
         assert set(m.lower() for m in route.methods or ()) - {"head"} <= set(doc["paths"][path]), path
 
@@ -455,12 +463,13 @@ async def test_starlette_runs_on_trio_behind_kasds_own_front_end_beside_the_job_
     del snap
 
 
-async def test_a_session_lasts_at_most_12_hours_and_ends_when_its_token_is_revoked() -> None:
+async def test_a_session_lasts_at_most_12_hours_and_ends_when_its_token_is_revoked_or_its_key_rotated_out() -> None:
     from datetime import timedelta
 
     import attrs
 
     from kasd.authz.jobtokens import verify_personal_token
+    from kasd.authz.keys import KeySet, SigningKey
     from tests.kasd.helpers import AUTH
 
     token = AUTH.personal_token("alice", ttl=timedelta(days=2))
@@ -479,6 +488,13 @@ async def test_a_session_lasts_at_most_12_hours_and_ends_when_its_token_is_revok
                                 issuer=snap.tokens.issuer).stamp.token_id  # type: ignore[union-attr]
     current[0] = attrs.evolve(snap, tokens=attrs.evolve(snap.tokens, revoked=frozenset({jti})))
     assert (await call(web, "GET", "/-/session", jar)).status == 401
+    # rotating the signing key (after a leak) ends every token the old key signed: their sessions too
+    current[0] = snap
+    assert (await call(web, "GET", "/-/session", jar)).status == 200
+    rotated = KeySet.of([SigningKey.generate().verification_key()])
+    current[0] = attrs.evolve(snap, tokens=attrs.evolve(snap.tokens, keyset=rotated))
+    ended = await call(web, "GET", "/-/session", jar)
+    assert ended.status == 401 and "signing key" in ended.json()["message"]
 
 
 async def test_agents_among_replicas_name_the_replica_holding_a_tunnel_elsewhere() -> None:
@@ -507,3 +523,77 @@ async def test_a_sign_in_body_nested_deeper_than_pythons_stack_is_a_400_not_a_50
     app, _ = _app()
     reply = await call(app, "POST", "/-/sign_in", [("content-type", "application/json")], b"[" * 100_000)
     assert reply.status == 400 and "token" in reply.json()["message"]
+
+
+async def test_a_number_of_thousands_of_digits_anywhere_is_a_clear_4xx_never_a_500() -> None:
+    # Python's int() refuses a string of over 4,300 digits: every id and number a request carries
+    # (path, query, with or without credentials) is refused by its length before it gets there
+    app, _ = _app()
+    big = "1" * 5000
+    for path, status in ((f"/api/kasd/v1/environments/{big}", 404), (f"/api/v4/projects/{big}/environments", 404),
+                         (f"/api/v4/groups/{big}/environments", 404), (f"/api/v4/projects/42/environments/{big}", 404),
+                         (f"/api/kasd/v1/environments/1/deployments?limit={big}", 400),
+                         (f"/api/v4/projects/42/environments?page={big}", 400),
+                         (f"/api/kasd/v1/environments/1/resources?agent={big}", 400),
+                         (f"/api/kasd/v1/environments/1/pods/prod/hello-1/log?tailLines={big}", 400)):
+        reply = await call(app, "GET", path, _token("alice"))
+        assert reply.status == status, (path[:60], reply.status)
+        assert "message" in reply.json() or "error" in reply.json()
+    stranger = await call(app, "GET", f"/api/kasd/v1/environments/{big}/resources")
+    assert stranger.status == 401  # (as for any id: who asks is checked first)
+
+
+async def test_one_person_may_hold_only_a_few_live_streams_open_at_once(autojump_clock: trio.testing.MockClock) -> None:
+    # each open graph stream or followed log holds a watch or a log stream through the agent: one
+    # person (many tabs, a script, many source addresses) cannot open them without bound
+    app, _ = _app(max_streams_per_user=2)
+    leave = trio.Event()
+    async with trio.open_nursery() as nursery:
+        for _ in range(2):
+            nursery.start_soon(_viewer, app, [], leave)
+        await trio.testing.wait_all_tasks_blocked()
+        for path in ("/api/kasd/v1/environments/1/resources/watch",
+                     "/api/kasd/v1/environments/1/pods/prod/hello-1/log?follow=true"):
+            with trio.fail_after(5):  # (a stream let through would never end)
+                refused = await call(app, "GET", path, _token("alice"))
+            assert refused.status == 429, (path, refused.status)
+            assert "live streams" in refused.json()["message"] and refused.headers["retry-after"] == "10"
+        leave.set()
+    # closed streams give their places back
+    log = await call(app, "GET", "/api/kasd/v1/environments/1/pods/prod/hello-1/log", _token("alice"))
+    assert (log.status, log.body) == (200, b"line 1\nline 2\n")
+
+
+async def test_who_sees_an_environment_in_a_group_listing_follows_its_projects_id_not_a_recorded_path() -> None:
+    # group/infra's environment recorded when group/infra was called group/app (or before group/app
+    # took the freed path): bob, a Reporter of today's group/app, must not see it, as by its id
+    from tests.kasd.webfakes import ENVIRONMENTS, Environment
+    stale = Environment(id=11, project_id=1, project="group/app", name="ops-old", slug="ops-old")
+    snap = snapshot()
+    web = WebApp(lambda: snap, FakeStore([*ENVIRONMENTS, stale]), FakeViews(), FakeAgents(), key=KEY,
+                 graph_of=fake_graph)
+    listed = await call(web, "GET", "/api/v4/groups/group/environments", _token("bob"))
+    assert [e["id"] for e in listed.json()] == [1, 2, 3]
+    assert (await call(web, "GET", "/api/kasd/v1/environments/11", _token("bob"))).status == 404
+
+
+async def test_the_status_codes_the_app_answers_are_those_its_openapi_document_lists(
+        autojump_clock: trio.testing.MockClock) -> None:
+    doc = document()
+    app, views = _app(max_streams_per_user=0)
+    watch = "/api/kasd/v1/environments/{env_id}/resources/watch"
+    answers = [("get", "/api/v4/projects/{project}/environments",
+                await call(app, "GET", "/api/v4/projects/42/environments?states=gone", _token("bob"))),
+               ("get", watch, await call(app, "GET", "/api/kasd/v1/environments/1/resources/watch", _token("alice"))),
+               ("get", "/api/kasd/v1/environments/{env_id}/pods/{namespace}/{name}/log",
+                await call(app, "GET", "/api/kasd/v1/environments/1/pods/prod/hello-1/log", _token("alice")))]
+    views.unreachable = True
+    answers.append(("get", "/api/kasd/v1/environments/{env_id}/resources",
+                    await call(app, "GET", "/api/kasd/v1/environments/1/resources", _token("alice"))))
+    assert [reply.status for _, _, reply in answers] == [400, 429, 429, 503]
+    for method, path, reply in answers:
+        responses = doc["paths"][path][method]["responses"]
+        assert str(reply.status) in responses, (method, path, reply.status)
+        schema = responses[str(reply.status)]["content"]["application/json"]["schema"]["$ref"].rpartition("/")[2]
+        shapes = doc["components"]["schemas"][schema].get("oneOf") or [doc["components"]["schemas"][schema]]
+        assert any(set(shape["required"]) == set(reply.json()) for shape in shapes), (path, reply.json())
