@@ -464,7 +464,12 @@ class WebApp:
         if "application/yaml" in request.headers.get("accept", ""):
             # keys sorted, as `kubectl get -o yaml` shows an object (apiVersion, kind, metadata, spec,
             # status), whatever order the API server sent them in
-            return Response(yaml.safe_dump(obj, sort_keys=True), media_type="application/yaml")
+            try:
+                text = yaml.safe_dump(obj, sort_keys=True)
+            except RecursionError:  # an object nested deeper than the dumper's stack (the tenant's to write)
+                raise ApiRefusal(502, "502 Bad Gateway: the object is nested too deeply to show as YAML; "
+                                      "ask for it as JSON") from None
+            return Response(text, media_type="application/yaml")
         return JSONResponse(obj)
 
     async def events(self, request: Request) -> Response:

@@ -597,3 +597,25 @@ async def test_the_status_codes_the_app_answers_are_those_its_openapi_document_l
         schema = responses[str(reply.status)]["content"]["application/json"]["schema"]["$ref"].rpartition("/")[2]
         shapes = doc["components"]["schemas"][schema].get("oneOf") or [doc["components"]["schemas"][schema]]
         assert any(set(shape["required"]) == set(reply.json()) for shape in shapes), (path, reply.json())
+
+
+async def test_an_object_nested_too_deeply_for_yaml_is_a_502_that_says_so_never_a_500() -> None:
+    """A custom resource keeps unknown fields the tenant nests 900 deep: JSON reads it, the YAML
+    dumper's recursion does not; the YAML view says so (and JSON still works)."""
+    app, views = _app()
+    deep: Any = "leaf"
+    for _ in range(900):
+        deep = {"a": deep}
+    answer = views.request
+
+    async def nested(viewer: Any, method: str, target: str, **kwargs: Any) -> Any:
+        reply = await answer(viewer, method, target, **kwargs)
+        if method == "GET" and target.endswith("/pods/hello-1"):
+            reply = type(reply)(200, {**reply.body, "spec": deep})
+        return reply
+
+    views.request = nested  # type: ignore[method-assign]
+    base = "/api/kasd/v1/environments/1/objects/_/v1/Pod/prod/hello-1"
+    as_yaml = await call(app, "GET", base, [*_token("alice"), ("accept", "application/yaml")])
+    assert as_yaml.status == 502 and "nested too deeply" in as_yaml.json()["message"]
+    assert (await call(app, "GET", base, _token("alice"))).status == 200
