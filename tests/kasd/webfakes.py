@@ -13,6 +13,7 @@ import trio
 
 from kasd.authority import load_authorization
 from kasd.authz.snapshot import Snapshot
+from kasd.environments.values import KindProblem
 from tests.kasd.helpers import AUTH, DIRECTORY, make_config
 
 # alice: Developer in group/app (agent 1's user_access lets her in); bob: Reporter (sees the
@@ -99,16 +100,6 @@ DEPLOYMENT = {"apiVersion": "apps/v1", "kind": "Deployment",
               "metadata": {"namespace": "prod", "name": "hello", "uid": "uid-d"}}
 KUSTOMIZATION = {"apiVersion": "kustomize.toolkit.fluxcd.io/v1", "kind": "Kustomization",
                  "metadata": {"namespace": "prod", "name": "apps", "uid": "uid-k"}}
-
-
-@attrs.frozen
-class KindProblem:
-    group: str
-    version: str
-    kind: str
-    namespace: str
-    reason: str
-    message: str
 
 
 @attrs.frozen
