@@ -31,16 +31,21 @@ def start_stack(workdir: Path, agent_wait_timeout: float = 2.0) -> Stack:
     return stack
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """One stack shared by a module's non-destructive tests."""
+def module_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The body of a module's shared ``stack`` fixture (here, and for modules outside tests/e2e):
+    a stack started once, and every daemon shut down cleanly on SIGTERM at the end."""
     running = start_stack(tmp_path_factory.mktemp("stack"))
     try:
         yield running
     finally:
         codes = running.stop()
-        # Every daemon shuts down cleanly on SIGTERM.
         assert codes == {"agentd": 0, "kasd": 0, "kubesim": 0}, codes
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """One stack shared by a module's non-destructive tests."""
+    yield from module_stack(tmp_path_factory)
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from kasctl.stack import CONFIG_PROJECT, Stack, find_kubectl
-from tests.e2e.conftest import start_stack
+from tests.e2e.conftest import module_stack
 from tests.web.browser import CHROMIUM, FLAGS, needs_browser
 
 pytestmark = [pytest.mark.e2e, needs_browser, pytest.mark.timeout(90)]
@@ -77,12 +77,7 @@ KUBECTL_CAP = 20  # seconds any one kubectl call may take
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    running = start_stack(tmp_path_factory.mktemp("stack"))
-    try:
-        yield running
-    finally:
-        codes = running.stop()
-        assert codes == {"agentd": 0, "kasd": 0, "kubesim": 0}, codes
+    yield from module_stack(tmp_path_factory)
 
 
 class Job:
