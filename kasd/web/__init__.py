@@ -5,8 +5,8 @@ live graph as server-sent events, and the dashboard (``kasd.web.dashboard``: sta
 ``/-/dashboard/``). One ASGI app (``kasd.web.app.mount``) serves it and, on the same
 port, the job-token calls of ``kasd.restapi.RestApi`` unchanged.
 
-May import: ``kasd.authz`` (tokens, directory, policy: pure), ``kasd.restapi`` (to route to it),
-``kasd.asgiport`` (the app's type), ``kasd.store.protocol`` (its failure), ``kasd.config`` ``routing.retry`` (HTTP's safe methods, one list), and ``routing.local`` (``wiring``: what
+May import: ``kasd.authz`` (tokens, directory, policy: pure), ``kasd.seams`` (the proxy's reading of a bearer token), ``kasd.restapi`` (to route to it),
+``kasd.asgiport`` (the app's type), ``kasd.store.protocol`` (its failure), ``kasd.config``, ``routing.retry`` (HTTP's safe methods, one list), and ``routing.local`` (``wiring``: what
 ``kasd.server`` plugs in), ``tunnelhttp.head`` (an impersonation), starlette, trio, attrs, pyyaml,
 cryptography (HKDF), the standard library. What it consumes from the rest of kasd (the store's
 environments, the live views of ``kasd.environments``, the connected agents, the graph of

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
+from typing import TypeVar
 from urllib.parse import parse_qsl
 
 import attrs
@@ -17,6 +18,7 @@ from kasd.authz.jobtokens import TokenInvalid, verify_personal_token
 from kasd.authz.policy import authorize_user
 from kasd.authz.snapshot import Snapshot
 from kasd.environments.values import Viewer
+from kasd.seams import AccessDenied, parse_bearer
 from kasd.web.session import COOKIE, BrowserSession, SessionSigner
 from routing.retry import (
     SAFE_METHODS,  # HTTP's safe methods (RFC 9110 §9.2.1): change nothing, no CSRF token asked
@@ -75,10 +77,13 @@ def offered_token(request: Request) -> str | None:
     if authorization:
         scheme, _, value = authorization.partition(" ")
         if scheme.lower() == "bearer" and value.strip():
-            # the proxy port's form (pat:<agent id>:<token>) carries the same personal token
-            kind, _, rest = value.strip().partition(":")
-            agent, _, token = rest.partition(":")
-            return token if kind == "pat" and agent.isascii() and agent.isdigit() and token else value.strip()
+            # the proxy port's form (pat:<agent id>:<token>, read as the proxy reads it) carries the
+            # same personal token
+            try:
+                credentials = parse_bearer(authorization)
+            except AccessDenied:
+                return value.strip()
+            return credentials.secret if credentials.kind == "pat" else value.strip()
         raise ApiRefusal(401, f"{UNAUTHORIZED}: send a personal token as PRIVATE-TOKEN: <token> or Authorization: "
                            "Bearer <token>")
     return None
@@ -131,15 +136,25 @@ def csrf_query(request: Request) -> str | None:
     return dict(parse_qsl(query)).get("csrf_token") if "csrf_token" in query else None
 
 
+T = TypeVar("T")
+
+
+def _by_id_or_path(ident: str, by_id: Callable[[int], T | None], by_path: Callable[[str], T | None]) -> T | None:
+    """A project or group named as GitLab's API names one: its id (ASCII digits; more than
+    ``MAX_DIGITS`` of them is no id, and no path either), else its full path."""
+    if ident.isascii() and ident.isdigit():
+        number = small_int(ident)
+        return by_id(number) if number is not None else None
+    return by_path(ident)
+
+
 def project_for(snapshot: Snapshot, caller: Caller, ident: str, *, need: Role = Role.REPORTER,
                 explain: bool = False) -> Project:
     """The project named by ``ident`` (its id, or its full path) if ``caller`` may see it: 404 when
     not (unknown or not a member: GitLab does not tell them apart), 403 below ``need`` (GitLab's
     bare ``403 Forbidden``; kasd's own paths, ``explain``, say which role)."""
     directory = snapshot.directory
-    number = small_int(ident)
-    project = directory.project_by_id(number) if number is not None else (
-        None if ident.isascii() and ident.isdigit() else directory.project(ident))
+    project = _by_id_or_path(ident, directory.project_by_id, directory.project)
     role = directory.role_of(caller.username, project) if project is not None else None
     if project is None or role is None:
         raise ApiRefusal(404, "404 Project Not Found")
@@ -151,9 +166,7 @@ def project_for(snapshot: Snapshot, caller: Caller, ident: str, *, need: Role = 
 
 def group_for(snapshot: Snapshot, caller: Caller, ident: str) -> Group:
     directory = snapshot.directory
-    number = small_int(ident)
-    group = directory.group_by_id(number) if number is not None else (
-        None if ident.isascii() and ident.isdigit() else directory.group(ident))
+    group = _by_id_or_path(ident, directory.group_by_id, directory.group)
     # a member of one of its projects sees it too (as GitLab shows a private group to them)
     if group is None or (directory.group_role(caller.username, group) is None and not any(
             p.path.lower().startswith(group.path.lower() + "/") and directory.role_of(caller.username, p) is not None
