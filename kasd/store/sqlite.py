@@ -19,7 +19,8 @@ import math
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -96,6 +97,22 @@ _ENV_COLUMNS = "id, project_id, project, name, slug, tier, state, created_at, up
 _T = TypeVar("_T")
 
 
+@contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """``BEGIN IMMEDIATE`` (the write lock at once, so two writers never deadlock on an upgrade);
+    ``COMMIT`` when the block ends, unless it already ended the transaction (a ``ROLLBACK`` of its
+    own: a refusal that undoes what it began); ``ROLLBACK`` when it raises."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+    if db.in_transaction:
+        db.execute("COMMIT")
+
+
 class SqliteStore:
     """The store in the SQLite file at ``path`` (``":memory:"``: in this process only).
     ``async with SqliteStore.open(path)``, or ``open_sync`` then ``aclose``."""
@@ -152,8 +169,7 @@ class SqliteStore:
         max_entries, now = self.max_entries, self._clock()
 
         def write(db: sqlite3.Connection) -> bool:
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with _transaction(db):
                 known = db.execute("SELECT 1 FROM finished_jobs WHERE job_id = ?", (job_id,)).fetchone()
                 if known is None:
                     db.execute("DELETE FROM finished_jobs WHERE until <= ?", (math.floor(now),))
@@ -163,10 +179,6 @@ class SqliteStore:
                         return False
                 db.execute("INSERT INTO finished_jobs (job_id, until) VALUES (?, ?) "
                            "ON CONFLICT (job_id) DO UPDATE SET until = max(until, excluded.until)", (job_id, until))
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
             return True
 
         if not await self._run(write):
@@ -188,8 +200,7 @@ class SqliteStore:
 
     async def claim_environment(self, project_id: int, slug: str, name: str) -> str:
         def claim(db: sqlite3.Connection) -> str | None:
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with _transaction(db):
                 row = db.execute("SELECT name FROM environment_slugs WHERE project_id = ? AND slug = ?",
                                  (project_id, slug)).fetchone()
                 if row is None:
@@ -200,10 +211,6 @@ class SqliteStore:
                     db.execute("INSERT INTO environment_slugs (project_id, slug, name) VALUES (?, ?, ?)",
                                (project_id, slug, name))
                     row = (name,)
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
             return str(row[0])
 
         owner = await self._run(claim)
@@ -213,18 +220,13 @@ class SqliteStore:
 
     async def record_made(self, key: str) -> None:
         def write(db: sqlite3.Connection) -> bool:
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with _transaction(db):
                 if db.execute("SELECT 1 FROM made_objects WHERE key = ?", (key,)).fetchone() is None:
                     (count,) = db.execute("SELECT count(*) FROM made_objects").fetchone()
                     if count >= MAX_MADE:
                         db.execute("ROLLBACK")
                         return False
                     db.execute("INSERT INTO made_objects (key) VALUES (?)", (key,))
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
             return True
 
         if not await self._run(write):
@@ -241,8 +243,7 @@ class SqliteStore:
         cap = self.history.max_deployments
 
         def write(db: sqlite3.Connection) -> Environment | None:
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with _transaction(db):
                 row = db.execute("SELECT id, state, stopped_by FROM environments WHERE project_id = ? AND name = ?",
                                  (d.project_id, d.environment)).fetchone()
                 if row is None:
@@ -273,10 +274,6 @@ class SqliteStore:
                 db.execute(f"DELETE FROM deployments WHERE environment_id = ? AND rowid NOT IN (SELECT rowid FROM "
                            f"deployments WHERE environment_id = ? {_NEWEST} LIMIT ?)", (env_id, env_id, cap))
                 env = _environments(db, "WHERE id = ?", (env_id,))[0]
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
             return env
 
         env = await self._run(write)
@@ -308,16 +305,11 @@ class SqliteStore:
     async def mark_stopped(self, project_id: int, name: str, at: float, *, job_id: int | None = None
                            ) -> Environment | None:
         def write(db: sqlite3.Connection) -> Environment | None:
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with _transaction(db):
                 db.execute("UPDATE environments SET state = 'stopped', stopped_at = ?, stopped_by = ?, "
                            "updated_at = max(updated_at, ?) WHERE project_id = ? AND name = ?",
                            (at, job_id, at, project_id, name))
                 found = _environments(db, "WHERE project_id = ? AND name = ?", (project_id, name))
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
             return found[0] if found else None
 
         return await self._run(write)
@@ -326,8 +318,7 @@ class SqliteStore:
         cutoff, cap = now - self.history.retention, self.history.max_deployments
 
         def delete(db: sqlite3.Connection) -> int:
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with _transaction(db):
                 # a stopped environment untouched for the retention goes, with its history
                 gone = db.execute("DELETE FROM environments WHERE state = 'stopped' AND max(updated_at, "
                                   "coalesce(stopped_at, 0)) < ?", (cutoff,)).rowcount
@@ -339,10 +330,6 @@ class SqliteStore:
                     "row_number() OVER (PARTITION BY environment_id ORDER BY at DESC, job_id DESC, agent_id DESC) "
                     "AS n FROM deployments) AS d JOIN environments AS e ON e.id = d.environment_id "
                     "WHERE d.n > ? OR (d.at < ? AND (d.n > 1 OR e.state = 'stopped')))", (cap, cutoff)).rowcount
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
             return int(gone + went)
 
         return await self._run(delete)
