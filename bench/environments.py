@@ -169,6 +169,12 @@ class Client:
             await self.stream.aclose()
 
 
+def people(count: int) -> list[dict[str, Any]]:
+    """``count`` viewers for the stack's directory: Developers of the demo project, whom its
+    agent's ``user_access`` lets see its environments' objects."""
+    return [{"username": f"viewer-{n}", "memberships": {CONFIG_PROJECT: "developer"}} for n in range(count)]
+
+
 class Ends:
     """Where the bench reaches: kubesim (admin), kasd's proxy (a CI job) and kasd's API port (a user)."""
 
@@ -184,8 +190,18 @@ class Ends:
         self.api = _host_port("https://" + stack.addresses["api"])
         self.proxy = _host_port("https://" + stack.addresses["kubernetes_api"])
         self.user_token = stack.personal_token
+        self._auth = stack.auth
+        self._people = 0
         self.job_token = stack.job_token  # the demo CI job's (no environment): kubectl-style requests
         self.metrics_url = f"http://{stack.addresses['observability']}/metrics"
+
+    def person(self) -> str:
+        """The personal token of one more of the bench's people (``viewer-<n>``, Developers of the
+        demo project: ``people(n)``): each viewer is someone else, as kasd caps the live streams
+        one person holds open (``WebSettings.max_streams_per_user``)."""
+        token = self._auth.personal_token(f"viewer-{self._people}")
+        self._people += 1
+        return token
 
     def kubesim(self) -> Client:
         return Client(*self.sim, self.sim_ctx, [("authorization", f"Bearer {self.sim_token}")])
@@ -317,6 +333,7 @@ class Viewer:
 
     def __init__(self, ends: Ends, env_id: int) -> None:
         self.ends, self.env_id = ends, env_id
+        self.token = ends.person()
         self.events: list[tuple[float, frozenset[str]]] = []
         self.changed = trio.Event()
         self.ended: str | None = None
@@ -327,7 +344,7 @@ class Viewer:
         conn = h11.Connection(h11.CLIENT)
         target = f"/api/kasd/v1/environments/{self.env_id}/resources/watch"
         await stream.send_all(conn.send(h11.Request(method="GET", target=target, headers=[
-            ("host", host), ("private-token", self.ends.user_token), ("accept", "text/event-stream")]))
+            ("host", host), ("private-token", self.token), ("accept", "text/event-stream")]))
             + conn.send(h11.EndOfMessage()))
         buffer = b""
         started = False
@@ -383,12 +400,23 @@ class Viewer:
             await self.changed.wait()
 
 
+async def connect(nursery: trio.Nursery, viewers: list[Viewer], *, within: float) -> None:
+    """Start ``viewers`` in ``nursery`` and wait (at most ``within`` seconds) for each one's first graph."""
+    for viewer in viewers:
+        await nursery.start(viewer.run)
+    with trio.fail_after(within):
+        for viewer in viewers:
+            while not viewer.events:
+                await viewer.changed.wait()
+
+
 class SlowViewer:
     """Sends its watch request and never reads another byte (a small receive buffer, so the kernel
     holds little for it): kasd must drop it, not buffer for it."""
 
     def __init__(self, ends: Ends, env_id: int) -> None:
         self.ends, self.env_id = ends, env_id
+        self.token = ends.person()
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         host, port = self.ends.api
@@ -401,7 +429,7 @@ class SlowViewer:
         conn = h11.Connection(h11.CLIENT)
         await stream.send_all(conn.send(h11.Request(
             method="GET", target=f"/api/kasd/v1/environments/{self.env_id}/resources/watch",
-            headers=[("host", host), ("private-token", self.ends.user_token)])) + conn.send(h11.EndOfMessage()))
+            headers=[("host", host), ("private-token", self.token)])) + conn.send(h11.EndOfMessage()))
         task_status.started()
         try:
             await trio.sleep_forever()
@@ -529,12 +557,7 @@ async def bench_viewers(ends: Ends, kasd: ProcessFigures, ids: dict[str, int], s
     print(figures_line("before", kasd, kasd.cpu(), 0.0, rss0))
     viewers = [Viewer(ends, env_id) for _ in range(count)]
     async with trio.open_nursery() as nursery:
-        for viewer in viewers:
-            await nursery.start(viewer.run)
-        with trio.fail_after(60):
-            for viewer in viewers:
-                while not viewer.events:
-                    await viewer.changed.wait()
+        await connect(nursery, viewers, within=60)
         print(figures_line(f"{count} viewers connected, first graph each", kasd, cpu0, time.perf_counter() - t0, rss0))
         slow = SlowViewer(ends, env_id)
         await nursery.start(slow.run)
@@ -636,12 +659,7 @@ async def bench_spread(ends: Ends, kasd: ProcessFigures, ids: dict[str, int], sl
     before = ends.metrics()
     viewers = [Viewer(ends, ids[s]) for s in slugs]
     async with trio.open_nursery() as nursery:
-        for viewer in viewers:
-            await nursery.start(viewer.run)
-        with trio.fail_after(120):
-            for viewer in viewers:
-                while not viewer.events:
-                    await viewer.changed.wait()
+        await connect(nursery, viewers, within=120)
         print(figures_line(f"{len(slugs)} viewers connected, first graph each", kasd, cpu0,
                            time.perf_counter() - t0, rss0))
         await trio.sleep(2.0)
@@ -694,7 +712,8 @@ def main() -> None:
     print(f"machine: {describe_machine()}")
     print(f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"{envs} environments × {args.objects} objects, one of {args.big}; {args.viewers} viewers", flush=True)
-    stack = Stack(Path(tempfile.mkdtemp(prefix="bench-environments-")))
+    stack = Stack(Path(tempfile.mkdtemp(prefix="bench-environments-")),
+                  extra_users=people(args.viewers + envs + 1))
     stack.start()
     try:
         assert stack.kasd is not None and stack.kasd.proc is not None

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -227,11 +227,13 @@ class Stack:
         heartbeat_interval: float = 1.0,
         agentd_connections: int | None = None,
         kasd_settings: dict[str, Any] | None = None,
+        extra_users: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         """``replicas`` > 1 (or ``redis_url``): that many kasd replicas sharing a Redis (started here
         unless ``redis_url`` names one), each agentd dialling every replica (or only the replicas
         ``agentd_targets`` lists, by index) with one connection per replica (or ``agentd_connections``). ``kasd_settings`` are merged into
-        each replica's ``routing`` section."""
+        each replica's ``routing`` section; ``extra_users`` join the directory's users (the demo's
+        Developer and Reporter) as ``users:`` entries."""
         if replicas < 1 or agentd_replicas < 1:
             raise StackError("a stack needs at least one kasd and one agentd")
         self.dir = workdir.resolve()
@@ -248,6 +250,7 @@ class Stack:
         self.heartbeat_interval = heartbeat_interval
         self.agentd_connections = agentd_connections
         self.kasd_settings = dict(kasd_settings or {})
+        self.extra_users = [dict(user) for user in extra_users]
         self.agentd_targets = list(agentd_targets) if agentd_targets is not None else list(range(replicas))
         #: each replica's kasd process and bound addresses (index 0 is ``kasd``/``addresses``)
         self.kasds: list[Process | None] = [None] * replicas
@@ -415,7 +418,8 @@ class Stack:
             "projects": [{"path": CONFIG_PROJECT, "id": 1}, {"path": OFFLINE_CONFIG_PROJECT, "id": 2},
                          {"path": APP_PROJECT, "id": 3}, {"path": OTHER_PROJECT, "id": 4}],
             "users": [{"username": DEMO_USER, "memberships": {CONFIG_PROJECT: "developer"}},
-                      {"username": GUEST_USER, "memberships": {CONFIG_PROJECT: "reporter"}}],
+                      {"username": GUEST_USER, "memberships": {CONFIG_PROJECT: "reporter"}},
+                      *self.extra_users],
             **self.auth.kasd_settings(),
             "agent_wait_timeout": self.agent_wait_timeout,
         }
