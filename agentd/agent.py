@@ -17,8 +17,10 @@ from agentd.connection import ConnectionManager
 from agentd.health import serve_health
 from agentd.kubeapi import KubeTarget, in_cluster_target, kubeconfig_target
 from agentd.proxy import KubeApiProxy
+from agentd.streams import StreamKinds
 from agentd.upstream import UpstreamPool
 from daemonkit.notify import sd_notify, write_ready_file
+from tunnelhttp.kinds import KIND_K8S_API
 
 log = logging.getLogger("agentd")
 
@@ -32,6 +34,8 @@ class RunningAgent:
     pool: UpstreamPool
     proxy: KubeApiProxy
     stop_event: trio.Event
+    #: the handler of each kind of stream kasd opens (``tunnelhttp.kinds``)
+    streams: StreamKinds = attrs.field(factory=lambda: StreamKinds({}))
 
     def stop(self) -> None:
         """Graceful stop: no more dials, in-flight streams finish (bounded), run_agent returns."""
@@ -71,10 +75,11 @@ async def run_agent(
         stop_event = trio.Event()
     pool = UpstreamPool(target, response_header_timeout=config.upstream_response_header_timeout or None)
     proxy = KubeApiProxy(pool)
+    streams = StreamKinds({KIND_K8S_API: proxy.handle})
     manager = ConnectionManager(
         config.kas_addresses,
         token_file=config.token_file,
-        handler=proxy.handle,
+        handler=streams,
         metadata={"agent_id": config.agent_id, "pod_name": config.pod_name, "pod_uid": config.pod_uid,
                   "version": __version__},
         connections=config.connections,
@@ -106,7 +111,7 @@ async def run_agent(
 
             await nursery.start(run_manager)
             running = RunningAgent(health_address=health, manager=manager, pool=pool, proxy=proxy,
-                                   stop_event=stop_event)
+                                   stop_event=stop_event, streams=streams)
             sd_notify("READY=1")
             nursery.start_soon(_after_first_tunnel, manager, config.ready_file, health)
             task_status.started(running)

@@ -28,6 +28,7 @@ from agentd.upstream import (
 from netio.relay import relay
 from tunnelhttp.drain import Drain
 from tunnelhttp.head import RequestHead, ResponseHead, TunnelCode
+from tunnelhttp.kinds import KIND_K8S_API
 from tunnelhttp.watchbounds import EventBoundary
 from wire.errors import RemoteProtocolError
 from wire.session import MuxStream
@@ -35,7 +36,6 @@ from wire.session import MuxStream
 log = logging.getLogger("agentd.proxy")
 
 _CHUNK = 256 * 1024  # per-chunk Python work dominates bulk transfers: fewer, larger chunks
-KIND_K8S_API = "k8s-api"
 
 
 @attrs.frozen(kw_only=True)

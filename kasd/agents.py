@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -15,7 +15,8 @@ from routing.directory import TunnelDirectory
 from routing.local import AgentTunnel, TunnelRegistry
 from routing.placement import PlacementHook
 from tunnelhttp.head import TunnelCode
-from wire.session import Session
+from wire.errors import RemoteProtocolError
+from wire.session import MuxStream, Session
 
 log = logging.getLogger("kasd.agents")
 
@@ -46,6 +47,13 @@ class AgentAuthenticator:
         return found
 
 
+#: serves one stream an agent opened (``tunnelhttp.kinds``: agentd → kasd), for the tunnel it came on
+IncomingHandler = Callable[[MuxStream, AgentTunnel], Awaitable[None]]
+
+#: streams one session's agent may have open to kasd at once (more wait in the session's backlog)
+MAX_INCOMING_PER_SESSION = 4
+
+
 def _hello_text(hello: dict[str, Any], key: str) -> str:
     value = hello.get(key, "")
     return value[:256] if isinstance(value, str) else str(value)[:256]
@@ -57,10 +65,13 @@ class AgentSessions:
     its last one goes (1 → 0); ``placement`` runs beside each session)."""
 
     def __init__(self, registry: TunnelRegistry, *, directory: TunnelDirectory | None = None,
-                 placement: PlacementHook | None = None) -> None:
+                 placement: PlacementHook | None = None,
+                 incoming: Mapping[str, IncomingHandler] | None = None) -> None:
         self.registry = registry
         self.directory = directory
         self.placement = placement
+        #: the handler of each kind of stream an agent may open to kasd; any other kind is refused
+        self.incoming: dict[str, IncomingHandler] = dict(incoming or {})
 
     def _held(self, agent_id: int) -> int:
         return sum(1 for _ in self.registry.tunnels(agent_id))
@@ -99,7 +110,7 @@ class AgentSessions:
         )
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._refuse_incoming, session)
+                nursery.start_soon(self._serve_incoming, session, tunnel)
                 if self.placement is not None:
                     nursery.start_soon(self.placement.serve, session, agent.id)
                 await session.wait_closed()
@@ -111,11 +122,36 @@ class AgentSessions:
             reason = session.close_reason.reason if session.close_reason else "closed by kasd"
             log.info("agent disconnected agent_id=%d pod=%s reason=%r", agent.id, tunnel.pod_name, reason)
 
-    async def _refuse_incoming(self, session: Session) -> None:
-        # kasd serves nothing to agents yet; say so instead of letting streams wait in the backlog.
-        while True:
-            try:
-                stream = await session.accept_stream()
-            except trio.BrokenResourceError:
-                return
-            await stream.refuse(TunnelCode.UNKNOWN_TARGET, "kasd serves no streams to agents")
+    async def _serve_incoming(self, session: Session, tunnel: AgentTunnel) -> None:
+        """Each stream the agent opens goes to the handler of its kind; an unknown kind is refused
+        (``UNKNOWN_TARGET``, naming it). At most ``MAX_INCOMING_PER_SESSION`` are served at once."""
+        slots = trio.Semaphore(MAX_INCOMING_PER_SESSION)
+        async with trio.open_nursery() as nursery:
+            while True:
+                try:
+                    stream = await session.accept_stream()
+                except trio.BrokenResourceError:
+                    return
+                kind = stream.metadata.get("kind")
+                handler = self.incoming.get(kind) if isinstance(kind, str) else None
+                if handler is None:
+                    shown = kind[:64] if isinstance(kind, str) else type(kind).__name__
+                    try:
+                        await stream.refuse(TunnelCode.UNKNOWN_TARGET, f"kasd serves no streams of kind {shown!r} to agents")
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, RemoteProtocolError):
+                        pass
+                    continue
+                await slots.acquire()
+                nursery.start_soon(self._serve_one, handler, stream, tunnel, slots)
+
+    async def _serve_one(self, handler: IncomingHandler, stream: MuxStream, tunnel: AgentTunnel,
+                         slots: trio.Semaphore) -> None:
+        try:
+            await handler(stream, tunnel)
+        except Exception as exc:  # one stream's failure (a bug) never takes the session down
+            log.error("agent stream handler failed agent_id=%d stream=%d error=%s", tunnel.agent_id,
+                      stream.stream_id, type(exc).__name__)
+            with trio.move_on_after(1, shield=True):
+                await stream.reset(TunnelCode.UNKNOWN_TARGET, "kasd failed to serve the stream")
+        finally:
+            slots.release()

@@ -16,6 +16,7 @@ from urllib.parse import unquote
 
 import attrs
 
+from tunnelhttp.kinds import KIND_K8S_API
 from wire import codec
 from wire.errors import ErrorCode, RemoteProtocolError, UnsendableFrameError
 from wire.frames import Metadata, Open
@@ -183,10 +184,12 @@ class RequestHead:
     #: path and query exactly as the client sent them, e.g. ``/api/v1/pods?watch=1``
     target: str
     headers: Headers
-    #: what the request is for on the agent side: ``k8s-api`` (more kinds later)
-    kind: str = "k8s-api"
+    #: what the request is for on the agent side: ``k8s-api`` or ``service`` (``tunnelhttp.kinds``)
+    kind: str = KIND_K8S_API
     impersonate: Impersonation | None = None
     request_id: str = ""
+    #: for kind ``service``: the name of the in-cluster service in agentd's allow-list
+    service: str | None = None
 
     @property
     def wants_upgrade(self) -> bool:
@@ -205,7 +208,7 @@ class RequestHead:
                 f"request has {len(headers)} headers to forward, over the tunnel's limit of"
                 f" {limits.max_array_items} headers", status=431, limit="headers")
         pairs = []
-        chars = len(target) + len(self.method) + len(self.kind) + len(self.request_id)
+        chars = len(target) + len(self.method) + len(self.kind) + len(self.request_id) + len(self.service or "")
         for name, value in headers:
             if len(value) > short or len(name) > short:
                 _check_header(name, value, limits)
@@ -220,11 +223,14 @@ class RequestHead:
             "impersonate": self.impersonate.to_metadata() if self.impersonate else None,
             "request_id": self.request_id,
         }
+        if self.service is not None:
+            metadata["service"] = self.service
         # Most heads are far from every limit even at 4 bytes a character and generous framing
         # (at most 12 bytes a string or container, 256 for the keys). One that may come near one —
         # long, or with a long method or request id, or a large impersonation (kasd's own
         # configuration) — is measured as the session will measure it.
-        items, longest, largest = len(headers), max(len(self.method), len(self.kind), len(self.request_id)), 0
+        items, longest, largest = len(headers), max(len(self.method), len(self.kind), len(self.request_id),
+                                                    len(self.service or "")), 0
         if self.impersonate is not None:
             more_chars, more_items, longest_there, largest = self.impersonate.bounds()
             chars, items, longest = chars + more_chars, items + more_items, max(longest, longest_there)
@@ -237,13 +243,16 @@ class RequestHead:
     def from_metadata(cls, raw: Metadata) -> RequestHead:
         if raw.get("v") != HTTP_TUNNEL_VERSION:
             raise RemoteProtocolError(f"unsupported HTTP tunnel version {raw.get('v')!r}")
-        method, target, kind = raw.get("method"), raw.get("target"), raw.get("kind", "k8s-api")
+        method, target, kind = raw.get("method"), raw.get("target"), raw.get("kind", KIND_K8S_API)
         if not (isinstance(method, str) and method.isalpha() and method.isupper()):
             raise RemoteProtocolError("method must be an upper-case token")
         if not (isinstance(target, str) and target.startswith("/")):
             raise RemoteProtocolError("target must be an origin-form path")
         if not isinstance(kind, str):
             raise RemoteProtocolError("kind must be a string")
+        service = raw.get("service")
+        if service is not None and not (isinstance(service, str) and service):
+            raise RemoteProtocolError("service must be a non-empty string")
         imp = raw.get("impersonate")
         request_id = raw.get("request_id", "")
         return cls(
@@ -253,6 +262,7 @@ class RequestHead:
             kind=kind,
             impersonate=None if imp is None else Impersonation.from_metadata(imp),
             request_id=request_id if isinstance(request_id, str) else "",
+            service=service,
         )
 
 
