@@ -17,6 +17,7 @@ from agentd.events import EventHandler, EventRecord
 from agentd.events.settings import EventsSettings, HandlerSettings, WebhookSettings
 from agentd.kubeapi import KubeTarget
 from agentd.upstream import UpstreamPool
+from tests.agentd.harness import EVENT_POSTED_AT, event_metadata, send_event
 from tests.webhooks import WebhookReceiver, open_webhook_receiver, verify_signature
 from tunnelhttp.head import TunnelCode
 from wire.session import Session, StreamRefusedError, connect_session
@@ -24,7 +25,6 @@ from wire.session import Session, StreamRefusedError, connect_session
 pytestmark = pytest.mark.timeout(20)
 
 SECRET = b"hook-secret-\xe2\x9c\x93"
-POSTED_AT = 1795000000.25
 
 
 @attrs.define(eq=False)
@@ -78,27 +78,6 @@ async def _sessions(nursery: trio.Nursery, left: trio.abc.Stream, right: trio.ab
     return found["kasd"], found["agentd"]
 
 
-def event_metadata(event_id: str, event_type: str = "push", seq: int = 1, **overrides: Any) -> dict[str, Any]:
-    metadata = {"v": 1, "kind": "event", "id": event_id, "type": event_type, "seq": seq, "posted_at": POSTED_AT,
-                "request_id": f"req-{event_id}"}
-    metadata.update(overrides)
-    return {k: v for k, v in metadata.items() if v is not ...}
-
-
-async def send_event(kasd: Session, metadata: dict[str, Any], payload: bytes = b'{"ref":"main"}') -> dict[str, Any]:
-    """Open one event stream as kasd does; the ACCEPT's outcome (or StreamRefusedError)."""
-    stream = await kasd.open_stream(metadata)
-    try:
-        if payload:
-            await stream.send_all(payload)
-        await stream.send_eof()
-        answer = await stream.wait_accepted()
-        assert await stream.receive_some() == b""
-        return answer
-    finally:
-        await stream.aclose()
-
-
 async def test_webhook_is_posted_once_signed_with_the_contract_s_body_and_headers(setup: Setup) -> None:
     answer = await send_event(setup.kasd, event_metadata("e-1"), b'{"ref": "main", "url": "https://x/y.git"}')
     assert answer == {"outcome": "done", "status": 200, "detail": f"webhook POST {setup.hooks.url}: 200"}
@@ -109,7 +88,7 @@ async def test_webhook_is_posted_once_signed_with_the_contract_s_body_and_header
     assert got.headers["x-kasd-signature-256"].startswith("sha256=")
     assert got.signature_ok  # the receiver recomputed it from the raw body and the shared secret
     assert not verify_signature(b"another secret", got.raw_body, got.headers["x-kasd-signature-256"])
-    assert got.body == {"id": "e-1", "type": "push", "agent_id": "7", "posted_at": POSTED_AT,
+    assert got.body == {"id": "e-1", "type": "push", "agent_id": "7", "posted_at": EVENT_POSTED_AT,
                         "payload": {"ref": "main", "url": "https://x/y.git"}}
 
 
