@@ -20,7 +20,7 @@ from agentd.upstream import UpstreamPool
 from tests.agentd.harness import EVENT_POSTED_AT, event_metadata, send_event
 from tests.webhooks import WebhookReceiver, open_webhook_receiver, verify_signature
 from tunnelhttp.head import TunnelCode
-from wire.session import Session, StreamRefusedError, connect_session
+from wire.session import MuxStream, Session, StreamRefusedError, connect_session
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -33,17 +33,24 @@ class Setup:
     handler: EventHandler
     hooks: WebhookReceiver
     records: list[EventRecord]
+    #: each stream's handler task, to cancel it as agentd does when its tunnel ends
+    scopes: list[trio.CancelScope]
 
 
 def webhook_handler(url: str, secret_file: Path, event_type: str = "push") -> HandlerSettings:
     return HandlerSettings(type=event_type, webhook=WebhookSettings(url=url, secret_file=secret_file))
 
 
-async def serve_streams(session: Session, handler: EventHandler) -> None:
+async def serve_streams(session: Session, handler: EventHandler, scopes: list[trio.CancelScope]) -> None:
+    async def serve(stream: MuxStream, scope: trio.CancelScope) -> None:
+        with scope:
+            await handler.handle(stream)
+
     async with trio.open_nursery() as nursery:
         while True:
             stream = await session.accept_stream()
-            nursery.start_soon(handler.handle, stream)
+            scopes.append(trio.CancelScope())
+            nursery.start_soon(serve, stream, scopes[-1])
 
 
 @pytest.fixture
@@ -62,8 +69,9 @@ async def setup(nursery: trio.Nursery, tmp_path: Path, request: pytest.FixtureRe
         handler = EventHandler(settings, kube=kube, agent_id="7", first_backoff=0.05, on_done=records.append,
                                **options)
         await nursery.start(handler.run)
-        nursery.start_soon(serve_streams, agent, handler)
-        yield Setup(kasd=kasd, handler=handler, hooks=hooks, records=records)
+        scopes: list[trio.CancelScope] = []
+        nursery.start_soon(serve_streams, agent, handler, scopes)
+        yield Setup(kasd=kasd, handler=handler, hooks=hooks, records=records, scopes=scopes)
 
 
 async def _sessions(nursery: trio.Nursery, left: trio.abc.Stream, right: trio.abc.Stream) -> tuple[Session, Session]:
@@ -123,6 +131,20 @@ async def test_a_failing_receiver_is_retried_and_events_keep_their_order(setup: 
     assert [(r.headers["x-kasd-event-id"], r.status) for r in setup.hooks.requests] == [
         ("first", 503), ("first", 503), ("first", 200), ("second", 200)]
     assert all(r.signature_ok for r in setup.hooks.requests)
+
+
+async def test_an_action_outlives_its_tunnel_and_the_redelivery_is_answered_duplicate(setup: Setup) -> None:
+    setup.hooks.fail_next(1, status=503)
+    stream = await setup.kasd.open_stream(event_metadata("e-1"))
+    await stream.send_all(b"{}")
+    await stream.send_eof()
+    await setup.hooks.wait_for(1, of=lambda hooks: hooks.requests)  # the first try failed; a retry is due
+    setup.scopes[0].cancel()  # the tunnel ended: agentd cancels the stream's task, kasd got no answer
+    await stream.reset()
+    # kasd delivers it again (over another tunnel); agentd finishes the first delivery, then answers
+    answer = await send_event(setup.kasd, event_metadata("e-1"))
+    assert answer["outcome"] == "duplicate"
+    assert [(r.headers["x-kasd-event-id"], r.status) for r in setup.hooks.requests] == [("e-1", 503), ("e-1", 200)]
 
 
 @pytest.mark.parametrize("setup", [{"retry_for": 0.6}], indirect=True)
