@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from agentd import __version__
-from agentd.events.settings import EventsSettings, parse_events
+from agentd.events.settings import EventActions, parse_events
 from agentd.kubeapi import shown_url
 from agentd.upstream import DEFAULT_RESPONSE_HEADER_TIMEOUT
 from daemonkit import yamldoc
@@ -312,7 +312,7 @@ class AgentdConfig:
     )
 
     #: what agentd does with the events kasd pushes (docs/agentd.md §Events); file only
-    events: EventsSettings = setting(factory=EventsSettings, parse=parse_events)
+    events: EventActions = setting(factory=EventActions, parse=parse_events)
 
     @property
     def health_host(self) -> str:

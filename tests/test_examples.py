@@ -78,6 +78,8 @@ def _agentd_example(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     text = (EXAMPLES / "agentd.yaml").read_text()
     text = text.replace("token_file: /etc/agentd/token", f"token_file: {tmp_path / 'token'}")
     text = text.replace("kas_ca_file: /etc/agentd/kas-ca.pem", f"kas_ca_file: {tmp_path / 'kas-ca.pem'}")
+    (tmp_path / "webhook-secret").write_text("example-webhook-secret\n")
+    text = text.replace("/etc/agentd/webhook-secret", str(tmp_path / "webhook-secret"))
     (tmp_path / "agentd.yaml").write_text(text)
     return tmp_path / "agentd.yaml", {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}
 

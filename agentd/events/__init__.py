@@ -12,6 +12,6 @@ standard library, trio, attrs.
 from __future__ import annotations
 
 from agentd.events.handler import EventHandler, EventRecord
-from agentd.events.settings import EventsSettings, parse_events
+from agentd.events.settings import EventActions, parse_events
 
-__all__ = ["EventHandler", "EventRecord", "EventsSettings", "parse_events"]
+__all__ = ["EventActions", "EventHandler", "EventRecord", "parse_events"]

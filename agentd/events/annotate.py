@@ -18,8 +18,8 @@ import json
 from typing import Any
 from urllib.parse import quote
 
-from agentd.events.exchange import Attempt, ResponseTooLarge, exchange
-from agentd.events.model import Event
+from agentd.events.exchange import ActionAttempt, ResponseTooLarge, exchange
+from agentd.events.model import IncomingEvent
 from agentd.events.settings import AnnotateSettings
 from agentd.upstream import (
     InvalidRequest,
@@ -38,7 +38,7 @@ _RETRIED = frozenset({408, 409, 425, 429})
 
 
 class _Failed(Exception):
-    def __init__(self, attempt: Attempt) -> None:
+    def __init__(self, attempt: ActionAttempt) -> None:
         super().__init__(attempt.detail)
         self.attempt = attempt
 
@@ -51,24 +51,24 @@ class Annotator:
         #: (apiVersion, kind) → the resource's plural, from discovery (kinds do not move)
         self._plurals: dict[tuple[str, str], str] = {}
 
-    async def attempt(self, settings: AnnotateSettings, event: Event) -> Attempt:
+    async def attempt(self, settings: AnnotateSettings, event: IncomingEvent) -> ActionAttempt:
         try:
             plural = await self._plural(settings, event.head.request_id)
             base = f"{settings.api_prefix}/namespaces/{settings.namespace}/{plural}"
             value = event.head.posted_rfc3339
             if settings.name is not None:
                 status = await self._patch(base, settings, settings.name, value, event.head.request_id, missing_ok=False)
-                return Attempt(ok=True, status=status,
+                return ActionAttempt(ok=True, status=status,
                                detail=f"annotated {settings.kind} {settings.namespace}/{settings.name} "
                                       f"{settings.annotation}={value}")
             url = event.payload.get("url") if isinstance(event.payload, dict) else None
             if not isinstance(url, str) or not url:
-                return Attempt(ok=False, final=True,
+                return ActionAttempt(ok=False, final=True,
                                detail=f"annotate {settings.kind} in {settings.namespace} by url: the payload has no "
                                       "string 'url' to compare with spec.url")
             names = await self._matching(base, settings, url, event.head.request_id)
             if not names:
-                return Attempt(ok=False, final=True,
+                return ActionAttempt(ok=False, final=True,
                                detail=f"annotate: no {settings.kind} in {settings.namespace} has spec.url "
                                       f"{url[:200]!r}")
             done = []
@@ -79,7 +79,7 @@ class Annotator:
                     status = answered
                     done.append(name)
             shown = ", ".join(done[:20]) + (f" and {len(done) - 20} more" if len(done) > 20 else "")
-            return Attempt(ok=True, status=status,
+            return ActionAttempt(ok=True, status=status,
                            detail=f"annotated {len(done)} {settings.kind} in {settings.namespace} "
                                   f"({shown}) {settings.annotation}={value}")
         except _Failed as failed:
@@ -92,7 +92,7 @@ class Annotator:
         status, body = await self._call("GET", settings.api_prefix, None, request_id, f"discover {settings.api_version}")
         if status == 404:
             hint = " (is Flux installed?)" if settings.api_version.split("/")[0].endswith("fluxcd.io") else ""
-            raise _Failed(Attempt(ok=False, status=status, final=True,
+            raise _Failed(ActionAttempt(ok=False, status=status, final=True,
                                   detail=f"annotate: the API server does not serve {settings.api_version}{hint}"))
         self._check(status, body, f"discover {settings.api_version}")
         resources = _json(body).get("resources")
@@ -101,7 +101,7 @@ class Annotator:
                     and isinstance(resource.get("name"), str) and "/" not in resource["name"]):
                 self._plurals[key] = resource["name"]
                 return str(resource["name"])
-        raise _Failed(Attempt(ok=False, final=True,
+        raise _Failed(ActionAttempt(ok=False, final=True,
                               detail=f"annotate: {settings.api_version} has no kind {settings.kind}"))
 
     async def _matching(self, base: str, settings: AnnotateSettings, url: str, request_id: str) -> list[str]:
@@ -120,7 +120,7 @@ class Annotator:
             token = (document.get("metadata") or {}).get("continue") or ""
             if not isinstance(token, str) or not token:
                 return names
-        raise _Failed(Attempt(ok=False, final=True,
+        raise _Failed(ActionAttempt(ok=False, final=True,
                               detail=f"annotate: over {_PAGE * _MAX_PAGES} {settings.kind} in {settings.namespace}"))
 
     async def _patch(self, base: str, settings: AnnotateSettings, name: str, value: str, request_id: str, *,
@@ -132,7 +132,7 @@ class Annotator:
         if status == 404:
             if missing_ok:
                 return None
-            raise _Failed(Attempt(ok=False, status=404, final=True, detail=f"annotate: {what} not found (404)"))
+            raise _Failed(ActionAttempt(ok=False, status=404, final=True, detail=f"annotate: {what} not found (404)"))
         self._check(status, body, f"patch {what}")
         return status
 
@@ -143,9 +143,9 @@ class Annotator:
             return await exchange(self.pool, method, target, headers, body, max_response=_MAX_DOC,
                                   request_id=request_id)
         except (UpstreamUnreachable, UpstreamLost, UpstreamTimeout) as exc:
-            raise _Failed(Attempt(ok=False, detail=f"annotate: {what}: {exc}")) from None
+            raise _Failed(ActionAttempt(ok=False, detail=f"annotate: {what}: {exc}")) from None
         except (ResponseTooLarge, InvalidRequest) as exc:
-            raise _Failed(Attempt(ok=False, final=True, detail=f"annotate: {what}: {exc}")) from None
+            raise _Failed(ActionAttempt(ok=False, final=True, detail=f"annotate: {what}: {exc}")) from None
 
     @staticmethod
     def _check(status: int, body: bytes, what: str) -> None:
@@ -154,7 +154,7 @@ class Annotator:
         message = _json(body).get("message")
         said = f": {message[:300]}" if isinstance(message, str) and message else ""
         retry = status >= 500 or status in _RETRIED
-        raise _Failed(Attempt(ok=False, status=status, final=not retry, detail=f"annotate: {what}: {status}{said}"))
+        raise _Failed(ActionAttempt(ok=False, status=status, final=not retry, detail=f"annotate: {what}: {status}{said}"))
 
 
 def _json(body: bytes) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """One small HTTP/1.1 exchange through ``agentd.upstream.UpstreamPool`` (agentd's one HTTP client),
-its answer read whole up to a bound, and ``Attempt``: how one try of an action went."""
+its answer read whole up to a bound, and ``ActionAttempt``: how one try of an action went."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tunnelhttp.head import RequestHead
 
 
 @attrs.frozen(kw_only=True)
-class Attempt:
+class ActionAttempt:
     """One try of one action: ``ok``, or why not; ``final`` when trying again cannot help."""
 
     ok: bool
@@ -64,4 +64,4 @@ async def exchange(pool: UpstreamPool, method: str, target: str, headers: Sequen
         return response.status, b"".join(chunks)
 
 
-__all__ = ["Attempt", "ResponseTooLarge", "exchange"]
+__all__ = ["ActionAttempt", "ResponseTooLarge", "exchange"]

@@ -31,9 +31,16 @@ import attrs
 import trio
 
 from agentd.events.annotate import Annotator
-from agentd.events.exchange import Attempt
-from agentd.events.model import MAX_PAYLOAD, BadEvent, Event, EventHead, Outcome, parse_payload
-from agentd.events.settings import EventsSettings, HandlerSettings
+from agentd.events.exchange import ActionAttempt
+from agentd.events.model import (
+    MAX_PAYLOAD,
+    BadEvent,
+    EventHead,
+    EventOutcome,
+    IncomingEvent,
+    parse_payload,
+)
+from agentd.events.settings import EventActions, EventHandlerSettings
 from agentd.events.webhook import WebhookSender
 from agentd.upstream import UpstreamPool
 from tunnelhttp.head import TunnelCode
@@ -70,15 +77,15 @@ class EventRecord:
 
 @attrs.define(eq=False)
 class _Job:
-    event: Event
-    outcome: Outcome | None = None
+    event: IncomingEvent
+    outcome: EventOutcome | None = None
     done: trio.Event = attrs.field(factory=trio.Event)
 
 
 class EventHandler:
     """Handles logical streams of kind ``event``; ``run`` is its worker (start it first)."""
 
-    def __init__(self, settings: EventsSettings, *, kube: UpstreamPool, agent_id: str,
+    def __init__(self, settings: EventActions, *, kube: UpstreamPool, agent_id: str,
                  recent_ids: int = RECENT_IDS, attempt_timeout: float = ATTEMPT_TIMEOUT,
                  first_backoff: float = FIRST_BACKOFF, on_done: Callable[[EventRecord], None] | None = None) -> None:
         self.settings = settings
@@ -112,17 +119,17 @@ class EventHandler:
                 for sender in self._webhooks.values():
                     await sender.aclose()
 
-    async def _act(self, event: Event) -> Outcome:
+    async def _act(self, event: IncomingEvent) -> EventOutcome:
         matching = [i for i, handler in enumerate(self.settings.handlers) if handler.matches(event.head.type)]
         if not matching:
-            return Outcome(outcome="ignored", detail=f"agentd has no handler for type {event.head.type!r}")
+            return EventOutcome(outcome="ignored", detail=f"agentd has no handler for type {event.head.type!r}")
         before = self._recent.get(event.head.id, frozenset())
         todo = [i for i in matching if i not in before]
         if not todo:
             self._recent.move_to_end(event.head.id)
-            return Outcome(outcome="duplicate", detail=f"agentd already acted on event {event.head.id}")
+            return EventOutcome(outcome="duplicate", detail=f"agentd already acted on event {event.head.id}")
         deadline = trio.current_time() + self.settings.retry_for
-        results: dict[int, Attempt] = {}
+        results: dict[int, ActionAttempt] = {}
 
         async def run_one(index: int) -> None:
             results[index] = await self._with_retries(index, self.settings.handlers[index], event, deadline)
@@ -137,7 +144,7 @@ class EventHandler:
         ordered = failed + [results[i] for i in todo if results[i].ok]
         detail = "; ".join(result.detail for result in ordered)
         status = ordered[0].status if ordered else None
-        return Outcome(outcome="failed" if failed else "done", detail=detail, status=status)
+        return EventOutcome(outcome="failed" if failed else "done", detail=detail, status=status)
 
     def _remember(self, event_id: str, handlers: frozenset[int]) -> None:
         self._recent[event_id] = handlers
@@ -145,17 +152,17 @@ class EventHandler:
         while len(self._recent) > self.recent_ids:
             self._recent.popitem(last=False)
 
-    async def _with_retries(self, index: int, handler: HandlerSettings, event: Event, deadline: float) -> Attempt:
+    async def _with_retries(self, index: int, handler: EventHandlerSettings, event: IncomingEvent, deadline: float) -> ActionAttempt:
         backoff = self.first_backoff
         attempts = 0
         while True:
             attempts += 1
             budget = min(self.attempt_timeout, deadline - trio.current_time())
-            result: Attempt | None = None
+            result: ActionAttempt | None = None
             with trio.move_on_after(budget):
                 result = await self._attempt(index, handler, event)
             if result is None:
-                result = Attempt(ok=False, detail=f"{handler.action} handlers[{index}]: no answer within {budget:.3g}s")
+                result = ActionAttempt(ok=False, detail=f"{handler.action} handlers[{index}]: no answer within {budget:.3g}s")
             if result.ok or result.final:
                 return result
             log.info("event action failed id=%s handler=%d action=%s attempt=%d detail=%r",
@@ -166,7 +173,7 @@ class EventHandler:
             await trio.sleep(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF)
 
-    async def _attempt(self, index: int, handler: HandlerSettings, event: Event) -> Attempt:
+    async def _attempt(self, index: int, handler: EventHandlerSettings, event: IncomingEvent) -> ActionAttempt:
         if handler.webhook is not None:
             return await self._webhooks[index].attempt(event)
         assert handler.annotate is not None
@@ -177,26 +184,26 @@ class EventHandler:
     async def handle(self, stream: MuxStream) -> None:
         started = trio.current_time()
         head: EventHead | None = None
-        outcome: Outcome | None = None
+        outcome: EventOutcome | None = None
         try:
             if self.draining:
-                outcome = Outcome(outcome="failed", detail="refused: agentd is shutting down")
+                outcome = EventOutcome(outcome="failed", detail="refused: agentd is shutting down")
                 await _refuse(stream, TunnelCode.UPSTREAM_UNREACHABLE, "agentd is shutting down; deliver it later")
                 return
             try:
                 head = EventHead.from_metadata(stream.metadata)
-                event = Event(head=head, payload=parse_payload(await _read_payload(stream)))
+                event = IncomingEvent(head=head, payload=parse_payload(await _read_payload(stream)))
             except BadEvent as exc:
-                outcome = Outcome(outcome="failed", detail=f"refused: {exc}")
+                outcome = EventOutcome(outcome="failed", detail=f"refused: {exc}")
                 await _refuse(stream, TunnelCode.BAD_REQUEST, f"bad event: {exc}")
                 return
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                outcome = Outcome(outcome="failed", detail="kasd reset the stream before the payload ended")
+                outcome = EventOutcome(outcome="failed", detail="kasd reset the stream before the payload ended")
                 return
             job = _Job(event=event)
             await self._send.send(job)
             await job.done.wait()
-            outcome = job.outcome or Outcome(outcome="failed", detail="agentd stopped while acting on it")
+            outcome = job.outcome or EventOutcome(outcome="failed", detail="agentd stopped while acting on it")
             try:
                 await stream.accept(outcome.to_metadata())
                 await stream.send_eof()
@@ -208,9 +215,9 @@ class EventHandler:
                 await stream.aclose()
             self._finish(stream, head, outcome, trio.current_time() - started)
 
-    def _finish(self, stream: MuxStream, head: EventHead | None, outcome: Outcome | None, duration: float) -> None:
+    def _finish(self, stream: MuxStream, head: EventHead | None, outcome: EventOutcome | None, duration: float) -> None:
         if outcome is None:
-            outcome = Outcome(outcome="failed", detail="cancelled")
+            outcome = EventOutcome(outcome="failed", detail="cancelled")
         record = EventRecord(id=head.id if head else "?", type=head.type if head else "?",
                              seq=head.seq if head else -1, outcome=outcome.outcome, detail=outcome.detail,
                              status=outcome.status, duration=duration, request_id=head.request_id if head else "")

@@ -1,5 +1,5 @@
 """What an ``event`` stream carries, sans-I/O: the OPEN metadata kasd sends (``EventHead``), the
-payload's bounds, and the ACCEPT metadata agentd answers with (``Outcome``). docs/agentd.md
+payload's bounds, and the ACCEPT metadata agentd answers with (``EventOutcome``). docs/agentd.md
 §Events describes them; /work/notes/SVC_CONTRACT.md (issue 28) fixed their names and shapes.
 """
 
@@ -72,7 +72,7 @@ class EventHead:
 
 
 @attrs.frozen(kw_only=True)
-class Event:
+class IncomingEvent:
     head: EventHead
     #: the payload's JSON value (None for an empty payload)
     payload: Any
@@ -93,7 +93,7 @@ def parse_payload(data: bytes) -> Any:
 
 
 @attrs.frozen(kw_only=True)
-class Outcome:
+class EventOutcome:
     outcome: OutcomeName
     detail: str = ""
     status: int | None = None
@@ -111,4 +111,4 @@ def _shown(value: object) -> str:
     return f"a {type(value).__name__}"
 
 
-__all__ = ["MAX_PAYLOAD", "BadEvent", "Event", "EventHead", "Outcome", "parse_payload"]
+__all__ = ["MAX_PAYLOAD", "BadEvent", "EventHead", "EventOutcome", "IncomingEvent", "parse_payload"]

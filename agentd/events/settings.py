@@ -100,7 +100,7 @@ class AnnotateSettings:
 
 
 @attrs.frozen(kw_only=True)
-class HandlerSettings:
+class EventHandlerSettings:
     type: str
     webhook: WebhookSettings | None = None
     annotate: AnnotateSettings | None = None
@@ -114,18 +114,18 @@ class HandlerSettings:
 
 
 @attrs.frozen(kw_only=True)
-class EventsSettings:
+class EventActions:
     retry_for: float = DEFAULT_RETRY_FOR
-    handlers: tuple[HandlerSettings, ...] = ()
+    handlers: tuple[EventHandlerSettings, ...] = ()
 
 
 # --------------------------------------------------------------------------- parsing
 
 
-def parse_events(value: Any) -> EventsSettings:
+def parse_events(value: Any) -> EventActions:
     """``events:`` from agentd's file (a mapping); ``Problem`` naming the key on any mistake."""
     if value is None:
-        return EventsSettings()
+        return EventActions()
     if not isinstance(value, dict):
         raise Problem(f"must be a mapping with retry_for and handlers, got {yamldoc.describe(value)}")
     _only(value, ("retry_for", "handlers"), "")
@@ -135,7 +135,7 @@ def parse_events(value: Any) -> EventsSettings:
         raise Problem(f"must be a list of handlers, got {yamldoc.describe(raw)}", at=".handlers")
     if len(raw) > MAX_HANDLERS:
         raise Problem(f"at most {MAX_HANDLERS} handlers, got {len(raw)}", at=".handlers")
-    return EventsSettings(retry_for=retry_for,
+    return EventActions(retry_for=retry_for,
                           handlers=tuple(_handler(item, f".handlers[{i}]") for i, item in enumerate(raw)))
 
 
@@ -153,7 +153,7 @@ def _retry_for(value: Any) -> float:
     return float(value)
 
 
-def _handler(raw: Any, at: str) -> HandlerSettings:
+def _handler(raw: Any, at: str) -> EventHandlerSettings:
     if not isinstance(raw, dict):
         raise Problem(f"a handler is a mapping (type, and webhook or annotate), got {yamldoc.describe(raw)}", at=at)
     _only(raw, ("type", "webhook", "annotate"), at)
@@ -165,8 +165,8 @@ def _handler(raw: Any, at: str) -> HandlerSettings:
         raise Problem("a handler needs exactly one of webhook and annotate, got "
                       + (" and ".join(actions) if actions else "neither"), at=at)
     if actions == ["webhook"]:
-        return HandlerSettings(type=event_type, webhook=_webhook(raw["webhook"], f"{at}.webhook"))
-    return HandlerSettings(type=event_type, annotate=_annotate(raw["annotate"], f"{at}.annotate"))
+        return EventHandlerSettings(type=event_type, webhook=_webhook(raw["webhook"], f"{at}.webhook"))
+    return EventHandlerSettings(type=event_type, annotate=_annotate(raw["annotate"], f"{at}.annotate"))
 
 
 def _webhook(raw: Any, at: str) -> WebhookSettings:
@@ -278,8 +278,8 @@ __all__ = [
     "DEFAULT_ANNOTATION",
     "DEFAULT_RETRY_FOR",
     "AnnotateSettings",
-    "EventsSettings",
-    "HandlerSettings",
+    "EventActions",
+    "EventHandlerSettings",
     "WebhookSettings",
     "parse_events",
 ]

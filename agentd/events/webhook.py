@@ -16,8 +16,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from agentd import __version__
-from agentd.events.exchange import Attempt, ResponseTooLarge, exchange
-from agentd.events.model import Event
+from agentd.events.exchange import ActionAttempt, ResponseTooLarge, exchange
+from agentd.events.model import IncomingEvent
 from agentd.events.settings import WebhookSettings
 from agentd.kubeapi import KubeTarget
 from agentd.upstream import (
@@ -34,7 +34,7 @@ _MAX_ANSWER = 64 * 1024
 _RETRIED_4XX = frozenset({408, 425, 429})
 
 
-def webhook_body(event: Event, agent_id: str) -> bytes:
+def webhook_body(event: IncomingEvent, agent_id: str) -> bytes:
     document: dict[str, Any] = {"id": event.head.id, "type": event.head.type, "agent_id": agent_id,
                                 "posted_at": event.head.posted_at, "payload": event.payload}
     return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
@@ -67,13 +67,13 @@ class WebhookSender:
     async def aclose(self) -> None:
         await self.pool.aclose()
 
-    async def attempt(self, event: Event) -> Attempt:
+    async def attempt(self, event: IncomingEvent) -> ActionAttempt:
         url = self.settings.url
         try:
             secret = self.settings.read_secret()
         except (OSError, ValueError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            return Attempt(ok=False, detail=f"webhook: cannot read the secret file {self.settings.secret_file}: {reason}")
+            return ActionAttempt(ok=False, detail=f"webhook: cannot read the secret file {self.settings.secret_file}: {reason}")
         body = webhook_body(event, self.agent_id)
         headers = (
             ("content-type", "application/json"),
@@ -87,18 +87,18 @@ class WebhookSender:
                                        request_id=event.head.request_id)
         except (UpstreamUnreachable, UpstreamLost, UpstreamTimeout) as exc:
             # upstream's words are about its main peer, the API server
-            return Attempt(ok=False, detail=f"webhook POST {url}: {str(exc).replace('API server', 'receiver')}")
+            return ActionAttempt(ok=False, detail=f"webhook POST {url}: {str(exc).replace('API server', 'receiver')}")
         except ResponseTooLarge as exc:
             status = exc.status  # only the status matters; the rest of a long answer is not read
         except InvalidRequest as exc:
-            return Attempt(ok=False, detail=f"webhook POST {url}: {exc}", final=True)
+            return ActionAttempt(ok=False, detail=f"webhook POST {url}: {exc}", final=True)
         if 200 <= status < 300:
-            return Attempt(ok=True, status=status, detail=f"webhook POST {url}: {status}")
+            return ActionAttempt(ok=True, status=status, detail=f"webhook POST {url}: {status}")
         if 300 <= status < 400:
-            return Attempt(ok=False, status=status, final=True,
+            return ActionAttempt(ok=False, status=status, final=True,
                            detail=f"webhook POST {url}: answered {status}, a redirect (agentd follows none)")
         retry = status >= 500 or status in _RETRIED_4XX
-        return Attempt(ok=False, status=status, final=not retry, detail=f"webhook POST {url}: answered {status}")
+        return ActionAttempt(ok=False, status=status, final=not retry, detail=f"webhook POST {url}: answered {status}")
 
 
 __all__ = ["SIGNATURE_HEADER", "WebhookSender", "signature", "webhook_body"]

@@ -75,10 +75,14 @@ def test_example_config_file_loads(files: Path) -> None:
     text = example.read_text().replace("/etc/agentd/token", str(files / "token"))
     trustme.CA().cert_pem.write_to_path(str(files / "kas-ca.pem"))  # the CA file must hold a certificate
     text = text.replace("kas_ca_file: /etc/agentd/kas-ca.pem", f"kas_ca_file: {files / 'kas-ca.pem'}")
+    (files / "webhook-secret").write_text("example-webhook-secret\n")
+    text = text.replace("/etc/agentd/webhook-secret", str(files / "webhook-secret"))
     (files / "example.yaml").write_text(text)
     config = load_config(["--config", str(files / "example.yaml")], {"KUBERNETES_SERVICE_HOST": "10.0.0.1"})
     assert config.kas_addresses == ("https://kas.example.com:8150/tunnel",)
     assert config.in_cluster and config.connections == 2 and config.agent_id == "1"
+    assert [(h.type, h.action) for h in config.events.handlers] == [("push", "webhook"), ("push", "annotate"),
+                                                                     ("*", "annotate")]
 
 
 def test_in_cluster_is_the_default_inside_a_pod(files: Path) -> None:

@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 from agentd.events import EventHandler, EventRecord
-from agentd.events.settings import EventsSettings, HandlerSettings, WebhookSettings
+from agentd.events.settings import EventActions, EventHandlerSettings, WebhookSettings
 from agentd.kubeapi import KubeTarget
 from agentd.upstream import UpstreamPool
 from tests.agentd.harness import EVENT_POSTED_AT, event_metadata, send_event
@@ -37,8 +37,8 @@ class Setup:
     scopes: list[trio.CancelScope]
 
 
-def webhook_handler(url: str, secret_file: Path, event_type: str = "push") -> HandlerSettings:
-    return HandlerSettings(type=event_type, webhook=WebhookSettings(url=url, secret_file=secret_file))
+def webhook_handler(url: str, secret_file: Path, event_type: str = "push") -> EventHandlerSettings:
+    return EventHandlerSettings(type=event_type, webhook=WebhookSettings(url=url, secret_file=secret_file))
 
 
 async def serve_streams(session: Session, handler: EventHandler, scopes: list[trio.CancelScope]) -> None:
@@ -59,7 +59,7 @@ async def setup(nursery: trio.Nursery, tmp_path: Path, request: pytest.FixtureRe
     secret_file = tmp_path / "hook-secret"
     secret_file.write_bytes(SECRET + b"\n")
     async with open_webhook_receiver(SECRET) as hooks:
-        settings = EventsSettings(retry_for=options.pop("retry_for", 5.0),
+        settings = EventActions(retry_for=options.pop("retry_for", 5.0),
                                   handlers=(webhook_handler(hooks.url, secret_file),))
         left, right = trio.testing.memory_stream_pair()
         kasd, agent = await _sessions(nursery, left, right)

@@ -12,7 +12,7 @@ import pytest
 import trio
 import yaml
 
-from agentd.events.settings import AnnotateSettings, EventsSettings, HandlerSettings
+from agentd.events.settings import AnnotateSettings, EventActions, EventHandlerSettings
 from agentd.kubeapi import kubeconfig_target
 from kubesim.server import open_kubesim
 from tests.agentd.harness import (
@@ -47,11 +47,11 @@ OBJECTS = (*TRUSTED, *FLUX_CRDS, {"apiVersion": "v1", "kind": "Namespace", "meta
            git_repository("other", "https://gitlab.example.com/group/other.git"))
 
 
-def annotate(event_type: str, **fields: Any) -> HandlerSettings:
+def annotate(event_type: str, **fields: Any) -> EventHandlerSettings:
     values: dict[str, Any] = {"api_version": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository",
                               "namespace": "flux-system"}
     values.update(fields)
-    return HandlerSettings(type=event_type, annotate=AnnotateSettings(**values))
+    return EventHandlerSettings(type=event_type, annotate=AnnotateSettings(**values))
 
 
 HANDLERS = (
@@ -66,7 +66,7 @@ async def test_annotate_sets_flux_s_requested_at_by_name_and_by_url(nursery: tri
     async with open_kubesim(objects=OBJECTS, token=SIM_TOKEN, bookmark_interval=3600) as sim:
         sim.write_kubeconfig(tmp_path / "kubeconfig")
         kasd = await start_fake_kasd(nursery)
-        config = agent_config(tmp_path, kasd.url, events=EventsSettings(retry_for=2, handlers=HANDLERS))
+        config = agent_config(tmp_path, kasd.url, events=EventActions(retry_for=2, handlers=HANDLERS))
         async with running_agent(nursery, config, kubeconfig_target(config.kubeconfig)):
             session = await kasd.session()
 
