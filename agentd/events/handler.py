@@ -112,6 +112,11 @@ class EventHandler:
             async for job in self._receive:
                 try:
                     job.outcome = await self._act(job.event)
+                except Exception as exc:  # a bug an event reached: answer it, keep serving the next
+                    names = _exception_names(exc)
+                    log.error("event action failed unexpectedly id=%s error=%s", job.event.head.id, names,
+                              exc_info=log.isEnabledFor(logging.DEBUG))
+                    job.outcome = EventOutcome(outcome="failed", detail=f"agentd failed unexpectedly ({names})")
                 finally:
                     job.done.set()
         finally:
@@ -228,6 +233,13 @@ class EventHandler:
                 stream.stream_id, record.detail[:300])
         if self.on_done is not None:
             self.on_done(record)
+
+
+def _exception_names(exc: BaseException) -> str:
+    """The types of ``exc`` (those inside a group), never their messages (which may quote data)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return ", ".join(dict.fromkeys(_exception_names(inner) for inner in exc.exceptions))
+    return type(exc).__name__
 
 
 async def _read_payload(stream: MuxStream) -> bytes:

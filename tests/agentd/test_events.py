@@ -227,3 +227,15 @@ async def test_a_draining_agentd_refuses_new_events(setup: Setup) -> None:
         await send_event(setup.kasd, event_metadata("e-1"))
     assert refused.value.code == TunnelCode.UPSTREAM_UNREACHABLE
     assert "shutting down" in refused.value.message
+
+
+async def test_a_bug_an_event_reaches_is_answered_failed_and_the_next_event_served(
+        setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(event: object, agent_id: str) -> bytes:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr("agentd.events.webhook.webhook_body", broken)
+    answer = await send_event(setup.kasd, event_metadata("e-1"))
+    assert answer == {"outcome": "failed", "detail": "agentd failed unexpectedly (KeyError)", "status": None}
+    monkeypatch.undo()
+    assert (await send_event(setup.kasd, event_metadata("e-2")))["outcome"] == "done"
