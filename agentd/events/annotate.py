@@ -59,18 +59,18 @@ class Annotator:
             if settings.name is not None:
                 status = await self._patch(base, settings, settings.name, value, event.head.request_id, missing_ok=False)
                 return ActionAttempt(ok=True, status=status,
-                               detail=f"annotated {settings.kind} {settings.namespace}/{settings.name} "
-                                      f"{settings.annotation}={value}")
+                                     detail=f"annotated {settings.kind} {settings.namespace}/{settings.name} "
+                                            f"{settings.annotation}={value}")
             url = event.payload.get("url") if isinstance(event.payload, dict) else None
             if not isinstance(url, str) or not url:
                 return ActionAttempt(ok=False, final=True,
-                               detail=f"annotate {settings.kind} in {settings.namespace} by url: the payload has no "
-                                      "string 'url' to compare with spec.url")
+                                     detail=f"annotate {settings.kind} in {settings.namespace} by url: the payload has no "
+                                            "string 'url' to compare with spec.url")
             names = await self._matching(base, settings, url, event.head.request_id)
             if not names:
                 return ActionAttempt(ok=False, final=True,
-                               detail=f"annotate: no {settings.kind} in {settings.namespace} has spec.url "
-                                      f"{url[:200]!r}")
+                                     detail=f"annotate: no {settings.kind} in {settings.namespace} has spec.url "
+                                            f"{url[:200]!r}")
             done = []
             status = None
             for name in names:
@@ -80,8 +80,8 @@ class Annotator:
                     done.append(name)
             shown = ", ".join(done[:20]) + (f" and {len(done) - 20} more" if len(done) > 20 else "")
             return ActionAttempt(ok=True, status=status,
-                           detail=f"annotated {len(done)} {settings.kind} in {settings.namespace} "
-                                  f"({shown}) {settings.annotation}={value}")
+                                 detail=f"annotated {len(done)} {settings.kind} in {settings.namespace} "
+                                        f"({shown}) {settings.annotation}={value}")
         except _Failed as failed:
             return failed.attempt
 
@@ -93,7 +93,7 @@ class Annotator:
         if status == 404:
             hint = " (is Flux installed?)" if settings.api_version.split("/")[0].endswith("fluxcd.io") else ""
             raise _Failed(ActionAttempt(ok=False, status=status, final=True,
-                                  detail=f"annotate: the API server does not serve {settings.api_version}{hint}"))
+                                        detail=f"annotate: the API server does not serve {settings.api_version}{hint}"))
         self._check(status, body, f"discover {settings.api_version}")
         resources = _json(body).get("resources")
         for resource in resources if isinstance(resources, list) else []:
@@ -102,7 +102,7 @@ class Annotator:
                 self._plurals[key] = resource["name"]
                 return str(resource["name"])
         raise _Failed(ActionAttempt(ok=False, final=True,
-                              detail=f"annotate: {settings.api_version} has no kind {settings.kind}"))
+                                    detail=f"annotate: {settings.api_version} has no kind {settings.kind}"))
 
     async def _matching(self, base: str, settings: AnnotateSettings, url: str, request_id: str) -> list[str]:
         names: list[str] = []
@@ -121,7 +121,7 @@ class Annotator:
             if not isinstance(token, str) or not token:
                 return names
         raise _Failed(ActionAttempt(ok=False, final=True,
-                              detail=f"annotate: over {_PAGE * _MAX_PAGES} {settings.kind} in {settings.namespace}"))
+                                    detail=f"annotate: over {_PAGE * _MAX_PAGES} {settings.kind} in {settings.namespace}"))
 
     async def _patch(self, base: str, settings: AnnotateSettings, name: str, value: str, request_id: str, *,
                      missing_ok: bool) -> int | None:

@@ -136,7 +136,7 @@ def parse_events(value: Any) -> EventActions:
     if len(raw) > MAX_HANDLERS:
         raise Problem(f"at most {MAX_HANDLERS} handlers, got {len(raw)}", at=".handlers")
     return EventActions(retry_for=retry_for,
-                          handlers=tuple(_handler(item, f".handlers[{i}]") for i, item in enumerate(raw)))
+                        handlers=tuple(_handler(item, f".handlers[{i}]") for i, item in enumerate(raw)))
 
 
 def _only(mapping: dict[Any, Any], known: tuple[str, ...], at: str) -> None:

@@ -73,7 +73,8 @@ class WebhookSender:
             secret = self.settings.read_secret()
         except (OSError, ValueError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            return ActionAttempt(ok=False, detail=f"webhook: cannot read the secret file {self.settings.secret_file}: {reason}")
+            return ActionAttempt(ok=False,
+                                 detail=f"webhook: cannot read the secret file {self.settings.secret_file}: {reason}")
         body = webhook_body(event, self.agent_id)
         headers = (
             ("content-type", "application/json"),
@@ -96,7 +97,7 @@ class WebhookSender:
             return ActionAttempt(ok=True, status=status, detail=f"webhook POST {url}: {status}")
         if 300 <= status < 400:
             return ActionAttempt(ok=False, status=status, final=True,
-                           detail=f"webhook POST {url}: answered {status}, a redirect (agentd follows none)")
+                                 detail=f"webhook POST {url}: answered {status}, a redirect (agentd follows none)")
         retry = status >= 500 or status in _RETRIED_4XX
         return ActionAttempt(ok=False, status=status, final=not retry, detail=f"webhook POST {url}: answered {status}")
 

@@ -60,7 +60,7 @@ async def setup(nursery: trio.Nursery, tmp_path: Path, request: pytest.FixtureRe
     secret_file.write_bytes(SECRET + b"\n")
     async with open_webhook_receiver(SECRET) as hooks:
         settings = EventActions(retry_for=options.pop("retry_for", 5.0),
-                                  handlers=(webhook_handler(hooks.url, secret_file),))
+                                handlers=(webhook_handler(hooks.url, secret_file),))
         left, right = trio.testing.memory_stream_pair()
         kasd, agent = await _sessions(nursery, left, right)
         records: list[EventRecord] = []
