@@ -67,7 +67,7 @@ async def test_annotate_sets_flux_s_requested_at_by_name_and_by_url(nursery: tri
         sim.write_kubeconfig(tmp_path / "kubeconfig")
         kasd = await start_fake_kasd(nursery)
         config = agent_config(tmp_path, kasd.url, events=EventActions(retry_for=2, handlers=HANDLERS))
-        async with running_agent(nursery, config, kubeconfig_target(config.kubeconfig)):
+        async with running_agent(nursery, config, kubeconfig_target(tmp_path / "kubeconfig")):
             session = await kasd.session()
 
             async def requested_at() -> dict[str, str | None]:
