@@ -189,8 +189,10 @@ def _shown_url(url: str) -> str:
 
 
 def _list_of_text(value: Any) -> list[str]:
-    if not isinstance(value, list) or not value:
-        raise Problem(f"must be a non-empty list, got {yamldoc.describe(value)}")
+    if not isinstance(value, list):
+        raise Problem(f"must be a list, got {yamldoc.describe(value)}")
+    if not value:
+        raise Problem("must not be empty (leave the key out for the default)")
     for index, item in enumerate(value):
         if not isinstance(item, str):
             raise Problem(f"expected a string, got {yamldoc.describe(item)}", at=f"[{index}]")
