@@ -12,7 +12,13 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from agentd.services import ServiceSettings, UnsafeTarget, check_request, normalised_path, prefix_allows
+from agentd.services import (
+    ServiceSettings,
+    UnsafeTarget,
+    check_request,
+    normalised_path,
+    prefix_allows,
+)
 
 pytestmark = pytest.mark.timeout(60)
 

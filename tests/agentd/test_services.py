@@ -4,17 +4,21 @@ Status saying why, an unknown service, an unreachable one, one that never answer
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 import pytest
 import trio
 
+from agentd.kubeapi import KubeTarget
 from agentd.services import ServiceSettings
-from tests.agentd.harness import read_all
+from tests.agentd.harness import agent_config, exchange, read_all, running_agent, start_fake_kasd
 from tests.agentd.servicetunnel import answer_json, serve_upstream, service_head, service_tunnel
+from tests.prometheus import needs_prometheus, query, start_prometheus, wait_for_series
 from tunnelhttp.head import ResponseHead, TunnelCode
 from wire.session import StreamRefusedError
 
@@ -202,3 +206,28 @@ async def test_an_upgrade_becomes_a_raw_pipe(nursery: trio.Nursery) -> None:
             await stream.send_eof()
             await read_all(stream)
             await stream.aclose()
+
+
+@needs_prometheus
+@pytest.mark.e2e
+@pytest.mark.timeout(60)
+async def test_a_query_through_agentd_returns_what_prometheus_answers_directly(nursery: trio.Nursery,
+                                                                                tmp_path: Path) -> None:
+    # A real Prometheus behind agentd as run_agent wires it (the service stream kind registered),
+    # kasd's side played by the harness.
+    async with start_prometheus() as real:
+        with trio.fail_after(30):
+            await wait_for_series(real.url, "up")
+        kasd = await start_fake_kasd(nursery)
+        config = agent_config(tmp_path, kasd.url, services=(prometheus(real.url),))
+        async with running_agent(nursery, config, KubeTarget(scheme="http", host="127.0.0.1", port=9)):
+            session = await kasd.session()
+            at = f"{time.time():.3f}"  # both answers evaluated at one instant
+            with trio.fail_after(10):
+                response, body = await exchange(session, service_head("GET", f"/api/v1/query?query=up&time={at}"))
+                direct = await trio.to_thread.run_sync(functools.partial(query, real.url, "up", time=at))
+    assert response.status == 200
+    assert ("content-type", "application/json") in response.headers
+    answer = json.loads(body)
+    assert answer == direct
+    assert answer["status"] == "success" and answer["data"]["result"][0]["metric"]["job"] == "prometheus"
