@@ -9,8 +9,6 @@ refused outright rather than normalised: a dot segment (``..``, ``.``, in any en
 a NUL or other control character, a target not starting with exactly one ``/``, invalid UTF-8 after
 decoding (overlong forms such as ``%c0%ae``), or a percent-encoding of any of these at any depth
 (``%252e``). What is left has one reading, so a prefix of it is a prefix for the service too.
-
-May import: daemonkit, tunnelhttp.
 """
 
 from __future__ import annotations

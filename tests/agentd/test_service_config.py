@@ -83,6 +83,9 @@ def test_every_key_of_a_service(files: Path) -> None:
     ("  - name: a\n    url: http://x\n    response_header_timeout: soon\n",
      "services[0].response_header_timeout in {config}: expected a number of seconds, got a string of 4 characters"),
     ("  a: 1\n", "services in {config}: must be a list, got a mapping"),
+    ("  - name: a\n    url: http://x\n    path: [/api/v1/]\n",
+     "config file {config}: unknown key(s) in services[0]: path; known keys: ca_file, credentials_file, methods, "
+     "name, paths, response_header_timeout, url"),
 ])
 def test_each_bad_service_setting_is_named(files: Path, services: str, message: str) -> None:
     with pytest.raises(ConfigError) as error:
