@@ -41,13 +41,18 @@ async def test_an_allowed_request_reaches_the_service_with_agentds_credential_on
     async with service_tunnel([service]) as tunnel:
         with trio.fail_after(5):
             response, body = await tunnel.request(
-                "GET", "/api/v1/query?query=up", headers=(("authorization", "Bearer kasd-user-token"),))
+                "GET", "/api/v1/query?query=up",
+                headers=(("authorization", "Bearer kasd-user-token"), ("cookie", "_kasd_session=s3cret"),
+                         ("private-token", "glpat-x"), ("job-token", "jt-x"), ("x-custom", "kept")))
         assert response.status == 200
         assert json.loads(body) == {"status": "success", "data": 1}
         # the URL's path is a prefix; the query passes on; the client's Authorization never does
         assert upstream.request_line() == "GET /prom/api/v1/query?query=up HTTP/1.1"
         assert upstream.header(0, "authorization") == "Bearer first-secret"
         assert upstream.header(0, "host") == f"127.0.0.1:{upstream.port}"
+        # nor any other credential of kasd's clients; their other headers pass on
+        assert [upstream.header(0, name) for name in ("cookie", "private-token", "job-token")] == [None] * 3
+        assert upstream.header(0, "x-custom") == "kept"
         # a rotated token (a Secret's new content) is used from the next request on
         token.write_text("second-secret\n")
         os.utime(token, ns=(1, 1))  # a new mtime even within the file system's timestamp granularity
