@@ -68,6 +68,29 @@ async def test_an_allowed_request_reaches_the_service_with_agentds_credential_on
     assert not any("secret" in r.getMessage() for r in caplog.records)
 
 
+async def test_an_unreadable_credentials_file_refuses_without_naming_it_or_keeps_the_last_token(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    upstream = await serve_upstream(nursery, answer_json)
+    token = tmp_path / "token"
+    token.write_text("only-secret\n")
+    async with service_tunnel([prometheus(upstream.url, credentials_file=token)]) as tunnel:
+        token.unlink()  # gone before the first request: no token to fall back on
+        with trio.fail_after(5), pytest.raises(StreamRefusedError) as refused:
+            await tunnel.request("GET", "/api/v1/query?query=up")
+        assert refused.value.code == TunnelCode.UPSTREAM_UNREACHABLE
+        assert refused.value.message == "agentd cannot read the credentials of service 'prometheus' (its log says why)"
+        token.write_text("only-secret\n")
+        with trio.fail_after(5):
+            response, _ = await tunnel.request("GET", "/api/v1/query?query=up")
+        assert response.status == 200
+        token.write_text("two\nlines\n")  # a rotation caught half-way: the last good token goes on
+        with trio.fail_after(5):
+            response, _ = await tunnel.request("GET", "/api/v1/query?query=up")
+    assert response.status == 200
+    assert [upstream.header(i, "authorization") for i in range(2)] == ["Bearer only-secret"] * 2
+    assert upstream.heads and len(upstream.heads) == 2
+
+
 async def test_a_service_agentd_does_not_have_is_refused_naming_it(nursery: trio.Nursery) -> None:
     async with service_tunnel([prometheus("http://127.0.0.1:9")]) as tunnel:
         with trio.fail_after(5), pytest.raises(StreamRefusedError) as refused:
