@@ -179,7 +179,8 @@ class StreamProxy:
         log.log(
             level,
             "request %smethod=%s path=%s status=%s outcome=%s bytes_in=%d bytes_out=%d duration=%.3f request_id=%s stream=%d",
-            f"service={record.service} " if record.service is not None else "", record.method, record.path, record.status if record.status is not None else "-", record.outcome,
+            f"service={record.service} " if record.service is not None else "",
+            record.method, record.path, record.status if record.status is not None else "-", record.outcome,
             record.bytes_in, record.bytes_out, record.duration, record.request_id or "-", stream.stream_id,
         )
         if self.on_done is not None:
