@@ -3,12 +3,17 @@ on CI or when asked with KASD_TEST_INSTALL=1): on 127.0.0.1, a free port, its ow
 temporary directory, scraping the given targets every second (and itself, so ``up`` has a series
 after its first scrape).
 
-    async with start_prometheus(["127.0.0.1:9102"]) as prometheus:
-        await wait_for_series(prometheus.url, 'up{job="targets"}')   # under the caller's fail_after
-        ... GET {prometheus.url}/api/v1/query?query=up ...
+    async with start_prometheus(["127.0.0.1:9102"]) as url:
+        await wait_for_series(url, 'up{job="targets"}')   # under the caller's fail_after
+        ... GET {url}/api/v1/query?query=up ...
 
 or, for a module's tests sharing one, ``PrometheusProcess(workdir, targets).start()`` / ``.stop()``.
 It stops only the process it started.
+
+Starting takes about 0.5 s; the first scrape comes about 5 s after that, whatever the scrape
+interval (Prometheus's discovery manager hands targets to the scrapers every 5 s, and 2.42 has no
+flag for it). So a test that needs a scraped series waits for it (``wait_for_series``), and tests
+that need one share a Prometheus per module.
 """
 
 from __future__ import annotations
@@ -126,13 +131,14 @@ class PrometheusProcess:
 
 @asynccontextmanager
 async def start_prometheus(targets: Sequence[str] = (), *, scrape_interval: float = 1.0,
-                           workdir: Path | None = None) -> AsyncIterator[PrometheusProcess]:
-    """A running Prometheus scraping ``targets`` (``host:port``, ``/metrics``); its base URL is ``.url``."""
+                           workdir: Path | None = None) -> AsyncIterator[str]:
+    """A running Prometheus scraping ``targets`` (``host:port``, path ``/metrics``): its base URL,
+    ``http://127.0.0.1:<port>``. (``PrometheusProcess`` is the same for a module-scoped fixture.)"""
     with tempfile.TemporaryDirectory(prefix="kasd-prometheus-") as scratch:
         process = PrometheusProcess(workdir or Path(scratch), targets, scrape_interval=scrape_interval)
         await trio.to_thread.run_sync(process.start)
         try:
-            yield process
+            yield process.url
         finally:
             with trio.move_on_after(15, shield=True):
                 await trio.to_thread.run_sync(process.stop)

@@ -245,15 +245,15 @@ async def test_a_query_through_agentd_returns_what_prometheus_answers_directly(n
     # kasd's side played by the harness.
     async with start_prometheus() as real:
         with trio.fail_after(30):
-            await wait_for_series(real.url, "up")
+            await wait_for_series(real, "up")
         kasd = await start_fake_kasd(nursery)
-        config = agent_config(tmp_path, kasd.url, services=(prometheus(real.url),))
+        config = agent_config(tmp_path, kasd.url, services=(prometheus(real),))
         async with running_agent(nursery, config, KubeTarget(scheme="http", host="127.0.0.1", port=9)):
             session = await kasd.session()
             at = f"{time.time():.3f}"  # both answers evaluated at one instant
             with trio.fail_after(10):
                 response, body = await exchange(session, service_head("GET", f"/api/v1/query?query=up&time={at}"))
-                direct = await trio.to_thread.run_sync(functools.partial(query, real.url, "up", time=at))
+                direct = await trio.to_thread.run_sync(functools.partial(query, real, "up", time=at))
     assert response.status == 200
     assert ("content-type", "application/json") in response.headers
     answer = json.loads(body)
