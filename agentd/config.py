@@ -21,6 +21,7 @@ import attrs
 from agentd import __version__
 from agentd.events.settings import EventActions, parse_events
 from agentd.kubeapi import shown_url
+from agentd.services import ServiceSettings, parse_services
 from agentd.upstream import DEFAULT_RESPONSE_HEADER_TIMEOUT
 from daemonkit import yamldoc
 from daemonkit.notify import ready_file_problem
@@ -310,6 +311,8 @@ class AgentdConfig:
         help="for this long after kasd goes away (any tunnel drop, however soon after the last), redial at "
         "most 2 s apart (full jitter) before backing off exponentially to 60 s; 0: back off at once",
     )
+    #: in-cluster services kasd may reach through this agentd (agentd.services; docs/agentd.md#services)
+    services: tuple[ServiceSettings, ...] = setting((), parse=parse_services)
 
     #: what agentd does with the events kasd pushes (docs/agentd.md §Events); file only
     events: EventActions = setting(factory=EventActions, parse=parse_events)
@@ -342,7 +345,8 @@ class _AgentdBlame:
         return problem
 
     def unknown_keys(self, key: str, unknown: Sequence[str], known: Sequence[str], config: Path | None) -> str:
-        return f"config file {config}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
+        within = f" in {key}:" if key else ""  # a list item's (services[1]), not the top level's
+        return f"config file {config}: unknown key(s){within} {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
 
     def unreadable(self, config: Path, named_by: str, reason: str) -> str:
         return f"cannot read config file {config}: {reason}"
