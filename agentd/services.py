@@ -373,6 +373,8 @@ class ServiceTarget:
     server_hostname: str | None = None
     path_prefix: str = ""
     credentials: CredentialsFile | None = attrs.field(default=None, eq=False)
+    #: how messages name it; ``service '<name>'`` when None
+    label: str | None = None
 
     @classmethod
     def for_service(cls, service: ServiceSettings) -> ServiceTarget:
@@ -405,11 +407,11 @@ class ServiceTarget:
 
     @property
     def peer(self) -> str:
-        return f"service {self.name!r}"
+        return self.label or f"service {self.name!r}"
 
     @property
     def peer_title(self) -> str:
-        return f"service {self.name!r}"
+        return self.peer
 
     def authorization(self) -> str | None:
         return self.credentials.bearer() if self.credentials is not None else None

@@ -19,7 +19,7 @@ from agentd import __version__
 from agentd.events.exchange import ActionAttempt, ResponseTooLarge, exchange
 from agentd.events.model import IncomingEvent
 from agentd.events.settings import WebhookSettings
-from agentd.kubeapi import KubeTarget
+from agentd.services import ServiceTarget
 from agentd.upstream import (
     InvalidRequest,
     UpstreamLost,
@@ -57,8 +57,8 @@ class WebhookSender:
         assert parts.hostname is not None  # settings checked it
         self.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         self.pool = UpstreamPool(
-            KubeTarget(scheme=scheme, host=parts.hostname, port=port, ssl_context=settings.ssl_context(),
-                       source=f"webhook {settings.url}"),
+            ServiceTarget(name="webhook", label="the webhook receiver", scheme=scheme, host=parts.hostname,
+                          port=port, ssl_context=settings.ssl_context()),
             max_idle=2,
             # the caller bounds each attempt as a whole (connect, request, answer)
             response_header_timeout=None,
@@ -87,8 +87,7 @@ class WebhookSender:
             status, _ = await exchange(self.pool, "POST", self.target, headers, body, max_response=_MAX_ANSWER,
                                        request_id=event.head.request_id)
         except (UpstreamUnreachable, UpstreamLost, UpstreamTimeout) as exc:
-            # upstream's words are about its main peer, the API server
-            return ActionAttempt(ok=False, detail=f"webhook POST {url}: {str(exc).replace('API server', 'receiver')}")
+            return ActionAttempt(ok=False, detail=f"webhook POST {url}: {exc}")
         except ResponseTooLarge as exc:
             status = exc.status  # only the status matters; the rest of a long answer is not read
         except InvalidRequest as exc:
