@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kasctl.authsetup import AuthSetup
 from kasd.authority import load_authorization
 from kasd.authz.agentconfig import AgentConfigError, parse_agent_config
 from kasd.authz.jobtokens import JobClaims
@@ -14,7 +15,6 @@ from kasd.authz.servicepolicy import authorize_service_job, authorize_service_us
 from kasd.authz.snapshot import Snapshot
 from kasd.config import config_from_mapping
 from kasd.tokens import hash_token
-from kasctl.authsetup import AuthSetup
 
 pytestmark = pytest.mark.timeout(10)
 

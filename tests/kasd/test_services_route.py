@@ -124,7 +124,7 @@ async def _echo_head(stream: MuxStream, head: RequestHead) -> None:
 
 
 async def test_a_jobs_request_reaches_the_service_without_any_credential() -> None:
-    raw, heads = await _converse(_get(f"/api/v4/agents/1/services/prometheus/api/v1/query?query=up&job_token={_job()}"
+    raw, _heads = await _converse(_get(f"/api/v4/agents/1/services/prometheus/api/v1/query?query=up&job_token={_job()}"
                                       "&time=5", "Cookie: s=1", "Accept: application/json", "Private-Token: x"),
                                  _echo_head)
     status, headers, body = _answer(raw)
@@ -136,11 +136,11 @@ async def test_a_jobs_request_reaches_the_service_without_any_credential() -> No
 
 
 async def test_every_credential_form_is_read_and_none_is_forwarded() -> None:
-    snapshot, auth = _world()
+    _snapshot, auth = _world()
     pat = auth.personal_token("alice")
     for header in (f"JOB-TOKEN: {_job()}", f"PRIVATE-TOKEN: {pat}", f"Authorization: Bearer {pat}",
                    f"Authorization: Bearer ci:1:{_job()}"):
-        raw, heads = await _converse(_get("/api/v4/agents/1/services/prometheus/-/ready?private_token=p", header),
+        raw, _heads = await _converse(_get("/api/v4/agents/1/services/prometheus/-/ready?private_token=p", header),
                                      _echo_head)
         status, _, body = _answer(raw)
         assert status == 200, (header, body)
@@ -172,7 +172,7 @@ async def test_every_credential_form_is_read_and_none_is_forwarded() -> None:
 ])
 async def test_a_refused_request_never_reaches_the_agent_and_says_why_in_gitlabs_shape(
         request_path: str, headers: tuple[str, ...], status: int, message: str) -> None:
-    snapshot, auth = _world()
+    _snapshot, auth = _world()
     filled = [h.format(job=_job(), other=_job("group/other"), bob=auth.personal_token("bob")) for h in headers]
     raw, heads = await _converse(_get(request_path, *filled))
     got, answer_headers, body = _answer(raw)
