@@ -17,10 +17,12 @@ from agentd.connection import ConnectionManager
 from agentd.health import serve_health
 from agentd.kubeapi import KubeTarget, in_cluster_target, kubeconfig_target
 from agentd.proxy import KubeApiProxy
+from agentd.serviceproxy import ServiceProxy
+from agentd.services import describe_services
 from agentd.streams import StreamKinds
 from agentd.upstream import UpstreamPool
 from daemonkit.notify import sd_notify, write_ready_file
-from tunnelhttp.kinds import KIND_K8S_API
+from tunnelhttp.kinds import KIND_K8S_API, KIND_SERVICE
 
 log = logging.getLogger("agentd")
 
@@ -34,6 +36,8 @@ class RunningAgent:
     pool: UpstreamPool
     proxy: KubeApiProxy
     stop_event: trio.Event
+    #: the handler of streams of kind ``service`` (agentd's allow-list of in-cluster services)
+    services: ServiceProxy | None = None
     #: the handler of each kind of stream kasd opens (``tunnelhttp.kinds``)
     streams: StreamKinds = attrs.field(factory=lambda: StreamKinds({}))
 
@@ -75,7 +79,8 @@ async def run_agent(
         stop_event = trio.Event()
     pool = UpstreamPool(target, response_header_timeout=config.upstream_response_header_timeout or None)
     proxy = KubeApiProxy(pool)
-    streams = StreamKinds({KIND_K8S_API: proxy.handle})
+    services = ServiceProxy(config.services, drain=proxy.drain)
+    streams = StreamKinds({KIND_K8S_API: proxy.handle, KIND_SERVICE: services.handle})
     manager = ConnectionManager(
         config.kas_addresses,
         token_file=config.token_file,
@@ -95,9 +100,9 @@ async def run_agent(
         stats = manager.statistics()
         return f"no tunnel to kasd is up (dials={stats.dials} failures={stats.failures} rejected={stats.rejected})"
 
-    log.info("agentd starting version=%s kas=%s api=%s connections=%d agent_id=%s pod=%s",
+    log.info("agentd starting version=%s kas=%s api=%s connections=%d agent_id=%s pod=%s services=%s",
              __version__, ",".join(config.kas_addresses), target.url, config.connections,
-             config.agent_id or "-", config.pod_name or "-")
+             config.agent_id or "-", config.pod_name or "-", describe_services(config.services))
     try:
         async with trio.open_nursery() as nursery:
             health = await nursery.start(serve_health, config.health_host, config.health_port, readiness)
@@ -111,7 +116,7 @@ async def run_agent(
 
             await nursery.start(run_manager)
             running = RunningAgent(health_address=health, manager=manager, pool=pool, proxy=proxy,
-                                   stop_event=stop_event, streams=streams)
+                                   stop_event=stop_event, streams=streams, services=services)
             sd_notify("READY=1")
             nursery.start_soon(_after_first_tunnel, manager, config.ready_file, health)
             task_status.started(running)
@@ -126,6 +131,7 @@ async def run_agent(
     finally:
         with trio.move_on_after(1, shield=True):
             await pool.aclose()
+            await services.aclose()
     log.info("agentd stopped")
 
 

@@ -20,6 +20,7 @@ import attrs
 
 from agentd import __version__
 from agentd.kubeapi import shown_url
+from agentd.services import ServiceSettings, parse_services
 from agentd.upstream import DEFAULT_RESPONSE_HEADER_TIMEOUT
 from daemonkit import yamldoc
 from daemonkit.notify import ready_file_problem
@@ -309,6 +310,8 @@ class AgentdConfig:
         help="for this long after kasd goes away (any tunnel drop, however soon after the last), redial at "
         "most 2 s apart (full jitter) before backing off exponentially to 60 s; 0: back off at once",
     )
+    #: in-cluster services kasd may reach through this agentd (agentd.services; docs/agentd.md#services)
+    services: tuple[ServiceSettings, ...] = setting((), parse=parse_services)
 
     @property
     def health_host(self) -> str:

@@ -100,6 +100,14 @@ class KubeTarget:
         default = 443 if self.scheme == "https" else 80
         return host if self.port == default else f"{host}:{self.port}"
 
+    @property
+    def peer(self) -> str:
+        return "the API server"
+
+    @property
+    def peer_title(self) -> str:
+        return "cluster API"
+
     def authorization(self) -> str | None:
         return f"Bearer {self.token.get()}" if self.token is not None else None
 

@@ -1,4 +1,5 @@
-"""One logical stream from kasd → one exchange with the Kubernetes API server.
+"""One logical stream from kasd → one exchange with the Kubernetes API server (``KubeApiProxy``) or,
+through the same machinery (``StreamProxy``), with an in-cluster service (``agentd.serviceproxy``).
 
 The stream's OPEN metadata is a ``RequestHead``; the request body follows on the stream. agentd
 answers ACCEPT with the ``ResponseHead`` and streams the body back, or REFUSEs with a ``TunnelCode``
@@ -45,51 +46,73 @@ class UpstreamRequestRecord:
     method: str
     path: str
     status: int | None
-    #: ok, drained, refused, client-gone, upstream-lost, upstream-timeout
+    #: ok, drained, refused, client-gone, upstream-lost, upstream-timeout; for a service also
+    #: forbidden (403) and bad-target (400)
     outcome: str
     bytes_in: int
     bytes_out: int
     duration: float
     request_id: str
+    #: for a stream of kind ``service``: the service it named
+    service: str | None = None
 
 
 @attrs.define(eq=False)
-class _Counters:
+class ExchangeCounters:
+    """What one exchange has done so far (for its record)."""
+
     bytes_in: int = 0
     bytes_out: int = 0
     status: int | None = None
     outcome: str = "ok"
 
 
-class KubeApiProxy:
-    """Handles logical streams of kind ``k8s-api`` against one UpstreamPool."""
+class StreamProxy:
+    """One logical stream from kasd → one HTTP exchange through an ``UpstreamPool``: the machinery
+    every kind of HTTP stream shares (the exchange, the relay after 101, the drain, the record and
+    its log line). A subclass says which kind it serves and, in ``route``, which pool takes a head
+    (or answers it itself)."""
 
-    def __init__(self, pool: UpstreamPool, *, on_done: Callable[[UpstreamRequestRecord], None] | None = None) -> None:
-        self.pool = pool
+    kind = KIND_K8S_API
+    #: before the message of a Status agentd answers itself (a service's answers say who spoke)
+    status_prefix = ""
+
+    def __init__(self, *, on_done: Callable[[UpstreamRequestRecord], None] | None = None,
+                 drain: Drain | None = None) -> None:
         self.on_done = on_done
         self.active = 0
         #: begun when agentd starts to shut down: watches and followed logs end between two events
-        self.drain = Drain()
+        self.drain = drain if drain is not None else Drain()
+
+    async def route(self, stream: MuxStream, head: RequestHead, counters: ExchangeCounters) -> UpstreamPool | None:
+        """The pool that serves ``head``, or None when this answered (or refused) the stream itself."""
+        raise NotImplementedError
+
+    async def bad_head(self, stream: MuxStream, problem: RemoteProtocolError, counters: ExchangeCounters) -> None:
+        """The OPEN's metadata is not a request head: refused with ``BAD_REQUEST``."""
+        counters.outcome = "refused"
+        await refuse(stream, TunnelCode.BAD_REQUEST, f"bad request head: {problem}")
 
     async def handle(self, stream: MuxStream) -> None:
         started = trio.current_time()
-        counters = _Counters()
+        counters = ExchangeCounters()
         head: RequestHead | None = None
         self.active += 1
         try:
             try:
                 head = RequestHead.from_metadata(stream.metadata)
             except RemoteProtocolError as exc:
-                counters.outcome = "refused"
-                await _refuse(stream, TunnelCode.BAD_REQUEST, f"bad request head: {exc}")
+                await self.bad_head(stream, exc, counters)
                 return
-            if head.kind != KIND_K8S_API:
+            if head.kind != self.kind:
                 counters.outcome = "refused"
-                await _refuse(stream, TunnelCode.UNKNOWN_TARGET, f"agentd has no handler for kind {head.kind!r}")
+                await refuse(stream, TunnelCode.UNKNOWN_TARGET, f"agentd has no handler for kind {head.kind!r}")
                 return
             with trio.CancelScope() as scope:
                 stream.cancel_when_broken(scope)  # kasd reset the stream: its client went away
-                await self._exchange(stream, head, counters)
+                pool = await self.route(stream, head, counters)
+                if pool is not None:
+                    await self._exchange(stream, head, pool, counters)
             if scope.cancelled_caught:
                 counters.outcome = "client-gone"
         finally:
@@ -98,10 +121,10 @@ class KubeApiProxy:
                 await stream.aclose()
             self._finish(head, stream, counters, trio.current_time() - started)
 
-    async def _exchange(self, stream: MuxStream, head: RequestHead, counters: _Counters) -> None:
+    async def _exchange(self, stream: MuxStream, head: RequestHead, pool: UpstreamPool, counters: ExchangeCounters) -> None:
         body = None if head.wants_upgrade else _CountingReceive(stream, counters)
         try:
-            async with self.pool.request(head, body) as response:
+            async with pool.request(head, body) as response:
                 counters.status = response.status
                 try:
                     await stream.accept(ResponseHead(status=response.status, headers=response.headers).to_metadata())
@@ -119,14 +142,14 @@ class KubeApiProxy:
                     counters.outcome = "client-gone"
         except UpstreamUnreachable as exc:
             counters.outcome = "refused"
-            await _refuse(stream, TunnelCode.UPSTREAM_UNREACHABLE, str(exc))
+            await refuse(stream, TunnelCode.UPSTREAM_UNREACHABLE, str(exc))
         except UpstreamTimeout as exc:
             counters.outcome = "upstream-timeout"
             counters.status = 504
-            await _answer_status(stream, 504, "Timeout", str(exc), counters)
+            await answer_status(stream, 504, "Timeout", f"{self.status_prefix}{exc}", counters)
         except InvalidRequest as exc:
             counters.outcome = "refused"
-            await _refuse(stream, TunnelCode.BAD_REQUEST, str(exc))
+            await refuse(stream, TunnelCode.BAD_REQUEST, str(exc))
         except UpstreamLost as exc:
             counters.outcome = "upstream-lost"
             await _reset(stream, TunnelCode.UPSTREAM_UNREACHABLE, str(exc))
@@ -137,7 +160,7 @@ class KubeApiProxy:
             # Reading the body to choose its framing failed: the kasd side is gone.
             counters.outcome = "client-gone"
 
-    def _finish(self, head: RequestHead | None, stream: MuxStream, counters: _Counters, duration: float) -> None:
+    def _finish(self, head: RequestHead | None, stream: MuxStream, counters: ExchangeCounters, duration: float) -> None:
         record = UpstreamRequestRecord(
             method=head.method if head else "?",
             path=head.target.split("?", 1)[0] if head else "?",
@@ -147,21 +170,35 @@ class KubeApiProxy:
             bytes_out=counters.bytes_out,
             duration=duration,
             request_id=head.request_id if head else "",
+            service=head.service if head and head.kind != KIND_K8S_API else None,
         )
         # kasd writes the audit line for every request; agentd speaks up at INFO only when one fails.
         level = logging.DEBUG if record.outcome == "ok" else logging.INFO
         log.log(
             level,
-            "request method=%s path=%s status=%s outcome=%s bytes_in=%d bytes_out=%d duration=%.3f request_id=%s stream=%d",
-            record.method, record.path, record.status if record.status is not None else "-", record.outcome,
+            "request %smethod=%s path=%s status=%s outcome=%s bytes_in=%d bytes_out=%d duration=%.3f request_id=%s stream=%d",
+            f"service={record.service} " if record.service is not None else "", record.method, record.path, record.status if record.status is not None else "-", record.outcome,
             record.bytes_in, record.bytes_out, record.duration, record.request_id or "-", stream.stream_id,
         )
         if self.on_done is not None:
             self.on_done(record)
 
 
+class KubeApiProxy(StreamProxy):
+    """Handles logical streams of kind ``k8s-api`` against one UpstreamPool (the API server's)."""
+
+    kind = KIND_K8S_API
+
+    def __init__(self, pool: UpstreamPool, *, on_done: Callable[[UpstreamRequestRecord], None] | None = None) -> None:
+        super().__init__(on_done=on_done)
+        self.pool = pool
+
+    async def route(self, stream: MuxStream, head: RequestHead, counters: ExchangeCounters) -> UpstreamPool | None:
+        return self.pool
+
+
 class _CountingReceive(trio.abc.ReceiveStream):
-    def __init__(self, stream: MuxStream, counters: _Counters) -> None:
+    def __init__(self, stream: MuxStream, counters: ExchangeCounters) -> None:
         self._stream = stream
         self._counters = counters
 
@@ -174,7 +211,7 @@ class _CountingReceive(trio.abc.ReceiveStream):
         await trio.lowlevel.checkpoint()
 
 
-async def _relay(stream: MuxStream, raw: trio.abc.Stream, trailing: bytes, counters: _Counters) -> None:
+async def _relay(stream: MuxStream, raw: trio.abc.Stream, trailing: bytes, counters: ExchangeCounters) -> None:
     """After 101: bytes both ways until both sides are done; half-closes pass through. kasd's
     half-close means its client went away: the API server gets ``netio.relay``'s grace to finish
     (over TLS it cannot be told of a half-close at all), then its connection is closed.
@@ -210,7 +247,7 @@ def _content_type(headers: Sequence[tuple[str, str]]) -> str | None:
     return next((value for name, value in headers if name.lower() == "content-type"), None)
 
 
-async def _answer_status(stream: MuxStream, status: int, reason: str, message: str, counters: _Counters) -> None:
+async def answer_status(stream: MuxStream, status: int, reason: str, message: str, counters: ExchangeCounters) -> None:
     """Answer with a Kubernetes ``Status`` (the error body kubectl shows its user), as the API server
     itself would have: ``Error from server (Timeout): cluster API sent no response head within 90s``."""
     log.warning("answering stream=%d status=%d reason=%r", stream.stream_id, status, message)
@@ -226,7 +263,7 @@ async def _answer_status(stream: MuxStream, status: int, reason: str, message: s
         counters.outcome = "client-gone"
 
 
-async def _refuse(stream: MuxStream, code: int, message: str) -> None:
+async def refuse(stream: MuxStream, code: int, message: str) -> None:
     log.warning("refusing stream stream=%d code=%s reason=%r", stream.stream_id, TunnelCode(code).name, message)
     try:
         await stream.refuse(code, message)

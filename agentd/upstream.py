@@ -1,4 +1,6 @@
-"""An HTTP/1.1 client (``http11`` over trio TCP/TLS) to the Kubernetes API server, with a keep-alive pool.
+"""An HTTP/1.1 client (``http11`` over trio TCP/TLS) to one upstream — the Kubernetes API server
+(``agentd.kubeapi.KubeTarget``) or an in-cluster service of agentd's allow-list
+(``agentd.services.ServiceTarget``) — with a keep-alive pool.
 
     async with pool.request(head, body) as response:
         async for chunk in response: ...          # or response.raw after a 101
@@ -21,12 +23,12 @@ import socket
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Protocol
 
 import attrs
 import trio
 
 import http11
-from agentd.kubeapi import KubeTarget
 from agentd.neterrors import failure_reason
 from netio.fastio import fast_stream, tls_stream
 from tunnelhttp.head import Headers, RequestHead, strip_hop_by_hop
@@ -39,6 +41,37 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 #: above the API server's own bound on a request (``--request-timeout``, 60 s by default), after
 #: which a working API server answers 504 itself: agentd's bound only fires on one that is hung
 DEFAULT_RESPONSE_HEADER_TIMEOUT = 90.0
+
+
+class UpstreamTarget(Protocol):
+    """Where a pool connects and what it adds to each request (``KubeTarget``, ``ServiceTarget``)."""
+
+    @property
+    def scheme(self) -> str: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None: ...
+    @property
+    def server_hostname(self) -> str | None: ...
+    @property
+    def path_prefix(self) -> str:
+        """Prepended to every request target."""
+    @property
+    def url(self) -> str: ...
+    @property
+    def host_header(self) -> str: ...
+    @property
+    def peer(self) -> str:
+        """How messages name the upstream: ``the API server``, ``service 'prometheus'``."""
+    @property
+    def peer_title(self) -> str:
+        """How the 504 message names it: ``cluster API``, ``service 'prometheus'``."""
+
+    def authorization(self) -> str | None:
+        """The ``Authorization`` header agentd sends (its own credential), or None."""
 
 
 class UpstreamUnreachable(Exception):
@@ -75,8 +108,9 @@ class PoolStatistics:
 class _Connection:
     """One HTTP/1.1 connection: a byte stream, its response parser, and how far the exchange got."""
 
-    def __init__(self, stream: trio.abc.Stream) -> None:
+    def __init__(self, stream: trio.abc.Stream, peer: str = "the API server") -> None:
         self.stream = stream
+        self.peer = peer
         self.parser = http11.ResponseParser(max_head=_MAX_HEAD)
         self.idle_since = 0.0
         self.broken = False
@@ -99,7 +133,7 @@ class _Connection:
                 event = parser.next_event()
             except http11.ProtocolError as exc:
                 self.broken = True
-                raise UpstreamLost(f"API server broke HTTP/1.1: {exc}") from exc
+                raise UpstreamLost(f"{self.peer} broke HTTP/1.1: {exc}") from exc
             if event is not http11.NEED_DATA:
                 if event is http11.END:
                     self.response_done = True
@@ -108,7 +142,7 @@ class _Connection:
                 data = await self.stream.receive_some(_CHUNK)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 self.broken = True
-                raise UpstreamLost(f"connection to the API server lost: {failure_reason(exc)}") from exc
+                raise UpstreamLost(f"connection to {self.peer} lost: {failure_reason(exc)}") from exc
             parser.feed(data)
 
     @property
@@ -170,7 +204,7 @@ class UpstreamResponse:
         if event is http11.END:
             return b""
         self._conn.broken = True
-        raise UpstreamLost(f"API server closed the connection mid-response ({event!r})")
+        raise UpstreamLost(f"{self._conn.peer} closed the connection mid-response ({event!r})")
 
     def __aiter__(self) -> UpstreamResponse:
         return self
@@ -184,13 +218,13 @@ class UpstreamResponse:
 
 
 class UpstreamPool:
-    """Keep-alive HTTP/1.1 connections to one API server."""
+    """Keep-alive HTTP/1.1 connections to one upstream (the API server, or one in-cluster service)."""
 
     # max_idle: as many idle connections as kasd commonly has requests in flight. Fewer, and a burst
     # of 64 concurrent requests closes most connections after each answer and dials (and TLS
     # handshakes) them again: that halved requests/s at concurrency 64 and doubled the API server's
     # CPU per request.
-    def __init__(self, target: KubeTarget, *, connect_timeout: float = 10.0, max_idle: int = 64,
+    def __init__(self, target: UpstreamTarget, *, connect_timeout: float = 10.0, max_idle: int = 64,
                  idle_timeout: float = 50.0,
                  response_header_timeout: float | None = DEFAULT_RESPONSE_HEADER_TIMEOUT) -> None:
         self.target = target
@@ -248,7 +282,7 @@ class UpstreamPool:
                 conn.broken = True
                 raise InvalidRequest(f"request cannot be sent as HTTP/1.1: {exc}") from None
             conn.parser.expect(head.method)
-            timer = _HeadTimer(self.response_header_timeout)
+            timer = _HeadTimer(self.response_header_timeout, self.target.peer_title)
             try:
                 with trio.move_on_after(timer.timeout) as sending:
                     await conn.send(request)
@@ -355,7 +389,7 @@ class UpstreamPool:
                                         raw=conn.stream, trailing=conn.parser.trailing)
             return UpstreamResponse(event.status, strip_hop_by_hop(event.headers), conn)
         conn.broken = True
-        raise UpstreamLost("the API server closed the connection before answering")
+        raise UpstreamLost(f"{conn.peer} closed the connection before answering")
 
     def _headers(self, head: RequestHead) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = [("host", self.target.host_header)]
@@ -405,7 +439,7 @@ class UpstreamPool:
                 await trio.aclose_forcefully(tcp)
             raise UpstreamUnreachable(f"cannot reach {target.url}: {failure_reason(exc, host=target.host)}") from exc
         self._opened += 1
-        return _Connection(stream)
+        return _Connection(stream, target.peer)
 
     async def _release(self, conn: _Connection) -> None:
         if conn.reusable and len(self._idle) < self.max_idle:
@@ -423,8 +457,9 @@ class _HeadTimer:
     body, so a slow upload is not blamed on the API server. It fires while the head is awaited (the
     body, sent meanwhile, moves the deadline as it goes)."""
 
-    def __init__(self, timeout: float | None) -> None:
+    def __init__(self, timeout: float | None, peer_title: str) -> None:
         self.timeout = math.inf if timeout is None else timeout
+        self.peer_title = peer_title
         self.scope = trio.CancelScope(deadline=trio.current_time() + self.timeout)
 
     def waiting_on_server(self) -> None:
@@ -435,7 +470,7 @@ class _HeadTimer:
 
     def expired(self, conn: _Connection) -> UpstreamTimeout:
         conn.broken = True  # an answer may still come: the connection is out of step, not reusable
-        return UpstreamTimeout(f"cluster API sent no response head within {self.timeout:g}s")
+        return UpstreamTimeout(f"{self.peer_title} sent no response head within {self.timeout:g}s")
 
 
 @attrs.define(eq=False)

@@ -472,6 +472,18 @@ class SettingsLoader(Generic[T]):
         return f"{loaded.where(failure.key, in_file=in_file)}: {error}"
 
 
+_SHARED: list[cattrs.Converter] = []
+
+
+def structure(value: Any, tp: Any) -> Any:
+    """``value`` (YAML data) into ``tp`` as the loader structures a file, for a setting whose ``parse``
+    structures its part of the file itself and then checks across it (no two list items with one
+    name): the errors it raises keep their path (``services[1].url``) in the loader's message."""
+    if not _SHARED:
+        _SHARED.append(_converter())
+    return _SHARED[0].structure(value, tp)
+
+
 def _put(document: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     """Set ``value`` at ``path``, making the mappings on the way (one that is not a mapping stays, and
     the structuring reports it)."""
@@ -496,4 +508,5 @@ __all__ = [
     "Source",
     "UsageError",
     "setting",
+    "structure",
 ]
