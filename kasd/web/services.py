@@ -70,7 +70,7 @@ def message(status: int, detail: str) -> str:
 
 
 @attrs.frozen(kw_only=True)
-class ServiceTarget:
+class ServiceCall:
     """A request of these routes: which agent and service, and the target agentd gets."""
 
     agent_id: int
@@ -112,7 +112,7 @@ def traversal_problem(path: str) -> str | None:
     return None
 
 
-def service_target(raw_target: str) -> ServiceTarget | ProxyError | None:
+def service_target(raw_target: str) -> ServiceCall | ProxyError | None:
     """The service request ``raw_target`` makes (``/api/v4/agents/<id>/services/<name>/<path…>``),
     a 400/404 for one of this shape that is wrong, None for a path of another shape."""
     path, query = _split(raw_target)
@@ -132,10 +132,10 @@ def service_target(raw_target: str) -> ServiceTarget | ProxyError | None:
     if problem:
         return _refuse(400, problem)
     query = without_credentials(query)
-    return ServiceTarget(agent_id=agent_id, service=name, target=rest + ("?" + query if query else ""))
+    return ServiceCall(agent_id=agent_id, service=name, target=rest + ("?" + query if query else ""))
 
 
-def promql_target(method: str, raw_target: str) -> ServiceTarget | ProxyError | None:
+def promql_target(method: str, raw_target: str) -> ServiceCall | ProxyError | None:
     """The Prometheus request a PromQL call makes (``/api/kasd/v1/agents/<id>/promql?query=…``): an
     instant query (``/api/v1/query``, ``time=`` optional) or, with ``start``, ``end`` and ``step``, a
     range query (``/api/v1/query_range``) of the service ``service=`` (default ``prometheus``); a
@@ -172,7 +172,7 @@ def promql_target(method: str, raw_target: str) -> ServiceTarget | ProxyError | 
         return _refuse(400, "time is for an instant query; a range query takes start, end and step")
     endpoint, names = ("/api/v1/query_range", _RANGE) if ranged else ("/api/v1/query", _INSTANT)
     encoded = "&".join(f"{name}={quote(params[name], safe='')}" for name in names if name in params)
-    return ServiceTarget(agent_id=agent_id, service=service, target=f"{endpoint}?{encoded}")
+    return ServiceCall(agent_id=agent_id, service=service, target=f"{endpoint}?{encoded}")
 
 
 def _headers(request: ClientRequest, name: str) -> list[str]:
@@ -222,7 +222,7 @@ class ServiceRoutes:
         self._clock = clock
 
     @staticmethod
-    def target(request: ClientRequest) -> ServiceTarget | ProxyError | None:
+    def target(request: ClientRequest) -> ServiceCall | ProxyError | None:
         """What ``request`` is to these routes: None when it is not theirs."""
         found = service_target(request.target)
         if found is None:
@@ -300,9 +300,9 @@ __all__ = [
     "CREDENTIAL_HEADERS",
     "CREDENTIAL_PARAMS",
     "DEFAULT_PROMQL_SERVICE",
+    "ServiceCall",
     "ServiceDispatch",
     "ServiceRoutes",
-    "ServiceTarget",
     "message",
     "offered_credentials",
     "promql_target",
