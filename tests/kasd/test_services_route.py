@@ -263,3 +263,26 @@ def test_only_these_routes_are_taken_from_the_app() -> None:
     for path in ("/api/v4/agents/1/events", "/api/v4/agents/1/services", "/api/kasd/v1/agents/1/cluster",
                  "/api/v4/job/allowed_agents", "/api/kasd/v1/agents/1/promql/x"):
         assert service_target(path) is None and promql_target("GET", path) is None
+
+
+async def test_an_answer_streams_to_the_client_before_the_service_has_finished_it() -> None:
+    seen_first = trio.Event()
+
+    async def slow_answer(stream: MuxStream, head: RequestHead) -> None:
+        await read_all(stream)
+        await stream.accept(ResponseHead(status=200, headers=(("content-type", "application/json"),)).to_metadata())
+        await stream.send_all(b'{"first": true}')
+        await seen_first.wait()  # the rest only once the client holds the first part: kasd holds nothing back
+        await stream.send_all(b', {"rest": true}')
+        await stream.send_eof()
+
+    async def read_first(client: trio.abc.Stream) -> bytes:
+        got = b""
+        while b'{"first": true}' not in got:
+            got += await client.receive_some(65536)
+        seen_first.set()
+        return got
+
+    raw, _ = await _converse(_get("/api/v4/agents/1/services/prometheus/api/v1/query_range",
+                                  f"JOB-TOKEN: {_job()}"), slow_answer, feed=read_first)
+    assert raw.startswith(b"HTTP/1.1 200 ") and b"transfer-encoding: chunked" in raw and b'{"rest": true}' in raw
