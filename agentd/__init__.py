@@ -4,7 +4,9 @@ agent's own credentials plus ``Impersonate-*`` headers.
 
 Modules: ``config`` (file/env/flags → AgentdConfig), ``kubeapi`` (how to reach the API server),
 ``upstream`` (HTTP/1.1 client with a keep-alive pool), ``neterrors`` (why a connection failed, in
-words), ``proxy`` (one logical stream → one upstream exchange), ``connection`` (the tunnel manager:
+words), ``proxy`` (one logical stream → one upstream exchange), ``services`` (the allow-list of
+in-cluster services and its path check, sans-I/O), ``serviceproxy`` (streams of kind ``service``
+→ one exchange with an allowed service), ``connection`` (the tunnel manager:
 dialing, placement, GOAWAY replacement), ``redial`` (when a slot dials next: the reconnect
 schedule, sans-I/O), ``health``
 (``/liveness``, ``/readiness``), ``agent`` (run_agent wiring it together), ``__main__`` (the

@@ -341,7 +341,8 @@ class _AgentdBlame:
         return problem
 
     def unknown_keys(self, key: str, unknown: Sequence[str], known: Sequence[str], config: Path | None) -> str:
-        return f"config file {config}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
+        within = f" in {key}:" if key else ""  # a list item's (services[1]), not the top level's
+        return f"config file {config}: unknown key(s){within} {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
 
     def unreadable(self, config: Path, named_by: str, reason: str) -> str:
         return f"cannot read config file {config}: {reason}"

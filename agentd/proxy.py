@@ -84,8 +84,10 @@ class StreamProxy:
         #: begun when agentd starts to shut down: watches and followed logs end between two events
         self.drain = drain if drain is not None else Drain()
 
-    async def route(self, stream: MuxStream, head: RequestHead, counters: ExchangeCounters) -> UpstreamPool | None:
-        """The pool that serves ``head``, or None when this answered (or refused) the stream itself."""
+    async def route(self, stream: MuxStream, head: RequestHead,
+                    counters: ExchangeCounters) -> tuple[UpstreamPool, RequestHead] | None:
+        """The pool that serves ``head`` and the head to send it (its headers cleaned as this kind
+        needs), or None when this answered (or refused) the stream itself."""
         raise NotImplementedError
 
     async def bad_head(self, stream: MuxStream, problem: RemoteProtocolError, counters: ExchangeCounters) -> None:
@@ -110,9 +112,9 @@ class StreamProxy:
                 return
             with trio.CancelScope() as scope:
                 stream.cancel_when_broken(scope)  # kasd reset the stream: its client went away
-                pool = await self.route(stream, head, counters)
-                if pool is not None:
-                    await self._exchange(stream, head, pool, counters)
+                routed = await self.route(stream, head, counters)
+                if routed is not None:
+                    await self._exchange(stream, routed[1], routed[0], counters)
             if scope.cancelled_caught:
                 counters.outcome = "client-gone"
         finally:
@@ -177,7 +179,8 @@ class StreamProxy:
         log.log(
             level,
             "request %smethod=%s path=%s status=%s outcome=%s bytes_in=%d bytes_out=%d duration=%.3f request_id=%s stream=%d",
-            f"service={record.service} " if record.service is not None else "", record.method, record.path, record.status if record.status is not None else "-", record.outcome,
+            f"service={record.service} " if record.service is not None else "",
+            record.method, record.path, record.status if record.status is not None else "-", record.outcome,
             record.bytes_in, record.bytes_out, record.duration, record.request_id or "-", stream.stream_id,
         )
         if self.on_done is not None:
@@ -193,8 +196,10 @@ class KubeApiProxy(StreamProxy):
         super().__init__(on_done=on_done)
         self.pool = pool
 
-    async def route(self, stream: MuxStream, head: RequestHead, counters: ExchangeCounters) -> UpstreamPool | None:
-        return self.pool
+    async def route(self, stream: MuxStream, head: RequestHead,
+                    counters: ExchangeCounters) -> tuple[UpstreamPool, RequestHead] | None:
+        await trio.lowlevel.checkpoint()
+        return self.pool, head
 
 
 class _CountingReceive(trio.abc.ReceiveStream):

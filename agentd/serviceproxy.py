@@ -8,7 +8,8 @@ Kubernetes-style ``Status`` saying why. The rest goes through the service's own 
 exactly as a Kubernetes API request does (``agentd.proxy.StreamProxy``): bodies stream both ways,
 a ``101`` becomes a raw pipe, no response head in time is a ``504`` and an unreachable service a
 REFUSE with ``UPSTREAM_UNREACHABLE``. agentd adds the service's credential; whatever
-``Authorization`` the head carried is dropped.
+``Authorization``, ``Cookie``, ``PRIVATE-TOKEN``, ``JOB-TOKEN`` or ``Proxy-Authorization`` the head
+carried is dropped.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+import attrs
 import trio
 
 from agentd.proxy import ExchangeCounters, StreamProxy, UpstreamRequestRecord, answer_status, refuse
@@ -28,6 +30,10 @@ from wire.errors import RemoteProtocolError
 from wire.session import MuxStream
 
 log = logging.getLogger("agentd.services")
+
+#: what kasd's clients authenticate to kasd with: never a service's business (``Authorization`` is
+#: replaced by the pool with agentd's own credential, or dropped)
+KASD_CREDENTIAL_HEADERS = frozenset({"cookie", "private-token", "job-token", "proxy-authorization"})
 
 
 class _Service:
@@ -67,7 +73,8 @@ class ServiceProxy(StreamProxy):
             return
         await super().bad_head(stream, problem, counters)
 
-    async def route(self, stream: MuxStream, head: RequestHead, counters: ExchangeCounters) -> UpstreamPool | None:
+    async def route(self, stream: MuxStream, head: RequestHead,
+                    counters: ExchangeCounters) -> tuple[UpstreamPool, RequestHead] | None:
         service = self.services.get(head.service) if head.service is not None else None
         if service is None:
             counters.outcome = "refused"
@@ -91,7 +98,9 @@ class ServiceProxy(StreamProxy):
                              "(its log says why)")
                 return None
         await trio.lowlevel.checkpoint()
-        return service.pool
+        # kasd strips its clients' credentials; should one slip through, it still stops here.
+        headers = tuple((name, value) for name, value in head.headers if name not in KASD_CREDENTIAL_HEADERS)
+        return service.pool, attrs.evolve(head, headers=headers)
 
 
 __all__ = ["ServiceProxy"]

@@ -9,8 +9,6 @@ refused outright rather than normalised: a dot segment (``..``, ``.``, in any en
 a NUL or other control character, a target not starting with exactly one ``/``, invalid UTF-8 after
 decoding (overlong forms such as ``%c0%ae``), or a percent-encoding of any of these at any depth
 (``%252e``). What is left has one reading, so a prefix of it is a prefix for the service too.
-
-May import: daemonkit, tunnelhttp.
 """
 
 from __future__ import annotations
@@ -189,8 +187,10 @@ def _shown_url(url: str) -> str:
 
 
 def _list_of_text(value: Any) -> list[str]:
-    if not isinstance(value, list) or not value:
-        raise Problem(f"must be a non-empty list, got {yamldoc.describe(value)}")
+    if not isinstance(value, list):
+        raise Problem(f"must be a list, got {yamldoc.describe(value)}")
+    if not value:
+        raise Problem("must not be empty (leave the key out for the default)")
     for index, item in enumerate(value):
         if not isinstance(item, str):
             raise Problem(f"expected a string, got {yamldoc.describe(item)}", at=f"[{index}]")

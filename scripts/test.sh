@@ -8,7 +8,8 @@
 # was skipped, and the exit status is non-zero when anything failed. Budgets: docs/testing.md.
 #
 # A guest on your machine: it installs system packages (Debian's nginx-light, for the nginx
-# front-end tests; Debian's chromium and the playwright package, for the dashboard's browser tests)
+# front-end tests; Debian's chromium and the playwright package, for the dashboard's browser tests;
+# Debian's prometheus, for the tests against a real Prometheus)
 # only when CI is set or you ask (KASD_TEST_INSTALL=1), never starts a system service while doing
 # so, and never stops or kills a process it did not start.
 set -uo pipefail
@@ -18,6 +19,7 @@ cd "$(dirname "$0")/.."
 have_nginx() { command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; }
 
 have_chromium() { [ -x /usr/bin/chromium ]; }
+have_prometheus() { command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ]; }
 have_playwright() { python -c 'import playwright.sync_api' >/dev/null 2>&1; }
 
 # Installs Debian packages ($2...) without letting any start a service: a policy-rc.d that refuses
@@ -46,16 +48,17 @@ restore_policy() {  # $1 the policy file, $2 the saved copy of the one that was 
     if [ -n "$2" ]; then mv -f "$2" "$1"; else rm -f "$1"; fi
 }
 
+# System packages some tests need (Debian's): on CI or when asked (KASD_TEST_INSTALL=1) the missing
+# ones are installed — all in one apt-get update and one apt-get install; otherwise their tests are
+# skipped and the summary says so.
+installing=0
+if [ -n "${CI:-}" ] || [ "${KASD_TEST_INSTALL:-}" = 1 ]; then installing=1; fi
+packages=() purposes=()
+
 nginx_note=""
 if ! have_nginx; then
-    if [ -n "${CI:-}" ] || [ "${KASD_TEST_INSTALL:-}" = 1 ]; then
-        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-            echo "== installing nginx-light (for the nginx front-end tests; its service is not started)"
-            install_packages /tmp/kasd-nginx-install.log nginx-light ||
-                echo "   (could not install nginx: see /tmp/kasd-nginx-install.log)"
-        else
-            echo "== nginx wanted but not installed: installing it needs root and apt-get"
-        fi
+    if [ "$installing" = 1 ]; then
+        packages+=(nginx-light) purposes+=("nginx-light (for the nginx front-end tests; its service is not started)")
     else
         echo "== no nginx: the nginx front-end tests will be skipped (KASD_TEST_INSTALL=1 installs nginx-light)"
         nginx_note="the nginx front-end tests (no nginx; KASD_TEST_INSTALL=1 installs it)"
@@ -66,23 +69,38 @@ fi
 # used) and the playwright package (in the dev extra; installed here too for a .venv made before).
 browser_note=""
 if ! have_chromium || ! have_playwright; then
-    if [ -n "${CI:-}" ] || [ "${KASD_TEST_INSTALL:-}" = 1 ]; then
+    if [ "$installing" = 1 ]; then
         if ! have_playwright; then
             echo "== installing playwright (the Python package only; it drives Debian's chromium)"
             python -m pip install -q 'playwright>=1.45' || echo "   (could not install playwright)"
         fi
         if ! have_chromium; then
-            if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-                echo "== installing chromium (for the dashboard's browser tests)"
-                install_packages /tmp/kasd-chromium-install.log chromium ||
-                    echo "   (could not install chromium: see /tmp/kasd-chromium-install.log)"
-            else
-                echo "== chromium wanted but not installed: installing it needs root and apt-get"
-            fi
+            packages+=(chromium) purposes+=("chromium (for the dashboard's browser tests)")
         fi
     else
         echo "== no chromium or playwright: the dashboard's browser tests will be skipped (KASD_TEST_INSTALL=1 installs them)"
         browser_note="the dashboard's browser tests (no chromium or playwright; KASD_TEST_INSTALL=1 installs them)"
+    fi
+fi
+
+# The in-cluster service tests against a real Prometheus (tests/prometheus.py).
+prometheus_note=""
+if ! have_prometheus; then
+    if [ "$installing" = 1 ]; then
+        packages+=(prometheus) purposes+=("prometheus (for the tests against a real Prometheus; its service is not started)")
+    else
+        echo "== no prometheus: the tests against a real Prometheus will be skipped (KASD_TEST_INSTALL=1 installs it)"
+        prometheus_note="the tests against a real Prometheus (no prometheus; KASD_TEST_INSTALL=1 installs it)"
+    fi
+fi
+
+if [ "${#packages[@]}" -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        for purpose in "${purposes[@]}"; do echo "== installing $purpose"; done
+        install_packages /tmp/kasd-test-install.log "${packages[@]}" ||
+            echo "   (could not install ${packages[*]}: see /tmp/kasd-test-install.log)"
+    else
+        echo "== ${packages[*]} wanted but not installed: installing needs root and apt-get"
     fi
 fi
 
@@ -122,6 +140,7 @@ counts_of() {
 logs=() notes=()
 [ -n "$nginx_note" ] && notes+=("$nginx_note")
 [ -n "$browser_note" ] && notes+=("$browser_note")
+[ -n "$prometheus_note" ] && notes+=("$prometheus_note")
 trap 'rm -f "${logs[@]}"' EXIT
 
 echo "== ruff"

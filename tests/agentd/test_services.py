@@ -4,17 +4,21 @@ Status saying why, an unknown service, an unreachable one, one that never answer
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 import pytest
 import trio
 
+from agentd.kubeapi import KubeTarget
 from agentd.services import ServiceSettings
-from tests.agentd.harness import read_all
+from tests.agentd.harness import agent_config, exchange, read_all, running_agent, start_fake_kasd
 from tests.agentd.servicetunnel import answer_json, serve_upstream, service_head, service_tunnel
+from tests.prometheus import needs_prometheus, query, start_prometheus, wait_for_series
 from tunnelhttp.head import ResponseHead, TunnelCode
 from wire.session import StreamRefusedError
 
@@ -37,13 +41,18 @@ async def test_an_allowed_request_reaches_the_service_with_agentds_credential_on
     async with service_tunnel([service]) as tunnel:
         with trio.fail_after(5):
             response, body = await tunnel.request(
-                "GET", "/api/v1/query?query=up", headers=(("authorization", "Bearer kasd-user-token"),))
+                "GET", "/api/v1/query?query=up",
+                headers=(("authorization", "Bearer kasd-user-token"), ("cookie", "_kasd_session=s3cret"),
+                         ("private-token", "glpat-x"), ("job-token", "jt-x"), ("x-custom", "kept")))
         assert response.status == 200
         assert json.loads(body) == {"status": "success", "data": 1}
         # the URL's path is a prefix; the query passes on; the client's Authorization never does
         assert upstream.request_line() == "GET /prom/api/v1/query?query=up HTTP/1.1"
         assert upstream.header(0, "authorization") == "Bearer first-secret"
         assert upstream.header(0, "host") == f"127.0.0.1:{upstream.port}"
+        # nor any other credential of kasd's clients; their other headers pass on
+        assert [upstream.header(0, name) for name in ("cookie", "private-token", "job-token")] == [None] * 3
+        assert upstream.header(0, "x-custom") == "kept"
         # a rotated token (a Secret's new content) is used from the next request on
         token.write_text("second-secret\n")
         os.utime(token, ns=(1, 1))  # a new mtime even within the file system's timestamp granularity
@@ -57,6 +66,29 @@ async def test_an_allowed_request_reaches_the_service_with_agentds_credential_on
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("request ")]
     assert lines and lines[0].startswith("request service=prometheus method=GET path=/api/v1/query status=200 outcome=ok")
     assert not any("secret" in r.getMessage() for r in caplog.records)
+
+
+async def test_an_unreadable_credentials_file_refuses_without_naming_it_or_keeps_the_last_token(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    upstream = await serve_upstream(nursery, answer_json)
+    token = tmp_path / "token"
+    token.write_text("only-secret\n")
+    async with service_tunnel([prometheus(upstream.url, credentials_file=token)]) as tunnel:
+        token.unlink()  # gone before the first request: no token to fall back on
+        with trio.fail_after(5), pytest.raises(StreamRefusedError) as refused:
+            await tunnel.request("GET", "/api/v1/query?query=up")
+        assert refused.value.code == TunnelCode.UPSTREAM_UNREACHABLE
+        assert refused.value.message == "agentd cannot read the credentials of service 'prometheus' (its log says why)"
+        token.write_text("only-secret\n")
+        with trio.fail_after(5):
+            response, _ = await tunnel.request("GET", "/api/v1/query?query=up")
+        assert response.status == 200
+        token.write_text("two\nlines\n")  # a rotation caught half-way: the last good token goes on
+        with trio.fail_after(5):
+            response, _ = await tunnel.request("GET", "/api/v1/query?query=up")
+    assert response.status == 200
+    assert [upstream.header(i, "authorization") for i in range(2)] == ["Bearer only-secret"] * 2
+    assert upstream.heads and len(upstream.heads) == 2
 
 
 async def test_a_service_agentd_does_not_have_is_refused_naming_it(nursery: trio.Nursery) -> None:
@@ -202,3 +234,28 @@ async def test_an_upgrade_becomes_a_raw_pipe(nursery: trio.Nursery) -> None:
             await stream.send_eof()
             await read_all(stream)
             await stream.aclose()
+
+
+@needs_prometheus
+@pytest.mark.e2e
+@pytest.mark.timeout(60)
+async def test_a_query_through_agentd_returns_what_prometheus_answers_directly(nursery: trio.Nursery,
+                                                                                tmp_path: Path) -> None:
+    # A real Prometheus behind agentd as run_agent wires it (the service stream kind registered),
+    # kasd's side played by the harness.
+    async with start_prometheus() as real:
+        with trio.fail_after(30):
+            await wait_for_series(real, "up")
+        kasd = await start_fake_kasd(nursery)
+        config = agent_config(tmp_path, kasd.url, services=(prometheus(real),))
+        async with running_agent(nursery, config, KubeTarget(scheme="http", host="127.0.0.1", port=9)):
+            session = await kasd.session()
+            at = f"{time.time():.3f}"  # both answers evaluated at one instant
+            with trio.fail_after(10):
+                response, body = await exchange(session, service_head("GET", f"/api/v1/query?query=up&time={at}"))
+                direct = await trio.to_thread.run_sync(functools.partial(query, real, "up", time=at))
+    assert response.status == 200
+    assert ("content-type", "application/json") in response.headers
+    answer = json.loads(body)
+    assert answer == direct
+    assert answer["status"] == "success" and answer["data"]["result"][0]["metric"]["job"] == "prometheus"
