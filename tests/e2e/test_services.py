@@ -1,5 +1,6 @@
 """In-cluster services end to end: real kubesim, kasd and agentd processes and a REAL Prometheus
-(Debian's ``prometheus``) on 127.0.0.1 scraping kasd's ``/metrics`` (and agentd's health address).
+(Debian's ``prometheus``, ``tests/prometheus.py``) on 127.0.0.1 scraping kasd's ``/metrics`` (and
+agentd's health address).
 One stack and one Prometheus for the module: a PromQL query through kasd → agentd → Prometheus is
 the same as asked directly (REST and ``kasctl promql``), a large range query comes through whole,
 agentd refuses a path outside its allow-list with a Status, kasd refuses traversal, and a service
@@ -9,25 +10,25 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
+import signal
 import socket
 import ssl
-import subprocess
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
 from kasctl import promql
 from kasctl.stack import AGENT_NAME, CONFIG_PROJECT, DEMO_AGENT_CONFIG, Stack
+from tests.prometheus import PrometheusProcess, needs_prometheus, prometheus_yml
+from tests.prometheus import query as prometheus_query
 
-PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), needs_prometheus]
 
 SERVICES = """\
 services:
@@ -37,12 +38,6 @@ services:
   - name: silent
     user_access: {projects: [{id: group/demo}]}
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class SilentServer:
@@ -90,45 +85,35 @@ class World:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    assert PROMETHEUS is not None, "Debian's prometheus is not installed (scripts/test.sh installs it)"
     workdir = tmp_path_factory.mktemp("services")
-    port = _free_port()
     silent = SilentServer()
+    # Prometheus first (agentd's services: names its URL), scraping kasd and agentd once they are up.
+    prometheus = PrometheusProcess(workdir / "prometheus").start()
     stack = Stack(workdir / "stack", agent_wait_timeout=2.0, agentd_settings={"services": [
-        {"name": "prometheus", "url": f"http://127.0.0.1:{port}", "methods": ["GET", "POST"], "paths": ["/api/v1/"]},
+        {"name": "prometheus", "url": prometheus.url, "methods": ["GET", "POST"], "paths": ["/api/v1/"]},
         {"name": "silent", "url": f"http://127.0.0.1:{silent.port}", "response_header_timeout": 1},
     ]})
     stack.auth.agent_config(CONFIG_PROJECT, AGENT_NAME, DEMO_AGENT_CONFIG + SERVICES)
-    prometheus: subprocess.Popen[bytes] | None = None
     try:
         stack.start()
-        config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                  "scrape_configs": [
-                      {"job_name": "kasd", "static_configs": [{"targets": [stack.addresses["observability"]]}]},
-                      {"job_name": "agentd", "static_configs": [{"targets": [stack.agentd_health]}]}]}
-        (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-        log = (workdir / "prometheus.log").open("wb")
-        prometheus = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
-        world = World(stack, f"http://127.0.0.1:{port}")
-        # Prometheus offers no event to wait on: ask until it has scraped kasd twice (or give up).
+        targets = [stack.addresses["observability"], stack.agentd_health]
+        (prometheus.dir / "prometheus.yml").write_text(
+            prometheus_yml(targets, f"127.0.0.1:{prometheus.port}", prometheus.scrape_interval))
+        assert prometheus.proc is not None
+        prometheus.proc.send_signal(signal.SIGHUP)  # Prometheus reloads its configuration
+        world = World(stack, prometheus.url)
+        # Prometheus tells no one when it scrapes: ask until it has scraped kasd twice (or give up).
         deadline = time.monotonic() + 60
+        kasd = stack.addresses["observability"]
         while True:
-            try:
-                answer = world.direct("/api/v1/query?query=count_over_time(up%7Bjob%3D%22kasd%22%7D%5B1m%5D)")
-                if answer["data"]["result"] and float(answer["data"]["result"][0]["value"][1]) >= 2:
-                    break
-            except (OSError, ValueError):
-                pass
-            if time.monotonic() > deadline or prometheus.poll() is not None:
-                raise AssertionError("Prometheus did not scrape kasd: " + (workdir / "prometheus.log").read_text()[-2000:])
+            result = prometheus_query(prometheus.url, f'count_over_time(up{{instance="{kasd}"}}[1m])')["data"]["result"]
+            if result and float(result[0]["value"][1]) >= 2:
+                break
+            assert time.monotonic() < deadline, "Prometheus did not scrape kasd: " + prometheus.log_file.read_text()[-2000:]
             time.sleep(0.2)
         yield world
     finally:
-        if prometheus is not None:
-            prometheus.terminate()
-            prometheus.wait(10)
+        prometheus.stop()
         codes = stack.stop()
         silent.close()
         assert codes == {"agentd": 0, "kasd": 0, "kubesim": 0}, codes
@@ -144,7 +129,8 @@ def test_a_query_through_the_tunnel_is_the_same_as_directly(world: World) -> Non
     at = time.time() - 1
     query = f"query=up&time={at:.3f}"
     direct = world.direct(f"/api/v1/query?{query}")["data"]
-    assert {s["metric"]["job"] for s in direct["result"]} == {"kasd", "agentd"}
+    instances = {s["metric"]["instance"] for s in direct["result"]}
+    assert {world.stack.addresses["observability"], world.stack.agentd_health} <= instances
     status, _, body = world.via_kasd(f"/api/kasd/v1/agents/1/promql?{query}")
     assert status == 200 and _data(body) == direct
     status, _, body = world.via_kasd(f"/api/v4/agents/1/services/prometheus/api/v1/query?{query}")
@@ -158,7 +144,7 @@ def test_a_query_through_the_tunnel_is_the_same_as_directly(world: World) -> Non
     assert json.loads(out.getvalue())["data"] == direct
     out = io.StringIO()
     assert promql.run(promql_args("--agent", "1", "--time", f"{at:.3f}", "up"), out=out, environ=env) == 0
-    assert 'up{instance="' in out.getvalue() and 'job="kasd"}' in out.getvalue()
+    assert f'up{{instance="{world.stack.addresses["observability"]}", job="targets"}}' in out.getvalue()
     # a bad query: Prometheus's own words, exit 1
     err = io.StringIO()
     with pytest.MonkeyPatch.context() as patch:
@@ -169,8 +155,9 @@ def test_a_query_through_the_tunnel_is_the_same_as_directly(world: World) -> Non
 
 def test_a_large_range_query_comes_through_whole(world: World) -> None:
     end = time.time()
-    # every series of every scrape, at a 3 ms step (10,000 points each): far beyond the API port's 64 KiB
-    query = f"query=%7B__name__%3D~%22.%2B%22%7D&start={end - 30:.3f}&end={end:.3f}&step=0.003"
+    # every series of kasd's scrapes, at a 3 ms step (10,000 points each): far beyond the API port's 64 KiB
+    selector = urllib.parse.quote(f'{{instance="{world.stack.addresses["observability"]}"}}', safe="")
+    query = f"query={selector}&start={end - 30:.3f}&end={end:.3f}&step=0.003"
     direct = world.direct(f"/api/v1/query_range?{query}")
     started = time.monotonic()
     status, headers, body = world.via_kasd(f"/api/v4/agents/1/services/prometheus/api/v1/query_range?{query}")
