@@ -129,6 +129,27 @@ def rest_events(api: str, path: str, token: str, ca_pem: bytes | None, *, read_t
         raise RestError(f"cannot reach kasd's REST API at {api}: {reason}") from None
 
 
+def rest_answer(api: str, path: str, token: str, ca_pem: bytes | None, *, token_header: str = "PRIVATE-TOKEN",
+                max_bytes: int = MAX_ANSWER) -> tuple[int, bytes]:
+    """The status and body (at most ``max_bytes``: beyond, ``RestError``) of ``GET api+path``,
+    whatever the status: for an answer whose errors are not kasd's (a service's through the
+    tunnel: Prometheus's ``{"error": …}``, agentd's ``Status``), which the caller reads itself."""
+    request = urllib.request.Request(f"{api}{path}", method="GET", headers={token_header: token,
+                                                                            "Accept": "application/json"})
+    try:
+        try:
+            with opener(ca_pem).open(request, timeout=TIMEOUT) as response:
+                status, body = response.status, response.read(max_bytes + 1)
+        except urllib.error.HTTPError as exc:
+            status, body = exc.code, exc.read(max_bytes + 1)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise RestError(f"cannot reach kasd's REST API at {api}: {reason}") from None
+    if len(body) > max_bytes:
+        raise RestError(f"the answer is larger than {max_bytes} bytes; ask for fewer points")
+    return status, body
+
+
 def _refused(exc: urllib.error.HTTPError) -> NoReturn:
     try:
         message = json.loads(exc.read(64 * 1024)).get("message", "")
@@ -137,4 +158,4 @@ def _refused(exc: urllib.error.HTTPError) -> NoReturn:
     raise RestError(f"kasd refused ({exc.code}): {str(message)[:500] or exc.reason}") from None
 
 
-__all__ = ["RestError", "describe_location", "opener", "rest_call", "rest_events", "rest_json"]
+__all__ = ["RestError", "describe_location", "opener", "rest_answer", "rest_call", "rest_events", "rest_json"]

@@ -12,6 +12,10 @@ serves (and any ASGI server could serve it elsewhere).
 
 HTTP/1.1 only (no h2c, no ALPN ``h2``); an ``Upgrade`` is answered as a plain request; no
 ``lifespan`` scope. A request body beyond ``max_body_bytes`` is ``413`` and the connection closes.
+
+A ``Bypass`` takes the requests it names before the app ever sees them (the in-cluster services'
+routes, ``kasd.web.services``: the proxy's pipeline, which streams bodies without the cap and
+relays upgrades); everything above (framing, head size, clocks) holds for them too.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 import attrs
@@ -28,13 +32,13 @@ import trio
 from daemonkit.logs import BurstLimitedLog, UnexpectedErrors
 from kasd.config import Http2Limits
 from kasd.k8sproxy.accesslog import RequestRecord
-from kasd.k8sproxy.exchange import ClientGone, Exchange
+from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Exchange
 from kasd.k8sproxy.frontend import FrontEndContext
 from kasd.k8sproxy.http1 import Http1Connection
 from kasd.k8sproxy.status import ProxyError
 from netio.fastio import fast_stream, peer_host, peer_name, tls_stream
 
-__all__ = ["AsgiApp", "AsgiPort", "PortLimits"]
+__all__ = ["AsgiApp", "AsgiPort", "Bypass", "PortLimits"]
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -65,13 +69,26 @@ class _BodyTooLarge(Exception):
     pass
 
 
+class Bypass(Protocol):
+    """Requests served outside the ASGI app (``kasd.web.services.ServiceDispatch``)."""
+
+    def takes(self, request: ClientRequest) -> bool:
+        """Whether ``serve`` answers this request (decided from its head alone)."""
+        ...
+
+    async def serve(self, ex: Exchange, *, done: Callable[[RequestRecord], object] | None = None,
+                    proven: Callable[[], object] | None = None) -> None: ...
+
+
 class AsgiPort:
     """``handle_connection`` serves one accepted stream (give it to ``trio.serve_listeners``)."""
 
     def __init__(self, app: AsgiApp, *, limits: PortLimits = PortLimits(), ssl_context: ssl.SSLContext | None = None,
                  log: logging.Logger, on_rejected: Callable[[int], None] = lambda status: None,
-                 unexpected: UnexpectedErrors | None = None) -> None:
+                 unexpected: UnexpectedErrors | None = None, bypass: Bypass | None = None) -> None:
         self.app = app
+        #: requests answered outside the app (before it, on their head alone)
+        self.bypass = bypass
         self.limits = limits
         self.ssl_context = ssl_context
         self.log = log
@@ -115,6 +132,9 @@ class AsgiPort:
         """One request: the app's answer, or kasd's (``400`` for a target that is not a path, ``413``
         for a body over the cap, ``500`` for an app that failed before answering)."""
         request = ex.request
+        if self.bypass is not None and request.target.startswith("/") and self.bypass.takes(request):
+            await self.bypass.serve(ex, done=done, proven=proven)  # (its own access line)
+            return
         started = trio.current_time()
         path = request.target.split("?", 1)[0]
         reply = _Reply(ex)

@@ -23,7 +23,7 @@ from urllib.parse import parse_qsl, unquote
 import trio
 
 from daemonkit.logs import UnexpectedErrors, logfmt
-from kasd.asgiport import AsgiApp, AsgiPort, PortLimits
+from kasd.asgiport import AsgiApp, AsgiPort, Bypass, PortLimits
 from kasd.authz.jobinfo import allowed_agents_response
 from kasd.authz.snapshot import Snapshot
 from kasd.authz.verdict import AccessDenied
@@ -271,13 +271,14 @@ def port_limits() -> PortLimits:
 
 async def serve_api(app: AsgiApp, listeners: Sequence[trio.abc.Listener[trio.abc.Stream]], *,
                     ssl_context: ssl.SSLContext | None = None,
-                    unexpected: UnexpectedErrors | None = None,
+                    unexpected: UnexpectedErrors | None = None, bypass: Bypass | None = None,
                     task_status: trio.TaskStatus[list[trio.abc.Listener[trio.abc.Stream]]] = trio.TASK_STATUS_IGNORED,
                     ) -> None:
     """Serve ``app`` on ``listeners`` (already capped; TLS, if any, is done here, within the head
     timeout) until cancelled; an exception nobody expected is a ``500`` and one rate-limited line
-    (``unexpected``, the port's)."""
-    port = AsgiPort(app, limits=port_limits(), ssl_context=ssl_context, log=log, unexpected=unexpected)
+    (``unexpected``, the port's). ``bypass``: requests served before ``app`` (in-cluster services)."""
+    port = AsgiPort(app, limits=port_limits(), ssl_context=ssl_context, log=log, unexpected=unexpected,
+                    bypass=bypass)
     await trio.serve_listeners(port.handle_connection, list(listeners), task_status=task_status)
 
 

@@ -63,6 +63,7 @@ from kasd.store.made import MadeObjects
 from kasd.store.protocol import Store
 from kasd.store.revocation import Revocations, open_store
 from kasd.web.dashboard import dashboard_routes
+from kasd.web.services import ServiceDispatch, ServiceRoutes
 from kasd.web.wiring import api_app
 from netio.admission import Admission
 from routing.local import BreakerPolicy, LocalRouter, TunnelRegistry
@@ -227,8 +228,11 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
                               me.name if me is not None else addresses["kubernetes_api"],
                               agent_errors=(AgentRequestError,), extra_routes=dashboard_routes(),
                               directory=replicas.directory if replicas is not None else None)
+                # In-cluster services (and PromQL): the proxy's pipeline, before the app.
+                services = ServiceDispatch(pipeline, ServiceRoutes(lambda: authority.snapshot))
                 await nursery.start(partial(serve_api, api, stoppable("api"), ssl_context=api_tls,
-                                            unexpected=metrics.unexpected_errors("api", logging.getLogger("kasd.api"))))
+                                            unexpected=metrics.unexpected_errors("api", logging.getLogger("kasd.api")),
+                                            bypass=services))
             observability = ObservabilityServer(health, metrics, max_connections=config.observability.max_connections)
             await nursery.start(trio.serve_listeners, observability.handle_connection, listeners["observability"])
             _announce(runtime)

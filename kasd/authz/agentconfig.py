@@ -26,6 +26,7 @@ import os
 import re
 import stat
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, NoReturn, TypeVar, cast
 
@@ -36,6 +37,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from daemonkit import yamldoc
 from kasd.authz.directory import full_path_problem
 from kasd.authz.expand import role_template_problem
+from kasd.authz.services import ServiceAccess, read_services
 
 Mode = Literal["agent", "impersonate", "ci_job", "ci_user"]
 EntryKind = Literal["project", "group", "instance", "implicit"]
@@ -171,6 +173,8 @@ class AgentConfig:
     ci_access: CiAccess = CiAccess()
     #: None: no ``user_access:``, no personal tokens
     user_access: UserAccess | None = None
+    #: ``services:`` (kasd's extension): who may use which in-cluster service (``kasd.authz.services``)
+    services: tuple[ServiceAccess, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -421,10 +425,11 @@ class _Reader:
     # ------------------------------------------------------------------- the schema
 
     def config(self, node: Node) -> AgentConfig:
-        top = self.mapping(node, "", ("ci_access", "user_access"), ignored=GITLAB_KEYS_IGNORED)
+        top = self.mapping(node, "", ("ci_access", "user_access", "services"), ignored=GITLAB_KEYS_IGNORED)
         ci_access = self.optional(top, "ci_access", "", self.ci_access) or CiAccess()
         user_access = self.optional(top, "user_access", "", self.user_access)
-        return AgentConfig(source=self.source, ci_access=ci_access, user_access=user_access)
+        services = self.optional(top, "services", "", partial(read_services, self)) or ()
+        return AgentConfig(source=self.source, ci_access=ci_access, user_access=user_access, services=services)
 
     def ci_access(self, node: Node, key: str) -> CiAccess:
         fields = self.mapping(node, key, ("projects", "groups", "instance"))

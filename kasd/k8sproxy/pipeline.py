@@ -23,6 +23,7 @@ import os
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from contextlib import ExitStack
 from functools import partial
+from typing import Protocol
 
 import attrs
 import trio
@@ -105,6 +106,41 @@ class DroppedHeaders:
 DROPPED = DroppedHeaders()
 
 
+@attrs.frozen(kw_only=True)
+class Planned:
+    """What a ``RequestPlan`` made of a request: who may send it where, and the head agentd gets."""
+
+    grant: Grant
+    #: who holds the grant (the token, never logged): its requests are capped together
+    principal: Hashable
+    #: the OPEN's kind and service (``tunnelhttp.kinds``), and the target relative to it
+    kind: str
+    service: str | None
+    target: str
+
+
+class RequestPlan(Protocol):
+    """A request that is not the Kubernetes API's (an in-cluster service on the REST API port,
+    ``kasd.web.services``): it authenticates and authorizes in its own way and says where the
+    request goes; the pipeline then routes, relays and records it as any other. Its answers are in
+    its own shape (``error_body``: GitLab's ``{"message"}``), the agent's pass through as they come."""
+
+    #: request headers that never reach the agent (the plan's credentials among them)
+    dropped_headers: DroppedHeaders
+
+    async def plan(self, request: ClientRequest) -> Planned:
+        """Where the request goes; ``ProxyError`` (401/403/404/400…) if it goes nowhere."""
+        ...
+
+    def error_body(self, status: int, message: str) -> bytes:
+        """The body of an answer kasd composes with ``status`` and ``message``."""
+        ...
+
+    def refusal(self, exc: StreamRefusedError, agent_id: int) -> ProxyError:
+        """What the client is told when agentd refuses the stream."""
+        ...
+
+
 def clean_request_headers(
     headers: Sequence[tuple[str, str]], *, upgrade: bool, dropped: DroppedHeaders = DROPPED
 ) -> tuple[tuple[str, str], ...]:
@@ -155,6 +191,8 @@ class _Transfer:
     failure: Exception | None = None
     #: the first bytes of the body, kept for the recorder (a Namespace create: its name), else None
     tap: bytearray | None = None
+    #: a request of a plan (not the Kubernetes API's): its error shape and refusals
+    plan: RequestPlan | None = None
 
 
 class RequestPipeline:
@@ -191,8 +229,10 @@ class RequestPipeline:
         log_dropped: bool = True,
         done: Callable[[RequestRecord], object] | None = None,
         proven: Callable[[], object] | None = None,
+        plan: RequestPlan | None = None,
     ) -> None:
         """Answer ``ex``; ``refusal`` is a front end's own verdict on the request (answered as is).
+        ``plan``: a request that is not the Kubernetes API's (``RequestPlan``).
         ``done(record)`` is called as the request ends, even when cancelled: how it went
         (``record.agent_id`` is set once the request was authorized). ``proven()`` is called the
         moment it is, before it waits for an agent or a managed namespace: the front end's clock
@@ -200,7 +240,7 @@ class RequestPipeline:
         ``log_dropped=False``: a request the client dropped before any answer (``record.dropped``)
         gets no access line; the front end sums those up."""
         request = ex.request
-        info = request_info(request.method, request.target)
+        info = request_info(request.method, request.target) if plan is None else request_info("", "")
         record = RequestRecord(
             request_id=os.urandom(16).hex(),
             method=request.method,
@@ -212,11 +252,14 @@ class RequestPipeline:
         )
         held = ExitStack()  # what the request holds until it is over (its principal's slot)
         try:
-            await self._serve(ex, record, refusal, held, proven)
+            if plan is None:
+                await self._serve(ex, record, refusal, held, proven)
+            else:
+                await self._serve_plan(ex, record, plan, held, proven)
         except CONNECTION_LOST:  # a connection broke under the front end, which ends it quietly
             raise
         except Exception as exc:  # a bug: it ends this request alone, answered if it still can be
-            await self._fail(ex, record, exc)
+            await self._fail(ex, record, exc, plan)
         finally:
             held.close()
             if ex.client_gone and not record.answered and record.outcome != "upstream-broken":
@@ -293,6 +336,49 @@ class RequestPipeline:
             # write happened. Synchronous and never raising, so safe in a finally.
             if recording and 200 <= record.status < 300:
                 self._record_write(transfer)
+
+    async def _serve_plan(self, ex: Exchange, record: RequestRecord, plan: RequestPlan, held: ExitStack,
+                          proven: Callable[[], object] | None) -> None:
+        """``_serve`` for a request of ``plan``: its authorization and head, then the same route and
+        relay (no impersonation, no managed namespace, no deployment record: the Kubernetes API's)."""
+        request = ex.request
+        try:
+            planned = await plan.plan(request)
+            grant = planned.grant
+            record.agent_id, record.subject, record.access_as = grant.agent_id, grant.subject, grant.access_as
+            if proven is not None:
+                proven()
+            self._hold_principal_slot(planned.principal, grant, held)
+            head = RequestHead(
+                method=request.method,
+                target=planned.target,
+                headers=clean_request_headers(request.headers, upgrade=request.upgrade, dropped=plan.dropped_headers),
+                kind=planned.kind,
+                service=planned.service,
+                request_id=record.request_id,
+            )
+            try:
+                metadata = head.to_metadata()
+            except HeadOverLimitError as exc:
+                raise ProxyError(exc.status, exc.message) from None
+            stream = await self._route(grant.agent_id, metadata)
+            bodiless = not request.upgrade and not request.has_body
+            if bodiless:
+                try:
+                    await stream.send_eof()
+                except _MUX_ERRORS:
+                    pass
+                except BaseException:
+                    with trio.CancelScope(shield=True):
+                        await stream.reset(TunnelCode.CLIENT_GONE, "client went away")
+                    raise
+        except ProxyError as exc:
+            try:
+                await self._send_status(ex, exc, record, plan)
+            except ClientGone:
+                record.outcome = "client-gone"
+            return
+        await self._exchange(_Transfer(ex, grant, head, metadata, stream, record, bodiless, plan=plan))
 
     def _record_write(self, t: _Transfer) -> None:
         """Tell the recorder the namespace a successful write went into, if any."""
@@ -468,7 +554,7 @@ class RequestPipeline:
                 t.stream, agent_id=agent_id, metadata=t.metadata, method=t.head.method, bodiless=t.bodiless,
                 open_stream=partial(open_stream, self.router), report=self.router.report, on_retry=retrying)
         except StreamRefusedError as exc:
-            raise _refusal(exc, agent_id) from None
+            raise (t.plan.refusal if t.plan is not None else _refusal)(exc, agent_id) from None
         except LOST as exc:
             raise ProxyError(502, f"tunnel to agent {agent_id} failed before the response: {exc}") from None
         except AgentStreamError as exc:  # a retry found no stream
@@ -490,7 +576,7 @@ class RequestPipeline:
                 raise ProxyError(502, f"agent {agent_id} sent an interim {head.status} response head")
         except ProxyError as exc:
             t.ending = True
-            await self._send_status(ex, exc, record)
+            await self._send_status(ex, exc, record, t.plan)
             return
         stream = t.stream  # the one that answered: not the first, if that agent did not take the request
         record.status = head.status
@@ -536,7 +622,7 @@ class RequestPipeline:
         await ex.end()
         record.answered = True
 
-    async def _fail(self, ex: Exchange, record: RequestRecord, exc: Exception) -> None:
+    async def _fail(self, ex: Exchange, record: RequestRecord, exc: Exception, plan: RequestPlan | None = None) -> None:
         """An unexpected exception while serving ``ex``: one rate-limited ERROR line (no message, which
         could quote the request), and the client answered ``500`` if no head went out yet, else shown
         a cut answer (a reset stream on HTTP/2: never the connection's other requests)."""
@@ -549,15 +635,16 @@ class RequestPipeline:
             return
         failure = ProxyError(500, f"kasd failed to serve this request: an internal error (request id {record.request_id})")
         try:
-            await self._send_status(ex, failure, record)
+            await self._send_status(ex, failure, record, plan)
         except ClientGone:
             pass
         except Exception:  # the front end cannot answer it either: cut it, and say so once above
             ex.abort()
         record.outcome = "internal-error"
 
-    async def _send_status(self, ex: Exchange, exc: ProxyError, record: RequestRecord) -> None:
-        body = status_body(exc.status, exc.message)
+    async def _send_status(self, ex: Exchange, exc: ProxyError, record: RequestRecord,
+                           plan: RequestPlan | None = None) -> None:
+        body = status_body(exc.status, exc.message) if plan is None else plan.error_body(exc.status, exc.message)
         headers = [*status_headers(body, exc.headers), ("x-request-id", record.request_id)]
         record.status = exc.status
         record.outcome = "error"
@@ -628,4 +715,4 @@ def _refusal(exc: StreamRefusedError, agent_id: int) -> ProxyError:
     return ProxyError(503, f"agent {agent_id} refused the request: {exc}")
 
 
-__all__ = ["DROPPED", "DroppedHeaders", "RequestPipeline", "answer_boundary", "clean_request_headers", "relay_answer"]
+__all__ = ["DROPPED", "DroppedHeaders", "Planned", "RequestPipeline", "RequestPlan", "answer_boundary", "clean_request_headers", "relay_answer"]

@@ -166,6 +166,7 @@ def document() -> dict[str, Any]:
             "nodes": {"type": "array", "items": _ANY}, "edges": {"type": "array", "items": _ANY},
             "roots": {"type": "array", "items": {"type": "string"}}}},
     }
+    paths.update(_services())
     return {
         "openapi": "3.1.0",
         "info": {"title": "kasd environments API", "version": "1",
@@ -178,6 +179,49 @@ def document() -> dict[str, Any]:
         "security": [{"privateToken": []}, {"bearer": []}, {"session": []}],
         "paths": paths,
     }
+
+
+def _services() -> dict[str, Any]:
+    """In-cluster services through the agent (docs/services.md): served before the web app by the
+    proxy's pipeline (``kasd.web.services``); a CI job token (JOB-TOKEN, ?job_token=) is taken too."""
+    agent = _p("agent_id", schema={"type": "integer", "minimum": 1}, description="the agent's id")
+    refusals = {
+        "400": _error("a '.'/'..' segment or an encoded separator in the path, or a wrong PromQL parameter "
+                      "(kasd's {message}); or agentd's Status (traversal)"),
+        "401": _error("no or bad token"),
+        "403": _error("the agent's config.yaml does not list the caller under services: (kasd's {message}); or "
+                      "agentd's Status: method or path outside its allow-list"),
+        "404": _error("the agent or the service is not known (kasd's {message}, also when agentd has no such "
+                      "service)"),
+        "502": _error("the service is unreachable from the agent, or the tunnel failed"),
+        "503": _error("the agent is not connected"),
+        "504": _error("the service sent no response head in time (agentd's Status)")}
+    token = _p("job_token", "query", description="a CI job token (removed before the request goes on)",
+               required=False)
+    service_op = {
+        "summary": "Any request to an in-cluster service of the agent's allow-list, streamed both ways",
+        "description": "The rest of the path and the query go to the service (job_token and private_token "
+                       "removed; no Authorization, PRIVATE-TOKEN, JOB-TOKEN or Cookie header forwarded). "
+                       "An Upgrade (WebSocket) the service accepts becomes a byte pipe (101). The answer is the "
+                       "service's, as it sends it.",
+        "parameters": [agent, _p("service", description="the service's name in the agent's services:"),
+                       _p("path", description="the path at the service"), token],
+        "responses": {"200": {"description": "the service's answer (any status it gives)"},
+                      "101": {"description": "switched protocols: a byte pipe to the service"}, **refusals}}
+    promql = _op("A PromQL query of the agent's Prometheus: instant (time=) or range (start, end, step)",
+                 [agent, _p("query", "query", description="the PromQL expression", required=True),
+                  _p("time", "query", description="an instant query's time (RFC 3339 or epoch seconds)",
+                     required=False),
+                  _p("start", "query", required=False), _p("end", "query", required=False),
+                  _p("step", "query", description="a range query's resolution (a duration or seconds)",
+                     required=False),
+                  _p("timeout", "query", required=False),
+                  _p("service", "query", description="the service (default prometheus)", required=False), token],
+                 _json(_ANY, "Prometheus's answer, as it sends it (its errors: {status: error, errorType, error})"))
+    promql["responses"].update(refusals)
+    return {"/api/v4/agents/{agent_id}/services/{service}/{path}": {
+                method: service_op for method in ("get", "head", "post", "put", "patch", "delete", "options")},
+            "/api/kasd/v1/agents/{agent_id}/promql": {"get": promql}}
 
 
 if __name__ == "__main__":

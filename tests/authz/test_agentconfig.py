@@ -170,7 +170,7 @@ def test_empty_is_the_default_configuration(text: str) -> None:
     ("user_access:\n  access_as: {ci_job: {}}\n",
      "2:15: user_access.access_as.ci_job: unknown key (expected one of: agent, user)"),
     ("user_acess:\n  projects: [{id: a/b}]\n",
-     "1:1: user_acess: unknown key (did you mean user_access? expected one of: ci_access, user_access)"),
+     "1:1: user_acess: unknown key (did you mean user_access? expected one of: ci_access, user_access, services)"),
     ("ci_access:\n  project:\n    - id: a/b\n",
      "2:3: ci_access.project: unknown key (did you mean projects? expected one of: projects, groups, instance)"),
     ("ci_access:\n  projects:\n    - id: a/b\n      enviroments: [production]\n",

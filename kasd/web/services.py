@@ -1,0 +1,312 @@
+"""In-cluster services on the REST API port: ``/api/v4/agents/<id>/services/<name>/<path…>`` and
+the PromQL call ``/api/kasd/v1/agents/<id>/promql``, through the proxy's one request pipeline.
+
+Neither is a Starlette route: the API port (``kasd.asgiport``) hands a request of these paths to
+``kasd.k8sproxy.pipeline.RequestPipeline`` before the ASGI app, with ``ServiceRoutes`` as its
+``RequestPlan``. The plan authenticates (a CI job token: ``JOB-TOKEN`` or ``?job_token=``; a personal
+token: ``PRIVATE-TOKEN`` or ``Authorization: Bearer``), authorizes (``services:`` of the agent's
+config.yaml, ``kasd.authz.servicepolicy``) and says where the request goes (an OPEN of kind
+``service`` naming the service, the rest of the path and the query, credentials removed); the
+pipeline then does what it does for kubectl: the per-token cap on open requests, routing (to
+another replica if need be), streaming both ways without buffering, the ``101`` byte pipe (a
+WebSocket through the service), retries of a request no agentd took, the access line and metrics.
+
+kasd's own answers are GitLab's ``{"message": "403 Forbidden: …"}``; an answer agentd composes (a
+``Status`` JSON: traversal 400, not allowed 403, timeout 504) or the service's own passes through
+as it comes.
+
+May import: ``kasd.authz``, ``kasd.k8sproxy`` (the pipeline, its exchange and status values),
+``kasd.seams``, ``kasd.web.auth``, ``tunnelhttp``, ``wire``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Hashable
+from http import HTTPStatus
+from urllib.parse import parse_qsl, quote, unquote, unquote_plus
+
+import attrs
+
+from kasd.authz.jobtokens import JobClaims
+from kasd.authz.servicepolicy import ServiceDecision, authorize_service_job, authorize_service_user
+from kasd.authz.services import SERVICE_NAME
+from kasd.authz.snapshot import Snapshot
+from kasd.k8sproxy.accesslog import RequestRecord
+from kasd.k8sproxy.exchange import ClientRequest, Exchange
+from kasd.k8sproxy.pipeline import DROPPED, DroppedHeaders, Planned, RequestPipeline
+from kasd.k8sproxy.status import ProxyError
+from kasd.seams import AccessDenied, Grant, parse_bearer
+from kasd.web.auth import ApiRefusal, small_int, verify_token
+from tunnelhttp.head import TunnelCode
+from tunnelhttp.kinds import KIND_SERVICE
+from wire.session import StreamRefusedError
+
+#: ``/api/v4/agents/<id>/services/<name>[/<path…>][?query]``
+SERVICES_PREFIX = "/api/v4/agents/"
+#: ``/api/kasd/v1/agents/<id>/promql?query=…``
+PROMQL_PREFIX = "/api/kasd/v1/agents/"
+#: the service a PromQL call asks when it names none
+DEFAULT_PROMQL_SERVICE = "prometheus"
+#: query parameters that carry a credential: read (``job_token``) or not, never forwarded
+CREDENTIAL_PARAMS = frozenset({"job_token", "private_token"})
+#: request headers that carry a credential here, besides those the proxy drops (Authorization,
+#: Cookie, Impersonate-*, X-Remote-*): never forwarded
+CREDENTIAL_HEADERS = ("job-token", "private-token")
+#: PromQL parameters, as Prometheus's HTTP API names them
+_INSTANT = ("query", "time", "timeout")
+_RANGE = ("query", "start", "end", "step", "timeout")
+_PROMQL_PARAMS = frozenset({*_INSTANT, *_RANGE, "service"})
+
+
+def message(status: int, detail: str) -> str:
+    """GitLab's wording: ``403 Forbidden: <detail>`` (a detail already starting so is kept)."""
+    try:
+        phrase = f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        phrase = str(status)
+    return detail if detail.startswith(phrase) else f"{phrase}: {detail}"
+
+
+@attrs.frozen(kw_only=True)
+class ServiceCall:
+    """A request of these routes: which agent and service, and the target agentd gets."""
+
+    agent_id: int
+    service: str
+    #: path and query relative to the service's URL, starting with ``/``
+    target: str
+
+
+def _refuse(status: int, detail: str) -> ProxyError:
+    return ProxyError(status, message(status, detail))
+
+
+def _split(raw_target: str) -> tuple[str, str]:
+    path, _, query = raw_target.partition("?")
+    return path, query
+
+
+def without_credentials(query: str) -> str:
+    """``query`` as sent, minus every ``job_token``/``private_token`` parameter (the others untouched,
+    byte for byte: the service reads them as the client wrote them)."""
+    kept = [part for part in query.split("&")
+            if part and unquote_plus(part.partition("=")[0], errors="replace") not in CREDENTIAL_PARAMS]
+    return "&".join(kept)
+
+
+def traversal_problem(path: str) -> str | None:
+    """Why the rest of a service path could climb out of the prefix agentd allows, or None: a ``.``
+    or ``..`` segment (also percent-encoded), an encoded ``/`` or ``\\``, a ``\\``, NUL or another
+    control character. agentd refuses the same (400); kasd refuses first, so nothing of it leaves."""
+    lowered = path.lower()
+    for bad in ("%2f", "%5c", "%00", "\\"):
+        if bad in lowered:
+            return f"the path must not contain {bad!r} (an encoded or Windows path separator, or NUL)"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+        return "the path must not contain control characters"
+    for segment in path.split("/"):
+        if unquote(segment, errors="replace") in (".", ".."):
+            return "the path must not contain '.' or '..' segments (also percent-encoded)"
+    return None
+
+
+def service_target(raw_target: str) -> ServiceCall | ProxyError | None:
+    """The service request ``raw_target`` makes (``/api/v4/agents/<id>/services/<name>/<path…>``),
+    a 400/404 for one of this shape that is wrong, None for a path of another shape."""
+    path, query = _split(raw_target)
+    if not path.startswith(SERVICES_PREFIX):
+        return None
+    parts = path[len(SERVICES_PREFIX):].split("/", 3)
+    if len(parts) < 3 or parts[1] != "services":
+        return None
+    agent_id = small_int(parts[0])
+    if agent_id is None:
+        return _refuse(404, "404 Agent Not Found")
+    name = parts[2]
+    if not SERVICE_NAME.fullmatch(name):
+        return _refuse(404, "404 Service Not Found")
+    rest = "/" + (parts[3] if len(parts) > 3 else "")
+    problem = traversal_problem(rest)
+    if problem:
+        return _refuse(400, problem)
+    query = without_credentials(query)
+    return ServiceCall(agent_id=agent_id, service=name, target=rest + ("?" + query if query else ""))
+
+
+def promql_target(method: str, raw_target: str) -> ServiceCall | ProxyError | None:
+    """The Prometheus request a PromQL call makes (``/api/kasd/v1/agents/<id>/promql?query=…``): an
+    instant query (``/api/v1/query``, ``time=`` optional) or, with ``start``, ``end`` and ``step``, a
+    range query (``/api/v1/query_range``) of the service ``service=`` (default ``prometheus``); a
+    400/404/405 for a call of this shape that is wrong, None for a path of another shape."""
+    path, query = _split(raw_target)
+    if not path.startswith(PROMQL_PREFIX):
+        return None
+    parts = path[len(PROMQL_PREFIX):].split("/")
+    if len(parts) != 2 or parts[1] != "promql":
+        return None
+    agent_id = small_int(parts[0])
+    if agent_id is None:
+        return _refuse(404, "404 Agent Not Found")
+    if method not in ("GET", "HEAD"):
+        return ProxyError(405, message(405, "a PromQL call is a GET"), (("allow", "GET, HEAD"),))
+    params: dict[str, str] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name in CREDENTIAL_PARAMS:
+            continue
+        if name not in _PROMQL_PARAMS:
+            return _refuse(400, f"unknown parameter {name[:64]!r} (expected query, time, start, end, step, timeout, service)")
+        if name in params:
+            return _refuse(400, f"parameter {name!r} given twice")
+        params[name] = value
+    if not params.get("query"):
+        return _refuse(400, "query is missing (a PromQL expression)")
+    service = params.pop("service", DEFAULT_PROMQL_SERVICE)
+    if not SERVICE_NAME.fullmatch(service):
+        return _refuse(400, "service is not a service name (lower-case letters, digits and '-', at most 63)")
+    ranged = [name for name in ("start", "end", "step") if name in params]
+    if ranged and len(ranged) != 3:
+        return _refuse(400, "a range query needs start, end and step (an instant query none of them)")
+    if ranged and "time" in params:
+        return _refuse(400, "time is for an instant query; a range query takes start, end and step")
+    endpoint, names = ("/api/v1/query_range", _RANGE) if ranged else ("/api/v1/query", _INSTANT)
+    encoded = "&".join(f"{name}={quote(params[name], safe='')}" for name in names if name in params)
+    return ServiceCall(agent_id=agent_id, service=service, target=f"{endpoint}?{encoded}")
+
+
+def _headers(request: ClientRequest, name: str) -> list[str]:
+    return [value.strip() for key, value in request.headers if key == name and value.strip()]
+
+
+def offered_credentials(request: ClientRequest) -> tuple[str, str]:
+    """(``ci`` or ``pat``, the token) as GitLab's API reads them: ``?job_token=``, ``JOB-TOKEN``,
+    ``PRIVATE-TOKEN``, ``Authorization: Bearer`` (the proxy port's ``ci:<agent>:<token>`` and
+    ``pat:<agent>:<token>`` forms too), the first present; ``AccessDenied`` 401 for none, or for a
+    header given twice. (``?token=``, which GitLab also reads, is not: a service may take a
+    parameter of that name, and kasd neither reads nor hides it.)"""
+    _, query = _split(request.target)
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name == "job_token" and value.strip():
+            return "ci", value.strip()
+    for header, kind in (("job-token", "ci"), ("private-token", "pat")):
+        values = _headers(request, header)
+        if len(values) > 1:
+            raise AccessDenied(401, f"more than one {header.upper()} header")
+        if values:
+            return kind, values[0]
+    authorization = _headers(request, "authorization")
+    if len(authorization) > 1:
+        raise AccessDenied(401, "more than one Authorization header")
+    if authorization:
+        scheme, _, value = authorization[0].partition(" ")
+        if scheme.lower() != "bearer" or not value.strip():
+            raise AccessDenied(401, "send a token as JOB-TOKEN, PRIVATE-TOKEN or Authorization: Bearer <token>")
+        try:
+            credentials = parse_bearer(authorization[0])
+        except AccessDenied:
+            return "pat", value.strip()
+        return credentials.kind, credentials.secret
+    raise AccessDenied(401, "send a CI job token (JOB-TOKEN header or job_token parameter) or a personal token "
+                            "(PRIVATE-TOKEN header or Authorization: Bearer)")
+
+
+class ServiceRoutes:
+    """The ``RequestPlan`` of both routes (``kasd.k8sproxy.pipeline``); ``snapshot()`` is the
+    authorization in force now, ``clock()`` the time of day (seconds since the epoch)."""
+
+    dropped_headers: DroppedHeaders = DROPPED.also(CREDENTIAL_HEADERS)
+
+    def __init__(self, snapshot: Callable[[], Snapshot], clock: Callable[[], float] = time.time) -> None:
+        self._snapshot = snapshot
+        self._clock = clock
+
+    @staticmethod
+    def target(request: ClientRequest) -> ServiceCall | ProxyError | None:
+        """What ``request`` is to these routes: None when it is not theirs."""
+        found = service_target(request.target)
+        if found is None:
+            found = promql_target(request.method, request.target)
+        return found
+
+    async def plan(self, request: ClientRequest) -> Planned:
+        found = self.target(request)
+        if found is None:  # (the port hands over only requests of these routes)
+            raise _refuse(404, "404 Not Found")
+        if isinstance(found, ProxyError):
+            raise found
+        snapshot = self._snapshot()
+        now = self._clock()
+        try:
+            kind, secret = offered_credentials(request)
+            if kind == "ci":
+                claims: JobClaims | None = snapshot.verify_job(secret, now=now)
+                assert claims is not None and claims.stamp is not None
+                expires, user = claims.stamp.expires_at, None
+            else:
+                caller = verify_token(snapshot, secret, now)
+                claims, expires, user = None, caller.expires, caller.username
+        except AccessDenied as exc:
+            raise _refuse(401, exc.message.removeprefix("bad token: ")) from None
+        except ApiRefusal as exc:
+            raise _refuse(exc.status, exc.message) from None
+        compiled = snapshot.agents.get(found.agent_id)
+        config = compiled.config if compiled is not None else None
+        decision: ServiceDecision
+        if claims is not None:
+            decision = authorize_service_job(snapshot.directory, found.agent_id, config, found.service, claims)
+        else:
+            assert user is not None
+            decision = authorize_service_user(snapshot.directory, found.agent_id, config, found.service, user)
+        if not decision.allowed:
+            raise _refuse(decision.status, decision.reason)
+        grant = Grant(kind=kind, agent_id=found.agent_id, impersonate=None, subject=decision.principal,
+                      access_as="agent", user=user, expires_at=expires)
+        principal: Hashable = (kind, secret)
+        return Planned(grant=grant, principal=principal, kind=KIND_SERVICE, service=found.service,
+                       target=found.target)
+
+    def error_body(self, status: int, detail: str) -> bytes:
+        return json.dumps({"message": message(status, detail)}, separators=(",", ":")).encode()
+
+    def refusal(self, exc: StreamRefusedError, agent_id: int) -> ProxyError:
+        detail = exc.message or "no detail"
+        if exc.code == TunnelCode.UNKNOWN_TARGET:
+            return _refuse(404, f"agent {agent_id}: {detail}")
+        if exc.code == TunnelCode.UPSTREAM_UNREACHABLE:
+            return _refuse(502, f"the service is unreachable from agent {agent_id}: {detail}")
+        if exc.code == TunnelCode.BAD_REQUEST:
+            return _refuse(400, f"agent {agent_id} rejected the request: {detail}")
+        return _refuse(503, f"agent {agent_id} refused the request: {exc}")
+
+
+class ServiceDispatch:
+    """What the API port asks of each request before its ASGI app (``kasd.asgiport.Bypass``): a
+    request of these routes goes to the pipeline with ``routes`` as its plan."""
+
+    def __init__(self, pipeline: RequestPipeline, routes: ServiceRoutes) -> None:
+        self.pipeline = pipeline
+        self.routes = routes
+
+    def takes(self, request: ClientRequest) -> bool:
+        return self.routes.target(request) is not None
+
+    async def serve(self, ex: Exchange, *, done: Callable[[RequestRecord], object] | None = None,
+                    proven: Callable[[], object] | None = None) -> None:
+        await self.pipeline.serve(ex, done=done, proven=proven, plan=self.routes)
+
+
+__all__ = [
+    "CREDENTIAL_HEADERS",
+    "CREDENTIAL_PARAMS",
+    "DEFAULT_PROMQL_SERVICE",
+    "ServiceCall",
+    "ServiceDispatch",
+    "ServiceRoutes",
+    "message",
+    "offered_credentials",
+    "promql_target",
+    "service_target",
+    "traversal_problem",
+    "without_credentials",
+]
