@@ -1,0 +1,186 @@
+"""The agents' configuration read from Git (``authorization.config_git``): real repositories made
+with dulwich in a temporary directory; commits change access, a bad commit changes nothing, and what
+kasd will not read (a symlink, a submodule, a huge blob, a missing ref) is refused, naming project,
+ref and path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from kasctl.authsetup import AuthSetup
+from kasd.authority import CiAuthority, LoadedAuthorization, LoadError, load_authorization
+from kasd.authz import gitsource
+from kasd.config import Config, config_from_mapping
+from kasd.metrics import Metrics
+from kasd.seams import AccessDenied, Grant, parse_bearer
+from kasd.tokens import hash_token
+from routing.local import TunnelRegistry
+from tests.gitrepo import GitRepo, Link, Submodule
+
+pytestmark = pytest.mark.timeout(30)
+
+APP = "ci_access:\n  projects:\n    - id: acme/app\n"
+OTHER = "ci_access:\n  projects:\n    - id: acme/other\n"
+CONFIG = ".gitlab/agents/a1/config.yaml"
+
+
+def _config(auth: AuthSetup, root: Path, **git: Any) -> Config:
+    settings = auth.kasd_settings()
+    settings["authorization"]["config_root"] = str(root)
+    settings["authorization"]["config_git"] = {"enabled": True, **git}
+    return config_from_mapping({
+        "agents": [{"id": 1, "name": "a1", "config_project": "acme/infra", "token_sha256": hash_token("agent-1")}],
+        "groups": [{"path": "acme", "id": 1}],
+        "projects": [{"path": "acme/infra", "id": 10}, {"path": "acme/app", "id": 11}, {"path": "acme/other", "id": 12}],
+        **settings,
+    })
+
+
+class _Load:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.loads = 0
+
+    def __call__(self) -> LoadedAuthorization:
+        self.loads += 1
+        return load_authorization(self.config, None)
+
+
+@pytest.fixture
+def auth(tmp_path: Path) -> AuthSetup:
+    return AuthSetup(tmp_path / "auth")
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> GitRepo:
+    repo = GitRepo(tmp_path / "repos" / "acme" / "infra.git")
+    repo.commit({CONFIG: APP})
+    return repo
+
+
+async def _allowed(authority: CiAuthority, auth: AuthSetup, project: str) -> bool:
+    credentials = parse_bearer(f"Bearer ci:1:{auth.job_token(project)}")
+    try:
+        grant: Grant = await authority.authorize(credentials, 1)
+    except AccessDenied:
+        return False
+    return grant.agent_id == 1
+
+
+def _sample(metrics: Metrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, labels)
+
+
+async def test_a_commit_changes_access_at_a_refresh_and_a_bad_one_changes_nothing(
+        tmp_path: Path, auth: AuthSetup, repo: GitRepo, caplog: pytest.LogCaptureFixture) -> None:
+    metrics = Metrics(TunnelRegistry())
+    authority = CiAuthority(_Load(_config(auth, tmp_path / "repos", poll_interval=3600)), metrics)
+    first = repo.repo.refs[b"refs/heads/main"].decode()
+    assert await _allowed(authority, auth, "acme/app") and not await _allowed(authority, auth, "acme/other")
+    assert _sample(metrics, "kasd_config_commit_info", project="acme/infra", commit=first) == 1
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(authority.watch)
+        second = repo.commit({CONFIG: OTHER})
+        with trio.fail_after(10):
+            assert await authority.refresh()
+        assert await _allowed(authority, auth, "acme/other") and not await _allowed(authority, auth, "acme/app")
+        state = authority.config_state()
+        assert state["source"] == "git"
+        assert state["projects"] == [{"project": "acme/infra", "ref": "HEAD", "commit": second,
+                                      "loaded_at": pytest.approx(state["projects"][0]["loaded_at"])}]  # type: ignore[index]
+        assert _sample(metrics, "kasd_config_commit_info", project="acme/infra", commit=second) == 1
+        assert _sample(metrics, "kasd_config_commit_info", project="acme/infra", commit=first) is None
+
+        bad = repo.commit({CONFIG: "ci_access:\n  projects:\n    - id: [acme/app]\n"})
+        with trio.fail_after(10):
+            assert await authority.refresh()
+        nursery.cancel_scope.cancel()
+    assert await _allowed(authority, auth, "acme/other")  # the previous commit's configuration
+    assert f"acme/infra@HEAD ({bad[:12]}):{CONFIG}:3:11: ci_access.projects[0].id: must be a string" in caplog.text
+    assert "the previous configuration stays in force" in caplog.text
+    assert _sample(metrics, "kasd_config_commit_info", project="acme/infra", commit=second) == 1
+    assert _sample(metrics, "kasd_config_ref_commit_info", project="acme/infra", commit=bad) == 1
+    assert _sample(metrics, "kasd_authz_config_ok") == 0
+
+
+async def test_polling_notices_a_new_commit_and_refreshes_share_one_look(
+        tmp_path: Path, auth: AuthSetup, repo: GitRepo) -> None:
+    load = _Load(_config(auth, tmp_path / "repos", poll_interval=0.1))
+    authority = CiAuthority(load)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(authority.watch)
+        repo.commit({CONFIG: OTHER})
+        with trio.fail_after(10):
+            await authority.wait_reloaded()  # no refresh asked: the poll found it
+        assert await _allowed(authority, auth, "acme/other")
+        assert load.loads == 2
+        # a crowd of refreshes with nothing new: one or two looks, no load
+        with trio.fail_after(10):
+            async with trio.open_nursery() as crowd:
+                for _ in range(50):
+                    crowd.start_soon(authority.refresh)
+        nursery.cancel_scope.cancel()
+    assert load.loads == 2
+
+
+@pytest.mark.parametrize("layout", ["bare", "worktree", "one-repository"])
+def test_each_layout_is_read_at_the_configured_ref(tmp_path: Path, auth: AuthSetup, layout: str) -> None:
+    root = tmp_path / "repos"
+    if layout == "bare":
+        repo = GitRepo(root / "acme" / "infra.git")
+        prefix = ""
+    elif layout == "worktree":
+        repo = GitRepo(root / "acme" / "infra", bare=False)
+        prefix = ""
+    else:
+        repo = GitRepo(root, bare=False)
+        prefix = "acme/infra/"
+    repo.commit({prefix + CONFIG: APP})
+    commit = repo.commit({prefix + CONFIG: OTHER}, branch="review")
+    loaded = load_authorization(_config(auth, root, ref="review"), None)
+    assert loaded.git is not None and loaded.git.commits[0].commit == commit
+    entry = loaded.snapshot.agents[1].config.ci_access.projects[0]
+    assert entry.id == "acme/other"
+    assert loaded.snapshot.agents[1].config.source == f"acme/infra@review ({commit[:12]}):{CONFIG}"
+
+
+TEMPLATE = ".gitlab/agents/a1/environment_templates/default.yaml"
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    ({CONFIG: Link("../../../../etc/passwd")}, f"acme/infra@HEAD (*):{CONFIG}: refused: {CONFIG} is a symbolic link"),
+    ({".gitlab/agents": Submodule()}, f"acme/infra@HEAD (*):{CONFIG}: refused: .gitlab/agents is a submodule"),
+    ({TEMPLATE: Link("../config.yaml")}, f"acme/infra@HEAD (*):{TEMPLATE}: refused: {TEMPLATE} is a symbolic link"),
+    ({CONFIG: b"#" * (gitsource.MAX_CONFIG_BYTES + 1)},
+     f"acme/infra@HEAD (*):{CONFIG}: refused: a file of {gitsource.MAX_CONFIG_BYTES + 1} bytes"),
+])
+@pytest.mark.parametrize("packed", [False, True])
+def test_what_is_not_read_is_refused_naming_project_ref_and_path(
+        tmp_path: Path, auth: AuthSetup, repo: GitRepo, change: dict[str, Any], problem: str, packed: bool) -> None:
+    commit = repo.commit(change)
+    if packed:
+        repo.repo.object_store.pack_loose_objects()
+    with pytest.raises(LoadError) as refused:
+        load_authorization(_config(auth, tmp_path / "repos"), None)
+    assert str(refused.value).startswith(problem.replace("*", commit[:12]))
+
+
+def test_a_missing_file_ref_or_repository_says_which(tmp_path: Path, auth: AuthSetup, repo: GitRepo) -> None:
+    repo.commit({CONFIG: None, "README.md": "hello"})
+    loaded = load_authorization(_config(auth, tmp_path / "repos"), None)
+    assert loaded.snapshot.agents[1].config.ci_access.projects == ()  # GitLab's default: no file, no ci_access
+    assert "no such file: the agent has the default configuration" in loaded.snapshot.warnings[0]
+    with pytest.raises(LoadError, match=r"config project acme/infra: ref 'nope' not found in its repository"):
+        load_authorization(_config(auth, tmp_path / "repos", ref="nope"), None)
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(LoadError, match=r"config project acme/infra: no Git repository at .*acme/infra.git"):
+        load_authorization(_config(auth, tmp_path / "elsewhere"), None)
+
+
+def test_a_bad_ref_setting_is_refused_at_start() -> None:
+    with pytest.raises(Exception, match=r"authorization.config_git.ref: must be a branch"):
+        config_from_mapping({"authorization": {"config_git": {"enabled": True, "ref": "main/../x"}}})
