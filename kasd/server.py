@@ -32,6 +32,7 @@ from kasd.authority import CiAuthority, config_loader
 from kasd.config import Config, plaintext_peer_secret
 from kasd.drain import DrainDeadlines, drain_alone, drain_replica
 from kasd.environments import EnvironmentViews
+from kasd.gitrefresh import RefreshFanout, refresh_fanout
 from kasd.k8sproxy.pipeline import DROPPED, RequestPipeline
 from kasd.k8sproxy.server import ProxyServer, configure_alpn
 from kasd.listening import (
@@ -63,6 +64,7 @@ from kasd.store.made import MadeObjects
 from kasd.store.protocol import Store
 from kasd.store.revocation import Revocations, open_store
 from kasd.web.dashboard import dashboard_routes
+from kasd.web.gitconfig import config_routes
 from kasd.web.wiring import api_app
 from netio.admission import Admission
 from routing.local import BreakerPolicy, LocalRouter, TunnelRegistry
@@ -214,6 +216,10 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
             await nursery.start(_serve_agents, config, sessions, authority, stoppable("agent"), agent_tls, metrics)
             await nursery.start(trio.serve_listeners, proxy.handle_connection, stoppable("kubernetes_api"))
             nursery.start_soon(authority.watch)
+            refresh = authority.refresh  # (among replicas: here and, through Redis, on the others)
+            if replicas is not None and config.routing.redis.url is not None:
+                assert me is not None
+                refresh = (await nursery.start(_refresh_fanout, config, authority, me.name)).refresh
             if "api" in names:
                 rest = RestApi(lambda: authority.snapshot, provisioner, stop_time_limit=STOP_TIME_LIMIT,
                                revocations=runtime.revocations,
@@ -225,7 +231,8 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
                 await nursery.start(views.run)
                 api = api_app(rest, config, lambda: authority.snapshot, kept, views, registry,
                               me.name if me is not None else addresses["kubernetes_api"],
-                              agent_errors=(AgentRequestError,), extra_routes=dashboard_routes(),
+                              agent_errors=(AgentRequestError,),
+                              extra_routes=[*dashboard_routes(), *config_routes(authority, refresh=refresh)],
                               directory=replicas.directory if replicas is not None else None)
                 await nursery.start(partial(serve_api, api, stoppable("api"), ssl_context=api_tls,
                                             unexpected=metrics.unexpected_errors("api", logging.getLogger("kasd.api"))))
@@ -364,6 +371,17 @@ async def _store(config: Config, given: Store | None) -> AsyncIterator[Store]:
         return
     async with open_store(config) as store:
         yield store
+
+
+async def _refresh_fanout(config: Config, authority: CiAuthority, name: str, *,
+                          task_status: trio.TaskStatus[RefreshFanout] = trio.TASK_STATUS_IGNORED) -> None:
+    """A config refresh asked of this replica reaches the others (``kasd.gitrefresh``)."""
+    redis = config.routing.redis
+    assert redis.url is not None
+    async with refresh_fanout(authority, redis.url, password=redis.password, name=name,
+                              key_prefix=redis.key_prefix) as fanout:
+        task_status.started(fanout)
+        await trio.sleep_forever()
 
 
 def _project_id(authority: CiAuthority, path: str) -> int | None:

@@ -184,3 +184,92 @@ def test_a_missing_file_ref_or_repository_says_which(tmp_path: Path, auth: AuthS
 def test_a_bad_ref_setting_is_refused_at_start() -> None:
     with pytest.raises(Exception, match=r"authorization.config_git.ref: must be a branch"):
         config_from_mapping({"authorization": {"config_git": {"enabled": True, "ref": "main/../x"}}})
+
+
+# --------------------------------------------------------------------------- the REST API
+
+
+def _web_config(auth: AuthSetup, root: Path) -> Config:
+    settings = auth.kasd_settings()
+    settings["authorization"]["config_root"] = str(root)
+    settings["authorization"]["config_git"] = {"enabled": True, "poll_interval": 3600}
+    return config_from_mapping({
+        "agents": [{"id": 1, "name": "a1", "config_project": "acme/infra", "token_sha256": hash_token("agent-1")}],
+        "groups": [{"path": "acme", "id": 1}],
+        "projects": [{"path": "acme/infra", "id": 10}, {"path": "acme/app", "id": 11}],
+        "users": [{"username": "dev", "memberships": {"acme/infra": "developer", "acme/app": "maintainer"}},
+                  {"username": "rep", "memberships": {"acme/infra": "reporter"}},
+                  {"username": "stranger", "memberships": {"acme/app": "developer"}}],
+        **settings,
+    })
+
+
+async def test_the_rest_api_shows_the_commit_and_a_member_refreshes_it(
+        tmp_path: Path, auth: AuthSetup, repo: GitRepo) -> None:
+    from starlette.applications import Starlette
+
+    from kasd.web.app import _refused
+    from kasd.web.auth import ApiRefusal
+    from kasd.web.gitconfig import MAX_BODY, config_routes
+    from tests.kasd.webfakes import call
+
+    authority = CiAuthority(_Load(_web_config(auth, tmp_path / "repos")))
+    app = Starlette(routes=config_routes(authority), exception_handlers={ApiRefusal: _refused})
+
+    def token(user: str) -> list[tuple[str, str]]:
+        return [("PRIVATE-TOKEN", auth.personal_token(user))]
+
+    async def refresh(user: str, body: bytes) -> Any:
+        return await call(app, "POST", "/api/kasd/v1/config/refresh", token(user), body=body)
+
+    first = repo.repo.refs[b"refs/heads/main"].decode()
+    shown = (await call(app, "GET", "/api/kasd/v1/config", token("rep"))).json()
+    assert shown["source"] == "git" and [(p["project"], p["ref"], p["commit"]) for p in shown["projects"]] == [
+        ("acme/infra", "HEAD", first)]
+    assert shown["projects"][0]["loaded_at"].endswith("Z")
+    assert (await call(app, "GET", "/api/kasd/v1/config", token("stranger"))).json()["projects"] == []
+    assert (await call(app, "GET", "/api/kasd/v1/config")).status == 401
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(authority.watch)
+        second = repo.commit({CONFIG: OTHER})
+        with trio.fail_after(10):
+            answer = await refresh("dev", b'{"project": "acme/infra"}')
+        assert answer.status == 200 and answer.json()["projects"][0]["commit"] == second
+        assert authority.snapshot.agents[1].config.ci_access.projects[0].id == "acme/other"
+        # refused before kasd looks at anything
+        assert (await refresh("rep", b'{"project": "acme/infra"}')).json() == {
+            "message": "403 Forbidden: this needs the Developer role in acme/infra"}
+        assert (await refresh("stranger", b'{"project": "acme/infra"}')).status == 404
+        assert (await refresh("stranger", b'{"project": null}')).json() == {
+            "message": "403 Forbidden: a refresh needs the Developer role in a config project"}
+        assert (await refresh("dev", b'{"project": "acme/app"}')).json() == {
+            "message": "404 Not Found: acme/app is no agent's config project"}
+        assert (await refresh("dev", b"{" * (MAX_BODY + 1))).status == 413
+        assert (await refresh("dev", b'["acme/infra"]')).status == 400
+        assert (await call(app, "POST", "/api/kasd/v1/config/refresh", body=b"{}")).status == 401
+        with trio.fail_after(10):
+            assert (await refresh("dev", b"")).status == 200  # no body: every config project
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_refresh_on_one_replica_reaches_the_others(redis_server: Any) -> None:
+    from kasd.gitrefresh import refresh_fanout
+
+    class Counting:
+        def __init__(self) -> None:
+            self.looks = 0
+            self.looked = trio.Event()
+
+        async def refresh(self, wait: float = 10.0) -> bool:
+            self.looks += 1
+            self.looked.set()
+            return True
+
+    here, there = Counting(), Counting()
+    with trio.fail_after(20):
+        async with refresh_fanout(here, redis_server.url, password=None, name="a", key_prefix="t") as mine, \
+                refresh_fanout(there, redis_server.url, password=None, name="b", key_prefix="t"):
+            assert await mine.refresh(1)
+            await there.looked.wait()
+    assert (here.looks, there.looks) == (1, 1)  # its own notice is not a second look here
