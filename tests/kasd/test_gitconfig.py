@@ -273,3 +273,15 @@ async def test_a_refresh_on_one_replica_reaches_the_others(redis_server: Any) ->
             assert await mine.refresh(1)
             await there.looked.wait()
     assert (here.looks, there.looks) == (1, 1)  # its own notice is not a second look here
+
+
+def test_the_config_routes_are_in_the_openapi_document(tmp_path: Path, auth: AuthSetup, repo: GitRepo) -> None:
+    from starlette.routing import Route
+
+    from kasd.web.gitconfig import config_routes
+    from kasd.web.openapi import document
+
+    paths = document()["paths"]
+    for route in config_routes(CiAuthority(_Load(_web_config(auth, tmp_path / "repos")))):
+        assert isinstance(route, Route)
+        assert set(m.lower() for m in route.methods or ()) - {"head"} <= set(paths[route.path]), route.path
