@@ -285,3 +285,35 @@ def test_the_config_routes_are_in_the_openapi_document(tmp_path: Path, auth: Aut
     for route in config_routes(CiAuthority(_Load(_web_config(auth, tmp_path / "repos")))):
         assert isinstance(route, Route)
         assert set(m.lower() for m in route.methods or ()) - {"head"} <= set(paths[route.path]), route.path
+
+
+# --------------------------------------------------------------------------- examples/hooks/post-receive
+
+
+HOOK = Path(__file__).resolve().parents[2] / "examples" / "hooks" / "post-receive"
+
+
+@pytest.mark.parametrize(("pushed", "env", "told"), [
+    ("refs/heads/main", {"GL_PROJECT_PATH": "acme/infra"}, "notify --config-changed --project acme/infra"),
+    ("refs/heads/feature", {"GL_PROJECT_PATH": "acme/infra"}, None),  # not the branch kasd reads
+    ("refs/heads/review", {"KASD_CONFIG_REF": "review"}, "notify --config-changed"),
+])
+def test_the_post_receive_hook_tells_kasd_of_a_push_to_the_branch_it_reads(
+        tmp_path: Path, pushed: str, env: dict[str, str], told: str | None) -> None:
+    import subprocess
+
+    fake = tmp_path / "bin" / "kasctl"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "called"}\necho "$KASCTL_TOKEN" > {tmp_path / "token"}\n')
+    fake.chmod(0o755)
+    (tmp_path / "token-file").write_text("the-token")
+    done = subprocess.run([str(HOOK)], input=f"{'0' * 40} {'1' * 40} {pushed}\n", text=True, timeout=10,
+                          capture_output=True, cwd=tmp_path, check=True,
+                          env={"PATH": f"{fake.parent}:/usr/bin:/bin", "KASD_HOOK_TOKEN_FILE": str(tmp_path / "token-file"),
+                               "GIT_DIR": str(tmp_path / "no-repository"), **env})
+    assert done.returncode == 0
+    if told is None:
+        assert not (tmp_path / "called").exists()
+    else:
+        assert (tmp_path / "called").read_text().strip() == told
+        assert (tmp_path / "token").read_text().strip() == "the-token"
