@@ -40,6 +40,7 @@ class ConfigGitSettings:
     enabled: bool = setting(False, parse=parse_boolean)
     #: the branch, tag or full ref read; "HEAD" (the default): each repository's default branch
     ref: str = setting("HEAD", parse=_ref)
-    #: seconds between two looks at the ref (one ref read per config project); a push hook
+    #: seconds between two looks at the ref (one ref read per config project; 20 as Omnibus GitLab's
+    #: gitlab-kas agent_configuration_poll_period); a push hook
     #: (``kasctl notify --config-changed``) makes kasd look at once
-    poll_interval: float = setting(10.0, parse=_interval)
+    poll_interval: float = setting(20.0, parse=_interval)
