@@ -119,12 +119,22 @@ async def test_polling_notices_a_new_commit_and_refreshes_share_one_look(
         assert await _allowed(authority, auth, "acme/other")
         assert load.loads == 2
         # a crowd of refreshes with nothing new: one or two looks, no load
+        looks = 0
+        look = authority._look
+
+        async def counted() -> None:
+            nonlocal looks
+            looks += 1
+            await look()
+
+        authority._look = counted  # type: ignore[method-assign]
         with trio.fail_after(10):
             async with trio.open_nursery() as crowd:
                 for _ in range(50):
                     crowd.start_soon(authority.refresh)
         nursery.cancel_scope.cancel()
     assert load.loads == 2
+    assert 1 <= looks <= 3  # (a poll may fall in between)
 
 
 @pytest.mark.parametrize("layout", ["bare", "worktree", "one-repository"])
