@@ -3,12 +3,15 @@ file sets on a branch, with symlinks and submodules (gitlinks) where a test need
 
 from __future__ import annotations
 
+import os
+import shutil
 import stat
 import time
 from pathlib import Path
 
 import attrs
 from dulwich.objects import Blob, Commit, Tree
+from dulwich.pack import write_pack_objects
 from dulwich.repo import Repo
 
 
@@ -42,6 +45,22 @@ class GitRepo:
 
     def close(self) -> None:
         self.repo.close()
+
+    def pack(self) -> None:
+        """Every object into one pack, with deltas where dulwich finds them (as ``git gc`` would
+        leave a repository), and the loose objects removed."""
+        store = self.repo.object_store
+        objects = [store[sha] for sha in list(store)]
+        scratch = Path(store.path) / "scratch.pack"
+        with open(scratch, "wb") as f:
+            write_pack_objects(f, [(o, None) for o in objects], store.object_format, deltify=True)
+        write, commit, _abort = store.add_pack()
+        write.write(scratch.read_bytes())
+        commit()
+        scratch.unlink()
+        for name in os.listdir(store.path):
+            if len(name) == 2:
+                shutil.rmtree(os.path.join(store.path, name))
 
     def commit(self, changes: dict[str, Entry | None], *, branch: str = "main", message: str = "change") -> str:
         files = dict(self.files.get(branch, {}))

@@ -173,10 +173,31 @@ def test_what_is_not_read_is_refused_naming_project_ref_and_path(
         tmp_path: Path, auth: AuthSetup, repo: GitRepo, change: dict[str, Any], problem: str, packed: bool) -> None:
     commit = repo.commit(change)
     if packed:
-        repo.repo.object_store.pack_loose_objects()
+        repo.pack()
     with pytest.raises(LoadError) as refused:
         load_authorization(_config(auth, tmp_path / "repos"), None)
     assert str(refused.value).startswith(problem.replace("*", commit[:12]))
+
+
+def test_sizes_are_read_from_object_headers_loose_packed_and_deltified(tmp_path: Path) -> None:
+    """What the size limit reads before inflating anything is each object's true size, for a loose
+    object, a packed one, and a delta (whose header gives the result's size, not the delta's)."""
+    from dulwich.pack import OFS_DELTA
+
+    repo = GitRepo(tmp_path / "r.git")
+    text = "".join(f"- line {i} of a long enough configuration\n" for i in range(2000))
+    repo.commit({CONFIG: text})
+    repo.commit({CONFIG: text + "- one more\n"})
+    objects = list(repo.repo.object_store)
+    sizes = {sha: len(repo.repo.object_store[sha].as_raw_string()) for sha in objects}
+    assert {sha: gitsource._object_size(repo.repo, sha) for sha in objects} == sizes
+    repo.pack()
+    reopened = GitRepo.__new__(GitRepo)
+    from dulwich.repo import Repo
+    reopened.repo = Repo(str(tmp_path / "r.git"))
+    (pack,) = reopened.repo.object_store.packs
+    assert OFS_DELTA in {entry.pack_type_num for entry in pack.data.iter_unpacked()}
+    assert {sha: gitsource._object_size(reopened.repo, sha) for sha in objects} == sizes
 
 
 def test_a_missing_file_ref_or_repository_says_which(tmp_path: Path, auth: AuthSetup, repo: GitRepo) -> None:
