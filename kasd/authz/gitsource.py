@@ -27,12 +27,9 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
-from dulwich.errors import NotGitRepository
-from dulwich.objects import Blob, Commit, ObjectID, Tag, Tree
-from dulwich.repo import Repo
 
 from daemonkit import yamldoc
 from kasd.authz.agentconfig import (
@@ -42,6 +39,12 @@ from kasd.authz.agentconfig import (
     agent_config_path,
     parse_agent_config,
 )
+
+if TYPE_CHECKING:  # dulwich itself is imported when a repository is first opened (~0.3 s of imports
+    # that kasctl and a kasd reading files never pay)
+    from dulwich.objects import Blob, Tree
+    from dulwich.repo import Repo
+
 from kasd.authz.templates import (
     MAX_TEMPLATE_ENTRIES,
     EnvironmentTemplate,
@@ -132,6 +135,9 @@ def _is_repository(path: Path) -> bool:
 
 @contextmanager
 def _open(path: Path, project: str) -> Iterator[Repo]:
+    from dulwich.errors import NotGitRepository
+    from dulwich.repo import Repo
+
     try:
         repo = Repo(str(path))
     except (NotGitRepository, OSError) as exc:
@@ -144,6 +150,8 @@ def _open(path: Path, project: str) -> Iterator[Repo]:
 
 def _resolve(repo: Repo, ref: str, project: str) -> str:
     """The commit ``ref`` names (peeling annotated tags)."""
+    from dulwich.objects import Commit, Tag
+
     names = [ref.encode()] if ref == "HEAD" or ref.startswith("refs/") else \
         [f"refs/heads/{ref}".encode(), f"refs/tags/{ref}".encode()]
     sha: bytes | None = None
@@ -189,7 +197,7 @@ def _object_size(repo: Repo, sha: bytes) -> int | None:
         return None
     for pack in store.packs:
         try:
-            offset = pack.index.object_offset(cast(ObjectID, sha))
+            offset = pack.index.object_offset(cast(Any, sha))
         except KeyError:
             continue
         return _packed_size(os.fspath(pack.data.path), offset)
@@ -246,17 +254,22 @@ class _Tree:
         return f"{self.project}@{self.ref} ({self.commit[:12]}):{path}"
 
     def _load(self, sha: bytes, path: str, limit: int, what: str) -> Blob | Tree:
+        from dulwich.objects import Blob, Tree
+
         size = _object_size(self.repo, sha)
         if size is None:
             raise GitConfigError(f"{self.where(path)}: object {sha.decode()} is missing or unreadable")
         if size > limit:
             raise GitConfigError(f"{self.where(path)}: refused: a {what} of {size} bytes (kasd reads at most {limit})")
         obj = self.repo.object_store[sha]  # type: ignore[index]
-        assert isinstance(obj, (Blob, Tree))
+        if not isinstance(obj, (Blob, Tree)):
+            raise GitConfigError(f"{self.where(path)}: names a {obj.type_name.decode()}, not a file or directory")
         return obj
 
     def entry(self, path: str) -> tuple[int, bytes] | None:
         """(mode, sha) of ``path`` (relative to the project) in the tree, None if it is not there."""
+        from dulwich.objects import Commit, Tree
+
         commit = self.repo.object_store[self.commit.encode()]  # type: ignore[index]
         assert isinstance(commit, Commit)
         mode, sha = stat.S_IFDIR, commit.tree
@@ -287,7 +300,10 @@ class _Tree:
         if stat.S_ISDIR(mode):
             raise GitConfigError(f"{self.where(path)}: is a directory, not a file")
         blob = self._load(sha, path, MAX_CONFIG_BYTES, "file")
-        assert isinstance(blob, Blob)
+        if blob.type_name != b"blob":  # (a tree entry's mode and object disagree: a corrupt tree)
+            raise GitConfigError(f"{self.where(path)}: its tree entry names a {blob.type_name.decode()}, not a file")
+        if TYPE_CHECKING:
+            assert isinstance(blob, Blob)
         try:
             return yamldoc.decode(blob.as_raw_string())
         except yamldoc.YamlError as exc:
@@ -302,7 +318,10 @@ class _Tree:
         if not stat.S_ISDIR(mode):
             raise GitConfigError(f"{self.where(path)}: is not a directory")
         tree = self._load(sha, path, MAX_TREE_BYTES, "tree")
-        assert isinstance(tree, Tree)
+        if tree.type_name != b"tree":
+            raise GitConfigError(f"{self.where(path)}: its tree entry names a {tree.type_name.decode()}, not a directory")
+        if TYPE_CHECKING:
+            assert isinstance(tree, Tree)
         if len(tree) > MAX_TEMPLATE_ENTRIES:
             raise GitConfigError(f"{self.where(path)}: more than {MAX_TEMPLATE_ENTRIES} entries")
         return sorted(e.path.decode("utf-8", "replace") for e in tree.iteritems()
