@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -32,7 +32,6 @@ from kasd.authority import CiAuthority, config_loader
 from kasd.config import Config, plaintext_peer_secret
 from kasd.drain import DrainDeadlines, drain_alone, drain_replica
 from kasd.environments import EnvironmentViews
-from kasd.gitrefresh import RefreshFanout, refresh_fanout
 from kasd.k8sproxy.pipeline import DROPPED, RequestPipeline
 from kasd.k8sproxy.server import ProxyServer, configure_alpn
 from kasd.listening import (
@@ -73,6 +72,9 @@ from routing.peers import PEER_LIMITS, PEER_PATH, PeerForwarder, PeerPool, peer_
 from routing.placement import PlacementHook, PlacementNotices
 from routing.router import ReplicatedRouter
 from wire.h2carrier import serve_h2_tunnels, server_ssl_context
+
+if TYPE_CHECKING:
+    from kasd.gitrefresh import RefreshFanout
 
 log = logging.getLogger("kasd")
 
@@ -375,7 +377,10 @@ async def _store(config: Config, given: Store | None) -> AsyncIterator[Store]:
 
 async def _refresh_fanout(config: Config, authority: CiAuthority, name: str, *,
                           task_status: trio.TaskStatus[RefreshFanout] = trio.TASK_STATUS_IGNORED) -> None:
-    """A config refresh asked of this replica reaches the others (``kasd.gitrefresh``)."""
+    """A config refresh asked of this replica reaches the others (``kasd.gitrefresh``: imported
+    here, as coredis is only by a kasd with ``routing.redis.url``)."""
+    from kasd.gitrefresh import refresh_fanout
+
     redis = config.routing.redis
     assert redis.url is not None
     async with refresh_fanout(authority, redis.url, password=redis.password, name=name,
