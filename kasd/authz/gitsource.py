@@ -124,7 +124,7 @@ class GitSource:
         for project in projects:
             try:
                 out[project] = self.head(project)
-            except GitConfigError:
+            except Exception:  # (a corrupt repository: the reload that follows names the problem)
                 out[project] = None
         return out
 
@@ -334,6 +334,13 @@ class ReadAgent:
     templates: dict[str, EnvironmentTemplate]
 
 
+def unreadable(project: str, exc: Exception) -> GitConfigError:
+    """A ``GitConfigError`` for what dulwich (or the disk) raised reading ``project``'s repository:
+    a corrupt object, a bad pack, an I/O error — the repository's problem, not kasd's."""
+    return GitConfigError(f"config project {project}: cannot read its repository: "
+                          f"{type(exc).__name__}: {str(exc)[:200]}")
+
+
 class ProjectReader:
     """Reads the agents of one config project at one commit (``read_agent``)."""
 
@@ -376,5 +383,16 @@ class ProjectReader:
         return ReadAgent(loaded=loaded, templates=templates)
 
 
-__all__ = ["MAX_CONFIG_BYTES", "MAX_TREE_BYTES", "AgentConfigError", "GitConfigError", "GitSource", "ProjectCommit",
-           "ProjectReader", "ReadAgent", "TemplateError", "check_ref"]
+__all__ = [
+    "MAX_CONFIG_BYTES",
+    "MAX_TREE_BYTES",
+    "AgentConfigError",
+    "GitConfigError",
+    "GitSource",
+    "ProjectCommit",
+    "ProjectReader",
+    "ReadAgent",
+    "TemplateError",
+    "check_ref",
+    "unreadable",
+]

@@ -33,7 +33,7 @@ from kasd.authz.agentconfig import (
 from kasd.authz.civars import ci_variables, guess_environment_tier
 from kasd.authz.directory import Directory, Project
 from kasd.authz.expand import RoleRef
-from kasd.authz.gitsource import GitSource, ProjectCommit, ProjectReader
+from kasd.authz.gitsource import GitConfigError, GitSource, ProjectCommit, ProjectReader, unreadable
 from kasd.authz.jobtokens import (
     DEFAULT_AUDIENCE,
     DEFAULT_ISSUER,
@@ -150,14 +150,19 @@ def load_agents_from_git(directory: Directory, source: GitSource
     for agent in directory.agents:
         by_project.setdefault(agent.config_project, []).append(agent.id)
     for project_path in sorted(by_project):
-        with ProjectReader(source, project_path) as reader:
-            for agent_id in by_project[project_path]:
-                found = directory.agent(agent_id)
-                assert found is not None
-                read = reader.read_agent(found.name)
-                warnings.extend(read.loaded.warnings)
-                agents[agent_id] = compile_agent(read.loaded.config, functools.partial(dict, read.templates))
-            commits.append(ProjectCommit(project=project_path, ref=source.ref, commit=reader.commit))
+        try:
+            with ProjectReader(source, project_path) as reader:
+                for agent_id in by_project[project_path]:
+                    found = directory.agent(agent_id)
+                    assert found is not None
+                    read = reader.read_agent(found.name)
+                    warnings.extend(read.loaded.warnings)
+                    agents[agent_id] = compile_agent(read.loaded.config, functools.partial(dict, read.templates))
+                commits.append(ProjectCommit(project=project_path, ref=source.ref, commit=reader.commit))
+        except (GitConfigError, AgentConfigError, TemplateError, AssertionError):
+            raise
+        except Exception as exc:  # a corrupt object or pack, an I/O error: named, not a kasd bug
+            raise unreadable(project_path, exc) from None
     return agents, warnings, commits
 
 

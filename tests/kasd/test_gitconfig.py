@@ -200,6 +200,24 @@ def test_sizes_are_read_from_object_headers_loose_packed_and_deltified(tmp_path:
     assert {sha: gitsource._object_size(reopened.repo, sha) for sha in objects} == sizes
 
 
+def test_a_corrupt_object_is_a_named_load_error_not_a_crash(tmp_path: Path, auth: AuthSetup, repo: GitRepo) -> None:
+    import os
+    import zlib
+
+    from dulwich.objects import Blob
+
+    loose = repo.repo.object_store.path
+    sha = Blob.from_string(APP.encode()).id.decode()
+    path = os.path.join(loose, sha[:2], sha[2:])
+    os.chmod(path, 0o644)
+    with open(path, "wb") as f:
+        f.write(zlib.compress(b"blob 40\0" + b"x" * 10)[:-3])  # truncated, and not what its name says
+    with pytest.raises(LoadError, match=r"^config project acme/infra: cannot read its repository: ChecksumMismatch"):
+        load_authorization(_config(auth, tmp_path / "repos"), None)
+    assert gitsource.GitSource(root=tmp_path / "repos").heads(["acme/infra"]) == {
+        "acme/infra": repo.repo.refs[b"refs/heads/main"].decode()}  # (the ref itself still reads)
+
+
 def test_a_missing_file_ref_or_repository_says_which(tmp_path: Path, auth: AuthSetup, repo: GitRepo) -> None:
     repo.commit({CONFIG: None, "README.md": "hello"})
     loaded = load_authorization(_config(auth, tmp_path / "repos"), None)
