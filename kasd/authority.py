@@ -36,8 +36,15 @@ import trio
 from daemonkit import yamldoc
 from kasd.authz.agentconfig import AgentConfig, AgentConfigError, agent_config_path
 from kasd.authz.directory import DirectoryError
+from kasd.authz.gitsource import GitConfigError, GitSource, ProjectCommit
 from kasd.authz.keys import KeyFileError, KeySet
-from kasd.authz.snapshot import CompiledAgent, Snapshot, TokenChecks, load_agents
+from kasd.authz.snapshot import (
+    CompiledAgent,
+    Snapshot,
+    TokenChecks,
+    load_agents,
+    load_agents_from_git,
+)
 from kasd.authz.templates import TemplateError, templates_dir
 from kasd.config import AgentEntry, Config, ConfigError, directory_of
 from kasd.metrics import Metrics
@@ -76,6 +83,23 @@ class LoadedAuthorization:
     #: every file the snapshot was read from (kasd's config, config.yaml files, key files): ``watch``
     #: reloads when one of them changes, appears or goes away
     files: tuple[Path, ...] = ()
+    #: read from Git (``authorization.config_git``): where, how often to look, and the commits read
+    git: GitState | None = None
+
+
+@attrs.frozen(kw_only=True)
+class GitState:
+    source: GitSource
+    poll_interval: float
+    #: the commit of each config project the snapshot was read from
+    commits: tuple[ProjectCommit, ...] = ()
+
+    def heads(self) -> dict[str, str | None]:
+        """What each config project's ref names now (blocking: reads refs)."""
+        return self.source.heads([c.project for c in self.commits])
+
+    def read(self) -> dict[str, str | None]:
+        return {c.project: c.commit for c in self.commits}
 
 
 def load_authorization(config: Config, config_file: Path | None) -> LoadedAuthorization:
@@ -87,7 +111,15 @@ def load_authorization(config: Config, config_file: Path | None) -> LoadedAuthor
         tokens = settings.tokens
         files += tokens.public_keys
         keyset = KeySet.from_pem_files(tokens.public_keys) if tokens.public_keys else None
-        if settings.config_root is not None:
+        git: GitState | None = None
+        if settings.config_git.enabled:
+            if settings.config_root is None:
+                raise LoadError("authorization.config_git.enabled: needs authorization.config_root (where the "
+                                "repositories are)")
+            source = GitSource(root=settings.config_root, ref=settings.config_git.ref)
+            agents, warnings, commits = load_agents_from_git(directory, source)
+            git = GitState(source=source, poll_interval=settings.config_git.poll_interval, commits=tuple(commits))
+        elif settings.config_root is not None:
             agents, warnings = load_agents(directory, settings.config_root)
             for a in directory.agents:
                 config_file = agent_config_path(settings.config_root, a.config_project, a.name)
@@ -98,7 +130,7 @@ def load_authorization(config: Config, config_file: Path | None) -> LoadedAuthor
             agents = {a.id: CompiledAgent(config=AgentConfig(source="(no authorization.config_root)"))
                       for a in directory.agents}
             warnings = []
-    except (AgentConfigError, TemplateError, KeyFileError, DirectoryError) as exc:
+    except (AgentConfigError, TemplateError, KeyFileError, DirectoryError, GitConfigError) as exc:
         raise LoadError(str(exc)) from None
     snapshot = Snapshot(
         directory=directory,
@@ -107,7 +139,7 @@ def load_authorization(config: Config, config_file: Path | None) -> LoadedAuthor
                              max_job_lifetime=timedelta(seconds=tokens.max_job_token_lifetime)),
         agents=agents, warnings=tuple(warnings),
     )
-    return LoadedAuthorization(snapshot=snapshot, agents=config.agents, files=tuple(files))
+    return LoadedAuthorization(snapshot=snapshot, agents=config.agents, files=tuple(files), git=git)
 
 
 #: what a reload does not apply (read at start only): named in a warning when the file changed them
@@ -176,6 +208,15 @@ class CiAuthority:
         else:
             self.loaded, self._stamps = _load_within_limit(self._load)
         self._log_warnings(self.loaded)
+        #: what each config project's ref named at the last look (a bad commit is reported once)
+        self._heads: dict[str, str | None] = {}
+        self._last_poll = trio.current_time() if _in_trio() else 0.0
+        #: when each (config project, commit) in force was first put in force
+        self._since: dict[tuple[str, str], float] = {}
+        self._note_commits()
+        #: refresh requests (``refresh``): one look at a time, the callers of one round share it
+        self._refresh_wanted = False
+        self._next_round = trio.Event()
         self.generation = 1
         self._reloaded = trio.Event()
         self._reloading = trio.Lock()
@@ -253,6 +294,7 @@ class CiAuthority:
         self.loaded = loaded
         self._granted = {}
         self._stamps = stamps
+        self._note_commits()
         self.generation += 1
         self._reloaded.set()
         self._reloaded = trio.Event()
@@ -263,6 +305,60 @@ class CiAuthority:
         log.info("authorization reloaded (%s) agents=%d generation=%d", why, len(loaded.snapshot.agents),
                  self.generation)
         return True
+
+    def _note_commits(self) -> None:
+        """Remember when each config project's commit came into force; tell the metrics."""
+        git = self.loaded.git
+        commits = git.commits if git is not None else ()
+        now = self._clock()
+        self._since = {(c.project, c.commit): self._since.get((c.project, c.commit), now) for c in commits}
+        self._heads = git.read() if git is not None else {}
+        if self._metrics is not None:
+            self._metrics.set_config_commits([(c.project, c.commit) for c in commits])
+            self._metrics.set_config_commits([(c.project, c.commit) for c in commits], at_ref=True)
+
+    def config_state(self) -> dict[str, object]:
+        """``GET /api/kasd/v1/config``: the source and each config project's commit in force."""
+        git = self.loaded.git
+        if git is None:
+            return {"source": "files", "projects": []}
+        return {"source": "git", "projects": [
+            {"project": c.project, "ref": c.ref, "commit": c.commit, "loaded_at": self._since.get((c.project, c.commit))}
+            for c in git.commits]}
+
+    async def refresh(self, wait: float = 10.0) -> bool:
+        """Look for a new commit (and changed files) now, as ``watch``'s next round, and wait up to
+        ``wait`` seconds for that round; every caller while one round is pending shares it (cost
+        bounded: at most one look running and one pending, whatever the number of callers). True
+        when the round finished in time."""
+        done = self._next_round
+        self._refresh_wanted = True
+        self._wake.set()
+        with trio.move_on_after(wait):
+            await done.wait()
+            return True
+        return False
+
+    async def _look(self) -> None:
+        """One look at the files' stamps and the Git refs; a reload when something changed."""
+        now = await trio.to_thread.run_sync(_stamps, self.loaded.files)
+        changed: list[str] = []
+        if now != self._stamps:  # (a bad save is reported once: its stamps are kept either way)
+            changed = sorted(str(p) for p in set(now) | set(self._stamps) if now.get(p) != self._stamps.get(p))
+            self._stamps = now
+        git = self.loaded.git
+        if git is not None:
+            self._last_poll = trio.current_time()
+            heads = await trio.to_thread.run_sync(git.heads)
+            if heads != self._heads:  # (a bad commit is reported once: its head is kept either way)
+                moved = [f"{p} {(self._heads.get(p) or '-')[:12]}→{(c or '-')[:12]}" for p, c in sorted(heads.items())
+                         if c != self._heads.get(p)]
+                self._heads = heads
+                if self._metrics is not None:
+                    self._metrics.set_config_commits([(p, c) for p, c in heads.items() if c is not None], at_ref=True)
+                changed += [f"new commit: {m}" for m in moved]
+        if changed:
+            await self.reload("changed: " + ", ".join(changed[:3]) + (" …" if len(changed) > 3 else ""))
 
     def _log_warnings(self, loaded: LoadedAuthorization) -> None:
         for warning in loaded.snapshot.warnings:
@@ -281,18 +377,41 @@ class CiAuthority:
         """Reload when a file the snapshot came from changes (its size, mtime or inode), or when
         ``request_reload`` asks."""
         while True:
-            with trio.move_on_after(interval):
+            git = self.loaded.git
+            wait = interval if git is None else \
+                max(0.0, min(interval, self._last_poll + git.poll_interval - trio.current_time()))
+            with trio.move_on_after(wait):
                 await self._wake.wait()
             if self._wake.is_set():
                 self._wake = trio.Event()
-                why, self._requested = self._requested or "requested", None
-                await self.reload(why)
+                if self._refresh_wanted:  # (a refresh: one look for every caller since the last)
+                    self._refresh_wanted = False
+                    done, self._next_round = self._next_round, trio.Event()
+                    try:
+                        await self._look()
+                    finally:
+                        done.set()
+                if self._requested is not None:
+                    why, self._requested = self._requested, None
+                    await self.reload(why)
+                continue
+            git = self.loaded.git
+            if git is not None and trio.current_time() - self._last_poll >= git.poll_interval:
+                await self._look()  # (the files' stamps too)
                 continue
             now = await trio.to_thread.run_sync(_stamps, self.loaded.files)
             if now != self._stamps:  # (a bad save is reported once: its stamps are kept either way)
                 changed = sorted(str(p) for p in set(now) | set(self._stamps) if now.get(p) != self._stamps.get(p))
                 self._stamps = now
                 await self.reload("changed: " + ", ".join(changed[:3]) + (" …" if len(changed) > 3 else ""))
+
+
+def _in_trio() -> bool:
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _checking_finished(loaded: LoadedAuthorization, finished: FinishedJobs) -> LoadedAuthorization:

@@ -181,3 +181,31 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+    # ----------------------------------------------------------------- agent configuration from Git (issue 28, G)
+
+    def _config_gauge(self, name: str) -> Gauge:
+        """``kasd_config_commit_info`` or ``kasd_config_ref_commit_info``, made on first use (a kasd
+        reading files exports neither)."""
+        gauges: dict[str, Gauge] = self.__dict__.setdefault("_config_gauges", {})
+        if name not in gauges:
+            help_text = {
+                "kasd_config_commit_info": "The commit each config project's agent configuration is read from "
+                                           "(authorization.config_git): 1 per config project",
+                "kasd_config_ref_commit_info": "The commit each config project's ref named at kasd's last look; "
+                                               "another than kasd_config_commit_info's: that commit's configuration "
+                                               "could not be loaded (the log says why)",
+            }[name]
+            gauges[name] = Gauge(name, help_text, ["project", "commit"], registry=self.registry)
+        return gauges[name]
+
+    def set_config_commits(self, commits: list[tuple[str, str]], *, at_ref: bool = False) -> None:
+        """The (project, commit) pairs in force (or, ``at_ref``, named by the refs at the last look),
+        replacing the previous ones."""
+        if not commits and "_config_gauges" not in self.__dict__:
+            return
+        gauge = self._config_gauge("kasd_config_ref_commit_info" if at_ref else "kasd_config_commit_info")
+        gauge.clear()
+        for project, commit in commits:
+            gauge.labels(project=project, commit=commit).set(1)

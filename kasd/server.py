@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -63,6 +63,7 @@ from kasd.store.made import MadeObjects
 from kasd.store.protocol import Store
 from kasd.store.revocation import Revocations, open_store
 from kasd.web.dashboard import dashboard_routes
+from kasd.web.gitconfig import config_routes
 from kasd.web.services import ServiceDispatch, ServiceRoutes
 from kasd.web.wiring import api_app
 from netio.admission import Admission
@@ -72,6 +73,9 @@ from routing.peers import PEER_LIMITS, PEER_PATH, PeerForwarder, PeerPool, peer_
 from routing.placement import PlacementHook, PlacementNotices
 from routing.router import ReplicatedRouter
 from wire.h2carrier import serve_h2_tunnels, server_ssl_context
+
+if TYPE_CHECKING:
+    from kasd.gitrefresh import RefreshFanout
 
 log = logging.getLogger("kasd")
 
@@ -215,6 +219,10 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
             await nursery.start(_serve_agents, config, sessions, authority, stoppable("agent"), agent_tls, metrics)
             await nursery.start(trio.serve_listeners, proxy.handle_connection, stoppable("kubernetes_api"))
             nursery.start_soon(authority.watch)
+            refresh = authority.refresh  # (among replicas: here and, through Redis, on the others)
+            if replicas is not None and config.routing.redis.url is not None:
+                assert me is not None
+                refresh = (await nursery.start(_refresh_fanout, config, authority, me.name)).refresh
             if "api" in names:
                 rest = RestApi(lambda: authority.snapshot, provisioner, stop_time_limit=STOP_TIME_LIMIT,
                                revocations=runtime.revocations,
@@ -226,7 +234,8 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
                 await nursery.start(views.run)
                 api = api_app(rest, config, lambda: authority.snapshot, kept, views, registry,
                               me.name if me is not None else addresses["kubernetes_api"],
-                              agent_errors=(AgentRequestError,), extra_routes=dashboard_routes(),
+                              agent_errors=(AgentRequestError,),
+                              extra_routes=[*dashboard_routes(), *config_routes(authority, refresh=refresh)],
                               directory=replicas.directory if replicas is not None else None)
                 # In-cluster services (and PromQL): the proxy's pipeline, before the app.
                 services = ServiceDispatch(pipeline, ServiceRoutes(lambda: authority.snapshot))
@@ -368,6 +377,20 @@ async def _store(config: Config, given: Store | None) -> AsyncIterator[Store]:
         return
     async with open_store(config) as store:
         yield store
+
+
+async def _refresh_fanout(config: Config, authority: CiAuthority, name: str, *,
+                          task_status: trio.TaskStatus[RefreshFanout] = trio.TASK_STATUS_IGNORED) -> None:
+    """A config refresh asked of this replica reaches the others (``kasd.gitrefresh``: imported
+    here, as coredis is only by a kasd with ``routing.redis.url``)."""
+    from kasd.gitrefresh import refresh_fanout
+
+    redis = config.routing.redis
+    assert redis.url is not None
+    async with refresh_fanout(authority, redis.url, password=redis.password, name=name,
+                              key_prefix=redis.key_prefix) as fanout:
+        task_status.started(fanout)
+        await trio.sleep_forever()
 
 
 def _project_id(authority: CiAuthority, path: str) -> int | None:

@@ -14,6 +14,7 @@ Pure, as the rest of this package: time is an argument, reading files is the onl
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Container, Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -32,6 +33,7 @@ from kasd.authz.agentconfig import (
 from kasd.authz.civars import ci_variables, guess_environment_tier
 from kasd.authz.directory import Directory, Project
 from kasd.authz.expand import RoleRef
+from kasd.authz.gitsource import GitConfigError, GitSource, ProjectCommit, ProjectReader, unreadable
 from kasd.authz.jobtokens import (
     DEFAULT_AUDIENCE,
     DEFAULT_ISSUER,
@@ -68,7 +70,7 @@ from kasd.authz.verdict import AccessDenied, Grant
 _Claims = TypeVar("_Claims", JobClaims, PersonalClaims)
 
 __all__ = ["DEFAULT_MAX_JOB_TOKEN_LIFETIME", "CompiledAgent", "FinishedJobsView", "Snapshot", "TokenChecks",
-           "load_agents"]
+           "compile_agent", "load_agents", "load_agents_from_git"]
 
 
 class FinishedJobsView(Protocol):
@@ -131,39 +133,69 @@ def load_agents(directory: Directory, config_root: Path) -> tuple[dict[int, Comp
     for agent in directory.agents:
         loaded = load_agent_config(config_root, agent.config_project, agent.name)
         warnings.extend(loaded.warnings)
-        config = loaded.config
-        rules: dict[tuple[str, str | None], tuple[Rule, ...]] = {}
-        entries: list[tuple[str, CiAccessEntry]] = [
-            *((f"ci_access.projects[{i}]", e) for i, e in enumerate(config.ci_access.projects)),
-            *((f"ci_access.groups[{i}]", e) for i, e in enumerate(config.ci_access.groups)),
-        ]
-        if config.ci_access.instance is not None:
-            entries.append(("ci_access.instance", config.ci_access.instance))
-        program = count = 0
-        for key, entry in entries:
-            _check_roles_apply(entry, key, config.source)
-            count += len(entry.rules)
-            if count > MAX_RULES:
-                problem = (f"the agent's entries hold more than {MAX_RULES} rules in all (a request tries them in "
-                           "order on kasd's event loop)")
-                raise AgentConfigError(f"{config.source}: {key}.rules: {problem}", key=f"{key}.rules", problem=problem)
-            if entry.rules:
-                try:
-                    rules[(entry.kind, entry.id)] = compile_rules(entry.rules, f"{key}.rules")
-                except AgentConfigError as exc:
-                    if exc.mark is None:  # name the file at least
-                        raise AgentConfigError(f"{config.source}: {exc}", key=exc.key, problem=exc.problem) from None
-                    raise
-                program += sum(program_size(rule.if_) for rule in rules[(entry.kind, entry.id)])
-                if program > MAX_RULES_PROGRAM:
-                    problem = (f"the regular expressions of the agent's rules: come to more than {MAX_RULES_PROGRAM} RE2 "
-                               "instructions in all (each is matched on kasd's event loop); use fewer or simpler ones")
-                    raise AgentConfigError(f"{config.source}: {key}.rules: {problem}", key=f"{key}.rules", problem=problem)
         config_file = agent_config_path(config_root, agent.config_project, agent.name)
         project = project_root(config_root, agent.config_project, TemplateError)
-        agents[agent.id] = CompiledAgent(config=config, rules=rules,
-                                         templates=load_templates(templates_dir(config_file), project))
+        agents[agent.id] = compile_agent(loaded.config, functools.partial(load_templates, templates_dir(config_file), project))
     return agents, warnings
+
+
+def load_agents_from_git(directory: Directory, source: GitSource
+                         ) -> tuple[dict[int, CompiledAgent], list[str], list[ProjectCommit]]:
+    """``load_agents`` from Git (``kasd.authz.gitsource``): each config project's tree at the ref's
+    commit, read once per project; also ``GitConfigError``; and the commit of each config project."""
+    agents: dict[int, CompiledAgent] = {}
+    warnings: list[str] = []
+    commits: list[ProjectCommit] = []
+    by_project: dict[str, list[int]] = {}
+    for agent in directory.agents:
+        by_project.setdefault(agent.config_project, []).append(agent.id)
+    for project_path in sorted(by_project):
+        try:
+            with ProjectReader(source, project_path) as reader:
+                for agent_id in by_project[project_path]:
+                    found = directory.agent(agent_id)
+                    assert found is not None
+                    read = reader.read_agent(found.name)
+                    warnings.extend(read.loaded.warnings)
+                    agents[agent_id] = compile_agent(read.loaded.config, functools.partial(dict, read.templates))
+                commits.append(ProjectCommit(project=project_path, ref=source.ref, commit=reader.commit))
+        except (GitConfigError, AgentConfigError, TemplateError, AssertionError):
+            raise
+        except Exception as exc:  # a corrupt object or pack, an I/O error: named, not a kasd bug
+            raise unreadable(project_path, exc) from None
+    return agents, warnings, commits
+
+
+def compile_agent(config: AgentConfig, templates: Callable[[], Mapping[str, EnvironmentTemplate]]) -> CompiledAgent:
+    """An agent's checked configuration with its rules compiled and its templates (read last)."""
+    rules: dict[tuple[str, str | None], tuple[Rule, ...]] = {}
+    entries: list[tuple[str, CiAccessEntry]] = [
+        *((f"ci_access.projects[{i}]", e) for i, e in enumerate(config.ci_access.projects)),
+        *((f"ci_access.groups[{i}]", e) for i, e in enumerate(config.ci_access.groups)),
+    ]
+    if config.ci_access.instance is not None:
+        entries.append(("ci_access.instance", config.ci_access.instance))
+    program = count = 0
+    for key, entry in entries:
+        _check_roles_apply(entry, key, config.source)
+        count += len(entry.rules)
+        if count > MAX_RULES:
+            problem = (f"the agent's entries hold more than {MAX_RULES} rules in all (a request tries them in "
+                       "order on kasd's event loop)")
+            raise AgentConfigError(f"{config.source}: {key}.rules: {problem}", key=f"{key}.rules", problem=problem)
+        if entry.rules:
+            try:
+                rules[(entry.kind, entry.id)] = compile_rules(entry.rules, f"{key}.rules")
+            except AgentConfigError as exc:
+                if exc.mark is None:  # name the file at least
+                    raise AgentConfigError(f"{config.source}: {exc}", key=exc.key, problem=exc.problem) from None
+                raise
+            program += sum(program_size(rule.if_) for rule in rules[(entry.kind, entry.id)])
+            if program > MAX_RULES_PROGRAM:
+                problem = (f"the regular expressions of the agent's rules: come to more than {MAX_RULES_PROGRAM} RE2 "
+                           "instructions in all (each is matched on kasd's event loop); use fewer or simpler ones")
+                raise AgentConfigError(f"{config.source}: {key}.rules: {problem}", key=f"{key}.rules", problem=problem)
+    return CompiledAgent(config=config, rules=rules, templates=dict(templates()))
 
 
 def _check_roles_apply(entry: CiAccessEntry, key: str, source: str) -> None:

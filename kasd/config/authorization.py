@@ -10,6 +10,7 @@ import attrs
 
 from daemonkit.settings import Problem, setting
 from kasd.authz.snapshot import DEFAULT_MAX_JOB_TOKEN_LIFETIME
+from kasd.config.gitconfig import ConfigGitSettings
 from kasd.config.values import (
     parse_existing_dir,
     parse_existing_file,
@@ -56,6 +57,8 @@ class AuthorizationSettings:
     #: where the agents' config projects are checked out: <config_root>/<project path>/.gitlab/agents/<name>/config.yaml
     config_root: Path | None = setting(None, parse=parse_existing_dir)
     tokens: TokenSettings = TokenSettings()
+    #: read config_root as Git repositories (``kasd.config.gitconfig``)
+    config_git: ConfigGitSettings = ConfigGitSettings()
 
     @property
     def enabled(self) -> bool:

@@ -132,6 +132,21 @@ def document() -> dict[str, Any]:
         "/api/kasd/v1/environments/{env_id}/flux/{kind}/{namespace}/{name}/reconcile": {"post": _op(
             "Ask Flux to reconcile an object of the graph now (reconcile.fluxcd.io/requestedAt; Developer)",
             [_ENV_ID, _p("kind"), _p("namespace"), _p("name")], _json(_ANY), csrf=True, agent=True)},
+        # agent configuration from Git (issue 28): kasd.web.gitconfig
+        "/api/kasd/v1/config": {"get": _op(
+            "The agents' configuration in force: its source (git or files) and, from Git, each config project's "
+            "ref and commit (the config projects the caller is a Reporter or more of)", [], _json(s("ConfigState")))},
+        "/api/kasd/v1/config/refresh": {"post": {
+            **_op("Look for a new commit of the config projects now (a post-receive hook: kasctl notify "
+                  "--config-changed); answers once the look is done, with the commits then in force. A personal "
+                  "token of a Developer or more of the named config project (or, without one, of any); every "
+                  "caller waiting shares one look", [], _json(s("ConfigState"))),
+            "requestBody": {"required": False, "content": {"application/json": {"schema": {
+                "type": "object", "properties": {"project": {"type": ["string", "null"],
+                                                             "description": "a config project's path or id"}}}}}},
+            "responses": {"200": _json(s("ConfigState")),
+                          "202": _json(s("ConfigState"), "the look goes on past 10 s: the commits in force so far"),
+                          "413": _error("a body over 4096 bytes"), **_ERRORS}}},
     }
     health = {"type": "object", "properties": {"status": {"type": "string", "enum": [
         "Healthy", "Progressing", "Degraded", "Suspended", "Missing", "Unknown"]}, "message": {"type": "string"}},
@@ -161,6 +176,11 @@ def document() -> dict[str, Any]:
         "Agent": {"type": "object", "properties": {
             "id": {"type": "integer"}, "name": {"type": "string"}, "config_project": {"type": "string"},
             "connections": {"type": "array", "items": _ANY}}},
+        "ConfigState": {"type": "object", "required": ["source", "projects"], "properties": {
+            "source": {"type": "string", "enum": ["git", "files"]},
+            "projects": {"type": "array", "items": {"type": "object", "properties": {
+                "project": {"type": "string"}, "ref": {"type": "string", "description": "HEAD: the default branch"},
+                "commit": {"type": "string"}, "loaded_at": {"type": ["string", "null"]}}}}}},
         "Graph": {"type": "object", "properties": {
             "health": {"$ref": "#/components/schemas/Health"},
             "nodes": {"type": "array", "items": _ANY}, "edges": {"type": "array", "items": _ANY},
