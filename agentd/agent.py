@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import ssl
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,13 @@ from agentd.connection import ConnectionManager
 from agentd.events import EventHandler
 from agentd.health import serve_health
 from agentd.kubeapi import KubeTarget, in_cluster_target, kubeconfig_target
+from agentd.metrics import CONTENT_TYPE, AgentMetrics
 from agentd.proxy import KubeApiProxy
 from agentd.serviceproxy import ServiceProxy
 from agentd.services import describe_services
 from agentd.streams import StreamKinds
 from agentd.upstream import UpstreamPool
+from daemonkit.health import HealthResponse
 from daemonkit.notify import sd_notify, write_ready_file
 from tunnelhttp.kinds import KIND_EVENT, KIND_K8S_API, KIND_SERVICE
 
@@ -81,9 +84,10 @@ async def run_agent(
     if stop_event is None:
         stop_event = trio.Event()
     pool = UpstreamPool(target, response_header_timeout=config.upstream_response_header_timeout or None)
-    proxy = KubeApiProxy(pool)
-    events = EventHandler(config.events, kube=pool, agent_id=config.agent_id)
-    services = ServiceProxy(config.services, drain=proxy.drain)
+    metrics = AgentMetrics(service.name for service in config.services)
+    proxy = KubeApiProxy(pool, on_done=metrics.requests)
+    events = EventHandler(config.events, kube=pool, agent_id=config.agent_id, on_done=metrics.events)
+    services = ServiceProxy(config.services, drain=proxy.drain, on_done=metrics.requests)
     streams = StreamKinds({KIND_K8S_API: proxy.handle, KIND_SERVICE: services.handle, KIND_EVENT: events.handle})
     manager = ConnectionManager(
         config.kas_addresses,
@@ -109,7 +113,9 @@ async def run_agent(
              config.agent_id or "-", config.pod_name or "-", describe_services(config.services))
     try:
         async with trio.open_nursery() as nursery:
-            health = await nursery.start(serve_health, config.health_host, config.health_port, readiness)
+            metrics.watch_manager(manager.statistics)
+            health = await nursery.start(partial(serve_health, metrics=lambda: HealthResponse(200, metrics.render(), CONTENT_TYPE)),
+                                         config.health_host, config.health_port, readiness)
             await nursery.start(events.run)
             manager_done = trio.Event()
 

@@ -1,4 +1,4 @@
-"""agentd's health address: ``/liveness`` and ``/readiness`` on daemonkit's health server.
+"""agentd's health address: ``/liveness``, ``/readiness`` and ``/metrics`` on daemonkit's health server.
 
 Liveness is 200 while the process serves at all; readiness is 200 while at least one tunnel is up and
 503 with the reason otherwise, so a Deployment's rollout waits for a connected agent.
@@ -10,7 +10,7 @@ import logging
 
 import trio
 
-from daemonkit.health import ReadinessCheck, liveness, readiness_route
+from daemonkit.health import ReadinessCheck, Route, liveness, readiness_route
 from daemonkit.health import serve_health as serve_routes
 
 log = logging.getLogger("agentd.health")
@@ -21,10 +21,13 @@ async def serve_health(
     port: int,
     readiness: ReadinessCheck,
     *,
+    metrics: Route | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen on ``host:port`` (0 picks a port); ``started((host, bound_port))`` once listening."""
-    routes = {"/liveness": liveness, "/readiness": readiness_route(readiness)}
+    routes: dict[str, Route] = {"/liveness": liveness, "/readiness": readiness_route(readiness)}
+    if metrics is not None:
+        routes["/metrics"] = metrics
 
     async def serve(task_status: trio.TaskStatus[tuple[str, int]]) -> None:
         await serve_routes(host, port, routes, what="the health address", task_status=task_status)

@@ -8,6 +8,7 @@ import functools
 import json
 import logging
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import trio
 
 from agentd.kubeapi import KubeTarget
 from agentd.services import ServiceSettings
+from daemonkit.settings import HostPort
 from tests.agentd.harness import agent_config, exchange, read_all, running_agent, start_fake_kasd
 from tests.agentd.servicetunnel import answer_json, serve_upstream, service_head, service_tunnel
 from tests.prometheus import needs_prometheus, query, start_prometheus, wait_for_series
@@ -23,6 +25,15 @@ from tunnelhttp.head import ResponseHead, TunnelCode
 from wire.session import StreamRefusedError
 
 pytestmark = pytest.mark.timeout(20)
+
+
+def _free_port() -> int:
+    # agentd's health address must be known before Prometheus starts (its scrape target), and
+    # Prometheus's before agentd starts (agentd's service URL): one of them takes a port picked here
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def prometheus(url: str, **overrides: object) -> ServiceSettings:
@@ -242,20 +253,31 @@ async def test_an_upgrade_becomes_a_raw_pipe(nursery: trio.Nursery) -> None:
 async def test_a_query_through_agentd_returns_what_prometheus_answers_directly(nursery: trio.Nursery,
                                                                                 tmp_path: Path) -> None:
     # A real Prometheus behind agentd as run_agent wires it (the service stream kind registered),
-    # kasd's side played by the harness.
-    async with start_prometheus() as real:
-        with trio.fail_after(30):
-            await wait_for_series(real, "up")
+    # kasd's side played by the harness; Prometheus scrapes agentd's own /metrics (its health address).
+    health_port = _free_port()
+    async with start_prometheus([f"127.0.0.1:{health_port}"]) as real:
         kasd = await start_fake_kasd(nursery)
-        config = agent_config(tmp_path, kasd.url, services=(prometheus(real),))
+        config = agent_config(tmp_path, kasd.url, services=(prometheus(real),),
+                              health=HostPort("127.0.0.1", health_port))
         async with running_agent(nursery, config, KubeTarget(scheme="http", host="127.0.0.1", port=9)):
             session = await kasd.session()
+            with trio.fail_after(30):
+                await wait_for_series(real, "up")
+                scraped = await wait_for_series(real, "agentd_tunnels_up == 1")
             at = f"{time.time():.3f}"  # both answers evaluated at one instant
             with trio.fail_after(10):
                 response, body = await exchange(session, service_head("GET", f"/api/v1/query?query=up&time={at}"))
                 direct = await trio.to_thread.run_sync(functools.partial(query, real, "up", time=at))
+                mine_response, mine = await exchange(
+                    session, service_head("GET", f"/api/v1/query?query=agentd_tunnels_up&time={at}"))
+                mine_direct = await trio.to_thread.run_sync(functools.partial(query, real, "agentd_tunnels_up", time=at))
     assert response.status == 200
     assert ("content-type", "application/json") in response.headers
     answer = json.loads(body)
     assert answer == direct
-    assert answer["status"] == "success" and answer["data"]["result"][0]["metric"]["job"] == "prometheus"
+    assert answer["status"] == "success"
+    assert f"127.0.0.1:{health_port}" in {r["metric"]["instance"] for r in answer["data"]["result"]}
+    # agentd's own metrics, scraped by Prometheus, read back through agentd's tunnel
+    assert scraped[0]["metric"]["instance"] == f"127.0.0.1:{health_port}"
+    assert mine_response.status == 200 and json.loads(mine) == mine_direct
+    assert json.loads(mine)["data"]["result"][0]["value"][1] == "1"

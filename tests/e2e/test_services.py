@@ -102,14 +102,15 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         assert prometheus.proc is not None
         prometheus.proc.send_signal(signal.SIGHUP)  # Prometheus reloads its configuration
         world = World(stack, prometheus.url)
-        # Prometheus tells no one when it scrapes: ask until it has scraped kasd twice (or give up).
+        # Prometheus tells no one when it scrapes: ask until it has scraped both daemons twice (or give up).
         deadline = time.monotonic() + 60
-        kasd = stack.addresses["observability"]
         while True:
-            result = prometheus_query(prometheus.url, f'count_over_time(up{{instance="{kasd}"}}[1m])')["data"]["result"]
-            if result and float(result[0]["value"][1]) >= 2:
+            result = prometheus_query(prometheus.url, "count_over_time(up[1m])")["data"]["result"]
+            counts = {r["metric"]["instance"]: float(r["value"][1]) for r in result}
+            if all(counts.get(target, 0) >= 2 for target in targets):
                 break
-            assert time.monotonic() < deadline, "Prometheus did not scrape kasd: " + prometheus.log_file.read_text()[-2000:]
+            assert time.monotonic() < deadline, "Prometheus did not scrape kasd and agentd: " + \
+                prometheus.log_file.read_text()[-2000:]
             time.sleep(0.2)
         yield world
     finally:
@@ -131,6 +132,8 @@ def test_a_query_through_the_tunnel_is_the_same_as_directly(world: World) -> Non
     direct = world.direct(f"/api/v1/query?{query}")["data"]
     instances = {s["metric"]["instance"] for s in direct["result"]}
     assert {world.stack.addresses["observability"], world.stack.agentd_health} <= instances
+    # both daemons' own /metrics answered the scrape (up is 1, not a failed scrape's 0)
+    assert {s["metric"]["instance"]: s["value"][1] for s in direct["result"]}[world.stack.agentd_health] == "1"
     status, _, body = world.via_kasd(f"/api/kasd/v1/agents/1/promql?{query}")
     assert status == 200 and _data(body) == direct
     status, _, body = world.via_kasd(f"/api/v4/agents/1/services/prometheus/api/v1/query?{query}")
