@@ -36,7 +36,7 @@ from kasd.agentstream import AgentStreamError, open_stream
 from kasd.config.events import EventSettings
 from kasd.seams import Router
 from kasd.store.errors import StoreError
-from kasd.store.events import MAX_DETAIL, OUTCOMES, Event, ended_state
+from kasd.store.events import MAX_DETAIL, MAX_LISTED, OUTCOMES, Event, ended_state
 from kasd.store.protocol import EventStore
 from tunnelhttp.head import TunnelCode
 from tunnelhttp.kinds import KIND_EVENT
@@ -63,6 +63,7 @@ class EventCounts(Protocol):
     def event_delivered(self, outcome: str, latency: float) -> None: ...
     def event_expired(self, count: int) -> None: ...
     def event_retried(self, reason: str) -> None: ...
+    def events_queued(self, count: int) -> None: ...
 
 
 class _NoCounts:
@@ -73,6 +74,9 @@ class _NoCounts:
         pass
 
     def event_retried(self, reason: str) -> None:
+        pass
+
+    def events_queued(self, count: int) -> None:
         pass
 
 
@@ -134,6 +138,12 @@ class EventDelivery:
                 log.warning("events: posted, but the notice failed agent_id=%d error=%s", agent_id, logfmt(str(exc)))
         return posted, new
 
+    async def status(self, agent_id: int, event_id: str) -> Event | None:
+        return await self.store.event(agent_id, event_id)
+
+    async def listing(self, agent_id: int, state: str | None) -> list[Event]:
+        return await self.store.events(agent_id, state=state, limit=MAX_LISTED)
+
     # ------------------------------------------------------------------ running
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -178,7 +188,9 @@ class EventDelivery:
     async def _sweep(self) -> None:
         while True:
             try:
-                for agent_id in await self.store.pending_agents():
+                pending = await self.store.pending_agents()
+                self._counts.events_queued(sum(pending.values()))
+                for agent_id in pending:
                     self.wake(agent_id)
             except StoreError as exc:
                 log.warning("events: cannot look for waiting events error=%s", logfmt(str(exc)))

@@ -203,12 +203,12 @@ class RedisEvents:
         await self._call(self._script("end")(keys=self._keys(agent_id, "rec", "q", "done"),
                                              args=[event_id, state, outcome or "", detail or "", pod or "", repr(at)]))
 
-    async def pending_agents(self) -> list[int]:
+    async def pending_agents(self) -> dict[int, int]:
         members = await self._call(self.client.smembers(self._agents_key))
-        pending = []
+        pending = {}
         for member in sorted(int(_text(m)) for m in members if _text(m).isdigit()):
-            if int(await self._call(self.client.xlen(self._keys(member, "q")[0]))):
-                pending.append(member)
+            if waiting := int(await self._call(self.client.xlen(self._keys(member, "q")[0]))):
+                pending[member] = waiting
             else:  # (a post after this reads it back: it adds the agent again)
                 await self._call(self.client.srem(self._agents_key, [str(member)]))
         return pending

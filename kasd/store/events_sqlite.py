@@ -152,10 +152,10 @@ class SqliteEvents:
             f"UPDATE events SET state = ?, outcome = ?, detail = ?, pod = ?, delivered_at = ?, ended_at = ? "
             f"WHERE agent_id = ? AND id = ? AND {_WAITING}", (state, outcome, detail, pod, at, at, agent_id, event_id)))
 
-    async def pending_agents(self) -> list[int]:
+    async def pending_agents(self) -> dict[int, int]:
         rows = await self._events(lambda db: db.execute(
-            f"SELECT DISTINCT agent_id FROM events WHERE {_WAITING} ORDER BY agent_id").fetchall())
-        return [int(agent_id) for (agent_id,) in rows]
+            f"SELECT agent_id, count(*) FROM events WHERE {_WAITING} GROUP BY agent_id ORDER BY agent_id").fetchall())
+        return {int(agent_id): int(count) for agent_id, count in rows}
 
     # ---- the lease and the notices: this process's own
 

@@ -153,8 +153,8 @@ class EventStore(Protocol):
         """The event ended (``delivered``/``failed``): it leaves the queue, its status is kept."""
         ...
 
-    async def pending_agents(self) -> list[int]:
-        """The agents with undelivered events."""
+    async def pending_agents(self) -> dict[int, int]:
+        """The agents with undelivered events: agent id → how many."""
         ...
 
     async def take_lease(self, agent_id: int, owner: str, seconds: float) -> bool:

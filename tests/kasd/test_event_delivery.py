@@ -32,10 +32,13 @@ class Router:
 
     session: Session | None = None
     opened: list[Metadata] = attrs.field(factory=list)
+    tried: trio.Event = attrs.field(factory=trio.Event)
 
     async def open_stream(self, agent_id: int, metadata: Metadata, *,
                           avoid: frozenset[Session] = frozenset()) -> MuxStream:
         self.opened.append(metadata)
+        self.tried.set()
+        self.tried = trio.Event()
         if self.session is None:
             raise AgentNotConnected(agent_id, 0)
         return await self.session.open_stream(metadata)
@@ -84,6 +87,28 @@ class FakeAgentd:
             self.changed = trio.Event()
 
 
+@attrs.define(eq=False)
+class Counts:
+    """What delivery counts; ``changed`` is set at each answer recorded."""
+
+    delivered: list[str] = attrs.field(factory=list)
+    changed: trio.Event = attrs.field(factory=trio.Event)
+
+    def event_delivered(self, outcome: str, latency: float) -> None:
+        self.delivered.append(outcome)
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def event_expired(self, count: int) -> None:
+        pass
+
+    def event_retried(self, reason: str) -> None:
+        pass
+
+    def events_queued(self, count: int) -> None:
+        pass
+
+
 @asynccontextmanager
 async def delivering(agentd: FakeAgentd, *, connected: bool = True
                      ) -> AsyncIterator[tuple[EventDelivery, Router, Session]]:
@@ -102,7 +127,7 @@ async def delivering(agentd: FakeAgentd, *, connected: bool = True
         nursery.start_soon(agentd.serve, sessions["agent"])
         if connected:
             router.session = sessions["kasd"]
-        delivery = EventDelivery(store, router, owner="kasd-a", pod_of=lambda _s: "agentd-0")
+        delivery = EventDelivery(store, router, owner="kasd-a", pod_of=lambda _s: "agentd-0", counts=Counts())
         await nursery.start(delivery.run)
         yield delivery, router, sessions["kasd"]
         nursery.cancel_scope.cancel()
@@ -111,12 +136,15 @@ async def delivering(agentd: FakeAgentd, *, connected: bool = True
 
 async def settled(delivery: EventDelivery, agent_id: int, ids: list[str],
                   done: Callable[[Event], bool] = lambda e: e.state in ("delivered", "failed")) -> list[Event]:
+    counts = delivery._counts
+    assert isinstance(counts, Counts)
     with trio.fail_after(10):
         while True:
+            changed = counts.changed
             found = [await delivery.store.event(agent_id, i) for i in ids]
             if all(e is not None and done(e) for e in found):
                 return [e for e in found if e is not None]
-            await trio.sleep(0.01)  # (polling the store's status, as a client's GET does)
+            await changed.wait()
 
 
 async def test_events_reach_the_agent_in_order_once_with_the_contract_metadata() -> None:
@@ -154,7 +182,7 @@ async def test_events_wait_for_the_agent_and_go_when_it_connects() -> None:
         await delivery.post(7, "push", "{}", event_id="early")
         with trio.fail_after(5):
             while len(router.opened) < 2:  # tried, found no agent, tried again after a backoff
-                await trio.sleep(0.01)
+                await router.tried.wait()
         queued = await delivery.store.event(7, "early")
         assert queued is not None and queued.state == "delivering" and agentd.acted == []
         router.session = session

@@ -60,7 +60,7 @@ def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
 
 
 def event(n: int, agent_id: int = 5, at: float = NOW) -> Event:
-    return Event(agent_id=agent_id, id=f"ev-{n}", type="push", payload='{"n": %d, "ü": "x"}' % n, posted_at=at + n)
+    return Event(agent_id=agent_id, id=f"ev-{n}", type="push", payload=f'{{"n": {n}, "ü": "x"}}', posted_at=at + n)
 
 
 async def test_events_queue_in_order_dedup_by_id_and_end_with_their_outcome(opener: Opener) -> None:
@@ -85,7 +85,7 @@ async def test_events_queue_in_order_dedup_by_id_and_end_with_their_outcome(open
         assert second is not None and second.id == "ev-2"
         assert [e.id for e in await store.events(5)] == ["ev-2", "ev-1"]
         assert [e.id for e in await store.events(5, state="queued")] == ["ev-2"]
-        assert await store.pending_agents() == [5, 6]
+        assert await store.pending_agents() == {5: 1, 6: 1}
         # a delivery that ended twice (a lost ack, redelivered) changes nothing the second time
         await store.end_delivery(5, "ev-1", state="failed", outcome="failed", detail="", pod="", at=NOW + 13)
         assert (await store.event(5, "ev-1")).state == "delivered"  # type: ignore[union-attr]
