@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from kasctl import env, kubeconfig, proxy, revoke, tokens
+from kasctl import env, kubeconfig, notify, proxy, revoke, tokens
 from kasctl.stack import (
     APP_PROJECT,
     CONFIG_PROJECT,
@@ -269,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     kubeconfig.add_command(commands)
     env.add_command(commands)
     proxy.add_command(commands)
+    notify.add_command(commands)
     args = parser.parse_args(argv)
     if args.command == "demo" and args.agentd_replicas is None:
         args.agentd_replicas = 1 if args.replicas == 1 else 2
@@ -282,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         return proxy.run(args)
     if args.command == "env":
         return env.dispatch(args)
+    if args.command == "notify":
+        return notify.run(args)
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover
     return 2
 
