@@ -14,13 +14,14 @@ import trio
 from agentd import __version__
 from agentd.config import AgentdConfig
 from agentd.connection import ConnectionManager
+from agentd.events import EventHandler
 from agentd.health import serve_health
 from agentd.kubeapi import KubeTarget, in_cluster_target, kubeconfig_target
 from agentd.proxy import KubeApiProxy
 from agentd.streams import StreamKinds
 from agentd.upstream import UpstreamPool
 from daemonkit.notify import sd_notify, write_ready_file
-from tunnelhttp.kinds import KIND_K8S_API
+from tunnelhttp.kinds import KIND_EVENT, KIND_K8S_API
 
 log = logging.getLogger("agentd")
 
@@ -36,6 +37,8 @@ class RunningAgent:
     stop_event: trio.Event
     #: the handler of each kind of stream kasd opens (``tunnelhttp.kinds``)
     streams: StreamKinds = attrs.field(factory=lambda: StreamKinds({}))
+    #: acts on the events kasd pushes (kind ``event``)
+    events: EventHandler | None = None
 
     def stop(self) -> None:
         """Graceful stop: no more dials, in-flight streams finish (bounded), run_agent returns."""
@@ -75,7 +78,8 @@ async def run_agent(
         stop_event = trio.Event()
     pool = UpstreamPool(target, response_header_timeout=config.upstream_response_header_timeout or None)
     proxy = KubeApiProxy(pool)
-    streams = StreamKinds({KIND_K8S_API: proxy.handle})
+    events = EventHandler(config.events, kube=pool, agent_id=config.agent_id)
+    streams = StreamKinds({KIND_K8S_API: proxy.handle, KIND_EVENT: events.handle})
     manager = ConnectionManager(
         config.kas_addresses,
         token_file=config.token_file,
@@ -101,6 +105,7 @@ async def run_agent(
     try:
         async with trio.open_nursery() as nursery:
             health = await nursery.start(serve_health, config.health_host, config.health_port, readiness)
+            await nursery.start(events.run)
             manager_done = trio.Event()
 
             async def run_manager(*, task_status: trio.TaskStatus[ConnectionManager] = trio.TASK_STATUS_IGNORED) -> None:
@@ -111,7 +116,7 @@ async def run_agent(
 
             await nursery.start(run_manager)
             running = RunningAgent(health_address=health, manager=manager, pool=pool, proxy=proxy,
-                                   stop_event=stop_event, streams=streams)
+                                   stop_event=stop_event, streams=streams, events=events)
             sd_notify("READY=1")
             nursery.start_soon(_after_first_tunnel, manager, config.ready_file, health)
             task_status.started(running)
@@ -119,6 +124,7 @@ async def run_agent(
             log.info("agentd stopping: no more dials, draining in-flight streams grace=%.1fs", config.shutdown_grace)
             sd_notify("STOPPING=1")
             proxy.drain.begin()
+            events.draining = True
             manager.stop()
             # The manager returns once drained (bounded by its grace); then the rest (health) goes.
             await manager_done.wait()

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from agentd import __version__
+from agentd.events.settings import EventsSettings, parse_events
 from agentd.kubeapi import shown_url
 from agentd.upstream import DEFAULT_RESPONSE_HEADER_TIMEOUT
 from daemonkit import yamldoc
@@ -309,6 +310,9 @@ class AgentdConfig:
         help="for this long after kasd goes away (any tunnel drop, however soon after the last), redial at "
         "most 2 s apart (full jitter) before backing off exponentially to 60 s; 0: back off at once",
     )
+
+    #: what agentd does with the events kasd pushes (docs/agentd.md §Events); file only
+    events: EventsSettings = setting(factory=EventsSettings, parse=parse_events)
 
     @property
     def health_host(self) -> str:

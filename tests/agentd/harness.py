@@ -190,3 +190,29 @@ class RequestLog:
 
     def outcomes(self) -> list[tuple[int | None, str]]:
         return [(r.status, r.outcome) for r in self.records]
+
+
+# ---- events (kind ``event``): what kasd's delivery loop sends, and the ACCEPT agentd answers
+
+EVENT_POSTED_AT = 1795000000.25
+
+
+def event_metadata(event_id: str, event_type: str = "push", seq: int = 1, **overrides: Any) -> dict[str, Any]:
+    metadata = {"v": 1, "kind": "event", "id": event_id, "type": event_type, "seq": seq, "posted_at": EVENT_POSTED_AT,
+                "request_id": f"req-{event_id}"}
+    metadata.update(overrides)
+    return {k: v for k, v in metadata.items() if v is not ...}
+
+
+async def send_event(kasd: Session, metadata: dict[str, Any], payload: bytes = b'{"ref":"main"}') -> dict[str, Any]:
+    """Open one event stream as kasd does; the ACCEPT's outcome (or StreamRefusedError)."""
+    stream = await kasd.open_stream(metadata)
+    try:
+        if payload:
+            await stream.send_all(payload)
+        await stream.send_eof()
+        answer = await stream.wait_accepted()
+        assert await stream.receive_some() == b""
+        return answer
+    finally:
+        await stream.aclose()
