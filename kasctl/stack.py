@@ -228,12 +228,14 @@ class Stack:
         agentd_connections: int | None = None,
         kasd_settings: dict[str, Any] | None = None,
         extra_users: Sequence[Mapping[str, Any]] = (),
+        agentd_settings: Mapping[str, Any] | None = None,
     ) -> None:
         """``replicas`` > 1 (or ``redis_url``): that many kasd replicas sharing a Redis (started here
         unless ``redis_url`` names one), each agentd dialling every replica (or only the replicas
         ``agentd_targets`` lists, by index) with one connection per replica (or ``agentd_connections``). ``kasd_settings`` are merged into
         each replica's ``routing`` section; ``extra_users`` join the directory's users (the demo's
-        Developer and Reporter) as ``users:`` entries."""
+        Developer and Reporter) as ``users:`` entries; ``agentd_settings`` are merged into agentd's
+        configuration file (``events:``: its handlers)."""
         if replicas < 1 or agentd_replicas < 1:
             raise StackError("a stack needs at least one kasd and one agentd")
         self.dir = workdir.resolve()
@@ -251,6 +253,7 @@ class Stack:
         self.agentd_connections = agentd_connections
         self.kasd_settings = dict(kasd_settings or {})
         self.extra_users = [dict(user) for user in extra_users]
+        self.agentd_settings = dict(agentd_settings or {})
         self.agentd_targets = list(agentd_targets) if agentd_targets is not None else list(range(replicas))
         #: each replica's kasd process and bound addresses (index 0 is ``kasd``/``addresses``)
         self.kasds: list[Process | None] = [None] * replicas
@@ -437,7 +440,7 @@ class Stack:
         (self.dir / "kasd.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         write_secret(self.dir / "agent-token", self.agent_token)
         # agentd's drain bound is a config-file key only (no flag); the rest is given as flags.
-        agentd_config = {"shutdown_grace": self.agentd_shutdown_grace}
+        agentd_config = {"shutdown_grace": self.agentd_shutdown_grace, **self.agentd_settings}
         (self.dir / "agentd.yaml").write_text(yaml.safe_dump(agentd_config, sort_keys=False))
 
     def start_kasd(self, timeout: float = 30.0, *, replica: int = 0) -> None:
