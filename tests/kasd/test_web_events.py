@@ -133,3 +133,15 @@ async def test_an_oversized_body_is_413_a_full_queue_429_and_bad_bodies_say_what
     for body, words in bad.items():
         answer = await call(app, "POST", "/api/v4/agents/2/events", _as("erin"), body)
         assert answer.status in (400, 413) and words in answer.json()["message"], (body[:40], answer.json())
+
+
+def test_the_openapi_document_describes_the_event_routes_and_their_answers() -> None:
+    from kasd.web.openapi import document
+
+    doc = document()
+    for route in EventsApi(lambda: None, None).routes():  # type: ignore[arg-type]
+        path = route.path
+        assert path in doc["paths"], path
+        assert {m.lower() for m in route.methods or ()} - {"head"} <= set(doc["paths"][path]), path
+    post = doc["paths"]["/api/v4/agents/{agent_id}/events"]["post"]["responses"]
+    assert {"200", "202", "400", "401", "403", "404", "413", "429", "503"} <= set(post)
