@@ -238,7 +238,7 @@ class EventDelivery:
     async def _drain(self, agent_id: int, me: _Deliverer) -> None:
         while True:
             me.wakeup = trio.Event()  # (before looking: a post after the look wakes it)
-            event, expired = await self.store.next_event(agent_id, self._clock(), self.settings.ttl)
+            event, expired = await self.store.next_event(agent_id, self._clock(), self.settings.ttl, start=True)
             if expired:
                 self._counts.event_expired(expired)
                 log.info("events: expired undelivered agent_id=%d count=%d", agent_id, expired)
@@ -251,10 +251,9 @@ class EventDelivery:
             await self._deliver_event(event, me)
 
     async def _deliver_event(self, event: Event, me: _Deliverer) -> None:
-        """Until agentd answers for ``event`` (or it expires)."""
+        """Until agentd answers for ``event`` (or it expires); its delivery started (``next_event(start=True)``)."""
         backoff = FIRST_BACKOFF
         while True:
-            await self.store.start_delivery(event.agent_id, event.id)
             try:
                 with trio.fail_after(self.settings.delivery_timeout):
                     answer, pod = await self._send(event)
@@ -270,11 +269,14 @@ class EventDelivery:
                 with trio.move_on_after(backoff - FIRST_BACKOFF):
                     await me.wakeup.wait()
                 backoff = min(backoff * 2, MAX_BACKOFF)
-                current, expired = await self.store.next_event(event.agent_id, self._clock(), self.settings.ttl)
+                current, expired = await self.store.next_event(event.agent_id, self._clock(), self.settings.ttl,
+                                                               start=True)
                 if expired:
                     self._counts.event_expired(expired)
-                if current is None or current.id != event.id:
+                if current is None:
                     return
+                if current.id != event.id:  # (it expired: the next one, in order, its delivery started)
+                    event, backoff = current, FIRST_BACKOFF
                 continue
             outcome = answer.get("outcome")
             detail = answer.get("detail")

@@ -82,12 +82,20 @@ end
 return {1, encoded}
 """
 
-# KEYS rec, q, done; ARGV now, expiry cutoff. {expired} | {expired, the oldest waiting event's JSON}
+# KEYS rec, q, done; ARGV now, expiry cutoff, '1' to start its delivery. {expired} | {expired, the
+# oldest waiting event's JSON}
 _NEXT = _EXPIRE + """
 local n = expire(KEYS[1], KEYS[2], KEYS[3], ARGV[1], tonumber(ARGV[2]))
 local first = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)
 if #first == 0 then return {n} end
-return {n, redis.call('HGET', KEYS[1], first[1][2][2])}
+local body = redis.call('HGET', KEYS[1], first[1][2][2])
+if body and ARGV[3] == '1' then
+  local e = cjson.decode(body)
+  e.state, e.attempts = 'delivering', (tonumber(e.attempts) or 0) + 1
+  body = cjson.encode(e)
+  redis.call('HSET', KEYS[1], first[1][2][2], body)
+end
+return {n, body}
 """
 
 # KEYS rec; ARGV id
@@ -189,9 +197,10 @@ class RedisEvents:
         found = [e for e in (_decoded(b) for b in bodies) if state is None or e.state == state]
         return sorted(found, key=lambda e: e.seq, reverse=True)[:limit]
 
-    async def next_event(self, agent_id: int, now: float, ttl: float) -> tuple[Event | None, int]:
+    async def next_event(self, agent_id: int, now: float, ttl: float, *, start: bool = False
+                         ) -> tuple[Event | None, int]:
         answer = await self._call(self._script("next")(keys=self._keys(agent_id, "rec", "q", "done"),
-                                                       args=[repr(now), repr(now - ttl)]))
+                                                       args=[repr(now), repr(now - ttl), "1" if start else "0"]))
         body = answer[1] if len(answer) > 1 else None
         return (None if body is None else _decoded(body)), int(answer[0])
 

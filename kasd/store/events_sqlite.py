@@ -129,7 +129,8 @@ class SqliteEvents:
             f"SELECT {_COLUMNS} FROM events WHERE agent_id = ? {where} ORDER BY seq DESC LIMIT ?", args).fetchall())
         return [_event(row) for row in rows]
 
-    async def next_event(self, agent_id: int, now: float, ttl: float) -> tuple[Event | None, int]:
+    async def next_event(self, agent_id: int, now: float, ttl: float, *, start: bool = False
+                         ) -> tuple[Event | None, int]:
         from kasd.store.sqlite import _transaction
 
         def take(db: sqlite3.Connection) -> tuple[Event | None, int]:
@@ -137,6 +138,11 @@ class SqliteEvents:
                 expired = _expire(db, agent_id, now, ttl)
                 row = db.execute(f"SELECT {_COLUMNS} FROM events WHERE agent_id = ? AND {_WAITING} ORDER BY seq "
                                  "LIMIT 1", (agent_id,)).fetchone()
+                if row is not None and start:
+                    db.execute("UPDATE events SET state = 'delivering', attempts = attempts + 1 WHERE agent_id = ? "
+                               "AND id = ?", (agent_id, row[1]))
+                    row = db.execute(f"SELECT {_COLUMNS} FROM events WHERE agent_id = ? AND id = ?",
+                                     (agent_id, row[1])).fetchone()
             return (None if row is None else _event(row)), expired
 
         return await self._events(take)

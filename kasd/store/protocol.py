@@ -140,8 +140,10 @@ class EventStore(Protocol):
         """The agent's kept events in ``state`` (any), newest first, at most ``limit``."""
         ...
 
-    async def next_event(self, agent_id: int, now: float, ttl: float) -> tuple[Event | None, int]:
-        """The agent's oldest undelivered event (after those older than ``ttl`` expired), and how many expired now."""
+    async def next_event(self, agent_id: int, now: float, ttl: float, *, start: bool = False
+                         ) -> tuple[Event | None, int]:
+        """The agent's oldest undelivered event (after those older than ``ttl`` expired), and how
+        many expired now; ``start``: its delivery starts (``start_delivery``, in the same step)."""
         ...
 
     async def start_delivery(self, agent_id: int, event_id: str) -> None:
