@@ -7,7 +7,8 @@ among replicas: a Redis Stream per agent), so a replica's death loses nothing. A
 (``delivering``, ``attempts`` counted), and ends ``delivered`` (agentd answered done, duplicate or
 ignored), ``failed`` (agentd answered failed) or ``expired`` (not delivered within ``events.ttl``).
 Undelivered events are bounded per agent (``max_queued_per_agent``: the 429 past it); ended ones
-are kept for their status for ``keep_for`` seconds, at most ``max_kept_per_agent`` of them.
+are kept for their status for ``keep_for`` seconds, at most ``max_kept_per_agent`` of them, without
+their payload (dropped when the event ends: a kept status costs a few hundred bytes, not 64 KiB).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class Event:
     agent_id: int
     id: str
     type: str
-    #: the payload as the JSON text it was posted as (sent to agentd as is)
+    #: the payload as the JSON text it was posted as (sent to agentd as is); empty once the event ended
     payload: str = attrs.field(repr=False)
     seq: int = 0
     state: str = "queued"

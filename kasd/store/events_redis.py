@@ -48,7 +48,7 @@ local function expire(rec, q, done, now, cutoff)
     if e and tonumber(e.posted_at) > cutoff then return n end
     redis.call('XDEL', q, first[1][1])
     if e then
-      e.state, e.ended_at = 'expired', now
+      e.state, e.ended_at, e.payload = 'expired', now, ''
       redis.call('HSET', rec, id, cjson.encode(e))
       redis.call('ZADD', done, now, id)
       n = n + 1
@@ -116,6 +116,7 @@ if not body then return 0 end
 local e = cjson.decode(body)
 if e.state ~= 'queued' and e.state ~= 'delivering' then return 0 end
 e.state, e.outcome, e.detail, e.pod, e.delivered_at, e.ended_at = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[6]
+e.payload = ''
 redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(e))
 redis.call('XDEL', KEYS[2], e.seq .. '-1')
 redis.call('ZADD', KEYS[3], ARGV[6], ARGV[1])

@@ -57,7 +57,7 @@ def _event(row: Any) -> Event:
 
 
 def _expire(db: sqlite3.Connection, agent_id: int, now: float, ttl: float) -> int:
-    return db.execute(f"UPDATE events SET state = 'expired', ended_at = ? WHERE agent_id = ? AND {_WAITING} "
+    return db.execute(f"UPDATE events SET state = 'expired', ended_at = ?, payload = '' WHERE agent_id = ? AND {_WAITING} "
                       "AND posted_at <= ?", (now, agent_id, now - ttl)).rowcount
 
 
@@ -155,7 +155,7 @@ class SqliteEvents:
     async def end_delivery(self, agent_id: int, event_id: str, *, state: str, outcome: str | None, detail: str | None,
                            pod: str | None, at: float) -> None:
         await self._events(lambda db: db.execute(
-            f"UPDATE events SET state = ?, outcome = ?, detail = ?, pod = ?, delivered_at = ?, ended_at = ? "
+            f"UPDATE events SET state = ?, outcome = ?, detail = ?, pod = ?, delivered_at = ?, ended_at = ?, payload = '' "
             f"WHERE agent_id = ? AND id = ? AND {_WAITING}", (state, outcome, detail, pod, at, at, agent_id, event_id)))
 
     async def pending_agents(self) -> dict[int, int]:

@@ -81,6 +81,7 @@ async def test_events_queue_in_order_dedup_by_id_and_end_with_their_outcome(open
         done = await store.event(5, "ev-1")
         assert done is not None and (done.state, done.outcome, done.pod, done.attempts) == \
             ("delivered", "done", "agentd-0", 1) and done.delivered_at == NOW + 11
+        assert done.payload == ""  # (an ended event's status is kept, its payload is not)
         second, _ = await store.next_event(5, NOW + 12, 3600.0, start=True)
         assert second is not None and (second.id, second.state, second.attempts) == ("ev-2", "delivering", 1)
         assert [e.id for e in await store.events(5)] == ["ev-2", "ev-1"]
