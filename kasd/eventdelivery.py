@@ -129,14 +129,9 @@ class EventDelivery:
         s = self.settings
         event = Event(agent_id=agent_id, id=event_id or uuid.uuid4().hex, type=event_type, payload=payload,
                       posted_at=self._clock())
-        posted, new = await self.store.post_event(event, max_queued=s.max_queued_per_agent, ttl=s.ttl,
-                                                  keep_for=s.keep_for, max_kept=s.max_kept_per_agent)
-        if new:
-            try:
-                await self.store.announce_events(agent_id)
-            except StoreError as exc:  # (queued: the sweep finds it)
-                log.warning("events: posted, but the notice failed agent_id=%d error=%s", agent_id, logfmt(str(exc)))
-        return posted, new
+        # (the store announces a new event to every replica in the same step)
+        return await self.store.post_event(event, max_queued=s.max_queued_per_agent, ttl=s.ttl, keep_for=s.keep_for,
+                                           max_kept=s.max_kept_per_agent)
 
     async def status(self, agent_id: int, event_id: str) -> Event | None:
         return await self.store.event(agent_id, event_id)
@@ -236,9 +231,12 @@ class EventDelivery:
                 return
 
     async def _drain(self, agent_id: int, me: _Deliverer) -> None:
+        taken: tuple[Event | None, int] | None = None  # the next event, as the last delivery's record took it
         while True:
-            me.wakeup = trio.Event()  # (before looking: a post after the look wakes it)
-            event, expired = await self.store.next_event(agent_id, self._clock(), self.settings.ttl, start=True)
+            if taken is None:
+                me.wakeup = trio.Event()  # (before looking: a post after the look wakes it)
+                taken = await self.store.next_event(agent_id, self._clock(), self.settings.ttl, start=True)
+            (event, expired), taken = taken, None
             if expired:
                 self._counts.event_expired(expired)
                 log.info("events: expired undelivered agent_id=%d count=%d", agent_id, expired)
@@ -248,10 +246,11 @@ class EventDelivery:
                 if not me.wakeup.is_set():
                     return
                 continue
-            await self._deliver_event(event, me)
+            taken = await self._deliver_event(event, me)
 
-    async def _deliver_event(self, event: Event, me: _Deliverer) -> None:
-        """Until agentd answers for ``event`` (or it expires); its delivery started (``next_event(start=True)``)."""
+    async def _deliver_event(self, event: Event, me: _Deliverer) -> tuple[Event | None, int] | None:
+        """Until agentd answers for ``event`` (or it expires; then None); its delivery started
+        (``next_event(start=True)``). The next event, taken in the step that records the answer."""
         backoff = FIRST_BACKOFF
         while True:
             try:
@@ -274,7 +273,7 @@ class EventDelivery:
                 if expired:
                     self._counts.event_expired(expired)
                 if current is None:
-                    return
+                    return None
                 if current.id != event.id:  # (it expired: the next one, in order, its delivery started)
                     event, backoff = current, FIRST_BACKOFF
                 continue
@@ -284,13 +283,15 @@ class EventDelivery:
             if outcome not in OUTCOMES:
                 detail = f"agentd answered an unknown outcome {str(outcome)[:40]!r}"
             now = self._clock()
-            await self.store.end_delivery(event.agent_id, event.id, state=ended_state(text), outcome=text,
-                                          detail=str(detail)[:MAX_DETAIL] if detail is not None else None,
-                                          pod=pod, at=now)
+            me.wakeup = trio.Event()  # (before the record looks for the next: a post after it wakes it)
+            taken = await self.store.end_delivery(
+                event.agent_id, event.id, state=ended_state(text), outcome=text,
+                detail=str(detail)[:MAX_DETAIL] if detail is not None else None, pod=pod, at=now,
+                next_ttl=self.settings.ttl)
             self._counts.event_delivered(text, max(0.0, now - event.posted_at))
             log.info("event delivered agent_id=%d id=%s seq=%d type=%s outcome=%s pod=%s", event.agent_id,
                      logfmt(event.id), event.seq, logfmt(event.type), text, logfmt(pod or "-"))
-            return
+            return taken
 
     async def _send(self, event: Event) -> tuple[dict[str, Any], str | None]:
         """One attempt: agentd's ACCEPT metadata and the pod it came from; ``_Retry`` otherwise."""

@@ -57,8 +57,8 @@ local function expire(rec, q, done, now, cutoff)
 end
 """
 
-# KEYS rec, q, seq, done; ARGV id, event JSON, now, expiry cutoff, max queued, keep cutoff, max kept.
-# {0, existing} | {1, new} | {2} when full
+# KEYS rec, q, seq, done; ARGV id, event JSON, now, expiry cutoff, max queued, keep cutoff, max kept,
+# the notices' channel, the agent's id. {0, existing} | {1, new} (announced) | {2} when full
 _POST = _EXPIRE + """
 local old = redis.call('HGET', KEYS[1], ARGV[1])
 if old then return {0, old} end
@@ -79,23 +79,29 @@ if extra > 0 then
   for _, id in ipairs(gone) do redis.call('HDEL', KEYS[1], id) end
   redis.call('ZREMRANGEBYRANK', KEYS[4], 0, extra - 1)
 end
+redis.call('PUBLISH', ARGV[8], ARGV[9])
 return {1, encoded}
 """
 
 # KEYS rec, q, done; ARGV now, expiry cutoff, '1' to start its delivery. {expired} | {expired, the
 # oldest waiting event's JSON}
-_NEXT = _EXPIRE + """
-local n = expire(KEYS[1], KEYS[2], KEYS[3], ARGV[1], tonumber(ARGV[2]))
-local first = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)
-if #first == 0 then return {n} end
-local body = redis.call('HGET', KEYS[1], first[1][2][2])
-if body and ARGV[3] == '1' then
-  local e = cjson.decode(body)
-  e.state, e.attempts = 'delivering', (tonumber(e.attempts) or 0) + 1
-  body = cjson.encode(e)
-  redis.call('HSET', KEYS[1], first[1][2][2], body)
+_TAKE = _EXPIRE + """
+local function take(rec, q, done, now, cutoff, start)
+  local n = expire(rec, q, done, now, cutoff)
+  local first = redis.call('XRANGE', q, '-', '+', 'COUNT', 1)
+  if #first == 0 then return {n} end
+  local body = redis.call('HGET', rec, first[1][2][2])
+  if body and start then
+    local e = cjson.decode(body)
+    e.state, e.attempts = 'delivering', (tonumber(e.attempts) or 0) + 1
+    body = cjson.encode(e)
+    redis.call('HSET', rec, first[1][2][2], body)
+  end
+  return {n, body}
 end
-return {n, body}
+"""
+_NEXT = _TAKE + """
+return take(KEYS[1], KEYS[2], KEYS[3], ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1')
 """
 
 # KEYS rec; ARGV id
@@ -109,18 +115,23 @@ redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(e))
 return 1
 """
 
-# KEYS rec, q, done; ARGV id, state, outcome, detail, pod, at
-_END = """
+# KEYS rec, q, done; ARGV id, state, outcome, detail, pod, at, then the next's expiry cutoff ('' none).
+# {0} | take()'s answer
+_END = _TAKE + """
+local function then_next()
+  if ARGV[7] == '' then return {0} end
+  return take(KEYS[1], KEYS[2], KEYS[3], ARGV[6], tonumber(ARGV[7]), true)
+end
 local body = redis.call('HGET', KEYS[1], ARGV[1])
-if not body then return 0 end
+if not body then return then_next() end
 local e = cjson.decode(body)
-if e.state ~= 'queued' and e.state ~= 'delivering' then return 0 end
+if e.state ~= 'queued' and e.state ~= 'delivering' then return then_next() end
 e.state, e.outcome, e.detail, e.pod, e.delivered_at, e.ended_at = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[6]
 e.payload = ''
 redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(e))
 redis.call('XDEL', KEYS[2], e.seq .. '-1')
 redis.call('ZADD', KEYS[3], ARGV[6], ARGV[1])
-return 1
+return then_next()
 """
 
 # KEYS lease; ARGV owner, milliseconds. 1 taken (or renewed), 0 held by another
@@ -179,15 +190,34 @@ class RedisEvents:
         record = event_to_json(event)
         record.update(agent_id=str(event.agent_id), posted_at=repr(now), delivered_at="", outcome="", detail="",
                       pod="")
-        answer = await self._call(self._script("post")(
+        script = self._script("post")(
             keys=self._keys(event.agent_id, "rec", "q", "seq", "done"),
             args=[event.id, json.dumps(record), repr(now), repr(now - ttl), max_queued, repr(now - keep_for),
-                  max_kept]))
+                  max_kept, self._events_channel, str(event.agent_id)])
+        # the index of agents with events (another slot) at the same time: one round trip's wait
+        # (named even when nothing was queued: the sweep drops an agent whose queue is empty)
+        answer, _ = await self._both(script, self.client.sadd(self._agents_key, [str(event.agent_id)]))
         if int(answer[0]) == 2:
             raise QueueFull(event.agent_id, max_queued)
-        if int(answer[0]) == 1:
-            await self._call(self.client.sadd(self._agents_key, [str(event.agent_id)]))
         return _decoded(answer[1]), int(answer[0]) == 1
+
+    async def _both(self, first: Any, second: Any) -> tuple[Any, Any]:
+        """Two commands' answers, sent at once; the first ``StoreError`` raised as itself."""
+        answers: list[Any] = [None, None]
+        failures: list[StoreError] = []
+
+        async def one(index: int, work: Any) -> None:
+            try:
+                answers[index] = await self._call(work)
+            except StoreError as exc:
+                failures.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, 0, first)
+            nursery.start_soon(one, 1, second)
+        if failures:
+            raise failures[0]
+        return answers[0], answers[1]
 
     async def event(self, agent_id: int, event_id: str) -> Event | None:
         body = await self._call(self.client.hget(self._keys(agent_id, "rec")[0], event_id))
@@ -209,9 +239,13 @@ class RedisEvents:
         await self._call(self._script("start")(keys=self._keys(agent_id, "rec"), args=[event_id]))
 
     async def end_delivery(self, agent_id: int, event_id: str, *, state: str, outcome: str | None, detail: str | None,
-                           pod: str | None, at: float) -> None:
-        await self._call(self._script("end")(keys=self._keys(agent_id, "rec", "q", "done"),
-                                             args=[event_id, state, outcome or "", detail or "", pod or "", repr(at)]))
+                           pod: str | None, at: float, next_ttl: float | None = None) -> tuple[Event | None, int]:
+        answer = await self._call(self._script("end")(
+            keys=self._keys(agent_id, "rec", "q", "done"),
+            args=[event_id, state, outcome or "", detail or "", pod or "", repr(at),
+                  "" if next_ttl is None else repr(at - next_ttl)]))
+        body = answer[1] if len(answer) > 1 else None
+        return (None if body is None else _decoded(body)), int(answer[0])
 
     async def pending_agents(self) -> dict[int, int]:
         members = await self._call(self.client.smembers(self._agents_key))

@@ -61,6 +61,21 @@ def _expire(db: sqlite3.Connection, agent_id: int, now: float, ttl: float) -> in
                       "AND posted_at <= ?", (now, agent_id, now - ttl)).rowcount
 
 
+def _take(db: sqlite3.Connection, agent_id: int, now: float, ttl: float, start: bool) -> tuple[Event | None, int]:
+    """``next_event``'s step, in one transaction."""
+    from kasd.store.sqlite import _transaction
+
+    with _transaction(db):
+        expired = _expire(db, agent_id, now, ttl)
+        row = db.execute(f"SELECT {_COLUMNS} FROM events WHERE agent_id = ? AND {_WAITING} ORDER BY seq LIMIT 1",
+                         (agent_id,)).fetchone()
+        if row is not None and start:
+            db.execute("UPDATE events SET state = 'delivering', attempts = attempts + 1 WHERE agent_id = ? AND id = ?",
+                       (agent_id, row[1]))
+            row = db.execute(f"SELECT {_COLUMNS} FROM events WHERE agent_id = ? AND id = ?", (agent_id, row[1])).fetchone()
+    return (None if row is None else _event(row)), expired
+
+
 class SqliteEvents:
     """The ``EventStore`` methods of ``SqliteStore`` (which provides ``_db``, ``_lock``, ``_run``, ``_clock``)."""
 
@@ -116,6 +131,8 @@ class SqliteEvents:
         posted = await self._events(post)
         if posted is None:
             raise QueueFull(event.agent_id, max_queued)
+        if posted[1]:
+            await self.announce_events(event.agent_id)
         return posted
 
     async def event(self, agent_id: int, event_id: str) -> Event | None:
@@ -131,21 +148,7 @@ class SqliteEvents:
 
     async def next_event(self, agent_id: int, now: float, ttl: float, *, start: bool = False
                          ) -> tuple[Event | None, int]:
-        from kasd.store.sqlite import _transaction
-
-        def take(db: sqlite3.Connection) -> tuple[Event | None, int]:
-            with _transaction(db):
-                expired = _expire(db, agent_id, now, ttl)
-                row = db.execute(f"SELECT {_COLUMNS} FROM events WHERE agent_id = ? AND {_WAITING} ORDER BY seq "
-                                 "LIMIT 1", (agent_id,)).fetchone()
-                if row is not None and start:
-                    db.execute("UPDATE events SET state = 'delivering', attempts = attempts + 1 WHERE agent_id = ? "
-                               "AND id = ?", (agent_id, row[1]))
-                    row = db.execute(f"SELECT {_COLUMNS} FROM events WHERE agent_id = ? AND id = ?",
-                                     (agent_id, row[1])).fetchone()
-            return (None if row is None else _event(row)), expired
-
-        return await self._events(take)
+        return await self._events(lambda db: _take(db, agent_id, now, ttl, start))
 
     async def start_delivery(self, agent_id: int, event_id: str) -> None:
         await self._events(lambda db: db.execute(
@@ -153,10 +156,14 @@ class SqliteEvents:
             f"{_WAITING}", (agent_id, event_id)))
 
     async def end_delivery(self, agent_id: int, event_id: str, *, state: str, outcome: str | None, detail: str | None,
-                           pod: str | None, at: float) -> None:
-        await self._events(lambda db: db.execute(
-            f"UPDATE events SET state = ?, outcome = ?, detail = ?, pod = ?, delivered_at = ?, ended_at = ?, payload = '' "
-            f"WHERE agent_id = ? AND id = ? AND {_WAITING}", (state, outcome, detail, pod, at, at, agent_id, event_id)))
+                           pod: str | None, at: float, next_ttl: float | None = None) -> tuple[Event | None, int]:
+        def end(db: sqlite3.Connection) -> tuple[Event | None, int]:
+            db.execute(f"UPDATE events SET state = ?, outcome = ?, detail = ?, pod = ?, delivered_at = ?, ended_at = ?, "
+                       f"payload = '' WHERE agent_id = ? AND id = ? AND {_WAITING}",
+                       (state, outcome, detail, pod, at, at, agent_id, event_id))
+            return (None, 0) if next_ttl is None else _take(db, agent_id, at, next_ttl, True)
+
+        return await self._events(end)
 
     async def pending_agents(self) -> dict[int, int]:
         rows = await self._events(lambda db: db.execute(

@@ -129,8 +129,8 @@ class EventStore(Protocol):
 
     async def post_event(self, event: Event, *, max_queued: int, ttl: float, keep_for: float,
                          max_kept: int) -> tuple[Event, bool]:
-        """Queue ``event`` (its ``seq`` given here): (the event, True); an id already known for its
-        agent: (that event, False), nothing queued. ``QueueFull`` when ``max_queued`` wait undelivered
+        """Queue ``event`` (its ``seq`` given here) and announce it (``announce_events``): (the
+        event, True); an id already known for its agent: (that event, False), nothing queued. ``QueueFull`` when ``max_queued`` wait undelivered
         (those older than ``ttl`` expire first); ended events beyond ``keep_for``/``max_kept`` go."""
         ...
 
@@ -151,8 +151,10 @@ class EventStore(Protocol):
         ...
 
     async def end_delivery(self, agent_id: int, event_id: str, *, state: str, outcome: str | None, detail: str | None,
-                           pod: str | None, at: float) -> None:
-        """The event ended (``delivered``/``failed``): it leaves the queue, its status is kept."""
+                           pod: str | None, at: float, next_ttl: float | None = None) -> tuple[Event | None, int]:
+        """The event ended (``delivered``/``failed``): it leaves the queue, its status is kept. With
+        ``next_ttl``, in the same step: ``next_event(agent_id, at, next_ttl, start=True)``'s answer
+        (else ``(None, 0)``)."""
         ...
 
     async def pending_agents(self) -> dict[int, int]:

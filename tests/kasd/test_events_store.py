@@ -98,12 +98,15 @@ async def test_a_full_queue_refuses_until_delivered_and_old_events_expire(opener
             await store.post_event(event(n), **LIMITS)
         with pytest.raises(QueueFull, match="3 undelivered events"):
             await store.post_event(event(4), **LIMITS)
-        await store.end_delivery(5, "ev-1", state="delivered", outcome="done", detail="", pod="", at=NOW + 5)
+        following = await store.end_delivery(5, "ev-1", state="delivered", outcome="done", detail="", pod="",
+                                             at=NOW + 5, next_ttl=3600.0)  # (and the next, in the same step)
+        assert following[0] is not None and (following[0].id, following[0].state, following[0].attempts) == \
+            ("ev-2", "delivering", 1)
         assert (await store.post_event(event(4), **LIMITS))[0].seq == 4
         # an hour later the waiting ones expired: the queue is empty, their status says so
         nothing, expired = await store.next_event(5, NOW + 3600 + 3.5, 3600.0)
         assert nothing is not None and nothing.id == "ev-4" and expired == 2
-        assert (await store.event(5, "ev-2")).state == "expired"  # type: ignore[union-attr]
+        assert (await store.event(5, "ev-2")).state == "expired"  # type: ignore[union-attr]  # (delivering, too)
         # a post past the expiry finds room; ended events beyond max_kept (2) are forgotten, oldest first
         await store.post_event(event(5000), **LIMITS)
         assert await store.event(5, "ev-1") is None
