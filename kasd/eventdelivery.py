@@ -129,9 +129,13 @@ class EventDelivery:
         s = self.settings
         event = Event(agent_id=agent_id, id=event_id or uuid.uuid4().hex, type=event_type, payload=payload,
                       posted_at=self._clock())
-        # (the store announces a new event to every replica in the same step)
-        return await self.store.post_event(event, max_queued=s.max_queued_per_agent, ttl=s.ttl, keep_for=s.keep_for,
-                                           max_kept=s.max_kept_per_agent)
+        # (the store announces a new event to every replica in the same step; this one's deliverer
+        # is woken at once, without waiting for the notice to come back)
+        posted, new = await self.store.post_event(event, max_queued=s.max_queued_per_agent, ttl=s.ttl,
+                                                  keep_for=s.keep_for, max_kept=s.max_kept_per_agent)
+        if new:
+            self.wake(agent_id)
+        return posted, new
 
     async def status(self, agent_id: int, event_id: str) -> Event | None:
         return await self.store.event(agent_id, event_id)
