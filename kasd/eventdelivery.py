@@ -36,7 +36,7 @@ from kasd.agentstream import AgentStreamError, open_stream
 from kasd.config.events import EventSettings
 from kasd.seams import Router
 from kasd.store.errors import StoreError
-from kasd.store.events import MAX_DETAIL, MAX_LISTED, OUTCOMES, Event, ended_state
+from kasd.store.events import MAX_DETAIL, MAX_LISTED, OUTCOMES, QueuedEvent, ended_state
 from kasd.store.protocol import EventStore
 from tunnelhttp.head import TunnelCode
 from tunnelhttp.kinds import KIND_EVENT
@@ -123,11 +123,11 @@ class EventDelivery:
 
     # ------------------------------------------------------------------ posting
 
-    async def post(self, agent_id: int, event_type: str, payload: str, event_id: str | None = None) -> tuple[Event, bool]:
+    async def post(self, agent_id: int, event_type: str, payload: str, event_id: str | None = None) -> tuple[QueuedEvent, bool]:
         """Queue an event (``payload``: its JSON text): (the event, True), or (the one already known
         by that id, False). ``QueueFull``; ``StoreError``."""
         s = self.settings
-        event = Event(agent_id=agent_id, id=event_id or uuid.uuid4().hex, type=event_type, payload=payload,
+        event = QueuedEvent(agent_id=agent_id, id=event_id or uuid.uuid4().hex, type=event_type, payload=payload,
                       posted_at=self._clock())
         # (the store announces a new event to every replica in the same step; this one's deliverer
         # is woken at once, without waiting for the notice to come back)
@@ -137,24 +137,25 @@ class EventDelivery:
             self.wake(agent_id)
         return posted, new
 
-    async def status(self, agent_id: int, event_id: str) -> Event | None:
+    async def status(self, agent_id: int, event_id: str) -> QueuedEvent | None:
         return await self.store.event(agent_id, event_id)
 
-    async def listing(self, agent_id: int, state: str | None) -> list[Event]:
+    async def listing(self, agent_id: int, state: str | None) -> list[QueuedEvent]:
         return await self.store.events(agent_id, state=state, limit=MAX_LISTED)
 
     # ------------------------------------------------------------------ running
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Listen for notices and deliver, until cancelled."""
+        """Listen for notices and deliver, until cancelled. ``started()`` at once: a store that is
+        away (Redis) delays delivery, never kasd's start (the listener and the sweep keep trying)."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            await nursery.start(self._listen)
+            nursery.start_soon(self._listen)
             nursery.start_soon(self._sweep)
             task_status.started()
 
-    async def _listen(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        await self.store.listen_events(self.wake, task_status=task_status)
+    async def _listen(self) -> None:
+        await self.store.listen_events(self.wake)
 
     async def agent_connected(self, agent_id: int) -> None:
         """An agent's tunnel came up here: whoever delivers its events (any replica) tries at once."""
@@ -235,7 +236,7 @@ class EventDelivery:
                 return
 
     async def _drain(self, agent_id: int, me: _Deliverer) -> None:
-        taken: tuple[Event | None, int] | None = None  # the next event, as the last delivery's record took it
+        taken: tuple[QueuedEvent | None, int] | None = None  # the next event, as the last delivery's record took it
         while True:
             if taken is None:
                 me.wakeup = trio.Event()  # (before looking: a post after the look wakes it)
@@ -252,7 +253,7 @@ class EventDelivery:
                 continue
             taken = await self._deliver_event(event, me)
 
-    async def _deliver_event(self, event: Event, me: _Deliverer) -> tuple[Event | None, int] | None:
+    async def _deliver_event(self, event: QueuedEvent, me: _Deliverer) -> tuple[QueuedEvent | None, int] | None:
         """Until agentd answers for ``event`` (or it expires; then None); its delivery started
         (``next_event(start=True)``). The next event, taken in the step that records the answer."""
         backoff = FIRST_BACKOFF
@@ -297,7 +298,7 @@ class EventDelivery:
                      logfmt(event.id), event.seq, logfmt(event.type), text, logfmt(pod or "-"))
             return taken
 
-    async def _send(self, event: Event) -> tuple[dict[str, Any], str | None]:
+    async def _send(self, event: QueuedEvent) -> tuple[dict[str, Any], str | None]:
         """One attempt: agentd's ACCEPT metadata and the pod it came from; ``_Retry`` otherwise."""
         metadata = {"v": 1, "kind": KIND_EVENT, "id": event.id, "type": event.type, "seq": event.seq,
                     "posted_at": event.posted_at, "request_id": os.urandom(16).hex()}

@@ -46,7 +46,7 @@ class QueueFull(Exception):
 
 
 @attrs.frozen(kw_only=True)
-class Event:
+class QueuedEvent:
     """One event and its delivery status (what ``GET …/events/<id>`` answers)."""
 
     agent_id: int
@@ -70,18 +70,18 @@ class Event:
                 "outcome": self.outcome, "detail": self.detail, "pod": self.pod}
 
 
-def event_to_json(event: Event) -> dict[str, Any]:
+def event_to_json(event: QueuedEvent) -> dict[str, Any]:
     """The record the stores keep (the payload as its JSON text)."""
     return attrs.asdict(event)
 
 
-def event_from_json(data: dict[str, Any]) -> Event:
+def event_from_json(data: dict[str, Any]) -> QueuedEvent:
     def opt(name: str) -> Any:
         value = data.get(name)
         return None if value is None or value == "" else value
 
     delivered = opt("delivered_at")
-    return Event(agent_id=int(data["agent_id"]), id=str(data["id"]), type=str(data["type"]),
+    return QueuedEvent(agent_id=int(data["agent_id"]), id=str(data["id"]), type=str(data["type"]),
                  payload=str(data["payload"]), seq=int(data.get("seq") or 0), state=str(data["state"]),
                  posted_at=float(data["posted_at"]), delivered_at=None if delivered is None else float(delivered),
                  attempts=int(data.get("attempts") or 0), outcome=opt("outcome"), detail=opt("detail"), pod=opt("pod"))
@@ -101,9 +101,9 @@ __all__ = [
     "OUTCOMES",
     "STATES",
     "UNDELIVERED",
-    "Event",
     "EventSettings",
     "QueueFull",
+    "QueuedEvent",
     "ended_state",
     "event_from_json",
     "event_to_json",

@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 from kasd.store.errors import StoreError
-from kasd.store.events import Event, QueueFull, event_from_json, event_to_json
+from kasd.store.events import QueuedEvent, QueueFull, event_from_json, event_to_json
 from routing.redisconn import REDIS_ERRORS, subscription
 
 log = logging.getLogger("kasd.store")
@@ -152,7 +152,7 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _decoded(body: Any) -> Event:
+def _decoded(body: Any) -> QueuedEvent:
     return event_from_json(json.loads(body))
 
 
@@ -184,8 +184,8 @@ class RedisEvents:
     def _events_channel(self) -> str:
         return f"{self._events_prefix}:events"
 
-    async def post_event(self, event: Event, *, max_queued: int, ttl: float, keep_for: float,
-                         max_kept: int) -> tuple[Event, bool]:
+    async def post_event(self, event: QueuedEvent, *, max_queued: int, ttl: float, keep_for: float,
+                         max_kept: int) -> tuple[QueuedEvent, bool]:
         now = event.posted_at
         record = event_to_json(event)
         record.update(agent_id=str(event.agent_id), posted_at=repr(now), delivered_at="", outcome="", detail="",
@@ -219,17 +219,17 @@ class RedisEvents:
             raise failures[0]
         return answers[0], answers[1]
 
-    async def event(self, agent_id: int, event_id: str) -> Event | None:
+    async def event(self, agent_id: int, event_id: str) -> QueuedEvent | None:
         body = await self._call(self.client.hget(self._keys(agent_id, "rec")[0], event_id))
         return None if body is None else _decoded(body)
 
-    async def events(self, agent_id: int, *, state: str | None = None, limit: int = 100) -> list[Event]:
+    async def events(self, agent_id: int, *, state: str | None = None, limit: int = 100) -> list[QueuedEvent]:
         bodies = await self._call(self.client.hvals(self._keys(agent_id, "rec")[0]))
         found = [e for e in (_decoded(b) for b in bodies) if state is None or e.state == state]
         return sorted(found, key=lambda e: e.seq, reverse=True)[:limit]
 
     async def next_event(self, agent_id: int, now: float, ttl: float, *, start: bool = False
-                         ) -> tuple[Event | None, int]:
+                         ) -> tuple[QueuedEvent | None, int]:
         answer = await self._call(self._script("next")(keys=self._keys(agent_id, "rec", "q", "done"),
                                                        args=[repr(now), repr(now - ttl), "1" if start else "0"]))
         body = answer[1] if len(answer) > 1 else None
@@ -239,7 +239,7 @@ class RedisEvents:
         await self._call(self._script("start")(keys=self._keys(agent_id, "rec"), args=[event_id]))
 
     async def end_delivery(self, agent_id: int, event_id: str, *, state: str, outcome: str | None, detail: str | None,
-                           pod: str | None, at: float, next_ttl: float | None = None) -> tuple[Event | None, int]:
+                           pod: str | None, at: float, next_ttl: float | None = None) -> tuple[QueuedEvent | None, int]:
         answer = await self._call(self._script("end")(
             keys=self._keys(agent_id, "rec", "q", "done"),
             args=[event_id, state, outcome or "", detail or "", pod or "", repr(at),

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from kasd.store.events import UNDELIVERED, Event, QueueFull
+from kasd.store.events import UNDELIVERED, QueuedEvent, QueueFull
 
 _T = TypeVar("_T")
 
@@ -49,9 +49,9 @@ _COLUMNS = "agent_id, id, seq, type, payload, state, posted_at, delivered_at, at
 _WAITING = f"state IN ({', '.join(repr(s) for s in UNDELIVERED)})"
 
 
-def _event(row: Any) -> Event:
+def _event(row: Any) -> QueuedEvent:
     agent_id, event_id, seq, type_, payload, state, posted_at, delivered_at, attempts, outcome, detail, pod = row
-    return Event(agent_id=int(agent_id), id=event_id, seq=int(seq), type=type_, payload=payload, state=state,
+    return QueuedEvent(agent_id=int(agent_id), id=event_id, seq=int(seq), type=type_, payload=payload, state=state,
                  posted_at=float(posted_at), delivered_at=delivered_at, attempts=int(attempts), outcome=outcome,
                  detail=detail, pod=pod)
 
@@ -61,7 +61,7 @@ def _expire(db: sqlite3.Connection, agent_id: int, now: float, ttl: float) -> in
                       "AND posted_at <= ?", (now, agent_id, now - ttl)).rowcount
 
 
-def _take(db: sqlite3.Connection, agent_id: int, now: float, ttl: float, start: bool) -> tuple[Event | None, int]:
+def _take(db: sqlite3.Connection, agent_id: int, now: float, ttl: float, start: bool) -> tuple[QueuedEvent | None, int]:
     """``next_event``'s step, in one transaction."""
     from kasd.store.sqlite import _transaction
 
@@ -98,13 +98,13 @@ class SqliteEvents:
 
         return await self._run(ready)
 
-    async def post_event(self, event: Event, *, max_queued: int, ttl: float, keep_for: float,
-                         max_kept: int) -> tuple[Event, bool]:
+    async def post_event(self, event: QueuedEvent, *, max_queued: int, ttl: float, keep_for: float,
+                         max_kept: int) -> tuple[QueuedEvent, bool]:
         from kasd.store.sqlite import _transaction
 
         now = event.posted_at
 
-        def post(db: sqlite3.Connection) -> tuple[Event, bool] | None:
+        def post(db: sqlite3.Connection) -> tuple[QueuedEvent, bool] | None:
             with _transaction(db):
                 row = db.execute(f"SELECT {_COLUMNS} FROM events WHERE agent_id = ? AND id = ?",
                                  (event.agent_id, event.id)).fetchone()
@@ -135,19 +135,19 @@ class SqliteEvents:
             await self.announce_events(event.agent_id)
         return posted
 
-    async def event(self, agent_id: int, event_id: str) -> Event | None:
+    async def event(self, agent_id: int, event_id: str) -> QueuedEvent | None:
         row = await self._events(lambda db: db.execute(f"SELECT {_COLUMNS} FROM events WHERE agent_id = ? AND id = ?",
                                                        (agent_id, event_id)).fetchone())
         return None if row is None else _event(row)
 
-    async def events(self, agent_id: int, *, state: str | None = None, limit: int = 100) -> list[Event]:
+    async def events(self, agent_id: int, *, state: str | None = None, limit: int = 100) -> list[QueuedEvent]:
         where, args = ("AND state = ?", (agent_id, state, limit)) if state else ("", (agent_id, limit))
         rows = await self._events(lambda db: db.execute(
             f"SELECT {_COLUMNS} FROM events WHERE agent_id = ? {where} ORDER BY seq DESC LIMIT ?", args).fetchall())
         return [_event(row) for row in rows]
 
     async def next_event(self, agent_id: int, now: float, ttl: float, *, start: bool = False
-                         ) -> tuple[Event | None, int]:
+                         ) -> tuple[QueuedEvent | None, int]:
         return await self._events(lambda db: _take(db, agent_id, now, ttl, start))
 
     async def start_delivery(self, agent_id: int, event_id: str) -> None:
@@ -156,8 +156,8 @@ class SqliteEvents:
             f"{_WAITING}", (agent_id, event_id)))
 
     async def end_delivery(self, agent_id: int, event_id: str, *, state: str, outcome: str | None, detail: str | None,
-                           pod: str | None, at: float, next_ttl: float | None = None) -> tuple[Event | None, int]:
-        def end(db: sqlite3.Connection) -> tuple[Event | None, int]:
+                           pod: str | None, at: float, next_ttl: float | None = None) -> tuple[QueuedEvent | None, int]:
+        def end(db: sqlite3.Connection) -> tuple[QueuedEvent | None, int]:
             db.execute(f"UPDATE events SET state = ?, outcome = ?, detail = ?, pod = ?, delivered_at = ?, ended_at = ?, "
                        f"payload = '' WHERE agent_id = ? AND id = ? AND {_WAITING}",
                        (state, outcome, detail, pod, at, at, agent_id, event_id))

@@ -15,7 +15,7 @@ import trio
 
 from kasd.store.deployments import Deployment, Environment
 from kasd.store.errors import StoreError
-from kasd.store.events import Event
+from kasd.store.events import QueuedEvent
 from kasd.store.finished import FinishedJobs
 
 
@@ -127,21 +127,21 @@ class EventStore(Protocol):
     lease naming the one replica that delivers an agent's events; notices that wake it. Every call
     may raise ``StoreError``."""
 
-    async def post_event(self, event: Event, *, max_queued: int, ttl: float, keep_for: float,
-                         max_kept: int) -> tuple[Event, bool]:
+    async def post_event(self, event: QueuedEvent, *, max_queued: int, ttl: float, keep_for: float,
+                         max_kept: int) -> tuple[QueuedEvent, bool]:
         """Queue ``event`` (its ``seq`` given here) and announce it (``announce_events``): (the
         event, True); an id already known for its agent: (that event, False), nothing queued. ``QueueFull`` when ``max_queued`` wait undelivered
         (those older than ``ttl`` expire first); ended events beyond ``keep_for``/``max_kept`` go."""
         ...
 
-    async def event(self, agent_id: int, event_id: str) -> Event | None: ...
+    async def event(self, agent_id: int, event_id: str) -> QueuedEvent | None: ...
 
-    async def events(self, agent_id: int, *, state: str | None = None, limit: int = 100) -> list[Event]:
+    async def events(self, agent_id: int, *, state: str | None = None, limit: int = 100) -> list[QueuedEvent]:
         """The agent's kept events in ``state`` (any), newest first, at most ``limit``."""
         ...
 
     async def next_event(self, agent_id: int, now: float, ttl: float, *, start: bool = False
-                         ) -> tuple[Event | None, int]:
+                         ) -> tuple[QueuedEvent | None, int]:
         """The agent's oldest undelivered event (after those older than ``ttl`` expired), and how
         many expired now; ``start``: its delivery starts (``start_delivery``, in the same step)."""
         ...
@@ -151,7 +151,7 @@ class EventStore(Protocol):
         ...
 
     async def end_delivery(self, agent_id: int, event_id: str, *, state: str, outcome: str | None, detail: str | None,
-                           pod: str | None, at: float, next_ttl: float | None = None) -> tuple[Event | None, int]:
+                           pod: str | None, at: float, next_ttl: float | None = None) -> tuple[QueuedEvent | None, int]:
         """The event ended (``delivered``/``failed``): it leaves the queue, its status is kept. With
         ``next_ttl``, in the same step: ``next_event(agent_id, at, next_ttl, start=True)``'s answer
         (else ``(None, 0)``)."""

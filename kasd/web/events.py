@@ -40,7 +40,7 @@ from kasd.store.events import (
     MAX_EVENT_BODY,
     MAX_LISTED,
     STATES,
-    Event,
+    QueuedEvent,
     QueueFull,
 )
 from kasd.web.auth import UNAUTHORIZED, ApiRefusal, offered_token, small_int, verify_token
@@ -54,11 +54,11 @@ class EventPoster(Protocol):
     """``kasd.eventdelivery.EventDelivery``: posts, and its ``store`` answers the status."""
 
     async def post(self, agent_id: int, event_type: str, payload: str, event_id: str | None = None
-                   ) -> tuple[Event, bool]: ...
+                   ) -> tuple[QueuedEvent, bool]: ...
 
-    async def status(self, agent_id: int, event_id: str) -> Event | None: ...
+    async def status(self, agent_id: int, event_id: str) -> QueuedEvent | None: ...
 
-    async def listing(self, agent_id: int, state: str | None) -> list[Event]: ...
+    async def listing(self, agent_id: int, state: str | None) -> list[QueuedEvent]: ...
 
 
 class Counts(Protocol):
@@ -143,7 +143,7 @@ class EventsApi:
         event_id = str(request.path_params["event_id"])
         event = await self._poster.status(agent_id, event_id) if EVENT_ID.fullmatch(event_id) else None
         if event is None:
-            raise ApiRefusal(404, "404 Event Not Found")
+            raise ApiRefusal(404, "404 QueuedEvent Not Found")
         return JSONResponse(event.status_json(), headers={"cache-control": "no-store"})
 
     async def listing(self, request: Request) -> Response:

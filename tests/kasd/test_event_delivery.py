@@ -17,7 +17,7 @@ import trio.testing
 
 from kasd.eventdelivery import EventDelivery
 from kasd.seams import AgentNotConnected
-from kasd.store.events import Event
+from kasd.store.events import QueuedEvent
 from kasd.store.sqlite import SqliteStore
 from tunnelhttp.head import TunnelCode
 from wire.frames import Metadata
@@ -135,7 +135,7 @@ async def delivering(agentd: FakeAgentd, *, connected: bool = True
 
 
 async def settled(delivery: EventDelivery, agent_id: int, ids: list[str],
-                  done: Callable[[Event], bool] = lambda e: e.state in ("delivered", "failed")) -> list[Event]:
+                  done: Callable[[QueuedEvent], bool] = lambda e: e.state in ("delivered", "failed")) -> list[QueuedEvent]:
     counts = delivery._counts
     assert isinstance(counts, Counts)
     with trio.fail_after(10):

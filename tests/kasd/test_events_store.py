@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from kasd.store.events import Event, QueueFull
+from kasd.store.events import QueuedEvent, QueueFull
 from kasd.store.redis import RedisStore
 from kasd.store.sqlite import SqliteStore
 from routing.redisconn import open_redis
@@ -59,8 +59,8 @@ def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
     return redis
 
 
-def event(n: int, agent_id: int = 5, at: float = NOW) -> Event:
-    return Event(agent_id=agent_id, id=f"ev-{n}", type="push", payload=f'{{"n": {n}, "ü": "x"}}', posted_at=at + n)
+def event(n: int, agent_id: int = 5, at: float = NOW) -> QueuedEvent:
+    return QueuedEvent(agent_id=agent_id, id=f"ev-{n}", type="push", payload=f'{{"n": {n}, "ü": "x"}}', posted_at=at + n)
 
 
 async def test_events_queue_in_order_dedup_by_id_and_end_with_their_outcome(opener: Opener) -> None:

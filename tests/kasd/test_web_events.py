@@ -109,7 +109,7 @@ async def test_an_event_is_queued_then_read_back_with_its_status_and_a_known_id_
     queued = await call(app, "GET", "/api/v4/agents/1/events?state=queued", _as("alice"))
     assert [e["seq"] for e in queued.json()] == [2]
     assert (await call(app, "GET", "/api/v4/agents/1/events/nope", _as("alice"))).json() == \
-        {"message": "404 Event Not Found"}
+        {"message": "404 QueuedEvent Not Found"}
     assert (await call(app, "GET", "/api/v4/agents/1/events?state=lost", _as("alice"))).status == 400
     assert counts.received == 2
 
