@@ -37,8 +37,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kasctl.restclient import opener  # noqa: E402
-from kasctl.stack import Stack  # noqa: E402
+from kasctl.restclient import opener
+from kasctl.stack import Stack
 
 
 class Target:
@@ -50,7 +50,7 @@ class Target:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["content-length"]))
                 now = time.time()
                 event_id = json.loads(body).get("id", "")
@@ -75,7 +75,7 @@ class Target:
 
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 class Poster:

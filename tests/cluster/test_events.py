@@ -35,7 +35,7 @@ class Target:
         target = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 with target.changed:
                     target.ids.append(body["id"])

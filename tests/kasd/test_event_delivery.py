@@ -200,3 +200,34 @@ async def test_a_known_id_is_not_queued_again() -> None:
         assert new and not new_again and again.seq == first.seq and again.payload == '{"a": 1}'
         await settled(delivery, 7, ["same"])
     assert agentd.acted == [("same", {"a": 1})]
+
+
+async def test_delivery_is_counted_in_kasds_metrics() -> None:
+    from kasd.metrics import EventMetrics, Metrics
+    from routing.local import TunnelRegistry
+
+    class Observed(EventMetrics):
+        answered = 0
+        changed = trio.Event()
+
+        def event_delivered(self, outcome: str, latency: float) -> None:
+            super().event_delivered(outcome, latency)
+            self.answered += 1
+            self.changed.set()
+            self.changed = trio.Event()
+
+    metrics = Metrics(TunnelRegistry())
+    observed = Observed(metrics.registry)
+    agentd = FakeAgentd(plan=["refuse", "done", "fail"])
+    async with delivering(agentd) as (delivery, _router, _session):
+        delivery._counts = observed
+        for n in range(2):
+            await delivery.post(7, "push", "{}", event_id=f"m{n}")
+        with trio.fail_after(10):
+            while observed.answered < 2:
+                await observed.changed.wait()
+    text = metrics.render().decode()
+    assert 'kasd_events_delivered_total{outcome="done"} 1.0' in text
+    assert 'kasd_events_delivered_total{outcome="failed"} 1.0' in text
+    assert 'kasd_event_delivery_retries_total{reason="refused"} 1.0' in text
+    assert "kasd_event_delivery_seconds_count 2.0" in text

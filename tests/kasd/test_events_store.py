@@ -75,7 +75,7 @@ async def test_events_queue_in_order_dedup_by_id_and_end_with_their_outcome(open
         first, expired = await store.next_event(5, NOW + 10, 3600.0)
         assert first is not None and first.id == "ev-1" and expired == 0 and first.payload == '{"n": 1, "ü": "x"}'
         await store.start_delivery(5, "ev-1")
-        assert (await store.event(5, "ev-1")).state == "delivering"  # type: ignore[union-attr]
+        assert (await store.event(5, "ev-1")).state == "delivering"
         await store.end_delivery(5, "ev-1", state="delivered", outcome="done", detail="200", pod="agentd-0",
                                  at=NOW + 11)
         done = await store.event(5, "ev-1")
@@ -89,7 +89,7 @@ async def test_events_queue_in_order_dedup_by_id_and_end_with_their_outcome(open
         assert await store.pending_agents() == {5: 1, 6: 1}
         # a delivery that ended twice (a lost ack, redelivered) changes nothing the second time
         await store.end_delivery(5, "ev-1", state="failed", outcome="failed", detail="", pod="", at=NOW + 13)
-        assert (await store.event(5, "ev-1")).state == "delivered"  # type: ignore[union-attr]
+        assert (await store.event(5, "ev-1")).state == "delivered"
 
 
 async def test_a_full_queue_refuses_until_delivered_and_old_events_expire(opener: Opener) -> None:
@@ -106,7 +106,7 @@ async def test_a_full_queue_refuses_until_delivered_and_old_events_expire(opener
         # an hour later the waiting ones expired: the queue is empty, their status says so
         nothing, expired = await store.next_event(5, NOW + 3600 + 3.5, 3600.0)
         assert nothing is not None and nothing.id == "ev-4" and expired == 2
-        assert (await store.event(5, "ev-2")).state == "expired"  # type: ignore[union-attr]  # (delivering, too)
+        assert (await store.event(5, "ev-2")).state == "expired"  # (delivering, too)
         # a post past the expiry finds room; ended events beyond max_kept (2) are forgotten, oldest first
         await store.post_event(event(5000), **LIMITS)
         assert await store.event(5, "ev-1") is None

@@ -139,7 +139,7 @@ def test_the_openapi_document_describes_the_event_routes_and_their_answers() -> 
     from kasd.web.openapi import document
 
     doc = document()
-    for route in EventsApi(lambda: None, None).routes():  # type: ignore[arg-type]
+    for route in EventsApi(lambda: None, None).routes():  # type: ignore[arg-type,return-value]
         path = route.path
         assert path in doc["paths"], path
         assert {m.lower() for m in route.methods or ()} - {"head"} <= set(doc["paths"][path]), path
