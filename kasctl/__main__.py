@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from kasctl import env, kubeconfig, promql, proxy, revoke, tokens
+from kasctl import env, kubeconfig, notify, promql, proxy, revoke, tokens
 from kasctl.stack import (
     APP_PROJECT,
     CONFIG_PROJECT,
@@ -271,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     env.add_command(commands)
     proxy.add_command(commands)
     promql.add_command(commands)
+    notify.add_command(commands)
     args = parser.parse_args(argv)
     if args.command == "demo" and args.agentd_replicas is None:
         args.agentd_replicas = 1 if args.replicas == 1 else 2
@@ -286,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         return env.dispatch(args)
     if args.command == "promql":
         return int(args.run(args))
+    if args.command == "notify":
+        return notify.run(args)
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover
     return 2
 

@@ -234,8 +234,8 @@ class Stack:
         unless ``redis_url`` names one), each agentd dialling every replica (or only the replicas
         ``agentd_targets`` lists, by index) with one connection per replica (or ``agentd_connections``). ``kasd_settings`` are merged into
         each replica's ``routing`` section; ``extra_users`` join the directory's users (the demo's
-        Developer and Reporter) as ``users:`` entries; ``agentd_settings`` join agentd's configuration
-        file (its ``services:``, say)."""
+        Developer and Reporter) as ``users:`` entries; ``agentd_settings`` are merged into agentd's
+        configuration file (its ``services:``, its ``events:`` handlers)."""
         if replicas < 1 or agentd_replicas < 1:
             raise StackError("a stack needs at least one kasd and one agentd")
         self.dir = workdir.resolve()

@@ -209,3 +209,57 @@ class Metrics:
         gauge.clear()
         for project, commit in commits:
             gauge.labels(project=project, commit=commit).set(1)
+# ------------------------------------------------------------------ events (issue 28: kasd.eventdelivery)
+
+#: seconds from an event's POST to agentd's answer (the buckets: a hop is a few ms, a retry seconds)
+EVENT_LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class EventMetrics:
+    """Events pushed to agents: received (POSTs that queued one), refused (429: a queue full),
+    delivered by outcome, the latency from POST to agentd's answer, expired, retried by reason, and
+    the events waiting (``queued``, read when scraped where the store can say cheaply; else absent)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.received = Counter("kasd_events_received", "Events posted and queued (a known id is not counted)",
+                                registry=r)
+        self.refused = Counter("kasd_events_refused", "Events refused because the agent's queue was full (429)",
+                               registry=r)
+        self.delivered = Counter("kasd_events_delivered", "Events agentd answered for, by outcome (done, duplicate, "
+                                 "ignored, failed)", ["outcome"], registry=r)
+        self.latency = Histogram("kasd_event_delivery_seconds", "Seconds from an event's POST to agentd's answer",
+                                 buckets=EVENT_LATENCY_BUCKETS, registry=r)
+        self.expired = Counter("kasd_events_expired", "Events that expired undelivered (events.ttl)", registry=r)
+        self.retried = Counter("kasd_event_delivery_retries", "Delivery attempts to be tried again, by reason "
+                               "(no_agent, route, refused, tunnel, timeout)", ["reason"], registry=r)
+        self.queued = Gauge("kasd_events_queued", "Undelivered events in the store, all agents (as of the last "
+                            "sweep, every few seconds)", registry=r)
+
+    def event_received(self) -> None:
+        self.received.inc()
+
+    def event_refused(self) -> None:
+        self.refused.inc()
+
+    def event_delivered(self, outcome: str, latency: float) -> None:
+        self.delivered.labels(outcome=outcome).inc()
+        self.latency.observe(latency)
+
+    def event_expired(self, count: int) -> None:
+        self.expired.inc(count)
+
+    def event_retried(self, reason: str) -> None:
+        self.retried.labels(reason=reason).inc()
+
+    def events_queued(self, count: int) -> None:
+        self.queued.set(count)
+
+
+def event_metrics(metrics: Metrics) -> EventMetrics:
+    """The events block of ``metrics``' registry (made once per ``Metrics``)."""
+    found: EventMetrics | None = getattr(metrics, "_events", None)
+    if found is None:
+        found = EventMetrics(metrics.registry)
+        metrics._events = found  # type: ignore[attr-defined]
+    return found

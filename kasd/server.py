@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 import trio
@@ -32,6 +32,7 @@ from kasd.authority import CiAuthority, config_loader
 from kasd.config import Config, plaintext_peer_secret
 from kasd.drain import DrainDeadlines, drain_alone, drain_replica
 from kasd.environments import EnvironmentViews
+from kasd.eventdelivery import EventDelivery
 from kasd.k8sproxy.pipeline import DROPPED, RequestPipeline
 from kasd.k8sproxy.server import ProxyServer, configure_alpn
 from kasd.listening import (
@@ -43,7 +44,7 @@ from kasd.listening import (
 )
 from kasd.managed.client import AgentClient
 from kasd.managed.provisioner import AgentProvisioner, ProvisionLimits
-from kasd.metrics import Metrics
+from kasd.metrics import Metrics, event_metrics
 from kasd.observability import ObservabilityServer, Readiness
 from kasd.replicas import (
     Replication,
@@ -60,9 +61,10 @@ from kasd.store.deployments import DeploymentRecorder
 from kasd.store.environments import EnvironmentSlugs
 from kasd.store.finished import FinishedJobs
 from kasd.store.made import MadeObjects
-from kasd.store.protocol import Store
+from kasd.store.protocol import EventStore, Store
 from kasd.store.revocation import Revocations, open_store
 from kasd.web.dashboard import dashboard_routes
+from kasd.web.events import EventsApi
 from kasd.web.gitconfig import config_routes
 from kasd.web.services import ServiceDispatch, ServiceRoutes
 from kasd.web.wiring import api_app
@@ -73,6 +75,7 @@ from routing.peers import PEER_LIMITS, PEER_PATH, PeerForwarder, PeerPool, peer_
 from routing.placement import PlacementHook, PlacementNotices
 from routing.router import ReplicatedRouter
 from wire.h2carrier import serve_h2_tunnels, server_ssl_context
+from wire.session import MuxStream
 
 if TYPE_CHECKING:
     from kasd.gitrefresh import RefreshFanout
@@ -111,6 +114,8 @@ class Runtime:
     recorder: DeploymentRecorder | None = None
     #: environments, live (the API port's web app): discovery and the shared watch sets
     views: EnvironmentViews | None = None
+    #: events pushed to agents: posted on the API port, delivered from the store's queues
+    events: EventDelivery | None = None
     _shutdown: trio.Event = attrs.field(factory=trio.Event)
 
     def request_shutdown(self) -> None:
@@ -232,10 +237,19 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
                 views = runtime.views = EnvironmentViews(router)
                 metrics.enable_environment_views(views.statistics)
                 await nursery.start(views.run)
+                events = _events(config, kept, router, registry, metrics, me)
+                if events is not None:
+                    runtime.events = events
+                    await nursery.start(events.run)
+                    nursery.start_soon(events.watch_connections, registry.sessions_changed,
+                                       lambda: {t.agent_id for t in registry.tunnels()})
+                event_routes = EventsApi(lambda: authority.snapshot, events, counts=event_metrics(metrics)).routes() \
+                    if events is not None else []
                 api = api_app(rest, config, lambda: authority.snapshot, kept, views, registry,
                               me.name if me is not None else addresses["kubernetes_api"],
                               agent_errors=(AgentRequestError,),
-                              extra_routes=[*dashboard_routes(), *config_routes(authority, refresh=refresh)],
+                              extra_routes=[*dashboard_routes(), *config_routes(authority, refresh=refresh),
+                                            *event_routes],
                               directory=replicas.directory if replicas is not None else None)
                 # In-cluster services (and PromQL): the proxy's pipeline, before the app.
                 services = ServiceDispatch(pipeline, ServiceRoutes(lambda: authority.snapshot))
@@ -391,6 +405,19 @@ async def _refresh_fanout(config: Config, authority: CiAuthority, name: str, *,
                               key_prefix=redis.key_prefix) as fanout:
         task_status.started(fanout)
         await trio.sleep_forever()
+def _events(config: Config, store: Store, router: Router, registry: TunnelRegistry, metrics: Metrics,
+            me: Member | None) -> EventDelivery | None:
+    """Events pushed to agents (``kasd.eventdelivery``), delivered preferably by the replica holding
+    the agent's tunnel; None when the store given keeps no events (a test's)."""
+    if not hasattr(store, "post_event"):
+        return None
+
+    def pod_of(stream: MuxStream) -> str | None:
+        return next((t.pod_name or None for t in registry.tunnels() if t.session is stream.session), None)
+
+    return EventDelivery(cast(EventStore, store), router, config.events, owner=me.name if me is not None else "kasd",
+                         holds=lambda agent_id: any(True for _ in registry.tunnels(agent_id)), pod_of=pod_of,
+                         counts=event_metrics(metrics))
 
 
 def _project_id(authority: CiAuthority, path: str) -> int | None:

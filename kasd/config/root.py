@@ -14,6 +14,7 @@ from daemonkit.settings import Loaded, Problem, SettingsError, setting
 from kasd.authz.directory import Directory, DirectoryError
 from kasd.config.authorization import AuthorizationSettings
 from kasd.config.directory import AgentEntry, GroupEntry, ProjectEntry, UserEntry
+from kasd.config.events import EventSettings
 from kasd.config.listeners import (
     AgentListener,
     KubernetesAPIListener,
@@ -60,6 +61,7 @@ class Config:
     store: StoreSettings = StoreSettings()
     environments: EnvironmentSettings = EnvironmentSettings()
     web: WebConfig = WebConfig()
+    events: EventSettings = EventSettings()
     agent_wait_timeout: float = setting(
         10.0, parse=parse_seconds, env="KASD_AGENT_WAIT_TIMEOUT", flag="--agent-wait-timeout", metavar="SECONDS",
         help="how long a request waits for its agent to connect before 503",

@@ -15,6 +15,7 @@ import trio
 
 from kasd.store.deployments import Deployment, Environment
 from kasd.store.errors import StoreError
+from kasd.store.events import QueuedEvent
 from kasd.store.finished import FinishedJobs
 
 
@@ -115,4 +116,63 @@ async def purge_lapsed(store: Store, view: FinishedJobs, clock: Callable[[], flo
             failed(exc)
 
 
-__all__ = ["PURGE_INTERVAL", "Store", "StoreError", "purge_lapsed"]
+__all__ = ["PURGE_INTERVAL", "EventStore", "Store", "StoreError", "purge_lapsed"]
+
+
+# ------------------------------------------------------------------ events (issue 28: kasd.store.events)
+
+
+class EventStore(Protocol):
+    """Each agent's queue of events (``kasd.store.events``): ordered by ``seq``, bounded, expiring; a
+    lease naming the one replica that delivers an agent's events; notices that wake it. Every call
+    may raise ``StoreError``."""
+
+    async def post_event(self, event: QueuedEvent, *, max_queued: int, ttl: float, keep_for: float,
+                         max_kept: int) -> tuple[QueuedEvent, bool]:
+        """Queue ``event`` (its ``seq`` given here) and announce it (``announce_events``): (the
+        event, True); an id already known for its agent: (that event, False), nothing queued. ``QueueFull`` when ``max_queued`` wait undelivered
+        (those older than ``ttl`` expire first); ended events beyond ``keep_for``/``max_kept`` go."""
+        ...
+
+    async def event(self, agent_id: int, event_id: str) -> QueuedEvent | None: ...
+
+    async def events(self, agent_id: int, *, state: str | None = None, limit: int = 100) -> list[QueuedEvent]:
+        """The agent's kept events in ``state`` (any), newest first, at most ``limit``."""
+        ...
+
+    async def next_event(self, agent_id: int, now: float, ttl: float, *, start: bool = False
+                         ) -> tuple[QueuedEvent | None, int]:
+        """The agent's oldest undelivered event (after those older than ``ttl`` expired), and how
+        many expired now; ``start``: its delivery starts (``start_delivery``, in the same step)."""
+        ...
+
+    async def start_delivery(self, agent_id: int, event_id: str) -> None:
+        """The event is being delivered: ``delivering``, one more attempt."""
+        ...
+
+    async def end_delivery(self, agent_id: int, event_id: str, *, state: str, outcome: str | None, detail: str | None,
+                           pod: str | None, at: float, next_ttl: float | None = None) -> tuple[QueuedEvent | None, int]:
+        """The event ended (``delivered``/``failed``): it leaves the queue, its status is kept. With
+        ``next_ttl``, in the same step: ``next_event(agent_id, at, next_ttl, start=True)``'s answer
+        (else ``(None, 0)``)."""
+        ...
+
+    async def pending_agents(self) -> dict[int, int]:
+        """The agents with undelivered events: agent id → how many."""
+        ...
+
+    async def take_lease(self, agent_id: int, owner: str, seconds: float) -> bool:
+        """``owner`` delivers the agent's events for ``seconds`` from now (taken, or renewed when it
+        already holds it); False when another holds it."""
+        ...
+
+    async def release_lease(self, agent_id: int, owner: str) -> None: ...
+
+    async def announce_events(self, agent_id: int) -> None:
+        """Wake whoever delivers the agent's events, on every replica (``listen_events``)."""
+        ...
+
+    async def listen_events(self, wake: Callable[[int], object], *,
+                            task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Call ``wake(agent_id)`` for each notice, until cancelled (``started()`` once listening)."""
+        ...

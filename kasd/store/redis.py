@@ -51,6 +51,7 @@ from kasd.store.deployments import (
     too_many_environments,
 )
 from kasd.store.environments import MAX_ENVIRONMENTS, too_many
+from kasd.store.events_redis import RedisEvents
 from kasd.store.finished import FinishedJobs, TooManyFinishedJobs
 from kasd.store.made import MAX_MADE, too_many_made
 from kasd.store.protocol import PURGE_INTERVAL, StoreError, purge_lapsed
@@ -239,12 +240,13 @@ _LISTEN_ERRORS: tuple[type[BaseException], ...] = (*REDIS_ERRORS, StoreError)
 _NOTICE = re.compile(r"([0-9]{1,19}) ([0-9]{1,19})")
 
 
-class RedisStore:
+class RedisStore(RedisEvents):
     """The store in Redis through ``client`` (a coredis client, ``routing.redisconn.open_redis``)."""
 
     def __init__(self, client: Any, *, key_prefix: str = "kasd", max_entries: int,
                  clock: Callable[[], float] = time.time, history: HistoryLimits = HISTORY) -> None:
         self.client = client
+        self._events_prefix = key_prefix
         self.key = f"{key_prefix}:finished_jobs:{{jobs}}"
         self.channel = f"{key_prefix}:finished_jobs"
         self.max_entries = max_entries

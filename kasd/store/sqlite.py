@@ -42,6 +42,7 @@ from kasd.store.deployments import (
     too_many_environments,
 )
 from kasd.store.environments import MAX_ENVIRONMENTS, too_many
+from kasd.store.events_sqlite import SqliteEvents
 from kasd.store.finished import FinishedJobs, TooManyFinishedJobs
 from kasd.store.made import MAX_MADE, too_many_made
 from kasd.store.protocol import PURGE_INTERVAL, StoreError, purge_lapsed
@@ -113,7 +114,7 @@ def _transaction(db: sqlite3.Connection) -> Iterator[None]:
         db.execute("COMMIT")
 
 
-class SqliteStore:
+class SqliteStore(SqliteEvents):
     """The store in the SQLite file at ``path`` (``":memory:"``: in this process only).
     ``async with SqliteStore.open(path)``, or ``open_sync`` then ``aclose``."""
 

@@ -148,6 +148,7 @@ def document() -> dict[str, Any]:
                           "202": _json(s("ConfigState"), "the look goes on past 10 s: the commits in force so far"),
                           "413": _error("a body over 4096 bytes"), **_ERRORS}}},
     }
+    paths.update(event_paths())
     health = {"type": "object", "properties": {"status": {"type": "string", "enum": [
         "Healthy", "Progressing", "Degraded", "Suspended", "Missing", "Unknown"]}, "message": {"type": "string"}},
         "required": ["status", "message"]}
@@ -187,6 +188,7 @@ def document() -> dict[str, Any]:
             "roots": {"type": "array", "items": {"type": "string"}}}},
     }
     paths.update(_services())
+    schemas["Event"] = EVENT_SCHEMA
     return {
         "openapi": "3.1.0",
         "info": {"title": "kasd environments API", "version": "1",
@@ -242,6 +244,45 @@ def _services() -> dict[str, Any]:
     return {"/api/v4/agents/{agent_id}/services/{service}/{path}": {
                 method: service_op for method in ("get", "head", "post", "put", "patch", "delete", "options")},
             "/api/kasd/v1/agents/{agent_id}/promql": {"get": promql}}
+# ------------------------------------------------------------------ events (issue 28: kasd.web.events)
+
+EVENT_SCHEMA: dict[str, Any] = {"type": "object", "required": ["id", "type", "agent_id", "seq", "state"], "properties": {
+    "id": {"type": "string"}, "type": {"type": "string"}, "agent_id": {"type": "integer"},
+    "seq": {"type": "integer", "description": "the event's place in its agent's order"},
+    "state": {"type": "string", "enum": ["queued", "delivering", "delivered", "failed", "expired"]},
+    "posted_at": {"type": "number", "description": "seconds since the epoch"},
+    "delivered_at": {"type": ["number", "null"]}, "attempts": {"type": "integer"},
+    "outcome": {"type": ["string", "null"], "enum": ["done", "duplicate", "ignored", "failed", None]},
+    "detail": {"type": ["string", "null"]}, "pod": {"type": ["string", "null"]}}}
+
+
+def event_paths() -> dict[str, Any]:
+    """Events pushed to agents (docs/events.md). A CI job token (JOB-TOKEN header or job_token
+    parameter) of a job the agent's ci_access admits is accepted too."""
+    agent = _p("agent_id", schema={"type": "integer", "minimum": 1}, description="the agent's id")
+    who = (" Personal token of a Maintainer of the agent's configuration project or of a user its user_access "
+           "admits, or a CI job token (JOB-TOKEN) of a job its ci_access admits; not the session cookie.")
+    body = {"required": True, "content": {"application/json": {"schema": {
+        "type": "object", "required": ["type"], "additionalProperties": False, "properties": {
+            "type": {"type": "string", "pattern": "^[a-z0-9][a-z0-9._-]{0,127}$"},
+            "payload": {"description": "any JSON, sent to agentd as is"},
+            "id": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$",
+                   "description": "default: kasd makes one; an id known for the agent is not queued again"}}}}}}
+    post = {"summary": "Push an event to an agent: queued in order, delivered at least once to one agentd pod",
+            "description": "Push an event to an agent." + who, "parameters": [agent], "requestBody": body,
+            "responses": {"202": _json(s("Event"), "queued"), "200": _json(s("Event"), "an event of that id was "
+                                                                                      "already posted: it, unchanged"),
+                          **_ERRORS, "413": _error("the body is over 64 KiB"),
+                          "429": _error("the agent's queue is full (events.max_queued_per_agent); Retry-After")}}
+    listing = {"summary": "The agent's kept events, newest first (at most 100)",
+               "description": "The agent's kept events." + who,
+               "parameters": [agent, _p("state", "query", {"type": "string", "enum": EVENT_SCHEMA["properties"][
+                   "state"]["enum"]})],
+               "responses": {"200": _json({"type": "array", "items": s("Event")}), **_ERRORS}}
+    one = {"summary": "An event and its delivery status", "description": "An event's delivery status." + who,
+           "parameters": [agent, _p("event_id")], "responses": {"200": _json(s("Event")), **_ERRORS}}
+    return {"/api/v4/agents/{agent_id}/events": {"post": post, "get": listing},
+            "/api/v4/agents/{agent_id}/events/{event_id}": {"get": one}}
 
 
 if __name__ == "__main__":

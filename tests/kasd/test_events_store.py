@@ -1,0 +1,147 @@
+"""Events' queues in kasd's store (``kasd.store.events``): per agent ordered by seq, deduplicated by
+id, bounded (QueueFull), expiring, the ended kept for status within bounds; the delivery lease and
+the notices. SQLite (a lone kasd, surviving a restart) and Redis (another replica's client reads
+what one wrote), each test against both."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from kasd.store.events import QueuedEvent, QueueFull
+from kasd.store.redis import RedisStore
+from kasd.store.sqlite import SqliteStore
+from routing.redisconn import open_redis
+from tests.redisproc import RedisCluster, RedisProcess
+
+pytestmark = pytest.mark.timeout(30)
+
+NOW = 1_800_000_000.25
+LIMITS: dict[str, Any] = {"max_queued": 3, "ttl": 3600.0, "keep_for": 3600.0, "max_kept": 2}
+
+Opener = Callable[[], AbstractAsyncContextManager[Any]]
+
+
+@pytest.fixture(params=["sqlite", "redis", "redis-cluster"])
+def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
+    if request.param == "sqlite":
+        path = tmp_path / "kasd.sqlite3"
+
+        @asynccontextmanager
+        async def sqlite() -> AsyncIterator[Any]:
+            store = SqliteStore.open_sync(path, max_entries=10)
+            try:
+                yield store
+            finally:
+                await store.aclose()
+
+        return sqlite
+    if request.param == "redis":
+        server: RedisProcess = request.getfixturevalue("redis_server")
+        server.command("FLUSHALL")
+        url = server.url
+    else:
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        for node in cluster.nodes:
+            node.command("FLUSHALL")
+        url = cluster.url
+
+    @asynccontextmanager
+    async def redis() -> AsyncIterator[Any]:
+        async with open_redis(url) as client:
+            yield RedisStore(client, key_prefix="test", max_entries=10)
+
+    return redis
+
+
+def event(n: int, agent_id: int = 5, at: float = NOW) -> QueuedEvent:
+    return QueuedEvent(agent_id=agent_id, id=f"ev-{n}", type="push", payload=f'{{"n": {n}, "ü": "x"}}', posted_at=at + n)
+
+
+async def test_events_queue_in_order_dedup_by_id_and_end_with_their_outcome(opener: Opener) -> None:
+    async with opener() as store:
+        for n in (1, 2):
+            posted, new = await store.post_event(event(n), **LIMITS)
+            assert new and posted.seq == n and posted.state == "queued"
+        again, new = await store.post_event(event(1), **LIMITS)
+        assert not new and again.seq == 1  # the existing event, nothing queued
+        await store.post_event(event(1, agent_id=6), **LIMITS)  # another agent's own queue and seq
+    async with opener() as store:  # (a restart, or another replica)
+        first, expired = await store.next_event(5, NOW + 10, 3600.0)
+        assert first is not None and first.id == "ev-1" and expired == 0 and first.payload == '{"n": 1, "ü": "x"}'
+        await store.start_delivery(5, "ev-1")
+        assert (await store.event(5, "ev-1")).state == "delivering"
+        await store.end_delivery(5, "ev-1", state="delivered", outcome="done", detail="200", pod="agentd-0",
+                                 at=NOW + 11)
+        done = await store.event(5, "ev-1")
+        assert done is not None and (done.state, done.outcome, done.pod, done.attempts) == \
+            ("delivered", "done", "agentd-0", 1) and done.delivered_at == NOW + 11
+        assert done.payload == ""  # (an ended event's status is kept, its payload is not)
+        second, _ = await store.next_event(5, NOW + 12, 3600.0, start=True)
+        assert second is not None and (second.id, second.state, second.attempts) == ("ev-2", "delivering", 1)
+        assert [e.id for e in await store.events(5)] == ["ev-2", "ev-1"]
+        assert [e.id for e in await store.events(5, state="delivering")] == ["ev-2"]
+        assert await store.pending_agents() == {5: 1, 6: 1}
+        # a delivery that ended twice (a lost ack, redelivered) changes nothing the second time
+        await store.end_delivery(5, "ev-1", state="failed", outcome="failed", detail="", pod="", at=NOW + 13)
+        assert (await store.event(5, "ev-1")).state == "delivered"
+
+
+async def test_a_full_queue_refuses_until_delivered_and_old_events_expire(opener: Opener) -> None:
+    async with opener() as store:
+        for n in (1, 2, 3):
+            await store.post_event(event(n), **LIMITS)
+        with pytest.raises(QueueFull, match="3 undelivered events"):
+            await store.post_event(event(4), **LIMITS)
+        following = await store.end_delivery(5, "ev-1", state="delivered", outcome="done", detail="", pod="",
+                                             at=NOW + 5, next_ttl=3600.0)  # (and the next, in the same step)
+        assert following[0] is not None and (following[0].id, following[0].state, following[0].attempts) == \
+            ("ev-2", "delivering", 1)
+        assert (await store.post_event(event(4), **LIMITS))[0].seq == 4
+        # an hour later the waiting ones expired: the queue is empty, their status says so
+        nothing, expired = await store.next_event(5, NOW + 3600 + 3.5, 3600.0)
+        assert nothing is not None and nothing.id == "ev-4" and expired == 2
+        assert (await store.event(5, "ev-2")).state == "expired"  # (delivering, too)
+        # a post past the expiry finds room; ended events beyond max_kept (2) are forgotten, oldest first
+        await store.post_event(event(5000), **LIMITS)
+        assert await store.event(5, "ev-1") is None
+        kept = [e.id for e in await store.events(5)]
+        assert len(kept) == 3 and kept[:2] == ["ev-5000", "ev-4"]  # (ev-4 expired by this post: the newest ended)
+
+
+async def test_one_owner_holds_the_lease_until_it_releases_or_it_lapses(opener: Opener) -> None:
+    async with opener() as store:
+        assert await store.take_lease(5, "kasd-a", 5.0)
+        assert not await store.take_lease(5, "kasd-b", 5.0)
+        assert await store.take_lease(5, "kasd-a", 5.0)  # renewed
+        assert await store.take_lease(6, "kasd-b", 0.05)  # another agent's
+        await store.release_lease(5, "kasd-b")  # not b's: nothing
+        assert not await store.take_lease(5, "kasd-b", 5.0)
+        await store.release_lease(5, "kasd-a")
+        assert await store.take_lease(5, "kasd-b", 5.0)
+        await trio.sleep(0.1)  # (the lease's own time: lapsed, as a dead replica's)
+        assert await store.take_lease(6, "kasd-a", 5.0)
+
+
+async def test_a_notice_wakes_every_listener(opener: Opener) -> None:
+    async with opener() as store, opener() as other:
+        woken: list[int] = []
+        heard = trio.Event()
+
+        def wake(agent_id: int) -> None:
+            woken.append(agent_id)
+            heard.set()
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(lambda task_status: store.listen_events(wake, task_status=task_status))
+            teller = other if isinstance(store, RedisStore) else store  # (SQLite: one process)
+            await teller.announce_events(42)
+            with trio.fail_after(5):
+                await heard.wait()
+            nursery.cancel_scope.cancel()
+        assert woken == [42]
