@@ -14,6 +14,7 @@ import trio
 from agentd import __version__
 from agentd.config import AgentdConfig
 from agentd.connection import ConnectionManager
+from agentd.discovery import ClusterReporter, pool_fetch
 from agentd.health import serve_health
 from agentd.kubeapi import KubeTarget, in_cluster_target, kubeconfig_target
 from agentd.proxy import KubeApiProxy
@@ -36,6 +37,8 @@ class RunningAgent:
     stop_event: trio.Event
     #: the handler of each kind of stream kasd opens (``tunnelhttp.kinds``)
     streams: StreamKinds = attrs.field(factory=lambda: StreamKinds({}))
+    #: the cluster discovery reports (``agentd.discovery``)
+    reporter: ClusterReporter | None = None
 
     def stop(self) -> None:
         """Graceful stop: no more dials, in-flight streams finish (bounded), run_agent returns."""
@@ -81,7 +84,8 @@ async def run_agent(
         token_file=config.token_file,
         handler=streams,
         metadata={"agent_id": config.agent_id, "pod_name": config.pod_name, "pod_uid": config.pod_uid,
-                  "version": __version__},
+                  "pod_namespace": config.pod_namespace, "node_name": config.node_name,
+                  "namespaces": list(config.namespaces), "version": __version__},
         connections=config.connections,
         quick_window=config.reconnect_quick_window,
         shutdown_grace=config.shutdown_grace,
@@ -110,8 +114,12 @@ async def run_agent(
                     manager_done.set()
 
             await nursery.start(run_manager)
+            # what agentd finds in its cluster, reported to kasd at the first tunnel and when it changes
+            reporter = ClusterReporter(manager, pool_fetch(pool), config.namespaces,
+                                       interval=config.discovery_interval)
+            nursery.start_soon(reporter.run)
             running = RunningAgent(health_address=health, manager=manager, pool=pool, proxy=proxy,
-                                   stop_event=stop_event, streams=streams)
+                                   stop_event=stop_event, streams=streams, reporter=reporter)
             sd_notify("READY=1")
             nursery.start_soon(_after_first_tunnel, manager, config.ready_file, health)
             task_status.started(running)
