@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from kasctl import env, kubeconfig, proxy, revoke, tokens
+from kasctl import agents, env, kubeconfig, proxy, revoke, tokens
 from kasctl.stack import (
     APP_PROJECT,
     CONFIG_PROJECT,
@@ -248,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             "  kasctl token revoke                      # at a CI job's end: kasd refuses its token from now on\n"
             "  kasctl kubeconfig > \"$KUBECONFIG\"       # in a CI job: a context per agent it may use\n"
             "  kasctl proxy --token-file tok --server https://kas:8154   # then kubectl --server http://127.0.0.1:8001\n"
+            "  kasctl agents                            # connected agentd pods: namespace, node, replica\n"
             "\n"
             "`kasctl COMMAND --help` explains each command."
         ),
@@ -268,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     revoke.add_command(tokens.add_commands(commands))
     kubeconfig.add_command(commands)
     env.add_command(commands)
+    agents.add_command(commands)
     proxy.add_command(commands)
     args = parser.parse_args(argv)
     if args.command == "demo" and args.agentd_replicas is None:
@@ -282,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         return proxy.run(args)
     if args.command == "env":
         return env.dispatch(args)
+    if args.command == "agents":
+        return agents.run(args)
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover
     return 2
 

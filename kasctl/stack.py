@@ -90,6 +90,8 @@ subjects:
   - {apiGroup: rbac.authorization.k8s.io, kind: Group, name: "gitlab:project:1"}
 """
 
+#: the namespace the demo's agentd "pods" say they run in (POD_NAMESPACE)
+AGENTD_NAMESPACE = "gitlab-agent"
 #: seconds agentd lets in-flight streams (a `kubectl get -w`, an exec) run on after SIGTERM
 AGENTD_SHUTDOWN_GRACE = 10.0
 #: seconds kasd's graceful drain may take after SIGTERM
@@ -228,6 +230,7 @@ class Stack:
         agentd_connections: int | None = None,
         kasd_settings: dict[str, Any] | None = None,
         extra_users: Sequence[Mapping[str, Any]] = (),
+        agentd_settings: Mapping[str, Any] | None = None,
     ) -> None:
         """``replicas`` > 1 (or ``redis_url``): that many kasd replicas sharing a Redis (started here
         unless ``redis_url`` names one), each agentd dialling every replica (or only the replicas
@@ -250,6 +253,8 @@ class Stack:
         self.heartbeat_interval = heartbeat_interval
         self.agentd_connections = agentd_connections
         self.kasd_settings = dict(kasd_settings or {})
+        #: merged into agentd.yaml (``discovery_interval``, ``namespaces``, …)
+        self.agentd_settings = dict(agentd_settings or {})
         self.extra_users = [dict(user) for user in extra_users]
         self.agentd_targets = list(agentd_targets) if agentd_targets is not None else list(range(replicas))
         #: each replica's kasd process and bound addresses (index 0 is ``kasd``/``addresses``)
@@ -437,7 +442,7 @@ class Stack:
         (self.dir / "kasd.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         write_secret(self.dir / "agent-token", self.agent_token)
         # agentd's drain bound is a config-file key only (no flag); the rest is given as flags.
-        agentd_config = {"shutdown_grace": self.agentd_shutdown_grace}
+        agentd_config = {"shutdown_grace": self.agentd_shutdown_grace, **self.agentd_settings}
         (self.dir / "agentd.yaml").write_text(yaml.safe_dump(agentd_config, sort_keys=False))
 
     def start_kasd(self, timeout: float = 30.0, *, replica: int = 0) -> None:
@@ -489,7 +494,9 @@ class Stack:
                 "--ready-file", str(ready),
             ),
             self.dir / f"{name}.log",
-            env={**os.environ, "POD_NAME": f"agentd-demo-{index}", "POD_UID": f"00000000-0000-4000-8000-{index + 1:012d}"},
+            # (what the Downward API gives a pod: its name, uid, namespace and node)
+            env={**os.environ, "POD_NAME": f"agentd-demo-{index}", "POD_UID": f"00000000-0000-4000-8000-{index + 1:012d}",
+                 "POD_NAMESPACE": AGENTD_NAMESPACE, "NODE_NAME": f"sim-node-{index}"},
             stop_timeout=self.agentd_shutdown_grace + STOP_MARGIN,
         )  # fmt: skip
         process.start()
