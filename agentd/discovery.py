@@ -86,7 +86,7 @@ def components_of(api_groups: Iterable[str], crds: Iterable[str]) -> list[dict[s
     return found
 
 
-class DiscoveryError(Exception):
+class ClusterLookupError(Exception):
     """One discovery request failed; the message (no secret in it) goes into ``errors``."""
 
 
@@ -125,14 +125,14 @@ def pool_fetch(pool: UpstreamPool) -> Fetch:
                     async for chunk in response:
                         size += len(chunk)
                         if size > MAX_ANSWER_BYTES:
-                            raise DiscoveryError(f"answer over {MAX_ANSWER_BYTES // (1024 * 1024)} MiB")
+                            raise ClusterLookupError(f"answer over {MAX_ANSWER_BYTES // (1024 * 1024)} MiB")
                         chunks.append(chunk)
         except trio.TooSlowError:
-            raise DiscoveryError(f"no answer within {REQUEST_TIMEOUT:g}s") from None
-        except DiscoveryError:
+            raise ClusterLookupError(f"no answer within {REQUEST_TIMEOUT:g}s") from None
+        except ClusterLookupError:
             raise
         except Exception as exc:  # unreachable, lost, timed out: said in errors, tried again next time
-            raise DiscoveryError(str(exc)[:200] or type(exc).__name__) from None
+            raise ClusterLookupError(str(exc)[:200] or type(exc).__name__) from None
         try:
             return response.status, json.loads(b"".join(chunks))
         except ValueError:
@@ -141,11 +141,11 @@ def pool_fetch(pool: UpstreamPool) -> Fetch:
     return fetch
 
 
-def _failure(what: str, status: int, document: Any) -> DiscoveryError:
+def _failure(what: str, status: int, document: Any) -> ClusterLookupError:
     message = document.get("message") if isinstance(document, dict) else None
     reason = document.get("reason") if isinstance(document, dict) else None
     shown = str(message)[:300] if message else f"HTTP {status}"
-    return DiscoveryError(f"{what}: {str(reason).lower() + ': ' if reason else ''}{shown}")
+    return ClusterLookupError(f"{what}: {str(reason).lower() + ': ' if reason else ''}{shown}")
 
 
 async def _get(fetch: Fetch, what: str, target: str) -> dict[str, Any]:
@@ -169,7 +169,7 @@ async def _count_nodes(fetch: Fetch) -> int:
         token = str((page.get("metadata") or {}).get("continue") or "")
         if not token:
             return count
-    raise DiscoveryError(f"nodes: more than {MAX_NODE_PAGES * 500}, not counted further")
+    raise ClusterLookupError(f"nodes: more than {MAX_NODE_PAGES * 500}, not counted further")
 
 
 async def _crds(fetch: Fetch) -> list[str]:
@@ -211,21 +211,21 @@ async def gather(fetch: Fetch, namespaces: Sequence[str], *, now: Callable[[], d
         version = await _get(fetch, "version", "/version")
         report["server"] = {"gitVersion": str(version.get("gitVersion", "")),
                             "platform": str(version.get("platform", ""))}
-    except DiscoveryError as exc:
+    except ClusterLookupError as exc:
         errors.append(str(exc))
     try:
         report["nodes"] = await _count_nodes(fetch)
-    except DiscoveryError as exc:
+    except ClusterLookupError as exc:
         errors.append(str(exc))
     try:
         groups = await _get(fetch, "api groups", "/apis")
         report["api_groups"] = sorted({str(g.get("name")) for g in groups.get("groups") or []
                                        if isinstance(g, dict) and g.get("name")})
-    except DiscoveryError as exc:
+    except ClusterLookupError as exc:
         errors.append(str(exc))
     try:
         report["crds"] = await _crds(fetch)
-    except DiscoveryError as exc:
+    except ClusterLookupError as exc:
         errors.append(str(exc))
     report["components"] = components_of(report["api_groups"], report["crds"])
     reviewed = list(namespaces)[:MAX_REVIEWED_NAMESPACES] or ["default"]
@@ -234,7 +234,7 @@ async def gather(fetch: Fetch, namespaces: Sequence[str], *, now: Callable[[], d
     for namespace in reviewed:
         try:
             report["rbac"].append(await _rules_review(fetch, namespace))
-        except DiscoveryError as exc:
+        except ClusterLookupError as exc:
             errors.append(str(exc))
     return fit(report)
 
