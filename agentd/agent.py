@@ -77,6 +77,7 @@ async def run_agent(
     if stop_event is None:
         stop_event = trio.Event()
     pool = UpstreamPool(target, response_header_timeout=config.upstream_response_header_timeout or None)
+    discovery_pool = UpstreamPool(target, max_idle=1)
     proxy = KubeApiProxy(pool)
     streams = StreamKinds({KIND_K8S_API: proxy.handle})
     manager = ConnectionManager(
@@ -115,9 +116,11 @@ async def run_agent(
 
             await nursery.start(run_manager)
             # what agentd finds in its cluster, reported to kasd at the first tunnel and when it changes
-            reporter = ClusterReporter(manager, pool_fetch(pool), config.namespaces,
+            # (its own connection to the API server: the proxy's pool is the requests')
+            reporter = ClusterReporter(manager, pool_fetch(discovery_pool), config.namespaces,
                                        interval=config.discovery_interval)
-            nursery.start_soon(reporter.run)
+            if config.discovery_interval > 0:
+                nursery.start_soon(reporter.run)
             running = RunningAgent(health_address=health, manager=manager, pool=pool, proxy=proxy,
                                    stop_event=stop_event, streams=streams, reporter=reporter)
             sd_notify("READY=1")
@@ -134,6 +137,7 @@ async def run_agent(
     finally:
         with trio.move_on_after(1, shield=True):
             await pool.aclose()
+            await discovery_pool.aclose()
     log.info("agentd stopped")
 
 

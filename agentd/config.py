@@ -328,7 +328,8 @@ class AgentdConfig:
     discovery_interval: float = setting(
         300.0, parse=_seconds_or_off, env="AGENTD_DISCOVERY_INTERVAL", flag="--discovery-interval",
         metavar="SECONDS",
-        help="look at the cluster again this often and report to kasd when something changed; 0: at start only",
+        help="look at the cluster again this often and report to kasd when something changed; 0: no cluster "
+        "discovery at all (nothing reported)",
     )
     kas_ca_file: Path | None = setting(
         None, parse=_kas_ca_file, env="AGENTD_KAS_CA_FILE", flag="--kas-ca-file", metavar="PATH",

@@ -9,7 +9,7 @@ list's ``remainingItemCount`` says the rest), the API groups (``/apis``), the CR
 the whole cluster. Something it may not read (a 403 on nodes, say) is no failure: the report says so
 in ``errors``. The components the groups and CRDs reveal come from ``COMPONENTS``.
 
-``ClusterReporter`` sends the report on a ``cluster-info`` stream (``tunnelhttp.kinds``): OPEN
+``discovery_interval: 0`` turns it off. ``ClusterReporter`` sends the report on a ``cluster-info`` stream (``tunnelhttp.kinds``): OPEN
 ``{"v": 1, "kind": "cluster-info"}``, the JSON as DATA, HALF_CLOSE; kasd ACCEPTs once stored. It
 sends at every tunnel that comes up (so a kasd replica that never saw this pod learns it at once) and,
 on one tunnel, whenever a check finds something changed (``observed_at`` aside); otherwise nothing.
