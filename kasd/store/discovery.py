@@ -22,6 +22,8 @@ from typing import Any
 
 import attrs
 
+from kasd.store.errors import StoreError
+
 #: records one agent may have listed (tunnels of all its pods on all replicas)
 MAX_POD_RECORDS = 1024
 #: reports one agent may have kept (one per pod)
@@ -93,8 +95,9 @@ class MemoryPods:
         until = self._clock() + ttl
         for record in records:
             live = self._live_records(record.agent_id)
-            if record.key in live or len(live) < MAX_POD_RECORDS:
-                self._records.setdefault(record.agent_id, {})[record.key] = (until, record)
+            if record.key not in live and len(live) >= MAX_POD_RECORDS:
+                raise StoreError(f"agent {record.agent_id} has over {MAX_POD_RECORDS} tunnel records")
+            self._records.setdefault(record.agent_id, {})[record.key] = (until, record)
 
     async def drop_pod_record(self, agent_id: int, key: str) -> None:
         self._records.get(agent_id, {}).pop(key, None)
@@ -109,8 +112,9 @@ class MemoryPods:
 
     async def put_cluster_report(self, agent_id: int, pod: str, body: str, ttl: float) -> None:
         live = self._live_reports(agent_id)
-        if pod in live or len(live) < MAX_REPORTS:
-            self._reports.setdefault(agent_id, {})[pod] = (self._clock() + ttl, body)
+        if pod not in live and len(live) >= MAX_REPORTS:
+            raise StoreError(f"agent {agent_id} has over {MAX_REPORTS} cluster reports")
+        self._reports.setdefault(agent_id, {})[pod] = (self._clock() + ttl, body)
 
     async def keep_cluster_reports(self, agent_id: int, pods: Sequence[str], ttl: float) -> None:
         live = self._live_reports(agent_id)

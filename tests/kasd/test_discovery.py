@@ -149,6 +149,15 @@ async def test_records_and_reports_lapse_unless_refreshed_and_go_when_dropped(ki
             assert await store.cluster_reports(1) == [body]
             clock.now += 61
             assert await store.cluster_reports(1) == []
+        # an agent claiming ever new pods is bounded: beyond the cap, a clear refusal
+        from kasd.store.discovery import MAX_REPORTS
+        from kasd.store.errors import StoreError
+
+        for n in range(MAX_REPORTS - len(await store.cluster_reports(1))):
+            await store.put_cluster_report(1, f"uid:{n}", "{}", 600)
+        with pytest.raises(StoreError, match=f"over {MAX_REPORTS} cluster reports"):
+            await store.put_cluster_report(1, "uid:one-too-many", "{}", 600)
+        await store.put_cluster_report(1, "uid:0", "{}", 600)  # (a known pod is replaced, never refused)
 
 
 async def test_in_redis_a_report_and_its_index_carry_their_ttl(request: pytest.FixtureRequest) -> None:
