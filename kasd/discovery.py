@@ -28,7 +28,7 @@ from typing import Any
 
 import trio
 
-from daemonkit.logs import BurstLimitedLog
+from daemonkit.logs import BurstLimitedLog, UnexpectedErrors
 from kasd.store.discovery import PodRecord, pod_key, report_body
 from kasd.store.protocol import Store, StoreError
 from routing.local import AgentTunnel, TunnelRegistry
@@ -37,6 +37,8 @@ from wire.errors import RemoteProtocolError
 from wire.session import MuxStream
 
 log = logging.getLogger("kasd.discovery")
+#: a bug this part's store calls reached: one line per kind a minute, the session and kasd go on
+_unexpected = UnexpectedErrors(log)
 
 #: seconds a record (or report) outlives the last refresh of the replica that wrote it
 RECORD_TTL = 60.0
@@ -172,6 +174,9 @@ class AgentPods:
         except (StoreError, trio.TooSlowError) as exc:
             self._failures.warning(what, "agent pods: could not %s (retried at the next refresh) error=%s",
                                    what, str(exc)[:200] or type(exc).__name__)
+            return False
+        except Exception as exc:  # a bug here must not end an agent's session, nor kasd
+            _unexpected.report(exc, "agent pods: could not %s", what)
             return False
 
     async def up(self, tunnel: AgentTunnel) -> None:

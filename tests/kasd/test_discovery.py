@@ -114,9 +114,16 @@ async def _store(kind: str, request: pytest.FixtureRequest, clock: Clock) -> Asy
     from kasd.store.redis import RedisStore
     from routing.redisconn import open_redis
 
-    server: RedisProcess = request.getfixturevalue("redis_server")
-    server.command("FLUSHALL")
-    async with open_redis(server.url) as client:
+    if kind == "redis-cluster":
+        cluster = request.getfixturevalue("redis_cluster")
+        for node in cluster.nodes:
+            node.command("FLUSHALL")
+        url = cluster.url
+    else:
+        server: RedisProcess = request.getfixturevalue("redis_server")
+        server.command("FLUSHALL")
+        url = server.url
+    async with open_redis(url) as client:
         yield RedisStore(client, key_prefix="test", max_entries=10, clock=clock)
 
 
@@ -125,7 +132,7 @@ def _record(key: str, replica: str, pod: str = "agentd-0") -> PodRecord:
                      namespaces=("a",), version="1", since="2026-11-27T10:00:00Z", replica=replica)
 
 
-@pytest.mark.parametrize("kind", ["memory", "redis"])
+@pytest.mark.parametrize("kind", ["memory", "redis", "redis-cluster"])
 async def test_records_and_reports_lapse_unless_refreshed_and_go_when_dropped(kind: str,
                                                                               request: pytest.FixtureRequest) -> None:
     clock = Clock()
