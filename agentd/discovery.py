@@ -11,7 +11,8 @@ in ``errors``. The components the groups and CRDs reveal come from ``COMPONENTS`
 
 ``discovery_interval: 0`` turns it off. ``ClusterReporter`` sends the report on a ``cluster-info`` stream (``tunnelhttp.kinds``): OPEN
 ``{"v": 1, "kind": "cluster-info"}``, the JSON as DATA, HALF_CLOSE; kasd ACCEPTs once stored. It
-sends at every tunnel that comes up (so a kasd replica that never saw this pod learns it at once) and,
+first looks a second after the first tunnel (kasd's placement settles meanwhile), then sends
+at every tunnel that comes up (so a kasd replica that never saw this pod learns it at once) and,
 on one tunnel, whenever a check finds something changed (``observed_at`` aside); otherwise nothing.
 """
 
@@ -44,6 +45,8 @@ MAX_REVIEWED_NAMESPACES = 16
 REQUEST_TIMEOUT = 20.0
 #: seconds kasd has to store a report
 SEND_TIMEOUT = 20.0
+#: seconds after the first tunnel before the first look at the cluster
+FIRST_REPORT_DELAY = 1.0
 #: pages of 500 read to count nodes when the API server gives no ``remainingItemCount``
 MAX_NODE_PAGES = 20
 
@@ -269,8 +272,9 @@ class ClusterReporter:
     """Gathers at the first tunnel and every ``interval`` (0: at start only), sends as the module says."""
 
     def __init__(self, manager: ConnectionManager, fetch: Fetch, namespaces: Sequence[str], *,
-                 interval: float = 300.0) -> None:
+                 interval: float = 300.0, settle: float = FIRST_REPORT_DELAY) -> None:
         self.manager = manager
+        self.settle = settle
         self.fetch = fetch
         self.namespaces = tuple(namespaces)
         self.interval = interval
@@ -284,6 +288,9 @@ class ClusterReporter:
 
     async def run(self) -> None:
         await self.manager.first_up.wait()
+        # kasd's placement moves a new tunnel to its replica within moments: the first report goes on
+        # the tunnel that stays (not once to each), and the move is not slowed by the look around
+        await trio.sleep(self.settle)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._follow_tunnels)
             while True:
