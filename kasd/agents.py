@@ -154,13 +154,13 @@ class AgentSessions:
                 nursery.cancel_scope.cancel()
         finally:
             self.registry.unregister(tunnel)
-            if self.pods is not None:
-                with trio.move_on_after(3, shield=True):
-                    await self.pods.down(tunnel)
             if self.directory is not None and self._held(agent.id) == 0:
                 self.directory.tunnels_down(agent.id)
             reason = session.close_reason.reason if session.close_reason else "closed by kasd"
             log.info("agent disconnected agent_id=%d pod=%s reason=%r", agent.id, tunnel.pod_name, reason)
+            if self.pods is not None:  # (last: a slow store delays nothing above)
+                with trio.move_on_after(3, shield=True):
+                    await self.pods.down(tunnel)
 
     async def _serve_incoming(self, session: Session, tunnel: AgentTunnel) -> None:
         """Each stream the agent opens goes to the handler of its kind; an unknown kind is refused
