@@ -15,6 +15,7 @@ import trio
 from agentd import __version__
 from agentd.config import AgentdConfig
 from agentd.connection import ConnectionManager
+from agentd.discovery import ClusterReporter, pool_fetch
 from agentd.events import EventHandler
 from agentd.health import serve_health
 from agentd.kubeapi import KubeTarget, in_cluster_target, kubeconfig_target
@@ -46,6 +47,8 @@ class RunningAgent:
     streams: StreamKinds = attrs.field(factory=lambda: StreamKinds({}))
     #: acts on the events kasd pushes (kind ``event``)
     events: EventHandler | None = None
+    #: the cluster discovery reports (``agentd.discovery``)
+    reporter: ClusterReporter | None = None
 
     def stop(self) -> None:
         """Graceful stop: no more dials, in-flight streams finish (bounded), run_agent returns."""
@@ -84,6 +87,7 @@ async def run_agent(
     if stop_event is None:
         stop_event = trio.Event()
     pool = UpstreamPool(target, response_header_timeout=config.upstream_response_header_timeout or None)
+    discovery_pool = UpstreamPool(target, max_idle=1)
     metrics = AgentMetrics(service.name for service in config.services)
     proxy = KubeApiProxy(pool, on_done=metrics.requests)
     events = EventHandler(config.events, kube=pool, agent_id=config.agent_id, on_done=metrics.events)
@@ -94,7 +98,8 @@ async def run_agent(
         token_file=config.token_file,
         handler=streams,
         metadata={"agent_id": config.agent_id, "pod_name": config.pod_name, "pod_uid": config.pod_uid,
-                  "version": __version__},
+                  "pod_namespace": config.pod_namespace, "node_name": config.node_name,
+                  "namespaces": list(config.namespaces), "version": __version__},
         connections=config.connections,
         quick_window=config.reconnect_quick_window,
         shutdown_grace=config.shutdown_grace,
@@ -126,8 +131,15 @@ async def run_agent(
                     manager_done.set()
 
             await nursery.start(run_manager)
+            # what agentd finds in its cluster, reported to kasd at the first tunnel and when it changes
+            # (its own connection to the API server: the proxy's pool is the requests')
+            reporter = ClusterReporter(manager, pool_fetch(discovery_pool), config.namespaces,
+                                       interval=config.discovery_interval)
+            if config.discovery_interval > 0:
+                nursery.start_soon(reporter.run)
             running = RunningAgent(health_address=health, manager=manager, pool=pool, proxy=proxy,
-                                   stop_event=stop_event, streams=streams, events=events, services=services)
+                                   stop_event=stop_event, streams=streams, events=events, services=services,
+                                   reporter=reporter)
             sd_notify("READY=1")
             nursery.start_soon(_after_first_tunnel, manager, config.ready_file, health)
             task_status.started(running)
@@ -144,6 +156,7 @@ async def run_agent(
         with trio.move_on_after(1, shield=True):
             await pool.aclose()
             await services.aclose()
+            await discovery_pool.aclose()
     log.info("agentd stopped")
 
 

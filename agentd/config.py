@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import socket
 import ssl
 from collections.abc import Mapping, Sequence
@@ -60,7 +61,7 @@ examples:
   # everything from a file (see examples/agentd.yaml); flags still win over it
   agentd --config /etc/agentd/agentd.yaml --log-level debug
 
-precedence: config file < environment (AGENTD_*, POD_NAME, POD_UID) < flags.
+precedence: config file < environment (AGENTD_*, POD_NAME, POD_UID, POD_NAMESPACE, NODE_NAME) < flags.
 The kasd address is http://host:8150/tunnel (h2c) or https://host:8150/tunnel (TLS, ALPN h2);
 repeat --kas-address (or comma-separate AGENTD_KAS_ADDRESS) to spread tunnels over several.
 The token is read from the file at every dial and is never logged.
@@ -233,6 +234,33 @@ def _pod_name(value: Any) -> str:
     return _text(value) or socket.gethostname()
 
 
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+#: namespaces one agentd may name as served (each is reported, and reviewed for RBAC: 16 at most)
+MAX_NAMESPACES = 256
+
+
+def _namespaces(value: Any) -> tuple[str, ...]:
+    """The namespaces agentd serves: a list (file) or comma-separated text (environment, flags);
+    each a DNS-1123 label, no repeats; empty: the whole cluster."""
+    names = value.split(",") if isinstance(value, str) else value
+    if names is None:
+        return ()
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise Problem("must be a list of namespace names")
+    out: list[str] = []
+    for name in (n.strip() for n in names):
+        if not name:
+            continue
+        if not _NAMESPACE.fullmatch(name):
+            raise Problem(f"{name[:80]!r} is not a namespace name (lower-case letters, digits and '-', at most 63)")
+        if name in out:
+            raise Problem(f"namespace {name!r} is named twice")
+        out.append(name)
+    if len(out) > MAX_NAMESPACES:
+        raise Problem(f"at most {MAX_NAMESPACES} namespaces, got {len(out)}")
+    return tuple(out)
+
+
 _NO_KAS = "no kasd address: pass --kas-address URL (or set AGENTD_KAS_ADDRESS)"
 _NO_TOKEN = "no agent token: pass --token-file PATH (or set AGENTD_TOKEN_FILE)"
 
@@ -285,6 +313,26 @@ class AgentdConfig:
         help="pod name presented to kasd", show_default="the host name",
     )
     pod_uid: str = setting("", parse=_text, env="POD_UID", flag="--pod-uid", metavar="UID", help="pod uid presented to kasd")
+    pod_namespace: str = setting(
+        "", parse=_text, env="POD_NAMESPACE", flag="--pod-namespace", metavar="NAMESPACE",
+        help="the namespace of agentd's pod, presented to kasd (Downward API: metadata.namespace)",
+    )
+    node_name: str = setting(
+        "", parse=_text, env="NODE_NAME", flag="--node-name", metavar="NODE",
+        help="the node agentd's pod runs on, presented to kasd (Downward API: spec.nodeName)",
+    )
+    namespaces: tuple[str, ...] = setting(
+        (), parse=_namespaces, env="AGENTD_NAMESPACES", flag="--namespaces", metavar="NS[,NS…]",
+        help="the namespaces this agentd serves, told to kasd and reviewed for RBAC in its cluster report "
+        "(not enforced by agentd: its service account's RBAC is the bound); none: the whole cluster",
+        show_default="the whole cluster",
+    )
+    discovery_interval: float = setting(
+        300.0, parse=_seconds_or_off, env="AGENTD_DISCOVERY_INTERVAL", flag="--discovery-interval",
+        metavar="SECONDS",
+        help="look at the cluster again this often and report to kasd when something changed; 0: no cluster "
+        "discovery at all (nothing reported)",
+    )
     kas_ca_file: Path | None = setting(
         None, parse=_kas_ca_file, env="AGENTD_KAS_CA_FILE", flag="--kas-ca-file", metavar="PATH",
         help="PEM CA bundle that signs kasd's certificate",

@@ -142,6 +142,8 @@ class ConnectionManager:
         self.placement: tuple[str, ...] | None = None
         self._placement_changed = trio.Event()
         self._skip_until: dict[str, float] = {}
+        #: set (and replaced) at every tunnel up or down
+        self._tunnels_changed = trio.Event()
         schemes = {urlsplit(u).scheme for u in self.urls}
         #: a placement may name only these schemes (never http when https is configured)
         self._placement_schemes = {"https"} if "https" in schemes else schemes
@@ -166,6 +168,32 @@ class ConnectionManager:
 
     def sessions(self) -> list[Session]:
         return [t.session for t in self._tunnels]
+
+    def up_sessions(self) -> list[Session]:
+        """The sessions of tunnels that are up and not draining, oldest first: where agentd may open
+        a stream of its own to kasd (``open_stream``)."""
+        return [t.session for t in sorted(self._tunnels, key=lambda t: t.started_at)
+                if not t.draining and not t.session.closed and not t.session.draining]
+
+    async def wait_tunnels_changed(self) -> None:
+        """Return at the next tunnel up or down (or beginning to drain)."""
+        await self._tunnels_changed.wait()
+
+    def _notify_tunnels(self) -> None:
+        self._tunnels_changed.set()
+        self._tunnels_changed = trio.Event()
+
+    async def open_stream(self, metadata: Metadata) -> MuxStream:
+        """A stream agentd opens to kasd (``tunnelhttp.kinds``: agentd → kasd) on one of the tunnels
+        that are up (the oldest that takes it); ``SessionClosedError`` when none does. The caller
+        bounds the time (``trio.fail_after``)."""
+        last: BaseException | None = None
+        for session in self.up_sessions():
+            try:
+                return await session.open_stream(metadata)
+            except (SessionClosedError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                last = exc
+        raise SessionClosedError(f"no tunnel to kasd is up{f' ({last})' if last else ''}")
 
     # ---- lifetime
 
@@ -384,6 +412,7 @@ class ConnectionManager:
                 tunnel = Tunnel(url=url, session=session, slot=index, started_at=trio.current_time())
                 self._tunnels.add(tunnel)
                 self.first_up.set()
+                self._notify_tunnels()
                 log.info("tunnel up url=%s slot=%d tunnels_up=%d", url, index, self.tunnels_up)
                 task_status.started(tunnel)
                 async with trio.open_nursery() as handlers:
@@ -412,6 +441,7 @@ class ConnectionManager:
                         until.start_soon(retired)
                     tunnel.goaway = session.statistics().goaway_received and not session.closed
                     tunnel.draining = True
+                    self._notify_tunnels()
                     if tunnel.goaway:
                         self._goaways += 1
                         log.info("tunnel draining after GOAWAY url=%s slot=%d streams=%d", url, index, tunnel.active)
@@ -423,6 +453,7 @@ class ConnectionManager:
         finally:
             if tunnel is not None:
                 self._tunnels.discard(tunnel)
+                self._notify_tunnels()
                 reason = tunnel.session.close_reason
                 log.info("tunnel down url=%s slot=%d reason=%r tunnels_up=%d", url, index,
                          reason.reason if reason else "drained", self.tunnels_up)

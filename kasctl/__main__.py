@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from kasctl import env, kubeconfig, notify, promql, proxy, revoke, tokens
+from kasctl import agents, env, kubeconfig, notify, promql, proxy, revoke, tokens
 from kasctl.stack import (
     APP_PROJECT,
     CONFIG_PROJECT,
@@ -249,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             "  kasctl kubeconfig > \"$KUBECONFIG\"       # in a CI job: a context per agent it may use\n"
             "  kasctl proxy --token-file tok --server https://kas:8154   # then kubectl --server http://127.0.0.1:8001\n"
             "  kasctl promql --agent 1 'up'             # an in-cluster Prometheus, through the tunnel\n"
+            "  kasctl agents                            # connected agentd pods: namespace, node, replica\n"
             "\n"
             "`kasctl COMMAND --help` explains each command."
         ),
@@ -269,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     revoke.add_command(tokens.add_commands(commands))
     kubeconfig.add_command(commands)
     env.add_command(commands)
+    agents.add_command(commands)
     proxy.add_command(commands)
     promql.add_command(commands)
     notify.add_command(commands)
@@ -289,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.run(args))
     if args.command == "notify":
         return notify.run(args)
+    if args.command == "agents":
+        return agents.run(args)
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover
     return 2
 

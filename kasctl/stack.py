@@ -90,6 +90,8 @@ subjects:
   - {apiGroup: rbac.authorization.k8s.io, kind: Group, name: "gitlab:project:1"}
 """
 
+#: the namespace the demo's agentd "pods" say they run in (POD_NAMESPACE)
+AGENTD_NAMESPACE = "gitlab-agent"
 #: seconds agentd lets in-flight streams (a `kubectl get -w`, an exec) run on after SIGTERM
 AGENTD_SHUTDOWN_GRACE = 10.0
 #: seconds kasd's graceful drain may take after SIGTERM
@@ -252,6 +254,8 @@ class Stack:
         self.heartbeat_interval = heartbeat_interval
         self.agentd_connections = agentd_connections
         self.kasd_settings = dict(kasd_settings or {})
+        #: merged into agentd.yaml (``discovery_interval``, ``namespaces``, …)
+        self.agentd_settings = dict(agentd_settings or {})
         self.extra_users = [dict(user) for user in extra_users]
         self.agentd_settings = dict(agentd_settings or {})
         self.agentd_targets = list(agentd_targets) if agentd_targets is not None else list(range(replicas))
@@ -492,7 +496,9 @@ class Stack:
                 "--ready-file", str(ready),
             ),
             self.dir / f"{name}.log",
-            env={**os.environ, "POD_NAME": f"agentd-demo-{index}", "POD_UID": f"00000000-0000-4000-8000-{index + 1:012d}"},
+            # (what the Downward API gives a pod: its name, uid, namespace and node)
+            env={**os.environ, "POD_NAME": f"agentd-demo-{index}", "POD_UID": f"00000000-0000-4000-8000-{index + 1:012d}",
+                 "POD_NAMESPACE": AGENTD_NAMESPACE, "NODE_NAME": f"sim-node-{index}"},
             stop_timeout=self.agentd_shutdown_grace + STOP_MARGIN,
         )  # fmt: skip
         process.start()

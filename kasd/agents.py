@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -47,6 +47,14 @@ class AgentAuthenticator:
         return found
 
 
+class PodRecords(Protocol):
+    """Where each tunnel's record goes for every replica to list (``kasd.discovery.AgentPods``)."""
+
+    async def up(self, tunnel: AgentTunnel) -> None: ...
+
+    async def down(self, tunnel: AgentTunnel) -> None: ...
+
+
 #: serves one stream an agent opened (``tunnelhttp.kinds``: agentd → kasd), for the tunnel it came on
 IncomingHandler = Callable[[MuxStream, AgentTunnel], Awaitable[None]]
 
@@ -59,6 +67,25 @@ def _hello_text(hello: dict[str, Any], key: str) -> str:
     return value[:256] if isinstance(value, str) else str(value)[:256]
 
 
+#: namespaces kept from a HELLO (each at most 253 characters); beyond, the list is cut
+MAX_HELLO_NAMESPACES = 256
+
+
+def hello_namespaces(hello: dict[str, Any]) -> tuple[str, ...]:
+    """The HELLO's ``namespaces``: strings only (others dropped), each cut to 253 characters, no
+    repeats, at most ``MAX_HELLO_NAMESPACES`` (an agent is authenticated, not trusted to be sane)."""
+    value = hello.get("namespaces")
+    if not isinstance(value, list):
+        return ()
+    out: list[str] = []
+    for item in value:
+        if isinstance(item, str) and item and item[:253] not in out:
+            out.append(item[:253])
+            if len(out) == MAX_HELLO_NAMESPACES:
+                break
+    return tuple(out)
+
+
 class AgentSessions:
     """The ``handler`` of ``serve_h2_tunnels``: registers the session for as long as it lives (and,
     among replicas, tells the directory when this replica's first one of an agent comes (0 → 1) and
@@ -66,8 +93,11 @@ class AgentSessions:
 
     def __init__(self, registry: TunnelRegistry, *, directory: TunnelDirectory | None = None,
                  placement: PlacementHook | None = None,
-                 incoming: Mapping[str, IncomingHandler] | None = None) -> None:
+                 incoming: Mapping[str, IncomingHandler] | None = None,
+                 pods: PodRecords | None = None) -> None:
         self.registry = registry
+        #: the per-tunnel records every replica can list (``kasd.discovery.AgentPods``)
+        self.pods = pods
         self.directory = directory
         self.placement = placement
         #: the handler of each kind of stream an agent may open to kasd; any other kind is refused
@@ -93,6 +123,9 @@ class AgentSessions:
             session=session,
             pod_name=_hello_text(hello, "pod_name"),
             pod_uid=_hello_text(hello, "pod_uid"),
+            pod_namespace=_hello_text(hello, "pod_namespace"),
+            node_name=_hello_text(hello, "node_name"),
+            namespaces=hello_namespaces(hello),
             version=_hello_text(hello, "version"),
             connected_at=trio.current_time(),
         )
@@ -100,17 +133,21 @@ class AgentSessions:
         if self.directory is not None and self._held(agent.id) == 1:
             self.directory.tunnels_up(agent.id)
         log.info(
-            "agent connected agent_id=%d agent=%s project=%s pod=%s pod_uid=%s version=%s",
+            "agent connected agent_id=%d agent=%s project=%s pod=%s pod_uid=%s namespace=%s node=%s version=%s",
             agent.id,
             agent.name,
             agent.config_project,
             tunnel.pod_name,
             tunnel.pod_uid,
+            tunnel.pod_namespace or "-",
+            tunnel.node_name or "-",
             tunnel.version,
         )
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._serve_incoming, session, tunnel)
+                if self.pods is not None:
+                    nursery.start_soon(self.pods.up, tunnel)
                 if self.placement is not None:
                     nursery.start_soon(self.placement.serve, session, agent.id)
                 await session.wait_closed()
@@ -121,6 +158,9 @@ class AgentSessions:
                 self.directory.tunnels_down(agent.id)
             reason = session.close_reason.reason if session.close_reason else "closed by kasd"
             log.info("agent disconnected agent_id=%d pod=%s reason=%r", agent.id, tunnel.pod_name, reason)
+            if self.pods is not None:  # (last: a slow store delays nothing above)
+                with trio.move_on_after(3, shield=True):
+                    await self.pods.down(tunnel)
 
     async def _serve_incoming(self, session: Session, tunnel: AgentTunnel) -> None:
         """Each stream the agent opens goes to the handler of its kind; an unknown kind is refused

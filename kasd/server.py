@@ -30,6 +30,7 @@ from kasd.agentclient import AgentRequestError
 from kasd.agents import AgentAuthenticator, AgentSessions
 from kasd.authority import CiAuthority, config_loader
 from kasd.config import Config, plaintext_peer_secret
+from kasd.discovery import AgentPods, ClusterInfoIntake
 from kasd.drain import DrainDeadlines, drain_alone, drain_replica
 from kasd.environments import EnvironmentViews
 from kasd.eventdelivery import EventDelivery
@@ -74,6 +75,7 @@ from routing.membership import Member
 from routing.peers import PEER_LIMITS, PEER_PATH, PeerForwarder, PeerPool, peer_authenticator
 from routing.placement import PlacementHook, PlacementNotices
 from routing.router import ReplicatedRouter
+from tunnelhttp.kinds import KIND_CLUSTER_INFO
 from wire.h2carrier import serve_h2_tunnels, server_ssl_context
 from wire.session import MuxStream
 
@@ -219,8 +221,12 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
                 await nursery.start(_serve_private, config, forwarder, stoppable("private"), metrics)
                 if placement is None:
                     placement = PlacementNotices(replicas.membership)
+            # each tunnel's record and each pod's cluster report, for every replica to list
+            pods = AgentPods(kept, registry, me.name if me is not None else addresses["kubernetes_api"])
+            await nursery.start(pods.run)
             sessions = AgentSessions(registry, directory=replicas.directory if replicas is not None else None,
-                                     placement=placement)
+                                     placement=placement,
+                                     incoming={KIND_CLUSTER_INFO: ClusterInfoIntake(pods).handle}, pods=pods)
             await nursery.start(_serve_agents, config, sessions, authority, stoppable("agent"), agent_tls, metrics)
             await nursery.start(trio.serve_listeners, proxy.handle_connection, stoppable("kubernetes_api"))
             nursery.start_soon(authority.watch)
@@ -250,7 +256,7 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
                               agent_errors=(AgentRequestError,),
                               extra_routes=[*dashboard_routes(), *config_routes(authority, refresh=refresh),
                                             *event_routes],
-                              directory=replicas.directory if replicas is not None else None)
+                              directory=replicas.directory if replicas is not None else None, pods=pods)
                 # In-cluster services (and PromQL): the proxy's pipeline, before the app.
                 services = ServiceDispatch(pipeline, ServiceRoutes(lambda: authority.snapshot))
                 await nursery.start(partial(serve_api, api, stoppable("api"), ssl_context=api_tls,

@@ -66,6 +66,10 @@ class AgentTunnel:
     session: Session
     pod_name: str = ""
     pod_uid: str = ""
+    #: the pod's namespace and node (Downward API), and the namespaces this agentd serves (none: all)
+    pod_namespace: str = ""
+    node_name: str = ""
+    namespaces: tuple[str, ...] = ()
     version: str = ""
     peer: str = ""
     connected_at: float = 0.0

@@ -8,12 +8,13 @@ deployment history (``kasd.store.deployments``) are kept there too, purged by th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import trio
 
 from kasd.store.deployments import Deployment, Environment
+from kasd.store.discovery import PodRecord
 from kasd.store.errors import StoreError
 from kasd.store.events import QueuedEvent
 from kasd.store.finished import FinishedJobs
@@ -91,6 +92,33 @@ class Store(Protocol):
     async def run(self, view: FinishedJobs, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Fill ``view`` from the store (``started()`` once it holds what the store holds), then keep
         it in step with changes made anywhere, and purge both as entries expire, until cancelled."""
+        ...
+
+    # ---- connected agentd pods and their cluster reports (kasd.store.discovery; issue 28)
+
+    async def put_pod_records(self, records: Sequence[PodRecord], ttl: float) -> None:
+        """Write (or refresh) these tunnels' records, each kept ``ttl`` seconds; ``StoreError``."""
+        ...
+
+    async def drop_pod_record(self, agent_id: int, key: str) -> None:
+        """Remove one tunnel's record (it ended); ``StoreError``."""
+        ...
+
+    async def pod_records(self, agent_ids: Sequence[int]) -> dict[int, list[PodRecord]]:
+        """Every unexpired record of these agents, every replica's; ``StoreError``."""
+        ...
+
+    async def put_cluster_report(self, agent_id: int, pod: str, body: str, ttl: float) -> None:
+        """Keep ``body`` (``kasd.store.discovery.report_body``) as pod ``pod``'s latest report for
+        ``ttl`` seconds; ``StoreError``."""
+        ...
+
+    async def keep_cluster_reports(self, agent_id: int, pods: Sequence[str], ttl: float) -> None:
+        """Keep these pods' reports (if any) ``ttl`` seconds more; ``StoreError``."""
+        ...
+
+    async def cluster_reports(self, agent_id: int) -> list[str]:
+        """The agent's unexpired reports (bodies), one per pod; ``StoreError``."""
         ...
 
 

@@ -23,12 +23,13 @@ strings in these JSONs: Lua's cjson would round a 19-digit job id.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import trio
@@ -50,6 +51,7 @@ from kasd.store.deployments import (
     newest_first,
     too_many_environments,
 )
+from kasd.store.discovery import MAX_POD_RECORDS, MAX_REPORTS, PodRecord
 from kasd.store.environments import MAX_ENVIRONMENTS, too_many
 from kasd.store.events_redis import RedisEvents
 from kasd.store.finished import FinishedJobs, TooManyFinishedJobs
@@ -412,6 +414,92 @@ class RedisStore(RedisEvents):
             view.record(int(found[1]), int(found[2]))
         except TooManyFinishedJobs as exc:
             log.warning("finished jobs: %s", exc)
+
+    # ---- connected agentd pods and their cluster reports (kasd.store.discovery)
+    # Per agent (hash tag {agent:<id>}: one slot of a Redis Cluster): ``<prefix>:pods:{agent:<id>}``,
+    # a hash tunnel key → the record's JSON with its ``expires`` (epoch s; readers skip and remove
+    # the lapsed; the hash itself expires with its newest record); ``<prefix>:cluster:{agent:<id>}:<pod
+    # digest>``, a string with a TTL (the report), listed in the set ``<prefix>:cluster:{agent:<id>}``.
+
+    def _pods_key(self, agent_id: int) -> str:
+        return f"{self.pods_prefix}:pods:{{agent:{agent_id}}}"
+
+    def _reports_key(self, agent_id: int) -> str:
+        return f"{self.pods_prefix}:cluster:{{agent:{agent_id}}}"
+
+    def _report_key(self, agent_id: int, pod: str) -> str:
+        return f"{self._reports_key(agent_id)}:{hashlib.sha256(pod.encode()).hexdigest()[:32]}"
+
+    @property
+    def pods_prefix(self) -> str:
+        return self.key.split(":finished_jobs:", 1)[0]
+
+    async def put_pod_records(self, records: Sequence[PodRecord], ttl: float) -> None:
+        expires = self._clock() + ttl
+        by_agent: dict[int, dict[str, str]] = {}
+        for record in records:
+            by_agent.setdefault(record.agent_id, {})[record.key] = json.dumps(
+                {**record.to_json(), "expires": expires}, separators=(",", ":"))
+        for agent_id, fields in by_agent.items():
+            key = self._pods_key(agent_id)
+            if await self._call(self.client.hlen(key)) + len(fields) > MAX_POD_RECORDS:
+                await self.pod_records([agent_id])  # drops the lapsed
+                if await self._call(self.client.hlen(key)) + len(fields) > MAX_POD_RECORDS:
+                    raise StoreError(f"agent {agent_id} has over {MAX_POD_RECORDS} tunnel records")
+            await self._call(self.client.hset(key, fields))
+            await self._call(self.client.expire(key, max(1, math.ceil(ttl))))
+
+    async def drop_pod_record(self, agent_id: int, key: str) -> None:
+        await self._call(self.client.hdel(self._pods_key(agent_id), [key]))
+
+    async def pod_records(self, agent_ids: Sequence[int]) -> dict[int, list[PodRecord]]:
+        now = self._clock()
+        out: dict[int, list[PodRecord]] = {}
+        for agent_id in agent_ids:
+            found = await self._call(self.client.hgetall(self._pods_key(agent_id)))
+            lapsed = []
+            for field, body in found.items():
+                try:
+                    data = json.loads(body)
+                    if float(data["expires"]) <= now:
+                        lapsed.append(field)
+                        continue
+                    out.setdefault(agent_id, []).append(PodRecord.from_json(data))
+                except (ValueError, KeyError, TypeError):
+                    lapsed.append(field)
+            if lapsed:
+                await self._call(self.client.hdel(self._pods_key(agent_id), lapsed))
+        return out
+
+    async def put_cluster_report(self, agent_id: int, pod: str, body: str, ttl: float) -> None:
+        index = self._reports_key(agent_id)
+        member = hashlib.sha256(pod.encode()).hexdigest()[:32]
+        if (not await self._call(self.client.sismember(index, member))
+                and await self._call(self.client.scard(index)) >= MAX_REPORTS):
+            await self.cluster_reports(agent_id)  # drops the lapsed from the index
+            if await self._call(self.client.scard(index)) >= MAX_REPORTS:
+                raise StoreError(f"agent {agent_id} has over {MAX_REPORTS} cluster reports")
+        await self._call(self.client.set(self._report_key(agent_id, pod), body, px=max(1, math.ceil(ttl * 1000))))
+        await self._call(self.client.sadd(index, [member]))
+        await self._call(self.client.expire(index, max(1, math.ceil(ttl))))
+
+    async def keep_cluster_reports(self, agent_id: int, pods: Sequence[str], ttl: float) -> None:
+        for pod in pods:
+            await self._call(self.client.pexpire(self._report_key(agent_id, pod), max(1, math.ceil(ttl * 1000))))
+        if pods:
+            await self._call(self.client.expire(self._reports_key(agent_id), max(1, math.ceil(ttl))))
+
+    async def cluster_reports(self, agent_id: int) -> list[str]:
+        index = self._reports_key(agent_id)
+        members = sorted(m.decode() if isinstance(m, bytes) else str(m)
+                         for m in await self._call(self.client.smembers(index)))
+        if not members:
+            return []
+        bodies = await self._call(self.client.mget([f"{index}:{m}" for m in members]))
+        gone = [m for m, body in zip(members, bodies, strict=True) if body is None]
+        if gone:
+            await self._call(self.client.srem(index, gone))
+        return [body.decode() if isinstance(body, bytes) else str(body) for body in bodies if body is not None]
 
 
 def _deployment_json(d: Deployment) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import math
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -41,6 +41,7 @@ from kasd.store.deployments import (
     merged,
     too_many_environments,
 )
+from kasd.store.discovery import MemoryPods, PodRecord
 from kasd.store.environments import MAX_ENVIRONMENTS, too_many
 from kasd.store.events_sqlite import SqliteEvents
 from kasd.store.finished import FinishedJobs, TooManyFinishedJobs
@@ -343,6 +344,33 @@ class SqliteStore(SqliteEvents):
         task_status.started()
         await purge_lapsed(self, view, self._clock, lambda exc: log.warning(
             "could not purge lapsed finished jobs (tried again in %gs): %s", PURGE_INTERVAL, exc))
+
+    # ---- connected agentd pods and their cluster reports: in memory (kasd.store.discovery says why)
+
+    @property
+    def _pods(self) -> MemoryPods:
+        pods: MemoryPods | None = self.__dict__.get("_memory_pods")
+        if pods is None:
+            pods = self.__dict__["_memory_pods"] = MemoryPods(self._clock)
+        return pods
+
+    async def put_pod_records(self, records: Sequence[PodRecord], ttl: float) -> None:
+        await self._pods.put_pod_records(records, ttl)
+
+    async def drop_pod_record(self, agent_id: int, key: str) -> None:
+        await self._pods.drop_pod_record(agent_id, key)
+
+    async def pod_records(self, agent_ids: Sequence[int]) -> dict[int, list[PodRecord]]:
+        return await self._pods.pod_records(agent_ids)
+
+    async def put_cluster_report(self, agent_id: int, pod: str, body: str, ttl: float) -> None:
+        await self._pods.put_cluster_report(agent_id, pod, body, ttl)
+
+    async def keep_cluster_reports(self, agent_id: int, pods: Sequence[str], ttl: float) -> None:
+        await self._pods.keep_cluster_reports(agent_id, pods, ttl)
+
+    async def cluster_reports(self, agent_id: int) -> list[str]:
+        return await self._pods.cluster_reports(agent_id)
 
 
 def _environments(db: sqlite3.Connection, where: str, args: tuple[object, ...]) -> list[Environment]:

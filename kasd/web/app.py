@@ -162,6 +162,7 @@ class WebApp:
             Route("/api/v4/groups/{group:path}/environments", self.group_environments, methods=["GET"]),
             Route("/api/kasd/v1/openapi.json", self.openapi_document, methods=["GET"]),
             Route("/api/kasd/v1/agents", self.agents, methods=["GET"]),
+            Route("/api/kasd/v1/agents/{agent_id:env_id}/cluster", self.agent_cluster, methods=["GET"]),
             Route("/api/kasd/v1/environments/{env_id:env_id}", self.environment, methods=["GET"]),
             Route("/api/kasd/v1/environments/{env_id:env_id}/resources", self.resources, methods=["GET"]),
             Route("/api/kasd/v1/environments/{env_id:env_id}/resources/watch", self.watch, methods=["GET"]),
@@ -393,6 +394,23 @@ class WebApp:
         return JSONResponse(openapi.document())
 
     async def agents(self, request: Request) -> Response:
+        visible = self._visible_agents(request)
+        connections = await self._agents.connections([agent.id for agent in visible])
+        return JSONResponse([{"id": agent.id, "name": agent.name, "config_project": agent.config_project,
+                              "connections": [dict(c) for c in connections.get(agent.id, ())]} for agent in visible])
+
+    async def agent_cluster(self, request: Request) -> Response:
+        """The agent's latest cluster report per pod, for whoever ``agents`` shows it to (else 404)."""
+        agent_id = request.path_params["agent_id"]
+        agent = next((a for a in self._visible_agents(request) if a.id == agent_id), None)
+        if agent is None:
+            raise ApiRefusal(404, "404 Agent Not Found")
+        reports = await self._agents.cluster(agent.id)
+        return JSONResponse({"id": agent.id, "name": agent.name, "pods": [dict(r) for r in reports]})
+
+    def _visible_agents(self, request: Request) -> list[Any]:
+        """The agents the caller may see: Reporter+ on the agent's configuration project, or a viewer
+        of it (user_access)."""
         snapshot, caller = self._caller(request)
         directory = snapshot.directory
         visible = []
@@ -405,9 +423,7 @@ class WebApp:
                 except ApiRefusal:
                     continue
             visible.append(agent)
-        connections = await self._agents.connections([agent.id for agent in visible])
-        return JSONResponse([{"id": agent.id, "name": agent.name, "config_project": agent.config_project,
-                              "connections": [dict(c) for c in connections.get(agent.id, ())]} for agent in visible])
+        return visible
 
     async def environment(self, request: Request) -> Response:
         snapshot, caller, env = await self._environment(request)

@@ -92,6 +92,12 @@ def document() -> dict[str, Any]:
         "/api/kasd/v1/openapi.json": {"get": {"summary": "This document", "responses": {"200": _json(_ANY)}}},
         "/api/kasd/v1/agents": {"get": _op("Agents the caller may see, with their connections", [],
                                            _json({"type": "array", "items": s("Agent")}))},
+        "/api/kasd/v1/agents/{agent_id}/cluster": {"get": _op(
+            "The agent's latest cluster discovery report per connected pod (docs/discovery.md); 404 for an "
+            "agent the caller may not see", [_p("agent_id", schema={"type": "integer", "minimum": 1})],
+            _json({"type": "object", "properties": {
+                "id": {"type": "integer"}, "name": {"type": "string"},
+                "pods": {"type": "array", "items": s("PodClusterReport")}}}))},
         "/api/kasd/v1/environments/{env_id}": {"get": _op(
             "An environment and its health (roll-up)", [_ENV_ID, _p("agent", "query", {"type": "integer"})],
             _json({"type": "object", "properties": {"environment": s("Environment"), "health": s("Health")}}),
@@ -176,12 +182,36 @@ def document() -> dict[str, Any]:
             "namespaces": {"type": "array", "items": {"type": "string"}}, "at": {"type": "string"}}},
         "Agent": {"type": "object", "properties": {
             "id": {"type": "integer"}, "name": {"type": "string"}, "config_project": {"type": "string"},
-            "connections": {"type": "array", "items": _ANY}}},
+            "connections": {"type": "array", "items": s("AgentConnection")}}},
         "ConfigState": {"type": "object", "required": ["source", "projects"], "properties": {
             "source": {"type": "string", "enum": ["git", "files"]},
             "projects": {"type": "array", "items": {"type": "object", "properties": {
                 "project": {"type": "string"}, "ref": {"type": "string", "description": "HEAD: the default branch"},
                 "commit": {"type": "string"}, "loaded_at": {"type": ["string", "null"]}}}}}},
+        "AgentConnection": {"type": "object", "description": "one tunnel of one agentd pod (null fields: a "
+                            "replica the tunnel directory names whose records are missing)", "properties": {
+            "pod": {"type": ["string", "null"]}, "pod_uid": {"type": ["string", "null"]},
+            "pod_namespace": {"type": ["string", "null"]}, "node": {"type": ["string", "null"]},
+            "namespaces": {"type": ["array", "null"], "items": {"type": "string"},
+                           "description": "the namespaces the pod serves; empty: the whole cluster"},
+            "version": {"type": ["string", "null"]}, "since": {"type": ["string", "null"]},
+            "replica": {"type": "string"}}},
+        "PodClusterReport": {"type": "object", "properties": {
+            "pod": {"type": "string"}, "pod_uid": {"type": "string"}, "replica": {"type": "string"},
+            "received_at": {"type": "string"}, "report": s("ClusterReport")}},
+        "ClusterReport": {"type": "object", "properties": {
+            "observed_at": {"type": "string"},
+            "server": {"type": "object", "properties": {"gitVersion": {"type": "string"},
+                                                        "platform": {"type": "string"}}},
+            "nodes": {"type": ["integer", "null"]},
+            "api_groups": {"type": "array", "items": {"type": "string"}},
+            "crds": {"type": "array", "items": {"type": "string"}},
+            "components": {"type": "array", "items": {"type": "object", "properties": {
+                "name": {"type": "string"}, "evidence": {"type": "array", "items": {"type": "string"}}}}},
+            "rbac": {"type": "array", "items": {"type": "object", "properties": {
+                "namespace": {"type": "string"}, "resource_rules": {"type": "array", "items": _ANY},
+                "non_resource_rules": {"type": "array", "items": _ANY}, "incomplete": {"type": "boolean"}}}},
+            "errors": {"type": "array", "items": {"type": "string"}}}},
         "Graph": {"type": "object", "properties": {
             "health": {"$ref": "#/components/schemas/Health"},
             "nodes": {"type": "array", "items": _ANY}, "edges": {"type": "array", "items": _ANY},

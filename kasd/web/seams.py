@@ -128,11 +128,15 @@ class Views(Protocol):
 
 
 class ConnectedAgents(Protocol):
-    """The tunnels of ``agent_ids`` now: agent id → its connections (``{pod, version, since,
-    replica}``): this replica's in full, another replica's (from the directory in Redis) with only
-    ``replica`` known (the others null)."""
+    """The tunnels of ``agent_ids`` now: agent id → its connections (``{pod, pod_uid, pod_namespace,
+    node, namespaces, version, since, replica}``), every replica's (their records in the store); a
+    replica the directory names without records, with only ``replica`` known (the others null)."""
 
     async def connections(self, agent_ids: Sequence[int]) -> Mapping[int, Sequence[Mapping[str, Any]]]: ...
+
+    async def cluster(self, agent_id: int) -> Sequence[Mapping[str, Any]]:
+        """The agent's latest cluster report per pod (``{pod, pod_uid, replica, received_at, report}``)."""
+        ...
 
 
 #: ``kasd.envgraph.build_graph(objects, selector=…).to_json()``: the selector is the environment's

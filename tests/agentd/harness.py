@@ -154,6 +154,9 @@ def agent_config(tmp_path: Path, kas_url: str, **overrides: Any) -> AgentdConfig
         "pod_name": "agentd-0",
         "pod_uid": "uid-0",
         "shutdown_grace": 2.0,
+        # (no cluster discovery: these upstreams are fakes of one request each; tests/agentd/test_discovery.py
+        # turns it on against kubesim)
+        "discovery_interval": 0.0,
     }
     values.update(overrides)
     return AgentdConfig(**values)

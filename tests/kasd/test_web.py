@@ -514,7 +514,8 @@ async def test_agents_among_replicas_name_the_replica_holding_a_tunnel_elsewhere
     directory = Directory()
     agents = RegistryAgents(TunnelRegistry(), "kasd-2", directory)  # type: ignore[arg-type]
     assert await agents.connections([1, 2]) == {
-        1: [{"pod": None, "version": None, "since": None, "replica": "kasd-1"}]}
+        1: [{"pod": None, "pod_uid": None, "pod_namespace": None, "node": None, "namespaces": None,
+             "version": None, "since": None, "replica": "kasd-1"}]}
     assert directory.asked == [1, 2]
     assert await RegistryAgents(TunnelRegistry(), "kasd").connections([1]) == {}  # a lone kasd
 

@@ -201,6 +201,9 @@ class FakeAgents:
     async def connections(self, agent_ids: Sequence[int]) -> Mapping[int, Sequence[Mapping[str, Any]]]:
         return {1: [{"pod": "agentd-0", "version": "1.0", "since": "2026-01-01T00:00:00Z", "replica": "kasd-0"}]}
 
+    async def cluster(self, agent_id: int) -> Sequence[Mapping[str, Any]]:
+        return []
+
 
 def fake_graph(objects: Iterable[Mapping[str, Any]], selector: Mapping[str, str]) -> dict[str, Any]:
     assert selector["app.gitlab.com/project_id"] == "42"

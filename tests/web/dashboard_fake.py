@@ -175,7 +175,20 @@ class FakeKasd:
 
         async def agents(request: Request) -> Response:
             return JSONResponse([{"id": 7, "name": "prod-agent", "config_project": PROJECT, "connections": [
-                {"pod": "agentd-5f7c9-x2x9q", "version": "0.1.0", "since": "2026-11-27T09:58:00Z", "replica": "kasd-0"}]}])
+                {"pod": "agentd-5f7c9-x2x9q", "version": "0.1.0", "since": "2026-11-27T09:58:00Z", "replica": "kasd-0",
+                 "pod_uid": "u-1", "pod_namespace": "gitlab-agent", "node": "node-a", "namespaces": []}]}])
+
+        async def agent_cluster(request: Request) -> Response:
+            if request.path_params["agent"] != "7":
+                return JSONResponse({"message": "404 Agent Not Found"}, 404)
+            return JSONResponse({"id": 7, "name": "prod-agent", "pods": [{
+                "pod": "agentd-5f7c9-x2x9q", "pod_uid": "u-1", "replica": "kasd-0", "received_at": "2026-11-27T09:58:01Z",
+                "report": {"observed_at": "2026-11-27T09:58:01Z",
+                           "server": {"gitVersion": "v1.32.0", "platform": "linux/amd64"}, "nodes": 3,
+                           "api_groups": ["apps", "source.toolkit.fluxcd.io"],
+                           "crds": ["gitrepositories.source.toolkit.fluxcd.io"],
+                           "components": [{"name": "Flux", "evidence": ["source.toolkit.fluxcd.io"]}],
+                           "rbac": [], "errors": []}}]})
 
         async def project_envs(request: Request) -> Response:
             if request.path_params["project"] != PROJECT:
@@ -268,6 +281,7 @@ class FakeKasd:
             Route("/-/sign_in", sign_in, methods=["POST"]),
             Route("/-/sign_out", guarded(sign_out), methods=["POST"]),
             Route("/api/kasd/v1/agents", guarded(agents)),
+            Route("/api/kasd/v1/agents/{agent}/cluster", guarded(agent_cluster)),
             Route("/api/v4/projects/{project:path}/environments", guarded(project_envs)),
             Route("/api/v4/groups/{group:path}/environments", guarded(group_envs)),
             Route(base, guarded(env_summary)),

@@ -87,7 +87,13 @@ def test_sign_in_then_agents(page: Any, fake: FakeKasd) -> None:
     agents = page.get_by_role("table", name="Connected agents")
     expect(agents).to_contain_text("prod-agent")
     expect(agents).to_contain_text("agentd-5f7c9-x2x9q (0.1.0) since 2026-11-27T09:58:00Z on replica kasd-0")
+    expect(agents).to_contain_text("pod in gitlab-agent on node node-a, serving the whole cluster")
     assert page.get_by_label("Personal access token").count() == 0
+    # the agent's page: what its pod found in the cluster
+    agents.get_by_role("link", name="prod-agent").click()
+    cluster = page.get_by_role("region", name="Cluster seen by agentd-5f7c9-x2x9q")
+    expect(cluster).to_contain_text("v1.32.0 (linux/amd64)")
+    expect(cluster).to_contain_text("Flux")
 
 
 def test_environment_graph_turns_healthy_without_reload(page: Any, fake: FakeKasd, shots: Path) -> None:

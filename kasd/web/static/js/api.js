@@ -95,6 +95,7 @@ const seg = (s) => (s === "" || s === undefined || s === null ? "_" : enc(s));
 
 export const paths = {
   agents: () => "/api/kasd/v1/agents",
+  agentCluster: (id) => `/api/kasd/v1/agents/${enc(id)}/cluster`,
   projectEnvironments: (project) => `/api/v4/projects/${enc(project)}/environments`,
   groupEnvironments: (group, tier) =>
     `/api/v4/groups/${enc(group)}/environments${tier ? `?tier=${enc(tier)}` : ""}`,

@@ -119,20 +119,51 @@ async function showAgents() {
     const connections = a.connections ?? [];
     return h("tr", {},
       h("td", {}, String(a.id ?? "")),
-      h("td", {}, a.name ?? ""),
+      h("td", {}, h("a", { href: `#/agents/${encodeURIComponent(a.id)}`, title: "what its pods found in the cluster" },
+        a.name ?? String(a.id))),
       h("td", {}, a.config_project ?? a.config_project_path ?? a.project ?? ""),
       h("td", {}, connections.length === 0 ? "not connected" : h("ul", { class: "plain" },
         connections.map((c) => h("li", {},
           // (among replicas, a tunnel another replica holds is known by that replica's name only)
           c.pod == null && c.replica ? `a tunnel on replica ${c.replica}` :
             `${c.pod ?? "?"} (${c.version ?? "unknown version"}) since ${when(c.since)}`,
-          c.pod != null && c.replica ? ` on replica ${c.replica}` : "")))));
+          c.pod != null && c.replica ? ` on replica ${c.replica}` : "",
+          c.pod != null && (c.pod_namespace || c.node) ?
+            ` — pod in ${c.pod_namespace || "?"} on node ${c.node || "?"}, serving ${
+              c.namespaces?.length ? c.namespaces.join(", ") : "the whole cluster"}` : "")))));
   });
   ui.page("Agents", list.length === 0 ? h("p", {}, "No agent is connected.") :
     h("table", { class: "data", "aria-label": "Connected agents" },
       h("thead", {}, h("tr", {}, ["ID", "Name", "Configuration project", "Connections"].map(
         (t) => h("th", { scope: "col" }, t)))),
       h("tbody", {}, rows)));
+}
+
+// What each connected pod of one agent found in its cluster (GET /api/kasd/v1/agents/ID/cluster).
+async function showAgentCluster(id) {
+  ui.page(`Cluster of agent ${id}`, h("p", { class: "loading" }, "Loading…"));
+  const answer = await getJSON(paths.agentCluster(id));
+  const pods = answer.pods ?? [];
+  const sections = pods.map((p) => {
+    const r = p.report ?? {};
+    const server = r.server ?? {};
+    const components = r.components ?? [];
+    return h("section", { "aria-label": `Cluster seen by ${p.pod}` },
+      h("h3", {}, `Seen by pod ${p.pod} (reported ${when(p.received_at)} to replica ${p.replica})`),
+      h("table", { class: "data" }, h("tbody", {},
+        h("tr", {}, h("th", { scope: "row" }, "Kubernetes"),
+          h("td", {}, `${server.gitVersion || "unknown"} (${server.platform || "unknown platform"})`)),
+        h("tr", {}, h("th", { scope: "row" }, "Nodes"), h("td", {}, r.nodes == null ? "not known" : String(r.nodes))),
+        h("tr", {}, h("th", { scope: "row" }, "Components"),
+          h("td", {}, components.length === 0 ? "none recognised" : h("ul", { class: "plain" },
+            components.map((c) => h("li", { title: (c.evidence ?? []).join(", ") }, c.name))))),
+        h("tr", {}, h("th", { scope: "row" }, "API groups, CRDs"),
+          h("td", {}, `${(r.api_groups ?? []).length} groups, ${(r.crds ?? []).length} CRDs`)),
+        (r.errors ?? []).length === 0 ? null : h("tr", {}, h("th", { scope: "row" }, "Could not see"),
+          h("td", {}, h("ul", { class: "plain" }, r.errors.map((e) => h("li", {}, e))))))));
+  });
+  ui.page(`Cluster of agent ${answer.name ?? id}`, h("p", {}, h("a", { href: "#/agents" }, "All agents")),
+    sections.length === 0 ? h("p", {}, "No connected pod of this agent has reported its cluster.") : sections);
 }
 
 const TIERS = ["production", "staging", "testing", "development", "other"];
@@ -220,7 +251,10 @@ async function route() {
   const params = new URLSearchParams(query);
   try {
     const envMatch = /^\/environments\/([^/]+)$/.exec(path);
-    if (envMatch) {
+    const agentMatch = /^\/agents\/([^/]+)$/.exec(path);
+    if (agentMatch) {
+      await showAgentCluster(decodeURIComponent(agentMatch[1]));
+    } else if (envMatch) {
       leave = await showEnvironment(decodeURIComponent(envMatch[1]), params, ui);
     } else if (path === "/environments") {
       await showEnvironments(params);

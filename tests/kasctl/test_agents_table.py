@@ -1,0 +1,42 @@
+"""``kasctl agents``' table: one row per tunnel, '-' for what is not known, '*' for cluster-wide."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from typing import Any
+
+from kasctl.agents import COLUMNS, run, table
+
+AGENTS = [
+    {"id": 1, "name": "demo", "connections": [
+        {"pod": "agentd-0", "pod_uid": "u", "pod_namespace": "gitlab-agent", "node": "n1", "namespaces": ["a", "b"],
+         "version": "0.1.0", "since": "2026-11-27T10:00:00Z", "replica": "kasd-0"},
+        {"pod": None, "pod_uid": None, "pod_namespace": None, "node": None, "namespaces": None, "version": None,
+         "since": None, "replica": "kasd-1"}]},
+    {"id": 2, "name": "offline", "connections": []},
+]
+
+
+class Client:
+    def get(self, path: str) -> Any:
+        assert path == "/api/kasd/v1/agents"
+        return AGENTS
+
+    def events(self, path: str) -> Any:  # pragma: no cover
+        raise AssertionError
+
+
+def test_the_table_has_a_row_per_tunnel_and_says_what_is_unknown() -> None:
+    lines = [line.split() for line in table(AGENTS).splitlines()]
+    assert lines[0] == list(COLUMNS)
+    assert lines[1] == ["1", "(demo)", "agentd-0", "gitlab-agent", "n1", "a,b", "kasd-0", "0.1.0", "2026-11-27T10:00:00Z"]
+    assert lines[2] == ["1", "(demo)", "-", "-", "-", "-", "kasd-1", "-", "-"]
+    assert lines[3] == ["2", "(offline)", *["-"] * 7]
+
+
+def test_json_output_of_one_agent() -> None:
+    out = io.StringIO()
+    assert run(argparse.Namespace(agent=2, output="json"), Client(), out) == 0
+    assert json.loads(out.getvalue()) == [AGENTS[1]]
