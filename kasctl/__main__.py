@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import subprocess
@@ -187,6 +188,11 @@ def _environment_lines(stack: Stack) -> str:
         f"  {kasctl} env list --project {CONFIG_PROJECT}\n"
         f"  {kasctl} env status --project {CONFIG_PROJECT} --environment {DEMO_ENVIRONMENT} --wait --timeout 2m"
         f"   # the tree, each object's health; waits for Healthy\n"
+        f"  {kasctl} agents   # each agentd pod: its namespace, node, and the kasd replica holding its tunnel\n"
+        f"  {kasctl} notify --agent 1 --type ping --payload '{{\"hello\": \"agentd\"}}' --wait"
+        f"   # an event pushed to agentd (no handler for ping: ignored)\n"
+        f"  curl --cacert {stack.ca_file} -H \"PRIVATE-TOKEN: $KASCTL_TOKEN\" {stack.api_url}/api/kasd/v1/agents/1/cluster"
+        f"   # what agentd found in its cluster\n"
     )
 
 
@@ -196,6 +202,7 @@ def _replica_lines(stack: Stack) -> str:
             f"  kasd metrics:     http://{stack.addresses['observability']}/metrics\n"
             f"  kasd readiness:   http://{stack.addresses['observability']}/readiness\n"
             f"  agentd readiness: http://{stack.agentd_health}/readiness\n"
+            f"  agentd metrics:   http://{stack.agentd_health}/metrics\n"
             f"  logs:             {stack.dir}/{{kasd,agentd,kubesim}}.log\n"
         )
     lines = ["  Any replica serves every command; pick one with --context:"]
@@ -235,6 +242,16 @@ def _positive(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # `kasctl agents -o json | head`: the reader left, which is how such a pipe ends; no traceback.
+        # Python would also complain flushing stdout at exit: point it at /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # what a shell reports for a command ended by SIGPIPE (128 + 13)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(
         prog="kasctl",
         description="kasctl: companion commands for kasd.",

@@ -149,7 +149,8 @@ def error_of(status: int, body: bytes) -> str:
             kind = f" ({answer['errorType']})" if answer.get("errorType") else ""
             return f"Prometheus refused the query{kind}: {str(answer['error'])[:1000]}"
         if answer.get("message"):
-            return f"refused ({status}): {str(answer['message'])[:1000]}"
+            said = str(answer["message"])[:1000]
+            return f"refused: {said}" if said.startswith(f"{status} ") else f"refused ({status}): {said}"
     return f"refused ({status}): {body[:200].decode('utf-8', 'replace') or 'no answer'}"
 
 

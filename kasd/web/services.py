@@ -61,12 +61,13 @@ _PROMQL_PARAMS = frozenset({*_INSTANT, *_RANGE, "service"})
 
 
 def message(status: int, detail: str) -> str:
-    """GitLab's wording: ``403 Forbidden: <detail>`` (a detail already starting so is kept)."""
+    """GitLab's wording: ``403 Forbidden: <detail>``; a detail that already starts with its status
+    (``404 Service Not Found``, as GitLab words a missing thing) is kept as it is."""
     try:
         phrase = f"{status} {HTTPStatus(status).phrase}"
     except ValueError:
         phrase = str(status)
-    return detail if detail.startswith(phrase) else f"{phrase}: {detail}"
+    return detail if detail.startswith((phrase, f"{status} ")) else f"{phrase}: {detail}"
 
 
 @attrs.frozen(kw_only=True)

@@ -98,7 +98,7 @@ def test_every_printed_command_works_and_ctrl_c_stops_cleanly(tmp_path: Path, ku
         # The environments block: the dashboard answers, and the printed kasctl lines show the demo's
         # production environment (what the demo applied with the job's kubeconfig) until it is Healthy.
         start = next(i for i, line in enumerate(guide) if line.startswith("Environments:"))
-        block = [line.strip() for line in guide[start:] if line.startswith("  ")][:4]
+        block = [line.strip() for line in guide[start:] if line.startswith("  ")][:7]
         dashboard = re.search(r"https://\S+/-/dashboard/", block[0])
         assert dashboard is not None, block
         context = ssl.create_default_context(cafile=str(tmp_path / "demo" / "ca.pem"))
@@ -111,6 +111,12 @@ def test_every_printed_command_works_and_ctrl_c_stops_cleanly(tmp_path: Path, ku
         assert re.search(r"^production\s+production\s+available\s", envs.stdout, re.M), envs.stdout
         assert re.search(r"^Deployment default/hello\s+Healthy$", envs.stdout, re.M), envs.stdout
         assert re.search(r"^production \(group/demo\): Healthy$", envs.stdout, re.M), envs.stdout
+        # kasctl agents: the demo's agentd pod, where the Downward API would say it runs
+        assert re.search(r"^1 \(demo\)\s+agentd-demo-0\s+gitlab-agent\s+sim-node-0\s", envs.stdout, re.M), envs.stdout
+        # kasctl notify --wait: delivered to agentd, which has no handler for the type
+        assert re.search(r"^[0-9a-f]{32} delivered outcome=ignored ", envs.stdout, re.M), envs.stdout
+        # the cluster report: kubesim's version
+        assert '"gitVersion":"v1.32.0"' in envs.stdout, envs.stdout
 
         listed = run(get_all)
         assert listed.returncode == 0, listed.stderr

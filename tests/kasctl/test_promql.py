@@ -62,6 +62,6 @@ def test_an_error_is_in_the_words_of_whoever_refused() -> None:
     assert promql.error_of(400, prometheus.encode()) == \
         'Prometheus refused the query (bad_data): parse error: unexpected "}"'
     assert promql.error_of(403, b'{"message":"403 Forbidden: user bob needs ..."}') == \
-        "refused (403): 403 Forbidden: user bob needs ..."
+        "refused: 403 Forbidden: user bob needs ..."
     status = {"kind": "Status", "message": "agentd: service prometheus allows GET, HEAD", "code": 403}
     assert promql.error_of(403, json.dumps(status).encode()) == "refused (403): agentd: service prometheus allows GET, HEAD"
