@@ -11,7 +11,6 @@ import argparse
 import math
 import re
 import socket
-import ssl
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from daemonkit.settings import (
     SettingsLoader,
     Source,
     UsageError,
+    ca_bundle,
     setting,
 )
 from wire.ids import InvalidNumber, parse_decimal
@@ -131,20 +131,8 @@ def _token_file(value: Any) -> Path:
 
 
 def _kas_ca_file(value: Any) -> Path | None:
-    """Load the bundle now, so a wrong file is a configuration error naming it rather than an
-    ``ssl.SSLError`` once agentd runs."""
     path = _optional_path(value)
-    if path is None:
-        return None
-    if not path.is_file():
-        raise Problem(f"CA file {path} does not exist")
-    try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=str(path))
-    except ssl.SSLError:
-        raise Problem(f"CA file {path} holds no PEM certificate") from None
-    except OSError as exc:
-        raise Problem(f"cannot read CA file {path}: {exc.strerror or exc}") from None
-    return path
+    return None if path is None else ca_bundle(path)
 
 
 def _ready_file(value: Any) -> Path | None:

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
+from agentd.upstream import host_header, target_url
 from daemonkit import yamldoc
 from wire.ids import InvalidNumber, parse_decimal
 
@@ -91,14 +92,11 @@ class KubeTarget:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.scheme}://{host}:{self.port}{self.path_prefix}"
+        return target_url(self.scheme, self.host, self.port, self.path_prefix)
 
     @property
     def host_header(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        default = 443 if self.scheme == "https" else 80
-        return host if self.port == default else f"{host}:{self.port}"
+        return host_header(self.scheme, self.host, self.port)
 
     @property
     def peer(self) -> str:

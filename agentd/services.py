@@ -25,8 +25,9 @@ from urllib.parse import unquote, urlsplit
 
 import attrs
 
+from agentd.upstream import host_header, target_url
 from daemonkit import yamldoc
-from daemonkit.settings import Problem, setting, structure
+from daemonkit.settings import Problem, ca_bundle, setting, structure
 
 log = logging.getLogger("agentd.services")
 
@@ -232,18 +233,7 @@ def _credentials_file(value: Any) -> Path | None:
 
 def _ca_file(value: Any) -> Path | None:
     text = _text(value) if value is not None else ""
-    if not text:
-        return None
-    path = Path(text).expanduser()
-    if not path.is_file():
-        raise Problem(f"CA file {path} does not exist")
-    try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=str(path))
-    except ssl.SSLError:
-        raise Problem(f"CA file {path} holds no PEM certificate") from None
-    except OSError as exc:
-        raise Problem(f"cannot read CA file {path}: {exc.strerror or exc}") from None
-    return path
+    return ca_bundle(Path(text).expanduser()) if text else None
 
 
 def _timeout(value: Any) -> float:
@@ -396,14 +386,11 @@ class ServiceTarget:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.scheme}://{host}:{self.port}{self.path_prefix}"
+        return target_url(self.scheme, self.host, self.port, self.path_prefix)
 
     @property
     def host_header(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        default = 443 if self.scheme == "https" else 80
-        return host if self.port == default else f"{host}:{self.port}"
+        return host_header(self.scheme, self.host, self.port)
 
     @property
     def peer(self) -> str:

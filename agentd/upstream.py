@@ -43,6 +43,18 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 DEFAULT_RESPONSE_HEADER_TIMEOUT = 90.0
 
 
+def target_url(scheme: str, host: str, port: int, path_prefix: str = "") -> str:
+    """``scheme://host:port/prefix``, an IPv6 host in brackets: how a target is named in messages."""
+    shown = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{shown}:{port}{path_prefix}"
+
+
+def host_header(scheme: str, host: str, port: int) -> str:
+    """The ``Host`` header for ``host:port`` (the port left out when it is the scheme's default)."""
+    shown = f"[{host}]" if ":" in host else host
+    return shown if port == (443 if scheme == "https" else 80) else f"{shown}:{port}"
+
+
 class UpstreamTarget(Protocol):
     """Where a pool connects and what it adds to each request (``KubeTarget``, ``ServiceTarget``)."""
 

@@ -15,6 +15,7 @@ an error knows its path, ``access[0].agents[1]``), and the daemon's ``Blame`` wo
 from __future__ import annotations
 
 import argparse
+import ssl
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -58,6 +59,20 @@ class Problem(ValueError):
         self.text = text
         self.at = at
         self.whole = whole
+
+
+def ca_bundle(path: Path, *, at: str = "") -> Path:
+    """``path`` once its CA bundle loads (now, so a wrong file is a configuration error naming it
+    rather than an ``ssl.SSLError`` once the daemon runs); ``Problem`` saying what is wrong."""
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=str(path))
+    except FileNotFoundError:
+        raise Problem(f"CA file {path} does not exist", at=at) from None
+    except ssl.SSLError:
+        raise Problem(f"CA file {path} holds no PEM certificate", at=at) from None
+    except OSError as exc:
+        raise Problem(f"cannot read CA file {path}: {exc.strerror or exc}", at=at) from None
+    return path
 
 
 @attrs.frozen

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from daemonkit import yamldoc
-from daemonkit.settings import Problem
+from daemonkit.settings import Problem, ca_bundle
 
 #: seconds agentd retries a failing action before answering ``failed`` (the contract's default)
 DEFAULT_RETRY_FOR = 30.0
@@ -218,16 +218,7 @@ def _ca_file(value: Any, at: str) -> Path | None:
         return None
     if not isinstance(value, str):
         raise Problem(f"expected a path, got {yamldoc.describe(value)}", at=at)
-    path = Path(value).expanduser()
-    try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=str(path))
-    except FileNotFoundError:
-        raise Problem(f"CA file {path} does not exist", at=at) from None
-    except ssl.SSLError:
-        raise Problem(f"CA file {path} holds no PEM certificate", at=at) from None
-    except OSError as exc:
-        raise Problem(f"cannot read CA file {path}: {exc.strerror or exc}", at=at) from None
-    return path
+    return ca_bundle(Path(value).expanduser(), at=at)
 
 
 def _annotate(raw: Any, at: str) -> AnnotateSettings:
