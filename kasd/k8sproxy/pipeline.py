@@ -302,22 +302,7 @@ class RequestPipeline:
                 impersonate=impersonate,
                 request_id=record.request_id,
             )
-            try:
-                metadata = head.to_metadata()
-            except HeadOverLimitError as exc:  # no session could carry it: answered, not routed
-                raise ProxyError(exc.status, exc.message) from None
-            stream = await self._route(grant.agent_id, metadata)
-            bodiless = not request.upgrade and not request.has_body
-            if bodiless:
-                # Say so now: the OPEN and its FIN then leave in one write.
-                try:
-                    await stream.send_eof()
-                except _MUX_ERRORS:
-                    pass  # the session died: waiting for the answer says so (and may retry)
-                except BaseException:  # cancelled (the client left): the stream must not linger
-                    with trio.CancelScope(shield=True):
-                        await stream.reset(TunnelCode.CLIENT_GONE, "client went away")
-                    raise
+            metadata, stream, bodiless = await self._open(grant.agent_id, head, request)
         except ProxyError as exc:
             try:
                 await self._send_status(ex, exc, record)
@@ -357,21 +342,7 @@ class RequestPipeline:
                 service=planned.service,
                 request_id=record.request_id,
             )
-            try:
-                metadata = head.to_metadata()
-            except HeadOverLimitError as exc:
-                raise ProxyError(exc.status, exc.message) from None
-            stream = await self._route(grant.agent_id, metadata)
-            bodiless = not request.upgrade and not request.has_body
-            if bodiless:
-                try:
-                    await stream.send_eof()
-                except _MUX_ERRORS:
-                    pass
-                except BaseException:
-                    with trio.CancelScope(shield=True):
-                        await stream.reset(TunnelCode.CLIENT_GONE, "client went away")
-                    raise
+            metadata, stream, bodiless = await self._open(grant.agent_id, head, request)
         except ProxyError as exc:
             try:
                 await self._send_status(ex, exc, record, plan)
@@ -379,6 +350,27 @@ class RequestPipeline:
                 record.outcome = "client-gone"
             return
         await self._exchange(_Transfer(ex, grant, head, metadata, stream, record, bodiless, plan=plan))
+
+    async def _open(self, agent_id: int, head: RequestHead, request: ClientRequest) -> tuple[Metadata, MuxStream, bool]:
+        """``head``'s stream to the agent (ProxyError 414/431 when no session could carry it: answered,
+        not routed), with its FIN sent at once when the request has no body (the OPEN and its FIN
+        then leave in one write); and whether it had none."""
+        try:
+            metadata = head.to_metadata()
+        except HeadOverLimitError as exc:
+            raise ProxyError(exc.status, exc.message) from None
+        stream = await self._route(agent_id, metadata)
+        bodiless = not request.upgrade and not request.has_body
+        if bodiless:
+            try:
+                await stream.send_eof()
+            except _MUX_ERRORS:
+                pass  # the session died: waiting for the answer says so (and may retry)
+            except BaseException:  # cancelled (the client left): the stream must not linger
+                with trio.CancelScope(shield=True):
+                    await stream.reset(TunnelCode.CLIENT_GONE, "client went away")
+                raise
+        return metadata, stream, bodiless
 
     def _record_write(self, t: _Transfer) -> None:
         """Tell the recorder the namespace a successful write went into, if any."""
