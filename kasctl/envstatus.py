@@ -21,6 +21,7 @@ from typing import Any, Protocol, TextIO
 from urllib.parse import quote, urlencode
 
 from kasctl.kubeconfig import API_VARIABLE, CA_VARIABLE, api_url, read_ca
+from kasctl.kubeconfig import TOKEN_VARIABLE as JOB_TOKEN_VARIABLE
 from kasctl.restclient import RestError, rest_events, rest_json
 
 TOKEN_VARIABLE = "KASCTL_TOKEN"
@@ -109,16 +110,29 @@ def duration(text: str) -> float:
     return value
 
 
-def client_of(args: argparse.Namespace, environ: Mapping[str, str]) -> RestEnvClient:
-    if args.token_file:
+def rest_token(token_file: str | None, environ: Mapping[str, str], *, job: bool = False) -> tuple[str, str]:
+    """(header, token) for kasd's API: a personal token (``--token-file``, else ``$KASCTL_TOKEN``) as
+    ``PRIVATE-TOKEN``; with ``job``, else the CI job's (``$CI_JOB_TOKEN``) as ``JOB-TOKEN``.
+    ``RestError`` (exit 2) saying what to set when there is none."""
+    if token_file:
         try:
-            token = Path(args.token_file).read_text().strip()
+            token = Path(token_file).read_text().strip()
         except OSError as exc:
-            raise RestError(f"cannot read --token-file {args.token_file}: {exc.strerror or exc}", 2) from None
-    else:
-        token = environ.get(TOKEN_VARIABLE, "").strip()
-    if not token:
-        raise RestError(f"missing personal token: set {TOKEN_VARIABLE} or pass --token-file", 2)
+            raise RestError(f"cannot read --token-file {token_file}: {exc.strerror or exc}", 2) from None
+        if token:
+            return "PRIVATE-TOKEN", token
+    elif token := environ.get(TOKEN_VARIABLE, "").strip():
+        return "PRIVATE-TOKEN", token
+    if job and (token := environ.get(JOB_TOKEN_VARIABLE, "").strip()):
+        return "JOB-TOKEN", token
+    if job:
+        raise RestError(f"missing token: set {TOKEN_VARIABLE} (a personal token), pass --token-file, or run in a "
+                        f"CI job (${JOB_TOKEN_VARIABLE})", 2)
+    raise RestError(f"missing personal token: set {TOKEN_VARIABLE} or pass --token-file", 2)
+
+
+def client_of(args: argparse.Namespace, environ: Mapping[str, str]) -> RestEnvClient:
+    _, token = rest_token(args.token_file, environ)
     env = dict(environ)
     return RestEnvClient(api_url(args, env), token, read_ca(args.certificate_authority or env.get(CA_VARIABLE)))
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import quote
 
-from kasctl.envstatus import TOKEN_VARIABLE
+from kasctl.envstatus import TOKEN_VARIABLE, rest_token
 from kasctl.kubeconfig import API_VARIABLE, CA_VARIABLE, api_url, read_ca
 from kasctl.restclient import RestError, rest_call
 
@@ -97,19 +97,8 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] | None = None, *, c
 
 def credentials(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, str]:
     """(token, header): a personal token, else the CI job's token; RestError(2) when neither."""
-    if args.token_file:
-        try:
-            token = Path(args.token_file).read_text().strip()
-        except OSError as exc:
-            raise RestError(f"cannot read --token-file {args.token_file}: {exc.strerror or exc}", 2) from None
-        if token:
-            return token, "PRIVATE-TOKEN"
-    elif token := env.get(TOKEN_VARIABLE, "").strip():
-        return token, "PRIVATE-TOKEN"
-    if job := env.get(JOB_TOKEN_VARIABLE, "").strip():
-        return job, "JOB-TOKEN"
-    raise RestError(f"missing token: set {TOKEN_VARIABLE} (a personal token), pass --token-file, or run in a CI "
-                    f"job ({JOB_TOKEN_VARIABLE})", 2)
+    header, token = rest_token(args.token_file, env, job=True)
+    return token, header
 
 
 def _config_changed(args: argparse.Namespace, env: dict[str, str], call: Call, stdin: IO[str], out: IO[str]) -> int:

@@ -12,15 +12,14 @@ import os
 import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlencode
 
+from kasctl.envstatus import TOKEN_VARIABLE, rest_token
 from kasctl.kubeconfig import API_VARIABLE, CA_VARIABLE, api_url, read_ca
 from kasctl.kubeconfig import TOKEN_VARIABLE as JOB_TOKEN_VARIABLE
 from kasctl.restclient import RestError, rest_answer
 
-TOKEN_VARIABLE = "KASCTL_TOKEN"
 #: bytes of an answer kasctl reads at most (a range query of many series and points)
 MAX_ANSWER = 64 * 1024 * 1024
 
@@ -119,24 +118,6 @@ def call_path(args: argparse.Namespace, now: float) -> str:
     return f"/api/kasd/v1/agents/{args.agent}/promql?{urlencode(params)}"
 
 
-def _token(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str, str]:
-    """(header, token): a personal token (``--token-file``, ``$KASCTL_TOKEN``) as ``PRIVATE-TOKEN``,
-    else a CI job's (``$CI_JOB_TOKEN``) as ``JOB-TOKEN``."""
-    if args.token_file:
-        try:
-            token = Path(args.token_file).read_text().strip()
-        except OSError as exc:
-            raise RestError(f"cannot read --token-file {args.token_file}: {exc.strerror or exc}", 2) from None
-        if token:
-            return "PRIVATE-TOKEN", token
-    if token := environ.get(TOKEN_VARIABLE, "").strip():
-        return "PRIVATE-TOKEN", token
-    if token := environ.get(JOB_TOKEN_VARIABLE, "").strip():
-        return "JOB-TOKEN", token
-    raise RestError(f"missing token: set {TOKEN_VARIABLE} (a personal token), pass --token-file, or run in a CI job "
-                    f"(${JOB_TOKEN_VARIABLE})", 2)
-
-
 def error_of(status: int, body: bytes) -> str:
     """What went wrong, in the words of whoever said it: Prometheus (``error``), kasd (``message``)
     or agentd (a ``Status``'s ``message``)."""
@@ -190,7 +171,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, environ: Mapping[str
     environ = os.environ if environ is None else environ
     try:
         path = call_path(args, now if now is not None else datetime.now(UTC).timestamp())
-        header, token = _token(args, environ)
+        header, token = rest_token(args.token_file, environ, job=True)
         api = api_url(args, dict(environ))
         status, body = rest_answer(api, path, token, read_ca(args.certificate_authority or environ.get(CA_VARIABLE)),
                                    token_header=header, max_bytes=MAX_ANSWER)
