@@ -28,8 +28,7 @@ from urllib.parse import quote
 import trio
 
 from agentd.connection import ConnectionManager
-from agentd.upstream import UpstreamPool
-from tunnelhttp.head import RequestHead
+from agentd.upstream import ResponseTooLarge, UpstreamPool, exchange
 from tunnelhttp.kinds import KIND_CLUSTER_INFO
 from wire.session import MuxStream, Session
 
@@ -97,19 +96,6 @@ class ClusterLookupError(Exception):
 Fetch = Callable[[str, str, bytes | None], Awaitable[tuple[int, Any]]]
 
 
-class _Body(trio.abc.ReceiveStream):
-    def __init__(self, data: bytes) -> None:
-        self._data = data
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        await trio.lowlevel.checkpoint()
-        data, self._data = self._data, b""
-        return data
-
-    async def aclose(self) -> None:
-        await trio.lowlevel.checkpoint()
-
-
 def pool_fetch(pool: UpstreamPool) -> Fetch:
     """Requests to the API server through agentd's own pool (its own credentials, no impersonation)."""
 
@@ -119,27 +105,20 @@ def pool_fetch(pool: UpstreamPool) -> Fetch:
         target = target.replace("&as-metadata=1", "").replace("?as-metadata=1", "")
         headers = [("accept", accept), ("user-agent", "agentd-discovery")]
         if body is not None:
-            headers += [("content-type", "application/json"), ("content-length", str(len(body)))]
-        head = RequestHead(method=method, target=target, headers=tuple(headers))
+            headers.append(("content-type", "application/json"))
         try:
             with trio.fail_after(REQUEST_TIMEOUT):
-                async with pool.request(head, _Body(body) if body is not None else None) as response:
-                    chunks, size = [], 0
-                    async for chunk in response:
-                        size += len(chunk)
-                        if size > MAX_ANSWER_BYTES:
-                            raise ClusterLookupError(f"answer over {MAX_ANSWER_BYTES // (1024 * 1024)} MiB")
-                        chunks.append(chunk)
+                status, answer = await exchange(pool, method, target, headers, body, max_response=MAX_ANSWER_BYTES)
         except trio.TooSlowError:
             raise ClusterLookupError(f"no answer within {REQUEST_TIMEOUT:g}s") from None
-        except ClusterLookupError:
-            raise
+        except ResponseTooLarge:
+            raise ClusterLookupError(f"answer over {MAX_ANSWER_BYTES // (1024 * 1024)} MiB") from None
         except Exception as exc:  # unreachable, lost, timed out: said in errors, tried again next time
             raise ClusterLookupError(str(exc)[:200] or type(exc).__name__) from None
         try:
-            return response.status, json.loads(b"".join(chunks))
+            return status, json.loads(answer)
         except ValueError:
-            return response.status, None
+            return status, None
 
     return fetch
 

@@ -18,15 +18,17 @@ import json
 from typing import Any
 from urllib.parse import quote
 
-from agentd.events.exchange import ActionAttempt, ResponseTooLarge, exchange
+from agentd.events.exchange import ActionAttempt
 from agentd.events.model import IncomingEvent
 from agentd.events.settings import AnnotateSettings
 from agentd.upstream import (
     InvalidRequest,
+    ResponseTooLarge,
     UpstreamLost,
     UpstreamPool,
     UpstreamTimeout,
     UpstreamUnreachable,
+    exchange,
 )
 
 _ACCEPT = (("accept", "application/json"),)

@@ -16,16 +16,18 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from agentd import __version__
-from agentd.events.exchange import ActionAttempt, ResponseTooLarge, exchange
+from agentd.events.exchange import ActionAttempt
 from agentd.events.model import IncomingEvent
 from agentd.events.settings import WebhookSettings
 from agentd.services import ServiceTarget
 from agentd.upstream import (
     InvalidRequest,
+    ResponseTooLarge,
     UpstreamLost,
     UpstreamPool,
     UpstreamTimeout,
     UpstreamUnreachable,
+    exchange,
 )
 
 SIGNATURE_HEADER = "x-kasd-signature-256"
