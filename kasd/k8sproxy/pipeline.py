@@ -148,7 +148,10 @@ def clean_request_headers(
     (Impersonate-*, X-Remote-User/-Group/-Extra-*, and what ``dropped`` adds) and hop-by-hop headers."""
     kept = strip_hop_by_hop(headers, keep_upgrade=upgrade)
     names, prefixes = dropped.names, dropped.prefixes
-    return tuple((k, v) for k, v in kept if k not in names and not k.startswith(prefixes))
+    # (compared with "_" read as "-": CGI, WSGI and Rack servers fold both to the same variable, so
+    # "Private_Token" or "Impersonate_User" is "Private-Token" or "Impersonate-User" to them)
+    return tuple((k, v) for k, v in kept
+                 if (n := k.replace("_", "-")) not in names and not n.startswith(prefixes))
 
 
 def clean_response_headers(headers: Sequence[tuple[str, str]], *, switching: bool = False) -> list[tuple[str, str]]:

@@ -22,8 +22,9 @@ May import: ``kasd.authz``, ``kasd.k8sproxy`` (the pipeline, its exchange and st
 from __future__ import annotations
 
 import json
+import re
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from http import HTTPStatus
 from urllib.parse import parse_qsl, quote, unquote, unquote_plus
 
@@ -35,7 +36,13 @@ from kasd.authz.services import SERVICE_NAME
 from kasd.authz.snapshot import Snapshot
 from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.exchange import ClientRequest, Exchange
-from kasd.k8sproxy.pipeline import DROPPED, DroppedHeaders, Planned, RequestPipeline
+from kasd.k8sproxy.pipeline import (
+    DROPPED,
+    DroppedHeaders,
+    Planned,
+    RequestPipeline,
+    clean_request_headers,
+)
 from kasd.k8sproxy.status import ProxyError
 from kasd.seams import AccessDenied, Grant, parse_bearer
 from kasd.web.auth import ApiRefusal, small_int, verify_token
@@ -54,6 +61,15 @@ CREDENTIAL_PARAMS = frozenset({"job_token", "private_token"})
 #: request headers that carry a credential here, besides those the proxy drops (Authorization,
 #: Cookie, Impersonate-*, X-Remote-*): never forwarded
 CREDENTIAL_HEADERS = ("job-token", "private-token")
+#: request headers a service behind a proxy may believe over the request itself: another method
+#: (``X-HTTP-Method-Override``: a POST agentd allows becomes a DELETE it does not), another path
+#: (``X-Original-URL``: Symfony, IIS), or who asks and from where (Grafana's auth proxy
+#: ``X-WEBAUTH-USER``, oauth2-proxy's ``X-Forwarded-User``/``X-Auth-Request-*``, ``Remote-User``).
+#: agentd's allow-list judges the method and path kasd sends; these would change them behind its
+#: back, or claim an identity the caller did not prove. Never forwarded (names, or prefixes ending in ``*``).
+REWRITING_HEADERS = ("x-http-method-override", "x-http-method", "x-method-override", "x-original-url",
+                     "x-original-uri", "x-rewrite-url", "x-override-url", "forwarded", "x-forwarded-*",
+                     "x-real-ip", "x-client-ip", "x-auth-request-*", "x-webauth-*", "remote-user", "x-remote-*")
 #: PromQL parameters, as Prometheus's HTTP API names them
 _INSTANT = ("query", "time", "timeout")
 _RANGE = ("query", "start", "end", "step", "timeout")
@@ -88,12 +104,35 @@ def _split(raw_target: str) -> tuple[str, str]:
     return path, query
 
 
+def credential_param(name: str) -> bool:
+    """Whether a query parameter's name (as sent) is one some server reads as a credential: ``job_token``
+    or ``private_token`` in any case, percent-encoded, with ``-`` or a space (``+``) for ``_``, or
+    followed by what a framework ignores or folds away (``job_token[]``, ``job_token%00``, ``JOB_TOKEN.x``)."""
+    text = unquote_plus(name, errors="replace").lower()
+    text = re.split(r"[^a-z0-9_\- ]", text, maxsplit=1)[0]
+    return text.strip().replace("-", "_").replace(" ", "_") in CREDENTIAL_PARAMS
+
+
 def without_credentials(query: str) -> str:
-    """``query`` as sent, minus every ``job_token``/``private_token`` parameter (the others untouched,
-    byte for byte: the service reads them as the client wrote them)."""
-    kept = [part for part in query.split("&")
-            if part and unquote_plus(part.partition("=")[0], errors="replace") not in CREDENTIAL_PARAMS]
+    """``query`` as sent, minus every parameter a server could read as ``job_token``/``private_token``
+    (``credential_param``; ``&`` and ``;`` both separate parameters to some servers); the others
+    untouched, byte for byte: the service reads them as the client wrote them."""
+    kept = []
+    for part in query.split("&"):
+        pieces = [piece for piece in part.split(";") if not credential_param(piece.partition("=")[0])]
+        if any(pieces):
+            kept.append(";".join(pieces))
     return "&".join(kept)
+
+
+def carries_secret(secret: str, target: str, headers: Sequence[tuple[str, str]]) -> bool:
+    """Whether the token a request authenticates with is still in what would be forwarded: the
+    target (as sent or percent-decoded: a token in the path, or under a parameter name no rule
+    knows) or a header kasd does not drop."""
+    if len(secret) < 8:  # (a token that short is refused anyway; a substring test of it means nothing)
+        return False
+    return (secret in target or secret in unquote_plus(target, errors="replace")
+            or any(secret in value for _name, value in headers))
 
 
 def traversal_problem(path: str) -> str | None:
@@ -152,9 +191,7 @@ def promql_target(method: str, raw_target: str) -> ServiceCall | ProxyError | No
     if method not in ("GET", "HEAD"):
         return ProxyError(405, message(405, "a PromQL call is a GET"), (("allow", "GET, HEAD"),))
     params: dict[str, str] = {}
-    for name, value in parse_qsl(query, keep_blank_values=True):
-        if name in CREDENTIAL_PARAMS:
-            continue
+    for name, value in parse_qsl(without_credentials(query), keep_blank_values=True):
         if name not in _PROMQL_PARAMS:
             return _refuse(400, f"unknown parameter {name[:64]!r} (expected query, time, start, end, step, timeout, service)")
         if name in params:
@@ -215,7 +252,7 @@ class ServiceRoutes:
     """The ``RequestPlan`` of both routes (``kasd.k8sproxy.pipeline``); ``snapshot()`` is the
     authorization in force now, ``clock()`` the time of day (seconds since the epoch)."""
 
-    dropped_headers: DroppedHeaders = DROPPED.also(CREDENTIAL_HEADERS)
+    dropped_headers: DroppedHeaders = DROPPED.also((*CREDENTIAL_HEADERS, *REWRITING_HEADERS))
 
     def __init__(self, snapshot: Callable[[], Snapshot], clock: Callable[[], float] = time.time) -> None:
         self._snapshot = snapshot
@@ -260,6 +297,11 @@ class ServiceRoutes:
             decision = authorize_service_user(snapshot.directory, found.agent_id, config, found.service, user)
         if not decision.allowed:
             raise _refuse(decision.status, decision.reason)
+        forwarded = clean_request_headers(request.headers, upgrade=request.upgrade, dropped=self.dropped_headers)
+        if carries_secret(secret, found.target, forwarded):
+            raise _refuse(400, "the request carries its token where kasd does not remove it (in the path, a header "
+                               "or a parameter of another name); send it only as JOB-TOKEN, PRIVATE-TOKEN, "
+                               "Authorization: Bearer or ?job_token=, so that it never reaches the service")
         grant = Grant(kind=kind, agent_id=found.agent_id, impersonate=None, subject=decision.principal,
                       access_as="agent", user=user, expires_at=expires)
         principal: Hashable = (kind, secret)
@@ -300,9 +342,12 @@ __all__ = [
     "CREDENTIAL_HEADERS",
     "CREDENTIAL_PARAMS",
     "DEFAULT_PROMQL_SERVICE",
+    "REWRITING_HEADERS",
     "ServiceCall",
     "ServiceDispatch",
     "ServiceRoutes",
+    "carries_secret",
+    "credential_param",
     "message",
     "offered_credentials",
     "promql_target",

@@ -286,3 +286,36 @@ async def test_an_answer_streams_to_the_client_before_the_service_has_finished_i
     raw, _ = await _converse(_get("/api/v4/agents/1/services/prometheus/api/v1/query_range",
                                   f"JOB-TOKEN: {_job()}"), slow_answer, feed=read_first)
     assert raw.startswith(b"HTTP/1.1 200 ") and b"transfer-encoding: chunked" in raw and b'{"rest": true}' in raw
+
+
+async def test_no_spelling_of_a_credential_and_no_rewriting_header_reaches_the_service() -> None:
+    """Servers read parameters case-insensitively, split on ``;``, fold ``_`` and ``-`` in header
+    names, or believe a header over the method and path agentd judged: none of it leaves kasd."""
+    _snapshot, auth = _world()
+    pat, job = auth.personal_token("alice"), _job()
+    query = "&".join([f"JOB_TOKEN={job}", f"query=up;job_token={job}", f"Private%5FToken={pat}", f"job_token[]={job}",
+                      f"job-token%00={job}", f"job+token={job}", "match[]=a;b"])
+    raw, _heads = await _converse(_get(
+        f"/api/v4/agents/1/services/prometheus/api/v1/query?{query}", f"PRIVATE-TOKEN: {pat}", f"Private_Token: {pat}",
+        f"JOB_TOKEN: {job}", "X-HTTP-Method-Override: DELETE", "X-Original-URL: /admin", "X-WEBAUTH-USER: admin",
+        "X-Forwarded-User: admin", "X_Forwarded_For: 10.0.0.1", "Forwarded: for=10.0.0.1", "Accept: */*"), _echo_head)
+    status, _, body = _answer(raw)
+    assert status == 200, body
+    seen = json.loads(body)
+    assert seen["target"] == "/api/v1/query?query=up&match[]=a;b"
+    assert seen["headers"] == [["accept", "*/*"]]
+
+
+@pytest.mark.parametrize("where", ["path", "param", "header", "promql"])
+async def test_the_token_a_request_authenticates_with_never_reaches_the_service_anywhere(where: str) -> None:
+    pat = _world()[1].personal_token("alice")
+    path, headers = {
+        "path": (f"/api/v4/agents/1/services/prometheus/api/v1/{pat}", ()),
+        "param": (f"/api/v4/agents/1/services/prometheus/api/v1/query?q={pat.replace('.', '%2E')}", ()),
+        "header": ("/api/v4/agents/1/services/prometheus/api/v1/query", (f"X-Token: {pat}",)),
+        "promql": (f"/api/kasd/v1/agents/1/promql?query={pat}", ()),
+    }[where]
+    raw, heads = await _converse(_get(path, f"Authorization: Bearer {pat}", *headers), _echo_head)
+    status, _, body = _answer(raw)
+    assert heads == [] and status == 400, body
+    assert "carries its token" in json.loads(body)["message"] and pat not in body.decode()
