@@ -34,6 +34,7 @@ from kasd.authz.jobtokens import JobClaims
 from kasd.authz.servicepolicy import ServiceDecision, authorize_service_job, authorize_service_user
 from kasd.authz.services import SERVICE_NAME
 from kasd.authz.snapshot import Snapshot
+from kasd.authz.visibility import job_sees_agent, user_sees_agent
 from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.exchange import ClientRequest, Exchange
 from kasd.k8sproxy.pipeline import (
@@ -296,6 +297,10 @@ class ServiceRoutes:
             assert user is not None
             decision = authorize_service_user(snapshot.directory, found.agent_id, config, found.service, user)
         if not decision.allowed:
+            seen = (job_sees_agent(snapshot.directory, found.agent_id, config, claims) if claims is not None
+                    else user is not None and user_sees_agent(snapshot.directory, found.agent_id, config, user))
+            if not seen:  # (as an agent that does not exist: neither ids nor service names are told)
+                raise _refuse(404, "404 Agent Not Found")
             raise _refuse(decision.status, decision.reason)
         forwarded = clean_request_headers(request.headers, upgrade=request.upgrade, dropped=self.dropped_headers)
         if carries_secret(secret, found.target, forwarded):

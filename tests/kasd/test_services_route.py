@@ -53,7 +53,8 @@ def _world() -> tuple[Snapshot, AuthSetup]:
         "groups": [{"path": "group", "id": 10}],
         "projects": [{"path": "group/infra", "id": 1}, {"path": "group/app", "id": 42}, {"path": "group/other", "id": 43}],
         "users": [{"username": "alice", "memberships": {"group/app": "developer"}},
-                  {"username": "bob", "memberships": {"group/app": "reporter"}}],
+                  {"username": "bob", "memberships": {"group/app": "reporter", "group/infra": "reporter"}},
+                  {"username": "mallory", "memberships": {"group/other": "maintainer"}}],
         **auth.kasd_settings(),
     })
     return load_authorization(config, None).snapshot, auth
@@ -150,8 +151,6 @@ async def test_every_credential_form_is_read_and_none_is_forwarded() -> None:
 @pytest.mark.parametrize(("request_path", "headers", "status", "message"), [
     ("/api/v4/agents/1/services/prometheus/", (), 401, "401 Unauthorized: send a CI job token"),
     ("/api/v4/agents/1/services/prometheus/", ("JOB-TOKEN: forged",), 401, "401 Unauthorized: CI job token"),
-    ("/api/v4/agents/1/services/prometheus/", ("JOB-TOKEN: {other}",), 403,
-     "403 Forbidden: agent 1 does not allow CI/CD jobs of project group/other to use service 'prometheus'"),
     ("/api/v4/agents/1/services/prometheus/", ("PRIVATE-TOKEN: {bob}",), 403,
      "403 Forbidden: user bob needs at least the Developer role"),
     ("/api/v4/agents/1/services/grafana/", ("JOB-TOKEN: {job}",), 404, "404 Service Not Found"),
@@ -319,3 +318,18 @@ async def test_the_token_a_request_authenticates_with_never_reaches_the_service_
     status, _, body = _answer(raw)
     assert heads == [] and status == 400, body
     assert "carries its token" in json.loads(body)["message"] and pat not in body.decode()
+
+
+async def test_a_caller_who_cannot_see_the_agent_cannot_tell_it_or_its_services_from_none() -> None:
+    """A user of another group, or a CI job of a project the agent's configuration never names, gets
+    what an agent that does not exist gets, for a configured service and an unknown one alike."""
+    _snapshot, auth = _world()
+    answers = set()
+    for credential in (f"JOB-TOKEN: {_job('group/other')}", f"PRIVATE-TOKEN: {auth.personal_token('mallory')}"):
+        for path in ("/api/v4/agents/1/services/prometheus/", "/api/v4/agents/1/services/grafana/",
+                     "/api/v4/agents/2/services/prometheus/", "/api/kasd/v1/agents/1/promql?query=up"):
+            raw, heads = await _converse(_get(path, credential))
+            status, _, body = _answer(raw)
+            assert heads == [] and status == 404, (path, credential[:12], body)
+            answers.add(body)
+    assert answers == {b'{"message":"404 Not Found: 404 Agent Not Found"}'}

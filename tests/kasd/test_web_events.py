@@ -78,8 +78,12 @@ async def test_who_may_post_and_read_an_agents_events_in_gitlabs_words() -> None
         (await call(app, "POST", "/api/v4/agents/99/events", _as("erin"), push), 404, "404 Agent Not Found"),
         (await call(app, "POST", "/api/v4/agents/" + "9" * 5000 + "/events", _as("erin"), push), 404, "404 Agent"),
         (await call(app, "GET", "/api/v4/agents/1/events", _as("bob")), 404, "404 Agent Not Found"),
+        # a job whose project the agent's configuration never names cannot tell an agent from none
         (await call(app, "POST", "/api/v4/agents/1/events",
-                    [("job-token", AUTH.job_token("elsewhere/app", job_id=9, user="alice"))], push), 403, "403 Forbidden"),
+                    [("job-token", AUTH.job_token("elsewhere/app", job_id=9, user="alice"))], push), 404, "404 Agent"),
+        (await call(app, "GET", "/api/v4/agents/1/events/x",
+                    [("job-token", AUTH.job_token("elsewhere/app", job_id=9, user="alice"))]), 404, "404 Agent"),
+        (await call(app, "GET", "/api/v4/agents/1/events", _as("dave")), 404, "404 Agent Not Found"),  # a Guest
     ]
     for reply, status, words in refusals:
         assert (reply.status, reply.json()["message"][:len(words)]) == (status, words), reply.json()
