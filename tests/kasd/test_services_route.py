@@ -165,6 +165,13 @@ async def test_every_credential_form_is_read_and_none_is_forwarded() -> None:
     ("/api/v4/agents/1/services/prometheus/api%2F..%2Fadmin", (), 400, "'%2f'"),
     ("/api/v4/agents/1/services/prometheus/api%5c..", (), 400, "'%5c'"),
     ("/api/v4/agents/1/services/prometheus/a%00b", (), 400, "'%00'"),
+    # ... and every spelling agentd refuses: a servlet's "..;", double encoding, full-width dots, not UTF-8
+    ("/api/v4/agents/1/services/prometheus/api/v1/..;x/admin", (), 400, "'.' or '..' segments"),
+    ("/api/v4/agents/1/services/prometheus/api/v1/%252e%252E/admin", (), 400, "'.' or '..' segments"),
+    ("/api/v4/agents/1/services/prometheus/api/v1/%EF%BC%8E%EF%BC%8E/admin", (), 400, "'.' or '..' segments"),
+    ("/api/v4/agents/1/services/prometheus/api/v1/%252f", (), 400, "'%2f'"),
+    ("/api/v4/agents/1/services/prometheus/api/%c0%ae%c0%ae/admin", (), 400, "not UTF-8"),
+    ("/api/v4/agents/1/services/prometheus//admin", (), 400, "single '/'"),
     ("/api/kasd/v1/agents/1/promql?query=up&start=1", ("JOB-TOKEN: {job}",), 400, "needs start, end and step"),
     ("/api/kasd/v1/agents/1/promql?time=1", ("JOB-TOKEN: {job}",), 400, "query is missing"),
     ("/api/kasd/v1/agents/1/promql?query=up&evil=1", ("JOB-TOKEN: {job}",), 400, "unknown parameter 'evil'"),
