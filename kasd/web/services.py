@@ -301,6 +301,11 @@ class ServiceRoutes:
         found = service_target(request.target)
         if found is None:
             found = promql_target(request.method, request.target)
+        if isinstance(found, ServiceCall) and request.method == "CONNECT":
+            # (a CONNECT has no body framing: relayed, it would hold its slot until a timeout with no
+            # answer; kasd relays requests and Upgrades to a service, never a CONNECT tunnel)
+            return ProxyError(405, message(405, "CONNECT is not relayed to a service (an Upgrade is)"),
+                              (("allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),))
         return found
 
     async def plan(self, request: ClientRequest) -> Planned:

@@ -340,3 +340,11 @@ async def test_a_caller_who_cannot_see_the_agent_cannot_tell_it_or_its_services_
             assert heads == [] and status == 404, (path, credential[:12], body)
             answers.add(body)
     assert answers == {b'{"message":"404 Not Found: 404 Agent Not Found"}'}
+
+
+async def test_a_connect_to_a_service_is_refused_not_left_hanging() -> None:
+    pat = _world()[1].personal_token("alice")
+    raw, heads = await _converse(f"CONNECT /api/v4/agents/1/services/prometheus/x HTTP/1.1\r\nHost: kasd\r\n"
+                                 f"PRIVATE-TOKEN: {pat}\r\nConnection: close\r\n\r\n".encode(), _echo_head)
+    status, _, body = _answer(raw)
+    assert heads == [] and status == 405 and "CONNECT is not relayed" in json.loads(body)["message"]
