@@ -72,6 +72,16 @@ CREDENTIAL_HEADERS = ("job-token", "private-token")
 REWRITING_HEADERS = ("x-http-method-override", "x-http-method", "x-method-override", "x-original-url",
                      "x-original-uri", "x-rewrite-url", "x-override-url", "forwarded", "x-forwarded-*",
                      "x-real-ip", "x-client-ip", "x-auth-request-*", "x-webauth-*", "remote-user", "x-remote-*")
+#: answer headers of a service that would act on kasd's own origin (the dashboard's, whose session
+#: cookie and CSRF token a same-origin page can use): cookies, site data, transport and reporting
+#: policies, a service worker's scope. Never passed to the client.
+ORIGIN_HEADERS = frozenset({"set-cookie", "set-cookie2", "clear-site-data", "strict-transport-security", "alt-svc",
+                            "public-key-pins", "public-key-pins-report-only", "service-worker-allowed", "nel",
+                            "report-to", "reporting-endpoints", "origin-agent-cluster"})
+#: added to every answer of a service: whatever it sends is never a live page of kasd's origin (no
+#: script, no form, an opaque origin: CSP ``sandbox``) nor sniffed into one
+ANSWER_POLICY = (("content-security-policy", "sandbox; default-src 'none'; frame-ancestors 'none'"),
+                 ("x-content-type-options", "nosniff"))
 #: PromQL parameters, as Prometheus's HTTP API names them
 _INSTANT = ("query", "time", "timeout")
 _RANGE = ("query", "start", "end", "step", "timeout")
@@ -354,6 +364,14 @@ class ServiceRoutes:
         return Planned(grant=grant, principal=principal, kind=KIND_SERVICE, service=found.service,
                        target=found.target)
 
+    def answer_headers(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """A service's answer is served on kasd's API origin, beside the dashboard: without the
+        headers that would act on that origin (``ORIGIN_HEADERS``), with ``ANSWER_POLICY`` added (a
+        page the service sends, or one an attacker makes it reflect, cannot run as kasd's)."""
+        kept = [(k, v) for k, v in headers if k.lower().replace("_", "-") not in ORIGIN_HEADERS
+                and k.lower() != "x-content-type-options"]
+        return [*kept, *ANSWER_POLICY]
+
     def error_body(self, status: int, detail: str) -> bytes:
         return json.dumps({"message": message(status, detail)}, separators=(",", ":")).encode()
 
@@ -385,9 +403,11 @@ class ServiceDispatch:
 
 
 __all__ = [
+    "ANSWER_POLICY",
     "CREDENTIAL_HEADERS",
     "CREDENTIAL_PARAMS",
     "DEFAULT_PROMQL_SERVICE",
+    "ORIGIN_HEADERS",
     "REWRITING_HEADERS",
     "ServiceCall",
     "ServiceDispatch",

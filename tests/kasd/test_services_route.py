@@ -348,3 +348,28 @@ async def test_a_connect_to_a_service_is_refused_not_left_hanging() -> None:
                                  f"PRIVATE-TOKEN: {pat}\r\nConnection: close\r\n\r\n".encode(), _echo_head)
     status, _, body = _answer(raw)
     assert heads == [] and status == 405 and "CONNECT is not relayed" in json.loads(body)["message"]
+
+
+async def test_a_services_page_never_runs_nor_sets_cookies_as_kasds_origin() -> None:
+    """The API port's origin is the dashboard's: a page a service sends (or is made to reflect),
+    opened through a link carrying the attacker's own ?job_token=, must not run script there (it
+    would read the victim's CSRF token and act with their session) nor set the origin's cookies."""
+    page = b"<script>fetch('/-/session')</script>"
+
+    async def html(stream: MuxStream, head: RequestHead) -> None:
+        await read_all(stream)
+        await stream.accept(ResponseHead(status=200, headers=(
+            ("content-type", "text/html"), ("content-length", str(len(page))), ("Set-Cookie", "kasd_session=evil; Path=/"),
+            ("strict-transport-security", "max-age=63072000; includeSubDomains"), ("x-content-type-options", "sniff"),
+            ("clear-site-data", '"*"'), ("content-security-policy", "script-src *"))).to_metadata())
+        await stream.send_all(page)
+        await stream.send_eof()
+
+    raw, _heads = await _converse(_get(f"/api/v4/agents/1/services/prometheus/graph?job_token={_job()}"), html)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = [line.lower() for line in head.decode().split("\r\n")[1:]]
+    assert body == page
+    assert not [line for line in lines if line.startswith(("set-cookie", "strict-transport", "clear-site-data"))]
+    assert "x-content-type-options: nosniff" in lines and "x-content-type-options: sniff" not in lines
+    policies = [line for line in lines if line.startswith("content-security-policy: ")]
+    assert any(p.startswith("content-security-policy: sandbox;") for p in policies)  # (theirs may stay: both apply)
