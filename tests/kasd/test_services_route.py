@@ -373,3 +373,13 @@ async def test_a_services_page_never_runs_nor_sets_cookies_as_kasds_origin() -> 
     assert "x-content-type-options: nosniff" in lines and "x-content-type-options: sniff" not in lines
     policies = [line for line in lines if line.startswith("content-security-policy: ")]
     assert any(p.startswith("content-security-policy: sandbox;") for p in policies)  # (theirs may stay: both apply)
+
+
+async def test_a_token_in_the_path_is_refused_and_never_written_to_the_access_log(
+        caplog: pytest.LogCaptureFixture) -> None:
+    pat = _world()[1].personal_token("alice")
+    with caplog.at_level(logging.INFO):
+        raw, heads = await _converse(_get(f"/api/v4/agents/1/services/prometheus/api/{pat}", f"PRIVATE-TOKEN: {pat}"))
+    assert heads == [] and _answer(raw)[0] == 400
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("request ")]
+    assert lines and all(pat not in line and "/api/[redacted]" in line for line in lines)
