@@ -2,8 +2,8 @@
 exactly as an agent that does not exist (``404 Agent Not Found``), on every route that names an
 agent by id, so that ids and service names cannot be enumerated by anyone holding some token.
 
-A user sees an agent that ``GET /api/kasd/v1/agents`` lists for them (the Reporter role or more in its
-configuration project, or its ``user_access`` admits them) or whose ``services[].user_access`` admits
+A user sees an agent that ``GET /api/kasd/v1/agents`` lists for them (the Developer role or more in its
+configuration project, GitLab's role to view agents, or its ``user_access`` admits them) or whose ``services[].user_access`` admits
 them. A CI job sees an agent whose configuration project is the job's own, or whose ``ci_access``
 (``projects``, ``groups``, ``instance``) or ``services[].ci_access`` names the job's project or a group
 above it, whatever the environment (the 403 then says which environment would be let in). Pure.
@@ -26,7 +26,7 @@ def user_sees_agent(directory: Directory, agent_id: int, config: AgentConfig | N
         return False
     project = directory.project(agent.config_project)
     role = directory.role_of(username, project) if project is not None else None
-    if role is not None and role >= Role.REPORTER:
+    if role is not None and role >= Role.DEVELOPER:
         return True
     if authorize_user(directory, agent_id, config, username).allowed:
         return True

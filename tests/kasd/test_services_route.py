@@ -53,7 +53,7 @@ def _world() -> tuple[Snapshot, AuthSetup]:
         "groups": [{"path": "group", "id": 10}],
         "projects": [{"path": "group/infra", "id": 1}, {"path": "group/app", "id": 42}, {"path": "group/other", "id": 43}],
         "users": [{"username": "alice", "memberships": {"group/app": "developer"}},
-                  {"username": "bob", "memberships": {"group/app": "reporter", "group/infra": "reporter"}},
+                  {"username": "bob", "memberships": {"group/app": "reporter", "group/infra": "developer"}},
                   {"username": "mallory", "memberships": {"group/other": "maintainer"}}],
         **auth.kasd_settings(),
     })
