@@ -61,8 +61,9 @@ DEFAULT_PROMQL_SERVICE = "prometheus"
 #: query parameters that carry a credential: read (``job_token``) or not, never forwarded
 CREDENTIAL_PARAMS = frozenset({"job_token", "private_token"})
 #: request headers that carry a credential here, besides those the proxy drops (Authorization,
-#: Cookie, Impersonate-*, X-Remote-*): never forwarded
-CREDENTIAL_HEADERS = ("job-token", "private-token")
+#: Cookie, Impersonate-*, X-Remote-*): never forwarded. ``Referer``: a browser's, from a page of
+#: kasd's origin opened with ``?job_token=``, carries the token in its query
+CREDENTIAL_HEADERS = ("job-token", "private-token", "referer")
 #: request headers a service behind a proxy may believe over the request itself: another method
 #: (``X-HTTP-Method-Override``: a POST agentd allows becomes a DELETE it does not), another path
 #: (``X-Original-URL``: Symfony, IIS), or who asks and from where (Grafana's auth proxy

@@ -304,7 +304,8 @@ async def test_no_spelling_of_a_credential_and_no_rewriting_header_reaches_the_s
     raw, _heads = await _converse(_get(
         f"/api/v4/agents/1/services/prometheus/api/v1/query?{query}", f"PRIVATE-TOKEN: {pat}", f"Private_Token: {pat}",
         f"JOB_TOKEN: {job}", "X-HTTP-Method-Override: DELETE", "X-Original-URL: /admin", "X-WEBAUTH-USER: admin",
-        "X-Forwarded-User: admin", "X_Forwarded_For: 10.0.0.1", "Forwarded: for=10.0.0.1", "Accept: */*"), _echo_head)
+        "X-Forwarded-User: admin", "X_Forwarded_For: 10.0.0.1", "Forwarded: for=10.0.0.1", "Accept: */*",
+        f"Referer: https://kasd/api/v4/agents/1/services/prometheus/graph?job_token={job}"), _echo_head)
     status, _, body = _answer(raw)
     assert status == 200, body
     seen = json.loads(body)
