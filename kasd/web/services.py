@@ -120,10 +120,12 @@ def _split(raw_target: str) -> tuple[str, str]:
 def credential_param(name: str) -> bool:
     """Whether a query parameter's name (as sent) is one some server reads as a credential: ``job_token``
     or ``private_token`` in any case, percent-encoded, with ``-`` or a space (``+``) for ``_``, or
-    followed by what a framework ignores or folds away (``job_token[]``, ``job_token%00``, ``JOB_TOKEN.x``)."""
-    text = unquote_plus(name, errors="replace").lower()
-    text = re.split(r"[^a-z0-9_\- ]", text, maxsplit=1)[0]
-    return text.strip().replace("-", "_").replace(" ", "_") in CREDENTIAL_PARAMS
+    followed by what a framework ignores or folds away (``job_token[]``, ``job_token%00``, ``JOB_TOKEN.x``),
+    or with ``.`` for ``_`` (PHP folds ``.``, `` `` and ``[`` in a name to ``_``)."""
+    text = unquote_plus(name, errors="replace").lower().strip()
+    folded = re.sub(r"[-. \[]", "_", text)  # (PHP reads "job.token" and "job token" as job_token)
+    return any(re.split(r"[^a-z0-9_]", form.replace("-", "_").replace(" ", "_"), maxsplit=1)[0] in CREDENTIAL_PARAMS
+               for form in (text, folded))
 
 
 def without_credentials(query: str) -> str:

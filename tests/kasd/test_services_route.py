@@ -300,7 +300,7 @@ async def test_no_spelling_of_a_credential_and_no_rewriting_header_reaches_the_s
     _snapshot, auth = _world()
     pat, job = auth.personal_token("alice"), _job()
     query = "&".join([f"JOB_TOKEN={job}", f"query=up;job_token={job}", f"Private%5FToken={pat}", f"job_token[]={job}",
-                      f"job-token%00={job}", f"job+token={job}", "match[]=a;b"])
+                      f"job-token%00={job}", f"job+token={job}", f"job.token={job}", f"PRIVATE_TOKEN.x={pat}", "match[]=a;b"])
     raw, _heads = await _converse(_get(
         f"/api/v4/agents/1/services/prometheus/api/v1/query?{query}", f"PRIVATE-TOKEN: {pat}", f"Private_Token: {pat}",
         f"JOB_TOKEN: {job}", "X-HTTP-Method-Override: DELETE", "X-Original-URL: /admin", "X-WEBAUTH-USER: admin",
