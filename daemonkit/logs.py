@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Callable, Hashable
@@ -174,6 +175,18 @@ class UnexpectedErrors:
         if not written and self.on_suppressed is not None:
             self.on_suppressed()
         return written
+
+
+#: what a token looks like in text a client chose (a path): a JWT (kasd's personal and CI job tokens)
+#: or a GitLab token by its prefix (glpat-, glcbt-, glagent-, …)
+_TOKEN_TEXT = re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
+                         r"|gl(?:pat|dt|cbt|rt|ptt|agent|ft|imt|soat|oas|ffct)-[A-Za-z0-9_.-]{16,}")
+
+
+def redact_tokens(text: str) -> str:
+    """``text`` (a request's path, for a log line) with anything token-shaped replaced by
+    ``[redacted]``: a client that puts its token in a path must not put it in kasd's log."""
+    return _TOKEN_TEXT.sub("[redacted]", text)
 
 
 def logfmt(value: str) -> str:

@@ -29,7 +29,7 @@ from urllib.parse import unquote
 import attrs
 import trio
 
-from daemonkit.logs import BurstLimitedLog, UnexpectedErrors
+from daemonkit.logs import BurstLimitedLog, UnexpectedErrors, redact_tokens
 from kasd.config import Http2Limits
 from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Exchange
@@ -285,4 +285,5 @@ def _with_length(headers: Sequence[tuple[str, str]], body: bytes) -> list[tuple[
 
 def _printable(text: str) -> str:
     """A path for a log line: no control characters or spaces (it is the client's)."""
+    text = redact_tokens(text)
     return "".join(c if c.isprintable() and c != " " else f"%{ord(c):02X}" for c in text) or "-"

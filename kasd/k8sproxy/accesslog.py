@@ -9,7 +9,7 @@ import logging
 import attrs
 import trio
 
-from daemonkit.logs import logfmt
+from daemonkit.logs import logfmt, redact_tokens
 
 log = logging.getLogger("kasd.access")
 
@@ -55,7 +55,7 @@ class RequestRecord:
             "verb=%s namespace=%s status=%d bytes_in=%d bytes_out=%d duration=%.3f outcome=%s",
             self.request_id,
             self.method,
-            self.path.split("?", 1)[0][:512],
+            redact_tokens(self.path.split("?", 1)[0])[:512],
             self.protocol,
             self.peer,
             self.agent_id if self.agent_id is not None else "-",

@@ -140,6 +140,10 @@ class RequestPlan(Protocol):
         """What the client is told when agentd refuses the stream."""
         ...
 
+    def answer_headers(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The headers of the agent's answer as the client gets them (hop-by-hop ones already gone)."""
+        ...
+
 
 def clean_request_headers(
     headers: Sequence[tuple[str, str]], *, upgrade: bool, dropped: DroppedHeaders = DROPPED
@@ -148,7 +152,10 @@ def clean_request_headers(
     (Impersonate-*, X-Remote-User/-Group/-Extra-*, and what ``dropped`` adds) and hop-by-hop headers."""
     kept = strip_hop_by_hop(headers, keep_upgrade=upgrade)
     names, prefixes = dropped.names, dropped.prefixes
-    return tuple((k, v) for k, v in kept if k not in names and not k.startswith(prefixes))
+    # (compared with "_" read as "-": CGI, WSGI and Rack servers fold both to the same variable, so
+    # "Private_Token" or "Impersonate_User" is "Private-Token" or "Impersonate-User" to them)
+    return tuple((k, v) for k, v in kept
+                 if (n := k.replace("_", "-")) not in names and not n.startswith(prefixes))
 
 
 def clean_response_headers(headers: Sequence[tuple[str, str]], *, switching: bool = False) -> list[tuple[str, str]]:
@@ -578,7 +585,10 @@ class RequestPipeline:
             await t.reader.done.wait()
             await self._switch(t, head.headers)
             return
-        headers = [*clean_response_headers(head.headers), ("x-request-id", record.request_id)]
+        headers = clean_response_headers(head.headers)
+        if t.plan is not None:
+            headers = t.plan.answer_headers(headers)
+        headers.append(("x-request-id", record.request_id))
         bytes_from_agent = self.metrics.bytes_from_agent
         boundary = answer_boundary(t.head, head)
         # The head, and whatever of the body already arrived (all of a small answer), in one write.
@@ -648,7 +658,10 @@ class RequestPipeline:
     async def _switch(self, t: _Transfer, raw_headers: tuple[tuple[str, str], ...]) -> None:
         """``101``: from here on, the client connection and the logical stream are one byte pipe."""
         stream, record = t.stream, t.record
-        headers = [*clean_response_headers(raw_headers, switching=True), ("x-request-id", record.request_id)]
+        headers = clean_response_headers(raw_headers, switching=True)
+        if t.plan is not None:
+            headers = t.plan.answer_headers(headers)
+        headers.append(("x-request-id", record.request_id))
         record.head_sent = True
         client, early = await t.ex.upgrade(headers)
         to_agent = self.metrics.bytes_to_agent

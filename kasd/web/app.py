@@ -409,15 +409,16 @@ class WebApp:
         return JSONResponse({"id": agent.id, "name": agent.name, "pods": [dict(r) for r in reports]})
 
     def _visible_agents(self, request: Request) -> list[Any]:
-        """The agents the caller may see: Reporter+ on the agent's configuration project, or a viewer
-        of it (user_access)."""
+        """The agents the caller may see: Developer+ on the agent's configuration project (GitLab's
+        role to view agents: a Reporter does not see their pods, nodes and RBAC), or a viewer of it
+        (user_access)."""
         snapshot, caller = self._caller(request)
         directory = snapshot.directory
         visible = []
         for agent in directory.agents:
             config_project = directory.project(agent.config_project)
             role = directory.role_of(caller.username, config_project) if config_project is not None else None
-            if role is None or role < Role.REPORTER:
+            if role is None or role < Role.DEVELOPER:
                 try:
                     viewer_for(snapshot, caller, agent.id)
                 except ApiRefusal:

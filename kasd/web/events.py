@@ -33,6 +33,7 @@ from kasd.authz.directory import Role
 from kasd.authz.policy import authorize_user
 from kasd.authz.snapshot import Snapshot
 from kasd.authz.verdict import AccessDenied
+from kasd.authz.visibility import job_sees_agent, user_sees_agent
 from kasd.restapi import job_token_of
 from kasd.store.events import (
     EVENT_ID,
@@ -102,6 +103,9 @@ class EventsApi:
             try:
                 snapshot.decide_job(claims, agent_id)
             except AccessDenied as exc:
+                compiled = snapshot.agents.get(agent_id)
+                if not job_sees_agent(snapshot.directory, agent_id, compiled.config if compiled else None, claims):
+                    raise ApiRefusal(404, "404 Agent Not Found") from None
                 raise ApiRefusal(403, f"403 Forbidden: {exc.message.removeprefix('forbidden: ')}") from None
             return agent_id
         if personal is None:
@@ -118,7 +122,8 @@ class EventsApi:
         compiled = snapshot.agents.get(agent_id)
         if compiled is not None and authorize_user(directory, agent_id, compiled.config, caller.username).allowed:
             return agent_id
-        if role is None:  # (not a member of its project, not admitted: the agent is not theirs to see)
+        if not user_sees_agent(directory, agent_id, compiled.config if compiled is not None else None,
+                               caller.username):  # (the agent is not theirs to see: as one that does not exist)
             raise ApiRefusal(404, "404 Agent Not Found")
         raise ApiRefusal(403, f"403 Forbidden: events to agent {agent_id} need the Maintainer role in "
                               f"{agent.config_project} or the agent's user_access")

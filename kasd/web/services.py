@@ -22,8 +22,10 @@ May import: ``kasd.authz``, ``kasd.k8sproxy`` (the pipeline, its exchange and st
 from __future__ import annotations
 
 import json
+import re
 import time
-from collections.abc import Callable, Hashable
+import unicodedata
+from collections.abc import Callable, Hashable, Sequence
 from http import HTTPStatus
 from urllib.parse import parse_qsl, quote, unquote, unquote_plus
 
@@ -33,9 +35,16 @@ from kasd.authz.jobtokens import JobClaims
 from kasd.authz.servicepolicy import ServiceDecision, authorize_service_job, authorize_service_user
 from kasd.authz.services import SERVICE_NAME
 from kasd.authz.snapshot import Snapshot
+from kasd.authz.visibility import job_sees_agent, user_sees_agent
 from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.exchange import ClientRequest, Exchange
-from kasd.k8sproxy.pipeline import DROPPED, DroppedHeaders, Planned, RequestPipeline
+from kasd.k8sproxy.pipeline import (
+    DROPPED,
+    DroppedHeaders,
+    Planned,
+    RequestPipeline,
+    clean_request_headers,
+)
 from kasd.k8sproxy.status import ProxyError
 from kasd.seams import AccessDenied, Grant, parse_bearer
 from kasd.web.auth import ApiRefusal, small_int, verify_token
@@ -52,8 +61,28 @@ DEFAULT_PROMQL_SERVICE = "prometheus"
 #: query parameters that carry a credential: read (``job_token``) or not, never forwarded
 CREDENTIAL_PARAMS = frozenset({"job_token", "private_token"})
 #: request headers that carry a credential here, besides those the proxy drops (Authorization,
-#: Cookie, Impersonate-*, X-Remote-*): never forwarded
-CREDENTIAL_HEADERS = ("job-token", "private-token")
+#: Cookie, Impersonate-*, X-Remote-*): never forwarded. ``Referer``: a browser's, from a page of
+#: kasd's origin opened with ``?job_token=``, carries the token in its query
+CREDENTIAL_HEADERS = ("job-token", "private-token", "referer")
+#: request headers a service behind a proxy may believe over the request itself: another method
+#: (``X-HTTP-Method-Override``: a POST agentd allows becomes a DELETE it does not), another path
+#: (``X-Original-URL``: Symfony, IIS), or who asks and from where (Grafana's auth proxy
+#: ``X-WEBAUTH-USER``, oauth2-proxy's ``X-Forwarded-User``/``X-Auth-Request-*``, ``Remote-User``).
+#: agentd's allow-list judges the method and path kasd sends; these would change them behind its
+#: back, or claim an identity the caller did not prove. Never forwarded (names, or prefixes ending in ``*``).
+REWRITING_HEADERS = ("x-http-method-override", "x-http-method", "x-method-override", "x-original-url",
+                     "x-original-uri", "x-rewrite-url", "x-override-url", "forwarded", "x-forwarded-*",
+                     "x-real-ip", "x-client-ip", "x-auth-request-*", "x-webauth-*", "remote-user", "x-remote-*")
+#: answer headers of a service that would act on kasd's own origin (the dashboard's, whose session
+#: cookie and CSRF token a same-origin page can use): cookies, site data, transport and reporting
+#: policies, a service worker's scope. Never passed to the client.
+ORIGIN_HEADERS = frozenset({"set-cookie", "set-cookie2", "clear-site-data", "strict-transport-security", "alt-svc",
+                            "public-key-pins", "public-key-pins-report-only", "service-worker-allowed", "nel",
+                            "report-to", "reporting-endpoints", "origin-agent-cluster"})
+#: added to every answer of a service: whatever it sends is never a live page of kasd's origin (no
+#: script, no form, an opaque origin: CSP ``sandbox``) nor sniffed into one
+ANSWER_POLICY = (("content-security-policy", "sandbox; default-src 'none'; frame-ancestors 'none'"),
+                 ("x-content-type-options", "nosniff"))
 #: PromQL parameters, as Prometheus's HTTP API names them
 _INSTANT = ("query", "time", "timeout")
 _RANGE = ("query", "start", "end", "step", "timeout")
@@ -89,27 +118,87 @@ def _split(raw_target: str) -> tuple[str, str]:
     return path, query
 
 
+def credential_param(name: str) -> bool:
+    """Whether a query parameter's name (as sent) is one some server reads as a credential: ``job_token``
+    or ``private_token`` in any case, percent-encoded, with ``-`` or a space (``+``) for ``_``, or
+    followed by what a framework ignores or folds away (``job_token[]``, ``job_token%00``, ``JOB_TOKEN.x``),
+    or with ``.`` for ``_`` (PHP folds ``.``, `` `` and ``[`` in a name to ``_``)."""
+    text = unquote_plus(name, errors="replace").lower().strip()
+    folded = re.sub(r"[-. \[]", "_", text)  # (PHP reads "job.token" and "job token" as job_token)
+    return any(re.split(r"[^a-z0-9_]", form.replace("-", "_").replace(" ", "_"), maxsplit=1)[0] in CREDENTIAL_PARAMS
+               for form in (text, folded))
+
+
 def without_credentials(query: str) -> str:
-    """``query`` as sent, minus every ``job_token``/``private_token`` parameter (the others untouched,
-    byte for byte: the service reads them as the client wrote them)."""
-    kept = [part for part in query.split("&")
-            if part and unquote_plus(part.partition("=")[0], errors="replace") not in CREDENTIAL_PARAMS]
+    """``query`` as sent, minus every parameter a server could read as ``job_token``/``private_token``
+    (``credential_param``; ``&`` and ``;`` both separate parameters to some servers); the others
+    untouched, byte for byte: the service reads them as the client wrote them."""
+    kept = []
+    for part in query.split("&"):
+        pieces = [piece for piece in part.split(";") if not credential_param(piece.partition("=")[0])]
+        if any(pieces):
+            kept.append(";".join(pieces))
     return "&".join(kept)
 
 
+def carries_secret(secret: str, target: str, headers: Sequence[tuple[str, str]]) -> bool:
+    """Whether the token a request authenticates with is still in what would be forwarded: the
+    target (as sent or percent-decoded: a token in the path, or under a parameter name no rule
+    knows) or a header kasd does not drop."""
+    if len(secret) < 8:  # (a token that short is refused anyway; a substring test of it means nothing)
+        return False
+    return (secret in target or secret in unquote_plus(target, errors="replace")
+            or any(secret in value for _name, value in headers))
+
+
+#: how many times over a segment is decoded to look for a dot segment or a separator (as agentd)
+_MAX_DECODINGS = 3
+_ENCODED = re.compile(r"%[0-9A-Fa-f]{2}")
+
+
 def traversal_problem(path: str) -> str | None:
-    """Why the rest of a service path could climb out of the prefix agentd allows, or None: a ``.``
-    or ``..`` segment (also percent-encoded), an encoded ``/`` or ``\\``, a ``\\``, NUL or another
-    control character. agentd refuses the same (400); kasd refuses first, so nothing of it leaves."""
-    lowered = path.lower()
+    """Why the rest of a service path could climb out of the prefix agentd allows, or reach the
+    service differently than it was judged, or None. agentd refuses the same (400,
+    ``agentd.services.normalised_path``); kasd refuses first, so nothing of it leaves: a ``.`` or
+    ``..`` segment in any encoding (percent-encoded, once or several times over, before a ``;``
+    parameter as servlet containers read it, or as full-width dots that NFKC folds), an encoded
+    ``/`` or ``\\``, a ``\\``, NUL or another control character, ``//`` at the start, a ``#``, or
+    percent-encoded bytes that are not UTF-8."""
+    if path.startswith("//"):
+        return "the path must start with a single '/' (not '//')"
+    if "#" in path:
+        return "the path must not contain '#'"
+    for raw in path.split("/"):
+        text = raw
+        for _ in range(_MAX_DECODINGS + 1):
+            problem = _segment_problem(text)
+            if problem:
+                return problem
+            if not _ENCODED.search(text):
+                break
+            try:
+                text = unquote(text, errors="strict")
+            except UnicodeDecodeError:
+                return "the path must not contain percent-encoded bytes that are not UTF-8"
+            if "/" in text:
+                return "the path must not contain '%2f' (an encoded path separator)"
+        else:
+            return f"the path must not be percent-encoded more than {_MAX_DECODINGS} times over"
+    return None
+
+
+def _segment_problem(text: str) -> str | None:
+    lowered = text.lower()
     for bad in ("%2f", "%5c", "%00", "\\"):
         if bad in lowered:
             return f"the path must not contain {bad!r} (an encoded or Windows path separator, or NUL)"
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
         return "the path must not contain control characters"
-    for segment in path.split("/"):
-        if unquote(segment, errors="replace") in (".", ".."):
-            return "the path must not contain '.' or '..' segments (also percent-encoded)"
+    for form in (text, unicodedata.normalize("NFKC", text)):
+        if form.partition(";")[0] in (".", ".."):
+            return "the path must not contain '.' or '..' segments (also percent-encoded, or before ';')"
+        if "/" in form or "\\" in form:
+            return "the path must not contain a character that folds to '/' or '\\'"
     return None
 
 
@@ -153,9 +242,7 @@ def promql_target(method: str, raw_target: str) -> ServiceCall | ProxyError | No
     if method not in ("GET", "HEAD"):
         return ProxyError(405, message(405, "a PromQL call is a GET"), (("allow", "GET, HEAD"),))
     params: dict[str, str] = {}
-    for name, value in parse_qsl(query, keep_blank_values=True):
-        if name in CREDENTIAL_PARAMS:
-            continue
+    for name, value in parse_qsl(without_credentials(query), keep_blank_values=True):
         if name not in _PROMQL_PARAMS:
             return _refuse(400, f"unknown parameter {name[:64]!r} (expected query, time, start, end, step, timeout, service)")
         if name in params:
@@ -216,7 +303,7 @@ class ServiceRoutes:
     """The ``RequestPlan`` of both routes (``kasd.k8sproxy.pipeline``); ``snapshot()`` is the
     authorization in force now, ``clock()`` the time of day (seconds since the epoch)."""
 
-    dropped_headers: DroppedHeaders = DROPPED.also(CREDENTIAL_HEADERS)
+    dropped_headers: DroppedHeaders = DROPPED.also((*CREDENTIAL_HEADERS, *REWRITING_HEADERS))
 
     def __init__(self, snapshot: Callable[[], Snapshot], clock: Callable[[], float] = time.time) -> None:
         self._snapshot = snapshot
@@ -228,6 +315,11 @@ class ServiceRoutes:
         found = service_target(request.target)
         if found is None:
             found = promql_target(request.method, request.target)
+        if isinstance(found, ServiceCall) and request.method == "CONNECT":
+            # (a CONNECT has no body framing: relayed, it would hold its slot until a timeout with no
+            # answer; kasd relays requests and Upgrades to a service, never a CONNECT tunnel)
+            return ProxyError(405, message(405, "CONNECT is not relayed to a service (an Upgrade is)"),
+                              (("allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),))
         return found
 
     async def plan(self, request: ClientRequest) -> Planned:
@@ -260,12 +352,29 @@ class ServiceRoutes:
             assert user is not None
             decision = authorize_service_user(snapshot.directory, found.agent_id, config, found.service, user)
         if not decision.allowed:
+            seen = (job_sees_agent(snapshot.directory, found.agent_id, config, claims) if claims is not None
+                    else user is not None and user_sees_agent(snapshot.directory, found.agent_id, config, user))
+            if not seen:  # (as an agent that does not exist: neither ids nor service names are told)
+                raise _refuse(404, "404 Agent Not Found")
             raise _refuse(decision.status, decision.reason)
+        forwarded = clean_request_headers(request.headers, upgrade=request.upgrade, dropped=self.dropped_headers)
+        if carries_secret(secret, found.target, forwarded):
+            raise _refuse(400, "the request carries its token where kasd does not remove it (in the path, a header "
+                               "or a parameter of another name); send it only as JOB-TOKEN, PRIVATE-TOKEN, "
+                               "Authorization: Bearer or ?job_token=, so that it never reaches the service")
         grant = Grant(kind=kind, agent_id=found.agent_id, impersonate=None, subject=decision.principal,
                       access_as="agent", user=user, expires_at=expires)
         principal: Hashable = (kind, secret)
         return Planned(grant=grant, principal=principal, kind=KIND_SERVICE, service=found.service,
                        target=found.target)
+
+    def answer_headers(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """A service's answer is served on kasd's API origin, beside the dashboard: without the
+        headers that would act on that origin (``ORIGIN_HEADERS``), with ``ANSWER_POLICY`` added (a
+        page the service sends, or one an attacker makes it reflect, cannot run as kasd's)."""
+        kept = [(k, v) for k, v in headers if k.lower().replace("_", "-") not in ORIGIN_HEADERS
+                and k.lower() != "x-content-type-options"]
+        return [*kept, *ANSWER_POLICY]
 
     def error_body(self, status: int, detail: str) -> bytes:
         return json.dumps({"message": message(status, detail)}, separators=(",", ":")).encode()
@@ -298,12 +407,17 @@ class ServiceDispatch:
 
 
 __all__ = [
+    "ANSWER_POLICY",
     "CREDENTIAL_HEADERS",
     "CREDENTIAL_PARAMS",
     "DEFAULT_PROMQL_SERVICE",
+    "ORIGIN_HEADERS",
+    "REWRITING_HEADERS",
     "ServiceCall",
     "ServiceDispatch",
     "ServiceRoutes",
+    "carries_secret",
+    "credential_param",
     "message",
     "offered_credentials",
     "promql_target",

@@ -53,7 +53,8 @@ def _world() -> tuple[Snapshot, AuthSetup]:
         "groups": [{"path": "group", "id": 10}],
         "projects": [{"path": "group/infra", "id": 1}, {"path": "group/app", "id": 42}, {"path": "group/other", "id": 43}],
         "users": [{"username": "alice", "memberships": {"group/app": "developer"}},
-                  {"username": "bob", "memberships": {"group/app": "reporter"}}],
+                  {"username": "bob", "memberships": {"group/app": "reporter", "group/infra": "developer"}},
+                  {"username": "mallory", "memberships": {"group/other": "maintainer"}}],
         **auth.kasd_settings(),
     })
     return load_authorization(config, None).snapshot, auth
@@ -150,8 +151,6 @@ async def test_every_credential_form_is_read_and_none_is_forwarded() -> None:
 @pytest.mark.parametrize(("request_path", "headers", "status", "message"), [
     ("/api/v4/agents/1/services/prometheus/", (), 401, "401 Unauthorized: send a CI job token"),
     ("/api/v4/agents/1/services/prometheus/", ("JOB-TOKEN: forged",), 401, "401 Unauthorized: CI job token"),
-    ("/api/v4/agents/1/services/prometheus/", ("JOB-TOKEN: {other}",), 403,
-     "403 Forbidden: agent 1 does not allow CI/CD jobs of project group/other to use service 'prometheus'"),
     ("/api/v4/agents/1/services/prometheus/", ("PRIVATE-TOKEN: {bob}",), 403,
      "403 Forbidden: user bob needs at least the Developer role"),
     ("/api/v4/agents/1/services/grafana/", ("JOB-TOKEN: {job}",), 404, "404 Service Not Found"),
@@ -166,6 +165,13 @@ async def test_every_credential_form_is_read_and_none_is_forwarded() -> None:
     ("/api/v4/agents/1/services/prometheus/api%2F..%2Fadmin", (), 400, "'%2f'"),
     ("/api/v4/agents/1/services/prometheus/api%5c..", (), 400, "'%5c'"),
     ("/api/v4/agents/1/services/prometheus/a%00b", (), 400, "'%00'"),
+    # ... and every spelling agentd refuses: a servlet's "..;", double encoding, full-width dots, not UTF-8
+    ("/api/v4/agents/1/services/prometheus/api/v1/..;x/admin", (), 400, "'.' or '..' segments"),
+    ("/api/v4/agents/1/services/prometheus/api/v1/%252e%252E/admin", (), 400, "'.' or '..' segments"),
+    ("/api/v4/agents/1/services/prometheus/api/v1/%EF%BC%8E%EF%BC%8E/admin", (), 400, "'.' or '..' segments"),
+    ("/api/v4/agents/1/services/prometheus/api/v1/%252f", (), 400, "'%2f'"),
+    ("/api/v4/agents/1/services/prometheus/api/%c0%ae%c0%ae/admin", (), 400, "not UTF-8"),
+    ("/api/v4/agents/1/services/prometheus//admin", (), 400, "single '/'"),
     ("/api/kasd/v1/agents/1/promql?query=up&start=1", ("JOB-TOKEN: {job}",), 400, "needs start, end and step"),
     ("/api/kasd/v1/agents/1/promql?time=1", ("JOB-TOKEN: {job}",), 400, "query is missing"),
     ("/api/kasd/v1/agents/1/promql?query=up&evil=1", ("JOB-TOKEN: {job}",), 400, "unknown parameter 'evil'"),
@@ -286,3 +292,95 @@ async def test_an_answer_streams_to_the_client_before_the_service_has_finished_i
     raw, _ = await _converse(_get("/api/v4/agents/1/services/prometheus/api/v1/query_range",
                                   f"JOB-TOKEN: {_job()}"), slow_answer, feed=read_first)
     assert raw.startswith(b"HTTP/1.1 200 ") and b"transfer-encoding: chunked" in raw and b'{"rest": true}' in raw
+
+
+async def test_no_spelling_of_a_credential_and_no_rewriting_header_reaches_the_service() -> None:
+    """Servers read parameters case-insensitively, split on ``;``, fold ``_`` and ``-`` in header
+    names, or believe a header over the method and path agentd judged: none of it leaves kasd."""
+    _snapshot, auth = _world()
+    pat, job = auth.personal_token("alice"), _job()
+    query = "&".join([f"JOB_TOKEN={job}", f"query=up;job_token={job}", f"Private%5FToken={pat}", f"job_token[]={job}",
+                      f"job-token%00={job}", f"job+token={job}", f"job.token={job}", f"PRIVATE_TOKEN.x={pat}", "match[]=a;b"])
+    raw, _heads = await _converse(_get(
+        f"/api/v4/agents/1/services/prometheus/api/v1/query?{query}", f"PRIVATE-TOKEN: {pat}", f"Private_Token: {pat}",
+        f"JOB_TOKEN: {job}", "X-HTTP-Method-Override: DELETE", "X-Original-URL: /admin", "X-WEBAUTH-USER: admin",
+        "X-Forwarded-User: admin", "X_Forwarded_For: 10.0.0.1", "Forwarded: for=10.0.0.1", "Accept: */*",
+        f"Referer: https://kasd/api/v4/agents/1/services/prometheus/graph?job_token={job}"), _echo_head)
+    status, _, body = _answer(raw)
+    assert status == 200, body
+    seen = json.loads(body)
+    assert seen["target"] == "/api/v1/query?query=up&match[]=a;b"
+    assert seen["headers"] == [["accept", "*/*"]]
+
+
+@pytest.mark.parametrize("where", ["path", "param", "header", "promql"])
+async def test_the_token_a_request_authenticates_with_never_reaches_the_service_anywhere(where: str) -> None:
+    pat = _world()[1].personal_token("alice")
+    path, headers = {
+        "path": (f"/api/v4/agents/1/services/prometheus/api/v1/{pat}", ()),
+        "param": (f"/api/v4/agents/1/services/prometheus/api/v1/query?q={pat.replace('.', '%2E')}", ()),
+        "header": ("/api/v4/agents/1/services/prometheus/api/v1/query", (f"X-Token: {pat}",)),
+        "promql": (f"/api/kasd/v1/agents/1/promql?query={pat}", ()),
+    }[where]
+    raw, heads = await _converse(_get(path, f"Authorization: Bearer {pat}", *headers), _echo_head)
+    status, _, body = _answer(raw)
+    assert heads == [] and status == 400, body
+    assert "carries its token" in json.loads(body)["message"] and pat not in body.decode()
+
+
+async def test_a_caller_who_cannot_see_the_agent_cannot_tell_it_or_its_services_from_none() -> None:
+    """A user of another group, or a CI job of a project the agent's configuration never names, gets
+    what an agent that does not exist gets, for a configured service and an unknown one alike."""
+    _snapshot, auth = _world()
+    answers = set()
+    for credential in (f"JOB-TOKEN: {_job('group/other')}", f"PRIVATE-TOKEN: {auth.personal_token('mallory')}"):
+        for path in ("/api/v4/agents/1/services/prometheus/", "/api/v4/agents/1/services/grafana/",
+                     "/api/v4/agents/2/services/prometheus/", "/api/kasd/v1/agents/1/promql?query=up"):
+            raw, heads = await _converse(_get(path, credential))
+            status, _, body = _answer(raw)
+            assert heads == [] and status == 404, (path, credential[:12], body)
+            answers.add(body)
+    assert answers == {b'{"message":"404 Not Found: 404 Agent Not Found"}'}
+
+
+async def test_a_connect_to_a_service_is_refused_not_left_hanging() -> None:
+    pat = _world()[1].personal_token("alice")
+    raw, heads = await _converse(f"CONNECT /api/v4/agents/1/services/prometheus/x HTTP/1.1\r\nHost: kasd\r\n"
+                                 f"PRIVATE-TOKEN: {pat}\r\nConnection: close\r\n\r\n".encode(), _echo_head)
+    status, _, body = _answer(raw)
+    assert heads == [] and status == 405 and "CONNECT is not relayed" in json.loads(body)["message"]
+
+
+async def test_a_services_page_never_runs_nor_sets_cookies_as_kasds_origin() -> None:
+    """The API port's origin is the dashboard's: a page a service sends (or is made to reflect),
+    opened through a link carrying the attacker's own ?job_token=, must not run script there (it
+    would read the victim's CSRF token and act with their session) nor set the origin's cookies."""
+    page = b"<script>fetch('/-/session')</script>"
+
+    async def html(stream: MuxStream, head: RequestHead) -> None:
+        await read_all(stream)
+        await stream.accept(ResponseHead(status=200, headers=(
+            ("content-type", "text/html"), ("content-length", str(len(page))), ("Set-Cookie", "kasd_session=evil; Path=/"),
+            ("strict-transport-security", "max-age=63072000; includeSubDomains"), ("x-content-type-options", "sniff"),
+            ("clear-site-data", '"*"'), ("content-security-policy", "script-src *"))).to_metadata())
+        await stream.send_all(page)
+        await stream.send_eof()
+
+    raw, _heads = await _converse(_get(f"/api/v4/agents/1/services/prometheus/graph?job_token={_job()}"), html)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = [line.lower() for line in head.decode().split("\r\n")[1:]]
+    assert body == page
+    assert not [line for line in lines if line.startswith(("set-cookie", "strict-transport", "clear-site-data"))]
+    assert "x-content-type-options: nosniff" in lines and "x-content-type-options: sniff" not in lines
+    policies = [line for line in lines if line.startswith("content-security-policy: ")]
+    assert any(p.startswith("content-security-policy: sandbox;") for p in policies)  # (theirs may stay: both apply)
+
+
+async def test_a_token_in_the_path_is_refused_and_never_written_to_the_access_log(
+        caplog: pytest.LogCaptureFixture) -> None:
+    pat = _world()[1].personal_token("alice")
+    with caplog.at_level(logging.INFO):
+        raw, heads = await _converse(_get(f"/api/v4/agents/1/services/prometheus/api/{pat}", f"PRIVATE-TOKEN: {pat}"))
+    assert heads == [] and _answer(raw)[0] == 400
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("request ")]
+    assert lines and all(pat not in line and "/api/[redacted]" in line for line in lines)

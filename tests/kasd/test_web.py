@@ -620,3 +620,13 @@ async def test_an_object_nested_too_deeply_for_yaml_is_a_502_that_says_so_never_
     as_yaml = await call(app, "GET", base, [*_token("alice"), ("accept", "application/yaml")])
     assert as_yaml.status == 502 and "nested too deeply" in as_yaml.json()["message"]
     assert (await call(app, "GET", base, _token("alice"))).status == 200
+
+
+async def test_a_reporter_of_the_config_project_does_not_see_the_agents_pods_nor_its_cluster() -> None:
+    """GitLab shows agents to the Developer role and up: a Reporter gets what a stranger gets."""
+    app, _ = _app()
+    for user, shown in (("carol", []), ("alice", [1])):  # (carol: Reporter in group/infra; alice: user_access)
+        listed = await call(app, "GET", "/api/kasd/v1/agents", _token(user))
+        assert [a["id"] for a in listed.json()] == shown
+        cluster = await call(app, "GET", "/api/kasd/v1/agents/1/cluster", _token(user))
+        assert cluster.status == (200 if shown else 404)

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.timeout(30)
 
 # erin: Maintainer of the agents' config project; alice: admitted by agent 1's user_access (Developer
 # in group/app), not agent 2's; carol: Reporter in the config project; bob: nothing of group/infra
-EVENT_USERS = [*USERS, {"username": "erin", "memberships": {"group/infra": "maintainer"}}]
+EVENT_USERS = [*USERS, {"username": "erin", "memberships": {"group/infra": "maintainer"}},
+               {"username": "frank", "memberships": {"group/infra": "developer"}}]
 TOKENS = {u["username"]: AUTH.personal_token(str(u["username"])) for u in EVENT_USERS}
 TOKENS["carol"] = AUTH.personal_token("carol")
 
@@ -74,12 +75,18 @@ async def test_who_may_post_and_read_an_agents_events_in_gitlabs_words() -> None
         (await call(app, "POST", "/api/v4/agents/1/events", [("private-token", "nope")], push), 401, "401 Unauthorized"),
         (await call(app, "POST", "/api/v4/agents/2/events", _as("alice"), push), 404, "404 Agent Not Found"),
         (await call(app, "POST", "/api/v4/agents/1/events", _as("bob"), push), 404, "404 Agent Not Found"),
-        (await call(app, "POST", "/api/v4/agents/1/events", _as("carol"), push), 403, "403 Forbidden"),
+        (await call(app, "POST", "/api/v4/agents/1/events", _as("frank"), push), 403, "403 Forbidden"),
+        # a Reporter of its configuration project does not see the agent (GitLab: Developer and up)
+        (await call(app, "POST", "/api/v4/agents/1/events", _as("carol"), push), 404, "404 Agent Not Found"),
         (await call(app, "POST", "/api/v4/agents/99/events", _as("erin"), push), 404, "404 Agent Not Found"),
         (await call(app, "POST", "/api/v4/agents/" + "9" * 5000 + "/events", _as("erin"), push), 404, "404 Agent"),
         (await call(app, "GET", "/api/v4/agents/1/events", _as("bob")), 404, "404 Agent Not Found"),
+        # a job whose project the agent's configuration never names cannot tell an agent from none
         (await call(app, "POST", "/api/v4/agents/1/events",
-                    [("job-token", AUTH.job_token("elsewhere/app", job_id=9, user="alice"))], push), 403, "403 Forbidden"),
+                    [("job-token", AUTH.job_token("elsewhere/app", job_id=9, user="alice"))], push), 404, "404 Agent"),
+        (await call(app, "GET", "/api/v4/agents/1/events/x",
+                    [("job-token", AUTH.job_token("elsewhere/app", job_id=9, user="alice"))]), 404, "404 Agent"),
+        (await call(app, "GET", "/api/v4/agents/1/events", _as("dave")), 404, "404 Agent Not Found"),  # a Guest
     ]
     for reply, status, words in refusals:
         assert (reply.status, reply.json()["message"][:len(words)]) == (status, words), reply.json()
