@@ -140,6 +140,12 @@ class RequestPlan(Protocol):
         """What the client is told when agentd refuses the stream."""
         ...
 
+    def answer_headers(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The agent's answer's headers (hop-by-hop ones already gone) as the client gets them: a
+        plan whose answers come from elsewhere than an API server (a service on kasd's own origin)
+        removes what would act on that origin and adds what makes the answer inert there."""
+        ...
+
 
 def clean_request_headers(
     headers: Sequence[tuple[str, str]], *, upgrade: bool, dropped: DroppedHeaders = DROPPED
@@ -586,7 +592,10 @@ class RequestPipeline:
             await t.reader.done.wait()
             await self._switch(t, head.headers)
             return
-        headers = [*clean_response_headers(head.headers), ("x-request-id", record.request_id)]
+        headers = clean_response_headers(head.headers)
+        if t.plan is not None:
+            headers = t.plan.answer_headers(headers)
+        headers.append(("x-request-id", record.request_id))
         bytes_from_agent = self.metrics.bytes_from_agent
         boundary = answer_boundary(t.head, head)
         # The head, and whatever of the body already arrived (all of a small answer), in one write.
@@ -656,7 +665,10 @@ class RequestPipeline:
     async def _switch(self, t: _Transfer, raw_headers: tuple[tuple[str, str], ...]) -> None:
         """``101``: from here on, the client connection and the logical stream are one byte pipe."""
         stream, record = t.stream, t.record
-        headers = [*clean_response_headers(raw_headers, switching=True), ("x-request-id", record.request_id)]
+        headers = clean_response_headers(raw_headers, switching=True)
+        if t.plan is not None:
+            headers = t.plan.answer_headers(headers)
+        headers.append(("x-request-id", record.request_id))
         record.head_sent = True
         client, early = await t.ex.upgrade(headers)
         to_agent = self.metrics.bytes_to_agent

@@ -175,6 +175,32 @@ def promql_target(method: str, raw_target: str) -> ServiceCall | ProxyError | No
     return ServiceCall(agent_id=agent_id, service=service, target=f"{endpoint}?{encoded}")
 
 
+#: response headers a service's answer never carries to the client: each acts on kasd's origin (the
+#: API port serves the dashboard and its ``_kasd_session`` cookie there), not on the answer alone
+#: (cookies set or cleared, HSTS or an alternative service pinned for kasd's host, a service worker
+#: scope widened), or is a policy of the answer kasd sets itself (``ANSWER_POLICY``)
+ORIGIN_HEADERS = frozenset({
+    "set-cookie", "set-cookie2", "clear-site-data", "strict-transport-security", "alt-svc",
+    "service-worker-allowed", "public-key-pins", "public-key-pins-report-only", "expect-ct",
+    "origin-agent-cluster", "content-security-policy", "content-security-policy-report-only",
+    "x-content-type-options", "x-frame-options", "x-xss-protection", "x-permitted-cross-domain-policies",
+})
+#: what every answer from a service carries: a browser shown it (a link with ``?job_token=`` in it)
+#: treats it as a sandboxed document of an opaque origin, with no script, form, plugin or frame, so a
+#: page a service serves can neither read the dashboard's data nor act with a signed-in person's session
+ANSWER_POLICY = (
+    ("content-security-policy",
+     "sandbox; default-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"),
+    ("x-content-type-options", "nosniff"),
+    ("x-frame-options", "DENY"),
+)
+
+
+def inert_answer_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A service's answer's headers (names any case), minus ``ORIGIN_HEADERS``, plus ``ANSWER_POLICY``."""
+    return [*((k, v) for k, v in headers if k.lower() not in ORIGIN_HEADERS), *ANSWER_POLICY]
+
+
 def _headers(request: ClientRequest, name: str) -> list[str]:
     return [value.strip() for key, value in request.headers if key == name and value.strip()]
 
@@ -269,6 +295,9 @@ class ServiceRoutes:
     def error_body(self, status: int, detail: str) -> bytes:
         return json.dumps({"message": message(status, detail)}, separators=(",", ":")).encode()
 
+    def answer_headers(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        return inert_answer_headers(headers)
+
     def refusal(self, exc: StreamRefusedError, agent_id: int) -> ProxyError:
         detail = exc.message or "no detail"
         if exc.code == TunnelCode.UNKNOWN_TARGET:
@@ -297,12 +326,15 @@ class ServiceDispatch:
 
 
 __all__ = [
+    "ANSWER_POLICY",
     "CREDENTIAL_HEADERS",
     "CREDENTIAL_PARAMS",
     "DEFAULT_PROMQL_SERVICE",
+    "ORIGIN_HEADERS",
     "ServiceCall",
     "ServiceDispatch",
     "ServiceRoutes",
+    "inert_answer_headers",
     "message",
     "offered_credentials",
     "promql_target",
