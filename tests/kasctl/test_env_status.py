@@ -176,3 +176,12 @@ def test_the_event_stream_reader_parses_events_and_sends_the_token_as_private_to
         server.server_close()
     assert events == [("graph", '{"a":\n1}'), ("end", "{}")]
     assert seen == ["tok"]
+
+
+def test_a_tenants_condition_message_cannot_drive_the_terminal() -> None:
+    """A pod's condition message is written by whoever runs the pod: shown escaped, colour kasctl's own."""
+    out = _Terminal()
+    assert run_status(_args(), FakeKasd("Degraded", "boom\x1b]0;owned\x07\r\x1b[1A"), out=out) == 1
+    text = out.getvalue()
+    assert r"boom\x1b]0;owned\x07\r\x1b[1A" in text and "\x1b]" not in text and "\r" not in text
+    assert "\x1b[31mDegraded" in text
