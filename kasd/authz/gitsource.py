@@ -58,6 +58,9 @@ MAX_CONFIG_BYTES = yamldoc.DEFAULT_BUDGET.max_bytes
 MAX_TREE_BYTES = 4 * 1024 * 1024
 #: how many annotated tags a ref may go through to its commit
 MAX_TAG_DEPTH = 8
+#: the largest commit or annotated tag object a ref may name (git's own are a few hundred bytes; a
+#: message of 256 MiB, 250 KiB once compressed in a push, cost 3 s and 800 MB at every poll)
+MAX_COMMIT_BYTES = 1024 * 1024
 _HEX = re.compile(r"[0-9a-f]{40}")
 _REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}")
 
@@ -167,6 +170,10 @@ def _resolve(repo: Repo, ref: str, project: str) -> str:
         raise GitConfigError(f"config project {project}: ref {ref!r} not found in its repository"
                              + (" (HEAD names no commit yet: an empty repository?)" if ref == "HEAD" else ""))
     for _ in range(MAX_TAG_DEPTH):
+        size = _object_size(repo, sha)  # (None: not found, which the lookup below says)
+        if size is not None and size > MAX_COMMIT_BYTES:
+            raise GitConfigError(f"config project {project}: ref {ref!r} names {sha.decode()}: refused: an object of "
+                                 f"{size} bytes (a commit or tag kasd reads is at most {MAX_COMMIT_BYTES})")
         try:
             obj = repo.object_store[sha]  # type: ignore[index]
         except KeyError:
@@ -384,6 +391,7 @@ class ProjectReader:
 
 
 __all__ = [
+    "MAX_COMMIT_BYTES",
     "MAX_CONFIG_BYTES",
     "MAX_TREE_BYTES",
     "AgentConfigError",

@@ -366,3 +366,27 @@ def test_the_post_receive_hook_tells_kasd_of_a_push_to_the_branch_it_reads(
     else:
         assert (tmp_path / "called").read_text().strip() == told
         assert (tmp_path / "token").read_text().strip() == "the-token"
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("via", ["commit", "tag"])
+def test_a_huge_commit_or_tag_is_refused_before_it_is_inflated(
+        tmp_path: Path, auth: AuthSetup, repo: GitRepo, packed: bool, via: str) -> None:
+    """A commit's (or an annotated tag's) message compresses to almost nothing in a push: its size is
+    read from the object header, as a blob's, at every poll and load, before anything is inflated."""
+    from dulwich.objects import Commit, Tag
+
+    huge = "x" * (gitsource.MAX_COMMIT_BYTES + 1)
+    commit = repo.commit({CONFIG: OTHER}, message=huge if via == "commit" else "small")
+    if via == "tag":
+        tag = Tag()
+        tag.name, tag.object, tag.tagger, tag.tag_time, tag.tag_timezone = b"v1", (Commit, commit.encode()), b"T <t@e>", 0, 0
+        tag.message = huge.encode()
+        repo.repo.object_store.add_object(tag)
+        repo.repo.refs[b"refs/heads/main"] = tag.id
+    if packed:
+        repo.pack()
+    with pytest.raises(LoadError, match=r"^config project acme/infra: ref 'HEAD' names [0-9a-f]{40}: refused: an "
+                                        r"object of \d{7} bytes \(a commit or tag kasd reads is at most 1048576\)$"):
+        load_authorization(_config(auth, tmp_path / "repos"), None)
+    assert gitsource.GitSource(root=tmp_path / "repos").heads(["acme/infra"]) == {"acme/infra": None}
