@@ -296,6 +296,8 @@ async def test_the_rest_api_shows_the_commit_and_a_member_refreshes_it(
             "message": "404 Not Found: acme/app is no agent's config project"}
         assert (await refresh("dev", b"{" * (MAX_BODY + 1))).status == 413
         assert (await refresh("dev", b'["acme/infra"]')).status == 400
+        assert (await refresh("dev", b"[" * (MAX_BODY - 1))).status == 400  # (deeper than json's stack: no 500)
+        assert (await refresh("dev", b'{"project": "acme/\\ud800"}')).status in (400, 404)  # (not Unicode)
         assert (await call(app, "POST", "/api/kasd/v1/config/refresh", body=b"{}")).status == 401
         with trio.fail_after(10):
             assert (await refresh("dev", b"")).status == 200  # no body: every config project
