@@ -392,3 +392,55 @@ def test_a_huge_commit_or_tag_is_refused_before_it_is_inflated(
                                         r"object of \d{7} bytes \(a commit or tag kasd reads is at most 1048576\)$"):
         load_authorization(_config(auth, tmp_path / "repos"), None)
     assert gitsource.GitSource(root=tmp_path / "repos").heads(["acme/infra"]) == {"acme/infra": None}
+
+
+def _commit_with_raw_agent_tree(repo: GitRepo, raw: bytes) -> str:
+    """A commit whose ``.gitlab/agents/a1`` is the tree object ``raw``, as a hand-made push would carry."""
+    import stat as st
+
+    from dulwich.objects import Commit, Tree
+
+    store = repo.repo.object_store
+    tree = Tree.from_raw_string(Tree.type_num, raw)
+    store.add_object(tree)
+    for name in (b"a1", b"agents", b".gitlab"):
+        parent = Tree()
+        parent.add(name, st.S_IFDIR, tree.id)
+        store.add_object(parent)
+        tree = parent
+    commit = Commit()
+    commit.tree, commit.parents = tree.id, [repo.repo.refs[b"refs/heads/main"]]
+    commit.author = commit.committer = b"T <t@e>"
+    commit.author_time = commit.commit_time = commit.author_timezone = commit.commit_timezone = 0
+    commit.message = b"hand-made"
+    store.add_object(commit)
+    repo.repo.refs[b"refs/heads/main"] = commit.id
+    return commit.id.decode()
+
+
+@pytest.mark.parametrize("shape", ["duplicate", "duplicate-apart", "unsorted", "dot-dot"])
+def test_a_tree_git_would_read_differently_is_refused(tmp_path: Path, auth: AuthSetup, repo: GitRepo,
+                                                       shape: str) -> None:
+    """git (and so GitLab's UI and a reviewer) reads the first of two entries of one name, and stops
+    looking in an unsorted tree where the order says the name cannot be; dulwich kept the last. A
+    config.yaml shown reviewed while kasd reads another is refused, as every malformed tree on the way."""
+    from dulwich.objects import Blob
+
+    store = repo.repo.object_store
+    shown, hidden = Blob.from_string(APP.encode()), Blob.from_string(OTHER.encode())
+    store.add_object(shown)
+    store.add_object(hidden)
+    entry = {"shown": b"100644 config.yaml\0" + shown.sha().digest(),
+             "hidden": b"100644 config.yaml\0" + hidden.sha().digest(),
+             "between": b"100644 config.yaml-x\0" + shown.sha().digest(),
+             "tree": b"40000 config.yaml\0" + store[repo.repo[repo.repo.refs[b"refs/heads/main"]].tree].sha().digest(),
+             "z": b"100644 z\0" + shown.sha().digest(),
+             "dots": b"40000 ..\0" + store[repo.repo[repo.repo.refs[b"refs/heads/main"]].tree].sha().digest()}
+    raw = {"duplicate": entry["shown"] + entry["hidden"],
+           "duplicate-apart": entry["shown"] + entry["between"] + entry["tree"],
+           "unsorted": entry["z"] + entry["hidden"],
+           "dot-dot": entry["dots"] + entry["shown"]}[shape]
+    commit = _commit_with_raw_agent_tree(repo, raw)
+    with pytest.raises(LoadError, match=rf"^acme/infra@HEAD \({commit[:12]}\):{CONFIG}: refused: "
+                                        r".gitlab/agents/a1 is a malformed tree \("):
+        load_authorization(_config(auth, tmp_path / "repos"), None)
