@@ -51,3 +51,11 @@ def test_what_an_agent_claims_cannot_drive_the_terminal() -> None:
     assert text.isprintable() is False and all(line.isprintable() for line in text.splitlines())
     assert r"p\x1b]0;owned\x07" in text and r"ns\r\x1b[2K" in text and r"n\x9b31m" in text and r"a\nb" in text
     assert r"\u202e1.0" in text
+
+
+def test_an_environment_stops_report_shows_what_an_agent_named_escaped() -> None:
+    from kasctl.env import report
+
+    text = report({"environment": "review/x", "project": "g/app", "agents": [
+        {"id": 1, "namespace": "ns\x1b[2J", "delete_resources": "always", "deleted": ["cm/a\r\x1b[1Aok"]}]})
+    assert all(line.isprintable() for line in text.splitlines()) and r"cm/a\r\x1b[1Aok" in text
