@@ -267,9 +267,9 @@ def wait_healthy(client: EnvClient, env: Mapping[str, Any], args: argparse.Names
                         show({"environment": {"name": env["name"], "project": args.project}, "graph": graph},
                              args.output, out)
                         return 0
-                    line = f"waiting for {env['name']}: {health['status']}" + \
-                           (f" — {health['message']}" if health.get("message") else "") + \
-                           f" ({clock() - started:.0f}s)"
+                    line = shown(f"waiting for {env['name']}: {health['status']}"
+                                 + (f" — {health['message']}" if health.get("message") else "")) + \
+                        f" ({clock() - started:.0f}s)"
                     if line != last_line:
                         print(line, file=err, flush=True)
                         last_line = line

@@ -185,3 +185,12 @@ def test_a_tenants_condition_message_cannot_drive_the_terminal() -> None:
     text = out.getvalue()
     assert r"boom\x1b]0;owned\x07\r\x1b[1A" in text and "\x1b]" not in text and "\r" not in text
     assert "\x1b[31mDegraded" in text
+
+
+def test_following_a_tenants_condition_message_cannot_drive_the_terminal_either() -> None:
+    stream = [("graph", json.dumps(graph("Degraded", "x\x1b]0;owned\x07\r")))] * 3
+    out, err = io.StringIO(), io.StringIO()
+    now = [0.0]
+    assert run_status(_args(wait=True, timeout=60.0), FakeKasd(stream=stream, clock=now), out=out, err=err,
+                      clock=lambda: now[0]) == 1
+    assert r"x\x1b]0;owned\x07\r" in err.getvalue() and "\x1b" not in err.getvalue() + out.getvalue()
