@@ -178,8 +178,12 @@ def promql_target(method: str, raw_target: str) -> ServiceCall | ProxyError | No
 #: response headers a service's answer never carries to the client: each acts on kasd's origin (the
 #: API port serves the dashboard and its ``_kasd_session`` cookie there), not on the answer alone
 #: (cookies set or cleared, HSTS or an alternative service pinned for kasd's host, a service worker
-#: scope widened), or is a policy of the answer kasd sets itself (``ANSWER_POLICY``)
+#: scope widened), asks the browser for credentials on kasd's origin (a service's ``WWW-Authenticate``
+#: would raise the browser's own sign-in prompt over kasd's name; what is typed there is never forwarded,
+#: since agentd alone authenticates to the service), or is a policy of the answer kasd sets itself
+#: (``ANSWER_POLICY``)
 ORIGIN_HEADERS = frozenset({
+    "www-authenticate", "proxy-authenticate",
     "set-cookie", "set-cookie2", "clear-site-data", "strict-transport-security", "alt-svc",
     "service-worker-allowed", "public-key-pins", "public-key-pins-report-only", "expect-ct",
     "origin-agent-cluster", "content-security-policy", "content-security-policy-report-only",

@@ -295,13 +295,14 @@ _HOSTILE_HEADERS = (("content-type", "text/html"), ("set-cookie", "_kasd_session
                     ("strict-transport-security", "max-age=63072000; includeSubDomains"),
                     ("alt-svc", 'h2=":8443"'), ("service-worker-allowed", "/"),
                     ("content-security-policy", "script-src *"), ("x-content-type-options", "sniff-me"),
+                    ("www-authenticate", 'Basic realm="GitLab sign-in"'),
                     ("x-prometheus-api", "kept"))
 
 
 def _assert_neutralised(headers: dict[str, str]) -> None:
     """(``_answer`` gives names and values lower-case.)"""
     for name in ("set-cookie", "set-cookie2", "clear-site-data", "strict-transport-security", "alt-svc",
-                 "service-worker-allowed"):
+                 "service-worker-allowed", "www-authenticate"):
         assert name not in headers, name
     policy = headers["content-security-policy"]
     assert policy.startswith("sandbox;") and "default-src 'none'" in policy and "script-src *" not in policy
