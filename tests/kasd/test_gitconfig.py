@@ -385,7 +385,7 @@ def test_a_huge_commit_or_tag_is_refused_before_it_is_inflated(
         tag.name, tag.object, tag.tagger, tag.tag_time, tag.tag_timezone = b"v1", (Commit, commit.encode()), b"T <t@e>", 0, 0
         tag.message = huge.encode()
         repo.repo.object_store.add_object(tag)
-        repo.repo.refs[b"refs/heads/main"] = tag.id
+        repo.repo.refs[b"refs/heads/main"] = tag.id  # type: ignore[index]
     if packed:
         repo.pack()
     with pytest.raises(LoadError, match=r"^config project acme/infra: ref 'HEAD' names [0-9a-f]{40}: refused: an "
@@ -409,12 +409,12 @@ def _commit_with_raw_agent_tree(repo: GitRepo, raw: bytes) -> str:
         store.add_object(parent)
         tree = parent
     commit = Commit()
-    commit.tree, commit.parents = tree.id, [repo.repo.refs[b"refs/heads/main"]]
+    commit.tree, commit.parents = tree.id, [repo.repo.refs[b"refs/heads/main"]]  # type: ignore[index]
     commit.author = commit.committer = b"T <t@e>"
     commit.author_time = commit.commit_time = commit.author_timezone = commit.commit_timezone = 0
     commit.message = b"hand-made"
     store.add_object(commit)
-    repo.repo.refs[b"refs/heads/main"] = commit.id
+    repo.repo.refs[b"refs/heads/main"] = commit.id  # type: ignore[index]
     return commit.id.decode()
 
 
@@ -424,18 +424,21 @@ def test_a_tree_git_would_read_differently_is_refused(tmp_path: Path, auth: Auth
     """git (and so GitLab's UI and a reviewer) reads the first of two entries of one name, and stops
     looking in an unsorted tree where the order says the name cannot be; dulwich kept the last. A
     config.yaml shown reviewed while kasd reads another is refused, as every malformed tree on the way."""
-    from dulwich.objects import Blob
+    from dulwich.objects import Blob, Commit
 
     store = repo.repo.object_store
+    head = repo.repo[repo.repo.refs[b"refs/heads/main"]]  # type: ignore[index]
+    assert isinstance(head, Commit)
+    root = store[head.tree].sha().digest()
     shown, hidden = Blob.from_string(APP.encode()), Blob.from_string(OTHER.encode())
     store.add_object(shown)
     store.add_object(hidden)
     entry = {"shown": b"100644 config.yaml\0" + shown.sha().digest(),
              "hidden": b"100644 config.yaml\0" + hidden.sha().digest(),
              "between": b"100644 config.yaml-x\0" + shown.sha().digest(),
-             "tree": b"40000 config.yaml\0" + store[repo.repo[repo.repo.refs[b"refs/heads/main"]].tree].sha().digest(),
+             "tree": b"40000 config.yaml\0" + root,
              "z": b"100644 z\0" + shown.sha().digest(),
-             "dots": b"40000 ..\0" + store[repo.repo[repo.repo.refs[b"refs/heads/main"]].tree].sha().digest()}
+             "dots": b"40000 ..\0" + root}
     raw = {"duplicate": entry["shown"] + entry["hidden"],
            "duplicate-apart": entry["shown"] + entry["between"] + entry["tree"],
            "unsorted": entry["z"] + entry["hidden"],
