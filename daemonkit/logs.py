@@ -20,11 +20,30 @@ from typing import Any, TextIO
 FORMAT = "time=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
 
 
+def escape_unprintable(text: str) -> str:
+    """``text`` with every character ``str.isprintable`` refuses (control characters — newline,
+    carriage return, ESC of a terminal sequence —, format characters such as the bidi overrides, line
+    and paragraph separators, unassigned code points) written as its escape (``\\n``, ``\\x1b``,
+    ``\\u202e``); ``text`` itself when there is none (the common case costs one scan in C)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class _Formatter(logging.Formatter):
+    """One record, one line: the message (with whatever a peer, a client or a file put into its
+    arguments: a pod name, an event's detail, a path) is escaped by ``escape_unprintable``, so no value
+    can start a forged line or send a terminal sequence to whoever reads the log; a traceback
+    (``exc_info``), kasd's own text, keeps its lines."""
+
     def __init__(self) -> None:
         super().__init__(FORMAT)
         self._second = -1
         self._stamp = ""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape_unprintable(record.message)
+        return super().formatMessage(record)
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         second = int(record.created)

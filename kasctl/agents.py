@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 from kasctl.envstatus import TOKEN_VARIABLE, EnvClient, client_of
 from kasctl.kubeconfig import API_VARIABLE, CA_VARIABLE
-from kasctl.restclient import RestError
+from kasctl.restclient import RestError, shown
 
 HELP = f"""\
 List the agents you may see and every agentd pod connected to each (one row per tunnel: a pod
@@ -64,19 +64,19 @@ def run(args: argparse.Namespace, client: EnvClient | None = None, out: TextIO =
 
 
 def _text(value: Any) -> str:
-    return "-" if value in (None, "") else str(value)
+    return "-" if value in (None, "") else shown(value)
 
 
 def rows(agents: Sequence[Mapping[str, Any]]) -> list[tuple[str, ...]]:
     found: list[tuple[str, ...]] = []
     for agent in agents:
-        name = f"{agent.get('id')} ({agent.get('name')})"
+        name = shown(f"{agent.get('id')} ({agent.get('name')})")
         connections = agent.get("connections") or []
         if not connections:
             found.append((name, *("-" * len(COLUMNS[1:]))))
         for c in connections:
             served = c.get("namespaces")
-            serves = "-" if served is None else ",".join(map(str, served)) or "*"
+            serves = "-" if served is None else shown(",".join(map(str, served))) or "*"
             found.append((name, _text(c.get("pod")), _text(c.get("pod_namespace")), _text(c.get("node")), serves,
                           _text(c.get("replica")), _text(c.get("version")), _text(c.get("since"))))
     return found

@@ -19,7 +19,7 @@ from typing import Any
 
 from kasctl import envstatus
 from kasctl.kubeconfig import API_VARIABLE, CA_VARIABLE, TOKEN_VARIABLE, api_url, read_ca, setting
-from kasctl.restclient import RestError, rest_call
+from kasctl.restclient import RestError, rest_call, shown
 from kasd.restpaths import STOP_PATH, stop_path
 
 HELP = f"""\
@@ -98,4 +98,4 @@ def report(answer: dict[str, Any]) -> str:
             for item in agent.get(word) or []:
                 note = {"kept": "  (not made by kasd, or delete_resources: never)", "absent": "  (already gone)"}.get(word, "")
                 lines.append(f"    {word:8} {item}{note}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(map(shown, lines)) + "\n"  # (names an agent answered: escaped, never sent raw)

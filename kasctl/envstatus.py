@@ -22,7 +22,7 @@ from urllib.parse import quote, urlencode
 
 from kasctl.kubeconfig import API_VARIABLE, CA_VARIABLE, api_url, read_ca
 from kasctl.kubeconfig import TOKEN_VARIABLE as JOB_TOKEN_VARIABLE
-from kasctl.restclient import RestError, rest_events, rest_json
+from kasctl.restclient import RestError, rest_events, rest_json, shown
 
 TOKEN_VARIABLE = "KASCTL_TOKEN"
 #: seconds a read of the event stream may wait (kasd sends a comment every 15 s)
@@ -148,11 +148,11 @@ def run_list(args: argparse.Namespace, client: EnvClient | None = None, out: Tex
         print(json.dumps(rows, indent=2), file=out)
         return 0
     colour = out.isatty()
-    table = [("NAME", "TIER", "STATE", "HEALTH", "LAST DEPLOYED")]
+    table: list[tuple[str, ...]] = [("NAME", "TIER", "STATE", "HEALTH", "LAST DEPLOYED")]
     for row in rows:
         deployed = row.get("last_deployment") or {}
-        table.append((row["name"], row.get("tier") or "-", row["state"], row["health"]["status"],
-                      deployed.get("at") or "-"))
+        table.append(tuple(map(shown, (row["name"], row.get("tier") or "-", row["state"], row["health"]["status"],
+                                       deployed.get("at") or "-"))))
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     for n, r in enumerate(table):
         cells = [c.ljust(w) for c, w in zip(r, widths, strict=True)]
@@ -208,16 +208,16 @@ def show(answer: Mapping[str, Any], output: str, out: TextIO) -> None:
     colour = out.isatty()
     env, graph = answer.get("environment") or {}, answer["graph"]
     health = graph["health"]
-    status = paint(health["status"], health["status"]) if colour else health["status"]
-    print(f"{env.get('name', '?')} ({env.get('project', '?')}): {status}"
-          + (f" — {health['message']}" if health.get("message") else ""), file=out)
+    status = paint(health["status"], shown(health["status"])) if colour else shown(health["status"])
+    print(shown(f"{env.get('name', '?')} ({env.get('project', '?')}): ") + status
+          + (shown(f" — {health['message']}") if health.get("message") else ""), file=out)
     for line in tree_text(graph, colour):
         print(line, file=out)
     for problem in answer.get("problems") or ():
-        print(f"! {problem['kind']} in {problem['namespace'] or '(cluster)'}: {problem['reason']}: "
-              f"{problem['message']}", file=out)
+        print(shown(f"! {problem['kind']} in {problem['namespace'] or '(cluster)'}: {problem['reason']}: "
+                    f"{problem['message']}"), file=out)
     if answer.get("hint"):
-        print(f"hint: {answer['hint']}", file=out)
+        print(shown(f"hint: {answer['hint']}"), file=out)
 
 
 def tree_lines(graph: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
@@ -248,13 +248,13 @@ def tree_lines(graph: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
 
 
 def tree_text(graph: Mapping[str, Any], colour: bool) -> list[str]:
-    rows = [(f"{prefix}{n['kind']} {n['namespace'] + '/' if n.get('namespace') else ''}{n['name']}",
-             n["health"]["status"], n["health"].get("message") or "") for prefix, n in tree_lines(graph)]
+    rows = [(prefix + shown(f"{n['kind']} {n['namespace'] + '/' if n.get('namespace') else ''}{n['name']}"),
+             shown(n["health"]["status"]), shown(n["health"].get("message") or "")) for prefix, n in tree_lines(graph)]
     width = max((len(r[0]) for r in rows), default=0)
     out = []
     for label, status, message in rows:
-        shown = paint(status, status.ljust(11)) if colour else status.ljust(11)
-        out.append(f"{label.ljust(width)}  {shown}  {message}".rstrip())
+        cell = paint(status, status.ljust(11)) if colour else status.ljust(11)
+        out.append(f"{label.ljust(width)}  {cell}  {message}".rstrip())
     return out
 
 
@@ -281,9 +281,9 @@ def wait_healthy(client: EnvClient, env: Mapping[str, Any], args: argparse.Names
                         show({"environment": {"name": env["name"], "project": args.project}, "graph": graph},
                              args.output, out)
                         return 0
-                    line = f"waiting for {env['name']}: {health['status']}" + \
-                           (f" — {health['message']}" if health.get("message") else "") + \
-                           f" ({clock() - started:.0f}s)"
+                    line = shown(f"waiting for {env['name']}: {health['status']}"
+                                 + (f" — {health['message']}" if health.get("message") else "")) + \
+                        f" ({clock() - started:.0f}s)"
                     if line != last_line:
                         print(line, file=err, flush=True)
                         last_line = line
@@ -297,13 +297,13 @@ def wait_healthy(client: EnvClient, env: Mapping[str, Any], args: argparse.Names
             print(f"kasctl env status: {exc}; following again", file=err)
             time.sleep(min(1.0, max(0.0, deadline - clock())))  # (a command line: no reconnect storm)
     if graph is None:
-        print(f"kasctl env status: {env['name']} did not report its objects within {args.timeout:g} s", file=err)
+        print(f"kasctl env status: {shown(env['name'])} did not report its objects within {args.timeout:g} s", file=err)
         return 1
     bad = [n for n in graph.get("nodes") or () if n["health"]["status"] != "Healthy"]
-    print(f"kasctl env status: {env['name']} is not Healthy after {args.timeout:g} s "
-          f"({graph['health']['status']}); not healthy:", file=err)
+    print(f"kasctl env status: {shown(env['name'])} is not Healthy after {args.timeout:g} s "
+          f"({shown(graph['health']['status'])}); not healthy:", file=err)
     for n in bad:
-        print(f"  {n['id']}: {n['health']['status']}" + (f" — {n['health']['message']}" if n["health"].get("message")
-                                                         else ""), file=err)
+        print(shown(f"  {n['id']}: {n['health']['status']}" + (f" — {n['health']['message']}" if n["health"].get("message")
+                                                               else "")), file=err)
     show({"environment": {"name": env["name"], "project": args.project}, "graph": graph}, args.output, out)
     return 1

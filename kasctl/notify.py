@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 from kasctl.envstatus import TOKEN_VARIABLE, rest_token
 from kasctl.kubeconfig import API_VARIABLE, CA_VARIABLE, api_url, read_ca
-from kasctl.restclient import RestError, rest_call
+from kasctl.restclient import RestError, rest_call, shown
 
 JOB_TOKEN_VARIABLE = "CI_JOB_TOKEN"
 REFRESH_PATH = "/api/kasd/v1/config/refresh"
@@ -159,9 +159,9 @@ def _notify(args: argparse.Namespace, env: dict[str, str], call: Call, out: IO[s
     if args.json:
         print(json.dumps(event), file=out)
     else:
-        print(f"{event.get('id')} {event.get('state')} outcome={event.get('outcome') or '-'} "
-              f"attempts={event.get('attempts')} pod={event.get('pod') or '-'}"
-              + (f" detail={event.get('detail')}" if event.get("detail") else ""), file=out)
+        print(shown(f"{event.get('id')} {event.get('state')} outcome={event.get('outcome') or '-'} "
+                    f"attempts={event.get('attempts')} pod={event.get('pod') or '-'}"
+                    + (f" detail={event.get('detail')}" if event.get("detail") else "")), file=out)
     return 0 if event.get("state") == "delivered" else 1
 
 

@@ -18,7 +18,7 @@ from urllib.parse import urlencode
 from kasctl.envstatus import TOKEN_VARIABLE, rest_token
 from kasctl.kubeconfig import API_VARIABLE, CA_VARIABLE, api_url, read_ca
 from kasctl.kubeconfig import TOKEN_VARIABLE as JOB_TOKEN_VARIABLE
-from kasctl.restclient import RestError, rest_answer
+from kasctl.restclient import RestError, rest_answer, shown
 
 #: bytes of an answer kasctl reads at most (a range query of many series and points)
 MAX_ANSWER = 64 * 1024 * 1024
@@ -128,17 +128,17 @@ def error_of(status: int, body: bytes) -> str:
     if isinstance(answer, dict):
         if answer.get("status") == "error" and answer.get("error"):
             kind = f" ({answer['errorType']})" if answer.get("errorType") else ""
-            return f"Prometheus refused the query{kind}: {str(answer['error'])[:1000]}"
+            return shown(f"Prometheus refused the query{kind}: {str(answer['error'])[:1000]}")
         if answer.get("message"):
-            said = str(answer["message"])[:1000]
+            said = shown(str(answer["message"])[:1000])
             return f"refused: {said}" if said.startswith(f"{status} ") else f"refused ({status}): {said}"
-    return f"refused ({status}): {body[:200].decode('utf-8', 'replace') or 'no answer'}"
+    return f"refused ({status}): {shown(body[:200].decode('utf-8', 'replace')) or 'no answer'}"
 
 
 def _labels(metric: Mapping[str, str]) -> str:
     name = metric.get("__name__", "")
     rest = ", ".join(f'{k}="{v}"' for k, v in sorted(metric.items()) if k != "__name__")
-    return f"{name}{{{rest}}}" if rest or not name else name
+    return shown(f"{name}{{{rest}}}" if rest or not name else name)
 
 
 def _when(ts: float) -> str:
@@ -150,7 +150,7 @@ def table(data: Mapping[str, Any]) -> list[str]:
     series then its points (time, value), a scalar or string its value."""
     kind, result = data.get("resultType"), data.get("result")
     if kind == "vector":
-        rows = [(_labels(s.get("metric", {})), str(s["value"][1])) for s in result or ()]
+        rows = [(_labels(s.get("metric", {})), shown(s["value"][1])) for s in result or ()]
         if not rows:
             return ["(no series)"]
         width = max(len("SERIES"), *(len(r[0]) for r in rows))
@@ -159,10 +159,10 @@ def table(data: Mapping[str, Any]) -> list[str]:
         lines: list[str] = []
         for series in result or ():
             lines.append(_labels(series.get("metric", {})))
-            lines.extend(f"  {_when(float(ts))}  {value}" for ts, value in series.get("values", ()))
+            lines.extend(f"  {_when(float(ts))}  {shown(value)}" for ts, value in series.get("values", ()))
         return lines or ["(no series)"]
     if kind in ("scalar", "string") and isinstance(result, list) and len(result) == 2:
-        return [f"{_when(float(result[0]))}  {result[1]}"]
+        return [f"{_when(float(result[0]))}  {shown(result[1])}"]
     return [json.dumps(data)]
 
 

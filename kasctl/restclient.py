@@ -29,6 +29,21 @@ TIMEOUT = 30.0
 MAX_ANSWER = 4 * 1024 * 1024
 
 
+def shown(value: object) -> str:
+    """``value`` as text safe to print to a terminal: every character ``str.isprintable`` refuses
+    (ESC and the rest of C0 and C1, newline, carriage return, backspace, bidi overrides) written as
+    its escape (``\\x1b``). What kasd answers carries text written by others — a pod's name from an
+    agent's HELLO, an event's detail from agentd, a Prometheus label from any pod it scrapes, a
+    Kubernetes object's condition message — and a terminal acts on an escape sequence in it (clearing
+    the screen, retitling the window, rewriting earlier lines, on some terminals answering with
+    keystrokes). Every such text kasctl prints as text goes through here; ``--output json`` is
+    escaped by ``json.dumps`` already."""
+    text = value if isinstance(value, str) else str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class RestError(Exception):
     """One line for stderr; ``code`` the exit status."""
 
@@ -155,7 +170,7 @@ def _refused(exc: urllib.error.HTTPError) -> NoReturn:
         message = json.loads(exc.read(64 * 1024)).get("message", "")
     except (ValueError, AttributeError, OSError):
         message = ""
-    raise RestError(f"kasd refused ({exc.code}): {str(message)[:500] or exc.reason}") from None
+    raise RestError(f"kasd refused ({exc.code}): {shown(str(message)[:500] or exc.reason)}") from None
 
 
 __all__ = ["RestError", "describe_location", "opener", "rest_answer", "rest_call", "rest_events", "rest_json"]

@@ -67,6 +67,7 @@ def _bounded(value: Any, where: str, depth: int = 0) -> Any:
     if isinstance(value, str):
         if len(value) > MAX_STRING:
             raise ReportError(f"{where}: a string of {len(value)} characters (at most {MAX_STRING})")
+        _unicode(value, where)
         return value
     if isinstance(value, bool) or value is None:
         return value
@@ -84,8 +85,18 @@ def _bounded(value: Any, where: str, depth: int = 0) -> Any:
         for key in value:
             if len(key) > MAX_STRING:
                 raise ReportError(f"{where}: a key of {len(key)} characters")
+            _unicode(key, f"{where} (a key)")
         return {k: _bounded(v, f"{where}.{k[:40]}", depth + 1) for k, v in value.items()}
     raise ReportError(f"{where}: not JSON")
+
+
+def _unicode(text: str, where: str) -> None:
+    """ReportError for a string JSON's ``\\ud800`` escapes made that is not Unicode text: no UTF-8
+    answer (the REST API's, the dashboard's) could carry it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ReportError(f"{where}: a lone surrogate (an unpaired \\ud800-\\udfff escape), not Unicode text") from None
 
 
 def _strings(report: Mapping[str, Any], key: str) -> list[str]:

@@ -20,6 +20,7 @@ neither follows one out; kasd refuses them all); every error names the project, 
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import stat
@@ -58,7 +59,15 @@ MAX_CONFIG_BYTES = yamldoc.DEFAULT_BUDGET.max_bytes
 MAX_TREE_BYTES = 4 * 1024 * 1024
 #: how many annotated tags a ref may go through to its commit
 MAX_TAG_DEPTH = 8
+#: the largest commit or annotated tag object a ref may name (git's own are a few hundred bytes; a
+#: message of 256 MiB, 250 KiB once compressed in a push, cost 3 s and 800 MB at every poll)
+MAX_COMMIT_BYTES = 1024 * 1024
 _HEX = re.compile(r"[0-9a-f]{40}")
+#: tree entry names git never writes (``git fsck``: a path component that is empty, ``.``, ``..``,
+#: ``.git``, or holds ``/``), and the modes it writes (and 100664, which old gits did)
+_BAD_NAMES = frozenset({b"", b".", b"..", b".git"})
+_GIT_MODES = frozenset({stat.S_IFREG | 0o644, stat.S_IFREG | 0o755, stat.S_IFREG | 0o664, stat.S_IFLNK,
+                        stat.S_IFDIR, 0o160000})
 _REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}")
 
 
@@ -167,6 +176,10 @@ def _resolve(repo: Repo, ref: str, project: str) -> str:
         raise GitConfigError(f"config project {project}: ref {ref!r} not found in its repository"
                              + (" (HEAD names no commit yet: an empty repository?)" if ref == "HEAD" else ""))
     for _ in range(MAX_TAG_DEPTH):
+        size = _object_size(repo, sha)  # (None: not found, which the lookup below says)
+        if size is not None and size > MAX_COMMIT_BYTES:
+            raise GitConfigError(f"config project {project}: ref {ref!r} names {sha.decode()}: refused: an object of "
+                                 f"{size} bytes (a commit or tag kasd reads is at most {MAX_COMMIT_BYTES})")
         try:
             obj = repo.object_store[sha]  # type: ignore[index]
         except KeyError:
@@ -266,6 +279,34 @@ class _Tree:
             raise GitConfigError(f"{self.where(path)}: names a {obj.type_name.decode()}, not a file or directory")
         return obj
 
+    def _check_tree(self, tree: Tree, walked: str, path: str) -> None:
+        """GitConfigError unless ``tree`` is one git reads as dulwich does: its entries sorted as git
+        sorts them, no name twice (git reads the first of two, dulwich kept the last: GitLab's page
+        and a reviewer would see one ``config.yaml`` and kasd read another), no ``.``, ``..``, ``.git``,
+        empty or ``/``-holding name, only git's modes. git's ``fsck`` refuses the same."""
+        from dulwich.objects import parse_tree
+
+        # (dulwich's own Tree.check() says the same but for a name given twice apart — a file and a
+        # directory of one name sort apart — at 3x the cost: 1.3 s for a tree of 80,000 entries)
+        try:
+            entries = list(parse_tree(tree.as_raw_string(), sha_len=tree.object_format.oid_length))
+        except ValueError as exc:
+            problem = str(exc)[:200]
+        else:
+            keys = [name + b"/" if mode == stat.S_IFDIR else name for name, mode, _ in entries]
+            bad = next(((name, mode) for name, mode, _ in entries if b"/" in name or name in _BAD_NAMES
+                        or mode not in _GIT_MODES), None)
+            if bad is not None:
+                problem = f"an entry {bad[0][:40].decode('utf-8', 'replace')!r} of mode {bad[1]:o}"
+            elif len(set(name for name, _, _ in entries)) != len(entries):
+                problem = "a name given twice"
+            elif any(a >= b for a, b in itertools.pairwise(keys)):
+                problem = "entries not in git's order"
+            else:
+                return
+        raise GitConfigError(f"{self.where(path)}: refused: {walked or 'the root tree'} is a malformed tree ({problem}; "
+                             "git fsck refuses it too)")
+
     def entry(self, path: str) -> tuple[int, bytes] | None:
         """(mode, sha) of ``path`` (relative to the project) in the tree, None if it is not there."""
         from dulwich.objects import Commit, Tree
@@ -278,6 +319,7 @@ class _Tree:
             tree = self._load(sha, walked or "/", MAX_TREE_BYTES, "tree")
             if not isinstance(tree, Tree):
                 return None
+            self._check_tree(tree, walked, path)
             walked = f"{walked}/{part}" if walked else part
             try:
                 mode, sha = tree[part.encode()]
@@ -322,6 +364,7 @@ class _Tree:
             raise GitConfigError(f"{self.where(path)}: its tree entry names a {tree.type_name.decode()}, not a directory")
         if TYPE_CHECKING:
             assert isinstance(tree, Tree)
+        self._check_tree(tree, path, path)
         if len(tree) > MAX_TEMPLATE_ENTRIES:
             raise GitConfigError(f"{self.where(path)}: more than {MAX_TEMPLATE_ENTRIES} entries")
         return sorted(e.path.decode("utf-8", "replace") for e in tree.iteritems()
@@ -384,6 +427,7 @@ class ProjectReader:
 
 
 __all__ = [
+    "MAX_COMMIT_BYTES",
     "MAX_CONFIG_BYTES",
     "MAX_TREE_BYTES",
     "AgentConfigError",

@@ -141,7 +141,9 @@ class RequestPlan(Protocol):
         ...
 
     def answer_headers(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
-        """The headers of the agent's answer as the client gets them (hop-by-hop ones already gone)."""
+        """The agent's answer's headers (hop-by-hop ones already gone) as the client gets them: a
+        plan whose answers come from elsewhere than an API server (a service on kasd's own origin)
+        removes what would act on that origin and adds what makes the answer inert there."""
         ...
 
 

@@ -201,6 +201,10 @@ def parse_event(body: bytes) -> tuple[str, str, str | None]:
         payload = json.dumps(data.get("payload"), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (ValueError, RecursionError):
         raise bad("payload is not JSON that can be sent on (NaN or Infinity, or nested too deep)") from None
+    try:  # JSON's \ud800 escape spells a lone surrogate, which no UTF-8 store, stream or receiver can hold
+        payload.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad("payload holds a lone surrogate (an unpaired \\ud800-\\udfff escape): not Unicode text") from None
     return event_type, payload, event_id
 
 

@@ -81,7 +81,7 @@ async def _project_of(request: Request) -> str | None:
         return None
     try:
         document = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # (a member's `[[[[…`: not a 500)
         raise ApiRefusal(400, "400 Bad Request: the body must be JSON: {\"project\": \"<config project path>\"} "
                               "or {\"project\": null}") from None
     if not isinstance(document, dict) or set(document) - {"project"}:

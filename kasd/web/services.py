@@ -73,16 +73,6 @@ CREDENTIAL_HEADERS = ("job-token", "private-token", "referer")
 REWRITING_HEADERS = ("x-http-method-override", "x-http-method", "x-method-override", "x-original-url",
                      "x-original-uri", "x-rewrite-url", "x-override-url", "forwarded", "x-forwarded-*",
                      "x-real-ip", "x-client-ip", "x-auth-request-*", "x-webauth-*", "remote-user", "x-remote-*")
-#: answer headers of a service that would act on kasd's own origin (the dashboard's, whose session
-#: cookie and CSRF token a same-origin page can use): cookies, site data, transport and reporting
-#: policies, a service worker's scope. Never passed to the client.
-ORIGIN_HEADERS = frozenset({"set-cookie", "set-cookie2", "clear-site-data", "strict-transport-security", "alt-svc",
-                            "public-key-pins", "public-key-pins-report-only", "service-worker-allowed", "nel",
-                            "report-to", "reporting-endpoints", "origin-agent-cluster"})
-#: added to every answer of a service: whatever it sends is never a live page of kasd's origin (no
-#: script, no form, an opaque origin: CSP ``sandbox``) nor sniffed into one
-ANSWER_POLICY = (("content-security-policy", "sandbox; default-src 'none'; frame-ancestors 'none'"),
-                 ("x-content-type-options", "nosniff"))
 #: PromQL parameters, as Prometheus's HTTP API names them
 _INSTANT = ("query", "time", "timeout")
 _RANGE = ("query", "start", "end", "step", "timeout")
@@ -263,6 +253,38 @@ def promql_target(method: str, raw_target: str) -> ServiceCall | ProxyError | No
     return ServiceCall(agent_id=agent_id, service=service, target=f"{endpoint}?{encoded}")
 
 
+#: response headers a service's answer never carries to the client: each acts on kasd's origin (the
+#: API port serves the dashboard and its ``_kasd_session`` cookie there), not on the answer alone
+#: (cookies set or cleared, HSTS or an alternative service pinned for kasd's host, a service worker
+#: scope widened), asks the browser for credentials on kasd's origin (a service's ``WWW-Authenticate``
+#: would raise the browser's own sign-in prompt over kasd's name; what is typed there is never forwarded,
+#: since agentd alone authenticates to the service), or is a policy of the answer kasd sets itself
+#: (``ANSWER_POLICY``)
+ORIGIN_HEADERS = frozenset({
+    "www-authenticate", "proxy-authenticate",
+    "set-cookie", "set-cookie2", "clear-site-data", "strict-transport-security", "alt-svc",
+    "service-worker-allowed", "public-key-pins", "public-key-pins-report-only", "expect-ct",
+    "nel", "report-to", "reporting-endpoints",
+    "origin-agent-cluster", "content-security-policy", "content-security-policy-report-only",
+    "x-content-type-options", "x-frame-options", "x-xss-protection", "x-permitted-cross-domain-policies",
+})
+#: what every answer from a service carries: a browser shown it (a link with ``?job_token=`` in it)
+#: treats it as a sandboxed document of an opaque origin, with no script, form, plugin or frame, so a
+#: page a service serves can neither read the dashboard's data nor act with a signed-in person's session
+ANSWER_POLICY = (
+    ("content-security-policy",
+     "sandbox; default-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"),
+    ("x-content-type-options", "nosniff"),
+    ("x-frame-options", "DENY"),
+)
+
+
+def inert_answer_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A service's answer's headers (names any case), minus ``ORIGIN_HEADERS``, plus ``ANSWER_POLICY``."""
+    # (a name spelled with "_" is read as "-" by some clients and servers, as by CGI: dropped as well)
+    return [*((k, v) for k, v in headers if k.lower().replace("_", "-") not in ORIGIN_HEADERS), *ANSWER_POLICY]
+
+
 def _headers(request: ClientRequest, name: str) -> list[str]:
     return [value.strip() for key, value in request.headers if key == name and value.strip()]
 
@@ -368,16 +390,11 @@ class ServiceRoutes:
         return Planned(grant=grant, principal=principal, kind=KIND_SERVICE, service=found.service,
                        target=found.target)
 
-    def answer_headers(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
-        """A service's answer is served on kasd's API origin, beside the dashboard: without the
-        headers that would act on that origin (``ORIGIN_HEADERS``), with ``ANSWER_POLICY`` added (a
-        page the service sends, or one an attacker makes it reflect, cannot run as kasd's)."""
-        kept = [(k, v) for k, v in headers if k.lower().replace("_", "-") not in ORIGIN_HEADERS
-                and k.lower() != "x-content-type-options"]
-        return [*kept, *ANSWER_POLICY]
-
     def error_body(self, status: int, detail: str) -> bytes:
         return json.dumps({"message": message(status, detail)}, separators=(",", ":")).encode()
+
+    def answer_headers(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        return inert_answer_headers(headers)
 
     def refusal(self, exc: StreamRefusedError, agent_id: int) -> ProxyError:
         detail = exc.message or "no detail"
@@ -418,6 +435,7 @@ __all__ = [
     "ServiceRoutes",
     "carries_secret",
     "credential_param",
+    "inert_answer_headers",
     "message",
     "offered_credentials",
     "promql_target",

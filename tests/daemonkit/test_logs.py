@@ -97,3 +97,34 @@ def test_unexpected_errors_are_one_line_per_kind_without_their_message(caplog: p
     assert "_fail" in lines[0] and "KeyError" in lines[1] and lines[2].endswith("suppressed=99")
     assert "secret" not in caplog.text
     assert counted == {"errors": 102, "suppressed": 99}
+
+
+def test_a_value_from_a_peer_cannot_forge_a_log_line_or_reach_a_terminal() -> None:
+    """An agent's pod name (a HELLO field), an event's detail, anything a peer sends that ends up in
+    a message: newlines, carriage returns, terminal escapes and bidi overrides are shown escaped, so
+    one record is one line of the daemon's format; a traceback keeps its lines."""
+    import io
+
+    from daemonkit.logs import configure_logging
+
+    out = io.StringIO()
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        configure_logging("info", out)
+        forged = "web-1\ntime=2026-01-01T00:00:00Z level=INFO logger=kasd.agents agent connected agent_id=9"
+        logging.getLogger("test.inject").info("agent connected pod=%s", forged)
+        logging.getLogger("test.inject").info("pod=%s", "a\rb\x1b]0;pwned\x07\x1b[2J\u202egnp.exe\u2028x\x00y")
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            logging.getLogger("test.inject").exception("failed pod=%s", "p\nq")
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+    lines = out.getvalue().splitlines()
+    assert lines[0].endswith("logger=test.inject agent connected pod=web-1\\ntime=2026-01-01T00:00:00Z level=INFO "
+                             "logger=kasd.agents agent connected agent_id=9")
+    assert lines[1].endswith(r"pod=a\rb\x1b]0;pwned\x07\x1b[2J\u202egnp.exe\u2028x\x00y")
+    assert lines[2].endswith(r"failed pod=p\nq") and lines[3] == "Traceback (most recent call last):"
+    assert lines[-1] == "ValueError: boom"

@@ -40,3 +40,22 @@ def test_json_output_of_one_agent() -> None:
     out = io.StringIO()
     assert run(argparse.Namespace(agent=2, output="json"), Client(), out) == 0
     assert json.loads(out.getvalue()) == [AGENTS[1]]
+
+
+def test_what_an_agent_claims_cannot_drive_the_terminal() -> None:
+    """A compromised agentd's HELLO reaches this table: its escape sequences are shown, not acted on."""
+    hostile = [{"id": 3, "name": "x", "connections": [
+        {"pod": "p\x1b]0;owned\x07", "pod_namespace": "ns\r\x1b[2K", "node": "n\x9b31m", "namespaces": ["a\nb"],
+         "version": "\u202e1.0", "since": "s", "replica": "r"}]}]
+    text = table(hostile)
+    assert text.isprintable() is False and all(line.isprintable() for line in text.splitlines())
+    assert r"p\x1b]0;owned\x07" in text and r"ns\r\x1b[2K" in text and r"n\x9b31m" in text and r"a\nb" in text
+    assert r"\u202e1.0" in text
+
+
+def test_an_environment_stops_report_shows_what_an_agent_named_escaped() -> None:
+    from kasctl.env import report
+
+    text = report({"environment": "review/x", "project": "g/app", "agents": [
+        {"id": 1, "namespace": "ns\x1b[2J", "delete_resources": "always", "deleted": ["cm/a\r\x1b[1Aok"]}]})
+    assert all(line.isprintable() for line in text.splitlines()) and r"cm/a\r\x1b[1Aok" in text

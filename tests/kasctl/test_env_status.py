@@ -176,3 +176,21 @@ def test_the_event_stream_reader_parses_events_and_sends_the_token_as_private_to
         server.server_close()
     assert events == [("graph", '{"a":\n1}'), ("end", "{}")]
     assert seen == ["tok"]
+
+
+def test_a_tenants_condition_message_cannot_drive_the_terminal() -> None:
+    """A pod's condition message is written by whoever runs the pod: shown escaped, colour kasctl's own."""
+    out = _Terminal()
+    assert run_status(_args(), FakeKasd("Degraded", "boom\x1b]0;owned\x07\r\x1b[1A"), out=out) == 1
+    text = out.getvalue()
+    assert r"boom\x1b]0;owned\x07\r\x1b[1A" in text and "\x1b]" not in text and "\r" not in text
+    assert "\x1b[31mDegraded" in text
+
+
+def test_following_a_tenants_condition_message_cannot_drive_the_terminal_either() -> None:
+    stream = [("graph", json.dumps(graph("Degraded", "x\x1b]0;owned\x07\r")))] * 3
+    out, err = io.StringIO(), io.StringIO()
+    now = [0.0]
+    assert run_status(_args(wait=True, timeout=60.0), FakeKasd(stream=stream, clock=now), out=out, err=err,
+                      clock=lambda: now[0]) == 1
+    assert r"x\x1b]0;owned\x07\r" in err.getvalue() and "\x1b" not in err.getvalue() + out.getvalue()

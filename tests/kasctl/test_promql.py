@@ -65,3 +65,12 @@ def test_an_error_is_in_the_words_of_whoever_refused() -> None:
         "refused: 403 Forbidden: user bob needs ..."
     status = {"kind": "Status", "message": "agentd: service prometheus allows GET, HEAD", "code": 403}
     assert promql.error_of(403, json.dumps(status).encode()) == "refused (403): agentd: service prometheus allows GET, HEAD"
+
+
+def test_a_scraped_pods_label_cannot_drive_the_terminal() -> None:
+    """Any pod Prometheus scrapes writes label values; a value's escape sequence is shown, not acted on."""
+    vector = {"resultType": "vector", "result": [{"metric": {"pod": "a\x1b[2J\x1b]52;c;cm0gLXJmIH4K\x07"},
+                                                   "value": [1, "1\r"]}]}
+    lines = promql.table(vector)
+    assert all(line.isprintable() for line in lines) and r'pod="a\x1b[2J\x1b]52;c;cm0gLXJmIH4K\x07"' in lines[1]
+    assert promql.error_of(400, b'{"status":"error","error":"bad\\u001b[2J"}').isprintable()

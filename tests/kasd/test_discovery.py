@@ -93,6 +93,15 @@ def test_validation_bounds_nesting_and_types() -> None:
     assert validate_report(b"{}")["crds"] == []
 
 
+@pytest.mark.parametrize("report", [b'{"crds": ["a\\ud800"]}', b'{"server": {"gitVersion": "\\udfff"}}',
+                                    b'{"rbac": [{"resource_rules": [{"\\ud800": 1}]}]}'])
+def test_a_lone_surrogate_is_refused_not_stored_to_break_every_reader(report: bytes) -> None:
+    """JSON's ``\\ud800`` escape spells a string no UTF-8 answer can hold: kept, it made every
+    ``GET …/agents/<id>/cluster`` a 500 for as long as the agent kept reporting it."""
+    with pytest.raises(ReportError, match="a lone surrogate"):
+        validate_report(report)
+
+
 def test_hello_namespaces_are_bounded() -> None:
     assert hello_namespaces({"namespaces": "team-a"}) == ()
     assert len(hello_namespaces({"namespaces": [f"n{i}" for i in range(10_000)]})) == MAX_HELLO_NAMESPACES

@@ -296,6 +296,8 @@ async def test_the_rest_api_shows_the_commit_and_a_member_refreshes_it(
             "message": "404 Not Found: acme/app is no agent's config project"}
         assert (await refresh("dev", b"{" * (MAX_BODY + 1))).status == 413
         assert (await refresh("dev", b'["acme/infra"]')).status == 400
+        assert (await refresh("dev", b"[" * (MAX_BODY - 1))).status == 400  # (deeper than json's stack: no 500)
+        assert (await refresh("dev", b'{"project": "acme/\\ud800"}')).status in (400, 404)  # (not Unicode)
         assert (await call(app, "POST", "/api/kasd/v1/config/refresh", body=b"{}")).status == 401
         with trio.fail_after(10):
             assert (await refresh("dev", b"")).status == 200  # no body: every config project
@@ -366,3 +368,82 @@ def test_the_post_receive_hook_tells_kasd_of_a_push_to_the_branch_it_reads(
     else:
         assert (tmp_path / "called").read_text().strip() == told
         assert (tmp_path / "token").read_text().strip() == "the-token"
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("via", ["commit", "tag"])
+def test_a_huge_commit_or_tag_is_refused_before_it_is_inflated(
+        tmp_path: Path, auth: AuthSetup, repo: GitRepo, packed: bool, via: str) -> None:
+    """A commit's (or an annotated tag's) message compresses to almost nothing in a push: its size is
+    read from the object header, as a blob's, at every poll and load, before anything is inflated."""
+    from dulwich.objects import Commit, Tag
+
+    huge = "x" * (gitsource.MAX_COMMIT_BYTES + 1)
+    commit = repo.commit({CONFIG: OTHER}, message=huge if via == "commit" else "small")
+    if via == "tag":
+        tag = Tag()
+        tag.name, tag.object, tag.tagger, tag.tag_time, tag.tag_timezone = b"v1", (Commit, commit.encode()), b"T <t@e>", 0, 0
+        tag.message = huge.encode()
+        repo.repo.object_store.add_object(tag)
+        repo.repo.refs[b"refs/heads/main"] = tag.id  # type: ignore[index]
+    if packed:
+        repo.pack()
+    with pytest.raises(LoadError, match=r"^config project acme/infra: ref 'HEAD' names [0-9a-f]{40}: refused: an "
+                                        r"object of \d{7} bytes \(a commit or tag kasd reads is at most 1048576\)$"):
+        load_authorization(_config(auth, tmp_path / "repos"), None)
+    assert gitsource.GitSource(root=tmp_path / "repos").heads(["acme/infra"]) == {"acme/infra": None}
+
+
+def _commit_with_raw_agent_tree(repo: GitRepo, raw: bytes) -> str:
+    """A commit whose ``.gitlab/agents/a1`` is the tree object ``raw``, as a hand-made push would carry."""
+    import stat as st
+
+    from dulwich.objects import Commit, Tree
+
+    store = repo.repo.object_store
+    tree = Tree.from_raw_string(Tree.type_num, raw)
+    store.add_object(tree)
+    for name in (b"a1", b"agents", b".gitlab"):
+        parent = Tree()
+        parent.add(name, st.S_IFDIR, tree.id)
+        store.add_object(parent)
+        tree = parent
+    commit = Commit()
+    commit.tree, commit.parents = tree.id, [repo.repo.refs[b"refs/heads/main"]]  # type: ignore[index]
+    commit.author = commit.committer = b"T <t@e>"
+    commit.author_time = commit.commit_time = commit.author_timezone = commit.commit_timezone = 0
+    commit.message = b"hand-made"
+    store.add_object(commit)
+    repo.repo.refs[b"refs/heads/main"] = commit.id  # type: ignore[index]
+    return commit.id.decode()
+
+
+@pytest.mark.parametrize("shape", ["duplicate", "duplicate-apart", "unsorted", "dot-dot"])
+def test_a_tree_git_would_read_differently_is_refused(tmp_path: Path, auth: AuthSetup, repo: GitRepo,
+                                                       shape: str) -> None:
+    """git (and so GitLab's UI and a reviewer) reads the first of two entries of one name, and stops
+    looking in an unsorted tree where the order says the name cannot be; dulwich kept the last. A
+    config.yaml shown reviewed while kasd reads another is refused, as every malformed tree on the way."""
+    from dulwich.objects import Blob, Commit
+
+    store = repo.repo.object_store
+    head = repo.repo[repo.repo.refs[b"refs/heads/main"]]  # type: ignore[index]
+    assert isinstance(head, Commit)
+    root = store[head.tree].sha().digest()
+    shown, hidden = Blob.from_string(APP.encode()), Blob.from_string(OTHER.encode())
+    store.add_object(shown)
+    store.add_object(hidden)
+    entry = {"shown": b"100644 config.yaml\0" + shown.sha().digest(),
+             "hidden": b"100644 config.yaml\0" + hidden.sha().digest(),
+             "between": b"100644 config.yaml-x\0" + shown.sha().digest(),
+             "tree": b"40000 config.yaml\0" + root,
+             "z": b"100644 z\0" + shown.sha().digest(),
+             "dots": b"40000 ..\0" + root}
+    raw = {"duplicate": entry["shown"] + entry["hidden"],
+           "duplicate-apart": entry["shown"] + entry["between"] + entry["tree"],
+           "unsorted": entry["z"] + entry["hidden"],
+           "dot-dot": entry["dots"] + entry["shown"]}[shape]
+    commit = _commit_with_raw_agent_tree(repo, raw)
+    with pytest.raises(LoadError, match=rf"^acme/infra@HEAD \({commit[:12]}\):{CONFIG}: refused: "
+                                        r".gitlab/agents/a1 is a malformed tree \("):
+        load_authorization(_config(auth, tmp_path / "repos"), None)

@@ -340,7 +340,7 @@ async def test_a_caller_who_cannot_see_the_agent_cannot_tell_it_or_its_services_
             status, _, body = _answer(raw)
             assert heads == [] and status == 404, (path, credential[:12], body)
             answers.add(body)
-    assert answers == {b'{"message":"404 Not Found: 404 Agent Not Found"}'}
+    assert answers == {b'{"message":"404 Agent Not Found"}'}
 
 
 async def test_a_connect_to_a_service_is_refused_not_left_hanging() -> None:
@@ -384,3 +384,63 @@ async def test_a_token_in_the_path_is_refused_and_never_written_to_the_access_lo
     assert heads == [] and _answer(raw)[0] == 400
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("request ")]
     assert lines and all(pat not in line and "/api/[redacted]" in line for line in lines)
+
+
+#: what a hostile in-cluster service answers: headers that would act on kasd's origin (the API port
+#: also serves the dashboard and its ``_kasd_session`` cookie), and a page with a script
+_HOSTILE_HEADERS = (("content-type", "text/html"), ("set-cookie", "_kasd_session=attacker; Path=/"),
+                    ("Set-Cookie2", "x=1"), ("clear-site-data", '"cookies"'),
+                    ("strict-transport-security", "max-age=63072000; includeSubDomains"),
+                    ("alt-svc", 'h2=":8443"'), ("service-worker-allowed", "/"),
+                    ("content-security-policy", "script-src *"), ("x-content-type-options", "sniff-me"),
+                    ("www-authenticate", 'Basic realm="GitLab sign-in"'),
+                    ("x-prometheus-api", "kept"))
+
+
+def _assert_neutralised(headers: dict[str, str]) -> None:
+    """(``_answer`` gives names and values lower-case.)"""
+    for name in ("set-cookie", "set-cookie2", "clear-site-data", "strict-transport-security", "alt-svc",
+                 "service-worker-allowed", "www-authenticate"):
+        assert name not in headers, name
+    policy = headers["content-security-policy"]
+    assert policy.startswith("sandbox;") and "default-src 'none'" in policy and "script-src *" not in policy
+    assert headers["x-content-type-options"] == "nosniff" and headers["x-frame-options"] == "deny"
+    assert headers["x-prometheus-api"] == "kept"
+
+
+async def test_a_services_answer_cannot_act_on_kasds_origin() -> None:
+    page = b"<script>fetch('/api/kasd/v1/agents',{credentials:'include'})</script>"
+
+    async def hostile(stream: MuxStream, head: RequestHead) -> None:
+        await read_all(stream)
+        await stream.accept(ResponseHead(status=200, headers=(*_HOSTILE_HEADERS, ("content-length",
+                                                                                   str(len(page))))).to_metadata())
+        await stream.send_all(page)
+        await stream.send_eof()
+
+    # a link a victim signed in to the dashboard could be sent: the token in it is the attacker's own
+    raw, _ = await _converse(_get(f"/api/v4/agents/1/services/prometheus/graph?job_token={_job()}"), hostile)
+    status, headers, body = _answer(raw)
+    assert status == 200 and body == page  # the body as sent, but inert: a sandboxed, opaque origin
+    _assert_neutralised(headers)
+
+
+async def test_a_services_switching_answer_sets_no_cookie_either() -> None:
+    async def hostile(stream: MuxStream, head: RequestHead) -> None:
+        await stream.accept(ResponseHead(status=101, headers=(("connection", "Upgrade"), ("upgrade", "websocket"),
+                                                              *_HOSTILE_HEADERS)).to_metadata())
+        await stream.send_eof()
+
+    async def read_head(client: trio.abc.Stream) -> bytes:
+        got = b""
+        while b"\r\n\r\n" not in got:
+            got += await client.receive_some(65536)
+        await client.send_eof()  # type: ignore[attr-defined]
+        return got
+
+    request = (f"GET /api/v4/agents/1/services/prometheus/ws HTTP/1.1\r\nHost: kasd\r\nJOB-TOKEN: {_job()}\r\n"
+               "Connection: Upgrade\r\nUpgrade: websocket\r\n\r\n").encode()
+    raw, _ = await _converse(request, hostile, feed=read_head)
+    status, headers, _ = _answer(raw.partition(b"\r\n\r\n")[0] + b"\r\n\r\n")
+    assert status == 101 and headers["upgrade"] == "websocket"
+    _assert_neutralised(headers)

@@ -136,7 +136,10 @@ async def test_an_oversized_body_is_413_a_full_queue_429_and_bad_bodies_say_what
     bad = {b"": "not JSON", b"[1]": "JSON object", b'{"type": "Push"}': "type must be",
            b'{"type": "push", "id": "a b"}': "id must be", b'{"type": "push", "extra": 1}': "unknown key 'extra'",
            b'{"type": "push", "payload": ' + b"[" * 30_000 + b"]" * 30_000 + b"}": "not JSON",
-           b'{"type": "push", "payload": NaN}': "payload is not JSON"}
+           b'{"type": "push", "payload": NaN}': "payload is not JSON",
+           b'{"type": "push", "payload": 1e400}': "payload is not JSON",
+           b'{"type": "push", "payload": {"url": "\\ud800"}}': "lone surrogate",
+           b'{"type": "push", "payload": {"\\udfff": 1}}': "lone surrogate"}
     for body, words in bad.items():
         answer = await call(app, "POST", "/api/v4/agents/2/events", _as("erin"), body)
         assert answer.status in (400, 413) and words in answer.json()["message"], (body[:40], answer.json())
