@@ -279,10 +279,36 @@ ANSWER_POLICY = (
 )
 
 
+#: answer headers that send a browser on: kept only when they stay on kasd's origin (a path), since a
+#: link through kasd (``…/services/<name>/x?job_token=…``) must not be an open redirect to another site
+REDIRECT_HEADERS = frozenset({"location", "content-location", "refresh"})
+
+
+def _elsewhere(name: str, value: str) -> bool:
+    """Whether a redirect header's value could leave kasd's origin: anything but a plain path
+    (``Refresh: 0; url=…`` is read for its ``url``)."""
+    target = value.strip()
+    if name == "refresh":
+        _, _, after = target.partition(";")
+        target = after.strip()
+        if target[:4].lower() == "url=":
+            target = target[4:].strip().strip("'\"")
+        elif not after:
+            return False  # a bare delay reloads the same page
+    return not target.startswith("/") or target.startswith(("//", "/\\")) or "\\" in target or any(
+        ord(c) < 0x21 for c in target)
+
+
 def inert_answer_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """A service's answer's headers (names any case), minus ``ORIGIN_HEADERS``, plus ``ANSWER_POLICY``."""
-    # (a name spelled with "_" is read as "-" by some clients and servers, as by CGI: dropped as well)
-    return [*((k, v) for k, v in headers if k.lower().replace("_", "-") not in ORIGIN_HEADERS), *ANSWER_POLICY]
+    """A service's answer's headers (names any case), minus ``ORIGIN_HEADERS`` and any redirect off
+    kasd's origin (``REDIRECT_HEADERS``), plus ``ANSWER_POLICY``."""
+    kept = []
+    for name, value in headers:
+        folded = name.lower().replace("_", "-")  # (read as "-" by some clients and servers, as by CGI)
+        if folded in ORIGIN_HEADERS or (folded in REDIRECT_HEADERS and _elsewhere(folded, value)):
+            continue
+        kept.append((name, value))
+    return [*kept, *ANSWER_POLICY]
 
 
 def _headers(request: ClientRequest, name: str) -> list[str]:
@@ -429,6 +455,7 @@ __all__ = [
     "CREDENTIAL_PARAMS",
     "DEFAULT_PROMQL_SERVICE",
     "ORIGIN_HEADERS",
+    "REDIRECT_HEADERS",
     "REWRITING_HEADERS",
     "ServiceCall",
     "ServiceDispatch",

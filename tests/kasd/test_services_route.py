@@ -22,7 +22,13 @@ from kasd.config import config_from_mapping
 from kasd.k8sproxy.pipeline import RequestPipeline
 from kasd.metrics import Metrics
 from kasd.tokens import hash_token
-from kasd.web.services import ServiceDispatch, ServiceRoutes, promql_target, service_target
+from kasd.web.services import (
+    ServiceDispatch,
+    ServiceRoutes,
+    inert_answer_headers,
+    promql_target,
+    service_target,
+)
 from routing.local import TunnelRegistry
 from tests.kasd.helpers import read_all
 from tests.kasd.test_pipeline import FakeAuthority, FakeRouter, agent_session
@@ -394,13 +400,14 @@ _HOSTILE_HEADERS = (("content-type", "text/html"), ("set-cookie", "_kasd_session
                     ("alt-svc", 'h2=":8443"'), ("service-worker-allowed", "/"),
                     ("content-security-policy", "script-src *"), ("x-content-type-options", "sniff-me"),
                     ("www-authenticate", 'Basic realm="GitLab sign-in"'),
+                    ("location", "https://evil.example/sign_in"), ("refresh", "0; url=//evil.example/"),
                     ("x-prometheus-api", "kept"))
 
 
 def _assert_neutralised(headers: dict[str, str]) -> None:
     """(``_answer`` gives names and values lower-case.)"""
     for name in ("set-cookie", "set-cookie2", "clear-site-data", "strict-transport-security", "alt-svc",
-                 "service-worker-allowed", "www-authenticate"):
+                 "service-worker-allowed", "www-authenticate", "location", "refresh"):
         assert name not in headers, name
     policy = headers["content-security-policy"]
     assert policy.startswith("sandbox;") and "default-src 'none'" in policy and "script-src *" not in policy
@@ -444,3 +451,17 @@ async def test_a_services_switching_answer_sets_no_cookie_either() -> None:
     status, headers, _ = _answer(raw.partition(b"\r\n\r\n")[0] + b"\r\n\r\n")
     assert status == 101 and headers["upgrade"] == "websocket"
     _assert_neutralised(headers)
+
+
+@pytest.mark.parametrize(("name", "value", "kept"), [
+    ("Location", "/api/v1/query", True), ("Refresh", "5", True), ("Refresh", "0; url=/graph", True),
+    ("Location", "https://evil.example/", False), ("Location", "//evil.example/", False),
+    ("location", "/\\evil.example/", False), ("Location", "javascript:alert(1)", False),
+    ("Refresh", "0; URL='https://evil.example/'", False), ("Content-Location", "http://evil.example/", False),
+    ("Location", "/ok\tx", False),
+])
+def test_a_services_redirect_stays_on_kasds_origin_or_is_dropped(name: str, value: str, kept: bool) -> None:
+    """A link through kasd must not be an open redirect to another site: a redirect header that
+    names anything but a path of kasd's own origin is dropped."""
+    out = inert_answer_headers([(name, value)])
+    assert ((name, value) in out) is kept
