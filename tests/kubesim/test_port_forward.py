@@ -10,6 +10,7 @@ refused port that leaves the forward working.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 import subprocess
@@ -144,6 +145,9 @@ async def _wait_running(kubectl_bin: str, server: ServerThread, namespace: str, 
                "pod", "-l", selector, "--timeout=10s")
 
 
+_ROWS = itertools.count()
+
+
 @pytest.fixture(scope="module")
 def _webs() -> dict[tuple[str, str, str], str]:
     """The namespaces `web` made in this module, by (route, kubectl, transport)."""
@@ -165,7 +169,7 @@ async def web(kube_server: ServerThread, kubectl_bin: str, request: pytest.Fixtu
     key = (kube_server.route, kubectl_bin, str(transport or "websocket"))
     if key in _webs:
         return _webs[key]
-    namespace = f"pf-{key[0]}-{key[2]}-{abs(hash(kubectl_bin)) % 10**6}"
+    namespace = f"pf-{key[0]}-{key[2]}-{next(_ROWS)}"  # a number of its own: no two rows share one
     await trio.to_thread.run_sync(kube_server.make_namespace, namespace)
     await _run(kubectl_bin, kube_server, "run", "web", "-n", namespace, "--image=nginx", "--port=80",
                "--labels=app=web")
