@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from kasctl.stack import AGENT_ID, CONFIG_PROJECT, Stack
 from tests.cluster.conftest import KUBECTLS, LineReader, kubectl_at, metric
+from tests.e2e.conftest import write_manifest
 from tests.e2e.test_environments import (
     Job,
     deployment,
@@ -120,8 +120,8 @@ def battery(three: Stack, kubectl_bin: str, replica: int, tmp_path: Path) -> Non
     # a 5 MiB object, streamed both ways
     blob = os.urandom(5 * 1024 * 1024 // 2).hex()
     manifest = tmp_path / "big.yaml"
-    manifest.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "big"},
-                                        "data": {"blob": blob}}))
+    write_manifest(manifest, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "big"},
+                              "data": {"blob": blob}})
     assert "created" in k("create", "-f", str(manifest))
     assert k("get", "configmap", "big", "-o", "jsonpath={.data.blob}") == blob
 

@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kasctl.stack import Stack
 from tests.kubesim.kubectl_harness import kubectl_binaries
@@ -57,6 +58,13 @@ def own_stack(tmp_path: Path) -> Iterator[Stack]:
         yield running
     finally:
         running.stop()
+
+
+def write_manifest(path: Path, document: object) -> None:
+    """``yaml.safe_dump(document)`` into ``path``, through LibYAML when PyYAML has it: the same
+    text (PyYAML's two emitters agree), but a 5 MiB scalar takes 0.1 s instead of 5 s of pure Python."""
+    dumper = yaml.CSafeDumper if yaml.__with_libyaml__ else yaml.SafeDumper
+    path.write_text(yaml.dump(document, Dumper=dumper))
 
 
 def kubectl(binary: str, stack: Stack, *args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

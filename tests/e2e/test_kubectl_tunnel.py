@@ -18,7 +18,7 @@ import trio
 import yaml
 
 from kasctl.stack import AGENT_ID, OFFLINE_AGENT_ID, Stack
-from tests.e2e.conftest import KUBECTLS, LineReader, kubectl
+from tests.e2e.conftest import KUBECTLS, LineReader, kubectl, write_manifest
 
 
 def _suffix(kubectl_bin: str) -> str:
@@ -120,7 +120,7 @@ def test_a_5_mib_object_streams_through(stack: Stack, kubectl_bin: str, tmp_path
     name = "big-" + _suffix(kubectl_bin)
     blob = os.urandom(5 * 1024 * 1024 // 2).hex()  # 5 MiB of text
     manifest = tmp_path / "big.yaml"
-    manifest.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"blob": blob}}))
+    write_manifest(manifest, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"blob": blob}})
     # `apply` copies the object into its last-applied-configuration annotation, which an API server
     # refuses past 256 KiB (kubesim does too): the 5 MiB go through, the refusal comes back.
     refused = kubectl(kubectl_bin, stack, "apply", "-f", str(manifest))

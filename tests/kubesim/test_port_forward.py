@@ -10,6 +10,7 @@ refused port that leaves the forward working.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 import subprocess
@@ -144,11 +145,31 @@ async def _wait_running(kubectl_bin: str, server: ServerThread, namespace: str, 
                "pod", "-l", selector, "--timeout=10s")
 
 
+_ROWS = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def _webs() -> dict[tuple[str, str, str], str]:
+    """The namespaces `web` made in this module, by (route, kubectl, transport)."""
+    return {}
+
+
 @pytest.fixture
-async def web(kube_server: ServerThread, kubectl_bin: str, request: pytest.FixtureRequest) -> str:
+async def web(kube_server: ServerThread, kubectl_bin: str, request: pytest.FixtureRequest,
+              _webs: dict[tuple[str, str, str], str]) -> str:
     """A namespace with pod `web` (nginx), pod `bb` (busybox sleeping), and deployment+service
-    `site` (nginx, service port 8080 → target port 80)."""
-    namespace = f"pf-{abs(hash(request.node.nodeid)) % 10**8}"
+    `site` (nginx, service port 8080 → target port 80).
+
+    Made once per route, kubectl and transport and shared by the tests of that row: a test only
+    forwards to these pods (one that makes or deletes a pod makes its own, under a name no other
+    test of the row uses), so it sees what it would see in a namespace of its own, and the
+    port-forward requests kubesim records in the namespace are all of the row's transport (what
+    `_assert_transport` checks). Seven kubectl calls per test were a third of the module's time."""
+    transport = getattr(request.node, "callspec", None) and request.node.callspec.params.get("transport")
+    key = (kube_server.route, kubectl_bin, str(transport or "websocket"))
+    if key in _webs:
+        return _webs[key]
+    namespace = f"pf-{key[0]}-{key[2]}-{next(_ROWS)}"  # a number of its own: no two rows share one
     await trio.to_thread.run_sync(kube_server.make_namespace, namespace)
     await _run(kubectl_bin, kube_server, "run", "web", "-n", namespace, "--image=nginx", "--port=80",
                "--labels=app=web")
@@ -160,6 +181,7 @@ async def web(kube_server: ServerThread, kubectl_bin: str, request: pytest.Fixtu
                "--target-port=80")
     for selector in ("app=web", "app=bb", "app=site"):
         await _wait_running(kubectl_bin, kube_server, namespace, selector)
+    _webs[key] = namespace
     return namespace
 
 
