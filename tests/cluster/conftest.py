@@ -4,13 +4,15 @@ real kubectl (both versions): kasctl's Stack with ``replicas``."""
 from __future__ import annotations
 
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from kasctl.stack import Stack
+from kasctl.stack import AGENT_ID, Stack
+from routing.ring import Ring
 from tests.e2e.conftest import KUBECTL_CAP, KUBECTLS, LineReader
 
 __all__ = ["KUBECTLS", "LineReader", "kubectl_at", "metric", "replicated_stack"]
@@ -40,6 +42,36 @@ def kubectl_at(binary: str, stack: Stack, replica: int, *args: str, stdin: str |
         [binary, "--kubeconfig", str(stack.kubeconfig), "--context", stack.context_of(replica), *args],
         input=stdin, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
+
+
+#: kasd's default routing.weight
+WEIGHT = 10
+
+
+def member_names(stack: Stack) -> list[str]:
+    """Each replica's name on the ring: its proxy address (kasd's default ``routing.name``)."""
+    return [stack.replica_addresses[i]["kubernetes_api"] for i in range(stack.replicas)]
+
+
+def home_of(stack: Stack) -> int:
+    """The replica the ring names home for the stack's agent."""
+    names = member_names(stack)
+    home = Ring({name: WEIGHT for name in names}).home(str(AGENT_ID))
+    return names.index(home)  # type: ignore[arg-type]
+
+
+def wait_for_home(stack: Stack, bound: float = 10.0) -> int:
+    """The home replica, once agentd's one tunnel is there and nowhere else (the placement NOTICE
+    moved it; until then one tunnel in all can still be on the replica agentd dialed first)."""
+    home = home_of(stack)
+    deadline = time.monotonic() + bound
+    held: list[float] = []
+    while time.monotonic() < deadline:
+        held = [metric(stack, i, "kasd_agent_sessions") for i in range(stack.replicas)]
+        if held[home] == 1 and sum(held) == 1:
+            return home
+        time.sleep(0.05)  # kasd tells no one when placement settles: its metrics are read again
+    raise AssertionError(f"agentd's tunnel is not on the home kasd-{home + 1}: sessions per replica {held}")
 
 
 def metric(stack: Stack, replica: int, line_start: str) -> float:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kasctl.stack import AGENT_ID, CONFIG_PROJECT, Stack
-from tests.cluster.conftest import KUBECTLS, LineReader, kubectl_at, metric
+from tests.cluster.conftest import KUBECTLS, LineReader, kubectl_at, metric, wait_for_home
 from tests.e2e.conftest import write_manifest
 from tests.e2e.test_environments import (
     Job,
@@ -70,15 +70,8 @@ def test_the_battery_with_a_redis_cluster(three_on_cluster: Stack, replica: int,
 
 
 def holder(stack: Stack) -> int:
-    """The one replica holding agentd's tunnel (placement settled: one tunnel in all)."""
-    deadline = time.monotonic() + 10
-    while True:
-        held = [metric(stack, i, "kasd_agent_sessions") for i in range(stack.replicas)]
-        if sum(held) == 1 or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert sum(held) == 1, held
-    return held.index(1)
+    """The one replica holding agentd's tunnel, once placement has settled it on the agent's home."""
+    return wait_for_home(stack)
 
 
 def battery(three: Stack, kubectl_bin: str, replica: int, tmp_path: Path) -> None:

@@ -17,24 +17,26 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kasctl.stack import AGENT_ID, Stack
-from routing.ring import Ring
-from tests.cluster.conftest import KUBECTLS, LineReader, metric, replicated_stack
+from kasctl.stack import Stack
+from tests.cluster.conftest import (
+    KUBECTLS,
+    WEIGHT,
+    LineReader,
+    member_names,
+    metric,
+    replicated_stack,
+    wait_for_home,
+)
 from tests.cluster.nginx import Nginx, needs_nginx
 
 pytestmark = needs_nginx
 
 KUBECTL = KUBECTLS[-1][1]
-WEIGHT = 10  # kasd's default routing.weight
-
-
-def _names(stack: Stack) -> list[str]:
-    return [stack.replica_addresses[i]["kubernetes_api"] for i in range(stack.replicas)]
 
 
 def _front(stack: Stack, workdir: Path) -> Nginx:
     nginx = Nginx(workdir)
-    nginx.start([(name, WEIGHT) for name in _names(stack)], cert=stack.dir / "kasd-cert.pem",
+    nginx.start([(name, WEIGHT) for name in member_names(stack)], cert=stack.dir / "kasd-cert.pem",
                 key=stack.dir / "kasd-key.pem", ca=_ca_file(stack))
     return nginx
 
@@ -55,11 +57,6 @@ def _front_kubeconfig(stack: Stack, nginx: Nginx) -> Path:
     return path
 
 
-def _home(stack: Stack) -> int:
-    home = Ring({name: WEIGHT for name in _names(stack)}).home(str(AGENT_ID))
-    return _names(stack).index(home)  # type: ignore[arg-type]
-
-
 @pytest.fixture
 def homed(tmp_path: Path) -> Iterator[tuple[Stack, Nginx]]:
     """agentd knows every replica but keeps one tunnel: kasd's placement puts it on the agent's
@@ -75,20 +72,9 @@ def homed(tmp_path: Path) -> Iterator[tuple[Stack, Nginx]]:
         stack.stop()
 
 
-def _wait_for_home(stack: Stack, home: int, bound: float = 10.0) -> None:
-    deadline = time.monotonic() + bound
-    while time.monotonic() < deadline:
-        held = [metric(stack, i, "kasd_agent_sessions") for i in range(stack.replicas)]
-        if held[home] == 1 and sum(held) == 1:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"agentd's tunnel is not on the home kasd-{home + 1}: sessions per replica {held}")
-
-
 def test_nginx_and_kasd_agree_on_the_home_so_requests_take_no_hop(homed: tuple[Stack, Nginx]) -> None:
     stack, nginx = homed
-    home = _home(stack)
-    _wait_for_home(stack, home)  # the placement NOTICE moved agentd's one tunnel there
+    home = wait_for_home(stack)  # the placement NOTICE moved agentd's one tunnel there
     kubeconfig = _front_kubeconfig(stack, nginx)
     for _ in range(20):
         result = subprocess.run([KUBECTL, "--kubeconfig", str(kubeconfig), "get", "configmaps", "-A"],
@@ -96,7 +82,7 @@ def test_nginx_and_kasd_agree_on_the_home_so_requests_take_no_hop(homed: tuple[S
         assert result.returncode == 0, result.stderr
     # nginx sent every request to the home replica ...
     upstreams = {line.split("upstream=")[1].split()[0] for line in nginx.access_lines() if "agent=1 " in line}
-    assert upstreams == {_names(stack)[home]}, upstreams
+    assert upstreams == {member_names(stack)[home]}, upstreams
     # ... and no replica forwarded one: zero extra hops.
     for replica in range(3):
         assert metric(stack, replica, 'kasd_forwarded_requests_total{direction="out"}') == 0
