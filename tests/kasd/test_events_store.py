@@ -146,6 +146,28 @@ async def test_a_post_starts_the_delivery_for_the_lease_holder_only_of_the_queue
         assert [(e.state, e.attempts) for e in (other, theirs)] == [("queued", 0), ("queued", 0)]
 
 
+async def test_a_lone_kasds_event_commits_do_not_wait_for_the_disk_and_survive_its_restart(tmp_path: Path) -> None:
+    path = tmp_path / "kasd.sqlite3"
+    store = SqliteStore.open_sync(path, max_entries=10)
+    levels: list[int] = []
+    store._db.set_trace_callback(
+        lambda sql: levels.append(store._db.execute("PRAGMA synchronous").fetchone()[0]) if sql == "COMMIT" else None)
+    try:
+        await store.post_event(event(1), **LIMITS)
+        await store.end_delivery(5, "ev-1", state="delivered", outcome="done", detail=None, pod=None, at=NOW + 9,
+                                 next_ttl=3600.0)
+        await store.finish_job(42, 1_900_000_000)  # (not an event's: as it was)
+    finally:
+        store._db.set_trace_callback(None)
+        await store.aclose()
+    assert levels == [1, 1, 2]  # NORMAL (the WAL written, no fsync), then FULL again
+    again = SqliteStore.open_sync(path, max_entries=10)
+    try:
+        assert [(e.id, e.state) for e in await again.events(5)] == [("ev-1", "delivered")]
+    finally:
+        await again.aclose()
+
+
 async def test_a_notice_wakes_every_listener(opener: Opener) -> None:
     async with opener() as store, opener() as other:
         woken: list[int] = []
