@@ -221,7 +221,7 @@ async def test_an_event_posted_to_the_replica_delivering_its_agent_is_handed_ove
             await recorded.wait()
         await delivery.post(7, "push", '{"n": 2}', event_id="third")  # to the busy one, the queue empty
         go_on.set()
-        fourth, _ = await delivery.post(7, "push", '{"n": 3}', event_id="fourth")  # behind: the record's take
+        await delivery.post(7, "push", '{"n": 3}', event_id="fourth")  # behind: the record's take
         events = await settled(delivery, 7, ["second", "third", "fourth"])
     assert takes == []
     assert agentd.acted == [("first", {}), ("second", {"n": 1}), ("third", {"n": 2}), ("fourth", {"n": 3})]
