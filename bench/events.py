@@ -4,10 +4,13 @@
     python bench/events.py                  # 200 events each way, 1000 for throughput, ~1 min
     python bench/events.py --events 50 --burst 200
 
-Starts two kasd replicas sharing a Redis, kubesim, and one agentd (one tunnel, on its home replica)
-whose events handler POSTs each event to an in-cluster target: a loopback HTTP server in this
-process that notes when each event arrived. Prints, never asserts:
+First a lone kasd (its SQLite store, no Redis), kubesim and one agentd; then two kasd replicas
+sharing a Redis, kubesim, and one agentd (one tunnel, on its home replica). agentd's events handler
+POSTs each event to an in-cluster target: a loopback HTTP server in this process that notes when
+each event arrived. Prints, never asserts:
 
+  lone kasd     latency from kasd taking the POST (the event's posted_at) to the target getting it,
+                a single kasd with its SQLite store, events POSTed one at a time (p50, p99)
   one replica   latency from kasd taking the POST (the event's posted_at) to the target getting it,
                 events POSTed to the replica holding the tunnel, one at a time (p50, p99)
   across a hop  the same, POSTed to the replica that does not hold the tunnel (its store notice
@@ -131,6 +134,16 @@ def holder(stack: Stack) -> int:
     raise SystemExit("no replica holds agentd's tunnel")
 
 
+def start_stack(tmp: Path, name: str, target: Target, replicas: int) -> Stack:
+    secret = tmp / "hook-secret"
+    secret.write_text("bench-secret")
+    stack = Stack(tmp / name, replicas=replicas, agentd_connections=1, heartbeat_interval=0.3,
+                  agentd_settings={"events": {"handlers": [
+                      {"type": "push", "webhook": {"url": target.url, "secret_file": str(secret)}}]}})
+    stack.start()
+    return stack
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=200, help="events per latency run (default 200)")
@@ -138,15 +151,16 @@ def main() -> None:
     args = parser.parse_args()
     target = Target()
     with tempfile.TemporaryDirectory(prefix="bench-events-") as tmp:
-        secret = Path(tmp) / "hook-secret"
-        secret.write_text("bench-secret")
-        stack = Stack(Path(tmp) / "stack", replicas=2, agentd_connections=1, heartbeat_interval=0.3,
-                      agentd_settings={"events": {"handlers": [
-                          {"type": "push", "webhook": {"url": target.url, "secret_file": str(secret)}}]}})
-        stack.start()
+        stack = start_stack(Path(tmp), "lone", target, 1)
+        try:
+            holder(stack)
+            direct = baseline(target, args.events)
+            lone = latencies(target, Poster(stack, 0), "lone", args.events)
+        finally:
+            stack.stop()
+        stack = start_stack(Path(tmp), "replicas", target, 2)
         try:
             home = holder(stack)
-            direct = baseline(target, args.events)
             one = latencies(target, Poster(stack, home), "one", args.events)
             hop = latencies(target, Poster(stack, 1 - home), "hop", args.events)
             posters = [Poster(stack, 0), Poster(stack, 1)]
@@ -162,7 +176,7 @@ def main() -> None:
     base50, base99 = percentile(direct, 50), percentile(direct, 99)
     print(f"events: {args.events} per latency run (after {args.events // 10} to warm up), burst {args.burst}")
     print(f"  baseline      p50 {base50:7.2f} ms  p99 {base99:7.2f} ms  (loopback POST to the target)")
-    for name, values, goal in (("one replica", one, 10.0), ("across a hop", hop, 20.0)):
+    for name, values, goal in (("lone kasd", lone, 10.0), ("one replica", one, 10.0), ("across a hop", hop, 20.0)):
         p50, p99 = percentile(values, 50), percentile(values, 99)
         print(f"  {name:13} p50 {p50:7.2f} ms  p99 {p99:7.2f} ms  mean {statistics.fmean(values):6.2f} ms  "
               f"(×{p50 / base50:.1f} / ×{p99 / base99:.1f} the baseline; target p99 ≤ {goal:g} ms)")

@@ -90,9 +90,24 @@ class _Retry(Exception):
 
 @attrs.define(eq=False)
 class _Deliverer:
-    """One agent's delivery task on this replica; ``wakeup`` is set by each notice."""
+    """One agent's delivery task on this replica; ``wakeup`` is set by each notice. ``handed``: an
+    event posted here whose delivery the store started for this replica's lease (the queue's head
+    then: ``post_event(deliverer=…)``), to send when its own take finds the queue empty, without
+    taking it from the store again."""
 
     wakeup: trio.Event = attrs.field(factory=trio.Event)
+    handed: QueuedEvent | None = None
+
+    def took(self, taken: tuple[QueuedEvent | None, int]) -> tuple[QueuedEvent | None, int]:
+        """A take from the store: what it found (an event handed is dropped once a take found it
+        or one after it in the store — it was taken there), else the event handed."""
+        event, expired = taken
+        handed = self.handed
+        if handed is not None and (event is None or handed.seq <= event.seq):
+            self.handed = None
+            if event is None:
+                return handed, expired
+        return taken
 
 
 class EventDelivery:
@@ -130,11 +145,23 @@ class EventDelivery:
         event = QueuedEvent(agent_id=agent_id, id=event_id or uuid.uuid4().hex, type=event_type, payload=payload,
                       posted_at=self._clock())
         # (the store announces a new event to every replica in the same step; this one's deliverer
-        # is woken at once, without waiting for the notice to come back)
-        posted, new = await self.store.post_event(event, max_queued=s.max_queued_per_agent, ttl=s.ttl,
-                                                  keep_for=s.keep_for, max_kept=s.max_kept_per_agent)
-        if new:
-            self.wake(agent_id)
+        # is woken at once, without waiting for the notice to come back). When this replica has a
+        # deliverer of the agent, the store also starts the event's delivery for it if it holds the
+        # lease and the event is the only one waiting: it is then the queue's head, handed over in
+        # memory — the store has it first, so a replica that dies now loses nothing (the lease
+        # lapses, another takes the event from the store)
+        posted, new = await self.store.post_event(
+            event, max_queued=s.max_queued_per_agent, ttl=s.ttl, keep_for=s.keep_for,
+            max_kept=s.max_kept_per_agent, deliverer=self.owner if agent_id in self._deliverers else None)
+        if not new:
+            return posted, new
+        if posted.state == "delivering":
+            deliverer = self._deliverers.get(agent_id)
+            if deliverer is not None and deliverer.handed is None:
+                deliverer.handed = posted
+            # (else a new deliverer takes it from the store, its delivery started: one attempt more)
+            posted = attrs.evolve(posted, state="queued", attempts=0)  # (the POST's answer: as it was queued)
+        self.wake(agent_id)
         return posted, new
 
     async def status(self, agent_id: int, event_id: str) -> QueuedEvent | None:
@@ -241,14 +268,16 @@ class EventDelivery:
             if taken is None:
                 me.wakeup = trio.Event()  # (before looking: a post after the look wakes it)
                 taken = await self.store.next_event(agent_id, self._clock(), self.settings.ttl, start=True)
-            (event, expired), taken = taken, None
+            (event, expired), taken = me.took(taken), None
             if expired:
                 self._counts.event_expired(expired)
                 log.info("events: expired undelivered agent_id=%d count=%d", agent_id, expired)
             if event is None:
                 with trio.move_on_after(self._idle):
                     await me.wakeup.wait()
-                if not me.wakeup.is_set():
+                if me.handed is not None:  # posted here, the queue's head, its delivery started
+                    taken = (None, 0)  # (took() gives it)
+                elif not me.wakeup.is_set():
                     return
                 continue
             taken = await self._deliver_event(event, me)

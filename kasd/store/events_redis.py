@@ -57,8 +57,10 @@ local function expire(rec, q, done, now, cutoff)
 end
 """
 
-# KEYS rec, q, seq, done; ARGV id, event JSON, now, expiry cutoff, max queued, keep cutoff, max kept,
-# the notices' channel, the agent's id. {0, existing} | {1, new} (announced) | {2} when full
+# KEYS rec, q, seq, done, lease; ARGV id, event JSON, now, expiry cutoff, max queued, keep cutoff, max kept,
+# the notices' channel, the agent's id, the poster's lease owner ('' none: its delivery never starts
+# here). {0, existing} | {1, new} (announced; 'delivering' when that owner holds the lease and it is
+# the only event waiting) | {2} when full
 _POST = _EXPIRE + """
 local old = redis.call('HGET', KEYS[1], ARGV[1])
 if old then return {0, old} end
@@ -67,6 +69,9 @@ if redis.call('XLEN', KEYS[2]) >= tonumber(ARGV[5]) then return {2} end
 local seq = redis.call('INCR', KEYS[3])
 local e = cjson.decode(ARGV[2])
 e.seq = seq
+if ARGV[10] ~= '' and redis.call('XLEN', KEYS[2]) == 0 and redis.call('GET', KEYS[5]) == ARGV[10] then
+  e.state, e.attempts = 'delivering', 1
+end
 local encoded = cjson.encode(e)
 redis.call('HSET', KEYS[1], ARGV[1], encoded)
 redis.call('XADD', KEYS[2], seq .. '-1', 'id', ARGV[1])
@@ -185,15 +190,15 @@ class RedisEvents:
         return f"{self._events_prefix}:events"
 
     async def post_event(self, event: QueuedEvent, *, max_queued: int, ttl: float, keep_for: float,
-                         max_kept: int) -> tuple[QueuedEvent, bool]:
+                         max_kept: int, deliverer: str | None = None) -> tuple[QueuedEvent, bool]:
         now = event.posted_at
         record = event_to_json(event)
         record.update(agent_id=str(event.agent_id), posted_at=repr(now), delivered_at="", outcome="", detail="",
                       pod="")
         script = self._script("post")(
-            keys=self._keys(event.agent_id, "rec", "q", "seq", "done"),
+            keys=self._keys(event.agent_id, "rec", "q", "seq", "done", "lease"),
             args=[event.id, json.dumps(record), repr(now), repr(now - ttl), max_queued, repr(now - keep_for),
-                  max_kept, self._events_channel, str(event.agent_id)])
+                  max_kept, self._events_channel, str(event.agent_id), deliverer or ""])
         # the index of agents with events (another slot) at the same time: one round trip's wait
         # (named even when nothing was queued: the sweep drops an agent whose queue is empty)
         answer, _ = await self._both(script, self.client.sadd(self._agents_key, [str(event.agent_id)]))

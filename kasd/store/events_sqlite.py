@@ -3,7 +3,8 @@ of ``kasd.store.sqlite.SqliteStore`` (a mixin, so the store's own file keeps its
 
 Tables (made on first use): ``events`` (one row per event, ``(agent_id, id)`` its key, ``(agent_id,
 seq)`` unique) and ``event_seq`` (each agent's last seq: a seq is never reused, even after its
-event is purged). The lease is this process's memory: a lone kasd is the only deliverer. Notices
+event is purged). Their commits do not wait for the disk (``synchronous=NORMAL``: durable against
+kasd's death, not the machine's power loss). The lease is this process's memory: a lone kasd is the only deliverer. Notices
 are calls in this process.
 """
 
@@ -94,15 +95,28 @@ class SqliteEvents:
             if not self._events_ready:
                 db.executescript(_SCHEMA)
                 self._events_ready = True
-            return work(db)
+            # the events' writes do not wait for the disk (synchronous=NORMAL, in WAL mode): a
+            # commit is in the write-ahead log file when it returns, so kasd's death (a crash, kill
+            # -9) loses none of them — what "a replica's death loses nothing" asks, and what the
+            # replicas' Redis gives; the machine's power loss may lose the last ones. FULL's fsync
+            # per commit cost 3-7 ms per event on the benchmarks' disk (docs/benchmarks.md, Events)
+            (before,) = db.execute("PRAGMA synchronous").fetchone()
+            db.execute("PRAGMA synchronous=NORMAL")
+            try:
+                return work(db)
+            finally:
+                db.execute(f"PRAGMA synchronous={int(before)}")
 
         return await self._run(ready)
 
     async def post_event(self, event: QueuedEvent, *, max_queued: int, ttl: float, keep_for: float,
-                         max_kept: int) -> tuple[QueuedEvent, bool]:
+                         max_kept: int, deliverer: str | None = None) -> tuple[QueuedEvent, bool]:
         from kasd.store.sqlite import _transaction
 
         now = event.posted_at
+        # (the lease is this process's: looked at here, before the transaction's thread)
+        holder = self._leases().get(event.agent_id)
+        held = deliverer is not None and holder is not None and holder[0] == deliverer and holder[1] > trio.current_time()
 
         def post(db: sqlite3.Connection) -> tuple[QueuedEvent, bool] | None:
             with _transaction(db):
@@ -118,15 +132,18 @@ class SqliteEvents:
                 db.execute("INSERT INTO event_seq (agent_id, seq) VALUES (?, 1) "
                            "ON CONFLICT (agent_id) DO UPDATE SET seq = seq + 1", (event.agent_id,))
                 (seq,) = db.execute("SELECT seq FROM event_seq WHERE agent_id = ?", (event.agent_id,)).fetchone()
-                db.execute(f"INSERT INTO events ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, 'queued', ?, NULL, 0, NULL, "
-                           "NULL, NULL)", (event.agent_id, event.id, seq, event.type, event.payload, now))
+                # the deliverer's take in the same step: its lease holder, the only event waiting
+                state, attempts = ("delivering", 1) if held and waiting == 0 else ("queued", 0)
+                db.execute(f"INSERT INTO events ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, NULL, "
+                           "NULL, NULL)", (event.agent_id, event.id, seq, event.type, event.payload, state, now,
+                                           attempts))
                 # ended events: those past keep_for, and beyond the newest max_kept
                 db.execute(f"DELETE FROM events WHERE agent_id = ? AND NOT {_WAITING} AND ended_at <= ?",
                            (event.agent_id, now - keep_for))
                 db.execute(f"DELETE FROM events WHERE agent_id = ? AND NOT {_WAITING} AND seq NOT IN (SELECT seq "
                            f"FROM events WHERE agent_id = ? AND NOT {_WAITING} ORDER BY ended_at DESC, seq DESC LIMIT ?)",
                            (event.agent_id, event.agent_id, max_kept))
-            return attrs.evolve(event, seq=int(seq), state="queued"), True
+            return attrs.evolve(event, seq=int(seq), state=state, attempts=attempts), True
 
         posted = await self._events(post)
         if posted is None:

@@ -156,10 +156,14 @@ class EventStore(Protocol):
     may raise ``StoreError``."""
 
     async def post_event(self, event: QueuedEvent, *, max_queued: int, ttl: float, keep_for: float,
-                         max_kept: int) -> tuple[QueuedEvent, bool]:
+                         max_kept: int, deliverer: str | None = None) -> tuple[QueuedEvent, bool]:
         """Queue ``event`` (its ``seq`` given here) and announce it (``announce_events``): (the
         event, True); an id already known for its agent: (that event, False), nothing queued. ``QueueFull`` when ``max_queued`` wait undelivered
-        (those older than ``ttl`` expire first); ended events beyond ``keep_for``/``max_kept`` go."""
+        (those older than ``ttl`` expire first); ended events beyond ``keep_for``/``max_kept`` go.
+        ``deliverer``: a lease owner; when it holds the agent's lease and the new event is the only
+        one waiting (the head of the queue), the event's delivery starts in the same step
+        (``delivering``, one attempt: ``next_event(start=True)``'s work, done by the post) and the
+        answer says so — the poster hands it to that deliverer in memory, without another round trip."""
         ...
 
     async def event(self, agent_id: int, event_id: str) -> QueuedEvent | None: ...

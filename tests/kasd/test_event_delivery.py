@@ -192,6 +192,42 @@ async def test_events_wait_for_the_agent_and_go_when_it_connects() -> None:
     assert agentd.acted == [("early", {})]
 
 
+async def test_an_event_posted_to_the_replica_delivering_its_agent_is_handed_over_without_another_take() -> None:
+    agentd = FakeAgentd()
+    async with delivering(agentd) as (delivery, _router, _session):
+        store = delivery.store
+        await delivery.post(7, "push", "{}", event_id="first")
+        await settled(delivery, 7, ["first"])  # (its deliverer waits on the empty queue, the lease kept)
+        takes: list[int] = []
+        take, end = store.next_event, store.end_delivery
+        recorded, go_on = trio.Event(), trio.Event()
+
+        async def counted(agent_id: int, now: float, ttl: float, *, start: bool = False) -> Any:
+            takes.append(agent_id)
+            return await take(agent_id, now, ttl, start=start)
+
+        async def held(agent_id: int, event_id: str, **record: Any) -> Any:
+            found = await end(agent_id, event_id, **record)
+            if event_id == "second":  # recorded in the store; the deliverer has not seen the answer yet
+                recorded.set()
+                await go_on.wait()
+            return found
+
+        store.next_event = counted  # type: ignore[method-assign]
+        store.end_delivery = held  # type: ignore[method-assign]
+        posted, _ = await delivery.post(7, "push", '{"n": 1}', event_id="second")  # to the waiting deliverer
+        assert (posted.state, posted.attempts) == ("queued", 0)  # the POST's answer
+        with trio.fail_after(5):
+            await recorded.wait()
+        await delivery.post(7, "push", '{"n": 2}', event_id="third")  # to the busy one, the queue empty
+        go_on.set()
+        await delivery.post(7, "push", '{"n": 3}', event_id="fourth")  # behind: the record's take
+        events = await settled(delivery, 7, ["second", "third", "fourth"])
+    assert takes == []
+    assert agentd.acted == [("first", {}), ("second", {"n": 1}), ("third", {"n": 2}), ("fourth", {"n": 3})]
+    assert [(e.state, e.attempts) for e in events] == [("delivered", 1)] * 3
+
+
 async def test_a_known_id_is_not_queued_again() -> None:
     agentd = FakeAgentd()
     async with delivering(agentd) as (delivery, _router, _session):

@@ -128,6 +128,46 @@ async def test_one_owner_holds_the_lease_until_it_releases_or_it_lapses(opener: 
         assert await store.take_lease(6, "kasd-a", 5.0)
 
 
+async def test_a_post_starts_the_delivery_for_the_lease_holder_only_of_the_queues_head(opener: Opener) -> None:
+    async with opener() as store:
+        assert await store.take_lease(5, "kasd-a", 5.0)
+        first, new = await store.post_event(event(1), **LIMITS, deliverer="kasd-a")  # alone, the holder's
+        second, _ = await store.post_event(event(2), **LIMITS, deliverer="kasd-a")  # behind the first
+        third, _ = await store.post_event(event(1, agent_id=6), **LIMITS, deliverer="kasd-a")  # no lease
+        assert new and (first.state, first.attempts) == ("delivering", 1)
+        assert [(e.state, e.attempts) for e in (second, third)] == [("queued", 0), ("queued", 0)]
+        assert [(e.id, e.state, e.attempts) for e in await store.events(5)] == \
+            [("ev-2", "queued", 0), ("ev-1", "delivering", 1)]
+        await store.end_delivery(5, "ev-1", state="delivered", outcome="done", detail=None, pod=None, at=NOW + 9)
+        await store.end_delivery(5, "ev-2", state="delivered", outcome="done", detail=None, pod=None, at=NOW + 9)
+        assert await store.take_lease(6, "kasd-b", 5.0)
+        other, _ = await store.post_event(event(3), **LIMITS, deliverer="kasd-b")  # kasd-a's lease
+        theirs, _ = await store.post_event(event(2, agent_id=6), **LIMITS, deliverer="kasd-a")  # kasd-b's
+        assert [(e.state, e.attempts) for e in (other, theirs)] == [("queued", 0), ("queued", 0)]
+
+
+async def test_a_lone_kasds_event_commits_do_not_wait_for_the_disk_and_survive_its_restart(tmp_path: Path) -> None:
+    path = tmp_path / "kasd.sqlite3"
+    store = SqliteStore.open_sync(path, max_entries=10)
+    levels: list[int] = []
+    store._db.set_trace_callback(
+        lambda sql: levels.append(store._db.execute("PRAGMA synchronous").fetchone()[0]) if sql == "COMMIT" else None)
+    try:
+        await store.post_event(event(1), **LIMITS)
+        await store.end_delivery(5, "ev-1", state="delivered", outcome="done", detail=None, pod=None, at=NOW + 9,
+                                 next_ttl=3600.0)
+        await store.finish_job(42, 1_900_000_000)  # (not an event's: as it was)
+    finally:
+        store._db.set_trace_callback(None)
+        await store.aclose()
+    assert levels == [1, 1, 2]  # NORMAL (the WAL written, no fsync), then FULL again
+    again = SqliteStore.open_sync(path, max_entries=10)
+    try:
+        assert [(e.id, e.state) for e in await again.events(5)] == [("ev-1", "delivered")]
+    finally:
+        await again.aclose()
+
+
 async def test_a_notice_wakes_every_listener(opener: Opener) -> None:
     async with opener() as store, opener() as other:
         woken: list[int] = []
