@@ -170,7 +170,8 @@ def sign_in(page: Any, stack: Stack, token: str) -> None:
     page.goto(f"{stack.api_url}/-/dashboard/")
     page.get_by_label("Personal access token").fill(token)
     page.get_by_role("button", name="Sign in").click()
-    expect(page.get_by_role("table", name="Connected agents")).to_be_visible()
+    # signed in: the agents page, a table of those one may see (a Reporter sees none)
+    expect(page.get_by_role("table", name="Connected agents").or_(page.get_by_text("You see no agent"))).to_be_visible()
 
 
 def go(page: Any, fragment: str) -> None:
@@ -306,6 +307,7 @@ def test_a_reporter_is_refused_the_objects_in_gitlabs_words(browser: Any, stack:
     guest = new_page(browser, errors)
     try:
         sign_in(guest, stack, stack.guest_token)
+        expect(guest.get_by_text("You see no agent")).to_be_visible()  # agents: Developer and up, as GitLab
         go(guest, f"#/environments?project={CONFIG_PROJECT}")  # a Reporter sees the environments…
         row = guest.get_by_role("row", name=re.compile(r"^production "))
         expect(row).to_contain_text("unavailable")               # …but not their health

@@ -132,7 +132,9 @@ async function showAgents() {
             ` — pod in ${c.pod_namespace || "?"} on node ${c.node || "?"}, serving ${
               c.namespaces?.length ? c.namespaces.join(", ") : "the whole cluster"}` : "")))));
   });
-  ui.page("Agents", list.length === 0 ? h("p", {}, "No agent is connected.") :
+  ui.page("Agents", list.length === 0 ?
+    h("p", {}, "You see no agent: an agent is shown to the Developer role and up in its configuration project, " +
+      "and to the people its user_access admits.") :
     h("table", { class: "data", "aria-label": "Connected agents" },
       h("thead", {}, h("tr", {}, ["ID", "Name", "Configuration project", "Connections"].map(
         (t) => h("th", { scope: "col" }, t)))),
