@@ -17,17 +17,17 @@ import logging
 import os
 import re
 import ssl
-import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import attrs
 
 from agentd.upstream import host_header, target_url
 from daemonkit import yamldoc
 from daemonkit.settings import Problem, ca_bundle, setting, structure
+from tunnelhttp.servicepath import UnsafeTarget, normalised_path
 
 log = logging.getLogger("agentd.services")
 
@@ -36,72 +36,10 @@ DEFAULT_PATHS = ("/",)
 DEFAULT_RESPONSE_HEADER_TIMEOUT = 30.0
 #: a credentials file is a token, not a document: read no more of it than this
 MAX_CREDENTIALS_BYTES = 16 * 1024
-#: percent-decodings a path segment may take before it stops changing (``%2525`` is two)
-_MAX_DECODINGS = 3
 
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _METHOD = re.compile(r"[A-Z]{1,20}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_ENCODED = re.compile(r"%[0-9A-Fa-f]{2}")
-
-
-# --------------------------------------------------------------------------- the target check
-
-
-class UnsafeTarget(ValueError):
-    """A request target agentd will not pass on: the message says what is wrong (answered 400)."""
-
-
-def normalised_path(target: str) -> str:
-    """The path of ``target`` (``/api/v1/query?query=up`` → ``/api/v1/query``) percent-decoded once,
-    as the service reads it; ``UnsafeTarget`` for a target whose reading could differ (see the
-    module docstring). The query is the service's own business and is not looked at."""
-    if not target.startswith("/"):
-        raise UnsafeTarget("the path must start with /")
-    path = target.partition("?")[0]
-    if path.startswith("//"):
-        raise UnsafeTarget("the path must start with a single /")
-    if "#" in path:
-        raise UnsafeTarget("the path holds a fragment (#)")
-    if not path.isascii():
-        raise UnsafeTarget("the path holds characters that are not percent-encoded")
-    return "/".join(_segment(raw) for raw in path.split("/"))
-
-
-def _segment(raw: str) -> str:
-    """One path segment, decoded once, after checking it and each deeper decoding of it."""
-    text = raw
-    once: str | None = None
-    for _ in range(_MAX_DECODINGS + 1):
-        _check_segment(text)
-        if not _ENCODED.search(text):
-            return text if once is None else once
-        try:
-            decoded = unquote(text, errors="strict")
-        except UnicodeDecodeError:
-            raise UnsafeTarget("the path decodes to bytes that are not UTF-8") from None
-        if "/" in decoded:
-            raise UnsafeTarget("the path holds an encoded / (%2f)")
-        if once is None:
-            once = decoded
-        text = decoded
-    raise UnsafeTarget(f"the path is percent-encoded more than {_MAX_DECODINGS} times over")
-
-
-def _check_segment(text: str) -> None:
-    if "\\" in text:
-        raise UnsafeTarget("the path holds a backslash (\\ or %5c)")
-    if "\x00" in text:
-        raise UnsafeTarget("the path holds a NUL (%00)")
-    if _CONTROL.search(text):
-        raise UnsafeTarget("the path holds a control character")
-    # Servlet containers drop ";parameters" from a segment, and some servers fold full-width
-    # characters (NFKC): "..;x" and "．．" are dot segments to them.
-    for form in (text, unicodedata.normalize("NFKC", text)):
-        if form.partition(";")[0] in (".", ".."):
-            raise UnsafeTarget("the path holds a dot segment (. or .., in any encoding)")
-        if "/" in form or "\\" in form:
-            raise UnsafeTarget("the path holds a character that folds to / or \\")
 
 
 def prefix_allows(prefix: str, path: str) -> bool:

@@ -24,10 +24,9 @@ from __future__ import annotations
 import json
 import re
 import time
-import unicodedata
 from collections.abc import Callable, Hashable, Sequence
 from http import HTTPStatus
-from urllib.parse import parse_qsl, quote, unquote, unquote_plus
+from urllib.parse import parse_qsl, quote, unquote_plus
 
 import attrs
 
@@ -50,6 +49,7 @@ from kasd.seams import AccessDenied, Grant, parse_bearer
 from kasd.web.auth import ApiRefusal, small_int, verify_token
 from tunnelhttp.head import TunnelCode
 from tunnelhttp.kinds import KIND_SERVICE
+from tunnelhttp.servicepath import UnsafeTarget, normalised_path
 from wire.session import StreamRefusedError
 
 #: ``/api/v4/agents/<id>/services/<name>[/<path…>][?query]``
@@ -142,53 +142,16 @@ def carries_secret(secret: str, target: str, headers: Sequence[tuple[str, str]])
 
 
 #: how many times over a segment is decoded to look for a dot segment or a separator (as agentd)
-_MAX_DECODINGS = 3
-_ENCODED = re.compile(r"%[0-9A-Fa-f]{2}")
 
 
 def traversal_problem(path: str) -> str | None:
     """Why the rest of a service path could climb out of the prefix agentd allows, or reach the
-    service differently than it was judged, or None. agentd refuses the same (400,
-    ``agentd.services.normalised_path``); kasd refuses first, so nothing of it leaves: a ``.`` or
-    ``..`` segment in any encoding (percent-encoded, once or several times over, before a ``;``
-    parameter as servlet containers read it, or as full-width dots that NFKC folds), an encoded
-    ``/`` or ``\\``, a ``\\``, NUL or another control character, ``//`` at the start, a ``#``, or
-    percent-encoded bytes that are not UTF-8."""
-    if path.startswith("//"):
-        return "the path must start with a single '/' (not '//')"
-    if "#" in path:
-        return "the path must not contain '#'"
-    for raw in path.split("/"):
-        text = raw
-        for _ in range(_MAX_DECODINGS + 1):
-            problem = _segment_problem(text)
-            if problem:
-                return problem
-            if not _ENCODED.search(text):
-                break
-            try:
-                text = unquote(text, errors="strict")
-            except UnicodeDecodeError:
-                return "the path must not contain percent-encoded bytes that are not UTF-8"
-            if "/" in text:
-                return "the path must not contain '%2f' (an encoded path separator)"
-        else:
-            return f"the path must not be percent-encoded more than {_MAX_DECODINGS} times over"
-    return None
-
-
-def _segment_problem(text: str) -> str | None:
-    lowered = text.lower()
-    for bad in ("%2f", "%5c", "%00", "\\"):
-        if bad in lowered:
-            return f"the path must not contain {bad!r} (an encoded or Windows path separator, or NUL)"
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
-        return "the path must not contain control characters"
-    for form in (text, unicodedata.normalize("NFKC", text)):
-        if form.partition(";")[0] in (".", ".."):
-            return "the path must not contain '.' or '..' segments (also percent-encoded, or before ';')"
-        if "/" in form or "\\" in form:
-            return "the path must not contain a character that folds to '/' or '\\'"
+    service differently than it was judged, or None: ``tunnelhttp.servicepath``'s check, which
+    agentd applies again (kasd refuses first, so nothing of it leaves)."""
+    try:
+        normalised_path(path)
+    except UnsafeTarget as exc:
+        return str(exc)
     return None
 
 
