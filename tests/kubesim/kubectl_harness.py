@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import traceback
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -118,9 +119,12 @@ class ServerThread:
     def _run(self) -> None:
         try:
             trio.run(self._main)
-        except BaseException as exc:  # surfaced to the test thread by start()
+        except BaseException as exc:  # surfaced to the test thread by start(), or by call() later
             self._error = exc
             self._ready.set()
+            # said now too: a server that dies mid-module fails the next test, whose own traceback
+            # (kubectl's "connection refused") would not say why
+            traceback.print_exception(exc, file=sys.stderr)
 
     async def _main(self) -> None:
         ca = trustme.CA()
@@ -156,7 +160,10 @@ class ServerThread:
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(*args)` in the server's Trio thread (from a non-Trio thread)."""
-        return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
+        try:
+            return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
+        except trio.RunFinishedError:
+            raise AssertionError(f"kubesim's server thread ended early: {self._error!r}") from self._error
 
     async def acall(self, fn: Callable[..., T], *args: Any) -> T:
         """`call` from a Trio test."""
