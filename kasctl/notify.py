@@ -48,7 +48,8 @@ which works as a Git post-receive hook of the configuration repository too (stdi
 ignored): `exec kasctl notify --config-changed` in hooks/post-receive.
 
 Credentials: a personal token from --token-file or ${TOKEN_VARIABLE} (PRIVATE-TOKEN), else the CI
-job's ${JOB_TOKEN_VARIABLE} (JOB-TOKEN). kasd's API from --api-url or ${API_VARIABLE}; its CA from
+job's ${JOB_TOKEN_VARIABLE} (JOB-TOKEN); --config-changed takes a personal token only (a Developer of
+the config project). kasd's API from --api-url or ${API_VARIABLE}; its CA from
 --certificate-authority or ${CA_VARIABLE}. kasctl follows no redirect.
 """
 
@@ -107,7 +108,8 @@ def _config_changed(args: argparse.Namespace, env: dict[str, str], call: Call, s
     if not stdin.isatty():
         for _line in stdin:  # a post-receive hook's "<old> <new> <ref>" lines: read, so git never blocks on them
             pass
-    token, header = credentials(args, env)
+    # kasd's refresh takes a personal token (a Developer of the config project), never a job's
+    header, token = rest_token(args.token_file, env)
     api = api_url(args, env)
     answer = call(api, REFRESH_PATH, token, read_ca(args.certificate_authority or env.get(CA_VARIABLE)),
                   method="POST", body={"project": args.project}, token_header=header)

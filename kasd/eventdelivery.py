@@ -346,6 +346,12 @@ class EventDelivery:
                     accepted = await stream.wait_accepted()
                 except StreamRefusedError as exc:
                     self.router.report(stream, exc)
+                    if exc.code in _FINAL_REFUSALS:
+                        # agentd will refuse this event whenever it comes (a payload it cannot take, an
+                        # agentd without events): failed now, so the agent's later events go on
+                        answered = True
+                        return {"outcome": "failed", "detail": f"agentd refused the event: {exc.message or exc}"[:1024],
+                                "status": None}, self._pod_of(stream)
                     raise _Retry("refused", str(exc)) from None
                 self.router.report(stream, None)
             except TUNNEL_FAILURES as exc:
@@ -361,6 +367,10 @@ class EventDelivery:
                         await stream.reset(TunnelCode.CLIENT_GONE, "kasd gave up this delivery")
                 except TUNNEL_FAILURES:
                     pass
+
+
+#: refusals that would come again for the same event, whoever delivered it: not tried again
+_FINAL_REFUSALS = frozenset({TunnelCode.BAD_REQUEST, TunnelCode.UNKNOWN_TARGET})
 
 
 __all__ = ["HOP_GRACE", "LEASE_SECONDS", "EventCounts", "EventDelivery"]

@@ -157,6 +157,15 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _stream_id(entry: Any) -> str:
+    """The event id a queue entry names (its one field, ``id``), whatever shape coredis gives it."""
+    fields = getattr(entry, "field_values", entry)
+    if not isinstance(fields, dict):
+        fields = entry[1] if isinstance(entry, (tuple, list)) and len(entry) == 2 else {}
+    value = fields.get(b"id", fields.get("id", b""))
+    return _text(value)
+
+
 def _decoded(body: Any) -> QueuedEvent:
     return event_from_json(json.loads(body))
 
@@ -229,8 +238,19 @@ class RedisEvents:
         return None if body is None else _decoded(body)
 
     async def events(self, agent_id: int, *, state: str | None = None, limit: int = 100) -> list[QueuedEvent]:
-        bodies = await self._call(self.client.hvals(self._keys(agent_id, "rec")[0]))
-        found = [e for e in (_decoded(b) for b in bodies) if state is None or e.state == state]
+        # Not every record: a waiting one holds its payload (up to 64 KiB, a thousand of them per
+        # agent). The newest ``limit`` waiting ones (the queue's tail) and the ended ones (kept
+        # without their payload, at most max_kept) are read: the newest ``limit`` of either are there.
+        rec, q, done = self._keys(agent_id, "rec", "q", "done")
+        ids: list[str] = []
+        if state in (None, "queued", "delivering"):
+            entries = await self._call(self.client.xrevrange(q, "+", "-", count=limit))
+            ids += [_stream_id(entry) for entry in (entries.values() if isinstance(entries, dict) else entries)]
+        if state not in ("queued", "delivering"):
+            ids += [_text(m) for m in await self._call(self.client.zrange(done, 0, -1, rev=True))]
+        ids = [i for i in dict.fromkeys(ids) if i]
+        bodies = await self._call(self.client.hmget(rec, ids)) if ids else []
+        found = [e for e in (_decoded(b) for b in bodies if b is not None) if state is None or e.state == state]
         return sorted(found, key=lambda e: e.seq, reverse=True)[:limit]
 
     async def next_event(self, agent_id: int, now: float, ttl: float, *, start: bool = False
@@ -256,10 +276,17 @@ class RedisEvents:
         members = await self._call(self.client.smembers(self._agents_key))
         pending = {}
         for member in sorted(int(_text(m)) for m in members if _text(m).isdigit()):
-            if waiting := int(await self._call(self.client.xlen(self._keys(member, "q")[0]))):
+            queue = self._keys(member, "q")[0]
+            if waiting := int(await self._call(self.client.xlen(queue))):
                 pending[member] = waiting
-            else:  # (a post after this reads it back: it adds the agent again)
-                await self._call(self.client.srem(self._agents_key, [str(member)]))
+                continue
+            # Dropped from the index, then the queue read again: a post that came between the first
+            # read and the removal found the agent still named (its SADD a no-op) and must not be left
+            # out of the index (the queue and the index are in different slots: no one script).
+            await self._call(self.client.srem(self._agents_key, [str(member)]))
+            if waiting := int(await self._call(self.client.xlen(queue))):
+                await self._call(self.client.sadd(self._agents_key, [str(member)]))
+                pending[member] = waiting
         return pending
 
     async def take_lease(self, agent_id: int, owner: str, seconds: float) -> bool:

@@ -148,7 +148,7 @@ class EventsApi:
         event_id = str(request.path_params["event_id"])
         event = await self._poster.status(agent_id, event_id) if EVENT_ID.fullmatch(event_id) else None
         if event is None:
-            raise ApiRefusal(404, "404 QueuedEvent Not Found")
+            raise ApiRefusal(404, "404 Event Not Found")
         return JSONResponse(event.status_json(), headers={"cache-control": "no-store"})
 
     async def listing(self, request: Request) -> Response:
@@ -202,9 +202,13 @@ def parse_event(body: bytes) -> tuple[str, str, str | None]:
     except (ValueError, RecursionError):
         raise bad("payload is not JSON that can be sent on (NaN or Infinity, or nested too deep)") from None
     try:  # JSON's \ud800 escape spells a lone surrogate, which no UTF-8 store, stream or receiver can hold
-        payload.encode("utf-8")
+        stored = payload.encode("utf-8")
     except UnicodeEncodeError:
         raise bad("payload holds a lone surrogate (an unpaired \\ud800-\\udfff escape): not Unicode text") from None
+    if len(stored) > MAX_EVENT_BODY:
+        # written again it can be longer than sent (1E5 is 100000.0): what is stored and sent is bounded
+        raise ApiRefusal(413, f"413 Request Entity Too Large: the payload, written as JSON, is {len(stored)} bytes; "
+                              f"an event's payload is at most {MAX_EVENT_BODY} bytes")
     return event_type, payload, event_id
 
 

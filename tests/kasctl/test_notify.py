@@ -73,6 +73,16 @@ def test_config_changed_works_as_a_post_receive_hook() -> None:
     assert "group/infra" in out.getvalue()
 
 
+def test_config_changed_in_a_ci_job_asks_for_a_personal_token(capsys: pytest.CaptureFixture[str]) -> None:
+    """kasd's refresh takes a Developer's personal token: with only the job's token kasctl says so
+    (exit 2) instead of sending it to be refused with a bare 401."""
+    kasd = FakeKasd([])
+    code = run(_args("--config-changed"), {"KASCTL_API_URL": "https://kas.example", "CI_JOB_TOKEN": "job"},
+               call=kasd, stdin=io.StringIO(""))
+    assert code == 2 and kasd.calls == []
+    assert "missing personal token" in capsys.readouterr().err
+
+
 def test_notify_is_a_kasctl_command(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["notify", "--help"])

@@ -50,8 +50,8 @@ class Router:
 @attrs.define(eq=False)
 class FakeAgentd:
     """Acts on each event once (its ids remembered, as agentd's dedup): ``acted`` is what the
-    in-cluster target got. ``plan`` pops one behaviour per stream: "refuse", "lose" (act, then the
-    answer is lost), "fail"; otherwise done."""
+    in-cluster target got. ``plan`` pops one behaviour per stream: "refuse", "bad" (refused as a
+    malformed event), "lose" (act, then the answer is lost), "fail"; otherwise done."""
 
     acted: list[tuple[str, Any]] = attrs.field(factory=list)
     plan: list[str] = attrs.field(factory=list)
@@ -70,6 +70,9 @@ class FakeAgentd:
             step = self.plan.pop(0) if self.plan else "done"
             if step == "refuse":
                 await stream.refuse(message="agentd is draining")
+                continue
+            if step == "bad":
+                await stream.refuse(TunnelCode.BAD_REQUEST, "bad event: payload is over 65536 bytes")
                 continue
             if meta["id"] in self.seen:
                 await stream.accept({"outcome": "duplicate", "detail": "already acted on", "status": None})
@@ -174,6 +177,19 @@ async def test_a_refusal_or_a_lost_answer_retries_the_same_event_first_and_faile
     assert [(e.state, e.outcome, e.attempts) for e in events] == \
         [("delivered", "done", 2), ("delivered", "duplicate", 2), ("failed", "failed", 1), ("delivered", "done", 1)]
     assert events[2].detail == "webhook answered 500"
+
+
+async def test_an_event_agentd_refuses_as_malformed_fails_at_once_and_the_next_goes_on() -> None:
+    """A refusal that would come again (BAD_REQUEST: agentd cannot take this event) is not tried
+    again until the event expires: it would hold every later event of the agent that long."""
+    agentd = FakeAgentd(plan=["bad"])
+    async with delivering(agentd) as (delivery, _router, _session):
+        await delivery.post(7, "push", "{}", event_id="poison")
+        await delivery.post(7, "push", "{}", event_id="next")
+        events = await settled(delivery, 7, ["poison", "next"])
+    assert [m["id"] for m in agentd.metadata] == ["poison", "next"]
+    assert [(e.state, e.outcome, e.attempts) for e in events] == [("failed", "failed", 1), ("delivered", "done", 1)]
+    assert events[0].detail is not None and "payload is over 65536 bytes" in events[0].detail
 
 
 async def test_events_wait_for_the_agent_and_go_when_it_connects() -> None:

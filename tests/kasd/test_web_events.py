@@ -116,7 +116,7 @@ async def test_an_event_is_queued_then_read_back_with_its_status_and_a_known_id_
     queued = await call(app, "GET", "/api/v4/agents/1/events?state=queued", _as("alice"))
     assert [e["seq"] for e in queued.json()] == [2]
     assert (await call(app, "GET", "/api/v4/agents/1/events/nope", _as("alice"))).json() == \
-        {"message": "404 QueuedEvent Not Found"}
+        {"message": "404 Event Not Found"}
     assert (await call(app, "GET", "/api/v4/agents/1/events?state=lost", _as("alice"))).status == 400
     assert counts.received == 2
 
@@ -143,6 +143,12 @@ async def test_an_oversized_body_is_413_a_full_queue_429_and_bad_bodies_say_what
     for body, words in bad.items():
         answer = await call(app, "POST", "/api/v4/agents/2/events", _as("erin"), body)
         assert answer.status in (400, 413) and words in answer.json()["message"], (body[:40], answer.json())
+    # a body under the limit whose payload, written again as JSON, is over it (1E5 is 100000.0): what
+    # is stored and sent to agentd is bounded, not only what was sent
+    grows = b'{"type": "push", "payload": [' + b",".join([b"1E5"] * 15_000) + b"]}"
+    assert len(grows) < 64 * 1024
+    answer = await call(app, "POST", "/api/v4/agents/2/events", _as("erin"), grows)
+    assert answer.status == 413 and "written as JSON" in answer.json()["message"], answer.json()
 
 
 def test_the_openapi_document_describes_the_event_routes_and_their_answers() -> None:
