@@ -57,6 +57,7 @@ async def test_configmap_keys_items_modes_and_a_secret_are_files(ctl: Controller
         {"name": "config", "configMap": {"name": "hello"}},
         {"name": "picked", "configMap": {"name": "hello", "defaultMode": 0o600,
                                          "items": [{"key": "greeting", "path": "sub/g.txt"},
+                                                   {"key": "greeting", "path": "../../etc/passwd"},
                                                    {"key": "other", "path": "o", "mode": 0o400}]}},
         {"name": "creds", "secret": {"secretName": "creds"}},
     ], [{"name": "config", "mountPath": "/etc/hello", "readOnly": True},
@@ -74,6 +75,7 @@ async def test_configmap_keys_items_modes_and_a_secret_are_files(ctl: Controller
     assert fs.stat("/etc/hello/greeting").mode & 0o777 == 0o644
     assert fs.stat("/etc/picked/sub/g.txt").mode & 0o777 == 0o600
     assert fs.stat("/etc/picked/o").mode & 0o777 == 0o400
+    assert b"root:x:0:0" in fs.read_file("/etc/passwd")  # an item path cannot leave its mount
     status, _, err = await _sh(ctl, "p", "echo changed > /etc/hello/greeting")
     assert status == 1 and "Read-only file system" in err
 

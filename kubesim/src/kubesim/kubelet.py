@@ -431,7 +431,11 @@ def _mount_volumes(ctl: Cluster, pod: dict[str, Any], container: dict[str, Any],
             continue
         _clear(filesystem, target)
         for rel, (data, mode) in files.items():
-            _write(filesystem, FileSystem.resolve(rel, target), data, mode)
+            path = FileSystem.resolve(rel, target)
+            # Only below the mount (an API server refuses an absolute or `..` item path; kubesim
+            # does not validate pod specs, so the kubelet leaves such an item out).
+            if path.startswith(target.rstrip("/") + "/") and not rel.startswith("/"):
+                _write(filesystem, path, data, mode)
         read_only.append(target)
     if _automount(ctl, pod):
         namespace = pod["metadata"]["namespace"]
