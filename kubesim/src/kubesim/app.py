@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import time
 from collections.abc import Callable, MutableMapping, MutableSequence
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -23,7 +21,6 @@ from kubesim import (
     portforward_session,
     rbac,
     tables,
-    timefmt,
 )
 from kubesim.asgi import (
     Query,
@@ -54,6 +51,7 @@ from kubesim.portforward_session import port_forward_pod
 from kubesim.rbac import UserInfo
 from kubesim.requests import RecordedRequest, header_map, header_pairs, record
 from kubesim.resources import Kind
+from kubesim.satoken import service_account_token
 from kubesim.selectors import parse_field_selector, parse_label_selector, selector_string
 from kubesim.spdy_session import RAW_ACCEPT, RAW_UPGRADE_EXTENSION
 from kubesim.store import Store
@@ -88,26 +86,6 @@ class ServerVersion:
                 "gitCommit": "70d3cc986aa8221cd1dfb1121852688902d3bf53", "gitTreeState": "clean",
                 "buildDate": "2024-12-11T17:59:15Z", "goVersion": "go1.23.3", "compiler": "gc",
                 "platform": "linux/amd64"}
-
-
-def service_account_token(account: dict[str, Any], audiences: list[str], lifetime: int) -> tuple[str, str]:
-    """A JWT-shaped (unsigned) token with the claims a projected service-account token has."""
-    meta = account["metadata"]
-    issued = int(time.time())
-    claims = {
-        "aud": audiences or ["https://kubernetes.default.svc.cluster.local"],
-        "exp": issued + lifetime, "iat": issued, "nbf": issued,
-        "iss": "https://kubernetes.default.svc.cluster.local",
-        "sub": f"system:serviceaccount:{meta['namespace']}:{meta['name']}",
-        "kubernetes.io": {"namespace": meta["namespace"],
-                          "serviceaccount": {"name": meta["name"], "uid": meta["uid"]}},
-    }
-
-    def part(value: dict[str, Any]) -> str:
-        return base64.urlsafe_b64encode(json.dumps(value, separators=(",", ":")).encode()).rstrip(b"=").decode()
-
-    token = f"{part({'alg': 'none', 'kid': 'kubesim'})}.{part(claims)}.kubesim"
-    return token, timefmt.rfc3339(datetime.fromtimestamp(issued + lifetime, UTC))
 
 
 class KubeApp:

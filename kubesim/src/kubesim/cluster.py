@@ -72,6 +72,8 @@ class Cluster(abc.ABC):
         self.consoles: dict[tuple[str, str, str], ContainerConsole] = {}
         # Each running container's filesystem (a fresh one per run, as a new writable layer).
         self.filesystems: dict[tuple[str, str, str], FileSystem] = {}
+        # Pods whose volumes cannot be mounted yet: the `FailedMount` message last recorded.
+        self.mount_failures: dict[tuple[str, str], str] = {}
         # Set by a pass that saw work which happens with time (crash loops, progress deadlines):
         # only then does `run` wake on the tick as well as on changes.
         self.timed_work = False

@@ -32,6 +32,7 @@ from kubesim.console import ContainerConsole
 from kubesim.fs import FileSystem, container_tree
 from kubesim.objects import annotation_true
 from kubesim.processes import MainProcess, ProcessStdin, container_env, main_argv
+from kubesim.satoken import PROJECTED_LIFETIME, service_account_token
 from kubesim.shell import command_names
 from kubesim.timefmt import now, parse, rfc3339
 
@@ -73,6 +74,8 @@ def pod(ctl: Cluster, pod: dict[str, Any]) -> None:
         return
     phase = status.get("phase")
     if phase == "Pending":
+        if not check_mounts(ctl, pod):
+            return  # ContainerCreating, as the kubelet waits for its volumes
         if any(pull_error(c.get("image", "")) for c in containers) or _pull_waiting(status):
             pull_failed(ctl, pod)
             return
@@ -201,6 +204,8 @@ def close_stale_consoles(ctl: Cluster) -> None:
     pods = ctl.kinds["pods"]
     for key in [key for key in ctl.image_pulls if not ctl.store.exists(pods, key[0], key[1])]:
         del ctl.image_pulls[key]
+    for pod_key in [key for key in ctl.mount_failures if not ctl.store.exists(pods, *key)]:
+        del ctl.mount_failures[pod_key]
     for key in list(ctl.consoles):
         ns, name, _ = key
         if not ctl.store.exists(pods, ns, name):
@@ -329,37 +334,153 @@ def _new_filesystem(ctl: Cluster, pod: dict[str, Any], container: dict[str, Any]
     return filesystem
 
 
-def _mount_volumes(ctl: Cluster, pod: dict[str, Any], container: dict[str, Any], filesystem: FileSystem) -> None:
-    """The container's ConfigMap and Secret volumes, as files under their mount paths (a key per
-    file, or the volume's `items`), read when the container starts. A missing object mounts
-    nothing (a real kubelet waits, with `FailedMount` events)."""
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+DEFAULT_MODE = 0o644
+
+
+class MountError(Exception):
+    """A volume the kubelet cannot set up yet (its message is the kubelet's, after the volume's name)."""
+
+
+def volume_files(ctl: Cluster, pod: dict[str, Any], volume: dict[str, Any]) -> dict[str, tuple[bytes, int]] | None:
+    """The files of a ConfigMap or Secret volume, path → (content, mode), as the kubelet's
+    configmap/secret volume plugins write them: a file per key (or the `items`, each at its
+    `path`, with its `mode`), in `defaultMode` (0644). None for a volume of another type; an empty
+    dict for a missing `optional` object. MountError for a missing object or key otherwise."""
     namespace = pod["metadata"]["namespace"]
-    volumes = {v.get("name"): v for v in (pod.get("spec") or {}).get("volumes") or []}
-    for mount in container.get("volumeMounts") or []:
-        volume = volumes.get(mount.get("name")) or {}
-        source = volume.get("configMap") or volume.get("secret")
-        if source is None:
-            continue
-        if "configMap" in volume:
-            obj = ctl.store.find(ctl.kinds["configmaps"], namespace, source.get("name", ""))
-            files = {k: str(v).encode() for k, v in ((obj or {}).get("data") or {}).items()}
-            files.update({k: _b64(v) for k, v in ((obj or {}).get("binaryData") or {}).items()})
-        else:
-            obj = ctl.store.find(ctl.store.kind("", "secrets"), namespace, source.get("secretName", ""))
-            files = {k: _b64(v) for k, v in ((obj or {}).get("data") or {}).items()}
-        items = source.get("items")
-        paths = ({item.get("key"): item.get("path") for item in items} if items
-                 else {key: key for key in files})
-        root = str(mount.get("mountPath") or "/").rstrip("/") + "/"
-        for key, rel in paths.items():
-            if key not in files or not rel:
+    if "configMap" in volume:
+        source = volume.get("configMap") or {}
+        name, what = str(source.get("name") or ""), "configmap"
+        obj = ctl.store.find(ctl.kinds["configmaps"], namespace, name)
+        data = {k: str(v).encode() for k, v in ((obj or {}).get("data") or {}).items()}
+        data.update({k: _b64(v) for k, v in ((obj or {}).get("binaryData") or {}).items()})
+        missing_key = "configmap references non-existent config key: {}"
+    elif "secret" in volume:
+        source = volume.get("secret") or {}
+        name, what = str(source.get("secretName") or ""), "secret"
+        obj = ctl.store.find(ctl.store.kind("", "secrets"), namespace, name)
+        data = {k: _b64(v) for k, v in ((obj or {}).get("data") or {}).items()}
+        data.update({k: str(v).encode() for k, v in ((obj or {}).get("stringData") or {}).items()})
+        missing_key = "references non-existent secret key: {}"
+    else:
+        return None
+    optional = bool(source.get("optional"))
+    if obj is None:
+        if optional:
+            return {}
+        raise MountError(f'{what} "{name}" not found')
+    default_mode = _mode(source.get("defaultMode"), DEFAULT_MODE)
+    items = source.get("items")
+    if not items:
+        return {key: (value, default_mode) for key, value in data.items()}
+    files = {}
+    for item in items:
+        key, path = str(item.get("key") or ""), str(item.get("path") or "")
+        if key not in data:
+            if optional:
                 continue
-            target = root + str(rel)
-            try:
-                filesystem.mkdir(target.rsplit("/", 1)[0] or "/", parents=True)
-                filesystem.write_file(target, files[key])
-            except OSError:
-                continue  # a path the image's tree does not allow: left out
+            raise MountError(missing_key.format(key))
+        files[path] = (data[key], _mode(item.get("mode"), default_mode))
+    return files
+
+
+def _mode(value: Any, default: int) -> int:
+    return value & 0o777 if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def check_mounts(ctl: Cluster, pod: dict[str, Any]) -> bool:
+    """Whether every ConfigMap and Secret volume of the pod can be set up; if not, the kubelet's
+    `FailedMount` event (once per distinct failure: the kubelet repeats it as it retries, kubesim
+    on the first pass after the object appears mounts it and starts the pod)."""
+    meta = pod["metadata"]
+    key = (meta["namespace"], meta["name"])
+    for volume in (pod.get("spec") or {}).get("volumes") or []:
+        try:
+            volume_files(ctl, pod, volume)
+        except MountError as exc:
+            message = f'MountVolume.SetUp failed for volume "{volume.get("name", "")}" : {exc}'
+            if ctl.mount_failures.get(key) != message:
+                ctl.mount_failures[key] = message
+                ctl.event(ctl.kinds["pods"], pod, "FailedMount", message, component="kubelet",
+                          type_="Warning")
+            return False
+    ctl.mount_failures.pop(key, None)
+    return True
+
+
+def _mount_volumes(ctl: Cluster, pod: dict[str, Any], container: dict[str, Any], filesystem: FileSystem) -> None:
+    """The container's ConfigMap and Secret volumes as read-only files under their mount paths
+    (`subPath`: the one file at the mount path), and the service-account token's directory, read
+    when the container starts (each run reads them again: a changed ConfigMap shows after a
+    restart, not at once as the kubelet's periodic sync would)."""
+    volumes = {v.get("name"): v for v in (pod.get("spec") or {}).get("volumes") or []}
+    read_only = list(filesystem.read_only)
+    for mount in container.get("volumeMounts") or []:
+        try:
+            files = volume_files(ctl, pod, volumes.get(mount.get("name")) or {})
+        except MountError:
+            continue  # checked before the pod started; gone since: nothing to mount
+        if files is None:
+            continue
+        target = FileSystem.resolve(str(mount.get("mountPath") or "/"))
+        sub_path = str(mount.get("subPath") or "")
+        if sub_path:
+            if sub_path in files:
+                _write(filesystem, target, *files[sub_path])
+            read_only.append(target)
+            continue
+        _clear(filesystem, target)
+        for rel, (data, mode) in files.items():
+            path = FileSystem.resolve(rel, target)
+            # Only below the mount (an API server refuses an absolute or `..` item path; kubesim
+            # does not validate pod specs, so the kubelet leaves such an item out).
+            if path.startswith(target.rstrip("/") + "/") and not rel.startswith("/"):
+                _write(filesystem, path, data, mode)
+        read_only.append(target)
+    if _automount(ctl, pod):
+        namespace = pod["metadata"]["namespace"]
+        spec = pod.get("spec") or {}
+        account_name = spec.get("serviceAccountName") or spec.get("serviceAccount") or "default"
+        account = ctl.store.find(ctl.kinds["serviceaccounts"], namespace, account_name) or {
+            "metadata": {"name": account_name, "namespace": namespace}}
+        token, _ = service_account_token(account, [], PROJECTED_LIFETIME)
+        root_ca = ctl.store.find(ctl.kinds["configmaps"], namespace, "kube-root-ca.crt") or {}
+        for name, data in (("token", token.encode()),
+                           ("ca.crt", str((root_ca.get("data") or {}).get("ca.crt") or "").encode()),
+                           ("namespace", namespace.encode())):
+            _write(filesystem, f"{SERVICE_ACCOUNT_DIR}/{name}", data, DEFAULT_MODE)
+        read_only.append(SERVICE_ACCOUNT_DIR)
+    filesystem.read_only = tuple(read_only)
+
+
+def _automount(ctl: Cluster, pod: dict[str, Any]) -> bool:
+    """Whether the service-account admission plugin gives the pod its token volume: unless the
+    pod, or else its service account, says `automountServiceAccountToken: false`."""
+    spec = pod.get("spec") or {}
+    if spec.get("automountServiceAccountToken") is not None:
+        return bool(spec["automountServiceAccountToken"])
+    name = spec.get("serviceAccountName") or spec.get("serviceAccount") or "default"
+    account = ctl.store.find(ctl.kinds["serviceaccounts"], pod["metadata"]["namespace"], name) or {}
+    return account.get("automountServiceAccountToken") is not False
+
+
+def _clear(filesystem: FileSystem, path: str) -> None:
+    """A mount hides what the image had at its path: an empty directory there."""
+    try:
+        if filesystem.exists(path):
+            filesystem.remove(path, recursive=True)
+        filesystem.mkdir(path, parents=True)
+    except OSError:
+        pass  # a path the image's tree does not allow (under /proc): left out
+
+
+def _write(filesystem: FileSystem, path: str, data: bytes, mode: int) -> None:
+    try:
+        filesystem.mkdir(path.rsplit("/", 1)[0] or "/", parents=True)
+        filesystem.write_file(path, data, mode=mode)
+        filesystem.chmod(path, mode)
+    except OSError:
+        pass  # a path the image's tree does not allow (under /proc, or the filesystem is full): left out
 
 
 def _b64(text: Any) -> bytes:
