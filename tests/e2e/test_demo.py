@@ -207,14 +207,80 @@ def test_demo_without_an_optional_package_says_what_to_install(tmp_path: Path, h
     assert result.stderr.splitlines() == [advice]
 
 
+@pytest.mark.timeout(120)
+def test_smoke_runs_one_get_and_does_not_ask_for_ctrl_c_and_runs_again_in_its_directory(tmp_path: Path) -> None:
+    for _run in ("first", "again, in the directory the first left"):
+        result = subprocess.run([sys.executable, "-m", "kasctl", "demo", "--smoke", "--dir", str(tmp_path / "demo")],
+                                capture_output=True, text=True, timeout=80, cwd=REPO)  # fmt: skip
+        assert result.returncode == 0, (_run, result.stderr)
+        assert "Ctrl-C" not in result.stdout
+        assert "NAMESPACE" in result.stdout and "hello-" in result.stdout
+        assert result.stdout.rstrip().splitlines()[-1] == "stopped: agentd exit 0, kasd exit 0, kubesim exit 0"
+
+
+def test_the_demo_never_empties_a_directory_it_did_not_make(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    result = run_module("kasctl", "demo", "--smoke", "--dir", str(tmp_path), timeout=30, cwd=REPO)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"kasctl demo: {tmp_path} exists and was not made by kasctl demo (it has no .kasctl-demo); "
+        "choose another --dir, or remove it"]
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (the demo's daemons: each in a session of its own)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 @pytest.mark.timeout(90)
-def test_smoke_runs_one_get_and_does_not_ask_for_ctrl_c(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "kasctl", "demo", "--smoke", "--dir", str(tmp_path / "demo")],
-                            capture_output=True, text=True, timeout=80, cwd=REPO)  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    assert "Ctrl-C" not in result.stdout
-    assert "NAMESPACE" in result.stdout and "hello-" in result.stdout
-    assert result.stdout.rstrip().splitlines()[-1] == "stopped: agentd exit 0, kasd exit 0, kubesim exit 0"
+def test_closing_the_terminal_stops_every_daemon_the_demo_started(tmp_path: Path) -> None:
+    demo = LineReader([sys.executable, "-m", "kasctl", "demo", "--dir", str(tmp_path / "demo")], cwd=REPO)
+    daemons: list[int] = []
+    try:
+        demo.wait_for("Press Ctrl-C", timeout=60)
+        daemons = _children(demo.proc.pid)
+        assert len(daemons) == 3, daemons  # kubesim, kasd, agentd
+        demo.proc.send_signal(signal.SIGHUP)
+        demo.proc.wait(60)
+        assert [pid for pid in daemons if _alive(pid)] == []
+    finally:
+        for pid in daemons:  # orphans the demo left (before the fix): ours to end, by pid
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if demo.proc.poll() is None:
+            demo.stop()
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_while_starting_says_one_line_and_stops_what_had_started(tmp_path: Path) -> None:
+    demo = LineReader([sys.executable, "-m", "kasctl", "demo", "--dir", str(tmp_path / "demo")], cwd=REPO)
+    try:
+        demo.wait_for("starting ", timeout=30)  # the guide comes seconds later, once all three are up
+        demo.proc.send_signal(signal.SIGINT)
+        assert demo.proc.wait(30) == 130
+        assert demo.proc.stderr is not None
+        assert demo.proc.stderr.read().splitlines() == [
+            "kasctl demo: interrupted while starting; stopped what had started"]
+    finally:
+        if demo.proc.poll() is None:
+            demo.stop()
 
 
 @pytest.mark.timeout(120)
