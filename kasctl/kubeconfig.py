@@ -65,8 +65,8 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     parser.add_argument("--job-token", metavar="TOKEN",
                         help=f"the job's token (default ${TOKEN_VARIABLE}); prefer the variable: "
                              "arguments show in ps")
-    parser.add_argument("--api-url", metavar="URL", help=f"kasd's REST API, e.g. https://kas.example.com:8153 "
-                                                         f"(default ${API_VARIABLE})")
+    parser.add_argument("--api-url", metavar="URL", help=f"kasd's REST API (listeners.api, not the proxy port), e.g. "
+                                                         f"https://kas.example.com:8153 (default ${API_VARIABLE})")
     parser.add_argument("--server", metavar="URL", help=f"kasd's Kubernetes API proxy, e.g. "
                                                         f"https://kas.example.com:8154 (default ${SERVER_VARIABLE})")
     parser.add_argument("--certificate-authority", metavar="FILE", type=Path,
