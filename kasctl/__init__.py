@@ -11,3 +11,15 @@ kubesim (a distribution of its own), only through their command lines — and to
 through ``kasctl.restclient`` (the one HTTP client that sends a token: it follows no redirect).
 ``kasctl proxy`` (trio, ``http11``, ``netio.relay``) checks each request with ``kasctl.proxyfilter``.
 """
+
+from __future__ import annotations
+
+from importlib import metadata as _metadata
+
+try:
+    #: what ``kasctl --version`` prints: the installed distribution's, as ``kasd --version`` and ``agentd --version``
+    __version__ = _metadata.version("kasd")
+except _metadata.PackageNotFoundError:  # running from a source tree without installing
+    __version__ = "0.0.0"
+
+__all__ = ["__version__"]

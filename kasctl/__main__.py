@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from kasctl import agents, env, kubeconfig, notify, promql, proxy, revoke, tokens
+from kasctl import __version__, agents, env, kubeconfig, notify, promql, proxy, revoke, tokens
 from kasctl.stack import (
     APP_PROJECT,
     CONFIG_PROJECT,
@@ -255,7 +255,7 @@ def _ci_lines(stack: Stack) -> str:
         f"  {kasctl} env stop --project {APP_PROJECT} --environment review/feat-x   # deletes what kasd made for it\n"
         f"  {kasctl} token revoke   # the job is over: every kasd refuses CI_JOB_TOKEN from now on (401)\n"
         f"  CI_JOB_TOKEN=$({kasctl} token ci --project {OTHER_PROJECT} --job-id 8 --pipeline-id 3 --user demo --ref main "
-        f"--ttl 1h) {kasctl} kubeconfig   # refused: no contexts\n"
+        f"--ttl 1h) {kasctl} kubeconfig   # refused: no agent allows {OTHER_PROJECT} (exit 1)\n"
     )
 
 
@@ -359,6 +359,7 @@ def _main(argv: list[str] | None) -> int:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"kasctl {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = commands.add_parser(
         "demo", help="run kubesim + kasd + agentd on loopback", description=DEMO_HELP,

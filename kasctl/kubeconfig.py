@@ -12,6 +12,11 @@ The kubeconfig holds the job token: it goes to stdout (for ``> "$KUBECONFIG"``) 
 ``--output``, to a new file readable by its owner only. Errors are one line on stderr, exit 1 (kasd
 unreachable or refusing) or 2 (a wrong command line), and never quote the token. The call goes
 through ``kasctl.restclient``, which follows no redirect (the token goes to ``--api-url`` only).
+
+A job no agent allows is an error too (exit 1, nothing on stdout, no ``--output`` file): GitLab's
+API answers it an empty ``allowed_agents`` list, as kasd's does, and GitLab then gives the job no
+kubeconfig at all; a kubeconfig without contexts, exit 0, would only make the job's first kubectl
+fail far from the reason.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from kasctl.restclient import RestError, rest_call
+from kasctl.restclient import RestError, rest_call, shown
 from kasd.restpaths import ALLOWED_AGENTS_PATH
 from wire.ids import InvalidNumber, check_id
 
@@ -45,6 +50,8 @@ In a CI job:
   kasctl kubeconfig > "$KUBECONFIG"        # with CI_JOB_TOKEN, {API_VARIABLE}, {SERVER_VARIABLE} set
   kubectl config get-contexts
   kubectl --context group/infra:prod get pods
+
+A job no agent allows gets no kubeconfig: one line on stderr naming its project, exit 1.
 """
 
 
@@ -58,8 +65,8 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     parser.add_argument("--job-token", metavar="TOKEN",
                         help=f"the job's token (default ${TOKEN_VARIABLE}); prefer the variable: "
                              "arguments show in ps")
-    parser.add_argument("--api-url", metavar="URL", help=f"kasd's REST API, e.g. https://kas.example.com:8153 "
-                                                         f"(default ${API_VARIABLE})")
+    parser.add_argument("--api-url", metavar="URL", help=f"kasd's REST API (listeners.api, not the proxy port), e.g. "
+                                                         f"https://kas.example.com:8153 (default ${API_VARIABLE})")
     parser.add_argument("--server", metavar="URL", help=f"kasd's Kubernetes API proxy, e.g. "
                                                         f"https://kas.example.com:8154 (default ${SERVER_VARIABLE})")
     parser.add_argument("--certificate-authority", metavar="FILE", type=Path,
@@ -108,7 +115,19 @@ def kubeconfig_text(args: argparse.Namespace, environ: dict[str, str] | os._Envi
     api = api_url(args, environ)
     server = url_setting(args.server, environ, SERVER_VARIABLE, "--server")
     ca_pem = read_ca(args.certificate_authority or environ.get(CA_VARIABLE))
-    return str(yaml.safe_dump(build(allowed_agents(api, token, ca_pem), server, token, ca_pem), sort_keys=False))
+    answer = allowed_agents(api, token, ca_pem)
+    if not answer.get("allowed_agents"):
+        raise KubeconfigError(f"no agent allows project {_project_of(answer)} (GET {ALLOWED_AGENTS_PATH} answered "
+                              "an empty list): an agent's config file lets a project's jobs in with a ci_access "
+                              "entry (docs/authorization.md)")
+    return str(yaml.safe_dump(build(answer, server, token, ca_pem), sort_keys=False))
+
+
+def _project_of(answer: dict[str, Any]) -> str:
+    """The job's project path in kasd's answer, printable; ``?`` when the answer lacks it."""
+    project = answer.get("project")
+    path = project.get("path_with_namespace") if isinstance(project, dict) else None
+    return shown(str(path)[:200]) if path else "?"
 
 
 def allowed_agents(api: str, token: str, ca_pem: bytes | None) -> dict[str, Any]:

@@ -8,6 +8,11 @@ naming where it pointed (without its query, which could carry anything), and the
 whether that is the right ``--api-url``. kasd's REST API never redirects; a front end that does
 (``http://`` to ``https://``, a moved host) is fixed by giving kasctl the final URL.
 
+An ``api`` that is kasd's Kubernetes API proxy port instead (``listeners.kubernetes_api``, a
+mistake easy to make: both are kasd's HTTPS ports) answers every REST call 401 with a Kubernetes
+``Status`` and ``WWW-Authenticate: Bearer realm="kasd"`` — kasd's REST API answers neither — and
+the error says which port it wants rather than relaying the proxy's "no Authorization header".
+
 Errors are ``RestError`` (one line for stderr, ``code`` the exit status: 1 kasd unreachable or
 refusing, 2 a wrong command line); no message quotes the token.
 """
@@ -106,7 +111,7 @@ def rest_json(api: str, path: str, token: str, ca_pem: bytes | None, *, method: 
         with opener(ca_pem).open(request, timeout=TIMEOUT) as response:
             return json.loads(response.read(MAX_ANSWER))
     except urllib.error.HTTPError as exc:
-        _refused(exc)
+        _refused(api, exc)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise RestError(f"cannot reach kasd's REST API at {api}: {reason}") from None
@@ -136,7 +141,7 @@ def rest_events(api: str, path: str, token: str, ca_pem: bytes | None, *, read_t
                 elif text.startswith("data:"):
                     data.append(text[5:].removeprefix(" "))
     except urllib.error.HTTPError as exc:
-        _refused(exc)
+        _refused(api, exc)
     except TimeoutError:
         raise RestError(f"kasd's event stream at {api} was silent for {read_timeout:g} s") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
@@ -156,6 +161,8 @@ def rest_answer(api: str, path: str, token: str, ca_pem: bytes | None, *, token_
             with opener(ca_pem).open(request, timeout=TIMEOUT) as response:
                 status, body = response.status, response.read(max_bytes + 1)
         except urllib.error.HTTPError as exc:
+            if _is_proxy_port(exc.code, exc.headers, None):
+                raise RestError(_PROXY_PORT.format(api=api)) from None
             status, body = exc.code, exc.read(max_bytes + 1)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
@@ -165,11 +172,30 @@ def rest_answer(api: str, path: str, token: str, ca_pem: bytes | None, *, token_
     return status, body
 
 
-def _refused(exc: urllib.error.HTTPError) -> NoReturn:
+_PROXY_PORT = ("{api} looks like kasd's Kubernetes API proxy port (it answered 401 with a Kubernetes Status); "
+               "--api-url wants the REST API port (listeners.api)")
+
+
+def _is_proxy_port(status: int, headers: Message | None, body: object) -> bool:
+    """Whether a refusal is kasd's Kubernetes API proxy port's (``kasd/k8sproxy``): a 401 with its
+    challenge (``Bearer realm="kasd"``) or a Kubernetes ``Status`` body, neither of which kasd's
+    REST API sends (its errors are GitLab's ``{"message": …}``)."""
+    if status != 401:
+        return False
+    challenge = " ".join(headers.get_all("www-authenticate") or []) if headers is not None else ""
+    if 'realm="kasd"' in challenge:
+        return True
+    return isinstance(body, dict) and body.get("kind") == "Status" and body.get("apiVersion") == "v1"
+
+
+def _refused(api: str, exc: urllib.error.HTTPError) -> NoReturn:
     try:
-        message = json.loads(exc.read(64 * 1024)).get("message", "")
-    except (ValueError, AttributeError, OSError):
-        message = ""
+        answer = json.loads(exc.read(64 * 1024))
+    except (ValueError, OSError):
+        answer = None
+    if _is_proxy_port(exc.code, exc.headers, answer):
+        raise RestError(_PROXY_PORT.format(api=api)) from None
+    message = answer.get("message", "") if isinstance(answer, dict) else ""
     raise RestError(f"kasd refused ({exc.code}): {shown(str(message)[:500] or exc.reason)}") from None
 
 

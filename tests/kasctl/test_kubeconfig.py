@@ -9,8 +9,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kasctl.__main__ import main
 from kasctl.kubeconfig import KubeconfigError, build
-from kasctl.stack import AGENT_ID, CONFIG_PROJECT, OFFLINE_AGENT_ID, Stack, find_kubectl
+from kasctl.stack import (
+    AGENT_ID,
+    CONFIG_PROJECT,
+    OFFLINE_AGENT_ID,
+    OTHER_PROJECT,
+    Stack,
+    find_kubectl,
+)
 from tests.forkrun import run_module
 
 pytestmark = pytest.mark.timeout(120)
@@ -77,3 +85,42 @@ def test_an_answer_whose_agent_id_is_not_an_id_is_refused_naming_it(agent_id: ob
     answer = {"allowed_agents": [{"id": agent_id, "config_project": {"path_with_namespace": "group/infra"}}]}
     with pytest.raises(KubeconfigError, match="kasd's answer is not what kasctl expects: agent id"):
         build(answer, "https://kasd.test:8154", "job-token", None)
+
+
+def test_a_job_no_agent_allows_gets_no_kubeconfig_and_is_told_why(stack: Stack, tmp_path: Path) -> None:
+    token = stack.auth.job_token(OTHER_PROJECT, job_id=8)
+    out = tmp_path / "refused.kubeconfig"
+    env = {"CI_JOB_TOKEN": token, "KASCTL_API_URL": stack.api_url, "KASCTL_PROXY_URL": stack.proxy_url,
+           "KASCTL_CA_FILE": str(stack.ca_file)}
+    result = _kasctl("--output", str(out), env=env)
+    assert result.returncode == 1 and result.stdout == "" and not out.exists()
+    assert result.stderr == (f"kasctl kubeconfig: no agent allows project {OTHER_PROJECT} (GET /api/v4/job/"
+                             "allowed_agents answered an empty list): an agent's config file lets a project's jobs "
+                             "in with a ci_access entry (docs/authorization.md)\n")
+
+
+@pytest.mark.parametrize("command", [
+    ["kubeconfig"],
+    ["env", "stop", "--project", CONFIG_PROJECT, "--environment", "production"],
+    ["agents"],
+    ["promql", "--agent", str(AGENT_ID), "up"],
+])
+def test_api_url_at_the_proxy_port_says_which_port_it_wants(stack: Stack, command: list[str],
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    for name, value in {"CI_JOB_TOKEN": stack.job_token, "KASCTL_TOKEN": stack.personal_token,
+                        "KASCTL_API_URL": stack.proxy_url, "KASCTL_PROXY_URL": stack.proxy_url,
+                        "KASCTL_CA_FILE": str(stack.ca_file)}.items():
+        monkeypatch.setenv(name, value)
+    assert main(command) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert f"{stack.proxy_url} looks like kasd's Kubernetes API proxy port (it answered 401 with a Kubernetes " \
+           "Status); --api-url wants the REST API port (listeners.api)\n" in err
+    assert stack.job_token not in err and stack.personal_token not in err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out == "kasctl 0.1.0\n"
