@@ -336,8 +336,9 @@ async def test_a_peer_that_leaves_while_the_handler_touches_the_session_is_one_i
     with trio.fail_after(5):
         await ended.wait()
         await logged.wait()  # the carrier's line about the connection, once the handler returned
-    # (the session's own line may be a WARNING when kasd's GOAWAY met agentd's closed socket: a reset)
-    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    # (nor a WARNING from the session when kasd's last write crossed agentd's close: a reset after
+    # the peer's GOAWAY with nothing in flight is the peer leaving)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     lines = [r for r in caplog.records if "tunnel connection" in r.getMessage()]
     assert len(lines) == 1 and lines[0].levelno == logging.INFO and not lines[0].exc_info
     assert "ExceptionGroup" not in lines[0].getMessage()
