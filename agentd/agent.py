@@ -13,6 +13,7 @@ import attrs
 import trio
 
 from agentd import __version__
+from agentd.apicheck import CHECK_TIMEOUT, ApiServerReachability
 from agentd.config import AgentdConfig
 from agentd.connection import ConnectionManager
 from agentd.discovery import ClusterReporter, pool_fetch
@@ -49,6 +50,8 @@ class RunningAgent:
     events: EventHandler | None = None
     #: the cluster discovery reports (``agentd.discovery``)
     reporter: ClusterReporter | None = None
+    #: whether the API server could be reached at the last try (``/readiness``)
+    api_server: ApiServerReachability | None = None
 
     def stop(self) -> None:
         """Graceful stop: no more dials, in-flight streams finish (bounded), run_agent returns."""
@@ -86,8 +89,12 @@ async def run_agent(
     target = kube_target or kube_target_for(config)
     if stop_event is None:
         stop_event = trio.Event()
-    pool = UpstreamPool(target, response_header_timeout=config.upstream_response_header_timeout or None)
-    discovery_pool = UpstreamPool(target, max_idle=1)
+    api_server = ApiServerReachability(target.url)
+    pool = UpstreamPool(target, response_header_timeout=config.upstream_response_header_timeout or None,
+                        on_connect=api_server.connected)
+    discovery_pool = UpstreamPool(target, max_idle=1, on_connect=api_server.connected)
+    check_pool = UpstreamPool(target, max_idle=1, connect_timeout=CHECK_TIMEOUT, response_header_timeout=CHECK_TIMEOUT,
+                              on_connect=api_server.connected)
     metrics = AgentMetrics(service.name for service in config.services)
     proxy = KubeApiProxy(pool, on_done=metrics.requests)
     events = EventHandler(config.events, kube=pool, agent_id=config.agent_id, on_done=metrics.events)
@@ -108,10 +115,14 @@ async def run_agent(
     )
 
     def readiness() -> str | None:
-        if manager.tunnels_up:
-            return None
-        stats = manager.statistics()
-        return f"no tunnel to kasd is up (dials={stats.dials} failures={stats.failures} rejected={stats.rejected})"
+        reasons = []
+        if not manager.tunnels_up:
+            stats = manager.statistics()
+            reasons.append(f"no tunnel to kasd is up (dials={stats.dials} failures={stats.failures} "
+                           f"rejected={stats.rejected})")
+        if api_server.unreachable is not None:
+            reasons.append(f"the API server is unreachable: {api_server.unreachable}")
+        return "; ".join(reasons) or None
 
     log.info("agentd starting version=%s kas=%s api=%s connections=%d agent_id=%s pod=%s services=%s",
              __version__, ",".join(config.kas_addresses), target.url, config.connections,
@@ -122,6 +133,8 @@ async def run_agent(
             health = await nursery.start(partial(serve_health, metrics=lambda: HealthResponse(200, metrics.render(), CONTENT_TYPE)),
                                          config.health_host, config.health_port, readiness)
             await nursery.start(events.run)
+            if config.api_check_interval > 0:
+                nursery.start_soon(partial(api_server.run, check_pool, interval=config.api_check_interval))
             manager_done = trio.Event()
 
             async def run_manager(*, task_status: trio.TaskStatus[ConnectionManager] = trio.TASK_STATUS_IGNORED) -> None:
@@ -139,7 +152,7 @@ async def run_agent(
                 nursery.start_soon(reporter.run)
             running = RunningAgent(health_address=health, manager=manager, pool=pool, proxy=proxy,
                                    stop_event=stop_event, streams=streams, events=events, services=services,
-                                   reporter=reporter)
+                                   reporter=reporter, api_server=api_server)
             sd_notify("READY=1")
             nursery.start_soon(_after_first_tunnel, manager, config.ready_file, health)
             task_status.started(running)
@@ -157,6 +170,7 @@ async def run_agent(
             await pool.aclose()
             await services.aclose()
             await discovery_pool.aclose()
+            await check_pool.aclose()
     log.info("agentd stopped")
 
 

@@ -321,6 +321,12 @@ class AgentdConfig:
         help="look at the cluster again this often and report to kasd when something changed; 0: no cluster "
         "discovery at all (nothing reported)",
     )
+    api_check_interval: float = setting(
+        10.0, parse=_seconds_or_off, env="AGENTD_API_CHECK_INTERVAL", flag="--api-check-interval",
+        metavar="SECONDS",
+        help="ask the API server GET /version this often (at start too, each bounded to 5 s) so that /readiness "
+        "says when it cannot be reached; 0: only agentd's own requests tell",
+    )
     kas_ca_file: Path | None = setting(
         None, parse=_kas_ca_file, env="AGENTD_KAS_CA_FILE", flag="--kas-ca-file", metavar="PATH",
         help="PEM CA bundle that signs kasd's certificate",

@@ -320,7 +320,7 @@ class ConnectionManager:
             log.warning("placement: replica unreachable, staying put url=%s slot=%d error=%r skip=%gs",
                         target, tunnel.slot, failure_reason(exc, host=urlsplit(target).hostname), PLACEMENT_SKIP)
             return None
-        log.info("placement: slot moved slot=%d from=%s to=%s", tunnel.slot, tunnel.url, target)
+        log.info("tunnel moved url=%s to=%s slot=%d reason=placement", tunnel.url, target, tunnel.slot)
         tunnel.retire.set()
         return new, ended
 

@@ -21,7 +21,7 @@ import logging
 import math
 import socket
 import ssl
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Protocol
 
@@ -238,8 +238,11 @@ class UpstreamPool:
     # CPU per request.
     def __init__(self, target: UpstreamTarget, *, connect_timeout: float = 10.0, max_idle: int = 64,
                  idle_timeout: float = 50.0,
-                 response_header_timeout: float | None = DEFAULT_RESPONSE_HEADER_TIMEOUT) -> None:
+                 response_header_timeout: float | None = DEFAULT_RESPONSE_HEADER_TIMEOUT,
+                 on_connect: Callable[[str | None], object] | None = None) -> None:
         self.target = target
+        #: told the outcome of each connection attempt: None (connected) or why it failed (readiness)
+        self.on_connect = on_connect
         self.connect_timeout = connect_timeout
         #: None: wait for the response head as long as the API server takes
         self.response_header_timeout = response_header_timeout
@@ -445,13 +448,22 @@ class UpstreamPool:
         except trio.TooSlowError:
             if tcp is not None:
                 await trio.aclose_forcefully(tcp)
-            raise UpstreamUnreachable(f"cannot reach {target.url}: connect timed out after {self.connect_timeout:g}s") from None
+            reason = f"connect timed out after {self.connect_timeout:g}s"
+            self._connect_outcome(reason)
+            raise UpstreamUnreachable(f"cannot reach {target.url}: {reason}") from None
         except (OSError, ssl.SSLError, trio.BrokenResourceError) as exc:
             if tcp is not None:
                 await trio.aclose_forcefully(tcp)
-            raise UpstreamUnreachable(f"cannot reach {target.url}: {failure_reason(exc, host=target.host)}") from exc
+            reason = failure_reason(exc, host=target.host)
+            self._connect_outcome(reason)
+            raise UpstreamUnreachable(f"cannot reach {target.url}: {reason}") from exc
+        self._connect_outcome(None)
         self._opened += 1
         return _Connection(stream, target.peer)
+
+    def _connect_outcome(self, failure: str | None) -> None:
+        if self.on_connect is not None:
+            self.on_connect(failure)
 
     async def _release(self, conn: _Connection) -> None:
         if conn.reusable and len(self._idle) < self.max_idle:

@@ -34,6 +34,7 @@ import h2.errors
 import h2.settings
 import trio
 
+from daemonkit.fatal import leaves
 from daemonkit.logs import BurstLimitedLog, UnexpectedErrors
 from h2trio.budget import DEFAULT_RESET_LIMIT, ResetLimit
 from h2trio.driver import H2Driver, H2Stream
@@ -47,7 +48,7 @@ from wire.carrier import (
     authenticate_tunnel_request,
     tunnel_request_headers,
 )
-from wire.session import Session, SessionClosedError, connect_session, open_session
+from wire.session import Session, connect_session, open_session
 
 __all__ = [
     "TUNNEL_CONTENT_TYPE",
@@ -291,6 +292,21 @@ _HTTP1_HINT = (
 _HTTP1_MESSAGE = b"this port speaks HTTP/2 only: TLS with ALPN h2, or h2c with prior knowledge\n"
 
 
+#: how a tunnel connection ends that is no bug: the peer went away or closed the session (agentd
+#: moving the tunnel to its placement, a restart, a network cut)
+_CONNECTION_ENDS = (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError)
+
+
+def _connection_end(exc: BaseException) -> BaseException | None:
+    """The exception that says how the connection ended when ``exc`` is only that, however deep in
+    exception groups the handler's or the carrier's nurseries put it (a task that touched the session
+    after the peer left); None when anything in it is a bug."""
+    found = leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+    if found and all(isinstance(e, _CONNECTION_ENDS) for e in found):
+        return found[0]
+    return None
+
+
 async def _serve_connection(
     stream: trio.abc.Stream,
     *,
@@ -332,11 +348,10 @@ async def _serve_connection(
             finally:
                 await session.aclose()
                 nursery.cancel_scope.cancel()
-    except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError) as exc:
-        log.info("tunnel connection ended peer=%s error=%r", peer, exc)
     except Exception as exc:  # one bad connection must never take the listener down
-        if isinstance(exc, SessionClosedError):
-            log.info("tunnel session ended during handshake peer=%s reason=%s", peer, exc)
+        ended = _connection_end(exc)
+        if ended is not None:
+            log.info("tunnel connection ended peer=%s error=%r", peer, ended)
         else:
             (unexpected or _unexpected).report(exc, "tunnel connection failed unexpectedly peer=%s", peer)
     finally:

@@ -593,6 +593,14 @@ class Session(trio.abc.AsyncResource):
         if self.close_reason is not None:
             raise self.close_reason
 
+    def _transport_failed(self, exc: BaseException) -> SessionClosedError:
+        goaway = self.connection.goaway_received
+        if goaway is not None and goaway.code == ErrorCode.NO_ERROR and not self._streams:
+            # The peer said it was leaving (agentd moving a tunnel, a restart) and nothing was in
+            # flight: its close crossed our last write (a reset). It left; nothing failed.
+            return SessionClosedError("peer closed the connection after GOAWAY (NO_ERROR)")
+        return SessionClosedError(f"transport failed: {exc!r}", ErrorCode.INTERNAL_ERROR)
+
     def _shutdown(self, reason: SessionClosedError) -> None:
         """Mark the session dead (idempotent): fail every stream, stop the tasks."""
         if self.close_reason is not None:
@@ -633,7 +641,7 @@ class Session(trio.abc.AsyncResource):
             try:
                 data = await self.transport.receive_some(_RECEIVE_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                self._shutdown(SessionClosedError(f"transport failed: {exc!r}", ErrorCode.INTERNAL_ERROR))
+                self._shutdown(self._transport_failed(exc))
                 return
             if not data:
                 reason = "peer closed the connection"
@@ -679,7 +687,7 @@ class Session(trio.abc.AsyncResource):
                 try:
                     await self.transport.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    self._shutdown(SessionClosedError(f"transport failed: {exc!r}", ErrorCode.INTERNAL_ERROR))
+                    self._shutdown(self._transport_failed(exc))
                     return
                 finally:
                     self._writing = False

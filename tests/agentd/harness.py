@@ -157,6 +157,8 @@ def agent_config(tmp_path: Path, kas_url: str, **overrides: Any) -> AgentdConfig
         # (no cluster discovery: these upstreams are fakes of one request each; tests/agentd/test_discovery.py
         # turns it on against kubesim)
         "discovery_interval": 0.0,
+        # (nor readiness checks of the API server, for the same reason: tests/agentd/test_tunnels.py turns them on)
+        "api_check_interval": 0.0,
     }
     values.update(overrides)
     return AgentdConfig(**values)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import socket
 import ssl
 from pathlib import Path
 from typing import Any
@@ -163,24 +164,45 @@ class GatedSleep:
 
 
 async def test_readiness_flips_once_a_tunnel_is_up(nursery: trio.Nursery, tmp_path: Path) -> None:
-    write_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:1")
+    async with open_kubesim(objects=TRUSTED, token=SIM_TOKEN) as sim:
+        sim.write_kubeconfig(tmp_path / "kubeconfig")
+        kasd = await start_fake_kasd(nursery)
+        kasd.reject_status = 401
+        sleep = GatedSleep()
+        config = agent_config(tmp_path, kasd.url, ready_file=tmp_path / "ready.json", api_check_interval=10.0)
+        async with running_agent(nursery, config, kubeconfig_target(config.kubeconfig),
+                                 manager_kwargs={"sleep": sleep}) as agent:
+            assert await http_get(agent.health_address, "/liveness") == (200, "ok\n")
+            await sleep.called.wait()  # the first dial was rejected; the slot now backs off
+            status, reason = await http_get(agent.health_address, "/readiness")
+            assert status == 503
+            assert "no tunnel to kasd is up" in reason and "rejected=1" in reason
+            assert not (tmp_path / "ready.json").exists()
+            kasd.reject_status = None
+            sleep.release.set()
+            await agent.manager.first_up.wait()
+            assert agent.api_server is not None
+            await agent.api_server.checked.wait()
+            assert await http_get(agent.health_address, "/readiness") == (200, "ok\n")
+            assert (await http_get(agent.health_address, "/nope"))[0] == 404
+
+
+async def test_readiness_says_when_the_api_server_is_unreachable(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # A port nothing listens on: bound, then closed.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{closed_port}")
     kasd = await start_fake_kasd(nursery)
-    kasd.reject_status = 401
-    sleep = GatedSleep()
-    config = agent_config(tmp_path, kasd.url, ready_file=tmp_path / "ready.json")
-    async with running_agent(nursery, config, kubeconfig_target(config.kubeconfig),
-                             manager_kwargs={"sleep": sleep}) as agent:
-        assert await http_get(agent.health_address, "/liveness") == (200, "ok\n")
-        await sleep.called.wait()  # the first dial was rejected; the slot now backs off
+    config = agent_config(tmp_path, kasd.url, api_check_interval=10.0)
+    async with running_agent(nursery, config, kubeconfig_target(config.kubeconfig)) as agent:
+        await agent.manager.first_up.wait()  # the tunnel is up: only the API server is missing
+        assert agent.api_server is not None
+        await agent.api_server.checked.wait()
         status, reason = await http_get(agent.health_address, "/readiness")
         assert status == 503
-        assert "no tunnel to kasd is up" in reason and "rejected=1" in reason
-        assert not (tmp_path / "ready.json").exists()
-        kasd.reject_status = None
-        sleep.release.set()
-        await agent.manager.first_up.wait()
-        assert await http_get(agent.health_address, "/readiness") == (200, "ok\n")
-        assert (await http_get(agent.health_address, "/nope"))[0] == 404
+        assert reason.startswith("the API server is unreachable: ") and "refused" in reason
+        assert "no tunnel" not in reason
 
 
 async def test_rejected_token_is_logged_and_backed_off(nursery: trio.Nursery, tmp_path: Path,

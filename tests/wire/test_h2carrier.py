@@ -297,3 +297,55 @@ async def test_a_handler_that_fails_unexpectedly_ends_its_connection_in_one_line
     assert len(errors) == 1 and not errors[0].exc_info
     assert "RuntimeError" in errors[0].getMessage() and "broken" in errors[0].getMessage()
     assert "agent_id" not in caplog.text  # the exception's message is never written
+
+
+async def test_a_peer_that_leaves_while_the_handler_touches_the_session_is_one_info_line(
+        nursery: trio.Nursery, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    # agentd moving its tunnel to its placement: GOAWAY, then the connection closes, while a task of
+    # kasd's handler (a placement NOTICE, say) still uses the session. The nursery wraps what that
+    # task raises in an ExceptionGroup: still the peer leaving, not a bug.
+    caplog.set_level(logging.INFO)
+    ended = trio.Event()
+    logged = trio.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "tunnel connection" in record.getMessage():
+                logged.set()
+
+    carrier_log = logging.getLogger("wire.h2carrier")
+    carrier_log.addHandler(seen := Seen())
+    nursery.start_soon(_remove_at_end, carrier_log, seen)
+
+    async def handler(self: TunnelServer, session: Session, principal: Any) -> None:
+        try:
+            async with trio.open_nursery() as tasks:
+
+                async def touch_after_close() -> None:
+                    await session.wait_closed()
+                    await session.ping()  # raises: the session is closed
+
+                tasks.start_soon(touch_after_close)
+        finally:
+            ended.set()
+
+    monkeypatch.setattr(TunnelServer, "handler", handler)
+    server = await _start(nursery)
+    async with open_h2_session(f"http://127.0.0.1:{server.port}/tunnel", token=TOKEN) as session:
+        await session.drain("agentd moves this tunnel to its placement")
+    with trio.fail_after(5):
+        await ended.wait()
+        await logged.wait()  # the carrier's line about the connection, once the handler returned
+    # (nor a WARNING from the session when kasd's last write crossed agentd's close: a reset after
+    # the peer's GOAWAY with nothing in flight is the peer leaving)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    lines = [r for r in caplog.records if "tunnel connection" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelno == logging.INFO and not lines[0].exc_info
+    assert "ExceptionGroup" not in lines[0].getMessage()
+
+
+async def _remove_at_end(logger: logging.Logger, handler: logging.Handler) -> None:
+    try:
+        await trio.sleep_forever()
+    finally:
+        logger.removeHandler(handler)
