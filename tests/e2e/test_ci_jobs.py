@@ -26,10 +26,14 @@ from tests.forkrun import run_module
 pytestmark = pytest.mark.timeout(120)
 
 
-def _job_kubeconfig(stack: Stack, token: str) -> dict[str, object]:
+def _run_kubeconfig(stack: Stack, token: str) -> subprocess.CompletedProcess[str]:
     env = {"CI_JOB_TOKEN": token, "KASCTL_API_URL": stack.api_url, "KASCTL_PROXY_URL": stack.proxy_url,
            "KASCTL_CA_FILE": str(stack.ca_file), "PATH": "/usr/bin:/bin"}
-    result = run_module("kasctl", "kubeconfig", timeout=60, env=env)
+    return run_module("kasctl", "kubeconfig", timeout=60, env=env)
+
+
+def _job_kubeconfig(stack: Stack, token: str) -> dict[str, object]:
+    result = _run_kubeconfig(stack, token)
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)  # type: ignore[no-any-return]
 
@@ -129,7 +133,10 @@ def test_an_allowed_job_works_in_its_managed_namespace_until_the_environment_sto
 def test_a_refused_job_is_told_why_by_kubectl(stack: Stack, kubectl_bin: str, tmp_path: Path,
                                               claims: dict[str, str], message: str) -> None:
     token = stack.auth.job_token(claims["project"], job_id=42, environment=claims.get("environment"))
-    assert _job_kubeconfig(stack, token)["contexts"] == []  # no context for an agent it may not use
+    # no kubeconfig for a job no agent lets in: one line saying why, exit 1
+    none = _run_kubeconfig(stack, token)
+    assert none.returncode == 1 and none.stdout == "", (none.stdout, none.stderr)
+    assert f"no agent allows project {claims['project']}" in none.stderr, none.stderr
     config = yaml.safe_load(stack.kubeconfig.read_text())
     for user in config["users"]:
         user["user"]["token"] = f"ci:{AGENT_ID}:{token}"
