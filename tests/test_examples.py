@@ -94,6 +94,9 @@ def test_kasd_example_loads_and_accepts_the_tokens_it_documents(tmp_path: Path) 
     config = _kasd_example(tmp_path)
     documented = _documented_digests(EXAMPLES / "kasd.yaml")
     assert [digest for _, digest, _ in documented] == [agent.token_sha256 for agent in config.agents]
+    # The REST API listener is on, so `kasctl kubeconfig` (and env stop, token revoke) work with it.
+    assert config.listeners.api.address is not None
+    assert (config.listeners.api.address.port, config.listeners.api.tls is not None) == (8153, True)
 
     # The agent tokens authenticate as their agents, the way kasd's agent port checks them.
     authenticate = AgentAuthenticator(config.agents)
