@@ -126,9 +126,8 @@ class _JsonFormatter(_Formatter):
         line: dict[str, str] = {"time": self.formatTime(record), "level": record.levelname,
                                 "logger": record.name, "msg": text}
         line.update(fields)
-        if record.exc_info:
-            if not record.exc_text:
-                record.exc_text = self.formatException(record.exc_info)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
         if record.exc_text:
             line["exc_info"] = record.exc_text
         return _json_escape_unprintable(json.dumps(line, ensure_ascii=False))
