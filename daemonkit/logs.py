@@ -62,7 +62,10 @@ LOG_FORMATS = ("logfmt", "json")
 #: the key=value pairs of a message written in logfmt: a key, then a bare value or a JSON string
 _KEY = r"[A-Za-z_][A-Za-z0-9_.-]*"
 _FIRST_KEY = re.compile(rf"(?:^| )(?={_KEY}=)")
-_PAIR = re.compile(rf'({_KEY})=("(?:[^"\\\n]|\\.)*"|[^ "]*)(?: |\Z)')
+_VALUE = r'"(?:[^"\\\n]|\\.)*"|[^ "]*'
+_PAIR = re.compile(rf"({_KEY})=({_VALUE})")
+#: the pairs that end a message: single spaces between them, none after (one way to read it: linear)
+_PAIRS = re.compile(rf"(?:{_KEY}=(?:{_VALUE}) )*{_KEY}=(?:{_VALUE})")
 #: the fields every JSON line has; a message's key=value never replaces one of them
 _RESERVED = frozenset({"time", "level", "logger", "msg", "exc_info"})
 
@@ -75,13 +78,10 @@ def message_fields(message: str) -> tuple[str, dict[str, str]]:
     start = _FIRST_KEY.search(message)
     if start is None:
         return message, {}
+    if _PAIRS.fullmatch(message, start.end()) is None:
+        return message, {}
     fields: dict[str, str] = {}
-    pos = start.end()
-    while pos < len(message):
-        pair = _PAIR.match(message, pos)
-        if pair is None:
-            return message, {}
-        key, value = pair.group(1), pair.group(2)
+    for key, value in _PAIR.findall(message, start.end()):
         if key in fields or key in _RESERVED:
             return message, {}
         if value.startswith('"'):
@@ -90,9 +90,6 @@ def message_fields(message: str) -> tuple[str, dict[str, str]]:
             except ValueError:
                 return message, {}
         fields[key] = value
-        pos = pair.end()
-    if message.endswith(" "):
-        return message, {}
     return message[:start.start()], fields
 
 
@@ -130,8 +127,11 @@ class _JsonFormatter(_Formatter):
             record.exc_text = self.formatException(record.exc_info)
         if record.exc_text:
             line["exc_info"] = record.exc_text
-        return _json_escape_unprintable(json.dumps(line, ensure_ascii=False))
+        return _json_escape_unprintable(_encode(line))
 
+
+#: json.dumps(…, ensure_ascii=False) without building an encoder per line
+_encode = json.JSONEncoder(ensure_ascii=False, check_circular=False).encode
 
 _handler: logging.StreamHandler[TextIO] | None = None
 
