@@ -1,5 +1,6 @@
 """``agentd`` (or ``python -m agentd``): run the agent until SIGTERM/SIGINT, then drain and exit 0
-(a second signal stops at once; SIGHUP is logged and ignored).
+(a second signal stops at once; SIGHUP reads the configuration again and applies its log_level and
+log_format, nothing else).
 
 Bad configuration prints ``agentd: error: …`` and exits 2 (a wrong command line, such as an unknown
 flag, with the usage first, like argparse). A health port that cannot be bound prints ``agentd:
@@ -37,10 +38,15 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             build_parser().print_usage(sys.stderr)
         print(f"agentd: error: {exc}", file=sys.stderr)
         return 2
-    configure_logging(config.log_level)
+    configure_logging(config.log_level, log_format=config.log_format)
+
+    def log_settings() -> tuple[str, str]:
+        again = load_config(argv, environ)
+        return again.log_level, again.log_format
+
     code = 0
     try:
-        trio.run(partial(run_until_signalled, partial(_run, config, target), log=log))
+        trio.run(partial(run_until_signalled, partial(_run, config, target), log=log, log_settings=log_settings))
     except* OSError as group:
         for oserr in leaves(group):
             print(f"agentd: {os_error_line(oserr)}", file=sys.stderr)

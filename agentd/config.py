@@ -24,6 +24,7 @@ from agentd.kubeapi import shown_url
 from agentd.services import ServiceSettings, parse_services
 from agentd.upstream import DEFAULT_RESPONSE_HEADER_TIMEOUT
 from daemonkit import yamldoc
+from daemonkit.logs import LOG_FORMATS
 from daemonkit.notify import ready_file_problem
 from daemonkit.settings import (
     HostPort,
@@ -183,6 +184,12 @@ def _health_address(value: Any) -> HostPort:
     return HostPort(host.strip("[]") or "0.0.0.0", port)
 
 
+def _log_format(value: Any) -> str:
+    if not isinstance(value, str) or value.lower() not in LOG_FORMATS:
+        raise Problem(f"must be one of {', '.join(LOG_FORMATS)}, got {value!r}")
+    return value.lower()
+
+
 def _log_level(value: Any) -> str:
     level = _text(value).lower()
     if level not in LOG_LEVELS:
@@ -338,6 +345,10 @@ class AgentdConfig:
     log_level: str = setting(
         "info", parse=_log_level, env="AGENTD_LOG_LEVEL", flag="--log-level", metavar="LEVEL",
         help=f"one of {', '.join(LOG_LEVELS)}, any case",
+    )
+    log_format: str = setting(
+        "logfmt", parse=_log_format, env="AGENTD_LOG_FORMAT", flag="--log-format", metavar="FORMAT",
+        help="logfmt (key=value lines) or json (one object per line); SIGHUP applies a change, as for log_level",
     )
     #: how long in-flight streams may run on after SIGTERM
     shutdown_grace: float = setting(10.0, parse=_seconds)

@@ -17,6 +17,9 @@ from collections.abc import Callable, Hashable
 from types import TracebackType
 from typing import Any, TextIO
 
+from daemonkit import yamldoc
+from daemonkit.settings import SettingsError
+
 FORMAT = "time=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
 
 
@@ -53,20 +56,144 @@ class _Formatter(logging.Formatter):
         return self._stamp
 
 
-def configure_logging(level: str, stream: TextIO | None = None) -> None:
-    """Root logger → ``stream`` (stderr) at ``level`` (a name such as ``info``), our format only."""
+#: the values of the ``log_format`` setting of both daemons
+LOG_FORMATS = ("logfmt", "json")
+
+#: the key=value pairs of a message written in logfmt: a key, then a bare value or a JSON string
+_KEY = r"[A-Za-z_][A-Za-z0-9_.-]*"
+_FIRST_KEY = re.compile(rf"(?:^| )(?={_KEY}=)")
+_VALUE = r'"(?:[^"\\\n]|\\.)*"|[^ "]*'
+_PAIR = re.compile(rf"({_KEY})=({_VALUE})")
+#: the pairs that end a message: single spaces between them, none after (one way to read it: linear)
+_PAIRS = re.compile(rf"(?:{_KEY}=(?:{_VALUE}) )*{_KEY}=(?:{_VALUE})")
+#: the fields every JSON line has; a message's key=value never replaces one of them
+_RESERVED = frozenset({"time", "level", "logger", "msg", "exc_info"})
+
+
+def message_fields(message: str) -> tuple[str, dict[str, str]]:
+    """``message`` split into its text and the logfmt ``key=value`` pairs that end it
+    (``"request served status=200 path=\"/a b\""`` → ``("request served", {"status": "200", "path": "/a b"})``).
+    A message that does not end in well-formed pairs (a key twice, a reserved key, a value that is
+    neither bare nor a JSON string, text after the pairs) is all text: nothing is guessed."""
+    start = _FIRST_KEY.search(message)
+    if start is None:
+        return message, {}
+    if _PAIRS.fullmatch(message, start.end()) is None:
+        return message, {}
+    fields: dict[str, str] = {}
+    for key, value in _PAIR.findall(message, start.end()):
+        if key in fields or key in _RESERVED:
+            return message, {}
+        if value.startswith('"'):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                return message, {}
+        fields[key] = value
+    return message[:start.start()], fields
+
+
+def _json_escape_unprintable(line: str) -> str:
+    """A JSON text with every character ``str.isprintable`` refuses written as its ``\\uXXXX``
+    escape (json.dumps already escapes the control characters; this covers the bidi overrides,
+    line separators and the rest), so that a line is still one line of plain text."""
+    if line.isprintable():
+        return line
+    out = []
+    for c in line:
+        if c.isprintable():
+            out.append(c)
+        elif ord(c) > 0xFFFF:
+            high, low = divmod(ord(c) - 0x10000, 0x400)
+            out.append(f"\\u{0xD800 + high:04x}\\u{0xDC00 + low:04x}")
+        else:
+            out.append(f"\\u{ord(c):04x}")
+    return "".join(out)
+
+
+class _JsonFormatter(_Formatter):
+    """One record, one JSON object on one line: ``time``, ``level``, ``logger``, ``msg`` (the
+    message's text) and each logfmt ``key=value`` of the message as a field of its own (all strings);
+    a traceback is the ``exc_info`` field. Every value is escaped by json.dumps, and every character
+    that is not printable is ``\\uXXXX``, so no value can start a forged line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        text, fields = message_fields(message)
+        line: dict[str, str] = {"time": self.formatTime(record), "level": record.levelname,
+                                "logger": record.name, "msg": text}
+        line.update(fields)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            line["exc_info"] = record.exc_text
+        return _json_escape_unprintable(_encode(line))
+
+
+#: json.dumps(…, ensure_ascii=False) without building an encoder per line
+_encode = json.JSONEncoder(ensure_ascii=False, check_circular=False).encode
+
+_handler: logging.StreamHandler[TextIO] | None = None
+
+
+def configure_logging(level: str, stream: TextIO | None = None, log_format: str = "logfmt") -> None:
+    """Root logger → ``stream`` (stderr) at ``level`` (a name such as ``info``), in ``log_format``
+    (``logfmt`` or ``json``), our format only."""
+    global _handler
     logging._srcfile = None  # no caller frame lookup per record (HOWTO)
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
-    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(_Formatter())
+    _handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    _handler.setFormatter(_JsonFormatter() if log_format == "json" else _Formatter())
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [_handler]
+    _set_level(level)
+
+
+def _set_level(level: str) -> None:
+    root = logging.getLogger()
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
     # hpack logs decoded headers (Authorization included) at DEBUG: never let tokens reach the log.
     for noisy in ("hpack", "h2"):
         logging.getLogger(noisy).setLevel(max(logging.INFO, root.level))
+
+
+def current_log_settings() -> tuple[str, str]:
+    """The level and format the daemon logs with now (``("info", "logfmt")``)."""
+    level = logging.getLevelName(logging.getLogger().level).lower()
+    json_now = _handler is not None and isinstance(_handler.formatter, _JsonFormatter)
+    return level, "json" if json_now else "logfmt"
+
+
+#: bound on reading the configuration again for its log settings (SIGHUP)
+RELOAD_TIME_LIMIT = 5.0
+
+
+def reload_log_settings(read: Callable[[], tuple[str, str]], log: logging.Logger) -> bool:
+    """Apply the level and format ``read()`` gives (the daemon's settings read again: file <
+    environment < flags) and say so in one line, ``log level now debug log_format=logfmt``; when
+    ``read`` fails (a bad value, an unreadable file), keep both and say why. Blocking (run it in a
+    worker thread)."""
+    old_level, old_format = current_log_settings()
+    try:
+        with yamldoc.time_limit(RELOAD_TIME_LIMIT):
+            level, log_format = read()
+    except Exception as exc:
+        # a settings error names the key and the problem, never a secret; anything else only by its type
+        why = str(exc) if isinstance(exc, SettingsError) else type(exc).__qualname__
+        log.warning("log settings not reloaded: %s; log level stays %s log_format=%s", why, old_level, old_format)
+        return False
+    if _handler is not None and log_format != old_format:
+        _handler.setFormatter(_JsonFormatter() if log_format == "json" else _Formatter())
+    # the line is written at the more verbose of the two levels, so that it shows
+    if logging.getLevelName(level.upper()) <= logging.getLevelName(old_level.upper()):
+        _set_level(level)
+        log.info("log level now %s log_format=%s", level, log_format)
+    else:
+        log.info("log level now %s log_format=%s", level, log_format)
+        _set_level(level)
+    return True
 
 
 class BurstLimitedLog:

@@ -66,7 +66,7 @@ def _is_bearer_token(token: str) -> bool:
 async def _serve(config: Config, reread: Callable[[], tuple[Config, Path | None]], hangup: list[Callable[[], object]],
                  drain: trio.Event) -> None:
     """serve_kasd until ``drain`` is set (the first SIGTERM/SIGINT), then its graceful drain; SIGHUP
-    (``hangup``) reloads the authorization configuration."""
+    (``hangup``) reloads the authorization configuration (and ``run_until_signalled`` the log settings)."""
     async with trio.open_nursery() as nursery:
         runtime: Runtime = await nursery.start(partial(serve_kasd, config, reread=reread))
         hangup.append(lambda: runtime.authority.request_reload("SIGHUP"))
@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"kasd: configuration error: {exc}", file=sys.stderr)
         return 2
-    configure_logging(config.log_level)
+    configure_logging(config.log_level, log_format=config.log_format)
     log.info("kasd starting version=%s", VERSION)
     hangup: list[Callable[[], object]] = []
 
@@ -100,9 +100,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     def reread() -> tuple[Config, Path | None]:
         return load_config_file(args, os.environ)
 
+    def log_settings() -> tuple[str, str]:
+        again, _ = reread()
+        return again.log_level, again.log_format
+
     code = 0
     try:
-        trio.run(partial(run_until_signalled, partial(_serve, config, reread, hangup), log=log, on_hangup=on_hangup))
+        trio.run(partial(run_until_signalled, partial(_serve, config, reread, hangup), log=log, on_hangup=on_hangup,
+                         log_settings=log_settings))
     except* ConfigError as group:
         for err in leaves(group):
             print(f"kasd: configuration error: {err}", file=sys.stderr)

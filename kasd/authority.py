@@ -143,7 +143,8 @@ def load_authorization(config: Config, config_file: Path | None) -> LoadedAuthor
 
 
 #: what a reload does not apply (read at start only): named in a warning when the file changed them
-RESTART_ONLY = ("listeners", "routing", "agent_wait_timeout", "shutdown_timeout", "log_level")
+#: (log_level and log_format: SIGHUP applies them, see daemonkit.signals)
+RESTART_ONLY = ("listeners", "routing", "agent_wait_timeout", "shutdown_timeout")
 
 
 def restart_only_changes(running: Config, read: Config) -> list[str]:

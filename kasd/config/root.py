@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 
+from daemonkit.logs import LOG_FORMATS
 from daemonkit.notify import ready_file_problem
 from daemonkit.settings import Loaded, Problem, SettingsError, setting
 from kasd.authz.directory import Directory, DirectoryError
@@ -33,6 +34,12 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 #: the configuration is unusable; the message names the key (and its variable or flag) and the problem
 ConfigError = SettingsError
+
+
+def _log_format(value: Any) -> str:
+    if not isinstance(value, str) or value.lower() not in LOG_FORMATS:
+        raise Problem(f"must be one of {', '.join(LOG_FORMATS)}, got {value!r}")
+    return value.lower()
 
 
 def _log_level(value: Any) -> str:
@@ -73,6 +80,10 @@ class Config:
     log_level: str = setting(
         "info", parse=_log_level, env="KASD_LOG_LEVEL", flag="--log-level", metavar="LEVEL",
         help=f"one of {', '.join(LOG_LEVELS)}, any case",
+    )
+    log_format: str = setting(
+        "logfmt", parse=_log_format, env="KASD_LOG_FORMAT", flag="--log-format", metavar="FORMAT",
+        help="logfmt (key=value lines) or json (one object per line); SIGHUP applies a change, as for log_level",
     )
     ready_file: Path | None = setting(
         None, parse=_ready_file, in_file=False, env="KASD_READY_FILE", flag="--ready-file", metavar="PATH",

@@ -132,4 +132,5 @@ async def test_kasd_reloads_on_sighup_and_drains_on_sigterm() -> None:
             await log.until("kasd listening")
             log.process.send_signal(signal.SIGHUP)
             await log.until("authorization reloaded (SIGHUP)")
+            await log.until("log level now info log_format=logfmt")  # its log settings read again too
     assert "kasd stopped" in log.text
