@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
@@ -15,7 +15,7 @@ import trustme
 from agentd.config import AgentdConfig, ConfigError, load_config
 from kasd.config.loading import load_config as load_kasd_config
 from tests.forkrun import run_module
-from wire.session import connect_session
+from wire.session import Session, connect_session
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -265,7 +265,7 @@ async def test_a_configured_keepalive_is_what_the_tunnel_uses(files: Path, autoj
     left, right = trio.testing.memory_stream_pair()
     pings: dict[str, list[float]] = {"agentd": [], "kasd": []}
     async with trio.open_nursery() as nursery:
-        sessions: dict[str, Any] = {}
+        sessions: dict[str, Session] = {}
 
         async def start(name: str, transport: trio.abc.Stream, client: bool, keepalive: dict[str, float]) -> None:
             sessions[name] = await connect_session(nursery, transport, client=client, **keepalive)
@@ -278,7 +278,7 @@ async def test_a_configured_keepalive_is_what_the_tunnel_uses(files: Path, autoj
         for name, session in sessions.items():
             ping = session.connection.ping
 
-            def recorded(now: float | None = None, *, ping: Any = ping, name: str = name) -> int:
+            def recorded(now: float | None = None, *, ping: Callable[[float | None], int] = ping, name: str = name) -> int:
                 pings[name].append(round(trio.current_time() - started))
                 return ping(now)
 
