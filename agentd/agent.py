@@ -111,6 +111,7 @@ async def run_agent(
         quick_window=config.reconnect_quick_window,
         shutdown_grace=config.shutdown_grace,
         kas_ssl_context=kas_ssl_context(config),
+        session_kwargs=config.session_keepalive,
         **dict(manager_kwargs or {}),
     )
 

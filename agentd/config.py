@@ -221,6 +221,25 @@ def _seconds_or_off(value: Any) -> float:
     return number
 
 
+#: the longest keepalive interval agentd accepts: an hour (no load balancer keeps an idle
+#: connection longer by default; longer only delays noticing a dead path)
+MAX_KEEPALIVE = 3600.0
+DEFAULT_KEEPALIVE_INTERVAL = 15.0
+
+
+def _keepalive_seconds(value: Any) -> float:
+    """Seconds for the keepalive, from the file (a number) or the environment and flags (its text):
+    at least 1 (each ping costs both ends CPU), at most an hour."""
+    number = _seconds_or_off(value)
+    if not 1 <= number <= MAX_KEEPALIVE:
+        raise Problem(f"must be between 1 and {MAX_KEEPALIVE:.0f} seconds, got {value!r}")
+    return number
+
+
+def _optional_keepalive_seconds(value: Any) -> float | None:
+    return None if value is None or value == "" else _keepalive_seconds(value)
+
+
 def _optional_text(value: Any) -> str | None:
     return _text(value) or None
 
@@ -334,6 +353,19 @@ class AgentdConfig:
         help="ask the API server GET /version this often (at start too, each bounded to 5 s) so that /readiness "
         "says when it cannot be reached; 0: only agentd's own requests tell",
     )
+    keepalive_interval: float = setting(
+        DEFAULT_KEEPALIVE_INTERVAL, parse=_keepalive_seconds, env="AGENTD_KEEPALIVE_INTERVAL",
+        flag="--keepalive-interval", metavar="SECONDS",
+        help="ping kasd when a tunnel heard nothing for this long (agentd dials, so it alone pings); keep it "
+        "below the smallest idle timeout of every load balancer, proxy and NAT between agentd and kasd "
+        "(docs/agentd.md#keepalive), and below two thirds of kasd's listeners.agent.keepalive_timeout",
+    )
+    keepalive_timeout: float | None = setting(
+        None, parse=_optional_keepalive_seconds, env="AGENTD_KEEPALIVE_TIMEOUT", flag="--keepalive-timeout",
+        metavar="SECONDS",
+        help="close a tunnel (and redial) that heard nothing at all for this long; at least twice "
+        "keepalive_interval", show_default="3 × keepalive_interval",
+    )
     kas_ca_file: Path | None = setting(
         None, parse=_kas_ca_file, env="AGENTD_KAS_CA_FILE", flag="--kas-ca-file", metavar="PATH",
         help="PEM CA bundle that signs kasd's certificate",
@@ -369,6 +401,13 @@ class AgentdConfig:
 
     #: what agentd does with the events kasd pushes (docs/agentd.md §Events); file only
     events: EventActions = setting(factory=EventActions, parse=parse_events)
+
+    @property
+    def session_keepalive(self) -> dict[str, float]:
+        """The keyword arguments of agentd's tunnel sessions (``wire.session.Session``) for the keepalive."""
+        interval = self.keepalive_interval
+        timeout = self.keepalive_timeout if self.keepalive_timeout is not None else 3 * interval
+        return {"keepalive_interval": interval, "keepalive_timeout": timeout}
 
     @property
     def health_host(self) -> str:
@@ -456,6 +495,12 @@ def _check(loaded: Loaded[AgentdConfig]) -> AgentdConfig:
                 "(KUBERNETES_SERVICE_HOST is not set)"
             )
         config = attrs.evolve(config, in_cluster=True)
+    if config.keepalive_timeout is not None and config.keepalive_timeout < 2 * config.keepalive_interval:
+        # less, and a PONG delayed by a busy kasd or a slow path tears down a healthy tunnel
+        raise ConfigError(
+            f"{loaded.where('keepalive_timeout')} ({config.keepalive_timeout:g} s) must be at least twice "
+            f"{loaded.where('keepalive_interval')} ({config.keepalive_interval:g} s)"
+        )
     if config.kubeconfig is not None and not config.kubeconfig.is_file():
         raise ConfigError(f"{loaded.where('kubeconfig')}: kubeconfig file {config.kubeconfig} does not exist")
     return config

@@ -307,7 +307,7 @@ async def _join(nursery: trio.Nursery, config: Config, replicas: Replication, me
                     "listeners.private.insecure_plaintext is true; whoever reads it there has every agent's "
                     "rights private=%s", addresses["private"])
     pool = PeerPool(token=peer_token(config), ssl_context=peer_client_ssl(config), origin=me.name,
-                    insecure_plaintext=config.private.insecure_plaintext)
+                    insecure_plaintext=config.private.insecure_plaintext, **config.private.session_keepalive)
     await nursery.start(pool.run)
     nursery.start_soon(_forget_departed, replicas, pool)
     return pool
@@ -335,7 +335,7 @@ async def _serve_private(config: Config, forwarder: PeerForwarder, listeners: li
         ssl_context=server_ssl_context(private_tls) if private_tls else None,
         handshake_timeout=config.private.handshake_timeout,
         reset_limit=config.private.http2.reset_limit,
-        session_kwargs={"limits": PEER_LIMITS, "name": "peer"},
+        session_kwargs={"limits": PEER_LIMITS, "name": "peer", **config.private.session_keepalive},
         unexpected=metrics.unexpected_errors("private", logging.getLogger("wire.h2carrier")),
         task_status=task_status,
     )
@@ -353,6 +353,7 @@ async def _serve_agents(config: Config, sessions: AgentSessions, authority: CiAu
         ssl_context=server_ssl_context(tls) if tls else None,
         handshake_timeout=config.agent.handshake_timeout,
         reset_limit=config.agent.http2.reset_limit,
+        session_kwargs=config.agent.session_keepalive,
         unexpected=metrics.unexpected_errors("agent", logging.getLogger("wire.h2carrier")),
         task_status=task_status,
     )

@@ -150,6 +150,27 @@ def _max_per_source(name: str, what: str, default: int) -> Any:
     )
 
 
+#: the keepalive's bounds, in seconds: at least 1 (each ping costs both ends CPU), at most an hour
+#: (no load balancer keeps an idle connection longer by default)
+MIN_KEEPALIVE, MAX_KEEPALIVE = 1.0, 3600.0
+
+
+def _keepalive_seconds(value: Any) -> float:
+    seconds = parse_seconds(value)
+    if not MIN_KEEPALIVE <= seconds <= MAX_KEEPALIVE:
+        raise Problem(f"must be between {MIN_KEEPALIVE:.0f} and {MAX_KEEPALIVE:.0f} seconds, got {value!r}")
+    return seconds
+
+
+def _keepalive_timeout(value: Any) -> float:
+    """The idle bound kasd tolerates from an agent: agentd pings every ``keepalive_interval`` (15 s
+    by default) while idle; kasd only answers, and pings itself only after two thirds of this."""
+    seconds = parse_seconds(value)
+    if not 3 * MIN_KEEPALIVE <= seconds <= 3 * MAX_KEEPALIVE:  # room for agentd's interval, 1 s to an hour
+        raise Problem(f"must be between {3 * MIN_KEEPALIVE:.0f} and {3 * MAX_KEEPALIVE:.0f} seconds, got {value!r}")
+    return seconds
+
+
 @attrs.frozen(kw_only=True)
 class Listener:
     address: HostPort = setting(HostPort("0.0.0.0", 0), parse=parse_address)
@@ -177,6 +198,20 @@ class AgentListener(Listener):
     path: str = setting("/tunnel", parse=_url_path)
     #: seconds an agent connection has for TLS, HTTP/2 preface and the tunnel request
     handshake_timeout: float = setting(10.0, parse=parse_seconds)
+    #: seconds an agent session may be silent (no frame at all) before kasd closes it; agentd dials
+    #: and pings (its ``keepalive_interval``), kasd answers; kasd pings only after two thirds of it
+    keepalive_timeout: float = setting(
+        45.0, parse=_keepalive_timeout, env="KASD_AGENT_KEEPALIVE_TIMEOUT", flag="--agent-keepalive-timeout",
+        metavar="SECONDS", help="close an agent session silent this long; keep it above 1.5 × every agentd's "
+        "keepalive_interval (docs/kasd.md#keepalive)",
+    )
+
+    @property
+    def session_keepalive(self) -> dict[str, float]:
+        """The keepalive keywords of an accepted agent session (``wire.session.Session``): the side that
+        accepted pings after twice the interval, so the interval is a third of the timeout."""
+        return {"keepalive_interval": self.keepalive_timeout / 3, "keepalive_timeout": self.keepalive_timeout}
+
     # A few agentd per cluster, a few connections each; clusters behind one NAT share a source.
     max_connections: int = _max_connections("agent", "agent", 4096)
     max_connections_per_source: int = _max_per_source("agent", "agent", 256)
@@ -241,6 +276,19 @@ class PrivateListener(Listener):
     insecure_plaintext: bool = setting(False, parse=parse_boolean, env="KASD_PRIVATE_INSECURE_PLAINTEXT")
     #: seconds a peer connection has for TLS, HTTP/2 preface and the tunnel request
     handshake_timeout: float = setting(10.0, parse=parse_seconds)
+    #: seconds a peer session (kasd to kasd) may be idle before the replica that dialled it pings;
+    #: one that heard nothing for three times as long is closed (either side)
+    keepalive_interval: float = setting(
+        15.0, parse=_keepalive_seconds, env="KASD_PRIVATE_KEEPALIVE_INTERVAL", flag="--private-keepalive-interval",
+        metavar="SECONDS", help="ping a peer replica whose session was idle this long (the dialling replica "
+        "pings; silent for 3 × this: closed); the same on every replica",
+    )
+
+    @property
+    def session_keepalive(self) -> dict[str, float]:
+        """The keepalive keywords of peer sessions, dialled (``PeerPool``) and accepted alike."""
+        return {"keepalive_interval": self.keepalive_interval, "keepalive_timeout": 3 * self.keepalive_interval}
+
     # One pooled connection per peer replica (a few more across restarts).
     max_connections: int = _max_connections("private", "private (kasd-to-kasd)", 256)
     max_connections_per_source: int = _max_per_source("private", "private (kasd-to-kasd)", 16)

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import trio
+import trio.testing
 import trustme
 
 from agentd.config import AgentdConfig, ConfigError, load_config
+from kasd.config.loading import load_config as load_kasd_config
 from tests.forkrun import run_module
+from wire.session import Session, connect_session
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -222,3 +228,62 @@ def test_config_is_frozen(files: Path) -> None:
     assert isinstance(config, AgentdConfig)
     with pytest.raises(AttributeError):
         config.connections = 3  # type: ignore[misc]
+
+
+def test_keepalive_interval_and_timeout_are_settings(files: Path) -> None:
+    """The tunnel's keepalive follows the network's idle timeouts: file, env or flag, each checked."""
+    flags = ["--kas-address", "http://kas:8150/tunnel", *base_flags(files)]
+    assert load_config(flags, {}).session_keepalive == {"keepalive_interval": 15.0, "keepalive_timeout": 45.0}
+    # the timeout follows the interval unless set
+    assert load_config([*flags, "--keepalive-interval", "50"], {}).session_keepalive == {
+        "keepalive_interval": 50.0, "keepalive_timeout": 150.0}
+    from_env = load_config(flags, {"AGENTD_KEEPALIVE_INTERVAL": "30", "AGENTD_KEEPALIVE_TIMEOUT": "60"})
+    assert from_env.session_keepalive == {"keepalive_interval": 30.0, "keepalive_timeout": 60.0}
+    (files / "agentd.yaml").write_text("keepalive_interval: 240\n")
+    assert load_config([*flags, "--config", str(files / "agentd.yaml")], {}).keepalive_interval == 240.0
+
+    for argv, env, message in [
+        (["--keepalive-interval", "0"], {}, "--keepalive-interval: must be between 1 and 3600 seconds, got '0'"),
+        (["--keepalive-interval", "soon"], {}, "--keepalive-interval: expected a number of seconds, got 'soon'"),
+        ([], {"AGENTD_KEEPALIVE_INTERVAL": "7200"}, "AGENTD_KEEPALIVE_INTERVAL: must be between 1 and 3600"),
+        (["--keepalive-interval", "30", "--keepalive-timeout", "45"], {},
+         "--keepalive-timeout (45 s) must be at least twice --keepalive-interval (30 s)"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_config([*flags, *argv], env)
+    (files / "agentd.yaml").write_text("keepalive_interval: true\n")
+    with pytest.raises(ConfigError, match=r"keepalive_interval in .*agentd\.yaml: expected a number of seconds"):
+        load_config([*flags, "--config", str(files / "agentd.yaml")], {})
+
+
+async def test_a_configured_keepalive_is_what_the_tunnel_uses(files: Path, autojump_clock: trio.abc.Clock) -> None:
+    """agentd set to ping every 40 s (not the default 15) and kasd tolerating 120 s of silence: over an
+    idle tunnel agentd pings every 40 s, kasd never does, and the tunnel stays up."""
+    agent = load_config(["--kas-address", "http://kas:8150/tunnel", *base_flags(files), "--keepalive-interval", "40"],
+                        {})
+    kasd = load_kasd_config(["--agent-keepalive-timeout", "120"], {})
+    left, right = trio.testing.memory_stream_pair()
+    pings: dict[str, list[float]] = {"agentd": [], "kasd": []}
+    async with trio.open_nursery() as nursery:
+        sessions: dict[str, Session] = {}
+
+        async def start(name: str, transport: trio.abc.Stream, client: bool, keepalive: dict[str, float]) -> None:
+            sessions[name] = await connect_session(nursery, transport, client=client, **keepalive)
+
+        async with trio.open_nursery() as starter:
+            starter.start_soon(start, "agentd", left, True, agent.session_keepalive)
+            starter.start_soon(start, "kasd", right, False, kasd.agent.session_keepalive)
+        dialled, accepted = sessions["agentd"], sessions["kasd"]
+        started = trio.current_time()
+        for name, session in sessions.items():
+            ping = session.connection.ping
+
+            def recorded(now: float | None = None, *, ping: Callable[[float | None], int] = ping, name: str = name) -> int:
+                pings[name].append(round(trio.current_time() - started))
+                return ping(now)
+
+            session.connection.ping = recorded  # type: ignore[method-assign]
+        await trio.sleep(170)
+        assert pings == {"agentd": [40, 80, 120, 160], "kasd": []}
+        assert not dialled.closed and not accepted.closed
+        nursery.cancel_scope.cancel()

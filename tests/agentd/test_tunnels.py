@@ -386,3 +386,16 @@ async def test_a_stream_whose_handler_fails_unexpectedly_is_reset_in_one_line(
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and not errors[0].exc_info and "RuntimeError" in errors[0].getMessage()
     assert "secret-" not in caplog.text
+
+
+async def test_the_tunnels_keep_alive_as_configured(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """agentd's keepalive settings reach its tunnels' sessions (what each then does with them:
+    tests/agentd/test_config.py::test_a_configured_keepalive_is_what_the_tunnel_uses)."""
+    write_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:9")  # never asked: no request is sent
+    kasd = await start_fake_kasd(nursery)
+    config = agent_config(tmp_path, kasd.url, keepalive_interval=40.0)
+    async with running_agent(nursery, config, kubeconfig_target(config.kubeconfig)) as agent:
+        with trio.fail_after(10):
+            await agent.manager.first_up.wait()
+        [session] = agent.manager.sessions()
+        assert (session.keepalive_interval, session.keepalive_timeout) == (40.0, 120.0)

@@ -14,6 +14,7 @@ from tests.kasd.helpers import (
     fake_agent,
     http_request,
     json_handler,
+    make_config,
     running_kasd,
     wait_sessions,
 )
@@ -95,3 +96,14 @@ async def test_requests_go_to_the_least_loaded_session() -> None:
         assert [h.target for h in idle.heads] == ["/quick"] * 3
         assert [h.target for h in busy.heads] == ["/hold"]
         release.set()
+
+
+async def test_agent_sessions_tolerate_the_configured_silence() -> None:
+    """``listeners.agent.keepalive_timeout`` is what kasd's agent sessions use: the silence it
+    tolerates, and a ping of its own only after two thirds of it (agentd, which dialled, pings)."""
+    listeners = {"agent": {"address": "127.0.0.1:0", "keepalive_timeout": 90},
+                 "observability": {"address": "127.0.0.1:0"}, "kubernetes_api": {"address": "127.0.0.1:0"}}
+    async with running_kasd(make_config({"listeners": listeners})) as kasd, fake_agent(kasd):
+        [tunnel] = kasd.registry.tunnels(1)
+        # an accepting session pings after twice its interval: 60 s, two thirds of 90
+        assert (tunnel.session.keepalive_timeout, tunnel.session.keepalive_interval) == (90.0, 30.0)

@@ -185,3 +185,25 @@ def test_sd_notify_sends_to_the_notify_socket(tmp_path: Path) -> None:
         assert sd_notify("READY=1", {"NOTIFY_SOCKET": path})
         assert server.recv(100) == b"READY=1"
     assert not sd_notify("READY=1", {})
+
+
+def test_keepalive_settings_parse_and_name_the_key() -> None:
+    """What kasd tolerates of agents, and how often it pings a peer replica it dialled: settings, checked."""
+    from kasd.config import ConfigError
+    from kasd.config.loading import load_config
+
+    defaults = load_config([], {})
+    assert defaults.agent.session_keepalive == {"keepalive_interval": 15.0, "keepalive_timeout": 45.0}  # as before
+    assert defaults.private.session_keepalive == {"keepalive_interval": 15.0, "keepalive_timeout": 45.0}
+    raised = load_config(["--agent-keepalive-timeout", "900"], {"KASD_PRIVATE_KEEPALIVE_INTERVAL": "50"})
+    # kasd accepted the agent's session: it pings only after two thirds of its bound (the agent pings first)
+    assert raised.agent.session_keepalive == {"keepalive_interval": 300.0, "keepalive_timeout": 900.0}
+    assert raised.private.session_keepalive == {"keepalive_interval": 50.0, "keepalive_timeout": 150.0}
+    for argv, env, message in [
+        (["--agent-keepalive-timeout", "2"], {}, "listeners.agent.keepalive_timeout: must be between 3 and 10800"),
+        ([], {"KASD_AGENT_KEEPALIVE_TIMEOUT": "soon"}, "listeners.agent.keepalive_timeout: 'soon' is not a number"),
+        ([], {"KASD_PRIVATE_KEEPALIVE_INTERVAL": "7200"},
+         "listeners.private.keepalive_interval: must be between 1 and 3600 seconds"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            load_config(argv, env)
