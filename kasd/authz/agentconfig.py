@@ -26,9 +26,8 @@ import os
 import re
 import stat
 from collections.abc import Callable, Mapping
-from functools import partial
 from pathlib import Path
-from typing import Any, Literal, NoReturn, TypeVar, cast
+from typing import Any, Literal, NoReturn, Protocol, TypeVar, cast
 
 import attrs
 from yaml.constructor import SafeConstructor
@@ -37,7 +36,8 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from daemonkit import yamldoc
 from kasd.authz.directory import full_path_problem
 from kasd.authz.expand import role_template_problem
-from kasd.authz.services import ServiceAccess, read_services
+from kasd.authz.marks import Mark
+from kasd.authz.services import MAX_SERVICES, SERVICE_NAME, ServiceAccess, ServiceCiEntry
 
 Mode = Literal["agent", "impersonate", "ci_job", "ci_user"]
 EntryKind = Literal["project", "group", "instance", "implicit"]
@@ -72,18 +72,6 @@ GITLAB_KEYS_IGNORED = (
 
 
 # --------------------------------------------------------------------------- the values
-
-
-@attrs.frozen(kw_only=True)
-class Mark:
-    """A place in a file, 1-based, as editors count."""
-
-    file: str
-    line: int
-    column: int
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}:{self.column}"
 
 
 @attrs.frozen(kw_only=True)
@@ -329,6 +317,15 @@ _SCALARS = SafeConstructor()
 T = TypeVar("T")
 
 
+class _Identified(Protocol):
+    @property
+    def id(self) -> str | None: ...
+
+
+#: an entry of a ``projects:``/``groups:`` list: the agent's own ``ci_access``'s, or a service's
+_Entry = TypeVar("_Entry", bound=_Identified)
+
+
 def _is_null(node: Node) -> bool:
     return isinstance(node, ScalarNode) and node.tag == _NULL
 
@@ -428,27 +425,30 @@ class _Reader:
         top = self.mapping(node, "", ("ci_access", "user_access", "services"), ignored=GITLAB_KEYS_IGNORED)
         ci_access = self.optional(top, "ci_access", "", self.ci_access) or CiAccess()
         user_access = self.optional(top, "user_access", "", self.user_access)
-        services = self.optional(top, "services", "", partial(read_services, self)) or ()
+        services = self.optional(top, "services", "", self.services) or ()
         return AgentConfig(source=self.source, ci_access=ci_access, user_access=user_access, services=services)
 
     def ci_access(self, node: Node, key: str) -> CiAccess:
         fields = self.mapping(node, key, ("projects", "groups", "instance"))
-        projects = self.optional(fields, "projects", key, lambda n, k: self.entries(n, k, "project")) or ()
-        groups = self.optional(fields, "groups", key, lambda n, k: self.entries(n, k, "group")) or ()
+        projects = self.optional(fields, "projects", key, lambda n, k: self.entries(n, k, "project", self.entry)) or ()
+        groups = self.optional(fields, "groups", key, lambda n, k: self.entries(n, k, "group", self.entry)) or ()
         instance = None
         if "instance" in fields:  # `instance: {}` (or null) authorizes every project
             instance = self.entry(fields["instance"][1], f"{key}.instance", "instance")
         return CiAccess(projects=projects, groups=groups, instance=instance)
 
-    def entries(self, node: Node, key: str, kind: EntryKind) -> tuple[CiAccessEntry, ...]:
-        out: list[CiAccessEntry] = []
+    def entries(self, node: Node, key: str, kind: EntryKind, read: Callable[[Node, str, EntryKind], _Entry],
+                what: str | None = None) -> tuple[_Entry, ...]:
+        """A ``projects:``/``groups:`` list: at most ``MAX_ENTRIES``, each read by ``read`` (``entry``
+        for the agent's own ``ci_access``, ``service_ci_entry`` for a service's), no id twice (any case)."""
+        out: list[_Entry] = []
         seen: dict[str, int] = {}
-        items = self.sequence(node, key, f"{kind}s")
+        items = self.sequence(node, key, what or f"{kind}s")
         if len(items) > MAX_ENTRIES:
             self.fail(items[MAX_ENTRIES], f"{key}[{MAX_ENTRIES}]", f"more than {MAX_ENTRIES} entries (GitLab's limit; it "
                       "would ignore the rest)")
         for i, item in enumerate(items):
-            entry = self.entry(item, f"{key}[{i}]", kind)
+            entry = read(item, f"{key}[{i}]", kind)
             assert entry.id is not None
             other = seen.setdefault(entry.id.lower(), i)
             if other != i:
@@ -456,20 +456,23 @@ class _Reader:
             out.append(entry)
         return tuple(out)
 
+    def entry_id(self, fields: Mapping[str, tuple[Node, Node]], node: Node, key: str, kind: EntryKind) -> str:
+        """An entry's ``id``: a project's or group's full path."""
+        if "id" not in fields:
+            self.fail(node, f"{key}.id", f"missing (the {kind}'s full path, e.g. group/project)")
+        entry_id = self.string(fields["id"][1], f"{key}.id")
+        problem = full_path_problem(entry_id)
+        if problem:
+            self.fail(fields["id"][1], f"{key}.id", problem)
+        return entry_id
+
     _ENTRY_KEYS = ("default_namespace", "access_as", "environments", "protected_branches_only",
                    "resource_management", "rules")
 
     def entry(self, node: Node, key: str, kind: EntryKind) -> CiAccessEntry:
         known = self._ENTRY_KEYS if kind == "instance" else ("id", *self._ENTRY_KEYS)
         fields = self.mapping(node, key, known)
-        entry_id: str | None = None
-        if kind != "instance":
-            if "id" not in fields:
-                self.fail(node, f"{key}.id", f"missing (the {kind}'s full path, e.g. group/project)")
-            entry_id = self.string(fields["id"][1], f"{key}.id")
-            problem = full_path_problem(entry_id)
-            if problem:
-                self.fail(fields["id"][1], f"{key}.id", problem)
+        entry_id = None if kind == "instance" else self.entry_id(fields, node, key, kind)
         namespace = self.optional(fields, "default_namespace", key, self.namespace_name)
         access_as = self.optional(fields, "access_as", key, self.ci_access_as) or AccessAs()
         environments = self.optional(fields, "environments", key, self.environments) or ()
@@ -482,6 +485,55 @@ class _Reader:
             resource_management=resource_management, rules=rules, mark=self.mark(node),
             written={name: self.plain(value, f"{key}.{name}") for name, value in self.pairs(node) if name != "id"},
         )
+
+    def services(self, node: Node, key: str) -> tuple[ServiceAccess, ...]:
+        """``services:`` (kasd's extension, ``kasd.authz.services``): a list of distinct service names,
+        each with its ``ci_access`` and ``user_access`` (the lists as in the agent's own)."""
+        items = self.sequence(node, key, "services")
+        if len(items) > MAX_SERVICES:
+            self.fail(items[MAX_SERVICES], f"{key}[{MAX_SERVICES}]", f"more than {MAX_SERVICES} services (kasd's limit)")
+        out: list[ServiceAccess] = []
+        seen: dict[str, int] = {}
+        for i, item in enumerate(items):
+            here = f"{key}[{i}]"
+            fields = self.mapping(item, here, ("name", "ci_access", "user_access"))
+            if "name" not in fields:
+                self.fail(item, f"{here}.name", "missing (the service's name in agentd's services: list)")
+            name_node = fields["name"][1]
+            name = self.string(name_node, f"{here}.name")
+            if not SERVICE_NAME.fullmatch(name):
+                self.fail(name_node, f"{here}.name", "is not a service name (lower-case letters, digits and '-', at "
+                                                     "most 63, as agentd's services: names them)")
+            other = seen.setdefault(name, i)
+            if other != i:
+                self.fail(name_node, f"{here}.name", f"{name!r} is already {key}[{other}].name")
+            ci_projects: tuple[ServiceCiEntry, ...] = ()
+            ci_groups: tuple[ServiceCiEntry, ...] = ()
+            if "ci_access" in fields:
+                ci_key = f"{here}.ci_access"
+                ci = self.mapping(fields["ci_access"][1], ci_key, ("projects", "groups"))
+                ci_projects = self.optional(ci, "projects", ci_key, lambda n, k: self.entries(
+                    n, k, "project", self.service_ci_entry, "{id: path} mappings")) or ()
+                ci_groups = self.optional(ci, "groups", ci_key, lambda n, k: self.entries(
+                    n, k, "group", self.service_ci_entry, "{id: path} mappings")) or ()
+            user_projects: tuple[str, ...] = ()
+            user_groups: tuple[str, ...] = ()
+            if "user_access" in fields:
+                user_key = f"{here}.user_access"
+                users = self.mapping(fields["user_access"][1], user_key, ("projects", "groups"))
+                user_projects = self.optional(users, "projects", user_key, self.ids) or ()
+                user_groups = self.optional(users, "groups", user_key, self.ids) or ()
+            out.append(ServiceAccess(name=name, ci_projects=ci_projects, ci_groups=ci_groups,
+                                     user_projects=user_projects, user_groups=user_groups, mark=self.mark(item)))
+        return tuple(out)
+
+    def service_ci_entry(self, node: Node, key: str, kind: EntryKind) -> ServiceCiEntry:
+        """One entry of a service's ``ci_access``: ``{id, environments}``."""
+        assert kind in ("project", "group")
+        fields = self.mapping(node, key, ("id", "environments"))
+        entry_id = self.entry_id(fields, node, key, kind)
+        environments = self.optional(fields, "environments", key, self.environments) or ()
+        return ServiceCiEntry(kind=kind, id=entry_id, environments=environments)
 
     def pairs(self, node: Node) -> list[tuple[str, Node]]:
         """A mapping's entries in the file's order, every key (null: none)."""
