@@ -19,6 +19,7 @@ import attrs
 import trio
 
 from kasd.store.events import UNDELIVERED, QueuedEvent, QueueFull
+from kasd.store.sqlitetx import transaction
 
 _T = TypeVar("_T")
 
@@ -64,9 +65,7 @@ def _expire(db: sqlite3.Connection, agent_id: int, now: float, ttl: float) -> in
 
 def _take(db: sqlite3.Connection, agent_id: int, now: float, ttl: float, start: bool) -> tuple[QueuedEvent | None, int]:
     """``next_event``'s step, in one transaction."""
-    from kasd.store.sqlite import _transaction
-
-    with _transaction(db):
+    with transaction(db):
         expired = _expire(db, agent_id, now, ttl)
         row = db.execute(f"SELECT {_COLUMNS} FROM events WHERE agent_id = ? AND {_WAITING} ORDER BY seq LIMIT 1",
                          (agent_id,)).fetchone()
@@ -111,15 +110,13 @@ class SqliteEvents:
 
     async def post_event(self, event: QueuedEvent, *, max_queued: int, ttl: float, keep_for: float,
                          max_kept: int, deliverer: str | None = None) -> tuple[QueuedEvent, bool]:
-        from kasd.store.sqlite import _transaction
-
         now = event.posted_at
         # (the lease is this process's: looked at here, before the transaction's thread)
         holder = self._leases().get(event.agent_id)
         held = deliverer is not None and holder is not None and holder[0] == deliverer and holder[1] > trio.current_time()
 
         def post(db: sqlite3.Connection) -> tuple[QueuedEvent, bool] | None:
-            with _transaction(db):
+            with transaction(db):
                 row = db.execute(f"SELECT {_COLUMNS} FROM events WHERE agent_id = ? AND id = ?",
                                  (event.agent_id, event.id)).fetchone()
                 if row is not None:

@@ -19,8 +19,7 @@ import math
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -47,6 +46,7 @@ from kasd.store.events_sqlite import SqliteEvents
 from kasd.store.finished import FinishedJobs, TooManyFinishedJobs
 from kasd.store.made import MAX_MADE, too_many_made
 from kasd.store.protocol import PURGE_INTERVAL, StoreError, purge_lapsed
+from kasd.store.sqlitetx import transaction
 
 log = logging.getLogger("kasd.store")
 
@@ -97,22 +97,6 @@ _NEWEST = "ORDER BY at DESC, job_id DESC, agent_id DESC"
 _ENV_COLUMNS = "id, project_id, project, name, slug, tier, state, created_at, updated_at, stopped_at"
 
 _T = TypeVar("_T")
-
-
-@contextmanager
-def _transaction(db: sqlite3.Connection) -> Iterator[None]:
-    """``BEGIN IMMEDIATE`` (the write lock at once, so two writers never deadlock on an upgrade);
-    ``COMMIT`` when the block ends, unless it already ended the transaction (a ``ROLLBACK`` of its
-    own: a refusal that undoes what it began); ``ROLLBACK`` when it raises."""
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    except BaseException:
-        if db.in_transaction:
-            db.execute("ROLLBACK")
-        raise
-    if db.in_transaction:
-        db.execute("COMMIT")
 
 
 class SqliteStore(SqliteEvents):
@@ -171,7 +155,7 @@ class SqliteStore(SqliteEvents):
         max_entries, now = self.max_entries, self._clock()
 
         def write(db: sqlite3.Connection) -> bool:
-            with _transaction(db):
+            with transaction(db):
                 known = db.execute("SELECT 1 FROM finished_jobs WHERE job_id = ?", (job_id,)).fetchone()
                 if known is None:
                     db.execute("DELETE FROM finished_jobs WHERE until <= ?", (math.floor(now),))
@@ -202,7 +186,7 @@ class SqliteStore(SqliteEvents):
 
     async def claim_environment(self, project_id: int, slug: str, name: str) -> str:
         def claim(db: sqlite3.Connection) -> str | None:
-            with _transaction(db):
+            with transaction(db):
                 row = db.execute("SELECT name FROM environment_slugs WHERE project_id = ? AND slug = ?",
                                  (project_id, slug)).fetchone()
                 if row is None:
@@ -222,7 +206,7 @@ class SqliteStore(SqliteEvents):
 
     async def record_made(self, key: str) -> None:
         def write(db: sqlite3.Connection) -> bool:
-            with _transaction(db):
+            with transaction(db):
                 if db.execute("SELECT 1 FROM made_objects WHERE key = ?", (key,)).fetchone() is None:
                     (count,) = db.execute("SELECT count(*) FROM made_objects").fetchone()
                     if count >= MAX_MADE:
@@ -245,7 +229,7 @@ class SqliteStore(SqliteEvents):
         cap = self.history.max_deployments
 
         def write(db: sqlite3.Connection) -> Environment | None:
-            with _transaction(db):
+            with transaction(db):
                 row = db.execute("SELECT id, state, stopped_by FROM environments WHERE project_id = ? AND name = ?",
                                  (d.project_id, d.environment)).fetchone()
                 if row is None:
@@ -307,7 +291,7 @@ class SqliteStore(SqliteEvents):
     async def mark_stopped(self, project_id: int, name: str, at: float, *, job_id: int | None = None
                            ) -> Environment | None:
         def write(db: sqlite3.Connection) -> Environment | None:
-            with _transaction(db):
+            with transaction(db):
                 db.execute("UPDATE environments SET state = 'stopped', stopped_at = ?, stopped_by = ?, "
                            "updated_at = max(updated_at, ?) WHERE project_id = ? AND name = ?",
                            (at, job_id, at, project_id, name))
@@ -320,7 +304,7 @@ class SqliteStore(SqliteEvents):
         cutoff, cap = now - self.history.retention, self.history.max_deployments
 
         def delete(db: sqlite3.Connection) -> int:
-            with _transaction(db):
+            with transaction(db):
                 # a stopped environment untouched for the retention goes, with its history
                 gone = db.execute("DELETE FROM environments WHERE state = 'stopped' AND max(updated_at, "
                                   "coalesce(stopped_at, 0)) < ?", (cutoff,)).rowcount
