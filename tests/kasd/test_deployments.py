@@ -5,8 +5,6 @@ again, and purged past the retention and the cap."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +14,11 @@ import trio
 import trio.testing
 
 from kasd.store.deployments import Deployment, HistoryLimits
-from kasd.store.protocol import Store
 from kasd.store.redis import RedisStore
 from kasd.store.sqlite import SqliteStore
 from routing.redisconn import open_redis
-from tests.redisproc import RedisCluster, RedisProcess
+from tests.kasd.storeopeners import Opener, store_opener
+from tests.redisproc import RedisProcess
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -37,42 +35,14 @@ def deployment(**changes: Any) -> Deployment:
     return attrs.evolve(base, **changes)
 
 
-Opener = Callable[[], AbstractAsyncContextManager[Store]]
 
 
 @pytest.fixture(params=["sqlite", "redis", "redis-cluster"])
 def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
     """Opens a client of one store: the same SQLite file each time (a restart), or another client of
     one Redis (another replica), plain and as a 3-master cluster."""
-    limits = HistoryLimits(retention=30 * DAY, max_deployments=3)
-    if request.param == "sqlite":
-        path = tmp_path / "kasd.sqlite3"
-
-        @asynccontextmanager
-        async def sqlite() -> AsyncIterator[Store]:
-            store = SqliteStore.open_sync(path, max_entries=10, history=limits)
-            try:
-                yield store
-            finally:
-                await store.aclose()
-
-        return sqlite
-    if request.param == "redis":
-        server: RedisProcess = request.getfixturevalue("redis_server")
-        server.command("FLUSHALL")
-        url = server.url
-    else:
-        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
-        for node in cluster.nodes:
-            node.command("FLUSHALL")
-        url = cluster.url
-
-    @asynccontextmanager
-    async def redis() -> AsyncIterator[Store]:
-        async with open_redis(url) as client:
-            yield RedisStore(client, key_prefix="test", max_entries=10, history=limits)
-
-    return redis
+    return store_opener(request, request.param, tmp_path, max_entries=10,
+                        history=HistoryLimits(retention=30 * DAY, max_deployments=3))
 
 
 async def test_a_deployment_is_kept_merged_and_read_back_by_another_client(opener: Opener) -> None:

@@ -17,6 +17,7 @@ from kasd.agents import MAX_HELLO_NAMESPACES, hello_namespaces
 from kasd.discovery import MAX_REPORT_BYTES, ReportError, validate_report
 from kasd.store.discovery import MemoryPods, PodRecord, pod_key, report_body
 from tests.kasd.helpers import fake_agent, running_kasd
+from tests.kasd.storeopeners import flushed_redis_url
 from tests.redisproc import RedisProcess
 from tunnelhttp.head import TunnelCode
 from tunnelhttp.kinds import KIND_CLUSTER_INFO
@@ -123,16 +124,7 @@ async def _store(kind: str, request: pytest.FixtureRequest, clock: Clock) -> Asy
     from kasd.store.redis import RedisStore
     from routing.redisconn import open_redis
 
-    if kind == "redis-cluster":
-        cluster = request.getfixturevalue("redis_cluster")
-        for node in cluster.nodes:
-            node.command("FLUSHALL")
-        url = cluster.url
-    else:
-        server: RedisProcess = request.getfixturevalue("redis_server")
-        server.command("FLUSHALL")
-        url = server.url
-    async with open_redis(url) as client:
+    async with open_redis(flushed_redis_url(request, kind)) as client:
         yield RedisStore(client, key_prefix="test", max_entries=10, clock=clock)
 
 

@@ -5,8 +5,6 @@ what one wrote), each test against both."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,47 +14,18 @@ import trio
 from kasd.store.events import QueuedEvent, QueueFull
 from kasd.store.redis import RedisStore
 from kasd.store.sqlite import SqliteStore
-from routing.redisconn import open_redis
-from tests.redisproc import RedisCluster, RedisProcess
+from tests.kasd.storeopeners import Opener, store_opener
 
 pytestmark = pytest.mark.timeout(30)
 
 NOW = 1_800_000_000.25
 LIMITS: dict[str, Any] = {"max_queued": 3, "ttl": 3600.0, "keep_for": 3600.0, "max_kept": 2}
 
-Opener = Callable[[], AbstractAsyncContextManager[Any]]
 
 
 @pytest.fixture(params=["sqlite", "redis", "redis-cluster"])
 def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
-    if request.param == "sqlite":
-        path = tmp_path / "kasd.sqlite3"
-
-        @asynccontextmanager
-        async def sqlite() -> AsyncIterator[Any]:
-            store = SqliteStore.open_sync(path, max_entries=10)
-            try:
-                yield store
-            finally:
-                await store.aclose()
-
-        return sqlite
-    if request.param == "redis":
-        server: RedisProcess = request.getfixturevalue("redis_server")
-        server.command("FLUSHALL")
-        url = server.url
-    else:
-        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
-        for node in cluster.nodes:
-            node.command("FLUSHALL")
-        url = cluster.url
-
-    @asynccontextmanager
-    async def redis() -> AsyncIterator[Any]:
-        async with open_redis(url) as client:
-            yield RedisStore(client, key_prefix="test", max_entries=10)
-
-    return redis
+    return store_opener(request, request.param, tmp_path, max_entries=10)
 
 
 def event(n: int, agent_id: int = 5, at: float = NOW) -> QueuedEvent:

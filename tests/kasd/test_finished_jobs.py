@@ -33,7 +33,8 @@ from tests.kasd.helpers import (
     make_config,
     running_kasd,
 )
-from tests.redisproc import RedisCluster, RedisProcess
+from tests.kasd.storeopeners import flushed_redis_url
+from tests.redisproc import RedisProcess
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -124,12 +125,7 @@ def redis_url(redis_server: RedisProcess) -> str:
 @pytest.fixture(params=["redis", "redis-cluster"])
 def any_redis_url(request: pytest.FixtureRequest) -> str:
     """A single Redis, and a 3-master Redis Cluster (each flushed first)."""
-    if request.param == "redis":
-        return str(request.getfixturevalue("redis_url"))
-    cluster: RedisCluster = request.getfixturevalue("redis_cluster")
-    for node in cluster.nodes:
-        node.command("FLUSHALL")
-    return cluster.url
+    return flushed_redis_url(request, request.param)
 
 
 @asynccontextmanager
