@@ -10,9 +10,8 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import trio
 
-from tunnelhttp.head import TunnelCode
+from tunnelhttp.dispatch import refuse_unknown_kind, shown_kind
 from tunnelhttp.kinds import KIND_K8S_API
-from wire.errors import RemoteProtocolError
 from wire.session import MuxStream
 
 log = logging.getLogger("agentd.streams")
@@ -32,12 +31,9 @@ class StreamKinds:
         if handler is not None:
             await handler(stream)
             return
-        shown = kind[:64] if isinstance(kind, str) else type(kind).__name__
-        log.warning("refusing stream stream=%d reason=unknown-kind kind=%r", stream.stream_id, shown)
+        log.warning("refusing stream stream=%d reason=unknown-kind kind=%r", stream.stream_id, shown_kind(kind))
         try:
-            await stream.refuse(TunnelCode.UNKNOWN_TARGET, f"agentd has no handler for kind {shown!r}")
-        except (trio.BrokenResourceError, trio.ClosedResourceError, RemoteProtocolError):
-            pass
+            await refuse_unknown_kind(stream, "agentd")
         finally:
             with trio.move_on_after(1, shield=True):
                 await stream.aclose()

@@ -14,8 +14,8 @@ from kasd.tokens import digest_matches, hash_token
 from routing.directory import TunnelDirectory
 from routing.local import AgentTunnel, TunnelRegistry
 from routing.placement import PlacementHook
+from tunnelhttp.dispatch import refuse_unknown_kind
 from tunnelhttp.head import TunnelCode
-from wire.errors import RemoteProtocolError
 from wire.session import MuxStream, Session
 
 log = logging.getLogger("kasd.agents")
@@ -175,11 +175,7 @@ class AgentSessions:
                 kind = stream.metadata.get("kind")
                 handler = self.incoming.get(kind) if isinstance(kind, str) else None
                 if handler is None:
-                    shown = kind[:64] if isinstance(kind, str) else type(kind).__name__
-                    try:
-                        await stream.refuse(TunnelCode.UNKNOWN_TARGET, f"kasd serves no streams of kind {shown!r} to agents")
-                    except (trio.BrokenResourceError, trio.ClosedResourceError, RemoteProtocolError):
-                        pass
+                    await refuse_unknown_kind(stream, "kasd")
                     continue
                 await slots.acquire()
                 nursery.start_soon(self._serve_one, handler, stream, tunnel, slots)

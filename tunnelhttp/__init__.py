@@ -4,6 +4,6 @@ watch or followed log may end (``watchbounds``, sans-I/O), and ending those at s
 a daemon drains (``drain``, Trio).
 
 Both daemons speak it over ``wire``: kasd writes request heads, agentd answers them.
-May import: ``tunnelhttp.kinds``, ``tunnelhttp.servicepath``, ``wire`` (frames, errors, and codec/settings for the limits of a head), the standard library, attrs, trio (``drain`` only).
+May import: ``tunnelhttp.kinds``, ``tunnelhttp.servicepath``, ``wire`` (frames, errors, and codec/settings for the limits of a head), the standard library, attrs, trio (``drain`` and ``dispatch`` only).
 Never ``kasd``, ``agentd`` or ``kubesim``.
 """

@@ -18,10 +18,10 @@ from tests.kasd.helpers import (
     running_kasd,
     wait_sessions,
 )
-from tunnelhttp.head import RequestHead
+from tunnelhttp.head import RequestHead, TunnelCode
 from wire.carrier import TunnelRejectedError
 from wire.h2carrier import open_h2_session
-from wire.session import MuxStream, Session
+from wire.session import MuxStream, Session, StreamRefusedError
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -107,3 +107,16 @@ async def test_agent_sessions_tolerate_the_configured_silence() -> None:
         [tunnel] = kasd.registry.tunnels(1)
         # an accepting session pings after twice its interval: 60 s, two thirds of 90
         assert (tunnel.session.keepalive_timeout, tunnel.session.keepalive_interval) == (90.0, 30.0)
+
+
+async def test_a_stream_of_a_kind_kasd_does_not_serve_is_refused_naming_it() -> None:
+    """An agent may open only the kinds kasd serves (``cluster-info``); any other is refused at once
+    with UNKNOWN_TARGET naming the kind (cut: an agent's string), and the session goes on."""
+    async with running_kasd() as kasd, fake_agent(kasd) as agent:
+        for kind, shown in (("webhook", "'webhook'"), ("x" * 100, repr("x" * 64)), (7, "'int'")):
+            stream = await agent.session.open_stream({"v": 1, "kind": kind})
+            with trio.fail_after(5), pytest.raises(StreamRefusedError) as refused:
+                await stream.wait_accepted()
+            assert refused.value.code == TunnelCode.UNKNOWN_TARGET
+            assert refused.value.message == f"kasd has no handler for kind {shown}"
+        assert not agent.session.closed
