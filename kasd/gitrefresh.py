@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import trio
 
-from routing.redisconn import COMMAND_TIMEOUT, REDIS_ERRORS, open_redis, subscription
+from routing.redisconn import COMMAND_TIMEOUT, REDIS_ERRORS, follow, open_redis
 
 log = logging.getLogger("kasd.gitrefresh")
 
@@ -55,30 +55,36 @@ class RefreshFanout:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         started = False
         away = False
-        while True:
-            try:
-                async with subscription(self.client, [self.channel]) as pubsub:
-                    async for message in pubsub:
-                        if message["type"] == "subscribe":
-                            if away:
-                                log.info("config refresh: Redis reachable again")
-                                away = False
-                            self.subscribed.set()
-                            if not started:
-                                started = True
-                                task_status.started()
-                        elif message["type"] == "message" and str(message["data"])[:MAX_NOTICE] != self.name:
-                            await self.authority.refresh(0)  # (look now; nobody here waits for it)
-            except REDIS_ERRORS as exc:
-                if not away:
-                    log.warning("config refresh: Redis unreachable; the replicas still poll their repositories: %s",
-                                str(exc)[:200] or type(exc).__name__)
-                    away = True
-                self.subscribed = trio.Event()
-                if not started:
-                    started = True
-                    task_status.started()
-                await trio.sleep(RESUBSCRIBE_DELAY)
+
+        def start() -> None:
+            nonlocal started
+            if not started:
+                started = True
+                task_status.started()
+
+        async def subscribed() -> None:
+            nonlocal away
+            if away:
+                log.info("config refresh: Redis reachable again")
+                away = False
+            self.subscribed.set()
+            start()
+
+        async def message(text: str) -> None:
+            if text[:MAX_NOTICE] != self.name:
+                await self.authority.refresh(0)  # (look now; nobody here waits for it)
+
+        def lost(exc: BaseException) -> None:
+            nonlocal away
+            if not away:
+                log.warning("config refresh: Redis unreachable; the replicas still poll their repositories: %s",
+                            str(exc)[:200] or type(exc).__name__)
+                away = True
+            self.subscribed = trio.Event()
+            start()
+
+        await follow(self.client, self.channel, subscribed=subscribed, message=message, lost=lost,
+                     delay=RESUBSCRIBE_DELAY)
 
 
 @asynccontextmanager

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import trio
 
 from routing.membership import RedisMembership
-from routing.redisconn import COMMAND_TIMEOUT, REDIS_ERRORS, RedisHealth, subscription
+from routing.redisconn import COMMAND_TIMEOUT, REDIS_ERRORS, RedisHealth, follow
 from wire.ids import InvalidNumber, parse_id
 
 log = logging.getLogger("routing.directory")
@@ -368,26 +368,27 @@ class RedisDirectory(_Events):
         return True
 
     async def _listen(self) -> None:
-        while True:
-            try:
-                async with subscription(self.client, [self.channel]) as pubsub:
-                    async for message in pubsub:
-                        if message["type"] == "message":
-                            agent, _, _ = str(message["data"]).partition(" ")
-                            with contextlib.suppress(InvalidNumber):  # not one of ours: nothing to wake
-                                self.fire(parse_id(agent, "agent id"))
-                        elif message["type"] == "subscribe":
-                            # From now on every change is heard; what was read before (and changes
-                            # missed while a lost subscription was made again) must be read afresh.
-                            self._subscribed = True
-                            self.fire_all()
-                            self.listening.set()
-            except REDIS_ERRORS:
-                self._subscribed = False
-                self.fire_all()
-                await trio.sleep(self.resubscribe_pause)
-            finally:
-                self._subscribed = False
+        async def subscribed() -> None:
+            # From now on every change is heard; what was read before (and changes missed while a
+            # lost subscription was made again) must be read afresh.
+            self._subscribed = True
+            self.fire_all()
+            self.listening.set()
+
+        async def message(text: str) -> None:
+            agent, _, _ = text.partition(" ")
+            with contextlib.suppress(InvalidNumber):  # not one of ours: nothing to wake
+                self.fire(parse_id(agent, "agent id"))
+
+        def lost(_: BaseException) -> None:
+            self._subscribed = False
+            self.fire_all()
+
+        try:
+            await follow(self.client, self.channel, subscribed=subscribed, message=message, lost=lost,
+                         delay=self.resubscribe_pause)
+        finally:
+            self._subscribed = False
 
     async def _members_changed(self) -> None:
         while True:

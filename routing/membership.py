@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from routing.redisconn import REDIS_ERRORS, RedisHealth, subscription
+from routing.redisconn import REDIS_ERRORS, RedisHealth, follow
 from routing.ring import DEFAULT_WEIGHT, Ring
 
 log = logging.getLogger("routing.membership")
@@ -280,14 +280,14 @@ class RedisMembership(_Changes):
 
     async def _listen(self) -> None:
         """Re-read the table whenever a member says it changed (and after every reconnect)."""
-        while True:
-            try:
-                async with subscription(self.client, [self.channel]) as pubsub:
-                    async for message in pubsub:
-                        if message["type"] in ("message", "subscribe"):
-                            self._poke.set()
-            except REDIS_ERRORS:
-                await trio.sleep(self.heartbeat_interval)  # the heartbeat reports the outage
+
+        async def poke(_: str = "") -> None:
+            await trio.lowlevel.checkpoint()
+            self._poke.set()
+
+        # (a lost subscription: the heartbeat reports the outage)
+        await follow(self.client, self.channel, subscribed=poke, message=poke, lost=lambda _: None,
+                     delay=self.heartbeat_interval)
 
 
 def _pairs(value: Any) -> dict[str, Any]:

@@ -17,9 +17,9 @@ May import: coredis (and anyio, the core it runs on: its exceptions), trio, attr
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 import anyio
@@ -158,5 +158,25 @@ def _short(error: BaseException) -> str:
     return text[:200]
 
 
-__all__ = ["COMMAND_TIMEOUT", "CONNECT_TIMEOUT", "REDIS_ERRORS", "RedisHealth", "describe", "open_redis",
+async def follow(client: Any, channel: str, *, subscribed: Callable[[], Awaitable[object]],
+                 message: Callable[[str], Awaitable[object]], lost: Callable[[BaseException], object],
+                 errors: tuple[type[BaseException], ...] = REDIS_ERRORS, delay: float = 1.0) -> NoReturn:
+    """Stay subscribed to ``channel``: ``subscribed()`` at each (re)subscription (what was said
+    while away was not heard: read it now), ``message(text)`` for each notice, ``lost(error)`` when
+    the subscription breaks (Redis away: ``errors``), then subscribe again after ``delay``."""
+    while True:
+        try:
+            async with subscription(client, [channel]) as pubsub:
+                async for notice in pubsub:
+                    if notice["type"] == "subscribe":
+                        await subscribed()
+                    elif notice["type"] == "message":
+                        data = notice["data"]
+                        await message(data.decode() if isinstance(data, bytes) else str(data))
+        except errors as exc:
+            lost(exc)
+            await trio.sleep(delay)
+
+
+__all__ = ["COMMAND_TIMEOUT", "CONNECT_TIMEOUT", "REDIS_ERRORS", "RedisHealth", "describe", "follow", "open_redis",
            "subscription"]

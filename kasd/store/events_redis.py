@@ -28,7 +28,7 @@ import trio
 
 from kasd.store.errors import StoreError
 from kasd.store.events import QueuedEvent, QueueFull, event_from_json, event_to_json
-from routing.redisconn import REDIS_ERRORS, subscription
+from routing.redisconn import REDIS_ERRORS, follow
 
 log = logging.getLogger("kasd.store")
 
@@ -304,26 +304,28 @@ class RedisEvents:
         """Each notice wakes its agent; each (re)subscription wakes every agent with events waiting
         (a notice sent while Redis was away is not lost)."""
         started = False
-        while True:
-            try:
-                async with subscription(self.client, [self._events_channel]) as pubsub:
-                    async for message in pubsub:
-                        if message["type"] == "subscribe":
-                            if not started:
-                                task_status.started()
-                                started = True
-                            for agent_id in await self.pending_agents():
-                                wake(agent_id)
-                        elif message["type"] == "message":
-                            text = _text(message["data"])
-                            if text.isascii() and text.isdigit() and len(text) <= 19:
-                                wake(int(text))
-            except _LISTEN_ERRORS as exc:
-                log.warning("events: Redis unreachable; delivery waits for it error=%s", str(exc)[:200])
-                if not started:
-                    task_status.started()
-                    started = True
-                await trio.sleep(_RESUBSCRIBE_DELAY)
+
+        def start() -> None:
+            nonlocal started
+            if not started:
+                started = True
+                task_status.started()
+
+        async def subscribed() -> None:
+            start()
+            for agent_id in await self.pending_agents():
+                wake(agent_id)
+
+        async def message(text: str) -> None:
+            if text.isascii() and text.isdigit() and len(text) <= 19:
+                wake(int(text))
+
+        def lost(exc: BaseException) -> None:
+            log.warning("events: Redis unreachable; delivery waits for it error=%s", str(exc)[:200])
+            start()
+
+        await follow(self.client, self._events_channel, subscribed=subscribed, message=message, lost=lost,
+                     errors=_LISTEN_ERRORS, delay=_RESUBSCRIBE_DELAY)
 
 
 __all__ = ["RedisEvents"]

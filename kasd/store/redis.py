@@ -57,7 +57,7 @@ from kasd.store.events_redis import RedisEvents
 from kasd.store.finished import FinishedJobs, TooManyFinishedJobs
 from kasd.store.made import MAX_MADE, too_many_made
 from kasd.store.protocol import PURGE_INTERVAL, StoreError, purge_lapsed
-from routing.redisconn import REDIS_ERRORS, subscription
+from routing.redisconn import REDIS_ERRORS, follow
 
 log = logging.getLogger("kasd.store")
 
@@ -378,32 +378,35 @@ class RedisStore(RedisEvents):
 
     async def _listen(self, view: FinishedJobs) -> None:
         away = False
-        while True:
-            try:
-                async with subscription(self.client, [self.channel]) as pubsub:
-                    async for message in pubsub:
-                        if message["type"] == "subscribe":
-                            # every notice from now on is heard: what came before is read whole,
-                            # and what this replica knows that Redis lost (restarted empty) is
-                            # written back (each entry a notice, so the others learn it too)
-                            now = self._clock()
-                            for job, until in view.merge(await self.finished_jobs(now), now).items():
-                                # (a full set refuses it: the entry stays in this replica's memory)
-                                await self._call(self._finish(keys=[self.key], args=[
-                                    job, until, math.floor(now), self.max_entries, self.channel]))
-                            if away:
-                                log.info("finished jobs: Redis reachable again; %d known", len(view))
-                                away = False
-                            synced, self.synced = self.synced, trio.Event()
-                            synced.set()
-                        elif message["type"] == "message":
-                            self._notice(view, str(message["data"]))
-            except _LISTEN_ERRORS as exc:
-                if not away:
-                    log.warning("finished jobs: Redis unreachable; refusing the jobs known so far, revocations "
-                                "fail until it returns error=%s", _short(exc))
-                    away = True
-                await trio.sleep(RESUBSCRIBE_DELAY)
+
+        async def subscribed() -> None:
+            # every notice from now on is heard: what came before is read whole, and what this
+            # replica knows that Redis lost (restarted empty) is written back (each entry a notice,
+            # so the others learn it too)
+            nonlocal away
+            now = self._clock()
+            for job, until in view.merge(await self.finished_jobs(now), now).items():
+                # (a full set refuses it: the entry stays in this replica's memory)
+                await self._call(self._finish(keys=[self.key], args=[
+                    job, until, math.floor(now), self.max_entries, self.channel]))
+            if away:
+                log.info("finished jobs: Redis reachable again; %d known", len(view))
+                away = False
+            synced, self.synced = self.synced, trio.Event()
+            synced.set()
+
+        async def message(text: str) -> None:
+            self._notice(view, text)
+
+        def lost(exc: BaseException) -> None:
+            nonlocal away
+            if not away:
+                log.warning("finished jobs: Redis unreachable; refusing the jobs known so far, revocations "
+                            "fail until it returns error=%s", _short(exc))
+                away = True
+
+        await follow(self.client, self.channel, subscribed=subscribed, message=message, lost=lost,
+                     errors=_LISTEN_ERRORS, delay=RESUBSCRIBE_DELAY)
 
     def _notice(self, view: FinishedJobs, data: str) -> None:
         found = _NOTICE.fullmatch(data)
