@@ -46,6 +46,10 @@ _RECEIVE_SIZE = 256 * KiB
 #: largest slice of one send_all queued before re-checking the outbound high-water mark
 _SEND_CHUNK = 256 * KiB
 _CLOSE_TIMEOUT = 5.0
+#: how long the reader may go on once the transport took no more writes: the peer's last frames
+#: (the end of a response) may still be waiting to be read, and a close that crossed our write
+#: must not lose them
+_READ_AFTER_WRITES_FAILED = 2.0
 #: NOTICEs kept for a receiver that has not set ``on_notice`` yet (the newest win: a later
 #: placement supersedes an earlier one)
 MAX_EARLY_NOTICES = 16
@@ -176,6 +180,7 @@ class MuxStream(trio.abc.HalfCloseableStream):
             try:
                 while view:
                     await session._wait_outbound_room()
+                    session._raise_if_unwritable()
                     self._check_usable()
                     if self._send_error is not None:
                         raise self._send_error
@@ -365,6 +370,8 @@ class Session(trio.abc.AsyncResource):
         # The writer's send in progress (shielded: a frame is never cut midway nor dropped once
         # taken from the core), and when sends must give up once the session is being torn down
         self._send_scope: trio.CancelScope | None = None
+        #: why the transport took no more writes; the reader goes on for what the peer sent before
+        self._writes_failed: SessionClosedError | None = None
         self._last_write_by = math.inf
         self._cancel_scope: trio.CancelScope | None = None
         #: why the session ended (None while alive)
@@ -387,7 +394,9 @@ class Session(trio.abc.AsyncResource):
 
     @property
     def draining(self) -> bool:
-        return self.connection.goaway_received is not None or self.connection.goaway_sent is not None
+        """No new stream may be opened here: GOAWAY either way, or the transport takes no more writes."""
+        return (self.connection.goaway_received is not None or self.connection.goaway_sent is not None
+                or self._writes_failed is not None)
 
     async def open_stream(self, metadata: Metadata | None = None) -> MuxStream:
         """Open a logical stream; waits while the peer's concurrent-stream limit is reached."""
@@ -405,7 +414,7 @@ class Session(trio.abc.AsyncResource):
         ``UnsendableFrameError`` as itself, not a ``trio.BrokenResourceError``: it says nothing about
         this session, so a caller must not take it for one that is broken and try another.
         """
-        self._raise_if_closed()
+        self._raise_if_unwritable()
         conn = self.connection
         if conn.goaway_received is not None or conn.goaway_sent is not None:
             raise StreamRefusedError(ErrorCode.REFUSED_STREAM, "session is draining (GOAWAY)")
@@ -687,15 +696,31 @@ class Session(trio.abc.AsyncResource):
                 try:
                     await self.transport.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    self._shutdown(self._transport_failed(exc))
-                    return
+                    self._writes_failed = self._transport_failed(exc)
                 finally:
                     self._writing = False
                     self._send_scope = None
+            if self._writes_failed is not None:
+                await self._read_what_is_left(self._writes_failed)
+                return
             if sending.cancelled_caught:  # torn down, and the peer did not take the frames in time
                 self._shutdown(SessionClosedError("transport took no more frames at close", ErrorCode.INTERNAL_ERROR))
                 return
             self._drained.unpark_all()
+
+    async def _read_what_is_left(self, failed: SessionClosedError) -> None:
+        """The transport took no more writes: the peer closed (a tunnel moved, a restart) as we
+        wrote. What it sent before closing may still wait to be read — the end of a response whose
+        stream it finished — so the reader goes on until the end of the transport (whose reason
+        then closes the session), for at most a moment; then what is left fails with ``failed``.
+        Meanwhile nothing new is sent: streams' sends and new streams fail at once."""
+        self._drained.unpark_all()
+        self._slots.unpark_all()
+        for stream in list(self._streams.values()):
+            stream._lot.unpark_all()
+        with trio.move_on_after(_READ_AFTER_WRITES_FAILED):
+            await self._closed_event.wait()
+        self._shutdown(failed)
 
     async def _bound_last_writes(self) -> None:
         """Once the session's tasks are cancelled, give the writer's last sends ``_CLOSE_TIMEOUT``."""
@@ -847,15 +872,22 @@ class Session(trio.abc.AsyncResource):
             self._writer_wakeup.set()
 
     async def _wait_outbound_room(self) -> None:
-        while self.connection.outbound_size >= self._high_water and not self.closed:
+        while (self.connection.outbound_size >= self._high_water and not self.closed
+               and self._writes_failed is None):
             self._wake_writer()
             await self._drained.park()
         self._raise_if_closed()
 
+    def _raise_if_unwritable(self) -> None:
+        """Sending, or opening a stream, once the transport took no more writes."""
+        self._raise_if_closed()
+        if self._writes_failed is not None:
+            raise self._writes_failed
+
     async def _flush(self) -> None:
         """Wait until everything queued so far has been handed to the transport."""
         self._wake_writer()
-        while (self.connection.outbound_size or self._writing) and not self.closed:
+        while (self.connection.outbound_size or self._writing) and not self.closed and self._writes_failed is None:
             await self._drained.park()
 
 

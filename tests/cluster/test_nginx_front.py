@@ -150,4 +150,16 @@ def test_a_rolling_restart_fails_no_request_and_the_watch_goes_on(fronted: tuple
             thread.join(timeout=40)
         watch.stop()
     assert sum(counts) >= 24
-    assert failures == [], failures[:3]
+    assert failures == [], (failures[:3], _what_went_wrong(stack, nginx))
+
+
+def _what_went_wrong(stack: Stack, nginx: Nginx) -> list[str]:
+    """The lines that say why a request failed: nginx's errors other than the refused connections
+    of a stopped replica (which it retries), the daemons' warnings, and answers that did not end well."""
+    lines = [line for line in (nginx.dir / "error.log").read_text().splitlines()
+             if ("[error]" in line or "[crit]" in line) and "Connection refused" not in line]
+    for log in sorted(stack.dir.glob("*.log")):
+        lines += [f"{log.name}: {line}" for line in log.read_text(errors="replace").splitlines()
+                  if "level=WARNING" in line or "level=ERROR" in line
+                  or ("kasd.access" in line and "outcome=ok" not in line and "outcome=drained" not in line)]
+    return lines[-60:]

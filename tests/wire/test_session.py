@@ -606,3 +606,63 @@ async def test_a_session_torn_down_mid_write_still_writes_what_its_streams_sent(
     held.hold.set()
     with trio.fail_after(5):
         assert await _last_bytes(opened) == _CLOSE_FRAME
+
+
+class _WritesFail(trio.abc.Stream):
+    """A transport that takes no more writes once ``broken`` is set (the peer closed as we wrote)
+    while what the peer sent before is still there to read."""
+
+    def __init__(self, inner: trio.abc.Stream) -> None:
+        self.inner = inner
+        self.broken = False
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if self.broken:
+            await trio.lowlevel.checkpoint()
+            raise trio.BrokenResourceError("peer sent HTTP/2 GOAWAY (code 0)")
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self.inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_a_write_that_fails_as_the_peer_closes_loses_nothing_the_peer_sent_before(
+        nursery: trio.Nursery) -> None:
+    """agentd moving a tunnel drains it and closes; kasd, writing at that moment (a new stream, a
+    window update), finds the transport gone. The end of a response agentd sent before closing is
+    still in kasd's buffers: it must reach kasd's client whole (a cut body is an "unexpected EOF"
+    in kubectl), and no new stream may start on that session."""
+    left, right = trio.testing.memory_stream_pair()
+    writes = _WritesFail(left)
+    sessions: dict[str, Session] = {}
+
+    async def start(name: str, transport: trio.abc.Stream, client: bool) -> None:
+        sessions[name] = await connect_session(nursery, transport, client=client, name=name)
+
+    async with trio.open_nursery() as starter:
+        starter.start_soon(start, "kasd", writes, True)
+        starter.start_soon(start, "agentd", right, False)
+    kasd, agentd = sessions["kasd"], sessions["agentd"]
+    opened, incoming = await _stream_pair(kasd, agentd)
+    await incoming.accept()
+    await opened.send_eof()
+    assert await incoming.receive_some() == b""
+    writes.broken = True
+    crossed = await kasd.open_stream({"purpose": "a request that crossed the close"})
+    await trio.testing.wait_all_tasks_blocked()  # its OPEN met the closed transport
+    assert kasd.draining and not kasd.closed
+    with pytest.raises(trio.BrokenResourceError):
+        await kasd.open_stream({"purpose": "one more"})
+    body = b"".join(bytes([n]) * 16 * KiB for n in range(4))
+    await incoming.send_all(body)
+    await incoming.send_eof()
+    with trio.fail_after(5):
+        assert await _last_bytes(opened) == body
+        with pytest.raises(trio.BrokenResourceError):  # never taken: its opener may retry elsewhere
+            await crossed.wait_accepted()
