@@ -213,8 +213,8 @@ def test_prometheus_scrapes_the_new_series_and_accepts_every_dashboard_query(wor
     # Prometheus tells no one when it scrapes (every second here): ask until the requests above are in.
     deadline = time.monotonic() + 20
     while True:
-        seen = {}
-        for selector, least in expected.items():
+        seen: dict[str, float | None] = {}
+        for selector in expected:
             result = prometheus_query(world.prometheus_url, f"sum({selector})")["data"]["result"]
             seen[selector] = float(result[0]["value"][1]) if result else None
         if all(value is not None and value >= expected[selector] for selector, value in seen.items()):
