@@ -76,7 +76,7 @@ _ACCESS_TYPE_OF_KIND = {"ci": "ci_access", "pat": "pat_access"}
 #: (also counted in ``kasd_routing_timeouts``), another routing failure, the request cancelled meanwhile
 ROUTING_STATUSES = ("success", "timeout", "error", "aborted")
 #: seconds to find a tunnel: a connected agent's is sub-millisecond, a wait for one is up to
-#: ``routing.agent_wait_timeout`` (default 20 s, gitlab-kas's routingTunnelFindTimeout)
+#: ``agent_wait_timeout`` (10 s by default; gitlab-kas waits 20 s)
 ROUTING_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
 
 
@@ -233,7 +233,7 @@ class Metrics:
             ["status"], buckets=ROUTING_BUCKETS, registry=r)
         self.routing_timeouts = Counter(
             "kasd_routing_timeouts",
-            "Requests that found no tunnel to their agent within routing.agent_wait_timeout (answered 503)",
+            "Requests that found no tunnel to their agent within agent_wait_timeout (answered 503)",
             registry=r)
         self.rate_limited = Counter(
             "kasd_rate_limited_requests",
