@@ -240,6 +240,7 @@ class Metrics:
             "Requests refused 429 by a limit, by limit (principal: kubernetes_api.max_requests_per_principal)",
             ["limit"], registry=r)
         self._routing = {status: self.routing_duration.labels(status=status) for status in ROUTING_STATUSES}
+        self.rate_limited.labels(limit="principal")  # 0 from the start: a rate() has a series to read
 
     def enable_replicas(self, *, redis_up: Callable[[], bool], peers_out: Callable[[], int],
                         peers_in: Callable[[], int]) -> None:
