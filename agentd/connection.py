@@ -71,6 +71,8 @@ class ManagerStatistics:
     goaways: int
     streams_active: int
     streams_handled: int
+    #: tunnels that ended (GOAWAY or broken) and were dialled again
+    reconnects: int = 0
 
 
 @attrs.define(eq=False)
@@ -133,6 +135,7 @@ class ConnectionManager:
         self._rejected = 0
         self._goaways = 0
         self._handled = 0
+        self._reconnects = 0
         # A dial fails about once a second per slot in an outage's first minute: one
         # warning per slot every 10 s, with the count of those held back.
         self._dial_failures_log = BurstLimitedLog(log, interval=10.0, clock=trio.current_time)
@@ -164,6 +167,7 @@ class ConnectionManager:
             goaways=self._goaways,
             streams_active=sum(t.active for t in self._tunnels),
             streams_handled=self._handled,
+            reconnects=self._reconnects,
         )
 
     def sessions(self) -> list[Session]:
@@ -379,6 +383,7 @@ class ConnectionManager:
                     # The replica broke the tunnel (crashed, most likely) and others are placed: fail
                     # over to the next one now; its requests are waiting for a tunnel anywhere.
                     delay = self._rand.uniform(0.0, FAILOVER_JITTER)
+            self._reconnects += 1
             log.info("redialing slot=%d after=%.2fs up_for=%.1fs reason=%s%s", index, delay, up_for,
                      "goaway" if tunnel.goaway else "closed", " flapping=1" if schedule.flapping else "")
             await self._sleep(delay)

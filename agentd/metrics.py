@@ -35,6 +35,7 @@ class _ManagerCollector(Collector):
             ("agentd_dials_rejected", stats.rejected, "Dials kasd answered with a refusal (a bad token: 401/403)"),
             ("agentd_goaways", stats.goaways, "GOAWAYs received from kasd (a drain or a placement move)"),
             ("agentd_streams_handled", stats.streams_handled, "Streams from kasd served to their end"),
+            ("agentd_reconnects", stats.reconnects, "Tunnels that ended (a GOAWAY, or broken) and were dialled again"),
         ):
             family = CounterMetricFamily(name, text)
             family.add_metric([], value)
@@ -58,6 +59,10 @@ class AgentMetrics:
         self._duration = Histogram(
             "agentd_request_duration_seconds", "Time from a request's stream to its end, by target", ["target"],
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60), registry=r)
+        self._upstream_latency = Histogram(
+            "agentd_upstream_latency_seconds", "Time from sending a request to its upstream (the API server, or a "
+            "service) to the upstream's response head, by target", ["target"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60), registry=r)
         self._events = Counter("agentd_events", "Events from kasd, by outcome (done, duplicate, ignored, failed)",
                                ["outcome"], registry=r)
 
@@ -73,6 +78,8 @@ class AgentMetrics:
             target = f"service:{record.service if record.service in self._services else 'unknown'}"
         self._requests.labels(target=target, outcome=record.outcome).inc()
         self._duration.labels(target=target).observe(record.duration)
+        if record.upstream_latency is not None:
+            self._upstream_latency.labels(target=target).observe(record.upstream_latency)
 
     def events(self, record: EventRecord) -> None:
         self._events.labels(outcome=record.outcome).inc()

@@ -55,6 +55,8 @@ class UpstreamRequestRecord:
     request_id: str
     #: for a stream of kind ``service``: the service it named
     service: str | None = None
+    #: seconds from sending the request upstream to its response head (None: no response head came)
+    upstream_latency: float | None = None
 
 
 @attrs.define(eq=False)
@@ -65,6 +67,7 @@ class ExchangeCounters:
     bytes_out: int = 0
     status: int | None = None
     outcome: str = "ok"
+    upstream_latency: float | None = None
 
 
 class StreamProxy:
@@ -125,9 +128,11 @@ class StreamProxy:
 
     async def _exchange(self, stream: MuxStream, head: RequestHead, pool: UpstreamPool, counters: ExchangeCounters) -> None:
         body = None if head.wants_upgrade else _CountingReceive(stream, counters)
+        sent = trio.current_time()
         try:
             async with pool.request(head, body) as response:
                 counters.status = response.status
+                counters.upstream_latency = trio.current_time() - sent
                 try:
                     await stream.accept(ResponseHead(status=response.status, headers=response.headers).to_metadata())
                     if response.raw is not None:
@@ -173,6 +178,7 @@ class StreamProxy:
             duration=duration,
             request_id=head.request_id if head else "",
             service=head.service if head and head.kind != KIND_K8S_API else None,
+            upstream_latency=counters.upstream_latency,
         )
         # kasd writes the audit line for every request; agentd speaks up at INFO only when one fails.
         level = logging.DEBUG if record.outcome == "ok" else logging.INFO

@@ -17,7 +17,7 @@ May import: ``kasd.seams``, ``tunnelhttp``, ``wire``, the standard library. Neve
 
 from __future__ import annotations
 
-from kasd.seams import NoOtherSession, RouteError, Router
+from kasd.seams import AgentNotConnected, NoFreeStream, NoOtherSession, RouteError, Router
 from tunnelhttp.head import ResponseHead
 from wire.errors import ErrorCode, RemoteProtocolError, UnsendableFrameError
 from wire.frames import Metadata
@@ -28,10 +28,12 @@ class AgentStreamError(Exception):
     """The request found no stream to its agent, or the agent's answer head was unreadable:
     ``status`` and ``message`` are what the asker is told."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, timed_out: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        #: no tunnel to the agent was found within the router's bounded wait (a routing timeout)
+        self.timed_out = timed_out
 
 
 async def open_stream(router: Router, agent_id: int, metadata: Metadata, *,
@@ -43,7 +45,8 @@ async def open_stream(router: Router, agent_id: int, metadata: Metadata, *,
     except NoOtherSession:
         raise
     except RouteError as exc:
-        raise AgentStreamError(exc.status, exc.message) from None
+        raise AgentStreamError(exc.status, exc.message,
+                               timed_out=isinstance(exc, AgentNotConnected | NoFreeStream)) from None
     except UnsendableFrameError as exc:  # over a limit in what kasd adds (the impersonation)
         status = exc.status or (431 if exc.code == ErrorCode.FRAME_SIZE_ERROR else 400)
         raise AgentStreamError(status, f"request head does not fit the tunnel: {exc.message}") from None

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -64,6 +65,68 @@ class _ViewsCollector(Collector):
         snapshots.add_metric(["shared"], stats.snapshots_shared)
         snapshots.add_metric(["view"], stats.snapshots_from_views)
         yield snapshots
+
+
+#: ``access_type`` label values (GitLab's usage counters ``k8s_api_proxy_requests_via_<type>``): a CI job
+#: token (``ci_access``), a personal access token under ``user_access`` (``pat_access``), and ``none``
+#: for a request no grant was made for (refused, malformed). A fixed set: never a client's words.
+ACCESS_TYPES = ("ci_access", "pat_access", "none")
+_ACCESS_TYPE_OF_KIND = {"ci": "ci_access", "pat": "pat_access"}
+#: ``status`` of ``kasd_routing_duration_seconds``: a stream found, none within ``agent_wait_timeout``
+#: (also counted in ``kasd_routing_timeouts``), another routing failure, the request cancelled meanwhile
+ROUTING_STATUSES = ("success", "timeout", "error", "aborted")
+#: seconds to find a tunnel: a connected agent's is sub-millisecond, a wait for one is up to
+#: ``agent_wait_timeout`` (10 s by default; gitlab-kas waits 20 s)
+ROUTING_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
+
+
+def access_type(kind: str | None) -> str:
+    """The ``access_type`` label of a grant's token ``kind`` (None: no grant)."""
+    return _ACCESS_TYPE_OF_KIND.get(kind or "", "none")
+
+
+def status_class(status: int) -> str:
+    """``1xx`` … ``5xx``; anything else (never sent, or out of range) is ``other``."""
+    return f"{status // 100}xx" if 100 <= status <= 599 else "other"
+
+
+class _TunnelsCollector(Collector):
+    """This replica's tunnel sessions, read when scraped (a session gone is a series gone): per agent
+    the sessions (tunnels), the distinct pods, and each session's breaker."""
+
+    def __init__(self, tunnels: TunnelRegistry) -> None:
+        self._tunnels = tunnels
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            now = trio.current_time()
+        except RuntimeError:  # scraped outside Trio (a test): a breaker with failures counts as open
+            now = None
+        per_agent = GaugeMetricFamily("kasd_agent_tunnels", "Live tunnel sessions to this replica, per agent "
+                                      "(one per agentd connection)", labels=["agent"])
+        pods = GaugeMetricFamily("kasd_connected_pods", "Distinct agentd pods with at least one live tunnel "
+                                 "session to this replica, per agent", labels=["agent"])
+        breaker = GaugeMetricFamily("kasd_tunnel_breaker_open", "1 while the session's breaker holds it back (its "
+                                    "agent refused a stream: API server unreachable), else 0", labels=["agent", "pod"])
+        failures = GaugeMetricFamily("kasd_tunnel_breaker_failures", "Refusals for an unreachable API server since "
+                                     "the session last took a stream (what the breaker's hold doubles with)",
+                                     labels=["agent", "pod"])
+        sessions: dict[int, int] = {}
+        pod_ids: dict[int, set[str]] = {}
+        for tunnel in self._tunnels.tunnels():
+            if tunnel.session.closed:
+                continue
+            agent = str(tunnel.agent_id)
+            sessions[tunnel.agent_id] = sessions.get(tunnel.agent_id, 0) + 1
+            pod_ids.setdefault(tunnel.agent_id, set()).add(tunnel.pod_uid or tunnel.pod_name or str(id(tunnel)))
+            held = tunnel.held(now) if now is not None else tunnel.failures > 0
+            pod = tunnel.pod_name[:63] or "-"
+            breaker.add_metric([agent, pod], 1.0 if held else 0.0)
+            failures.add_metric([agent, pod], tunnel.failures)
+        for agent_id, count in sorted(sessions.items()):
+            per_agent.add_metric([str(agent_id)], count)
+            pods.add_metric([str(agent_id)], len(pod_ids[agent_id]))
+        yield from (per_agent, pods, breaker, failures)
 
 
 class Metrics:
@@ -150,6 +213,34 @@ class Metrics:
         self.bytes_to_agent = self.tunnel_bytes.labels(direction="to_agent")
         self.bytes_from_agent = self.tunnel_bytes.labels(direction="from_agent")
         self._requests_by_code: dict[int, Counter] = {}
+        # ---- in gitlab-kas's spirit (docs/metrics.md maps each to gitlab-kas's name)
+        r.register(_TunnelsCollector(tunnels))
+        self.proxied_requests = Counter(
+            "kasd_proxied_requests",
+            "Requests the proxy answered (Kubernetes API and in-cluster services), by status class (1xx-5xx), "
+            "access type (ci_access, pat_access, none: refused before a grant) and agent (the granted agent's id; "
+            "empty when none was granted)",
+            ["status_class", "access_type", "agent"], registry=r)
+        self.agent_requests = Counter(
+            "kasd_agent_requests",
+            "Usage: requests an agent took (its agentd accepted the stream), once per request however many "
+            "sessions it was tried on, by agent and access type (GitLab's k8s_api_proxy_request usage counter)",
+            ["agent", "access_type"], registry=r)
+        self.routing_duration = Histogram(
+            "kasd_routing_duration_seconds",
+            "Time to find a tunnel stream to the request's agent (local session, another replica's, or a wait "
+            "for one), by status (success, timeout, error, aborted)",
+            ["status"], buckets=ROUTING_BUCKETS, registry=r)
+        self.routing_timeouts = Counter(
+            "kasd_routing_timeouts",
+            "Requests that found no tunnel to their agent within agent_wait_timeout (answered 503)",
+            registry=r)
+        self.rate_limited = Counter(
+            "kasd_rate_limited_requests",
+            "Requests refused 429 by a limit, by limit (principal: kubernetes_api.max_requests_per_principal)",
+            ["limit"], registry=r)
+        self._routing = {status: self.routing_duration.labels(status=status) for status in ROUTING_STATUSES}
+        self.rate_limited.labels(limit="principal")  # 0 from the start: a rate() has a series to read
 
     def enable_replicas(self, *, redis_up: Callable[[], bool], peers_out: Callable[[], int],
                         peers_in: Callable[[], int]) -> None:
@@ -178,6 +269,22 @@ class Metrics:
         if child is None:
             child = self._requests_by_code[status] = self.proxy_requests.labels(code=str(status))
         child.inc()
+
+    def count_proxied(self, status: int, kind: str | None, agent_id: int | None) -> None:
+        """One answered request: ``kind`` is its grant's token kind and ``agent_id`` its granted agent
+        (both None when no grant was made: the agent label is then empty, never the client's words)."""
+        self.proxied_requests.labels(status_class=status_class(status), access_type=access_type(kind),
+                                     agent="" if agent_id is None or kind is None else str(agent_id)).inc()
+
+    def count_agent_request(self, agent_id: int, kind: str) -> None:
+        """Usage: a request the agent took (call once per request, not per session tried)."""
+        self.agent_requests.labels(agent=str(agent_id), access_type=access_type(kind)).inc()
+
+    def routed(self, status: str, seconds: float) -> None:
+        """One routing attempt's outcome (``ROUTING_STATUSES``) and how long it took."""
+        self._routing[status].observe(seconds)
+        if status == "timeout":
+            self.routing_timeouts.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -27,6 +27,8 @@ class RequestRecord:
     subject: str = ""
     #: how the agent acted (``agent``, ``impersonate``, ``ci_job``, ``ci_user``, ``user``)
     access_as: str = ""
+    #: the grant's token kind (``ci``, ``pat``; None: no grant): the metrics' access type
+    token_kind: str | None = None
     #: whom agentd impersonated, and with which groups (empty: the agent itself)
     as_user: str = ""
     as_groups: tuple[str, ...] = ()

@@ -276,6 +276,7 @@ class RequestPipeline:
             if log_dropped or not record.dropped:
                 record.write()
             self.metrics.count_request(record.status)
+            self.metrics.count_proxied(record.status, record.token_kind, record.agent_id)
             self.metrics.request_duration.observe(trio.current_time() - record.started)
             if done is not None:
                 done(record)
@@ -290,7 +291,7 @@ class RequestPipeline:
             if not request.target.startswith("/"):
                 raise ProxyError(400, f"request target must be a path, got {request.target[:100]!r}")
             record.agent_id, record.subject = grant.agent_id, grant.subject  # a request that goes on
-            record.access_as = grant.access_as
+            record.access_as, record.token_kind = grant.access_as, grant.kind
             if proven is not None:
                 proven()
             impersonate = self._impersonation(request, grant)
@@ -340,6 +341,7 @@ class RequestPipeline:
             planned = await plan.plan(request)
             grant = planned.grant
             record.agent_id, record.subject, record.access_as = grant.agent_id, grant.subject, grant.access_as
+            record.token_kind = grant.kind
             if proven is not None:
                 proven()
             self._hold_principal_slot(planned.principal, grant, held)
@@ -431,6 +433,7 @@ class RequestPipeline:
         try:
             requests.acquire(principal, grant.subject)
         except ProxyError:
+            self.metrics.rate_limited.labels(limit="principal").inc()
             self._at_limit.warning(
                 grant.subject, "request refused: principal at its limit of open requests subject=%s agent_id=%d limit=%d",
                 logfmt(grant.subject), grant.agent_id, requests.limit,
@@ -440,10 +443,19 @@ class RequestPipeline:
 
     async def _route(self, agent_id: int, metadata: Metadata) -> MuxStream:
         """A stream from the router; ProxyError otherwise."""
+        started, status = trio.current_time(), "aborted"
         try:
-            return await open_stream(self.router, agent_id, metadata)
+            stream = await open_stream(self.router, agent_id, metadata)
+            status = "success"
+            return stream
         except AgentStreamError as exc:
+            status = "timeout" if exc.timed_out else "error"
             raise ProxyError(exc.status, exc.message) from None
+        except Exception:
+            status = "error"
+            raise
+        finally:
+            self.metrics.routed(status, trio.current_time() - started)
 
     # ------------------------------------------------------------------ relay
 
@@ -561,6 +573,8 @@ class RequestPipeline:
         except AgentStreamError as exc:  # a retry found no stream
             raise ProxyError(exc.status, exc.message) from None
         t.stream = stream
+        # Usage: the agent took the request (once, on whichever session took it).
+        self.metrics.count_agent_request(agent_id, t.grant.kind)
         try:
             return ResponseHead.from_metadata(metadata)
         except RemoteProtocolError as exc:

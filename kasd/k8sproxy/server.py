@@ -80,6 +80,7 @@ class ProxyServer:
 
     def count_rejected(self, status: int) -> None:
         self.metrics.count_request(status)
+        self.metrics.count_proxied(status, None, None)
 
     # ------------------------------------------------------------------ one connection
 

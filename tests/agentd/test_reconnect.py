@@ -66,6 +66,7 @@ async def test_agentd_is_back_within_two_seconds_of_kasd_after_a_short_outage(
             await sleep.wait_calls(3)
         assert running.manager.tunnels_up == 0
         assert running.manager.statistics().failures == 3  # the drop, then two refused dials
+        assert running.manager.statistics().reconnects == 1  # the drop (agentd_reconnects), not each dial
         dial_failures = [r.getMessage() for r in caplog.records if r.getMessage().startswith("dial failed")]
         assert dial_failures and "error='Connection refused'" in dial_failures[0]  # the cause, not trio's summary
         restarted = make_config({"listeners": {

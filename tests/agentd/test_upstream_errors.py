@@ -227,6 +227,9 @@ async def test_a_watch_whose_head_came_at_once_is_not_cut_however_slow_its_event
             assert await read_all(stream) == b"".join(events)
             await requests.first.wait()
         assert requests.outcomes() == [(200, "ok")]
+        # the upstream latency (agentd_upstream_latency_seconds) is to the response head, not the last event
+        record = requests.records[0]
+        assert record.upstream_latency is not None and record.upstream_latency < record.duration - 2 * BOUND
 
 
 async def test_a_hung_api_server_is_waited_for_without_a_bound_when_it_is_off(nursery: trio.Nursery,

@@ -19,6 +19,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -189,6 +190,44 @@ def test_a_service_that_never_answers_is_a_clear_504(world: World) -> None:
     answer = json.loads(body)
     assert status == 504 and answer["code"] == 504, answer
     assert "silent" in answer["message"] or "1" in answer["message"]
+
+
+def test_prometheus_scrapes_the_new_series_and_accepts_every_dashboard_query(world: World) -> None:
+    # a request that reaches the agent (its usage) and one refused before any grant
+    status, _, _ = world.via_kasd("/api/v4/agents/1/services/prometheus/api/v1/query?query=up")
+    assert status == 200
+    assert world.via_kasd("/api/v4/agents/1/services/prometheus/api/v1/query?query=up",
+                          headers={"PRIVATE-TOKEN": "glpat-wrong"})[0] == 401
+    kasd, agentd = world.stack.addresses["observability"], world.stack.agentd_health
+    expected = {
+        f'kasd_agent_requests_total{{instance="{kasd}",agent="1",access_type="pat_access"}}': 1,
+        f'kasd_proxied_requests_total{{instance="{kasd}",status_class="2xx",access_type="pat_access",agent="1"}}': 1,
+        f'kasd_proxied_requests_total{{instance="{kasd}",status_class="4xx",access_type="none",agent=""}}': 1,
+        f'kasd_routing_duration_seconds_count{{instance="{kasd}",status="success"}}': 1,
+        f'kasd_agent_tunnels{{instance="{kasd}",agent="1"}}': 1,
+        f'kasd_connected_pods{{instance="{kasd}",agent="1"}}': 1,
+        f'kasd_tunnel_breaker_open{{instance="{kasd}",agent="1"}}': 0,
+        f'agentd_upstream_latency_seconds_count{{instance="{agentd}",target="service:prometheus"}}': 1,
+        f'agentd_reconnects_total{{instance="{agentd}"}}': 0,
+    }
+    # Prometheus tells no one when it scrapes (every second here): ask until the requests above are in.
+    deadline = time.monotonic() + 20
+    while True:
+        seen: dict[str, float | None] = {}
+        for selector in expected:
+            result = prometheus_query(world.prometheus_url, f"sum({selector})")["data"]["result"]
+            seen[selector] = float(result[0]["value"][1]) if result else None
+        if all(value is not None and value >= expected[selector] for selector, value in seen.items()):
+            break
+        assert time.monotonic() < deadline, seen
+        time.sleep(0.2)
+    # every query of the Grafana dashboard is PromQL the real Prometheus accepts
+    board = json.loads((Path(__file__).resolve().parents[2] / "examples/grafana/kasd-agentd.json").read_text())
+    for panel in board["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"].replace("$__rate_interval", "1m")
+            answer = prometheus_query(world.prometheus_url, expr)
+            assert answer["status"] == "success", (panel["title"], expr, answer)
 
 
 def promql_args(*argv: str) -> Any:
