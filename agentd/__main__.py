@@ -9,6 +9,7 @@ cannot listen on …`` and exits 1. See ``agentd --help`` and docs/agentd.md.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
@@ -20,6 +21,7 @@ import trio
 from agentd.agent import kube_target_for, run_agent
 from agentd.config import AgentdConfig, ConfigError, UsageError, build_parser, load_config
 from agentd.kubeapi import KubeConfigError, KubeTarget
+from daemonkit import completion
 from daemonkit.fatal import leaves, os_error_line
 from daemonkit.logs import configure_logging
 from daemonkit.signals import run_until_signalled
@@ -29,6 +31,8 @@ log = logging.getLogger("agentd")
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "completion":
+        return completion.completion_main(command_line, "agentd", argv[1:])
     environ = os.environ if environ is None else environ
     try:
         config = load_config(argv, environ)
@@ -52,6 +56,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             print(f"agentd: {os_error_line(oserr)}", file=sys.stderr)
         code = 1
     return code
+
+
+def command_line() -> argparse.ArgumentParser:
+    """agentd's whole command line, for shell completion: its flags, and ``completion``."""
+    return completion.whole_command_line(build_parser, "agentd", {})
 
 
 async def _run(config: AgentdConfig, target: KubeTarget, drain: trio.Event) -> None:

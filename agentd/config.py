@@ -51,6 +51,9 @@ ConfigError = SettingsError
 
 EXAMPLES = """\
 examples:
+  # tab completion of the flags (bash, zsh, fish, tcsh)
+  source <(agentd completion bash)
+
   # in a pod: the API server from the service account, the kasd address and token from env
   AGENTD_KAS_ADDRESS=https://kas.example.com:8150/tunnel \\
   AGENTD_TOKEN_FILE=/etc/agentd/token agentd --in-cluster

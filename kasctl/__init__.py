@@ -6,7 +6,8 @@ tokens and certificates (the demo and the end-to-end tests share it); ``kasctl.t
 Ed25519 signing key pair and mints CI job and personal tokens; ``kasctl.__main__`` is the CLI.
 May import: stdlib, yaml, trustme (the ``demo`` extra, imported only when a stack is made),
 ``kasd.authz`` (signing and verifying tokens: no trio, no daemon), ``kasd.restpaths`` (the REST
-API's paths: the standard library only), ``wire.ids`` (the one id check). It talks to the daemons, and to
+API's paths: the standard library only), ``wire.ids`` (the one id check), ``daemonkit.completion``
+(``kasctl completion``: the shell completion the daemons share). It talks to the daemons, and to
 kubesim (a distribution of its own), only through their command lines — and to kasd's REST API
 through ``kasctl.restclient`` (the one HTTP client that sends a token: it follows no redirect).
 ``kasctl proxy`` (trio, ``http11``, ``netio.relay``) checks each request with ``kasctl.proxyfilter``.

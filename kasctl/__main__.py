@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from daemonkit import completion
 from kasctl import __version__, agents, env, kubeconfig, notify, promql, proxy, revoke, tokens
 from kasctl.stack import (
     APP_PROJECT,
@@ -354,6 +355,7 @@ def _main(argv: list[str] | None) -> int:
             "  kasctl proxy --token-file tok --server https://kas:8154   # then kubectl --server http://127.0.0.1:8001\n"
             "  kasctl promql --agent 1 'up'             # an in-cluster Prometheus, through the tunnel\n"
             "  kasctl agents                            # connected agentd pods: namespace, node, replica\n"
+            "  source <(kasctl completion bash)         # tab completion of commands and flags\n"
             "\n"
             "`kasctl COMMAND --help` explains each command."
         ),
@@ -379,7 +381,11 @@ def _main(argv: list[str] | None) -> int:
     proxy.add_command(commands)
     promql.add_command(commands)
     notify.add_command(commands)
+    completion.add_command(commands, "kasctl")
     args = parser.parse_args(argv)
+    if args.command == "completion":
+        print(completion.script(parser, args.shell), end="")
+        return 0
     if args.command == "demo" and args.agentd_replicas is None:
         args.agentd_replicas = 1 if args.replicas == 1 else 2
     if args.command == "demo":

@@ -3,6 +3,7 @@ listener cannot bind; one line on stderr either way, never a traceback."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import trio
 
+from daemonkit import completion
 from daemonkit.fatal import leaves, os_error_line
 from daemonkit.logs import configure_logging
 from daemonkit.settings import UsageError
@@ -74,10 +76,20 @@ async def _serve(config: Config, reread: Callable[[], tuple[Config, Path | None]
         runtime.request_shutdown()
 
 
+def command_line() -> argparse.ArgumentParser:
+    """kasd's whole command line, for shell completion: the flags, and the commands ``main`` reads first."""
+    return completion.whole_command_line(argument_parser, "kasd", {
+        "serve": "serve (the default when no command is given)",
+        "hash-token": "print the token_sha256 of the agent token on stdin",
+    }, with_flags=("serve",))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "hash-token":
         return hash_token_command(args[1:])
+    if args and args[0] == "completion":
+        return completion.completion_main(command_line, "kasd", args[1:])
     if args and args[0] == "serve":
         args = args[1:]
     try:

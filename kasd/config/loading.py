@@ -67,6 +67,7 @@ EPILOG = """\
 commands:
   kasd [options]            serve (the default)
   kasd hash-token           read a token on stdin, print its sha256 for token_sha256: in the config
+  kasd completion SHELL     print the shell completion script (bash, zsh, fish, tcsh)
 
 examples:
   kasd --config /etc/kasd/kasd.yaml
