@@ -5,7 +5,7 @@ connection passes at accept.
     bound = await bind_listeners(config, names)          # an OSError naming the listener if one fails
     admissions = {name: listener_admission(name, …) for name in names}
 
-May import: ``kasd.config``, ``kasd.metrics``, ``daemonkit``, ``netio.admission``, ``h2trio.budget``,
+May import: ``kasd.config``, ``kasd.metrics``, ``daemonkit``, ``netio.admission``, ``netio.tlsreload``, ``h2trio.budget``,
 trio and the standard library; never a server or a pipeline.
 """
 
@@ -23,6 +23,7 @@ from h2trio.budget import ResetBuckets
 from kasd.config import Config, ConfigError, Listener
 from kasd.metrics import Metrics
 from netio.admission import PER_SOURCE, TOTAL, Admission, CappedListener, ConnectionCaps, Refusal
+from netio.tlsreload import ReloadingContext, TLSFiles, TLSLoadError
 
 #: the refusal reason (and metric label) of a source that spent its HTTP/2 reset budget
 RESET_BUDGET = "reset_budget"
@@ -40,15 +41,15 @@ _BIND_ORDER = ("agent", "kubernetes_api", "observability", "private", "api")
 
 
 def listener_ssl_context(listener: Listener, name: str) -> ssl.SSLContext | None:
-    """The server TLS context of ``listeners.<name>`` (None: plain)."""
+    """The server TLS context of ``listeners.<name>`` (None: plain), read again from its files when
+    they change (``netio.tlsreload``)."""
     if listener.tls is None:
         return None
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    files = TLSFiles(server=True, cert=listener.tls.cert, key=listener.tls.key)
     try:
-        ctx.load_cert_chain(str(listener.tls.cert), str(listener.tls.key))
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"listeners.{name}.tls: cannot load certificate/key: {exc}") from None
-    return ctx
+        return ReloadingContext(files, name=f"listeners.{name}", check_interval=listener.tls.reload_interval)
+    except TLSLoadError as exc:
+        raise ConfigError(f"listeners.{name}.tls: {exc}") from None
 
 
 @attrs.frozen(kw_only=True)

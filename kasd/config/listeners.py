@@ -125,6 +125,10 @@ class Http2Limits:
 class TLSFiles:
     cert: Path = setting(parse=parse_existing_file, missing=_TLS_MISSING)
     key: Path = setting(parse=parse_existing_file, missing=_TLS_MISSING)
+    #: seconds between two looks at the files (and at client_ca): changed files are loaded without a
+    #: restart for new connections (a pair that does not load is refused, the old one kept); 0: only
+    #: on SIGHUP
+    reload_interval: float = setting(10.0, parse=parse_seconds)
 
     def __attrs_post_init__(self) -> None:
         problem = _tls_pair_problem(self.cert, self.key)
