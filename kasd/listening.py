@@ -11,6 +11,7 @@ trio and the standard library; never a server or a pipeline.
 
 from __future__ import annotations
 
+import logging
 import ssl
 from typing import Any
 
@@ -20,10 +21,12 @@ import trio
 from daemonkit.listeners import capped_admission
 from daemonkit.logs import BurstLimitedLog
 from h2trio.budget import ResetBuckets
-from kasd.config import Config, ConfigError, Listener
+from kasd.config import Config, ConfigError, Listener, check_plaintext, plaintext_listeners
 from kasd.metrics import Metrics
 from netio.admission import PER_SOURCE, TOTAL, Admission, CappedListener, ConnectionCaps, Refusal
 from netio.tlsreload import ReloadingContext, TLSFiles, TLSLoadError
+
+_log = logging.getLogger("kasd")
 
 #: the refusal reason (and metric label) of a source that spent its HTTP/2 reset budget
 RESET_BUDGET = "reset_budget"
@@ -50,6 +53,20 @@ def listener_ssl_context(listener: Listener, name: str) -> ssl.SSLContext | None
         return ReloadingContext(files, name=f"listeners.{name}", check_interval=listener.tls.reload_interval)
     except TLSLoadError as exc:
         raise ConfigError(f"listeners.{name}.tls: {exc}") from None
+
+
+def warn_plaintext(config: Config, names: tuple[str, ...]) -> None:
+    """A ConfigError for a listener that would serve plain text beyond loopback unasked; one WARNING
+    at start for each one that does (its insecure_plaintext, or the observability port, which has no TLS)."""
+    check_plaintext(config, names)
+    for name, address in plaintext_listeners(config, names):
+        if name == "observability":
+            _log.warning("the observability listener serves health and metrics in plain text beyond loopback "
+                         "address=%s; keep it on a network you trust", address)
+        else:
+            _log.warning("the %s listener serves plain text beyond loopback: listeners.%s.insecure_plaintext is true; "
+                         "whoever is on the network reads and alters what crosses it, tokens included address=%s",
+                         name, name, address)
 
 
 @attrs.frozen(kw_only=True)
@@ -148,4 +165,4 @@ class StoppableListener(trio.abc.Listener[trio.abc.Stream]):
 
 
 __all__ = ["RESET_BUDGET", "Bound", "StoppableListener", "bind_listeners", "listener_admission", "listener_names",
-           "listener_ssl_context"]
+           "listener_ssl_context", "warn_plaintext"]

@@ -42,6 +42,7 @@ from kasd.listening import (
     listener_admission,
     listener_names,
     listener_ssl_context,
+    warn_plaintext,
 )
 from kasd.managed.client import AgentClient
 from kasd.managed.provisioner import AgentProvisioner, ProvisionLimits
@@ -157,6 +158,7 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
     ``store``: where finished jobs are kept (default: as the configuration says, ``open_store``).
     ``reread``: kasd's configuration read again (its file, environment and flags), for reloads;
     without it (tests) a reload reads the agents' config.yaml and key files again only."""
+    warn_plaintext(config, listener_names(config, replicated=False))  # (a ConfigError beyond loopback unasked)
     agent_tls = listener_ssl_context(config.agent, "agent")
     proxy_tls = listener_ssl_context(config.kubernetes_api, "kubernetes_api")
     api_tls = listener_ssl_context(config.listeners.api, "api")
