@@ -68,10 +68,11 @@ def _no_passphrase() -> str:
 def build_context(files: TLSFiles) -> ssl.SSLContext:
     """A new context from ``files``; ``TLSLoadError`` naming the file and the problem if they do not load."""
     purpose = ssl.Purpose.CLIENT_AUTH if files.server else ssl.Purpose.SERVER_AUTH
-    context = ssl.create_default_context(purpose)
-    if files.ca is not None:
-        try:
-            context.load_verify_locations(cafile=str(files.ca))
+    if files.ca is None:
+        context = ssl.create_default_context(purpose)  # a client: the system's CAs
+    else:
+        try:  # (given a CA file, create_default_context loads it alone, never the system's CAs too)
+            context = ssl.create_default_context(purpose, cafile=str(files.ca))
         except ssl.SSLError:
             raise TLSLoadError(f"no PEM certificate in {str(files.ca)!r}") from None
         except OSError as exc:

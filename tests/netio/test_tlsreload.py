@@ -133,6 +133,7 @@ def test_a_client_bundle_is_read_again_for_the_next_dial(pki, tmp_path: Path) ->
     bundle = tmp_path / "ca.pem"
     old_ca.cert_pem.write_to_path(str(bundle))
     client = ReloadingContext(TLSFiles(server=False, ca=bundle), name="kas_ca_file", check_interval=0)
+    assert len(client.current.get_ca_certs()) == 1  # the bundle alone, never the system's CAs too
     _write(new_ca.issue_cert("kasd.test"), cert, key)
     server = ReloadingContext(TLSFiles(server=True, cert=cert, key=key), name="agent")
     with pytest.raises(ssl.SSLCertVerificationError):
