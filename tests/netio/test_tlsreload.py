@@ -86,6 +86,8 @@ def test_changed_files_serve_the_next_handshake_and_connections_in_flight_keep_t
     first = _write(ca.issue_cert("kasd.test"), cert, key)
     clock = Clock()
     tls = ReloadingContext(TLSFiles(server=True, cert=cert, key=key), name="listeners.agent", clock=clock)
+    tls.set_alpn_protocols(["h2"])  # what the listener asked of the context carries over to new ones
+    client.set_alpn_protocols(["h2"])
     old = Conn(tls, client)
     assert old.serial == first
 
@@ -95,6 +97,7 @@ def test_changed_files_serve_the_next_handshake_and_connections_in_flight_keep_t
     clock.now += 10
     new = Conn(tls, client)
     assert new.serial == second != first
+    assert new.client.selected_alpn_protocol() == "h2"
     assert old.echo(b"still here") == b"still here"  # the connection in flight is untouched
     assert f"serial={second:x}" in caplog.text and "PRIVATE" not in caplog.text
     assert tls.loads == 2
