@@ -1,6 +1,6 @@
 """``agentd`` (or ``python -m agentd``): run the agent until SIGTERM/SIGINT, then drain and exit 0
 (a second signal stops at once; SIGHUP reads the configuration again and applies its log_level and
-log_format, nothing else).
+log_format, and reads kas_ca_file again, nothing else).
 
 Bad configuration prints ``agentd: error: …`` and exits 2 (a wrong command line, such as an unknown
 flag, with the usage first, like argparse). A health port that cannot be bound prints ``agentd:
@@ -12,19 +12,21 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import ssl
 import sys
 from collections.abc import Mapping, Sequence
 from functools import partial
 
 import trio
 
-from agentd.agent import kube_target_for, run_agent
+from agentd.agent import kas_ssl_context, kube_target_for, run_agent
 from agentd.config import AgentdConfig, ConfigError, UsageError, build_parser, load_config
 from agentd.kubeapi import KubeConfigError, KubeTarget
 from daemonkit import completion
 from daemonkit.fatal import leaves, os_error_line
 from daemonkit.logs import configure_logging
 from daemonkit.signals import run_until_signalled
+from netio.tlsreload import TLSLoadError, reload_all
 
 log = logging.getLogger("agentd")
 
@@ -48,9 +50,15 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         again = load_config(argv, environ)
         return again.log_level, again.log_format
 
+    try:
+        kas_tls = kas_ssl_context(config)  # (kas_ca_file read again on SIGHUP too)
+    except TLSLoadError as exc:
+        print(f"agentd: error: kas_ca_file: {exc}", file=sys.stderr)
+        return 2
     code = 0
     try:
-        trio.run(partial(run_until_signalled, partial(_run, config, target), log=log, log_settings=log_settings))
+        trio.run(partial(run_until_signalled, partial(_run, config, target, kas_tls), log=log,
+                         log_settings=log_settings, on_hangup=lambda: reload_all([kas_tls])))
     except* OSError as group:
         for oserr in leaves(group):
             print(f"agentd: {os_error_line(oserr)}", file=sys.stderr)
@@ -63,8 +71,8 @@ def command_line() -> argparse.ArgumentParser:
     return completion.whole_command_line(build_parser, "agentd", {})
 
 
-async def _run(config: AgentdConfig, target: KubeTarget, drain: trio.Event) -> None:
-    await run_agent(config, kube_target=target, stop_event=drain)
+async def _run(config: AgentdConfig, target: KubeTarget, kas_tls: ssl.SSLContext | None, drain: trio.Event) -> None:
+    await run_agent(config, kube_target=target, stop_event=drain, kas_tls=kas_tls)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from agentd.streams import StreamKinds
 from agentd.upstream import UpstreamPool
 from daemonkit.health import HealthResponse
 from daemonkit.notify import sd_notify, write_ready_file
+from netio.tlsreload import ReloadingContext, TLSFiles
 from tunnelhttp.kinds import KIND_EVENT, KIND_K8S_API, KIND_SERVICE
 
 log = logging.getLogger("agentd")
@@ -70,9 +71,16 @@ def kube_target_for(config: AgentdConfig) -> KubeTarget:
 
 
 def kas_ssl_context(config: AgentdConfig) -> ssl.SSLContext | None:
+    """How agentd verifies kasd: ``kas_ca_file`` (read again when it changes: each dial uses the
+    bundle current then), else the system's CAs."""
     if not any(url.startswith("https://") for url in config.kas_addresses):
         return None
-    context = ssl.create_default_context(cafile=str(config.kas_ca_file) if config.kas_ca_file else None)
+    context: ssl.SSLContext
+    if config.kas_ca_file is not None:
+        context = ReloadingContext(TLSFiles(server=False, ca=config.kas_ca_file), name="kas_ca_file",
+                                   check_interval=config.kas_ca_reload_interval)
+    else:
+        context = ssl.create_default_context()
     context.set_alpn_protocols(["h2"])
     return context
 
@@ -83,9 +91,11 @@ async def run_agent(
     kube_target: KubeTarget | None = None,
     stop_event: trio.Event | None = None,
     manager_kwargs: Mapping[str, Any] | None = None,
+    kas_tls: ssl.SSLContext | None = None,
     task_status: trio.TaskStatus[RunningAgent] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run until ``stop_event`` is set (then drain gracefully and return) or cancelled."""
+    """Run until ``stop_event`` is set (then drain gracefully and return) or cancelled. ``kas_tls``:
+    how kasd is verified (default: ``kas_ssl_context(config)``; given, the caller can reload it)."""
     target = kube_target or kube_target_for(config)
     if stop_event is None:
         stop_event = trio.Event()
@@ -110,7 +120,7 @@ async def run_agent(
         connections=config.connections,
         quick_window=config.reconnect_quick_window,
         shutdown_grace=config.shutdown_grace,
-        kas_ssl_context=kas_ssl_context(config),
+        kas_ssl_context=kas_tls if kas_tls is not None else kas_ssl_context(config),
         session_kwargs=config.session_keepalive,
         **dict(manager_kwargs or {}),
     )

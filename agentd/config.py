@@ -371,7 +371,13 @@ class AgentdConfig:
     )
     kas_ca_file: Path | None = setting(
         None, parse=_kas_ca_file, env="AGENTD_KAS_CA_FILE", flag="--kas-ca-file", metavar="PATH",
-        help="PEM CA bundle that signs kasd's certificate",
+        help="PEM CA bundle that signs kasd's certificate (read again when it changes, and on SIGHUP)",
+    )
+    #: seconds between two looks at kas_ca_file: a changed bundle verifies the next dial; 0: only on SIGHUP
+    kas_ca_reload_interval: float = setting(
+        10.0, parse=_seconds_or_off, env="AGENTD_KAS_CA_RELOAD_INTERVAL", flag="--kas-ca-reload-interval",
+        metavar="SECONDS", help="look at kas_ca_file this often; a changed bundle verifies the next dial (0: on SIGHUP "
+        "only)",
     )
     ready_file: Path | None = setting(
         None, parse=_ready_file, flag="--ready-file", metavar="PATH",

@@ -68,10 +68,15 @@ def _is_bearer_token(token: str) -> bool:
 async def _serve(config: Config, reread: Callable[[], tuple[Config, Path | None]], hangup: list[Callable[[], object]],
                  drain: trio.Event) -> None:
     """serve_kasd until ``drain`` is set (the first SIGTERM/SIGINT), then its graceful drain; SIGHUP
-    (``hangup``) reloads the authorization configuration (and ``run_until_signalled`` the log settings)."""
+    (``hangup``) reloads the authorization configuration and the TLS files (and ``run_until_signalled`` the log settings)."""
     async with trio.open_nursery() as nursery:
         runtime: Runtime = await nursery.start(partial(serve_kasd, config, reread=reread))
-        hangup.append(lambda: runtime.authority.request_reload("SIGHUP"))
+
+        def reload() -> None:
+            runtime.authority.request_reload("SIGHUP")
+            runtime.reload_tls()
+
+        hangup.append(reload)
         await drain.wait()
         runtime.request_shutdown()
 

@@ -5,12 +5,13 @@ connection passes at accept.
     bound = await bind_listeners(config, names)          # an OSError naming the listener if one fails
     admissions = {name: listener_admission(name, …) for name in names}
 
-May import: ``kasd.config``, ``kasd.metrics``, ``daemonkit``, ``netio.admission``, ``h2trio.budget``,
+May import: ``kasd.config``, ``kasd.metrics``, ``daemonkit``, ``netio.admission``, ``netio.tlsreload``, ``h2trio.budget``,
 trio and the standard library; never a server or a pipeline.
 """
 
 from __future__ import annotations
 
+import logging
 import ssl
 from typing import Any
 
@@ -20,9 +21,12 @@ import trio
 from daemonkit.listeners import capped_admission
 from daemonkit.logs import BurstLimitedLog
 from h2trio.budget import ResetBuckets
-from kasd.config import Config, ConfigError, Listener
+from kasd.config import Config, ConfigError, Listener, check_plaintext, plaintext_listeners
 from kasd.metrics import Metrics
 from netio.admission import PER_SOURCE, TOTAL, Admission, CappedListener, ConnectionCaps, Refusal
+from netio.tlsreload import ReloadingContext, TLSFiles, TLSLoadError
+
+_log = logging.getLogger("kasd")
 
 #: the refusal reason (and metric label) of a source that spent its HTTP/2 reset budget
 RESET_BUDGET = "reset_budget"
@@ -40,15 +44,29 @@ _BIND_ORDER = ("agent", "kubernetes_api", "observability", "private", "api")
 
 
 def listener_ssl_context(listener: Listener, name: str) -> ssl.SSLContext | None:
-    """The server TLS context of ``listeners.<name>`` (None: plain)."""
+    """The server TLS context of ``listeners.<name>`` (None: plain), read again from its files when
+    they change (``netio.tlsreload``)."""
     if listener.tls is None:
         return None
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    files = TLSFiles(server=True, cert=listener.tls.cert, key=listener.tls.key)
     try:
-        ctx.load_cert_chain(str(listener.tls.cert), str(listener.tls.key))
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"listeners.{name}.tls: cannot load certificate/key: {exc}") from None
-    return ctx
+        return ReloadingContext(files, name=f"listeners.{name}", check_interval=listener.tls.reload_interval)
+    except TLSLoadError as exc:
+        raise ConfigError(f"listeners.{name}.tls: {exc}") from None
+
+
+def warn_plaintext(config: Config, names: tuple[str, ...]) -> None:
+    """A ConfigError for a listener that would serve plain text beyond loopback unasked; one WARNING
+    at start for each one that does (its insecure_plaintext, or the observability port, which has no TLS)."""
+    check_plaintext(config, names)
+    for name, address in plaintext_listeners(config, names):
+        if name == "observability":
+            _log.warning("the observability listener serves health and metrics in plain text beyond loopback "
+                         "address=%s; keep it on a network you trust", address)
+        else:
+            _log.warning("the %s listener serves plain text beyond loopback: listeners.%s.insecure_plaintext is true; "
+                         "whoever is on the network reads and alters what crosses it, tokens included address=%s",
+                         name, name, address)
 
 
 @attrs.frozen(kw_only=True)
@@ -147,4 +165,4 @@ class StoppableListener(trio.abc.Listener[trio.abc.Stream]):
 
 
 __all__ = ["RESET_BUDGET", "Bound", "StoppableListener", "bind_listeners", "listener_admission", "listener_names",
-           "listener_ssl_context"]
+           "listener_ssl_context", "warn_plaintext"]

@@ -15,7 +15,8 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import attrs
 
-from kasd.config import Config
+from kasd.config import Config, ConfigError
+from netio.tlsreload import CHECK_INTERVAL, ReloadingContext, TLSFiles, TLSLoadError
 from routing.directory import TunnelDirectory
 from routing.membership import Member, Membership
 from routing.peers import PEER_PATH
@@ -90,22 +91,26 @@ def peer_client_ssl(config: Config) -> ssl.SSLContext | None:
     cafile = routing.peer_ca_file or private.client_ca
     if cafile is None:
         return None  # plain http:// peers on loopback only: PeerPool dials no https:// peer without a CA
-    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(cafile))
-    if private.client_ca is not None and private.tls is not None:
-        ctx.load_cert_chain(str(private.tls.cert), str(private.tls.key))
-    return ctx
+    mutual = private.tls if private.client_ca is not None else None
+    files = TLSFiles(server=False, ca=cafile, cert=mutual.cert if mutual else None, key=mutual.key if mutual else None)
+    interval = private.tls.reload_interval if private.tls is not None else CHECK_INTERVAL
+    try:
+        return ReloadingContext(files, name="peers", check_interval=interval)
+    except TLSLoadError as exc:
+        raise ConfigError(f"routing.peer_ca_file: {exc}") from None
 
 
 def private_server_ssl(config: Config) -> ssl.SSLContext | None:
+    """The private port's TLS (None: plain): under mutual TLS, a client certificate signed by
+    ``listeners.private.client_ca`` is required at the handshake. Files read again when they change."""
     private = config.private
     if private.tls is None:
         return None
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(str(private.tls.cert), str(private.tls.key))
-    if private.client_ca is not None:
-        ctx.load_verify_locations(cafile=str(private.client_ca))
-        ctx.verify_mode = ssl.CERT_REQUIRED
-    return ctx
+    files = TLSFiles(server=True, cert=private.tls.cert, key=private.tls.key, ca=private.client_ca)
+    try:
+        return ReloadingContext(files, name="listeners.private", check_interval=private.tls.reload_interval)
+    except TLSLoadError as exc:
+        raise ConfigError(f"listeners.private.tls: {exc}") from None
 
 
 __all__ = [

@@ -42,6 +42,7 @@ from kasd.listening import (
     listener_admission,
     listener_names,
     listener_ssl_context,
+    warn_plaintext,
 )
 from kasd.managed.client import AgentClient
 from kasd.managed.provisioner import AgentProvisioner, ProvisionLimits
@@ -70,6 +71,7 @@ from kasd.web.gitconfig import config_routes
 from kasd.web.services import ServiceDispatch, ServiceRoutes
 from kasd.web.wiring import api_app
 from netio.admission import Admission
+from netio.tlsreload import reload_all
 from routing.local import BreakerPolicy, LocalRouter, TunnelRegistry
 from routing.membership import Member
 from routing.peers import PEER_LIMITS, PEER_PATH, PeerForwarder, PeerPool, peer_authenticator
@@ -118,10 +120,16 @@ class Runtime:
     views: EnvironmentViews | None = None
     #: events pushed to agents: posted on the API port, delivered from the store's queues
     events: EventDelivery | None = None
+    #: every TLS context of the listeners and the peer pool (each reads its files again when they change)
+    tls: list[ssl.SSLContext] = attrs.field(factory=list)
     _shutdown: trio.Event = attrs.field(factory=trio.Event)
 
     def request_shutdown(self) -> None:
         self._shutdown.set()
+
+    def reload_tls(self) -> None:
+        """Look at every TLS file now (SIGHUP): new connections get what changed."""
+        reload_all(self.tls)
 
     def port(self, name: str) -> int:
         return int(self.addresses[name].rsplit(":", 1)[1])
@@ -150,9 +158,12 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
     ``store``: where finished jobs are kept (default: as the configuration says, ``open_store``).
     ``reread``: kasd's configuration read again (its file, environment and flags), for reloads;
     without it (tests) a reload reads the agents' config.yaml and key files again only."""
+    warn_plaintext(config, listener_names(config, replicated=False))  # (a ConfigError beyond loopback unasked)
     agent_tls = listener_ssl_context(config.agent, "agent")
     proxy_tls = listener_ssl_context(config.kubernetes_api, "kubernetes_api")
     api_tls = listener_ssl_context(config.listeners.api, "api")
+    private_tls = private_server_ssl(config) if replication is not None or config.routing.replicated else None
+    peer_tls = peer_client_ssl(config) if replication is not None or config.routing.replicated else None
     if replication is None and config.routing.replicated:
         replication = redis_replication(config)
     registry = TunnelRegistry(breaker=BreakerPolicy(initial=config.routing.breaker_initial_hold,
@@ -193,7 +204,7 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
             pool = None
             if replicas is not None:
                 assert me is not None
-                pool = await _join(nursery, config, replicas, me, addresses)
+                pool = await _join(nursery, config, replicas, me, addresses, peer_tls)
                 router = ReplicatedRouter(local, membership=replicas.membership, directory=replicas.directory,
                                           pool=pool, on_forward=lambda _peer: metrics.forwarded_out.inc())
             # Managed namespaces go through the same router as the jobs' requests, as the agent itself,
@@ -211,14 +222,15 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
             runtime = Runtime(config=config, registry=registry, metrics=metrics, health=health, proxy=proxy,
                               authority=authority, addresses=addresses, router=router, replication=replicas,
                               pool=pool, admissions=admissions, revocations=Revocations(kept, finished),
-                              provisioner=provisioner, store=kept, recorder=recorder)
+                              provisioner=provisioner, store=kept, recorder=recorder,
+                              tls=[c for c in (agent_tls, proxy_tls, api_tls, private_tls, peer_tls) if c is not None])
             if replicas is not None:
                 assert me is not None and pool is not None
                 forwarder = runtime.forwarder = PeerForwarder(
                     local, drain=pipeline.drain, name=me.name, on_forward=metrics.forwarded_in.inc,
                     unexpected=metrics.unexpected_errors("private", logging.getLogger("routing.peers")))
                 _watch_replicas(metrics, health, replicas, pool, forwarder)
-                await nursery.start(_serve_private, config, forwarder, stoppable("private"), metrics)
+                await nursery.start(_serve_private, config, forwarder, stoppable("private"), private_tls, metrics)
                 if placement is None:
                     placement = PlacementNotices(replicas.membership)
             # each tunnel's record and each pod's cluster report, for every replica to list
@@ -298,7 +310,7 @@ def _admissions(config: Config, names: tuple[str, ...], metrics: Metrics,
 
 
 async def _join(nursery: trio.Nursery, config: Config, replicas: Replication, me: Member,
-                addresses: dict[str, str]) -> PeerPool:
+                addresses: dict[str, str], peer_tls: ssl.SSLContext | None) -> PeerPool:
     """Among replicas: run the membership and the directory, and the pool of sessions to peers."""
     await nursery.start(replicas.membership.run)
     await nursery.start(replicas.directory.run)
@@ -306,7 +318,7 @@ async def _join(nursery: trio.Nursery, config: Config, replicas: Replication, me
         log.warning("the peer secret crosses the network in clear: listeners.private has no TLS and "
                     "listeners.private.insecure_plaintext is true; whoever reads it there has every agent's "
                     "rights private=%s", addresses["private"])
-    pool = PeerPool(token=peer_token(config), ssl_context=peer_client_ssl(config), origin=me.name,
+    pool = PeerPool(token=peer_token(config), ssl_context=peer_tls, origin=me.name,
                     insecure_plaintext=config.private.insecure_plaintext, **config.private.session_keepalive)
     await nursery.start(pool.run)
     nursery.start_soon(_forget_departed, replicas, pool)
@@ -323,9 +335,8 @@ def _watch_replicas(metrics: Metrics, health: Readiness, replicas: Replication, 
 
 
 async def _serve_private(config: Config, forwarder: PeerForwarder, listeners: list[StoppableListener],
-                         metrics: Metrics, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+                         private_tls: ssl.SSLContext | None, metrics: Metrics, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
     """The private port: peers' forwarded requests, authenticated by the peer secret or mutual TLS."""
-    private_tls = private_server_ssl(config)
     secret = config.routing.peer_secret_file
     await serve_h2_tunnels(
         forwarder,

@@ -53,7 +53,9 @@ from kasd.config.root import (
     LOG_LEVELS,
     Config,
     ConfigError,
+    check_plaintext,
     directory_of,
+    plaintext_listeners,
     plaintext_peer_secret,
 )
 from kasd.config.routing import PEER_SECRET_MIN, RedisSettings, Routing, SecretFile
@@ -93,10 +95,12 @@ __all__ = [
     "UserEntry",
     "WebConfig",
     "argument_parser",
+    "check_plaintext",
     "config_from_mapping",
     "directory_of",
     "load_config",
     "load_config_file",
     "parse_address",
+    "plaintext_listeners",
     "plaintext_peer_secret",
 ]

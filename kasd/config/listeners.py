@@ -125,6 +125,10 @@ class Http2Limits:
 class TLSFiles:
     cert: Path = setting(parse=parse_existing_file, missing=_TLS_MISSING)
     key: Path = setting(parse=parse_existing_file, missing=_TLS_MISSING)
+    #: seconds between two looks at the files (and at client_ca): changed files are loaded without a
+    #: restart for new connections (a pair that does not load is refused, the old one kept); 0: only
+    #: on SIGHUP
+    reload_interval: float = setting(10.0, parse=parse_seconds)
 
     def __attrs_post_init__(self) -> None:
         problem = _tls_pair_problem(self.cert, self.key)
@@ -196,6 +200,9 @@ class AgentListener(Listener):
         metavar="HOST:PORT", help="agent listener",
     )
     path: str = setting("/tunnel", parse=_url_path)
+    #: serve plain text (no ``tls``) on an address beyond loopback: whoever is on the network reads and
+    #: alters the agents' tokens and every request to their clusters. Refused without it; a WARNING at start with it
+    insecure_plaintext: bool = setting(False, parse=parse_boolean, env="KASD_AGENT_INSECURE_PLAINTEXT")
     #: seconds an agent connection has for TLS, HTTP/2 preface and the tunnel request
     handshake_timeout: float = setting(10.0, parse=parse_seconds)
     #: seconds an agent session may be silent (no frame at all) before kasd closes it; agentd dials
@@ -236,6 +243,9 @@ class KubernetesAPIListener(Listener):
         HostPort("0.0.0.0", 8154), parse=parse_address, env="KASD_KUBERNETES_API_ADDRESS",
         flag="--kubernetes-api-address", metavar="HOST:PORT", help="Kubernetes API proxy listener",
     )
+    #: serve plain text (no ``tls``) on an address beyond loopback: whoever is on the network reads and
+    #: alters the CI job and user tokens and every request and answer. Refused without it; a WARNING at start with it
+    insecure_plaintext: bool = setting(False, parse=parse_boolean, env="KASD_KUBERNETES_API_INSECURE_PLAINTEXT")
     #: seconds a client has to send a complete request head (slowloris bound)
     header_timeout: float = setting(30.0, parse=parse_seconds)
     #: seconds an idle keep-alive connection is kept open between requests
@@ -307,6 +317,9 @@ class ApiListener(Listener):
         None, parse=_optional_address, env="KASD_API_ADDRESS", flag="--api-address", metavar="HOST:PORT",
         help="REST API listener (GitLab's /api/v4/job/allowed_agents); off unless set",
     )
+    #: serve plain text (no ``tls``) on an address beyond loopback: whoever is on the network reads and
+    #: alters the job and user tokens, session cookies and answers. Refused without it; a WARNING at start with it
+    insecure_plaintext: bool = setting(False, parse=parse_boolean, env="KASD_API_INSECURE_PLAINTEXT")
     # CI jobs ask once each; a burst of pipelines from one runner host shares a source.
     max_connections: int = _max_connections("api", "REST API", 1024)
     max_connections_per_source: int = _max_per_source("api", "REST API", 128)

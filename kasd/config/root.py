@@ -18,6 +18,7 @@ from kasd.config.directory import AgentEntry, GroupEntry, ProjectEntry, UserEntr
 from kasd.config.events import EventSettings
 from kasd.config.listeners import (
     AgentListener,
+    ApiListener,
     KubernetesAPIListener,
     Listener,
     Listeners,
@@ -227,6 +228,41 @@ def _check_replicas(loaded: Loaded[Config]) -> None:
             f"({'TLS' if private.tls is not None else 'plain HTTP/2'}): use "
             f"{'https' if private.tls is not None else 'http'}://"
         )
+
+
+#: the listeners that serve plain text beyond loopback only when told (``insecure_plaintext``); the
+#: private one has its own rule (``plaintext_peer_secret``), the observability one never has TLS
+_PLAINTEXT_CHECKED = ("agent", "kubernetes_api", "api")
+
+
+def check_plaintext(config: Config, names: tuple[str, ...]) -> None:
+    """Before kasd listens (not at loading: a configuration is read for more than serving): a
+    ConfigError for each of ``names`` that would serve plain text beyond loopback unasked."""
+    for name in _PLAINTEXT_CHECKED:
+        if name not in names:
+            continue
+        served: AgentListener | KubernetesAPIListener | ApiListener = getattr(config.listeners, name)
+        if served.tls is None and not is_loopback_host(served.host) and not served.insecure_plaintext:
+            raise ConfigError(
+                f"listeners.{name}.tls: missing; the {name} listener would serve plain text on {served.address}, "
+                "beyond loopback, where whoever is on the network reads and alters what crosses it, tokens "
+                f"included: set listeners.{name}.tls (cert and key), or listen on a loopback address (behind a TLS "
+                f"terminator on this host), or accept the risk on a network you trust with "
+                f"listeners.{name}.insecure_plaintext: true (KASD_{name.upper()}_INSECURE_PLAINTEXT)"
+            )
+
+
+def plaintext_listeners(config: Config, names: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(name, address) of each of ``names`` that serves plain text beyond loopback (allowed by the
+    checks: its ``insecure_plaintext``; observability, which has no TLS): each a WARNING at start."""
+    found = []
+    for name in names:
+        listener = getattr(config.listeners, name)
+        if name == "private":
+            continue  # its own WARNING (plaintext_peer_secret), about the secret
+        if listener.tls is None and not is_loopback_host(listener.host):
+            found.append((name, str(listener.address)))
+    return found
 
 
 def plaintext_peer_secret(config: Config) -> bool:

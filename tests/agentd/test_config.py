@@ -287,3 +287,31 @@ async def test_a_configured_keepalive_is_what_the_tunnel_uses(files: Path, autoj
         assert pings == {"agentd": [40, 80, 120, 160], "kasd": []}
         assert not dialled.closed and not accepted.closed
         nursery.cancel_scope.cancel()
+
+
+def test_the_kas_ca_file_is_read_again_for_the_next_dial(files: Path) -> None:
+    """agentd's kas_ca_file is looked at every kas_ca_reload_interval (and on SIGHUP): a bundle that
+    gains kasd's new CA verifies the next dial without a restart."""
+    import ssl
+
+    from agentd.agent import kas_ssl_context
+    from netio.tlsreload import reload_all
+
+    old, new = trustme.CA(), trustme.CA()
+    old.cert_pem.write_to_path(str(files / "kas-ca.pem"))
+    config = load_config(["--kas-address", "https://kas:8150/tunnel", "--token-file", str(files / "token"),
+                          "--kas-ca-file", str(files / "kas-ca.pem"), "--kas-ca-reload-interval", "30"],
+                         {"KUBERNETES_SERVICE_HOST": "10.0.0.1"})
+    assert config.kas_ca_reload_interval == 30
+    context = kas_ssl_context(config)
+    assert context is not None
+
+    def trusted() -> list[object]:
+        """The CAs the next dial verifies kasd by."""
+        probe = context.wrap_bio(ssl.MemoryBIO(), ssl.MemoryBIO(), server_hostname="kas")
+        return probe.context.get_ca_certs()
+
+    assert len(trusted()) == 1  # that CA alone, never the system's too
+    files.joinpath("kas-ca.pem").write_bytes(old.cert_pem.bytes() + new.cert_pem.bytes())
+    reload_all([context])  # what SIGHUP does
+    assert len(trusted()) == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import ssl
 import threading
@@ -18,7 +19,7 @@ import trio
 import yaml
 
 from kasctl.stack import AGENT_ID, OFFLINE_AGENT_ID, Stack
-from tests.e2e.conftest import KUBECTLS, LineReader, kubectl, write_manifest
+from tests.e2e.conftest import KUBECTL_CAP, KUBECTLS, LineReader, kubectl, write_manifest
 
 
 def _suffix(kubectl_bin: str) -> str:
@@ -273,3 +274,61 @@ def test_a_killed_port_forward_behind_a_tls_front_frees_its_stream(stack: Stack,
         assert _active_streams(stack) == before, f"still held {freed:.1f}s after the kill"
     finally:
         front.close()
+
+
+def _served_serial(stack: Stack) -> int:
+    """The serial of the certificate kasd's proxy port shows a new TLS connection now."""
+    from cryptography import x509
+
+    host, port = stack.proxy_url.removeprefix("https://").rsplit(":", 1)
+    context = ssl.create_default_context(cafile=str(stack.ca_file))
+    with socket.create_connection((host, int(port)), timeout=5) as raw, \
+            context.wrap_socket(raw, server_hostname=host) as tls:
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der).serial_number
+
+
+def test_the_proxy_certificate_is_rotated_under_load_while_a_watch_streams(stack: Stack) -> None:
+    """A new certificate written over kasd's files, then SIGHUP: new connections get it at once; the
+    open watch keeps streaming and no request of the load running meanwhile fails."""
+    from cryptography import x509
+
+    kubectl_bin = KUBECTLS[-1][1]
+    ns = "rotate-" + _suffix(kubectl_bin)
+    _ok(kubectl(kubectl_bin, stack, "create", "namespace", ns))
+    old = _served_serial(stack)
+    watch = LineReader([kubectl_bin, "--kubeconfig", str(stack.kubeconfig), "-n", ns, "get", "configmaps", "-w"])
+    done = threading.Event()
+    results: list[tuple[int, str]] = []
+
+    def load() -> None:
+        while not done.is_set():
+            result = kubectl(kubectl_bin, stack, "-n", ns, "get", "configmaps", "-o", "name")
+            results.append((result.returncode, result.stderr))
+
+    workers = [threading.Thread(target=load) for _ in range(3)]
+    try:
+        watch.wait_for("kube-root-ca.crt")  # the watch is open
+        for worker in workers:
+            worker.start()
+        leaf = stack.ca.issue_cert("127.0.0.1", "localhost", "kasd.internal")
+        new = x509.load_pem_x509_certificate(leaf.cert_chain_pems[0].bytes()).serial_number
+        for name, blob in (("kasd-key.pem", leaf.private_key_pem), ("kasd-cert.pem", leaf.cert_chain_pems[0])):
+            blob.write_to_path(str(stack.dir / f"{name}.new"))
+            os.replace(stack.dir / f"{name}.new", stack.dir / name)  # as an operator's tooling should: whole files
+        assert stack.kasd is not None and stack.kasd.proc is not None
+        stack.kasd.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while (served := _served_serial(stack)) != new:  # the signal is handled at kasd's next turn
+            assert time.monotonic() < deadline, f"still serving serial {served:x}, not the new {new:x}"
+        assert new != old
+        _ok(kubectl(kubectl_bin, stack, "-n", ns, "create", "configmap", "after-rotation"))
+        watch.wait_for("after-rotation")  # the watch opened under the old certificate streams on
+    finally:
+        done.set()
+        for worker in workers:
+            worker.join(KUBECTL_CAP + 5)
+        watch.stop()
+    assert results and all(code == 0 for code, _ in results), [r for r in results if r[0] != 0]
+    assert "TLS certificate reloaded name=listeners.kubernetes_api" in stack.kasd.log.read_text()

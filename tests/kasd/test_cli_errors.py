@@ -179,3 +179,31 @@ async def test_log_level_flag_is_case_insensitive() -> None:
         async with running_daemon("kasd", [*PORT_0, "--log-level", "DEBUG"]) as log:
             await log.until("kasd listening")
     assert "kasd starting version=" in log.text
+
+
+@pytest.mark.parametrize("listener", ["agent", "kubernetes_api", "api"])
+def test_plain_text_beyond_loopback_needs_saying_so(tmp_path: Path, listener: str) -> None:
+    """Without TLS, a listener beyond loopback is refused before kasd listens, naming the setting that allows it."""
+    args = [*PORT_0, "--api-address", "127.0.0.1:0", f"--{listener.replace('_', '-')}-address", "0.0.0.0:0"]
+    result = _kasd(*args)
+    assert result.returncode == 2, result.stderr
+    assert (f"kasd: configuration error: listeners.{listener}.tls: missing; the {listener} listener would serve "
+            f"plain text on 0.0.0.0:0, beyond loopback") in result.stderr
+    assert f"listeners.{listener}.insecure_plaintext: true (KASD_{listener.upper()}_INSECURE_PLAINTEXT)" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_plain_text_beyond_loopback_on_purpose_is_a_warning_naming_the_listener(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from kasd.config import config_from_mapping
+    from kasd.listening import listener_names, warn_plaintext
+
+    config = config_from_mapping({"listeners": {"agent": {"address": "10.0.0.5:8150", "insecure_plaintext": True},
+                                                "observability": {"address": "0.0.0.0:8151"},
+                                                "kubernetes_api": {"address": "127.0.0.1:8154"}}})
+    warn_plaintext(config, listener_names(config, replicated=False))
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2, warnings
+    assert "the agent listener serves plain text beyond loopback: listeners.agent.insecure_plaintext is true" \
+        in warnings[0] and "address=10.0.0.5:8150" in warnings[0]
+    assert "observability listener serves health and metrics in plain text" in warnings[1]

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 from pathlib import Path
+from typing import Any
 
 import h11
 import pytest
 import trio
 import trio.testing
+import trustme
 
+from kasd.replicas import MTLS_TOKEN
 from kasd.server import Runtime
 from routing.errors import PeerUnreachable
 from routing.peers import PEER_PATH, PeerForwarder, forward_metadata
@@ -337,3 +341,33 @@ async def test_a_forwarded_request_that_fails_unexpectedly_is_reset_in_one_line(
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and not errors[0].exc_info and "RuntimeError" in errors[0].getMessage()
     assert "secret-" not in " ".join(r.getMessage() for r in errors)
+
+
+def _mutual_tls(tmp_path: Path) -> tuple[Any, dict[str, Any]]:
+    """A CA, and the private-port settings of replicas that authenticate each other by it alone."""
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    leaf = ca.issue_cert("127.0.0.1")
+    leaf.cert_chain_pems[0].write_to_path(str(tmp_path / "private.crt"))
+    leaf.private_key_pem.write_to_path(str(tmp_path / "private.key"))
+    return ca, {"tls": {"cert": str(tmp_path / "private.crt"), "key": str(tmp_path / "private.key")},
+                "client_ca": str(tmp_path / "ca.pem")}
+
+
+async def test_replicas_under_mutual_tls_forward_and_a_peer_without_a_client_certificate_is_refused(
+        tmp_path: Path) -> None:
+    world = MemoryWorld()
+    ca, private = _mutual_tls(tmp_path)
+    config = replica_config(tmp_path, private=private, routing={"peer_secret_file": None})
+    with trio.fail_after(10):
+        async with running_replicas(world, [config] * 2) as (a, b), fake_agent(a):
+            reply_ = await http_request(b.port("kubernetes_api"), "GET", "/api/v1/pods", [bearer(CI_TOKEN)])
+            assert reply_.status == 200, reply_.body
+            assert _metric(a, 'kasd_forwarded_requests_total{direction="in"}') == 1
+            # The CA's trust but no certificate of its own: the private port ends the handshake.
+            anonymous = ssl.create_default_context()
+            ca.configure_trust(anonymous)
+            with pytest.raises(TunnelRejectedError, match="CERTIFICATE_REQUIRED"):
+                async with open_h2_session(f"https://{a.addresses['private']}{PEER_PATH}", token=MTLS_TOKEN,
+                                           ssl_context=anonymous):
+                    pass
