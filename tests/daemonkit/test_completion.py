@@ -73,7 +73,7 @@ def test_agentd_completes_its_flags(capsys: pytest.CaptureFixture[str], tmp_path
     flag, file, command = _answers(agentd.__main__.main, capsys, tmp_path, [
         "agentd --kas-", f"agentd --token-file {tmp_path}/t", "agentd comp",
     ])
-    assert flag == {"--kas-address", "--kas-ca-file"}
+    assert flag == {"--kas-address", "--kas-ca-file", "--kas-ca-reload-interval"}
     assert file == {f"{tmp_path}/token"}
     assert command == {"completion"}
 
