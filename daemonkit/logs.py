@@ -13,7 +13,9 @@ import logging
 import re
 import sys
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, TextIO
 
@@ -33,6 +35,30 @@ def escape_unprintable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+#: the id of the request the running task serves (``request_context``); "" outside one
+_REQUEST_ID: ContextVar[str] = ContextVar("request_id", default="")
+
+
+@contextmanager
+def request_context(request_id: str) -> Iterator[None]:
+    """Within it, every line the task logs (and the tasks it starts) carries ``request_id=<id>``
+    (a field of its own in JSON), unless the line names its ``request_id`` itself. ``request_id``
+    must be safe to log as it is (``tunnelhttp.requestid.is_safe``); "" adds nothing."""
+    token = _REQUEST_ID.set(request_id)
+    try:
+        yield
+    finally:
+        _REQUEST_ID.reset(token)
+
+
+def _request_pair(message: str) -> str:
+    """`` request_id=<id>`` to end ``message`` with, or "" (no request, or the message has one)."""
+    request_id = _REQUEST_ID.get()
+    if not request_id or "request_id=" in message:
+        return ""
+    return f" request_id={request_id}"
+
+
 class _Formatter(logging.Formatter):
     """One record, one line: the message (with whatever a peer, a client or a file put into its
     arguments: a pod name, an event's detail, a path) is escaped by ``escape_unprintable``, so no value
@@ -45,7 +71,7 @@ class _Formatter(logging.Formatter):
         self._stamp = ""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        record.message = escape_unprintable(record.message)
+        record.message = escape_unprintable(record.message) + _request_pair(record.message)
         return super().formatMessage(record)
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
@@ -123,6 +149,8 @@ class _JsonFormatter(_Formatter):
         line: dict[str, str] = {"time": self.formatTime(record), "level": record.levelname,
                                 "logger": record.name, "msg": text}
         line.update(fields)
+        if "request_id" not in line and (request_id := _REQUEST_ID.get()):
+            line["request_id"] = request_id
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)
         if record.exc_text:

@@ -16,7 +16,12 @@ import pytest
 import trio
 
 from agentd.config import load_config as load_agentd_config
-from daemonkit.logs import configure_logging, current_log_settings, reload_log_settings
+from daemonkit.logs import (
+    configure_logging,
+    current_log_settings,
+    reload_log_settings,
+    request_context,
+)
 from daemonkit.settings import SettingsError
 from daemonkit.signals import run_until_signalled
 from kasd.config import load_config_file as load_kasd_config
@@ -170,3 +175,21 @@ async def test_sighup_reads_the_log_level_again(stream: io.StringIO, tmp_path: P
     assert "logger=agentd log level now debug log_format=logfmt\n" in stream.getvalue()
     assert (f"log settings not reloaded: log_level in {config}: must be one of debug, info, warning, error, "
             "got 'loud'; log level stays debug log_format=logfmt") in stream.getvalue()
+
+
+@pytest.mark.parametrize("log_format", ["logfmt", "json"])
+def test_every_line_logged_for_a_request_names_its_id(stream: io.StringIO, log_format: str) -> None:
+    configure_logging("info", stream, log_format=log_format)
+    log = logging.getLogger("kasd.k8sproxy")
+    with request_context("3f2a-req"):
+        log.warning("agent stream broke mid-response error=%s", "reset")
+        log.info("request request_id=%s status=200", "3f2a-req")  # names it itself: not twice
+    log.info("session closed agent_id=7")  # no request: nothing added
+    lines = stream.getvalue().splitlines()
+    if log_format == "json":
+        first, second, third = (json.loads(line) for line in lines)
+        assert first["request_id"] == "3f2a-req" and first["msg"] == "agent stream broke mid-response"
+        assert second["request_id"] == "3f2a-req" and "request_id" not in third
+    else:
+        assert lines[0].endswith("error=reset request_id=3f2a-req")
+        assert lines[1].count("request_id=") == 1 and "request_id" not in lines[2]

@@ -241,7 +241,7 @@ async def test_a_granted_request_reaches_the_agent_cleaned_and_impersonated() ->
             while chunk := await stream.receive_some():
                 body += chunk
             seen = json.dumps({"target": head.target, "headers": head.headers, "user": head.impersonate and
-                               head.impersonate.user, "body": body.decode()}).encode()
+                               head.impersonate.user, "body": body.decode(), "request_id": head.request_id}).encode()
             await stream.accept(ResponseHead(status=201, headers=(("content-type", "application/json"),)).to_metadata())
             await stream.send_all(seen)
             await stream.send_eof()
@@ -255,9 +255,36 @@ async def test_a_granted_request_reaches_the_agent_cleaned_and_impersonated() ->
     seen = ex.json()
     assert seen["target"] == "/api/v1/pods" and seen["body"] == "hello agent"
     assert seen["headers"] == [["accept", "application/json"]]  # no token, cookie or front-proxy identity
+    assert seen["request_id"] == dict(ex.headers)["x-request-id"]  # the id the answer names
     assert seen["user"] == "gitlab:ci_job:7"
     assert ("content-type", "application/json") in ex.headers
-    assert any(name == "x-request-id" for name, _ in ex.headers)
+
+
+@pytest.mark.parametrize("sent", ["build-7.retry_2", "x" * 65, "a b", 'q" outcome=ok'])
+async def test_the_request_id_is_the_clients_when_safe_else_a_new_one(sent: str, caplog: pytest.LogCaptureFixture) -> None:
+    """One id for the request: in the answer's X-Request-Id, the access line and the head the agent
+    gets; a client's own only when short and of a safe charset (its raw value is never sent on)."""
+    caplog.set_level("INFO", logger="kasd.access")
+    async with agent_session() as (kasd_side, agent_side), trio.open_nursery() as nursery:
+        got: list[RequestHead] = []
+
+        async def agent() -> None:
+            stream = await agent_side.accept_stream()
+            got.append(RequestHead.from_metadata(stream.metadata))
+            await stream.accept(ResponseHead(status=200, headers=(("x-request-id", "the-api-servers"),)).to_metadata())
+            await stream.send_eof()
+
+        nursery.start_soon(agent)
+        ex = FakeExchange(request(headers=(("x-request-id", sent),)), nursery)
+        await pipeline(FakeRouter(kasd_side)).serve(ex)
+    answered = [value for name, value in ex.headers if name == "x-request-id"]
+    assert len(answered) == 1 and got[0].request_id == answered[0]
+    assert ("x-request-id", sent) not in got[0].headers  # the id travels in the head, not as the client's header
+    if sent == "build-7.retry_2":
+        assert answered[0] == sent
+    else:
+        assert len(answered[0]) == 32 and int(answered[0], 16) >= 0 and sent not in caplog.text
+    assert f"request request_id={answered[0]} method=GET" in caplog.text
 
 
 async def test_client_impersonation_is_400_where_the_grant_fixes_the_identity() -> None:
