@@ -19,6 +19,8 @@ from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, TextIO
 
+import trio
+
 from daemonkit import yamldoc
 from daemonkit.settings import SettingsError
 
@@ -35,26 +37,53 @@ def escape_unprintable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-#: the id of the request the running task serves (``request_context``); "" outside one
-_REQUEST_ID: ContextVar[str] = ContextVar("request_id", default="")
+#: the id of the request the running task serves and the task that serves it (``request_context``)
+_REQUEST: ContextVar[tuple[str, object] | None] = ContextVar("request", default=None)
+
+
+def _current_task() -> object:
+    try:
+        return trio.lowlevel.current_task()
+    except RuntimeError:  # not in a trio task (a worker thread, plain code)
+        return None
 
 
 @contextmanager
 def request_context(request_id: str) -> Iterator[None]:
-    """Within it, every line the task logs (and the tasks it starts) carries ``request_id=<id>``
-    (a field of its own in JSON), unless the line names its ``request_id`` itself. ``request_id``
-    must be safe to log as it is (``tunnelhttp.requestid.is_safe``); "" adds nothing."""
-    token = _REQUEST_ID.set(request_id)
+    """Within it, every line the task logs (and the tasks it starts in its own nurseries) carries
+    ``request_id=<id>`` (a field of its own in JSON), unless the line names its ``request_id``
+    itself. ``request_id`` must be safe to log as it is (``tunnelhttp.requestid.is_safe``); ""
+    adds nothing."""
+    token = _REQUEST.set((request_id, _current_task()) if request_id else None)
     try:
         yield
     finally:
-        _REQUEST_ID.reset(token)
+        _REQUEST.reset(token)
+
+
+def _request_id() -> str:
+    """The id of the request the running task serves, or "". A task inherits its context from the
+    task that started it, also one started in a service's nursery (a peer session dialled for a
+    request) that outlives the request: only the request's task and the tasks below it (in the
+    nurseries it opened) are about the request."""
+    held = _REQUEST.get()
+    if held is None:
+        return ""
+    request_id, owner = held
+    task = _current_task()
+    if task is None or owner is None:
+        return request_id  # a worker thread run for the request (its context was copied for it)
+    while task is not owner:
+        nursery = task.parent_nursery  # type: ignore[attr-defined]
+        if nursery is None:
+            return ""
+        task = nursery.parent_task
+    return request_id
 
 
 def _request_pair(message: str) -> str:
     """`` request_id=<id>`` to end ``message`` with, or "" (no request, or the message has one)."""
-    request_id = _REQUEST_ID.get()
-    if not request_id or "request_id=" in message:
+    if "request_id=" in message or not (request_id := _request_id()):
         return ""
     return f" request_id={request_id}"
 
@@ -149,7 +178,7 @@ class _JsonFormatter(_Formatter):
         line: dict[str, str] = {"time": self.formatTime(record), "level": record.levelname,
                                 "logger": record.name, "msg": text}
         line.update(fields)
-        if "request_id" not in line and (request_id := _REQUEST_ID.get()):
+        if "request_id" not in line and (request_id := _request_id()):
             line["request_id"] = request_id
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)

@@ -193,3 +193,26 @@ def test_every_line_logged_for_a_request_names_its_id(stream: io.StringIO, log_f
     else:
         assert lines[0].endswith("error=reset request_id=3f2a-req")
         assert lines[1].count("request_id=") == 1 and "request_id" not in lines[2]
+
+
+async def test_a_task_a_request_starts_elsewhere_is_not_about_the_request(stream: io.StringIO) -> None:
+    """A long-lived task that a request happens to start in a service's nursery (a peer session
+    dialled for the first forwarded request) inherits the request's context, but its lines are not
+    about that request; a task the request starts in its own nursery is."""
+    configure_logging("info", stream)
+    log = logging.getLogger("routing.peers")
+
+    async def say(what: str) -> None:
+        log.info("%s", what)
+
+    async with trio.open_nursery() as service:
+
+        async def serve_request() -> None:  # as a front end serves each request: a task of its own
+            with request_context("req-9"):
+                async with trio.open_nursery() as own:
+                    own.start_soon(say, "relay step")
+                    service.start_soon(say, "peer session closed")
+
+        service.start_soon(serve_request)
+    lines = sorted(stream.getvalue().splitlines())
+    assert lines[0].endswith("peer session closed") and lines[1].endswith("relay step request_id=req-9")
