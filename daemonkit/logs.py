@@ -81,6 +81,12 @@ def _request_id() -> str:
     return request_id
 
 
+def current_request_id() -> str:
+    """The id of the request the running task serves (``request_context``), or "": what a request
+    kasd makes on its behalf (to an agent) carries on."""
+    return _request_id()
+
+
 def _request_pair(message: str) -> str:
     """`` request_id=<id>`` to end ``message`` with, or "" (no request, or the message has one)."""
     if "request_id=" in message or not (request_id := _request_id()):

@@ -13,6 +13,8 @@ import pytest
 import trio
 import trio.testing
 
+from daemonkit.logs import request_context
+from kasd.agentclient import AgentApi
 from kasd.authz.templates import ManagedResources
 from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Headers
 from kasd.k8sproxy.pipeline import RequestPipeline
@@ -285,6 +287,28 @@ async def test_the_request_id_is_the_clients_when_safe_else_a_new_one(sent: str,
     else:
         assert len(answered[0]) == 32 and int(answered[0], 16) >= 0 and sent not in caplog.text
     assert f"request request_id={answered[0]} method=GET" in caplog.text
+
+
+async def test_what_kasd_asks_an_agent_for_a_request_carries_that_requests_id() -> None:
+    """A request kasd makes to an agent while serving one (a managed namespace, a dashboard's
+    objects) names the id of the request it serves, so agentd's lines about it can be found; one
+    that serves none gets an id of its own."""
+    async with agent_session() as (kasd_side, agent_side), trio.open_nursery() as nursery:
+        ids: list[str] = []
+
+        async def agent() -> None:
+            for _ in range(2):
+                stream = await agent_side.accept_stream()
+                ids.append(RequestHead.from_metadata(stream.metadata).request_id)
+                await stream.accept(ResponseHead(status=200, headers=()).to_metadata())
+                await stream.send_eof()
+
+        nursery.start_soon(agent)
+        api = AgentApi(FakeRouter(kasd_side))
+        with request_context("req-from-client"):
+            await api.request(1, "GET", "/api/v1/namespaces/web")
+        await api.request(1, "GET", "/api/v1/namespaces/web")
+    assert ids[0] == "req-from-client" and len(ids[1]) == 32 and ids[1] != ids[0]
 
 
 async def test_client_impersonation_is_400_where_the_grant_fixes_the_identity() -> None:
