@@ -26,6 +26,7 @@ from agentd.upstream import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from daemonkit.logs import request_context
 from netio.relay import relay
 from tunnelhttp.drain import Drain
 from tunnelhttp.head import RequestHead, ResponseHead, TunnelCode
@@ -109,17 +110,18 @@ class StreamProxy:
             except RemoteProtocolError as exc:
                 await self.bad_head(stream, exc, counters)
                 return
-            if head.kind != self.kind:
-                counters.outcome = "refused"
-                await refuse(stream, TunnelCode.UNKNOWN_TARGET, f"agentd has no handler for kind {head.kind!r}")
-                return
-            with trio.CancelScope() as scope:
-                stream.cancel_when_broken(scope)  # kasd reset the stream: its client went away
-                routed = await self.route(stream, head, counters)
-                if routed is not None:
-                    await self._exchange(stream, routed[1], routed[0], counters)
-            if scope.cancelled_caught:
-                counters.outcome = "client-gone"
+            with request_context(head.request_id):  # every line about the request names kasd's id
+                if head.kind != self.kind:
+                    counters.outcome = "refused"
+                    await refuse(stream, TunnelCode.UNKNOWN_TARGET, f"agentd has no handler for kind {head.kind!r}")
+                    return
+                with trio.CancelScope() as scope:
+                    stream.cancel_when_broken(scope)  # kasd reset the stream: its client went away
+                    routed = await self.route(stream, head, counters)
+                    if routed is not None:
+                        await self._exchange(stream, routed[1], routed[0], counters)
+                if scope.cancelled_caught:
+                    counters.outcome = "client-gone"
         finally:
             self.active -= 1
             with trio.move_on_after(1, shield=True):

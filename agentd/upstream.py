@@ -32,6 +32,7 @@ import http11
 from agentd.neterrors import failure_reason
 from netio.fastio import fast_stream, tls_stream
 from tunnelhttp.head import Headers, RequestHead, strip_hop_by_hop
+from tunnelhttp.requestid import REQUEST_ID_HEADER
 
 log = logging.getLogger("agentd.upstream")
 
@@ -409,7 +410,7 @@ class UpstreamPool:
     def _headers(self, head: RequestHead) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = [("host", self.target.host_header)]
         for name, value in strip_hop_by_hop(head.headers, keep_upgrade=head.wants_upgrade):
-            if name in ("host", "authorization") or name.startswith("impersonate-"):
+            if name in ("host", "authorization", REQUEST_ID_HEADER) or name.startswith("impersonate-"):
                 continue
             out.append((name, value))
         authorization = self.target.authorization()
@@ -417,6 +418,8 @@ class UpstreamPool:
             out.append(("authorization", authorization))
         if head.impersonate is not None:
             out.extend(head.impersonate.headers())
+        if head.request_id:  # kasd's id for the request, as labkit's outbound requests carry it
+            out.append((REQUEST_ID_HEADER, head.request_id))
         return out
 
     # ---- the pool

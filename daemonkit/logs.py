@@ -13,9 +13,13 @@ import logging
 import re
 import sys
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, TextIO
+
+import trio
 
 from daemonkit import yamldoc
 from daemonkit.settings import SettingsError
@@ -33,6 +37,63 @@ def escape_unprintable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+#: the id of the request the running task serves and the task that serves it (``request_context``)
+_REQUEST: ContextVar[tuple[str, object] | None] = ContextVar("request", default=None)
+
+
+def _current_task() -> object:
+    try:
+        return trio.lowlevel.current_task()
+    except RuntimeError:  # not in a trio task (a worker thread, plain code)
+        return None
+
+
+@contextmanager
+def request_context(request_id: str) -> Iterator[None]:
+    """Within it, every line the task logs (and the tasks it starts in its own nurseries) carries
+    ``request_id=<id>`` (a field of its own in JSON), unless the line names its ``request_id``
+    itself. ``request_id`` must be safe to log as it is (``tunnelhttp.requestid.is_safe``); ""
+    adds nothing."""
+    token = _REQUEST.set((request_id, _current_task()) if request_id else None)
+    try:
+        yield
+    finally:
+        _REQUEST.reset(token)
+
+
+def _request_id() -> str:
+    """The id of the request the running task serves, or "". A task inherits its context from the
+    task that started it, also one started in a service's nursery (a peer session dialled for a
+    request) that outlives the request: only the request's task and the tasks below it (in the
+    nurseries it opened) are about the request."""
+    held = _REQUEST.get()
+    if held is None:
+        return ""
+    request_id, owner = held
+    task = _current_task()
+    if task is None or owner is None:
+        return request_id  # a worker thread run for the request (its context was copied for it)
+    while task is not owner:
+        nursery = task.parent_nursery  # type: ignore[attr-defined]
+        if nursery is None:
+            return ""
+        task = nursery.parent_task
+    return request_id
+
+
+def current_request_id() -> str:
+    """The id of the request the running task serves (``request_context``), or "": what a request
+    kasd makes on its behalf (to an agent) carries on."""
+    return _request_id()
+
+
+def _request_pair(message: str) -> str:
+    """`` request_id=<id>`` to end ``message`` with, or "" (no request, or the message has one)."""
+    if "request_id=" in message or not (request_id := _request_id()):
+        return ""
+    return f" request_id={request_id}"
+
+
 class _Formatter(logging.Formatter):
     """One record, one line: the message (with whatever a peer, a client or a file put into its
     arguments: a pod name, an event's detail, a path) is escaped by ``escape_unprintable``, so no value
@@ -45,7 +106,7 @@ class _Formatter(logging.Formatter):
         self._stamp = ""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        record.message = escape_unprintable(record.message)
+        record.message = escape_unprintable(record.message) + _request_pair(record.message)
         return super().formatMessage(record)
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
@@ -123,6 +184,8 @@ class _JsonFormatter(_Formatter):
         line: dict[str, str] = {"time": self.formatTime(record), "level": record.levelname,
                                 "logger": record.name, "msg": text}
         line.update(fields)
+        if "request_id" not in line and (request_id := _request_id()):
+            line["request_id"] = request_id
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)
         if record.exc_text:

@@ -15,7 +15,6 @@ standard library.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,9 +22,11 @@ from typing import Any
 import attrs
 import trio
 
+from daemonkit.logs import current_request_id
 from kasd.agentstream import AgentStreamError, open_stream, response_head
 from kasd.seams import Router
 from tunnelhttp.head import Headers, Impersonation, RequestHead, TunnelCode
+from tunnelhttp.requestid import new_request_id
 from wire.errors import RemoteProtocolError, UnsendableFrameError
 from wire.session import MuxStream, SessionClosedError, StreamRefusedError, StreamResetError
 
@@ -107,7 +108,7 @@ class AgentApi:
         if body is not None:
             headers += [("content-type", content_type), ("content-length", str(len(payload)))]
         head = RequestHead(method=method, target=target, headers=tuple(headers), impersonate=impersonate,
-                           request_id=os.urandom(16).hex())
+                           request_id=current_request_id() or new_request_id())  # the request's it serves
         try:
             stream = await open_stream(self.router, agent_id, head.to_metadata())
         except AgentStreamError as exc:

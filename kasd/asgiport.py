@@ -29,7 +29,7 @@ from urllib.parse import unquote
 import attrs
 import trio
 
-from daemonkit.logs import BurstLimitedLog, UnexpectedErrors, redact_tokens
+from daemonkit.logs import BurstLimitedLog, UnexpectedErrors, redact_tokens, request_context
 from kasd.config import Http2Limits
 from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Exchange
@@ -37,6 +37,7 @@ from kasd.k8sproxy.frontend import FrontEndContext
 from kasd.k8sproxy.http1 import Http1Connection
 from kasd.k8sproxy.status import ProxyError
 from netio.fastio import fast_stream, peer_host, peer_name, tls_stream
+from tunnelhttp.requestid import REQUEST_ID_HEADER, request_id_from
 
 __all__ = ["AsgiApp", "AsgiPort", "Bypass", "PortLimits"]
 
@@ -137,18 +138,20 @@ class AsgiPort:
             return
         started = trio.current_time()
         path = request.target.split("?", 1)[0]
-        reply = _Reply(ex)
-        try:
-            if not request.target.startswith("/"):
-                await reply.complete(400, b'{"message":"400 Bad Request: the request target must be a path"}')
-            else:
-                await self._call_app(ex, reply)
-        except ClientGone:
-            reply.outcome = "client-gone"
-        # The path only: the query string may carry a token (``?job_token=``).
-        self.log.info("request method=%s path=%s proto=%s peer=%s status=%d duration=%.3f outcome=%s",
-                      request.method[:32], _printable(path[:512]), request.protocol, request.peer, reply.status,
-                      trio.current_time() - started, reply.outcome)
+        request_id = request_id_from(request.headers)
+        reply = _Reply(ex, request_id)
+        with request_context(request_id):
+            try:
+                if not request.target.startswith("/"):
+                    await reply.complete(400, b'{"message":"400 Bad Request: the request target must be a path"}')
+                else:
+                    await self._call_app(ex, reply)
+            except ClientGone:
+                reply.outcome = "client-gone"
+            # The path only: the query string may carry a token (``?job_token=``).
+            self.log.info("request request_id=%s method=%s path=%s proto=%s peer=%s status=%d duration=%.3f outcome=%s",
+                          request_id, request.method[:32], _printable(path[:512]), request.protocol, request.peer,
+                          reply.status, trio.current_time() - started, reply.outcome)
 
     async def _call_app(self, ex: Exchange, reply: _Reply) -> None:
         request = ex.request
@@ -231,8 +234,10 @@ class _Body:
 class _Reply:
     """ASGI ``send``: the app's ``http.response.*`` messages as the exchange's answer."""
 
-    def __init__(self, ex: Exchange) -> None:
+    def __init__(self, ex: Exchange, request_id: str) -> None:
         self.ex = ex
+        #: answered in ``X-Request-Id`` (instead of any the app set)
+        self.request_id = request_id
         self.status = 0
         self.outcome = "ok"
         self.headers: list[tuple[str, str]] = []
@@ -248,6 +253,8 @@ class _Reply:
             self.status = int(message["status"])
             self.headers = [(bytes(name).decode("latin-1").lower(), bytes(value).decode("latin-1"))
                             for name, value in message.get("headers", ())]
+            self.headers = [*((k, v) for k, v in self.headers if k != REQUEST_ID_HEADER),
+                            (REQUEST_ID_HEADER, self.request_id)]
         elif kind == "http.response.body" and self.started and not self.finished:
             body = bytes(message.get("body", b""))
             more = bool(message.get("more_body", False))
@@ -273,7 +280,8 @@ class _Reply:
         """kasd's own answer, instead of the app's."""
         self.started = self._sent = self.finished = True
         self.status = status
-        headers = [("content-type", "application/json"), ("cache-control", "no-store")]
+        headers = [("content-type", "application/json"), ("cache-control", "no-store"),
+                   (REQUEST_ID_HEADER, self.request_id)]
         await self.ex.send_error(status, _with_length(headers, body), body)
 
 

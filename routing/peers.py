@@ -28,12 +28,13 @@ from urllib.parse import urlsplit
 import attrs
 import trio
 
-from daemonkit.logs import BurstLimitedLog, UnexpectedErrors
+from daemonkit.logs import BurstLimitedLog, UnexpectedErrors, logfmt, request_context
 from routing.errors import RouteError
 from routing.local import LocalRouter
 from routing.retry import repeatable
 from tunnelhttp.drain import Drain, answer_boundary
 from tunnelhttp.head import RequestHead, ResponseHead, TunnelCode
+from tunnelhttp.requestid import received_request_id
 from tunnelhttp.watchbounds import EventBoundary
 from wire.carrier import TunnelRejectedError
 from wire.errors import ErrorCode, RemoteProtocolError, UnsendableFrameError
@@ -372,6 +373,21 @@ class PeerForwarder:
             return
         if self._on_forward is not None:
             self._on_forward()
+        # The id the peer gave the request (an authenticated peer; an unsafe id is none): every line
+        # about it names it, and the holder's own line says what became of it.
+        request_id = received_request_id(metadata.get("request_id"))
+        started = trio.current_time()
+        fate = _Forwarded()
+        try:
+            with request_context(request_id):
+                await self._forward_to_agent(peer, agent_id, origin, metadata, fate)
+        finally:
+            log.info("forwarded request request_id=%s agent_id=%d from=%s status=%s outcome=%s duration=%.3f",
+                     request_id or "-", agent_id, logfmt(origin[:256]) if origin else "-", fate.status, fate.outcome,
+                     trio.current_time() - started)
+
+    async def _forward_to_agent(self, peer: MuxStream, agent_id: int, origin: str, metadata: Metadata,
+                                fate: _Forwarded) -> None:
         agent: MuxStream | None = None
         try:
             with trio.CancelScope() as waiting:
@@ -381,19 +397,23 @@ class PeerForwarder:
                     agent = await self.local.route(agent_id, metadata, wait=min(self.wait, self.local.agent_wait_timeout))
                 except RouteError as exc:
                     # Not processed: the side that got the request may try another holder.
+                    fate.outcome = "no-tunnel"
                     await _quietly(peer.refuse(ErrorCode.REFUSED_STREAM, f"kasd {self.name}: {exc.message}"))
                     return
                 except UnsendableFrameError as exc:
+                    fate.outcome = "bad-request"
                     await _quietly(peer.refuse(TunnelCode.BAD_REQUEST, exc.message))
                     return
             if waiting.cancelled_caught:
+                fate.outcome = "client-gone"
                 if agent is not None:
                     code, message = _reset_of(await peer.wait_broken())
                     await agent.reset(code, message)
                 return
             assert agent is not None
-            await self._relay(peer, agent, metadata)
+            await self._relay(peer, agent, metadata, fate)
         except Exception as exc:
+            fate.outcome = "internal-error"
             self.unexpected.report(exc, "forwarded request failed unexpectedly agent_id=%d from=%s", agent_id, origin)
             with trio.CancelScope(shield=True):
                 await peer.reset(ErrorCode.INTERNAL_ERROR, "kasd failed to forward the request")
@@ -403,8 +423,9 @@ class PeerForwarder:
                     await agent.aclose()
                 await peer.aclose()
 
-    async def _relay(self, peer: MuxStream, agent: MuxStream, metadata: Metadata) -> None:
-        """The two streams as one, until both directions ended or one side broke.
+    async def _relay(self, peer: MuxStream, agent: MuxStream, metadata: Metadata, fate: _Forwarded) -> None:
+        """The two streams as one, until both directions ended or one side broke (``fate``: what
+        became of the request, and the agent's status).
 
         The client's bytes go to the agent from the start, before its answer: an agent that reads
         the whole body before it answers (an apply, an upload) must get it, and the EOF too."""
@@ -454,11 +475,13 @@ class PeerForwarder:
             try:
                 accepted = await agent.wait_accepted()
             except StreamRefusedError as exc:
+                fate.outcome = "refused"
                 self.local.report(agent, exc)
                 await _quietly(peer.refuse(exc.code, exc.message))
                 nursery.cancel_scope.cancel()
                 return
             except _MUX_ERRORS as exc:
+                fate.outcome = "agent-lost"
                 code, message = _reset_of(exc)
                 if repeatable(_method(metadata), exc):  # refused as not processed: the other side may retry
                     await _quietly(peer.refuse(ErrorCode.REFUSED_STREAM, f"agent session ended: {message}"))
@@ -467,13 +490,26 @@ class PeerForwarder:
                 nursery.cancel_scope.cancel()
                 return
             self.local.report(agent, None)
+            status = accepted.get("status")
+            fate.outcome, fate.status = "ok", str(status) if isinstance(status, int) else "-"
             try:
                 await peer.accept(accepted)
             except _MUX_ERRORS:
+                fate.outcome = "client-gone"
                 nursery.cancel_scope.cancel()
                 return
             nursery.start_soon(down, _boundary(metadata, accepted))
             nursery.start_soon(pass_reset, agent, peer)
+
+
+@attrs.define
+class _Forwarded:
+    """What became of a forwarded request (the holder's line about it)."""
+
+    #: ok, no-tunnel, bad-request, refused, agent-lost, client-gone, internal-error, cancelled
+    outcome: str = "cancelled"
+    #: the agent's answer's status ("-": none)
+    status: str = "-"
 
 
 def _method(metadata: Mapping[str, Any]) -> str:

@@ -17,6 +17,7 @@ from urllib.parse import unquote
 import attrs
 
 from tunnelhttp.kinds import KIND_K8S_API
+from tunnelhttp.requestid import received_request_id
 from wire import codec
 from wire.errors import ErrorCode, RemoteProtocolError, UnsendableFrameError
 from wire.frames import Metadata, Open
@@ -254,14 +255,13 @@ class RequestHead:
         if service is not None and not (isinstance(service, str) and service):
             raise RemoteProtocolError("service must be a non-empty string")
         imp = raw.get("impersonate")
-        request_id = raw.get("request_id", "")
         return cls(
             method=method,
             target=target,
             headers=parse_headers(raw.get("headers")),
             kind=kind,
             impersonate=None if imp is None else Impersonation.from_metadata(imp),
-            request_id=request_id if isinstance(request_id, str) else "",
+            request_id=received_request_id(raw.get("request_id")),  # an unsafe one: none
             service=service,
         )
 

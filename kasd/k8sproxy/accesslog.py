@@ -53,7 +53,7 @@ class RequestRecord:
         duration = trio.current_time() - self.started
         # The query string may carry anything; log the path only.
         log.info(
-            "request id=%s method=%s path=%s proto=%s peer=%s agent=%s subject=%s access_as=%s as_user=%s as_groups=%s "
+            "request request_id=%s method=%s path=%s proto=%s peer=%s agent=%s subject=%s access_as=%s as_user=%s as_groups=%s "
             "verb=%s namespace=%s status=%d bytes_in=%d bytes_out=%d duration=%.3f outcome=%s",
             self.request_id,
             self.method,

@@ -19,7 +19,6 @@ head), ``kasd.metrics``, this package's ``exchange``/``status``/``accesslog``/
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from contextlib import ExitStack
 from functools import partial
@@ -29,7 +28,7 @@ import attrs
 import trio
 from prometheus_client import Counter
 
-from daemonkit.logs import BurstLimitedLog, logfmt
+from daemonkit.logs import BurstLimitedLog, logfmt, request_context
 from kasd.agentstream import AgentStreamError, open_stream
 from kasd.k8sproxy.accesslog import RequestRecord
 from kasd.k8sproxy.exchange import CONNECTION_LOST, ClientGone, ClientRequest, Exchange
@@ -66,6 +65,7 @@ from tunnelhttp.head import (
     impersonation_from_headers,
     strip_hop_by_hop,
 )
+from tunnelhttp.requestid import REQUEST_ID_HEADER, request_id_from
 from tunnelhttp.watchbounds import EventBoundary
 from wire.errors import ErrorCode, RemoteProtocolError
 from wire.frames import Metadata
@@ -151,17 +151,19 @@ def clean_request_headers(
     headers: Sequence[tuple[str, str]], *, upgrade: bool, dropped: DroppedHeaders = DROPPED
 ) -> tuple[tuple[str, str], ...]:
     """The client's headers (names lower-case) minus its credentials, cookies, identity claims
-    (Impersonate-*, X-Remote-User/-Group/-Extra-*, and what ``dropped`` adds) and hop-by-hop headers."""
+    (Impersonate-*, X-Remote-User/-Group/-Extra-*, and what ``dropped`` adds), hop-by-hop headers and
+    its ``X-Request-Id`` (the request's id travels in the head; agentd sends it on)."""
     kept = strip_hop_by_hop(headers, keep_upgrade=upgrade)
     names, prefixes = dropped.names, dropped.prefixes
     # (compared with "_" read as "-": CGI, WSGI and Rack servers fold both to the same variable, so
     # "Private_Token" or "Impersonate_User" is "Private-Token" or "Impersonate-User" to them)
     return tuple((k, v) for k, v in kept
-                 if (n := k.replace("_", "-")) not in names and not n.startswith(prefixes))
+                 if (n := k.replace("_", "-")) not in names and not n.startswith(prefixes) and n != REQUEST_ID_HEADER)
 
 
 def clean_response_headers(headers: Sequence[tuple[str, str]], *, switching: bool = False) -> list[tuple[str, str]]:
-    return list(strip_hop_by_hop(headers, keep_upgrade=switching))
+    """The answer's headers minus hop-by-hop ones and its own ``X-Request-Id`` (kasd adds the request's)."""
+    return [(k, v) for k, v in strip_hop_by_hop(headers, keep_upgrade=switching) if k != REQUEST_ID_HEADER]
 
 
 @attrs.define(eq=False)
@@ -251,7 +253,7 @@ class RequestPipeline:
         request = ex.request
         info = request_info(request.method, request.target) if plan is None else request_info("", "")
         record = RequestRecord(
-            request_id=os.urandom(16).hex(),
+            request_id=request_id_from(request.headers),  # the client's, when safe
             method=request.method,
             path=request.target,
             protocol=request.protocol,
@@ -260,6 +262,7 @@ class RequestPipeline:
             namespace=info.namespace,
         )
         held = ExitStack()  # what the request holds until it is over (its principal's slot)
+        held.enter_context(request_context(record.request_id))  # every line about it names it
         try:
             if plan is None:
                 await self._serve(ex, record, refusal, held, proven)
@@ -604,7 +607,7 @@ class RequestPipeline:
         headers = clean_response_headers(head.headers)
         if t.plan is not None:
             headers = t.plan.answer_headers(headers)
-        headers.append(("x-request-id", record.request_id))
+        headers.append((REQUEST_ID_HEADER, record.request_id))
         bytes_from_agent = self.metrics.bytes_from_agent
         boundary = answer_boundary(t.head, head)
         # The head, and whatever of the body already arrived (all of a small answer), in one write.
@@ -663,7 +666,7 @@ class RequestPipeline:
     async def _send_status(self, ex: Exchange, exc: ProxyError, record: RequestRecord,
                            plan: RequestPlan | None = None) -> None:
         body = status_body(exc.status, exc.message) if plan is None else plan.error_body(exc.status, exc.message)
-        headers = [*status_headers(body, exc.headers), ("x-request-id", record.request_id)]
+        headers = [*status_headers(body, exc.headers), (REQUEST_ID_HEADER, record.request_id)]
         record.status = exc.status
         record.outcome = "error"
         record.head_sent = True
@@ -677,7 +680,7 @@ class RequestPipeline:
         headers = clean_response_headers(raw_headers, switching=True)
         if t.plan is not None:
             headers = t.plan.answer_headers(headers)
-        headers.append(("x-request-id", record.request_id))
+        headers.append((REQUEST_ID_HEADER, record.request_id))
         record.head_sent = True
         client, early = await t.ex.upgrade(headers)
         to_agent = self.metrics.bytes_to_agent

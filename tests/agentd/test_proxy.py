@@ -76,12 +76,14 @@ async def test_get_returns_kubesim_json_with_agent_credentials_and_impersonation
 async def test_client_authorization_is_replaced(setup: Setup) -> None:
     session = await setup.kasd.session()
     request = head("GET", "/api/v1/namespaces/default", headers=(("authorization", "Bearer client-token"),
-                                                                ("impersonate-user", "system:admin")))
+                                                                ("impersonate-user", "system:admin"),
+                                                                ("x-request-id", "not-kasds")))
     response, _ = await exchange(session, request)
     assert response.status == 200
     last = [r for r in setup.sim.requests if r.path == "/api/v1/namespaces/default"][-1]
     assert last.bearer_token == SIM_TOKEN
     assert last.impersonate["impersonate-user"] == "alice"
+    assert last.request_id == "req-1"  # the id kasd gave the request in its head, and no other
 
 
 async def test_keep_alive_connection_is_reused(setup: Setup) -> None:

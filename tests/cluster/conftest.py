@@ -88,8 +88,10 @@ def metric(stack: Stack, replica: int, line_start: str) -> float:
 @pytest.fixture(scope="module")
 def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Three replicas; agentd knows them all but keeps one tunnel (on its home replica, where
-    kasd's placement puts it), so a request on the other two crosses the hop."""
-    stack = replicated_stack(tmp_path_factory.mktemp("three"), agentd_connections=1)
+    kasd's placement puts it), so a request on the other two crosses the hop. agentd logs at debug:
+    its line for every request, not only for those that fail (test_battery follows one request)."""
+    stack = replicated_stack(tmp_path_factory.mktemp("three"), agentd_connections=1,
+                             agentd_settings={"log_level": "debug"})
     try:
         yield stack
     finally:

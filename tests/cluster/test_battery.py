@@ -166,3 +166,28 @@ def test_an_environment_is_seen_through_every_replica(three: Stack) -> None:
     assert held["pod"] == "agentd-demo-0" and held["since"] and held["version"], held
     for replica in (hop, third):
         assert answers[replica]["connections"] == [held], answers[replica]
+
+
+def test_one_kubectl_request_is_one_id_in_both_replicas_and_agentd(three: Stack) -> None:
+    """A request on a replica without the tunnel: the id kubectl gets in X-Request-Id is in the
+    access line of that replica, in the holder's line for the forwarded request and in agentd's."""
+    where = holder(three)
+    hop = (where + 1) % 3
+    result = kubectl_at(KUBECTLS[-1][1], three, hop, "get", "--raw", "/api/v1/namespaces/default", "-v=8")
+    assert result.returncode == 0, result.stderr
+    (request_id,) = re.findall(r"X-Request-Id: ([0-9a-f]{32})\b", result.stderr)
+    wanted = {
+        f"kasd-{hop + 1}.log": "logger=kasd.access request request_id=" + request_id,
+        f"kasd-{where + 1}.log": "logger=routing.peers forwarded request request_id=" + request_id,
+        "agentd.log": "path=/api/v1/namespaces/default status=200 outcome=ok",
+    }
+    deadline = time.monotonic() + 10  # each line is written as its side ends the request
+    while True:
+        logs = {name: (three.dir / name).read_text(errors="replace") for name in wanted}
+        found = {name: next((line for line in text.splitlines() if wanted[name] in line and request_id in line), "")
+                 for name, text in logs.items()}
+        if all(found.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)  # the daemons tell no one when a log line is written: the files are read again
+    assert all(found.values()), found
+    assert f"request_id={request_id}" in found["agentd.log"]

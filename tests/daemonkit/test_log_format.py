@@ -16,7 +16,12 @@ import pytest
 import trio
 
 from agentd.config import load_config as load_agentd_config
-from daemonkit.logs import configure_logging, current_log_settings, reload_log_settings
+from daemonkit.logs import (
+    configure_logging,
+    current_log_settings,
+    reload_log_settings,
+    request_context,
+)
 from daemonkit.settings import SettingsError
 from daemonkit.signals import run_until_signalled
 from kasd.config import load_config_file as load_kasd_config
@@ -170,3 +175,44 @@ async def test_sighup_reads_the_log_level_again(stream: io.StringIO, tmp_path: P
     assert "logger=agentd log level now debug log_format=logfmt\n" in stream.getvalue()
     assert (f"log settings not reloaded: log_level in {config}: must be one of debug, info, warning, error, "
             "got 'loud'; log level stays debug log_format=logfmt") in stream.getvalue()
+
+
+@pytest.mark.parametrize("log_format", ["logfmt", "json"])
+def test_every_line_logged_for_a_request_names_its_id(stream: io.StringIO, log_format: str) -> None:
+    configure_logging("info", stream, log_format=log_format)
+    log = logging.getLogger("kasd.k8sproxy")
+    with request_context("3f2a-req"):
+        log.warning("agent stream broke mid-response error=%s", "reset")
+        log.info("request request_id=%s status=200", "3f2a-req")  # names it itself: not twice
+    log.info("session closed agent_id=7")  # no request: nothing added
+    lines = stream.getvalue().splitlines()
+    if log_format == "json":
+        first, second, third = (json.loads(line) for line in lines)
+        assert first["request_id"] == "3f2a-req" and first["msg"] == "agent stream broke mid-response"
+        assert second["request_id"] == "3f2a-req" and "request_id" not in third
+    else:
+        assert lines[0].endswith("error=reset request_id=3f2a-req")
+        assert lines[1].count("request_id=") == 1 and "request_id" not in lines[2]
+
+
+async def test_a_task_a_request_starts_elsewhere_is_not_about_the_request(stream: io.StringIO) -> None:
+    """A long-lived task that a request happens to start in a service's nursery (a peer session
+    dialled for the first forwarded request) inherits the request's context, but its lines are not
+    about that request; a task the request starts in its own nursery is."""
+    configure_logging("info", stream)
+    log = logging.getLogger("routing.peers")
+
+    async def say(what: str) -> None:
+        log.info("%s", what)
+
+    async with trio.open_nursery() as service:
+
+        async def serve_request() -> None:  # as a front end serves each request: a task of its own
+            with request_context("req-9"):
+                async with trio.open_nursery() as own:
+                    own.start_soon(say, "relay step")
+                    service.start_soon(say, "peer session closed")
+
+        service.start_soon(serve_request)
+    lines = sorted(stream.getvalue().splitlines())
+    assert lines[0].endswith("peer session closed") and lines[1].endswith("relay step request_id=req-9")

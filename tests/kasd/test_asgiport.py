@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import pytest
@@ -61,11 +62,30 @@ async def test_requests_reach_the_app_as_asgi_scopes_and_answers_are_framed(capl
     assert first.startswith(b"HTTP/1.1 200 ") and b"content-length: 26" in first
     assert rest.startswith(b"('GET', '/a b', b'x=1', 0)")
     # a streamed answer is chunked, and the connection goes on after it
-    assert b"x-raw: /stream/%2F\r\ntransfer-encoding: chunked\r\n\r\n4\r\none,\r\n3\r\ntwo\r\n0\r\n\r\n" in rest
+    assert re.search(rb"x-raw: /stream/%2F\r\nx-request-id: [0-9a-f]{32}\r\n"
+                     rb"transfer-encoding: chunked\r\n\r\n4\r\none,\r\n3\r\ntwo\r\n0\r\n\r\n", rest)
     # an app that fails before answering: 500, logged, and the connection still serves the next request
     assert b"HTTP/1.1 500 " in rest and b'{"message":"500 Internal Server Error"}' in rest
     assert "the API failed method=GET path=/fail" in caplog.text
     assert rest.endswith(b"('GET', '/last', b'', 0)") and b"connection: close" in rest.split(b"/fail")[-1]
+
+
+async def test_the_request_id_is_the_clients_when_safe_answered_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """X-Request-Id: a short id of a safe charset is the request's, answered and in the access line;
+    any other (too long, a space, a quote) is replaced by a new one and never logged or echoed."""
+    caplog.set_level("INFO", logger="kasd.api")
+    unsafe = [b"a" * 65, b'x" status=200 forged=1', b"id/with:colon"]
+    answer = await _converse(
+        b"GET /a HTTP/1.1\r\nHost: k\r\nX-Request-Id: job-42.try_1\r\n\r\n"
+        + b"".join(b"GET /b HTTP/1.1\r\nHost: k\r\nX-Request-Id: %s\r\n\r\n" % u for u in unsafe)
+        + b"GET /c HTTP/1.1\r\nHost: k\r\nConnection: close\r\n\r\n"
+    )
+    ids = re.findall(rb"\r\nx-request-id: ([^\r]*)\r\n", answer)
+    assert ids[0] == b"job-42.try_1" and len(ids) == 5
+    assert all(re.fullmatch(rb"[0-9a-f]{32}", i) for i in ids[1:]) and len(set(ids)) == 5
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("request ")]
+    assert [line.split()[1] for line in lines] == [f"request_id={i.decode()}" for i in ids]
+    assert "forged" not in caplog.text and "a" * 65 not in caplog.text
 
 
 async def test_a_body_over_the_cap_is_413_and_never_read_as_a_request() -> None:

@@ -13,6 +13,8 @@ import pytest
 import trio
 import trio.testing
 
+from daemonkit.logs import request_context
+from kasd.agentclient import AgentApi
 from kasd.authz.templates import ManagedResources
 from kasd.k8sproxy.exchange import ClientGone, ClientRequest, Headers
 from kasd.k8sproxy.pipeline import RequestPipeline
@@ -241,7 +243,7 @@ async def test_a_granted_request_reaches_the_agent_cleaned_and_impersonated() ->
             while chunk := await stream.receive_some():
                 body += chunk
             seen = json.dumps({"target": head.target, "headers": head.headers, "user": head.impersonate and
-                               head.impersonate.user, "body": body.decode()}).encode()
+                               head.impersonate.user, "body": body.decode(), "request_id": head.request_id}).encode()
             await stream.accept(ResponseHead(status=201, headers=(("content-type", "application/json"),)).to_metadata())
             await stream.send_all(seen)
             await stream.send_eof()
@@ -255,9 +257,58 @@ async def test_a_granted_request_reaches_the_agent_cleaned_and_impersonated() ->
     seen = ex.json()
     assert seen["target"] == "/api/v1/pods" and seen["body"] == "hello agent"
     assert seen["headers"] == [["accept", "application/json"]]  # no token, cookie or front-proxy identity
+    assert seen["request_id"] == dict(ex.headers)["x-request-id"]  # the id the answer names
     assert seen["user"] == "gitlab:ci_job:7"
     assert ("content-type", "application/json") in ex.headers
-    assert any(name == "x-request-id" for name, _ in ex.headers)
+
+
+@pytest.mark.parametrize("sent", ["build-7.retry_2", "x" * 65, "a b", 'q" outcome=ok'])
+async def test_the_request_id_is_the_clients_when_safe_else_a_new_one(sent: str, caplog: pytest.LogCaptureFixture) -> None:
+    """One id for the request: in the answer's X-Request-Id, the access line and the head the agent
+    gets; a client's own only when short and of a safe charset (its raw value is never sent on)."""
+    caplog.set_level("INFO", logger="kasd.access")
+    async with agent_session() as (kasd_side, agent_side), trio.open_nursery() as nursery:
+        got: list[RequestHead] = []
+
+        async def agent() -> None:
+            stream = await agent_side.accept_stream()
+            got.append(RequestHead.from_metadata(stream.metadata))
+            await stream.accept(ResponseHead(status=200, headers=(("x-request-id", "the-api-servers"),)).to_metadata())
+            await stream.send_eof()
+
+        nursery.start_soon(agent)
+        ex = FakeExchange(request(headers=(("x-request-id", sent),)), nursery)
+        await pipeline(FakeRouter(kasd_side)).serve(ex)
+    answered = [value for name, value in ex.headers if name == "x-request-id"]
+    assert len(answered) == 1 and got[0].request_id == answered[0]
+    assert ("x-request-id", sent) not in got[0].headers  # the id travels in the head, not as the client's header
+    if sent == "build-7.retry_2":
+        assert answered[0] == sent
+    else:
+        assert len(answered[0]) == 32 and int(answered[0], 16) >= 0 and sent not in caplog.text
+    assert f"request request_id={answered[0]} method=GET" in caplog.text
+
+
+async def test_what_kasd_asks_an_agent_for_a_request_carries_that_requests_id() -> None:
+    """A request kasd makes to an agent while serving one (a managed namespace, a dashboard's
+    objects) names the id of the request it serves, so agentd's lines about it can be found; one
+    that serves none gets an id of its own."""
+    async with agent_session() as (kasd_side, agent_side), trio.open_nursery() as nursery:
+        ids: list[str] = []
+
+        async def agent() -> None:
+            for _ in range(2):
+                stream = await agent_side.accept_stream()
+                ids.append(RequestHead.from_metadata(stream.metadata).request_id)
+                await stream.accept(ResponseHead(status=200, headers=()).to_metadata())
+                await stream.send_eof()
+
+        nursery.start_soon(agent)
+        api = AgentApi(FakeRouter(kasd_side))
+        with request_context("req-from-client"):
+            await api.request(1, "GET", "/api/v1/namespaces/web")
+        await api.request(1, "GET", "/api/v1/namespaces/web")
+    assert ids[0] == "req-from-client" and len(ids[1]) == 32 and ids[1] != ids[0]
 
 
 async def test_client_impersonation_is_400_where_the_grant_fixes_the_identity() -> None:

@@ -46,16 +46,24 @@ def _metric(runtime: Runtime, line_start: str) -> float:
     raise AssertionError(f"no metric {line_start!r}")
 
 
-async def test_a_request_on_the_other_replica_crosses_one_hop(tmp_path: Path) -> None:
+async def test_a_request_on_the_other_replica_crosses_one_hop(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO")
     world = MemoryWorld()
     with trio.fail_after(10):
         async with running_replicas(world, [replica_config(tmp_path)] * 2) as (a, b), fake_agent(a) as agent:
-            reply_ = await http_request(b.port("kubernetes_api"), "GET", "/api/v1/pods?x=1", [bearer(CI_TOKEN)])
+            reply_ = await http_request(b.port("kubernetes_api"), "GET", "/api/v1/pods?x=1",
+                                        [bearer(CI_TOKEN), ("X-Request-Id", "hop-1")])
             assert reply_.status == 200, reply_.body
             assert reply_.json()["target"] == "/api/v1/pods?x=1"
             # The agent sees the request as any other: the hop's key was taken off on the way.
             assert "forward" not in agent.metadata[0]
             assert agent.heads[0].target == "/api/v1/pods?x=1"
+            # One id, which the client chose: answered, logged by both replicas, given to the agent.
+            assert reply_.headers["x-request-id"] == "hop-1" and agent.heads[0].request_id == "hop-1"
+            lines = {r.name: r.getMessage() for r in caplog.records if "request_id=hop-1" in r.getMessage()}
+            assert lines["kasd.access"].startswith("request request_id=hop-1 method=GET")
+            assert "forwarded request request_id=hop-1 agent_id=" in lines["routing.peers"]
+            assert "status=200 outcome=ok" in lines["routing.peers"]
             assert _metric(b, 'kasd_forwarded_requests_total{direction="out"}') == 1
             assert _metric(a, 'kasd_forwarded_requests_total{direction="in"}') == 1
             assert _metric(b, 'kasd_peer_sessions{direction="out"}') == 1
@@ -324,7 +332,7 @@ async def test_readiness_is_degraded_but_200_while_redis_is_away(tmp_path: Path)
 
 async def test_a_forwarded_request_that_fails_unexpectedly_is_reset_in_one_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    async def broken(self: PeerForwarder, peer: MuxStream, agent: MuxStream, metadata: object) -> None:
+    async def broken(self: PeerForwarder, peer: MuxStream, agent: MuxStream, metadata: object, fate: object) -> None:
         raise RuntimeError(f"bug while relaying {metadata}")
 
     async def unanswered(stream: MuxStream, head: RequestHead, session: Session) -> None:

@@ -88,3 +88,14 @@ def test_to_metadata_refuses_exactly_what_the_session_would(
         assert refused
     else:
         assert not refused
+
+
+@pytest.mark.parametrize(("sent", "read"), [("3f2a-b.c_d", "3f2a-b.c_d"), ("x" * 65, ""), ("a b", ""), (7, ""), (None, "")])
+def test_a_request_id_is_read_only_when_safe(sent: object, read: str) -> None:
+    """An id kasd (or an older one, or a peer) sent: kept when it is safe to log as it is, else none;
+    a head without one (an older kasd) has none, and the head is still read."""
+    metadata = RequestHead(method="GET", target="/api", headers=(), request_id="x").to_metadata()
+    metadata["request_id"] = sent
+    assert RequestHead.from_metadata(metadata).request_id == read
+    del metadata["request_id"]
+    assert RequestHead.from_metadata(metadata).request_id == ""

@@ -17,6 +17,8 @@ class RecordedRequest:
     impersonate: Mapping[str, str]
     user_agent: str
     http_version: str = ""
+    #: the caller's ``X-Request-Id`` ("" without one); like kube-apiserver, kubesim acts on it in no way
+    request_id: str = ""
 
 
 def header_map(scope: Mapping[str, Any]) -> dict[str, str]:
@@ -42,4 +44,4 @@ def record(scope: Mapping[str, Any], headers: Mapping[str, str]) -> RecordedRequ
         method=method, path=scope.get("path", ""),
         query=scope.get("query_string", b"").decode("latin-1"), bearer_token=token,
         impersonate=impersonate, user_agent=headers.get("user-agent", ""),
-        http_version=str(scope.get("http_version", "")))
+        http_version=str(scope.get("http_version", "")), request_id=headers.get("x-request-id", ""))
