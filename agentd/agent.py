@@ -53,6 +53,8 @@ class RunningAgent:
     reporter: ClusterReporter | None = None
     #: whether the API server could be reached at the last try (``/readiness``)
     api_server: ApiServerReachability | None = None
+    #: receptive mode: the listener kasd dials (``agentd.receptive``)
+    receptive: ReceptiveListener | None = None
 
     def stop(self) -> None:
         """Graceful stop: no more dials, in-flight streams finish (bounded), run_agent returns."""
@@ -160,7 +162,7 @@ async def run_agent(
                 nursery.start_soon(reporter.run)
             running = RunningAgent(health_address=health, manager=manager, pool=pool, proxy=proxy,
                                    stop_event=stop_event, streams=streams, events=events, services=services,
-                                   reporter=reporter, api_server=api_server)
+                                   reporter=reporter, api_server=api_server, receptive=receptive)
             sd_notify("READY=1")
             nursery.start_soon(_after_first_tunnel, manager, config.ready_file, health)
             task_status.started(running)

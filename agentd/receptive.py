@@ -99,6 +99,8 @@ def listener_ssl_context(config: AgentdConfig) -> ssl.SSLContext:
     assert config.receptive_cert_file is not None and config.receptive_key_file is not None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(str(config.receptive_cert_file), str(config.receptive_key_file))
+    # The hello comes first, then HTTP/2 (kasd's side checks the ALPN as on its agent port).
+    context.set_alpn_protocols(["h2"])
     if config.receptive_ca_cert_file is not None:
         context.verify_mode = ssl.CERT_REQUIRED
         context.load_verify_locations(cafile=str(config.receptive_ca_cert_file))
@@ -176,6 +178,8 @@ class ReceptiveListener:
         self.handshake_timeout = HANDSHAKE_TIMEOUT
         self._send, self._receive = trio.open_memory_channel[trio.abc.Stream](0)
         self._pending = 0
+        #: where it listens (``host:port``), once it does
+        self.bound = ""
         #: connections kasd authenticated on, and refused ones
         self.accepted = 0
         self.refused = 0
@@ -186,7 +190,8 @@ class ReceptiveListener:
 
     async def serve(self, *, task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(self.address.port, host=self.address.host)
-        log.info("receptive listener up address=%s auth=%s", _bound(listeners),
+        self.bound = _bound(listeners)
+        log.info("receptive listener up address=%s auth=%s", self.bound,
                  "jwt" if self.auth.public_key is not None else "mtls")
         await trio.serve_listeners(self.handle, listeners, task_status=task_status)
 

@@ -37,7 +37,6 @@ from routing.membership import Membership
 from wire.carrier import DEFAULT_PATH, Authenticate, TunnelRejectedError
 from wire.h2carrier import SessionHandler, serve_h2_connection
 from wire.receptive import (
-    MAX_REPLY,
     MTLS_CREDENTIAL,
     HandshakeRefused,
     hello,
@@ -74,10 +73,12 @@ def client_ssl_context(entry: ReceptiveEntry) -> ssl.SSLContext:
 
 
 async def read_reply(stream: trio.abc.Stream) -> str:
-    """agentd's answer to the hello: ``""`` for OK, else its refusal's reason."""
+    """agentd's answer to the hello: ``""`` for OK, else its refusal's reason. Read a byte at a
+    time (at most ``MAX_REPLY``, once per dial): agentd's HTTP/2 preface follows ``OK`` at once and
+    must stay in the stream for the carrier."""
     buffer = bytearray()
     while True:
-        chunk = await stream.receive_some(MAX_REPLY - len(buffer))
+        chunk = await stream.receive_some(1)
         if not chunk:
             raise ReceptiveRefusedError("agentd closed the connection before answering the hello")
         buffer += chunk
