@@ -30,6 +30,7 @@ import trio
 from joserfc.jwk import OKPKey
 
 from daemonkit.logs import BurstLimitedLog
+from daemonkit.settings import Problem
 from kasd.config.directory import AgentEntry
 from kasd.config.receptive import ReceptiveEntry, load_private_key
 from netio.fastio import fast_stream, tls_stream
@@ -137,27 +138,34 @@ class ReceptiveDialer:
     async def run(self) -> None:
         if not self.agents:
             return
+        # At ``stop`` (kasd drains) no agent is dialled again; the sessions up are drained with
+        # every other (``kasd.drain``), so they are not cancelled here.
         async with trio.open_nursery() as nursery:
             for agent in self.agents:
                 nursery.start_soon(self._keep, agent)
-            await self.stop.wait()
-            nursery.cancel_scope.cancel()  # sessions up are drained with every other (kasd.drain)
 
     async def _keep(self, agent: AgentEntry) -> None:
         entry = agent.receptive
         assert entry is not None
-        context = client_ssl_context(entry)
-        key = load_private_key(entry.private_key_file) if entry.private_key_file is not None else None
         outage_began: float | None = None
         failures = 0
-        while True:
+        while not self.stop.is_set():
             changed = self._changes()  # taken before reading the ring: no change is missed
             if not self.is_home(agent.id):
-                await changed.wait()
+                await _first(changed, self.stop)
                 continue
             self.dials += 1
             began = trio.current_time()
-            error = await self._dial_and_serve(agent, entry, context, key)
+            try:
+                # (read at every dial: a file replaced since start, or gone, is this agent's problem only)
+                context = client_ssl_context(entry)
+                key = load_private_key(entry.private_key_file) if entry.private_key_file is not None else None
+                error = await self._dial_and_serve(agent, entry, context, key)
+            except (OSError, ssl.SSLError, Problem) as exc:
+                error = f"cannot load kasd's credentials for this agent: {getattr(exc, 'text', None) or exc}"
+            except Exception as exc:  # a bug must not take kasd (or the other agents) down
+                log.exception("receptive dial failed unexpectedly agent_id=%d", agent.id)
+                error = f"unexpected {type(exc).__name__}"
             now = trio.current_time()
             if error is None:
                 if now - began >= STABLE_AFTER:
@@ -176,7 +184,7 @@ class ReceptiveDialer:
                     agent.id, "receptive agent unreachable agent_id=%d url=%s error=%s retry_in=%.2fs",
                     agent.id, entry.url, error, delay)
             with trio.move_on_after(delay):
-                await self._changes().wait()  # a new ring: reconsider at once
+                await _first(self._changes(), self.stop)  # a new ring: reconsider at once
 
     def _delay(self, now: float, outage_began: float | None, failures: int) -> float:
         if outage_began is None or now - outage_began < QUICK_WINDOW:
@@ -234,6 +242,18 @@ class ReceptiveDialer:
         with trio.move_on_after(HANDOVER_DRAIN):
             await session.drain("another kasd replica is this receptive agent's home")
         await session.aclose()
+
+
+async def _first(*events: trio.Event) -> None:
+    """Return once any of ``events`` is set."""
+    async with trio.open_nursery() as nursery:
+        for event in events:
+
+            async def wait(event: trio.Event = event) -> None:
+                await event.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(wait)
 
 
 def _this_agent(authenticate: Authenticate, agent_id: int) -> Authenticate:

@@ -36,7 +36,11 @@ def receptive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     try:
         yield stack
     finally:
-        stack.stop()
+        codes = stack.stop()
+        # the survivors drain their receptive session and exit cleanly (the killed one: -9)
+        assert {name: code for name, code in codes.items() if code != -9} == \
+            {name: 0 for name, code in codes.items() if code != -9}, codes
+        assert list(codes.values()).count(-9) <= 1, codes
 
 
 def _get(stack: Stack, replica: int) -> None:
