@@ -227,7 +227,7 @@ class ReceptiveDialer:
                     log.info("receptive agent session ended agent_id=%d", agent.id)
 
             await serve_h2_connection(
-                stream, handler, authenticate=_this_agent(self.authenticate, agent.id), path=DEFAULT_PATH,
+                stream, handler, authenticate=only_the_dialled_agent(self.authenticate, agent.id), path=DEFAULT_PATH,
                 handshake_timeout=self.handshake_timeout, session_kwargs=self.session_kwargs)
             nursery.cancel_scope.cancel()
         return None if came_up.is_set() else "agentd's tunnel request was refused or never came (see the tunnel lines)"
@@ -256,7 +256,7 @@ async def _first(*events: trio.Event) -> None:
             nursery.start_soon(wait)
 
 
-def _this_agent(authenticate: Authenticate, agent_id: int) -> Authenticate:
+def only_the_dialled_agent(authenticate: Authenticate, agent_id: int) -> Authenticate:
     """The agent port's authentication, and the agent must be the one kasd dialled (GitLab: "provided
     agent token belongs to a different agent id")."""
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import ssl
 import time
 from pathlib import Path
@@ -20,8 +22,9 @@ from agentd.kubeapi import KubeTarget
 from daemonkit.settings import HostPort
 from kasd.config.directory import AgentEntry
 from kasd.config.receptive import ReceptiveEntry
-from kasd.receptive import ReceptiveDialer
+from kasd.receptive import ReceptiveDialer, only_the_dialled_agent
 from tests.agentd.harness import AGENT_TOKEN, FakeKasd, agent_config, running_agent
+from wire.carrier import TunnelRejectedError
 from wire.receptive import MAX_HELLO, MTLS_CREDENTIAL, hello, mint_token
 
 pytestmark = pytest.mark.timeout(20)
@@ -127,6 +130,7 @@ async def test_strangers_are_refused_at_the_hello(nursery: trio.Nursery, tmp_pat
             hello(mint_token(keys.jwk, agent_id=AGENT_ID, now=now - 3600)): b"NO token expired\n",
             hello(mint_token(keys.jwk, agent_id=AGENT_ID + 1, now=now)): b"NO token is for another agent\n",
             hello(MTLS_CREDENTIAL): b"NO this agentd authenticates kasd by JWT\n",
+            hello(_unsigned(AGENT_ID, now)): b"NO bad token\n",
             b"KASR/1 " + b"x" * MAX_HELLO: b"NO hello too long\n",
         }
         with trio.fail_after(10):
@@ -135,6 +139,28 @@ async def test_strangers_are_refused_at_the_hello(nursery: trio.Nursery, tmp_pat
         assert running.receptive.refused == len(cases)
         assert running.receptive.accepted == 0
         assert running.manager.tunnels_up == 0
+
+
+def _unsigned(agent_id: int, now: float) -> str:
+    """A token with ``alg: none`` and every claim right: the algorithm alone must refuse it."""
+    def part(value: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).rstrip(b"=").decode()
+
+    claims = {"iss": "kasd", "aud": "agentd", "sub": str(agent_id), "iat": int(now), "nbf": int(now),
+              "exp": int(now) + 60}
+    return f"{part({'alg': 'none', 'typ': 'JWT'})}.{part(claims)}."
+
+
+async def test_kasd_refuses_the_token_of_another_agent_on_the_connection_it_dialled() -> None:
+    async def authenticate(token: str, headers: dict[str, str]) -> Any:
+        await trio.lowlevel.checkpoint()
+        return Principal(AGENT_ID + 1) if token == "other" else Principal(AGENT_ID)
+
+    check = only_the_dialled_agent(authenticate, AGENT_ID)
+    assert await check("mine", {}) == Principal(AGENT_ID)
+    with pytest.raises(TunnelRejectedError) as refused:
+        await check("other", {})
+    assert (refused.value.status, refused.value.message) == (403, "provided agent token belongs to a different agent id")
 
 
 async def test_mutual_tls_refuses_a_client_certificate_of_another_ca(nursery: trio.Nursery, tmp_path: Path) -> None:
