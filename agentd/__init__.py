@@ -7,13 +7,14 @@ Modules: ``config`` (file/env/flags → AgentdConfig), ``kubeapi`` (how to reach
 words), ``proxy`` (one logical stream → one upstream exchange), ``services`` (the allow-list of
 in-cluster services and its path check, sans-I/O), ``serviceproxy`` (streams of kind ``service``
 → one exchange with an allowed service), ``connection`` (the tunnel manager:
-dialing, placement, GOAWAY replacement), ``redial`` (when a slot dials next: the reconnect
+dialing, placement, GOAWAY replacement), ``receptive`` (receptive mode: kasd dials in, its
+handshake checked, the connection handed to a slot), ``redial`` (when a slot dials next: the reconnect
 schedule, sans-I/O), ``health``
 (``/liveness``, ``/readiness``), ``agent`` (run_agent wiring it together), ``__main__`` (the
 ``agentd`` console script).
 
 May import: ``wire``, ``tunnelhttp``, ``http11``, ``netio``, ``daemonkit``, the standard library, trio,
-attrs, yaml. Never ``kasd``, ``routing`` or ``kubesim``.
+attrs, yaml, joserfc and cryptography (``receptive``: kasd's public key). Never ``kasd``, ``routing`` or ``kubesim``.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from agentd.health import serve_health
 from agentd.kubeapi import KubeTarget, in_cluster_target, kubeconfig_target
 from agentd.metrics import CONTENT_TYPE, AgentMetrics
 from agentd.proxy import KubeApiProxy
+from agentd.receptive import ReceptiveListener, receptive_manager
 from agentd.serviceproxy import ServiceProxy
 from agentd.services import describe_services
 from agentd.streams import StreamKinds
@@ -53,6 +54,8 @@ class RunningAgent:
     reporter: ClusterReporter | None = None
     #: whether the API server could be reached at the last try (``/readiness``)
     api_server: ApiServerReachability | None = None
+    #: receptive mode: the listener kasd dials (``agentd.receptive``)
+    receptive: ReceptiveListener | None = None
 
     def stop(self) -> None:
         """Graceful stop: no more dials, in-flight streams finish (bounded), run_agent returns."""
@@ -110,8 +113,10 @@ async def run_agent(
     events = EventHandler(config.events, kube=pool, agent_id=config.agent_id, on_done=metrics.events)
     services = ServiceProxy(config.services, drain=proxy.drain, on_done=metrics.requests)
     streams = StreamKinds({KIND_K8S_API: proxy.handle, KIND_SERVICE: services.handle, KIND_EVENT: events.handle})
-    manager = ConnectionManager(
-        config.kas_addresses,
+    receptive = ReceptiveListener(config, session_kwargs=config.session_keepalive) \
+        if config.receptive_listen_address is not None else None
+    manager = (partial(receptive_manager, receptive) if receptive is not None
+               else partial(ConnectionManager, config.kas_addresses))(
         token_file=config.token_file,
         handler=streams,
         metadata={"agent_id": config.agent_id, "pod_name": config.pod_name, "pod_uid": config.pod_uid,
@@ -130,13 +135,15 @@ async def run_agent(
         if not manager.tunnels_up:
             stats = manager.statistics()
             reasons.append(f"no tunnel to kasd is up (dials={stats.dials} failures={stats.failures} "
-                           f"rejected={stats.rejected})")
+                           f"rejected={stats.rejected})" if receptive is None else
+                           f"receptive: no kasd session is up (kasd dialled in {receptive.accepted} times, "
+                           f"{receptive.refused} refused)")
         if api_server.unreachable is not None:
             reasons.append(f"the API server is unreachable: {api_server.unreachable}")
         return "; ".join(reasons) or None
 
     log.info("agentd starting version=%s kas=%s api=%s connections=%d agent_id=%s pod=%s services=%s",
-             __version__, ",".join(config.kas_addresses), target.url, config.connections,
+             __version__, receptive.url if receptive is not None else ",".join(config.kas_addresses), target.url, config.connections,
              config.agent_id or "-", config.pod_name or "-", describe_services(config.services))
     try:
         async with trio.open_nursery() as nursery:
@@ -144,6 +151,8 @@ async def run_agent(
             health = await nursery.start(partial(serve_health, metrics=lambda: HealthResponse(200, metrics.render(), CONTENT_TYPE)),
                                          config.health_host, config.health_port, readiness)
             await nursery.start(events.run)
+            if receptive is not None:
+                await nursery.start(receptive.serve)
             if config.api_check_interval > 0:
                 nursery.start_soon(partial(api_server.run, check_pool, interval=config.api_check_interval))
             manager_done = trio.Event()
@@ -163,7 +172,7 @@ async def run_agent(
                 nursery.start_soon(reporter.run)
             running = RunningAgent(health_address=health, manager=manager, pool=pool, proxy=proxy,
                                    stop_event=stop_event, streams=streams, events=events, services=services,
-                                   reporter=reporter, api_server=api_server)
+                                   reporter=reporter, api_server=api_server, receptive=receptive)
             sd_notify("READY=1")
             nursery.start_soon(_after_first_tunnel, manager, config.ready_file, health)
             task_status.started(running)

@@ -158,6 +158,10 @@ def _bool(value: Any) -> bool:
     raise Problem(f"expected true or false, got {value!r}")
 
 
+def _optional_listen_address(value: Any) -> HostPort | None:
+    return _health_address(value) if _text(value) else None
+
+
 def _connections(value: Any) -> int:
     """A whole number: an int from the file (not a bool, not 3.7), or its text from env and flags."""
     number: int | None = None
@@ -288,7 +292,7 @@ _NO_TOKEN = "no agent token: pass --token-file PATH (or set AGENTD_TOKEN_FILE)"
 @attrs.frozen(kw_only=True)
 class AgentdConfig:
     kas_addresses: tuple[str, ...] = setting(
-        key="kas_address", parse=_kas_addresses, env="AGENTD_KAS_ADDRESS", env_split=",", flag="--kas-address",
+        (), key="kas_address", parse=_kas_addresses, env="AGENTD_KAS_ADDRESS", env_split=",", flag="--kas-address",
         flag_action="append", metavar="URL", help="kasd tunnel URL, http://host:8150/tunnel or https://…; repeatable",
         missing=_NO_KAS,
     )
@@ -378,6 +382,28 @@ class AgentdConfig:
         10.0, parse=_seconds_or_off, env="AGENTD_KAS_CA_RELOAD_INTERVAL", flag="--kas-ca-reload-interval",
         metavar="SECONDS", help="look at kas_ca_file this often; a changed bundle verifies the next dial (0: on SIGHUP "
         "only)",
+    )
+    # Receptive mode (docs/agentd.md, "Receptive agents"): kasd dials in, agentd never dials out.
+    # GitLab's agentk flags, by the same names.
+    receptive_listen_address: HostPort | None = setting(
+        None, parse=_optional_listen_address, env="AGENTD_RECEPTIVE_LISTEN_ADDRESS", flag="--receptive-listen-address",
+        metavar="HOST:PORT", help="receptive mode: kasd dials agentd here (TLS); agentd does not dial out",
+    )
+    receptive_cert_file: Path | None = setting(
+        None, parse=_optional_path, env="AGENTD_RECEPTIVE_CERT_FILE", flag="--receptive-cert-file", metavar="PATH",
+        help="PEM certificate (chain) of the receptive listener",
+    )
+    receptive_key_file: Path | None = setting(
+        None, parse=_optional_path, env="AGENTD_RECEPTIVE_KEY_FILE", flag="--receptive-key-file", metavar="PATH",
+        help="PEM private key of the receptive listener",
+    )
+    receptive_jwt_file: Path | None = setting(
+        None, parse=_optional_path, env="AGENTD_RECEPTIVE_JWT_FILE", flag="--receptive-jwt-file", metavar="PATH",
+        help="kasd authenticates by JWT: the Ed25519 public key that verifies it (PEM, or GitLab's base64)",
+    )
+    receptive_ca_cert_file: Path | None = setting(
+        None, parse=_kas_ca_file, env="AGENTD_RECEPTIVE_CA_CERT_FILE", flag="--receptive-ca-cert-file",
+        metavar="PATH", help="kasd authenticates by mutual TLS: the PEM CA bundle that signs its client certificate",
     )
     ready_file: Path | None = setting(
         None, parse=_ready_file, flag="--ready-file", metavar="PATH",
@@ -510,6 +536,14 @@ def _check(loaded: Loaded[AgentdConfig]) -> AgentdConfig:
             f"{loaded.where('keepalive_timeout')} ({config.keepalive_timeout:g} s) must be at least twice "
             f"{loaded.where('keepalive_interval')} ({config.keepalive_interval:g} s)"
         )
+    if config.receptive_listen_address is None and not config.kas_addresses:
+        raise ConfigError(_NO_KAS)
+    if config.receptive_listen_address is not None:
+        from agentd.receptive import receptive_settings_problem  # (it imports this module's names)
+
+        problem = receptive_settings_problem(config, loaded.where)
+        if problem is not None:
+            raise ConfigError(problem)
     if config.kubeconfig is not None and not config.kubeconfig.is_file():
         raise ConfigError(f"{loaded.where('kubeconfig')}: kubeconfig file {config.kubeconfig} does not exist")
     return config

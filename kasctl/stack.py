@@ -231,13 +231,20 @@ class Stack:
         kasd_settings: dict[str, Any] | None = None,
         extra_users: Sequence[Mapping[str, Any]] = (),
         agentd_settings: Mapping[str, Any] | None = None,
+        receptive: str | None = None,
     ) -> None:
         """``replicas`` > 1 (or ``redis_url``): that many kasd replicas sharing a Redis (started here
         unless ``redis_url`` names one), each agentd dialling every replica (or only the replicas
         ``agentd_targets`` lists, by index) with one connection per replica (or ``agentd_connections``). ``kasd_settings`` are merged into
         each replica's ``routing`` section; ``extra_users`` join the directory's users (the demo's
         Developer and Reporter) as ``users:`` entries; ``agentd_settings`` are merged into agentd's
-        configuration file (its ``services:``, its ``events:`` handlers)."""
+        configuration file (its ``services:``, its ``events:`` handlers). ``receptive`` (``jwt`` or
+        ``mtls``): the agent is a receptive one, kasd dials agentd (docs/agentd.md, "Receptive agents")."""
+        if receptive not in (None, "jwt", "mtls"):
+            raise StackError(f"receptive must be jwt or mtls, got {receptive!r}")
+        self.receptive = receptive
+        #: agentd's receptive listener (receptive stacks)
+        self.receptive_address = ""
         if replicas < 1 or agentd_replicas < 1:
             raise StackError("a stack needs at least one kasd and one agentd")
         self.dir = workdir.resolve()
@@ -416,7 +423,8 @@ class Stack:
                 },
             },
             "agents": [
-                {"id": AGENT_ID, "name": AGENT_NAME, "config_project": CONFIG_PROJECT, "token_sha256": sha256(self.agent_token)},
+                {"id": AGENT_ID, "name": AGENT_NAME, "config_project": CONFIG_PROJECT, "token_sha256": sha256(self.agent_token),
+                 **({"receptive": self._receptive_files()} if self.receptive else {})},
                 # A second agent that never connects: requests for it show the "not connected" error.
                 {"id": OFFLINE_AGENT_ID, "name": "offline", "config_project": OFFLINE_CONFIG_PROJECT,
                  "token_sha256": sha256(secrets.token_urlsafe(32))},
@@ -446,6 +454,37 @@ class Stack:
         # agentd's drain bound is a config-file key only (no flag); the rest is given as flags.
         agentd_config = {"shutdown_grace": self.agentd_shutdown_grace, **self.agentd_settings}
         (self.dir / "agentd.yaml").write_text(yaml.safe_dump(agentd_config, sort_keys=False))
+
+    def _receptive_files(self) -> dict[str, str]:
+        """agentd's listener certificate and, for kasd, how it dials and authenticates (a JWT key
+        pair, or a client certificate from the stack's CA); returns kasd's ``receptive:`` entry."""
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ed25519
+
+        self.receptive_address = f"127.0.0.1:{free_port()}"
+        listener = self.ca.issue_cert("127.0.0.1")
+        listener.private_key_and_cert_chain_pem.write_to_path(str(self.dir / "receptive-listener.pem"))
+        os.chmod(self.dir / "receptive-listener.pem", 0o600)
+        entry = {"url": f"grpcs://{self.receptive_address}", "ca_cert_file": str(self.ca_file)}
+        if self.receptive == "mtls":
+            client = self.ca.issue_cert("kasd.internal")
+            client.private_key_and_cert_chain_pem.write_to_path(str(self.dir / "receptive-kasd-client.pem"))
+            os.chmod(self.dir / "receptive-kasd-client.pem", 0o600)
+            return {**entry, "client_cert_file": str(self.dir / "receptive-kasd-client.pem"),
+                    "client_key_file": str(self.dir / "receptive-kasd-client.pem")}
+        key = ed25519.Ed25519PrivateKey.generate()
+        write_secret(self.dir / "receptive-jwt.key", key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()).decode())
+        (self.dir / "receptive-jwt.pub").write_bytes(key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+        return {**entry, "private_key_file": str(self.dir / "receptive-jwt.key")}
+
+    def _receptive_flags(self) -> list[str]:
+        listener = str(self.dir / "receptive-listener.pem")
+        auth = (["--receptive-ca-cert-file", str(self.ca_file)] if self.receptive == "mtls"
+                else ["--receptive-jwt-file", str(self.dir / "receptive-jwt.pub")])
+        return ["--receptive-listen-address", self.receptive_address, "--receptive-cert-file", listener,
+                "--receptive-key-file", listener, *auth]
 
     def start_kasd(self, timeout: float = 30.0, *, replica: int = 0) -> None:
         """Start kasd (replica ``replica``); a restart keeps the ports it had, so agentd and
@@ -482,6 +521,8 @@ class Stack:
         ready = self.dir / f"{name}-ready.json"
         ready.unlink(missing_ok=True)
         kas = [arg for replica in self.agentd_targets for arg in ("--kas-address", self.agent_url_of(replica))]
+        if self.receptive:
+            kas = self._receptive_flags()  # kasd dials in; agentd dials nowhere
         process = self.agentds[index] = Process(
             name,
             self._python(

@@ -48,6 +48,7 @@ from kasd.managed.client import AgentClient
 from kasd.managed.provisioner import AgentProvisioner, ProvisionLimits
 from kasd.metrics import Metrics, event_metrics
 from kasd.observability import ObservabilityServer, Readiness
+from kasd.receptive import ReceptiveDialer
 from kasd.replicas import (
     Replication,
     ReplicationFactory,
@@ -240,6 +241,11 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
                                      placement=placement,
                                      incoming={KIND_CLUSTER_INFO: ClusterInfoIntake(pods).handle}, pods=pods)
             await nursery.start(_serve_agents, config, sessions, authority, stoppable("agent"), agent_tls, metrics)
+            # receptive agents: kasd dials them (this replica: those it is home for), same sessions
+            nursery.start_soon(ReceptiveDialer(
+                config.agents, sessions=sessions, authenticate=AgentAuthenticator(lambda: authority.loaded.agents),
+                membership=replicas.membership if replicas is not None else None, stop=stop,
+                handshake_timeout=config.agent.handshake_timeout, session_kwargs=config.agent.session_keepalive).run)
             await nursery.start(trio.serve_listeners, proxy.handle_connection, stoppable("kubernetes_api"))
             nursery.start_soon(authority.watch)
             refresh = authority.refresh  # (among replicas: here and, through Redis, on the others)

@@ -6,12 +6,13 @@ The core (``errors``, ``frames``, ``codec``, ``events``, ``settings``, ``streams
 job ids, ports), here so that kasd, agentd, kasctl and ``routing`` all share it.
 The adapters beside it (``session`` over any ``trio.abc.Stream``, ``h2carrier`` carrying a session on
 one HTTP/2 stream, driven by ``h2trio``) are thin; ``carrier`` is what every carrier shares (the
-authenticate callback, the request checks, ``TunnelRejectedError``), sans-I/O. ``errors`` holds the
+authenticate callback, the request checks, ``TunnelRejectedError``), sans-I/O; ``receptive`` the
+hello that comes first on a connection kasd dials to a receptive agentd (and its JWT), sans-I/O. ``errors`` holds the
 project's one ``ProtocolError`` family. What an HTTP exchange means on a stream lives in
 ``tunnelhttp``; the byte streams underneath in ``netio``.
 
 May import: ``netio``, ``h2trio``, the standard library, attrs, msgpack, trio and h2 (adapters only),
-and ``daemonkit.logs`` (the adapters' lines a stranger can repeat).
+``daemonkit.logs`` (the adapters' lines a stranger can repeat), and joserfc (``receptive``'s JWT).
 Never ``tunnelhttp``, ``routing``, ``kasd``, ``agentd`` or ``kubesim``.
 """
 

@@ -58,7 +58,9 @@ __all__ = [
     "TunnelRejectedError",
     "dial_h2_tunnel",
     "open_h2_session",
+    "request_h2_tunnel",
     "run_h2_reader",
+    "serve_h2_connection",
     "serve_h2_tunnels",
     "server_ssl_context",
 ]
@@ -170,23 +172,39 @@ async def dial_h2_tunnel(
             if tls.selected_alpn_protocol() != "h2":
                 raise TunnelRejectedError(0, f"server at {parts.netloc} did not negotiate HTTP/2 (ALPN h2) over TLS")
             stream = tls
-        driver = _new_driver(stream, server=False)
-        request = [
-            (":method", "POST"),
-            (":scheme", parts.scheme),
-            (":authority", parts.netloc),
-            (":path", parts.path or "/"),
-            *tunnel_request_headers(token, extra=headers),
-        ]
-        h2s = await driver.open_stream(request)
-        status, body = await _await_response(h2s)
-        if status != 200:
-            raise TunnelRejectedError(status, body or f"HTTP {status}")
-        return H2StreamTransport(h2s, owns_connection=True)
+        return await request_h2_tunnel(stream, scheme=parts.scheme, authority=parts.netloc, path=parts.path or "/",
+                                       token=token, headers=headers)
     except BaseException:
         with trio.move_on_after(1, shield=True):
             await stream.aclose()
         raise
+
+
+async def request_h2_tunnel(
+    stream: trio.abc.Stream,
+    *,
+    scheme: str,
+    authority: str,
+    path: str,
+    token: str,
+    headers: Sequence[tuple[str, str]] = (),
+) -> H2StreamTransport:
+    """The client's side of the carrier on a connection that is already open (``dial_h2_tunnel``'s,
+    or one kasd dialled to a receptive agentd): the preface and the tunnel request. Raises
+    TunnelRejectedError for a non-200 answer; the caller closes ``stream`` on any error."""
+    driver = _new_driver(stream, server=False)
+    request = [
+        (":method", "POST"),
+        (":scheme", scheme),
+        (":authority", authority),
+        (":path", path),
+        *tunnel_request_headers(token, extra=headers),
+    ]
+    h2s = await driver.open_stream(request)
+    status, body = await _await_response(h2s)
+    if status != 200:
+        raise TunnelRejectedError(status, body or f"HTTP {status}")
+    return H2StreamTransport(h2s, owns_connection=True)
 
 
 async def run_h2_reader(transport: H2StreamTransport) -> None:
@@ -283,6 +301,27 @@ async def serve_h2_tunnels(
         )
 
     await trio.serve_listeners(on_connection, list(listeners), task_status=task_status)
+
+
+async def serve_h2_connection(
+    stream: trio.abc.Stream,
+    handler: SessionHandler,
+    *,
+    authenticate: Authenticate,
+    path: str = DEFAULT_PATH,
+    handshake_timeout: float = 10.0,
+    reset_limit: ResetLimit = DEFAULT_RESET_LIMIT,
+    session_kwargs: dict[str, Any] | None = None,
+    unexpected: UnexpectedErrors | None = None,
+) -> None:
+    """The server's side of the carrier on one connection that is already open (and, if it is TLS,
+    handshaken): what ``serve_h2_tunnels`` runs for each connection it accepts, for kasd's
+    connections to receptive agents (``kasd.receptive``). Returns when the connection ends; closes it."""
+    await _serve_connection(
+        stream, handler=handler, authenticate=authenticate, path=path, ssl_context=None,
+        handshake_timeout=handshake_timeout, reset_limit=reset_limit, session_kwargs=session_kwargs or {},
+        unexpected=unexpected,
+    )
 
 
 _HTTP1_HINT = (

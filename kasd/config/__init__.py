@@ -12,6 +12,7 @@ The modules, one per section of the file:
 - ``values``: the parsers of one value the sections share (seconds, counts, paths, addresses);
 - ``listeners``: ``listeners:`` (addresses, TLS files, connection caps, HTTP/2 limits);
 - ``directory``: ``agents:``, ``groups:``, ``projects:``, ``users:``;
+- ``receptive``: ``agents[].receptive:`` (how kasd dials a receptive agent);
 - ``authorization``: ``authorization:`` (config projects, token verification);
 - ``routing``: ``routing:`` (sessions, Redis, replicas and how they trust each other);
 - ``store``: ``store:`` (what outlives the process);
@@ -22,8 +23,8 @@ The modules, one per section of the file:
 Everything importers need is named here: ``from kasd.config import Config, ConfigError, …``.
 
 May import: ``daemonkit`` (settings, yamldoc, notify), ``kasd.authz`` (pure), ``kasd.tokens``,
-``routing.peers`` (what crosses a network), ``h2trio.budget``, ``wire.ids``, attrs and the standard
-library; never a server, a listener or a pipeline.
+``routing.peers`` (what crosses a network), ``h2trio.budget``, ``wire.ids``, attrs, joserfc and
+cryptography (a receptive agent's signing key, loaded to check it) and the standard library; never a server, a listener or a pipeline.
 """
 
 from kasd.config.authorization import AuthorizationSettings, TokenSettings

@@ -10,6 +10,7 @@ import attrs
 
 from daemonkit.settings import Problem, setting
 from kasd.authz.directory import Role, full_path_problem, parse_role, username_problem
+from kasd.config.receptive import ReceptiveEntry
 from kasd.config.values import expect_type, parse_positive_id, parse_string
 from kasd.tokens import is_token_hash
 
@@ -29,6 +30,8 @@ class AgentEntry:
     name: str = setting(parse=parse_string)
     config_project: str = setting(parse=parse_string)
     token_sha256: str = setting(parse=_token_hash, repr=False)
+    #: a receptive agent: kasd dials it (``kasd.receptive``); None: it dials kasd
+    receptive: ReceptiveEntry | None = setting(None)
 
 
 def _full_path(value: Any) -> str:

@@ -1,0 +1,188 @@
+"""Receptive mode in-process on 127.0.0.1: a real agentd listening, kasd's real dialer dialling it
+(the sessions go to a fake kasd's handler), and strangers refused at the hello."""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import trustme
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+from joserfc.jwk import OKPKey
+
+from agentd.kubeapi import KubeTarget
+from daemonkit.settings import HostPort
+from kasd.config.directory import AgentEntry
+from kasd.config.receptive import ReceptiveEntry
+from kasd.receptive import ReceptiveDialer, only_the_dialled_agent
+from tests.agentd.harness import AGENT_TOKEN, FakeKasd, agent_config, running_agent
+from wire.carrier import TunnelRejectedError
+from wire.receptive import MAX_HELLO, MTLS_CREDENTIAL, hello, mint_token
+
+pytestmark = pytest.mark.timeout(20)
+AGENT_ID = 7
+
+
+@attrs.frozen
+class Principal:
+    id: int
+
+
+class Keys:
+    def __init__(self, tmp_path: Path) -> None:
+        self.ca = trustme.CA()
+        self.ca_file = tmp_path / "ca.pem"
+        self.ca.cert_pem.write_to_path(str(self.ca_file))
+        self.listener = tmp_path / "listener.pem"
+        self.ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(self.listener))
+        self.client = tmp_path / "client.pem"
+        self.ca.issue_cert("kasd.internal").private_key_and_cert_chain_pem.write_to_path(str(self.client))
+        key = ed25519.Ed25519PrivateKey.generate()
+        self.private = tmp_path / "jwt.key"
+        self.private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                   serialization.NoEncryption()))
+        self.public = tmp_path / "jwt.pub"
+        self.public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                              serialization.PublicFormat.SubjectPublicKeyInfo))
+        self.jwk = OKPKey.import_key(self.private.read_bytes())
+
+
+def _agentd_config(tmp_path: Path, keys: Keys, auth: str) -> Any:
+    by = {"receptive_jwt_file": keys.public} if auth == "jwt" else {"receptive_ca_cert_file": keys.ca_file}
+    return agent_config(tmp_path, "http://127.0.0.1:1/tunnel", kas_addresses=(), connections=2,
+                        agent_id=str(AGENT_ID), receptive_listen_address=HostPort("127.0.0.1", 0),
+                        receptive_cert_file=keys.listener, receptive_key_file=keys.listener, **by)
+
+
+class Kasd(FakeKasd):
+    async def authenticate(self, token: str, headers: dict[str, str]) -> Any:
+        return Principal(AGENT_ID) if token == AGENT_TOKEN else None
+
+
+def _dialer(kasd: Kasd, keys: Keys, address: str, auth: str, stop: trio.Event) -> ReceptiveDialer:
+    by: dict[str, Any] = {"private_key_file": keys.private} if auth == "jwt" else \
+        {"client_cert_file": keys.client, "client_key_file": keys.client}
+    entry = ReceptiveEntry(url=f"grpcs://{address}", ca_cert_file=keys.ca_file, **by)
+    agent = AgentEntry(id=AGENT_ID, name="recept", config_project="group/p", token_sha256="0" * 64, receptive=entry)
+    return ReceptiveDialer([agent], sessions=kasd.handler, authenticate=kasd.authenticate, membership=None, stop=stop,
+                           handshake_timeout=5.0)
+
+
+@pytest.mark.parametrize("auth", ["jwt", "mtls"])
+async def test_kasd_dials_in_and_dials_again_when_the_session_ends(nursery: trio.Nursery, tmp_path: Path,
+                                                                   auth: str) -> None:
+    keys = Keys(tmp_path)
+    kasd = Kasd()
+    async with running_agent(nursery, _agentd_config(tmp_path, keys, auth),
+                             KubeTarget(scheme="http", host="127.0.0.1", port=1)) as running:
+        assert running.receptive is not None
+        stop = trio.Event()
+        dialer = _dialer(kasd, keys, running.receptive.bound, auth, stop)
+        nursery.start_soon(dialer.run)
+        with trio.fail_after(10):
+            first = await kasd.session(0)
+            assert running.manager.tunnels_up == 1
+            await first.aclose()  # the session is lost (the dialling replica died, say)
+            await kasd.session(1)  # ... and kasd dials again; agentd takes it
+            await kasd.wait_for(lambda: running.manager.tunnels_up == 1)
+        assert kasd.tokens == []  # (the fake's token list: only its own authenticate would fill it)
+        assert running.receptive.refused == 0
+        stop.set()
+
+
+async def _hello_answer(address: str, keys: Keys, line: bytes, *, client_cert: bool = False) -> bytes:
+    host, port = address.rsplit(":", 1)
+    context = ssl.create_default_context(cafile=str(keys.ca_file))
+    if client_cert:
+        context.load_cert_chain(str(keys.client))
+    stream = trio.SSLStream(await trio.open_tcp_stream(host, int(port)), context, server_hostname=host)
+    await stream.do_handshake()
+    await stream.send_all(line)
+    answer = b""
+    try:
+        while chunk := await stream.receive_some(512):
+            answer += chunk
+    except trio.BrokenResourceError:
+        pass
+    await stream.aclose()
+    return answer
+
+
+async def test_strangers_are_refused_at_the_hello(nursery: trio.Nursery, tmp_path: Path) -> None:
+    keys = Keys(tmp_path)
+    other = OKPKey.generate_key("Ed25519")
+    async with running_agent(nursery, _agentd_config(tmp_path, keys, "jwt"),
+                             KubeTarget(scheme="http", host="127.0.0.1", port=1)) as running:
+        assert running.receptive is not None
+        address = running.receptive.bound
+        now = time.time()  # tokens carry wall-clock times
+        cases = {
+            b"GET / HTTP/1.1\r\nhost: x\r\n\r\n": b"NO not a receptive hello\n",
+            hello(mint_token(other, agent_id=AGENT_ID, now=now)): b"NO bad token\n",
+            hello(mint_token(keys.jwk, agent_id=AGENT_ID, now=now - 3600)): b"NO token expired\n",
+            hello(mint_token(keys.jwk, agent_id=AGENT_ID + 1, now=now)): b"NO token is for another agent\n",
+            hello(MTLS_CREDENTIAL): b"NO this agentd authenticates kasd by JWT\n",
+            hello(_unsigned(AGENT_ID, now)): b"NO bad token\n",
+            b"KASR/1 " + b"x" * MAX_HELLO: b"NO hello too long\n",
+        }
+        with trio.fail_after(10):
+            for line, refused in cases.items():
+                assert await _hello_answer(address, keys, line) == refused
+        assert running.receptive.refused == len(cases)
+        assert running.receptive.accepted == 0
+        assert running.manager.tunnels_up == 0
+
+
+def _unsigned(agent_id: int, now: float) -> str:
+    """A token with ``alg: none`` and every claim right: the algorithm alone must refuse it."""
+    def part(value: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).rstrip(b"=").decode()
+
+    claims = {"iss": "kasd", "aud": "agentd", "sub": str(agent_id), "iat": int(now), "nbf": int(now),
+              "exp": int(now) + 60}
+    return f"{part({'alg': 'none', 'typ': 'JWT'})}.{part(claims)}."
+
+
+async def test_kasd_refuses_the_token_of_another_agent_on_the_connection_it_dialled() -> None:
+    async def authenticate(token: str, headers: dict[str, str]) -> Any:
+        await trio.lowlevel.checkpoint()
+        return Principal(AGENT_ID + 1) if token == "other" else Principal(AGENT_ID)
+
+    check = only_the_dialled_agent(authenticate, AGENT_ID)
+    assert await check("mine", {}) == Principal(AGENT_ID)
+    with pytest.raises(TunnelRejectedError) as refused:
+        await check("other", {})
+    assert (refused.value.status, refused.value.message) == (403, "provided agent token belongs to a different agent id")
+
+
+async def test_mutual_tls_refuses_a_client_certificate_of_another_ca(nursery: trio.Nursery, tmp_path: Path) -> None:
+    keys = Keys(tmp_path)
+    async with running_agent(nursery, _agentd_config(tmp_path, keys, "mtls"),
+                             KubeTarget(scheme="http", host="127.0.0.1", port=1)) as running:
+        assert running.receptive is not None
+        (tmp_path / "other").mkdir()
+        stranger = Keys(tmp_path / "other")
+        # the stranger's client certificate (another CA) against agentd's real certificate
+        stranger.ca_file = keys.ca_file
+        with trio.fail_after(10):
+            with pytest.raises((trio.BrokenResourceError, ssl.SSLError)):
+                answer = await _hello_answer(running.receptive.bound, stranger, hello(MTLS_CREDENTIAL),
+                                             client_cert=True)
+                if not answer:  # TLS 1.3: the refusal of the certificate arrives with the first read
+                    raise trio.BrokenResourceError("closed")
+            # without any certificate: refused too
+            with pytest.raises((trio.BrokenResourceError, ssl.SSLError)):
+                answer = await _hello_answer(running.receptive.bound, keys, hello(MTLS_CREDENTIAL))
+                if not answer:
+                    raise trio.BrokenResourceError("closed")
+        assert running.receptive.accepted == 0
+        assert running.manager.tunnels_up == 0
+
