@@ -1,6 +1,7 @@
 """``agentd`` (or ``python -m agentd``): run the agent until SIGTERM/SIGINT, then drain and exit 0
 (a second signal stops at once; SIGHUP reads the configuration again and applies its log_level and
-log_format, and reads kas_ca_file again, nothing else).
+log_format, and reads the TLS files again if they changed: kas_ca_file, the receptive listener's and
+the health address's certificate, key and CA; nothing else).
 
 Bad configuration prints ``agentd: error: …`` and exits 2 (a wrong command line, such as an unknown
 flag, with the usage first, like argparse). A health port that cannot be bound prints ``agentd:
@@ -55,10 +56,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except TLSLoadError as exc:
         print(f"agentd: error: kas_ca_file: {exc}", file=sys.stderr)
         return 2
+    # every TLS context agentd builds (run_agent adds the receptive listener's and the health address's)
+    reloadable: list[ssl.SSLContext | None] = [kas_tls]
     code = 0
     try:
-        trio.run(partial(run_until_signalled, partial(_run, config, target, kas_tls), log=log,
-                         log_settings=log_settings, on_hangup=lambda: reload_all([kas_tls])))
+        trio.run(partial(run_until_signalled, partial(_run, config, target, kas_tls, reloadable), log=log,
+                         log_settings=log_settings, on_hangup=lambda: reload_all(reloadable)))
     except* OSError as group:
         for oserr in leaves(group):
             print(f"agentd: {os_error_line(oserr)}", file=sys.stderr)
@@ -71,8 +74,9 @@ def command_line() -> argparse.ArgumentParser:
     return completion.whole_command_line(build_parser, "agentd", {})
 
 
-async def _run(config: AgentdConfig, target: KubeTarget, kas_tls: ssl.SSLContext | None, drain: trio.Event) -> None:
-    await run_agent(config, kube_target=target, stop_event=drain, kas_tls=kas_tls)
+async def _run(config: AgentdConfig, target: KubeTarget, kas_tls: ssl.SSLContext | None,
+               reloadable: list[ssl.SSLContext | None], drain: trio.Event) -> None:
+    await run_agent(config, kube_target=target, stop_event=drain, kas_tls=kas_tls, reloadable=reloadable)
 
 
 if __name__ == "__main__":

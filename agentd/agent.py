@@ -18,7 +18,7 @@ from agentd.config import AgentdConfig
 from agentd.connection import ConnectionManager
 from agentd.discovery import ClusterReporter, pool_fetch
 from agentd.events import EventHandler
-from agentd.health import serve_health
+from agentd.health import health_ssl_context, serve_health
 from agentd.kubeapi import KubeTarget, in_cluster_target, kubeconfig_target
 from agentd.metrics import CONTENT_TYPE, AgentMetrics
 from agentd.proxy import KubeApiProxy
@@ -56,6 +56,8 @@ class RunningAgent:
     api_server: ApiServerReachability | None = None
     #: receptive mode: the listener kasd dials (``agentd.receptive``)
     receptive: ReceptiveListener | None = None
+    #: the health address's TLS (None: plain HTTP)
+    health_tls: ssl.SSLContext | None = None
 
     def stop(self) -> None:
         """Graceful stop: no more dials, in-flight streams finish (bounded), run_agent returns."""
@@ -95,10 +97,13 @@ async def run_agent(
     stop_event: trio.Event | None = None,
     manager_kwargs: Mapping[str, Any] | None = None,
     kas_tls: ssl.SSLContext | None = None,
+    reloadable: list[ssl.SSLContext | None] | None = None,
     task_status: trio.TaskStatus[RunningAgent] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run until ``stop_event`` is set (then drain gracefully and return) or cancelled. ``kas_tls``:
-    how kasd is verified (default: ``kas_ssl_context(config)``; given, the caller can reload it)."""
+    how kasd is verified (default: ``kas_ssl_context(config)``; given, the caller can reload it).
+    ``reloadable``: the TLS contexts built here (the receptive listener's, the health address's) are
+    added to it, for the caller's SIGHUP to reload."""
     target = kube_target or kube_target_for(config)
     if stop_event is None:
         stop_event = trio.Event()
@@ -115,6 +120,9 @@ async def run_agent(
     streams = StreamKinds({KIND_K8S_API: proxy.handle, KIND_SERVICE: services.handle, KIND_EVENT: events.handle})
     receptive = ReceptiveListener(config, session_kwargs=config.session_keepalive) \
         if config.receptive_listen_address is not None else None
+    health_tls = health_ssl_context(config)
+    if reloadable is not None:
+        reloadable += [receptive.ssl_context if receptive is not None else None, health_tls]
     manager = (partial(receptive_manager, receptive) if receptive is not None
                else partial(ConnectionManager, config.kas_addresses))(
         token_file=config.token_file,
@@ -148,7 +156,8 @@ async def run_agent(
     try:
         async with trio.open_nursery() as nursery:
             metrics.watch_manager(manager.statistics)
-            health = await nursery.start(partial(serve_health, metrics=lambda: HealthResponse(200, metrics.render(), CONTENT_TYPE)),
+            health = await nursery.start(partial(serve_health, metrics=lambda: HealthResponse(200, metrics.render(), CONTENT_TYPE),
+                                                 ssl_context=health_tls),
                                          config.health_host, config.health_port, readiness)
             await nursery.start(events.run)
             if receptive is not None:
@@ -172,7 +181,8 @@ async def run_agent(
                 nursery.start_soon(reporter.run)
             running = RunningAgent(health_address=health, manager=manager, pool=pool, proxy=proxy,
                                    stop_event=stop_event, streams=streams, events=events, services=services,
-                                   reporter=reporter, api_server=api_server, receptive=receptive)
+                                   reporter=reporter, api_server=api_server, receptive=receptive,
+                                   health_tls=health_tls)
             sd_notify("READY=1")
             nursery.start_soon(_after_first_tunnel, manager, config.ready_file, health)
             task_status.started(running)

@@ -11,7 +11,7 @@ import argparse
 import math
 import re
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -37,6 +37,7 @@ from daemonkit.settings import (
     ca_bundle,
     setting,
 )
+from netio.tlsreload import TLSFiles, TLSLoadError, build_context
 from wire.ids import InvalidNumber, parse_decimal
 
 DEFAULT_CONNECTIONS = 2
@@ -383,6 +384,21 @@ class AgentdConfig:
         metavar="SECONDS", help="look at kas_ca_file this often; a changed bundle verifies the next dial (0: on SIGHUP "
         "only)",
     )
+    #: seconds between two looks at the receptive listener's and the health address's TLS files; 0: only on SIGHUP
+    tls_reload_interval: float = setting(
+        10.0, parse=_seconds_or_off, env="AGENTD_TLS_RELOAD_INTERVAL", flag="--tls-reload-interval",
+        metavar="SECONDS", help="look at the receptive and health certificate files this often; changed files serve "
+        "the next connection (0: on SIGHUP only)",
+    )
+    # Optional TLS on the health address (kubelet probes: scheme HTTPS; Prometheus: scheme https).
+    health_cert_file: Path | None = setting(
+        None, parse=_optional_path, env="AGENTD_HEALTH_CERT_FILE", flag="--health-cert-file", metavar="PATH",
+        help="serve the health address over HTTPS only, with this PEM certificate (chain); none: plain HTTP",
+    )
+    health_key_file: Path | None = setting(
+        None, parse=_optional_path, env="AGENTD_HEALTH_KEY_FILE", flag="--health-key-file", metavar="PATH",
+        help="PEM private key of health_cert_file",
+    )
     # Receptive mode (docs/agentd.md, "Receptive agents"): kasd dials in, agentd never dials out.
     # GitLab's agentk flags, by the same names.
     receptive_listen_address: HostPort | None = setting(
@@ -544,9 +560,26 @@ def _check(loaded: Loaded[AgentdConfig]) -> AgentdConfig:
         problem = receptive_settings_problem(config, loaded.where)
         if problem is not None:
             raise ConfigError(problem)
+    problem = health_tls_problem(config, loaded.where)
+    if problem is not None:
+        raise ConfigError(problem)
     if config.kubeconfig is not None and not config.kubeconfig.is_file():
         raise ConfigError(f"{loaded.where('kubeconfig')}: kubeconfig file {config.kubeconfig} does not exist")
     return config
+
+
+def health_tls_problem(config: AgentdConfig, where: Callable[[str], str]) -> str | None:
+    """What is wrong with health_cert_file / health_key_file, or None (both unset: plain HTTP)."""
+    cert, key = config.health_cert_file, config.health_key_file
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        return f"{where('health_cert_file')} and {where('health_key_file')} go together (HTTPS needs both)"
+    try:
+        build_context(TLSFiles(server=True, cert=cert, key=key))
+    except TLSLoadError as exc:
+        return f"{where('health_cert_file')} / {where('health_key_file')}: {exc}"
+    return None
 
 
 def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> AgentdConfig:

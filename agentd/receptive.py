@@ -35,6 +35,7 @@ from agentd.config import AgentdConfig
 from agentd.connection import ConnectionManager
 from daemonkit.logs import BurstLimitedLog
 from netio.fastio import fast_stream, peer_host, peer_name, tls_stream
+from netio.tlsreload import ReloadingContext, TLSFiles, TLSLoadError, build_context
 from wire.carrier import DEFAULT_PATH
 from wire.frames import Metadata
 from wire.h2carrier import request_h2_tunnel, run_h2_reader
@@ -93,17 +94,21 @@ def load_public_key(path: Path) -> OKPKey:
     return OKPKey.import_key(ed25519.Ed25519PublicKey.from_public_bytes(raw))
 
 
-def listener_ssl_context(config: AgentdConfig) -> ssl.SSLContext:
-    """The receptive listener's TLS: its certificate, and kasd's client certificate required when
-    mutual TLS authenticates kasd."""
+def listener_files(config: AgentdConfig) -> TLSFiles:
+    """The receptive listener's TLS files: its certificate and key, and (mutual TLS) the CA that signs
+    kasd's client certificate."""
     assert config.receptive_cert_file is not None and config.receptive_key_file is not None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(str(config.receptive_cert_file), str(config.receptive_key_file))
+    return TLSFiles(server=True, cert=config.receptive_cert_file, key=config.receptive_key_file,
+                    ca=config.receptive_ca_cert_file)
+
+
+def listener_ssl_context(config: AgentdConfig) -> ReloadingContext:
+    """The receptive listener's TLS: its certificate, and kasd's client certificate required when
+    mutual TLS authenticates kasd. The files are read again when they change (every
+    ``tls_reload_interval``, and on SIGHUP): the next handshake uses them, connections up keep theirs."""
+    context = ReloadingContext(listener_files(config), name="receptive", check_interval=config.tls_reload_interval)
     # The hello comes first, then HTTP/2 (kasd's side checks the ALPN as on its agent port).
     context.set_alpn_protocols(["h2"])
-    if config.receptive_ca_cert_file is not None:
-        context.verify_mode = ssl.CERT_REQUIRED
-        context.load_verify_locations(cafile=str(config.receptive_ca_cert_file))
     return context
 
 
@@ -121,10 +126,9 @@ def receptive_settings_problem(config: AgentdConfig, where: Callable[[str], str]
         except ReceptiveKeyError as exc:
             return f"{where('receptive_jwt_file')}: {exc}"
     try:
-        listener_ssl_context(config)
-    except (OSError, ssl.SSLError) as exc:
-        return (f"{where('receptive_cert_file')} / {where('receptive_key_file')}: cannot load the certificate "
-                f"and key: {getattr(exc, 'strerror', None) or exc}")
+        build_context(listener_files(config))
+    except TLSLoadError as exc:
+        return f"{where('receptive_cert_file')} / {where('receptive_key_file')}: {exc}"
     return None
 
 

@@ -4,7 +4,8 @@
 Each daemon supplies its routes (path → a function returning the response); this module owns the
 HTTP. Anyone who can reach the port gets a small, fixed budget: one request per connection, a head of
 at most ``max_head`` bytes that must arrive within ``header_timeout`` seconds, a bounded time to
-take the answer, and at most ``max_connections`` connections at once. A request that breaks those rules gets its answer (400, 408, 431), then the
+take the answer, and at most ``max_connections`` connections at once. With an ``ssl_context`` it
+serves HTTPS only (the TLS handshake counts in ``header_timeout``; a failed one just closes). A request that breaks those rules gets its answer (400, 408, 431), then the
 connection closes; GET and HEAD only (405 otherwise).
 
 ``serve_health`` also caps its listener as kasd caps each of its own (``netio.admission``): at most
@@ -15,6 +16,7 @@ before a task starts for them, with a rate-limited log line.
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
 
@@ -88,8 +90,11 @@ class HealthServer:
         max_head: int = MAX_HEAD,
         send_timeout: float = SEND_TIMEOUT,
         max_connections: int = MAX_CONNECTIONS,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.routes = dict(routes)
+        #: None: plain HTTP; else HTTPS only (a ``netio.tlsreload.ReloadingContext`` serves changed files)
+        self.ssl_context = ssl_context
         self.max_connections = max_connections
         self.connections = 0
         self.header_timeout = header_timeout
@@ -110,6 +115,8 @@ class HealthServer:
             await trio.aclose_forcefully(stream)
             return
         self.connections += 1
+        if self.ssl_context is not None:  # (the handshake runs at the first read, within header_timeout)
+            stream = trio.SSLStream(stream, self.ssl_context, server_side=True)
         try:
             data = await self._answer(stream)
             if data:
@@ -187,18 +194,19 @@ async def serve_health(
     what: str,
     name: str = "health",
     caps: ConnectionCaps = CAPS,
+    ssl_context: ssl.SSLContext | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen on ``host:port`` (0 picks a port) and serve ``routes``; ``started((host, bound_port))``
     once listening. A port that cannot be bound is an OSError naming ``what`` it is for; ``name`` is
-    the listener's in the log line of a refused connection."""
+    the listener's in the log line of a refused connection. ``ssl_context``: HTTPS only."""
     try:
         sockets = await trio.open_tcp_listeners(port, host=host or None)
     except OSError as exc:
         message = f"cannot listen on {host}:{port} ({what}): {exc.strerror or exc}"
         raise OSError(exc.errno, message) from None
     bound = sockets[0].socket.getsockname()
-    server = HealthServer(routes, max_connections=caps.max_connections)
+    server = HealthServer(routes, max_connections=caps.max_connections, ssl_context=ssl_context)
     refusals = BurstLimitedLog(log, interval=REFUSAL_LOG_INTERVAL)
     admission = capped_admission(caps, listener=name, log=refusals)
     async with trio.open_nursery() as nursery:

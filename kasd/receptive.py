@@ -34,6 +34,7 @@ from daemonkit.settings import Problem
 from kasd.config.directory import AgentEntry
 from kasd.config.receptive import ReceptiveEntry, load_private_key
 from netio.fastio import fast_stream, tls_stream
+from netio.tlsreload import CHECK_INTERVAL, ReloadingContext, TLSFiles, TLSLoadError, file_identity, reload_all
 from routing.membership import Membership
 from wire.carrier import DEFAULT_PATH, Authenticate, TunnelRejectedError
 from wire.h2carrier import SessionHandler, serve_h2_connection
@@ -63,14 +64,66 @@ class ReceptiveRefusedError(Exception):
     """agentd answered the hello with a refusal (its reason, fixed text)."""
 
 
-def client_ssl_context(entry: ReceptiveEntry) -> ssl.SSLContext:
+def client_ssl_context(entry: ReceptiveEntry, *, name: str = "receptive",
+                       check_interval: float = CHECK_INTERVAL) -> ReloadingContext:
     """kasd's TLS to one agentd: its certificate verified against ``ca_cert_file`` (or the system's
-    CAs); kasd's client certificate for mutual TLS."""
-    context = ssl.create_default_context(cafile=str(entry.ca_cert_file) if entry.ca_cert_file else None)
+    CAs); kasd's client certificate for mutual TLS. The files are read again when they change (at
+    most every ``check_interval`` seconds, and on SIGHUP): the next dial uses them. ``TLSLoadError``
+    if they do not load."""
+    files = TLSFiles(server=False, ca=entry.ca_cert_file, cert=entry.client_cert_file, key=entry.client_key_file)
+    context = ReloadingContext(files, name=name, check_interval=check_interval)
     context.set_alpn_protocols(["h2"])
-    if entry.client_cert_file is not None and entry.client_key_file is not None:
-        context.load_cert_chain(str(entry.client_cert_file), str(entry.client_key_file))
     return context
+
+
+class Credentials:
+    """What kasd proves itself with to one receptive agent, read again when its files change: the
+    TLS context (``client_ssl_context``) and the JWT signing key (``private_key_file``, looked at at
+    every dial: a stat; read only when it changed). Files that do not load keep the previous ones
+    (one ERROR line, never the key's bytes); at the start they are the dial's error, tried again at
+    the next dial."""
+
+    def __init__(self, agent_id: int, entry: ReceptiveEntry) -> None:
+        self.agent_id = agent_id
+        self.entry = entry
+        self._tls: ReloadingContext | None = None
+        self._key: OKPKey | None = None
+        self._key_seen: object = None
+        #: JWT signing keys read since the start (the first one included)
+        self.key_loads = 0
+
+    @property
+    def tls(self) -> ReloadingContext | None:
+        """The TLS context, once it loaded (None before: nothing to reload on SIGHUP)."""
+        return self._tls
+
+    def context(self) -> ReloadingContext:
+        if self._tls is None:
+            self._tls = client_ssl_context(self.entry, name=f"receptive agent_id={self.agent_id}")
+        return self._tls
+
+    def key(self) -> OKPKey | None:
+        """The JWT signing key (None: mutual TLS); ``Problem`` if it never loaded."""
+        path = self.entry.private_key_file
+        if path is None:
+            return None
+        seen = file_identity(path)
+        if self._key is not None and seen == self._key_seen:
+            return self._key
+        self._key_seen = seen  # a broken key is reported once, then again only when the file changes
+        try:
+            key = load_private_key(path)
+        except Problem as exc:
+            if self._key is None:
+                raise
+            log.error("receptive JWT key not reloaded agent_id=%d: %s; kasd signs with the previous key",
+                      self.agent_id, exc.text)
+            return self._key
+        if self._key is not None:
+            log.info("receptive JWT key reloaded agent_id=%d file=%s", self.agent_id, path)
+        self._key = key
+        self.key_loads += 1
+        return key
 
 
 async def read_reply(stream: trio.abc.Stream) -> str:
@@ -108,6 +161,9 @@ class ReceptiveDialer:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.agents = [agent for agent in agents if agent.receptive is not None]
+        #: agent id → its credentials (read again when their files change)
+        self.credentials = {agent.id: Credentials(agent.id, agent.receptive) for agent in self.agents
+                            if agent.receptive is not None}
         self.sessions = sessions
         self.authenticate = authenticate
         self.membership = membership
@@ -122,6 +178,10 @@ class ReceptiveDialer:
         #: dials made, and dials that ended in no session
         self.dials = 0
         self.failures = 0
+
+    def reload(self) -> None:
+        """Look at every TLS file now (SIGHUP); the JWT keys are looked at at every dial anyway."""
+        reload_all(credentials.tls for credentials in self.credentials.values())
 
     # ---- who dials
 
@@ -157,11 +217,10 @@ class ReceptiveDialer:
             self.dials += 1
             began = trio.current_time()
             try:
-                # (read at every dial: a file replaced since start, or gone, is this agent's problem only)
-                context = client_ssl_context(entry)
-                key = load_private_key(entry.private_key_file) if entry.private_key_file is not None else None
-                error = await self._dial_and_serve(agent, entry, context, key)
-            except (OSError, ssl.SSLError, Problem) as exc:
+                # (files read again when they changed; a file that never loaded is this agent's problem only)
+                credentials = self.credentials[agent.id]
+                error = await self._dial_and_serve(agent, entry, credentials.context(), credentials.key())
+            except (OSError, ssl.SSLError, Problem, TLSLoadError) as exc:
                 error = f"cannot load kasd's credentials for this agent: {getattr(exc, 'text', None) or exc}"
             except Exception as exc:  # a bug must not take kasd (or the other agents) down
                 log.exception("receptive dial failed unexpectedly agent_id=%d", agent.id)
@@ -281,4 +340,4 @@ def _why(exc: BaseException, timeout: float) -> str:
     return type(exc).__name__
 
 
-__all__: list[str] = ["ReceptiveDialer", "ReceptiveRefusedError", "client_ssl_context"]
+__all__: list[str] = ["Credentials", "ReceptiveDialer", "ReceptiveRefusedError", "client_ssl_context"]

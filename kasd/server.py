@@ -123,6 +123,8 @@ class Runtime:
     events: EventDelivery | None = None
     #: every TLS context of the listeners and the peer pool (each reads its files again when they change)
     tls: list[ssl.SSLContext] = attrs.field(factory=list)
+    #: kasd's dials to receptive agents (their TLS files are reloaded with the rest)
+    receptive: ReceptiveDialer | None = None
     _shutdown: trio.Event = attrs.field(factory=trio.Event)
 
     def request_shutdown(self) -> None:
@@ -131,6 +133,8 @@ class Runtime:
     def reload_tls(self) -> None:
         """Look at every TLS file now (SIGHUP): new connections get what changed."""
         reload_all(self.tls)
+        if self.receptive is not None:
+            self.receptive.reload()
 
     def port(self, name: str) -> int:
         return int(self.addresses[name].rsplit(":", 1)[1])
@@ -242,10 +246,11 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
                                      incoming={KIND_CLUSTER_INFO: ClusterInfoIntake(pods).handle}, pods=pods)
             await nursery.start(_serve_agents, config, sessions, authority, stoppable("agent"), agent_tls, metrics)
             # receptive agents: kasd dials them (this replica: those it is home for), same sessions
-            nursery.start_soon(ReceptiveDialer(
+            runtime.receptive = ReceptiveDialer(
                 config.agents, sessions=sessions, authenticate=AgentAuthenticator(lambda: authority.loaded.agents),
                 membership=replicas.membership if replicas is not None else None, stop=stop,
-                handshake_timeout=config.agent.handshake_timeout, session_kwargs=config.agent.session_keepalive).run)
+                handshake_timeout=config.agent.handshake_timeout, session_kwargs=config.agent.session_keepalive)
+            nursery.start_soon(runtime.receptive.run)
             await nursery.start(trio.serve_listeners, proxy.handle_connection, stoppable("kubernetes_api"))
             nursery.start_soon(authority.watch)
             refresh = authority.refresh  # (among replicas: here and, through Redis, on the others)

@@ -121,6 +121,11 @@ def describe_certificate(path: Path) -> str:
 _Identity = tuple[tuple[int, int, int, int] | None, ...]
 
 
+def file_identity(path: Path) -> tuple[int, int, int, int] | None:
+    """What tells a file changed (device, inode, size, modification time; None: it cannot be stat'ed)."""
+    return _identity((path,))[0]
+
+
 def _identity(paths: Iterable[Path]) -> _Identity:
     out: list[tuple[int, int, int, int] | None] = []
     for path in paths:
@@ -212,4 +217,4 @@ def reload_all(contexts: Iterable[ssl.SSLContext | None]) -> None:
 
 
 __all__ = ["CHECK_INTERVAL", "ReloadingContext", "TLSFiles", "TLSLoadError", "build_context", "describe_certificate",
-           "reload_all"]
+           "file_identity", "reload_all"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import ssl
 import time
 from pathlib import Path
@@ -22,7 +23,8 @@ from agentd.kubeapi import KubeTarget
 from daemonkit.settings import HostPort
 from kasd.config.directory import AgentEntry
 from kasd.config.receptive import ReceptiveEntry
-from kasd.receptive import ReceptiveDialer, only_the_dialled_agent
+from kasd.receptive import Credentials, ReceptiveDialer, only_the_dialled_agent
+from netio.tlsreload import ReloadingContext, reload_all
 from tests.agentd.harness import AGENT_TOKEN, FakeKasd, agent_config, running_agent
 from wire.carrier import TunnelRejectedError
 from wire.receptive import MAX_HELLO, MTLS_CREDENTIAL, hello, mint_token
@@ -96,6 +98,60 @@ async def test_kasd_dials_in_and_dials_again_when_the_session_ends(nursery: trio
         assert kasd.tokens == []  # (the fake's token list: only its own authenticate would fill it)
         assert running.receptive.refused == 0
         stop.set()
+
+
+@pytest.mark.parametrize("auth", ["jwt", "mtls"])
+async def test_rotated_certificates_serve_kasds_next_dial(nursery: trio.Nursery, tmp_path: Path, auth: str) -> None:
+    """Every receptive TLS file replaced by one of a new CA (agentd's listener certificate and, under
+    mutual TLS, the CA it checks kasd's certificate by; kasd's CA bundle and client certificate), then
+    what SIGHUP does on both sides: the session up meanwhile goes on, and kasd's next dial comes up on
+    the new files only (kasd now trusts the new CA alone), with no restart."""
+    keys = Keys(tmp_path)
+    kasd = Kasd()
+    async with running_agent(nursery, _agentd_config(tmp_path, keys, auth),
+                             KubeTarget(scheme="http", host="127.0.0.1", port=1)) as running:
+        assert running.receptive is not None
+        stop = trio.Event()
+        dialer = _dialer(kasd, keys, running.receptive.bound, auth, stop)
+        nursery.start_soon(dialer.run)
+        with trio.fail_after(10):
+            first = await kasd.session(0)
+            (tmp_path / "new").mkdir()
+            new = Keys(tmp_path / "new")
+            for old_path, new_path in ((keys.ca_file, new.ca_file), (keys.listener, new.listener),
+                                       (keys.client, new.client)):
+                os.replace(new_path, old_path)  # whole files, as a Secret's mount or cert-manager does
+            reload_all([running.receptive.ssl_context])  # agentd's SIGHUP
+            dialer.reload()  # kasd's
+            assert kasd.events == ["up 0"] and running.manager.tunnels_up == 1  # the session up is untouched
+            await first.aclose()
+            await kasd.session(1)  # kasd dialled again, and the handshake verified under the new CA
+            await kasd.wait_for(lambda: running.manager.tunnels_up == 1)
+        assert isinstance(running.receptive.ssl_context, ReloadingContext)
+        assert running.receptive.ssl_context.loads == 2
+        stop.set()
+
+
+def test_kasds_jwt_key_is_read_again_when_its_file_changes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """kasd signs with the key its file holds now; a file that does not load keeps the previous key
+    (one ERROR line naming the file, never its bytes)."""
+    keys = Keys(tmp_path)
+    credentials = Credentials(AGENT_ID, ReceptiveEntry(url="grpcs://127.0.0.1:1", private_key_file=keys.private))
+    first = credentials.key()
+    assert first is not None and first.as_dict() == keys.jwk.as_dict()
+    assert credentials.key() is first and credentials.key_loads == 1  # unchanged: not read again
+    (tmp_path / "new").mkdir()
+    rotated = Keys(tmp_path / "new")
+    os.replace(rotated.private, keys.private)
+    second = credentials.key()
+    assert second is not None and second.as_dict() == rotated.jwk.as_dict()
+    (tmp_path / "broken").write_bytes(b"-----BEGIN PRIVATE KEY-----\nhunter2\n")
+    os.replace(tmp_path / "broken", keys.private)
+    with caplog.at_level("INFO", logger="kasd.receptive"):
+        assert credentials.key() is second
+        assert credentials.key() is second  # reported once
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and str(keys.private) in errors[0] and "hunter2" not in errors[0]
 
 
 async def _hello_answer(address: str, keys: Keys, line: bytes, *, client_cert: bool = False) -> bytes:

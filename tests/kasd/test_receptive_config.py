@@ -104,7 +104,7 @@ def test_agentd_in_receptive_mode_needs_no_kasd_address(files: Path) -> None:
     (["--receptive-cert-file", "{d}/tls.pem", "--receptive-key-file", "{d}/tls.pem",
       "--receptive-jwt-file", "{d}/jwt.key"], "must hold an Ed25519 public key only"),
     (["--receptive-cert-file", "{d}/token", "--receptive-key-file", "{d}/tls.pem",
-      "--receptive-jwt-file", "{d}/jwt.pub"], "cannot load the certificate and key"),
+      "--receptive-jwt-file", "{d}/jwt.pub"], "--receptive-cert-file / --receptive-key-file: no PEM certificate in"),
 ])
 def test_agentd_names_what_is_wrong(files: Path, extra: list[str], words: str) -> None:
     with pytest.raises(AgentdConfigError) as error:
