@@ -14,7 +14,6 @@ import ssl
 import trio
 
 from agentd.config import AgentdConfig
-
 from daemonkit.health import ReadinessCheck, Route, liveness, readiness_route
 from daemonkit.health import serve_health as serve_routes
 from netio.tlsreload import ReloadingContext, TLSFiles

@@ -57,12 +57,12 @@ def listener_ssl_context(listener: Listener, name: str) -> ssl.SSLContext | None
 
 def warn_plaintext(config: Config, names: tuple[str, ...]) -> None:
     """A ConfigError for a listener that would serve plain text beyond loopback unasked; one WARNING
-    at start for each one that does (its insecure_plaintext, or the observability port, which has no TLS)."""
+    at start for each one that does (its insecure_plaintext, or the observability port without its optional TLS)."""
     check_plaintext(config, names)
     for name, address in plaintext_listeners(config, names):
         if name == "observability":
             _log.warning("the observability listener serves health and metrics in plain text beyond loopback "
-                         "address=%s; keep it on a network you trust", address)
+                         "address=%s; keep it on a network you trust, or set listeners.observability.tls", address)
         else:
             _log.warning("the %s listener serves plain text beyond loopback: listeners.%s.insecure_plaintext is true; "
                          "whoever is on the network reads and alters what crosses it, tokens included address=%s",

@@ -1,8 +1,10 @@
 """The observability port (8151): ``/liveness``, ``/readiness`` and ``/metrics`` on daemonkit's
-health server (GET only, small heads, one short request per connection)."""
+health server (GET only, small heads, one short request per connection); plain HTTP, or HTTPS only
+with ``listeners.observability.tls`` (its files read again when they change)."""
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 
 import trio
@@ -48,11 +50,12 @@ def _not_degraded() -> str | None:
 
 
 class ObservabilityServer(HealthServer):
-    def __init__(self, health: Readiness, metrics: Metrics, *, max_connections: int = MAX_CONNECTIONS) -> None:
+    def __init__(self, health: Readiness, metrics: Metrics, *, max_connections: int = MAX_CONNECTIONS,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.health = health
         self.metrics = metrics
         routes = {"/liveness": liveness, "/readiness": self._readiness, "/metrics": self._metrics}
-        super().__init__(routes, max_connections=max_connections)
+        super().__init__(routes, max_connections=max_connections, ssl_context=ssl_context)
 
     def _readiness(self) -> HealthResponse:
         status, body = self.health.readiness()

@@ -34,7 +34,14 @@ from daemonkit.settings import Problem
 from kasd.config.directory import AgentEntry
 from kasd.config.receptive import ReceptiveEntry, load_private_key
 from netio.fastio import fast_stream, tls_stream
-from netio.tlsreload import CHECK_INTERVAL, ReloadingContext, TLSFiles, TLSLoadError, file_identity, reload_all
+from netio.tlsreload import (
+    CHECK_INTERVAL,
+    ReloadingContext,
+    TLSFiles,
+    TLSLoadError,
+    file_identity,
+    reload_all,
+)
 from routing.membership import Membership
 from wire.carrier import DEFAULT_PATH, Authenticate, TunnelRejectedError
 from wire.h2carrier import SessionHandler, serve_h2_connection
@@ -76,7 +83,7 @@ def client_ssl_context(entry: ReceptiveEntry, *, name: str = "receptive",
     return context
 
 
-class Credentials:
+class ReceptiveCredentials:
     """What kasd proves itself with to one receptive agent, read again when its files change: the
     TLS context (``client_ssl_context``) and the JWT signing key (``private_key_file``, looked at at
     every dial: a stat; read only when it changed). Files that do not load keep the previous ones
@@ -162,7 +169,7 @@ class ReceptiveDialer:
     ) -> None:
         self.agents = [agent for agent in agents if agent.receptive is not None]
         #: agent id → its credentials (read again when their files change)
-        self.credentials = {agent.id: Credentials(agent.id, agent.receptive) for agent in self.agents
+        self.credentials = {agent.id: ReceptiveCredentials(agent.id, agent.receptive) for agent in self.agents
                             if agent.receptive is not None}
         self.sessions = sessions
         self.authenticate = authenticate
@@ -340,4 +347,4 @@ def _why(exc: BaseException, timeout: float) -> str:
     return type(exc).__name__
 
 
-__all__: list[str] = ["Credentials", "ReceptiveDialer", "ReceptiveRefusedError", "client_ssl_context"]
+__all__: list[str] = ["ReceptiveCredentials", "ReceptiveDialer", "ReceptiveRefusedError", "client_ssl_context"]

@@ -167,6 +167,7 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
     agent_tls = listener_ssl_context(config.agent, "agent")
     proxy_tls = listener_ssl_context(config.kubernetes_api, "kubernetes_api")
     api_tls = listener_ssl_context(config.listeners.api, "api")
+    observability_tls = listener_ssl_context(config.observability, "observability")
     private_tls = private_server_ssl(config) if replication is not None or config.routing.replicated else None
     peer_tls = peer_client_ssl(config) if replication is not None or config.routing.replicated else None
     if replication is None and config.routing.replicated:
@@ -228,7 +229,8 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
                               authority=authority, addresses=addresses, router=router, replication=replicas,
                               pool=pool, admissions=admissions, revocations=Revocations(kept, finished),
                               provisioner=provisioner, store=kept, recorder=recorder,
-                              tls=[c for c in (agent_tls, proxy_tls, api_tls, private_tls, peer_tls) if c is not None])
+                              tls=[c for c in (agent_tls, proxy_tls, api_tls, private_tls, peer_tls, observability_tls)
+                                   if c is not None])
             if replicas is not None:
                 assert me is not None and pool is not None
                 forwarder = runtime.forwarder = PeerForwarder(
@@ -285,7 +287,8 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
                 await nursery.start(partial(serve_api, api, stoppable("api"), ssl_context=api_tls,
                                             unexpected=metrics.unexpected_errors("api", logging.getLogger("kasd.api")),
                                             bypass=services))
-            observability = ObservabilityServer(health, metrics, max_connections=config.observability.max_connections)
+            observability = ObservabilityServer(health, metrics, max_connections=config.observability.max_connections,
+                                                ssl_context=observability_tls)
             await nursery.start(trio.serve_listeners, observability.handle_connection, listeners["observability"])
             _announce(runtime)
             task_status.started(runtime)

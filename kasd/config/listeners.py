@@ -85,11 +85,6 @@ def _tls_pair_problem(cert: Path, key: Path) -> str | None:
     return None
 
 
-def _no_tls(value: Any) -> None:
-    if value is not None:
-        raise Problem("not supported (plain HTTP; keep it on a private address)")
-
-
 _TLS_MISSING = "missing (TLS needs both cert and key files)"
 
 
@@ -231,7 +226,8 @@ class ObservabilityListener(Listener):
         HostPort("127.0.0.1", 8151), parse=parse_address, env="KASD_OBSERVABILITY_ADDRESS",
         flag="--observability-address", metavar="HOST:PORT", help="observability listener",
     )
-    tls: None = setting(None, parse=_no_tls)
+    #: optional: HTTPS only (kubelet probes ``scheme: HTTPS``, Prometheus ``scheme: https``); none: plain HTTP
+    tls: TLSFiles | None = setting(None)
     # Probes and scrapers need a handful; a runaway scraper keeps at most half.
     max_connections: int = _max_connections("observability", "observability", 64)
     max_connections_per_source: int = _max_per_source("observability", "observability", 32)

@@ -254,7 +254,7 @@ def check_plaintext(config: Config, names: tuple[str, ...]) -> None:
 
 def plaintext_listeners(config: Config, names: tuple[str, ...]) -> list[tuple[str, str]]:
     """(name, address) of each of ``names`` that serves plain text beyond loopback (allowed by the
-    checks: its ``insecure_plaintext``; observability, which has no TLS): each a WARNING at start."""
+    checks: its ``insecure_plaintext``; observability without its optional TLS): each a WARNING at start."""
     found = []
     for name in names:
         listener = getattr(config.listeners, name)

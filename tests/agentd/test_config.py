@@ -315,3 +315,25 @@ def test_the_kas_ca_file_is_read_again_for_the_next_dial(files: Path) -> None:
     files.joinpath("kas-ca.pem").write_bytes(old.cert_pem.bytes() + new.cert_pem.bytes())
     reload_all([context])  # what SIGHUP does
     assert len(trusted()) == 2
+
+
+def test_the_health_certificate_comes_with_its_key_and_must_load(files: Path) -> None:
+    """health_cert_file and health_key_file go together and are loaded at start: a wrong one is an
+    error naming the settings and the file (never a key's bytes)."""
+    import trustme
+
+    leaf = trustme.CA().issue_cert("127.0.0.1")
+    leaf.cert_chain_pems[0].write_to_path(str(files / "tls.crt"))
+    leaf.private_key_pem.write_to_path(str(files / "tls.key"))
+    base = ["--kas-address", "https://kas:8150/tunnel", "--token-file", str(files / "token")]
+    env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}
+    config = load_config([*base, "--health-cert-file", str(files / "tls.crt"), "--health-key-file",
+                          str(files / "tls.key"), "--tls-reload-interval", "0"], env)
+    assert (config.health_cert_file, config.tls_reload_interval) == (files / "tls.crt", 0)
+    with pytest.raises(ConfigError, match="--health-cert-file and health_key_file go together"):
+        load_config([*base, "--health-cert-file", str(files / "tls.crt")], env)
+    with pytest.raises(ConfigError) as error:
+        load_config([*base, "--health-cert-file", str(files / "tls.key"), "--health-key-file",
+                     str(files / "tls.key")], env)
+    assert f"--health-cert-file / --health-key-file: no PEM certificate in {str(files / 'tls.key')!r}" \
+        in str(error.value)

@@ -23,7 +23,7 @@ from agentd.kubeapi import KubeTarget
 from daemonkit.settings import HostPort
 from kasd.config.directory import AgentEntry
 from kasd.config.receptive import ReceptiveEntry
-from kasd.receptive import Credentials, ReceptiveDialer, only_the_dialled_agent
+from kasd.receptive import ReceptiveCredentials, ReceptiveDialer, only_the_dialled_agent
 from netio.tlsreload import ReloadingContext, reload_all
 from tests.agentd.harness import AGENT_TOKEN, FakeKasd, agent_config, running_agent
 from wire.carrier import TunnelRejectedError
@@ -136,7 +136,7 @@ def test_kasds_jwt_key_is_read_again_when_its_file_changes(tmp_path: Path, caplo
     """kasd signs with the key its file holds now; a file that does not load keeps the previous key
     (one ERROR line naming the file, never its bytes)."""
     keys = Keys(tmp_path)
-    credentials = Credentials(AGENT_ID, ReceptiveEntry(url="grpcs://127.0.0.1:1", private_key_file=keys.private))
+    credentials = ReceptiveCredentials(AGENT_ID, ReceptiveEntry(url="grpcs://127.0.0.1:1", private_key_file=keys.private))
     first = credentials.key()
     assert first is not None and first.as_dict() == keys.jwk.as_dict()
     assert credentials.key() is first and credentials.key_loads == 1  # unchanged: not read again

@@ -18,6 +18,7 @@ from agentd.agent import RunningAgent, run_agent
 from agentd.config import AgentdConfig
 from agentd.kubeapi import kubeconfig_target
 from kubesim.server import open_kubesim
+from netio.tlsreload import reload_all
 from tests.agentd.harness import (
     SIM_TOKEN,
     RequestLog,
@@ -30,6 +31,7 @@ from tests.agentd.harness import (
     running_agent,
     start_fake_kasd,
 )
+from tests.tlsprobe import ServerFiles, https_get, plain_get
 from tests.trusted import TRUSTED
 from tunnelhttp.head import RequestHead, ResponseHead, TunnelCode
 from wire.h2carrier import server_ssl_context
@@ -185,6 +187,31 @@ async def test_readiness_flips_once_a_tunnel_is_up(nursery: trio.Nursery, tmp_pa
             await agent.api_server.checked.wait()
             assert await http_get(agent.health_address, "/readiness") == (200, "ok\n")
             assert (await http_get(agent.health_address, "/nope"))[0] == 404
+
+
+async def test_with_a_certificate_the_health_address_serves_https_only_and_a_rotated_one_at_once(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    """health_cert_file/health_key_file: /readiness and /metrics over HTTPS (kubelet ``scheme: HTTPS``,
+    Prometheus ``scheme: https``), plain HTTP gets no answer; a certificate written over the files
+    is served on the next connection after SIGHUP."""
+    files = ServerFiles(tmp_path)
+    first = files.serial
+    kasd = await start_fake_kasd(nursery)
+    write_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:1")
+    config = agent_config(tmp_path, kasd.url, health_cert_file=files.cert, health_key_file=files.key)
+    reloadable: list[ssl.SSLContext | None] = []
+    async with running_agent(nursery, config, kubeconfig_target(config.kubeconfig), reloadable=reloadable) as agent:
+        await agent.manager.first_up.wait()
+        port = agent.health_address[1]
+        with trio.fail_after(10):
+            ready = await https_get(port, "/readiness", files.ca_file)
+            assert (ready.status, ready.body, ready.serial) == (200, b"ok\n", first)
+            metrics = await https_get(port, "/metrics", files.ca_file)
+            assert metrics.status == 200 and b"agentd_" in metrics.body
+            assert not (await plain_get(port, "/readiness")).startswith(b"HTTP/")
+            rotated = files.rotate()
+            reload_all(reloadable)  # what agentd's SIGHUP does
+            assert (await https_get(port, "/liveness", files.ca_file)).serial == rotated != first
 
 
 async def test_readiness_says_when_the_api_server_is_unreachable(nursery: trio.Nursery, tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import trio
 
@@ -10,9 +12,11 @@ from tests.kasd.helpers import (
     bearer,
     fake_agent,
     http_request,
+    make_config,
     read_until_closed,
     running_kasd,
 )
+from tests.tlsprobe import ServerFiles, https_get, plain_get
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -92,3 +96,27 @@ async def test_a_bad_request_gets_400_or_431_not_a_bare_close() -> None:
             assert answer.startswith(b"HTTP/1.1 %d " % status), answer[:100]
             assert b"connection: close" in answer and answer.endswith(text)
             await stream.aclose()
+
+
+async def test_with_tls_the_observability_port_serves_https_only_and_a_rotated_certificate_at_once(
+        tmp_path: Path) -> None:
+    """listeners.observability.tls: probes and scrapes over HTTPS (the stack's CA verifies it), plain
+    HTTP gets no answer; a certificate written over the files is served on the next connection (SIGHUP)."""
+    files = ServerFiles(tmp_path)
+    first = files.serial
+    config = make_config({"listeners": {
+        "agent": {"address": "127.0.0.1:0"},
+        "kubernetes_api": {"address": "127.0.0.1:0"},
+        "observability": {"address": "127.0.0.1:0", "tls": {"cert": str(files.cert), "key": str(files.key)}},
+    }})
+    async with running_kasd(config) as kasd:
+        obs = kasd.port("observability")
+        with trio.fail_after(10):
+            ready = await https_get(obs, "/readiness", files.ca_file)
+            assert (ready.status, ready.body, ready.serial) == (200, b"ready\n", first)
+            metrics = await https_get(obs, "/metrics", files.ca_file)
+            assert metrics.status == 200 and b"kasd_connected_agents" in metrics.body
+            assert not (await plain_get(obs, "/readiness")).startswith(b"HTTP/")
+            rotated = files.rotate()
+            kasd.reload_tls()  # what SIGHUP does
+            assert (await https_get(obs, "/metrics", files.ca_file)).serial == rotated != first
