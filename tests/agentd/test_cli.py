@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -14,11 +15,14 @@ from pathlib import Path
 
 import pytest
 import trio
+import trustme
 
 from kubesim.server import open_kubesim
 from tests.agentd.harness import AGENT_TOKEN, SIM_TOKEN, FakeKasd, exchange, head, start_fake_kasd
-from tests.agentd.test_tunnels import http_get
+from tests.agentd.test_tunnels import http_get, write_kubeconfig
+from tests.daemons import running_daemon
 from tests.trusted import TRUSTED
+from wire.h2carrier import server_ssl_context
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -69,3 +73,31 @@ async def _drive(process: trio.Process, notify: trio.socket.SocketType, kasd: Fa
     process.send_signal(signal.SIGTERM)
     assert await notify.recv(4096) == b"STOPPING=1"
     assert await process.wait() == 0
+
+
+async def test_sighup_reads_kas_ca_file_again_for_the_next_dial(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """kasd's certificate is now of a CA agentd's kas_ca_file does not hold, and agentd looks at the
+    file on SIGHUP only (--kas-ca-reload-interval 0): its dials fail until the new bundle is written
+    and the process gets a real SIGHUP; then the tunnel comes up, with no restart."""
+    old, new = trustme.CA(), trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    new.issue_cert("127.0.0.1").configure_cert(server)
+    kasd = await start_fake_kasd(nursery, server_ssl_context(server))
+    bundle = tmp_path / "kas-ca.pem"
+    old.cert_pem.write_to_path(str(bundle))
+    (tmp_path / "token").write_text(AGENT_TOKEN)
+    write_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:1")
+    args = ["--kas-address", kasd.url, "--token-file", str(tmp_path / "token"), "--kubeconfig",
+            str(tmp_path / "kubeconfig"), "--connections", "1", "--health-address", "127.0.0.1:0",
+            "--kas-ca-file", str(bundle), "--kas-ca-reload-interval", "0", "--api-check-interval", "0",
+            "--discovery-interval", "0"]
+    with trio.fail_after(15):
+        async with running_daemon("agentd", args) as log:
+            await log.until("dial failed")  # kasd's certificate is not trusted yet
+            assert kasd.sessions == []
+            (tmp_path / "kas-ca.new").write_bytes(old.cert_pem.bytes() + new.cert_pem.bytes())
+            os.replace(tmp_path / "kas-ca.new", bundle)
+            log.process.send_signal(signal.SIGHUP)
+            await log.until("TLS CA bundle reloaded name=kas_ca_file")
+            await kasd.session(0)  # the next dial verified kasd by the new bundle
+    assert "CERTIFICATE_VERIFY_FAILED" in log.text.split("TLS CA bundle reloaded")[0]
