@@ -16,7 +16,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 import attrs
 
 from kasd.config import Config, ConfigError
-from netio.tlsreload import CHECK_INTERVAL, ReloadingContext, TLSFiles, TLSLoadError
+from netio.tlsreload import CHECK_INTERVAL, ReloadingContext, TLSFiles, TLSLoadError, build_context
 from routing.directory import TunnelDirectory
 from routing.membership import Member, Membership
 from routing.peers import PEER_PATH
@@ -92,12 +92,18 @@ def peer_client_ssl(config: Config) -> ssl.SSLContext | None:
     if cafile is None:
         return None  # plain http:// peers on loopback only: PeerPool dials no https:// peer without a CA
     mutual = private.tls if private.client_ca is not None else None
+    # The error names the setting of the file at fault: the CA's, or (mutual TLS) the client certificate's.
+    try:
+        build_context(TLSFiles(server=False, ca=cafile))
+    except TLSLoadError as exc:
+        setting = "routing.peer_ca_file" if routing.peer_ca_file is not None else "listeners.private.client_ca"
+        raise ConfigError(f"{setting}: {exc}") from None
     files = TLSFiles(server=False, ca=cafile, cert=mutual.cert if mutual else None, key=mutual.key if mutual else None)
     interval = private.tls.reload_interval if private.tls is not None else CHECK_INTERVAL
     try:
         return ReloadingContext(files, name="peers", check_interval=interval)
     except TLSLoadError as exc:
-        raise ConfigError(f"routing.peer_ca_file: {exc}") from None
+        raise ConfigError(f"listeners.private.tls (this replica's client certificate to the others): {exc}") from None
 
 
 def private_server_ssl(config: Config) -> ssl.SSLContext | None:

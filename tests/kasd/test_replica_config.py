@@ -114,6 +114,37 @@ def test_a_private_port_with_tls_needs_the_ca_its_peers_are_checked_with(tmp_pat
     assert config_from_mapping(doc).routing.peer_ca_file is not None
 
 
+@pytest.mark.parametrize(("broken", "named"), [
+    ("key.pem", "listeners.private.tls (this replica's client certificate to the others): no PEM private key in"),
+    ("ca.pem", "listeners.private.client_ca: no PEM certificate in"),
+])
+def test_the_peer_pools_load_error_names_the_setting_of_the_file_at_fault(tmp_path: Path, broken: str,
+                                                                           named: str) -> None:
+    """Under mutual TLS the peer pool presents the private port's certificate, checked against
+    client_ca: a file that no longer loads when kasd starts (replaced since the configuration was
+    read) is named by its own setting."""
+    import trustme
+
+    from kasd.replicas import peer_client_ssl
+
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1")
+    server.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    server.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    doc = _replica(tmp_path, private_url="https://127.0.0.1:8155")
+    del doc["routing"]["peer_secret_file"]  # type: ignore[attr-defined]
+    doc["listeners"]["private"] = {  # type: ignore[index]
+        "address": "127.0.0.1:8155", "client_ca": str(tmp_path / "ca.pem"),
+        "tls": {"cert": str(tmp_path / "cert.pem"), "key": str(tmp_path / "key.pem")}}
+    config = config_from_mapping(doc)
+    assert peer_client_ssl(config) is not None
+    (tmp_path / broken).write_text("not PEM\n")
+    with pytest.raises(ConfigError) as error:
+        peer_client_ssl(config)
+    assert str(error.value).startswith(named) and str(tmp_path / broken) in str(error.value)
+
+
 @pytest.mark.parametrize("address", ["127.0.0.1:0", "127.0.0.2:8155", "[::1]:8155", "localhost:8155"])
 def test_a_loopback_private_port_needs_no_tls(tmp_path: Path, address: str) -> None:
     doc = _replica(tmp_path)
