@@ -2,7 +2,9 @@
 
 agentd listens (TLS, ``receptive_listen_address``); a connection is kasd only once it has
 authenticated, by the receptive hello's JWT (``receptive_jwt_file``: kasd's Ed25519 public key) or by
-its TLS client certificate (``receptive_ca_cert_file``), as ``wire.receptive`` describes. Until then
+its TLS client certificate (``receptive_ca_cert_file``), as ``wire.receptive`` describes. Every file
+is read again when it changes, without a restart: the TLS files every ``tls_reload_interval`` (and
+on SIGHUP) for the next handshake, the public key at the next hello. Until then
 it costs little: at most ``MAX_PENDING`` connections are in their handshake at once (more are closed
 at accept), each has ``HANDSHAKE_TIMEOUT`` from accept for TLS and the hello together, and the hello
 is read ``MAX_HELLO`` bytes at most and refused at its first wrong byte.
@@ -35,7 +37,7 @@ from agentd.config import AgentdConfig
 from agentd.connection import ConnectionManager
 from daemonkit.logs import BurstLimitedLog
 from netio.fastio import fast_stream, peer_host, peer_name, tls_stream
-from netio.tlsreload import ReloadingContext, TLSFiles, TLSLoadError, build_context
+from netio.tlsreload import ReloadingContext, TLSFiles, TLSLoadError, build_context, file_identity
 from wire.carrier import DEFAULT_PATH
 from wire.frames import Metadata
 from wire.h2carrier import request_h2_tunnel, run_h2_reader
@@ -136,13 +138,35 @@ class KasdAuthenticator:
     """Whether a hello's credential is kasd's: the JWT against the public key, or (mutual TLS) the
     client certificate the TLS handshake already verified."""
 
-    def __init__(self, *, public_key: OKPKey | None, agent_id: str, clock: Callable[[], float]) -> None:
+    def __init__(self, *, public_key: OKPKey | None, agent_id: str, clock: Callable[[], float],
+                 public_key_file: Path | None = None) -> None:
         self.public_key = public_key
         self.agent_id = agent_id
         self.clock = clock
+        #: the file ``public_key`` came from: looked at at each hello (a stat), read again when it
+        #: changed (kasd's key rotated); one that does not load keeps the previous key, with one ERROR
+        self.public_key_file = public_key_file
+        self._seen = file_identity(public_key_file) if public_key_file is not None else None
+
+    def _reloaded(self) -> None:
+        path = self.public_key_file
+        if path is None:
+            return
+        seen = file_identity(path)
+        if seen == self._seen:
+            return
+        self._seen = seen  # a broken file is reported once, then again only when it changes
+        try:
+            key = load_public_key(path)
+        except ReceptiveKeyError as exc:
+            log.error("receptive JWT public key not reloaded: %s; the previous key verifies kasd", exc)
+            return
+        self.public_key = key
+        log.info("receptive JWT public key reloaded file=%s", path)
 
     def check(self, credential: str) -> None:
         """Raise ``HandshakeRefused`` unless ``credential`` authenticates kasd."""
+        self._reloaded()
         if self.public_key is None:
             if credential != MTLS_CREDENTIAL:
                 raise HandshakeRefused("this agentd authenticates kasd by its client certificate")
@@ -177,7 +201,7 @@ class ReceptiveListener:
         self.ssl_context = listener_ssl_context(config)
         public_key = load_public_key(config.receptive_jwt_file) if config.receptive_jwt_file is not None else None
         self.auth = KasdAuthenticator(public_key=public_key, agent_id=config.agent_id,
-                                      clock=clock or _wall_clock)
+                                      clock=clock or _wall_clock, public_key_file=config.receptive_jwt_file)
         self.session_kwargs = session_kwargs or {}
         self.handshake_timeout = HANDSHAKE_TIMEOUT
         self._send, self._receive = trio.open_memory_channel[trio.abc.Stream](0)

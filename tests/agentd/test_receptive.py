@@ -102,10 +102,11 @@ async def test_kasd_dials_in_and_dials_again_when_the_session_ends(nursery: trio
 
 @pytest.mark.parametrize("auth", ["jwt", "mtls"])
 async def test_rotated_certificates_serve_kasds_next_dial(nursery: trio.Nursery, tmp_path: Path, auth: str) -> None:
-    """Every receptive TLS file replaced by one of a new CA (agentd's listener certificate and, under
-    mutual TLS, the CA it checks kasd's certificate by; kasd's CA bundle and client certificate), then
-    what SIGHUP does on both sides: the session up meanwhile goes on, and kasd's next dial comes up on
-    the new files only (kasd now trusts the new CA alone), with no restart."""
+    """Every receptive file replaced by a new one (agentd's listener certificate of a new CA and,
+    under mutual TLS, the CA it checks kasd's certificate by; kasd's CA bundle and client
+    certificate; the JWT key pair), then what SIGHUP does on both sides: the session up meanwhile
+    goes on, and kasd's next dial comes up on the new files only (kasd now trusts the new CA alone,
+    agentd the new public key alone), with no restart."""
     keys = Keys(tmp_path)
     kasd = Kasd()
     async with running_agent(nursery, _agentd_config(tmp_path, keys, auth),
@@ -119,7 +120,8 @@ async def test_rotated_certificates_serve_kasds_next_dial(nursery: trio.Nursery,
             (tmp_path / "new").mkdir()
             new = Keys(tmp_path / "new")
             for old_path, new_path in ((keys.ca_file, new.ca_file), (keys.listener, new.listener),
-                                       (keys.client, new.client)):
+                                       (keys.client, new.client), (keys.private, new.private),
+                                       (keys.public, new.public)):
                 os.replace(new_path, old_path)  # whole files, as a Secret's mount or cert-manager does
             reload_all([running.receptive.ssl_context])  # agentd's SIGHUP
             dialer.reload()  # kasd's
