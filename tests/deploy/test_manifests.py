@@ -6,6 +6,7 @@ Deployment gives it; agentd's NetworkPolicy lets it reach kasd, the API server a
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import subprocess
@@ -37,11 +38,17 @@ NEWEST = KUBECTLS[-1][1] if KUBECTLS else ""
 NAMESPACES = ("agentd", "apps", "kasd")
 
 
-def build(directory: str, kubectl: str = NEWEST) -> list[dict[str, Any]]:
+@functools.cache
+def kustomize(directory: str, kubectl: str = NEWEST) -> str:
+    """What `kubectl kustomize` makes of the directory (once per module and kubectl)."""
     out = subprocess.run([kubectl, "kustomize", str(KUBERNETES / directory)], capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0, out.stderr
-    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+    return out.stdout
+
+
+def build(directory: str, kubectl: str = NEWEST) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(kustomize(directory, kubectl)) if doc]
 
 
 def find(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
@@ -72,8 +79,7 @@ def test_every_kustomization_is_found() -> None:
 @pytest.mark.parametrize("directory", APPLIED)
 def test_applies_to_kubesim_as_a_server_dry_run(sim: ServerThread, kubectl: str, directory: str) -> None:
     objects = build(directory, kubectl)
-    manifest = subprocess.run([kubectl, "kustomize", str(KUBERNETES / directory)], capture_output=True,
-                              text=True, timeout=30, check=True).stdout
+    manifest = kustomize(directory, kubectl)
     before = sim.call(lambda: sim.sim.store.statistics())  # type: ignore[union-attr]
     out = subprocess.run([kubectl, "apply", "--dry-run=server", "-f", "-"], input=manifest,
                          capture_output=True, text=True, timeout=30, env=sim.env())
@@ -193,6 +199,19 @@ def test_agentd_may_reach_only_kasd_the_api_server_and_dns() -> None:
     ]
     # nothing may dial agentd but its health port (probes, Prometheus)
     assert policy["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8080}]}]
+
+
+def test_only_kasd_replicas_may_reach_the_private_port_and_redis() -> None:
+    objects = build("kasd/base")
+    replicas = [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "kasd"}}}]
+    kasd = find(objects, "NetworkPolicy", "kasd")["spec"]
+    assert kasd["policyTypes"] == ["Ingress"]
+    anyone = [rule for rule in kasd["ingress"] if "from" not in rule]
+    assert {p["port"] for rule in anyone for p in rule["ports"]} == {8150, 8151, 8153, 8154}
+    assert [rule for rule in kasd["ingress"] if "from" in rule] == [
+        {"from": replicas, "ports": [{"protocol": "TCP", "port": 8155}]}]
+    redis = find(objects, "NetworkPolicy", "kasd-redis")["spec"]
+    assert redis["ingress"] == [{"from": replicas, "ports": [{"protocol": "TCP", "port": 6379}]}]
 
 
 def test_pods_run_as_non_root_with_a_read_only_root_and_no_capabilities() -> None:
