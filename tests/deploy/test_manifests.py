@@ -157,6 +157,8 @@ def test_kasd_pods_config_loads_with_the_addresses_the_deployment_gives_each_rep
             assert ports[port["targetPort"]] == port["port"]
     assert find(objects, "Service", "kasd-peers")["spec"]["clusterIP"] == "None"
     assert find(objects, "Deployment", "kasd")["spec"]["replicas"] == 3
+    # the variables loaded above are all the pod has: no service links (KASD_PORT_8150_TCP…)
+    assert find(objects, "Deployment", "kasd")["spec"]["template"]["spec"]["enableServiceLinks"] is False
 
 
 @pytest.mark.skipif(not KUBECTLS, reason="no kubectl binary found")
@@ -166,6 +168,7 @@ def test_agentd_pods_config_loads_and_its_probes_name_the_health_port(tmp_path: 
     config = find(objects, "ConfigMap")["data"]["agentd.yaml"]
     deployment = find(objects, "Deployment", "agentd")
     assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["template"]["spec"]["enableServiceLinks"] is False
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     (tmp_path / "etc/agentd/token").mkdir(parents=True)
     (tmp_path / "etc/agentd/token/token").write_text("agent-token-for-prod\n")
