@@ -70,7 +70,7 @@ def kube_target_for(config: AgentdConfig) -> KubeTarget:
 
 
 def kas_ssl_context(config: AgentdConfig) -> ssl.SSLContext | None:
-    if not any(url.startswith("https://") for url in config.kas_addresses):
+    if not any(url.startswith(("https://", "wss://")) for url in config.kas_addresses):
         return None
     context = ssl.create_default_context(cafile=str(config.kas_ca_file) if config.kas_ca_file else None)
     context.set_alpn_protocols(["h2"])

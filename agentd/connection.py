@@ -38,6 +38,7 @@ from daemonkit.logs import BurstLimitedLog, UnexpectedErrors
 from wire.carrier import TunnelRejectedError
 from wire.frames import Metadata
 from wire.h2carrier import open_h2_session
+from wire.wscarrier import open_ws_session
 from wire.notices import parse_placement
 from wire.session import MuxStream, Session, SessionClosedError
 
@@ -395,8 +396,10 @@ class ConnectionManager:
                                             url, index, failures, failure_reason(exc, host=urlsplit(url).hostname), delay)
 
     def _dial_h2(self, url: str, token: str, metadata: Metadata) -> AbstractAsyncContextManager[Session]:
-        ctx = self._kas_ssl if url.startswith("https://") else None
-        return open_h2_session(url, token=token, ssl_context=ctx, metadata=metadata, **self._session_kwargs)
+        ctx = self._kas_ssl if url.startswith(("https://", "wss://")) else None
+        # The scheme picks the carrier: ws:// and wss:// a WebSocket, http:// and https:// HTTP/2.
+        open_carrier = open_ws_session if url.startswith(("ws://", "wss://")) else open_h2_session
+        return open_carrier(url, token=token, ssl_context=ctx, metadata=metadata, **self._session_kwargs)
 
     async def _run_tunnel(self, url: str, index: int, ended: trio.Event, *,
                           task_status: trio.TaskStatus[Tunnel] = trio.TASK_STATUS_IGNORED) -> None:

@@ -100,6 +100,7 @@ class WebSocketTransport(trio.abc.Stream):
         self._send_lock = trio.StrictFIFOLock()
         self._received: deque[bytes | bytearray] = deque()
         self._message_size = 0
+        self._pending_event: wsproto.events.Event | None = None
         self._ended: BaseException | None = None  # None while open; EOFError for a normal close
         self._closed = False
 
@@ -119,7 +120,11 @@ class WebSocketTransport(trio.abc.Stream):
                 if isinstance(self._ended, EOFError):
                     return b""
                 raise trio.BrokenResourceError(str(self._ended))
-            await self._handle_events()
+            if self._pending_event is not None:
+                event, self._pending_event = self._pending_event, None
+                await self._handle_event(event)
+            if self._ended is None:
+                await self._handle_events()
             if self._received or self._ended is not None:
                 continue
             data = await self.stream.receive_some(_RECEIVE_SIZE)
@@ -132,32 +137,40 @@ class WebSocketTransport(trio.abc.Stream):
                 await self._fail(CloseReason.PROTOCOL_ERROR, f"WebSocket protocol error: {exc}")
 
     async def _handle_events(self) -> None:
+        """Take wsproto's events up to the first payload: what follows it (the peer's close, above
+        all) waits until the session has read what came before, as it would over HTTP/2."""
         for event in self._ws.events():
-            if isinstance(event, wsproto.events.BytesMessage):
-                self._message_size += len(event.data)
-                if self._message_size > self._max_message:
-                    await self._fail(CloseReason.MESSAGE_TOO_BIG, f"message longer than {self._max_message} bytes")
-                    return
-                if event.message_finished:
-                    self._message_size = 0
-                if event.data:
-                    self._received.append(event.data)
-            elif isinstance(event, wsproto.events.TextMessage):
-                await self._fail(CloseReason.UNSUPPORTED_DATA, "the tunnel takes binary messages only")
+            if self._received:
+                self._pending_event = event
                 return
-            elif isinstance(event, wsproto.events.Ping):
-                await self._send_event(event.response())
-            elif isinstance(event, wsproto.events.CloseConnection):
-                if self._ws.state is wsproto.connection.ConnectionState.REMOTE_CLOSING:
-                    try:
-                        await self._send_event(event.response())
-                    except trio.BrokenResourceError:
-                        pass
-                if event.code == CloseReason.NORMAL_CLOSURE:
-                    self._ended = EOFError()
-                else:
-                    self._ended = ConnectionError(f"WebSocket closed by the peer code={event.code} reason={event.reason!r}")
+            await self._handle_event(event)
+            if self._ended is not None:
                 return
+
+    async def _handle_event(self, event: wsproto.events.Event) -> None:
+        if isinstance(event, wsproto.events.BytesMessage):
+            self._message_size += len(event.data)
+            if self._message_size > self._max_message:
+                await self._fail(CloseReason.MESSAGE_TOO_BIG, f"message longer than {self._max_message} bytes")
+                return
+            if event.message_finished:
+                self._message_size = 0
+            if event.data:
+                self._received.append(event.data)
+        elif isinstance(event, wsproto.events.TextMessage):
+            await self._fail(CloseReason.UNSUPPORTED_DATA, "the tunnel takes binary messages only")
+        elif isinstance(event, wsproto.events.Ping):
+            await self._send_event(event.response())
+        elif isinstance(event, wsproto.events.CloseConnection):
+            if self._ws.state is wsproto.connection.ConnectionState.REMOTE_CLOSING:
+                try:
+                    await self._send_event(event.response())
+                except trio.BrokenResourceError:
+                    pass
+            if event.code == CloseReason.NORMAL_CLOSURE:
+                self._ended = EOFError()
+            else:
+                self._ended = ConnectionError(f"WebSocket closed by the peer code={event.code} reason={event.reason!r}")
 
     async def _fail(self, code: CloseReason, reason: str) -> None:
         self._ended = ConnectionError(reason)
@@ -176,6 +189,11 @@ class WebSocketTransport(trio.abc.Stream):
         if self._closed:
             raise trio.ClosedResourceError("transport closed")
         if self._ws.state is not wsproto.connection.ConnectionState.OPEN:
+            if isinstance(self._ended, EOFError):
+                # The peer closed normally: like bytes written to a TCP peer that sent FIN, these are
+                # lost, and the session learns of the end from receive_some's b"".
+                await trio.lowlevel.checkpoint()
+                return
             raise trio.BrokenResourceError("WebSocket is closing")
         view = memoryview(data)
         async with self._send_lock:
@@ -305,6 +323,10 @@ async def accept_ws_tunnel(
     """Read the HTTP/1.1 request whose ``first`` bytes were read already; answer a bad one and
     return None, or upgrade and return the transport and principal. The caller bounds the time."""
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+    if len(first) > MAX_HEAD and first.find(b"\r\n\r\n", 0, MAX_HEAD + 4) < 0:
+        # h11 bounds a head that arrives in pieces; one that came in one read is measured here.
+        await _reject(stream, conn, TunnelRejectedError(431, "request head too large"), peer, head_read=False)
+        return None
     conn.receive_data(bytes(first))
     request = await _next_event(stream, conn, peer)
     if not isinstance(request, h11.Request):
