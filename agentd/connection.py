@@ -38,9 +38,9 @@ from daemonkit.logs import BurstLimitedLog, UnexpectedErrors
 from wire.carrier import TunnelRejectedError
 from wire.frames import Metadata
 from wire.h2carrier import open_h2_session
-from wire.wscarrier import open_ws_session
 from wire.notices import parse_placement
 from wire.session import MuxStream, Session, SessionClosedError
+from wire.wscarrier import open_ws_session
 
 log = logging.getLogger("agentd.connection")
 #: a stream whose handler failed unexpectedly (a bug a request reached): one line per kind a minute

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
