@@ -36,7 +36,7 @@ import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import h11
@@ -132,7 +132,7 @@ class WebSocketTransport(trio.abc.Stream):
                 self._ended = ConnectionError("connection closed without a WebSocket close")
                 continue
             try:
-                self._ws.receive_data(data)
+                self._ws.receive_data(cast(bytes, data))  # a bytearray does as well: wsproto appends it
             except wsproto.utilities.RemoteProtocolError as exc:
                 await self._fail(CloseReason.PROTOCOL_ERROR, f"WebSocket protocol error: {exc}")
 
@@ -291,7 +291,7 @@ async def _await_accept(stream: trio.abc.Stream, ws: wsproto.WSConnection, where
             text = body[:_ERROR_BODY_LIMIT].decode(errors="replace").strip()
             raise TunnelRejectedError(status, text or f"server at {where} closed the connection before answering the WebSocket upgrade")
         try:
-            ws.receive_data(data)
+            ws.receive_data(cast(bytes, data))
         except wsproto.utilities.RemoteProtocolError as exc:
             raise TunnelRejectedError(0, f"server at {where} did not answer the WebSocket upgrade: {exc}") from None
 
@@ -348,9 +348,9 @@ async def accept_ws_tunnel(
         await _reject(stream, conn, exc, peer)
         return None
     response = h11.InformationalResponse(status_code=101, headers=[
-        ("upgrade", "websocket"), ("connection", "Upgrade"),
-        ("sec-websocket-accept", wsproto.utilities.generate_accept_token(key.encode())),
-        ("content-type", TUNNEL_CONTENT_TYPE),
+        (b"upgrade", b"websocket"), (b"connection", b"Upgrade"),
+        (b"sec-websocket-accept", wsproto.utilities.generate_accept_token(key.encode())),
+        (b"content-type", TUNNEL_CONTENT_TYPE.encode()),
     ])
     await stream.send_all(conn.send(response) or b"")
     trailing, _ = conn.trailing_data
@@ -375,7 +375,7 @@ async def _next_event(stream: trio.abc.Stream, conn: h11.Connection, peer: str) 
             data = await stream.receive_some(_HEAD_READ)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return None
-        conn.receive_data(data)  # b"" is the peer's EOF: h11 then says ConnectionClosed or raises
+        conn.receive_data(cast(bytes, data))  # b"" is the peer's EOF: h11 then says ConnectionClosed or raises
 
 
 def _upgrade_key(headers: dict[str, str]) -> str:
