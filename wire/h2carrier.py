@@ -15,6 +15,10 @@ of at most 16 KiB, at most ``_MAX_REJECTIONS`` rejected tunnel requests per conn
 ENHANCE_YOUR_CALM), and ``handshake_timeout`` as a hard deadline for TLS, preface and tunnel request
 (no frame extends it). The rejections are logged at most once per ten seconds per source address,
 with a count.
+
+With ``websocket=True`` (kasd's agent port) a connection whose first bytes are an HTTP/1.1 request
+rather than the preface goes to the WebSocket carrier (``wire.wscarrier``) under the same deadline;
+the HTTP/2 path is unchanged (the same first read, no extra copy or task).
 """
 
 from __future__ import annotations

@@ -338,8 +338,10 @@ async def accept_ws_tunnel(
     try:
         token, public = check_tunnel_request(method, target, headers, path=path, expected_method="GET")
         key = _upgrade_key(headers)
+        if request.http_version != b"1.1":
+            raise TunnelRejectedError(400, "a WebSocket upgrade needs HTTP/1.1")
         # A GET without a body ends at its head: h11 has the end already, with nothing read.
-        if not isinstance(conn.next_event(), h11.EndOfMessage):
+        if not isinstance(_event_or_none(conn), h11.EndOfMessage):
             raise TunnelRejectedError(400, "a WebSocket upgrade request has no body")
         principal = await authenticate(token, public)
         if principal is None:
@@ -352,7 +354,13 @@ async def accept_ws_tunnel(
         (b"sec-websocket-accept", wsproto.utilities.generate_accept_token(key.encode())),
         (b"content-type", TUNNEL_CONTENT_TYPE.encode()),
     ])
-    await stream.send_all(conn.send(response) or b"")
+    try:
+        head = conn.send(response) or b""
+    except h11.LocalProtocolError:  # h11 saw no upgrade proposed (an HTTP/1.0 request, say)
+        await _reject(stream, conn, TunnelRejectedError(400, "not a WebSocket upgrade h11 can switch"), peer,
+                      head_read=False)
+        return None
+    await stream.send_all(head)
     trailing, _ = conn.trailing_data
     ws = wsproto.connection.Connection(wsproto.ConnectionType.SERVER, trailing_data=bytes(trailing))
     return WebSocketTransport(stream, ws), principal
@@ -376,6 +384,13 @@ async def _next_event(stream: trio.abc.Stream, conn: h11.Connection, peer: str) 
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return None
         conn.receive_data(cast(bytes, data))  # b"" is the peer's EOF: h11 then says ConnectionClosed or raises
+
+
+def _event_or_none(conn: h11.Connection) -> object:
+    try:
+        return conn.next_event()
+    except h11.RemoteProtocolError:
+        return None
 
 
 def _upgrade_key(headers: dict[str, str]) -> str:

@@ -47,10 +47,13 @@ async def _ask(port: int, head: bytes) -> bytes:
         (_upgrade_head(token="wrong"), 401, b"invalid token", b"www-authenticate: Bearer"),
         # A plain HTTP/1.1 client is told what the port speaks.
         (_upgrade_head(upgrade=False), 426, b"takes a WebSocket upgrade over HTTP/1.1 (or HTTP/2", b"upgrade: websocket"),
+        (_upgrade_head().replace(b"\r\n\r\n", b"\r\nContent-Length: 3\r\n\r\nabc"), 400,
+         b"a WebSocket upgrade request has no body", b""),
+        (_upgrade_head().replace(b"HTTP/1.1", b"HTTP/1.0"), 400, b"a WebSocket upgrade needs HTTP/1.1", b""),
         # A head larger than the bound is refused before it is read whole.
         (_upgrade_head() + b"X-Pad: " + b"a" * MAX_HEAD + b"\r\n\r\n", 431, b"request head too large", b""),
     ],
-    ids=["method", "path", "no-token", "bad-token", "no-upgrade", "huge-head"],
+    ids=["method", "path", "no-token", "bad-token", "no-upgrade", "body", "http-1.0", "huge-head"],
 )
 async def test_bad_upgrade_requests_get_plain_http_answers_and_the_connection_closes(
         nursery: trio.Nursery, head: bytes, status: int, reason: bytes, header: bytes) -> None:
