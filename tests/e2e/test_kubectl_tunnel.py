@@ -21,7 +21,14 @@ import trio
 import yaml
 
 from kasctl.stack import AGENT_ID, OFFLINE_AGENT_ID, Stack
-from tests.e2e.conftest import KUBECTL_CAP, KUBECTLS, LineReader, kubectl, module_stack, write_manifest
+from tests.e2e.conftest import (
+    KUBECTL_CAP,
+    KUBECTLS,
+    LineReader,
+    kubectl,
+    module_stack,
+    write_manifest,
+)
 
 
 @pytest.fixture(scope="module")
