@@ -78,7 +78,7 @@ def kube_target_for(config: AgentdConfig) -> KubeTarget:
 def kas_ssl_context(config: AgentdConfig) -> ssl.SSLContext | None:
     """How agentd verifies kasd: ``kas_ca_file`` (read again when it changes: each dial uses the
     bundle current then), else the system's CAs."""
-    if not any(url.startswith("https://") for url in config.kas_addresses):
+    if not any(url.startswith(("https://", "wss://")) for url in config.kas_addresses):
         return None
     context: ssl.SSLContext
     if config.kas_ca_file is not None:

@@ -67,8 +67,8 @@ examples:
   agentd --config /etc/agentd/agentd.yaml --log-level debug
 
 precedence: config file < environment (AGENTD_*, POD_NAME, POD_UID, POD_NAMESPACE, NODE_NAME) < flags.
-The kasd address is http://host:8150/tunnel (h2c) or https://host:8150/tunnel (TLS, ALPN h2);
-repeat --kas-address (or comma-separate AGENTD_KAS_ADDRESS) to spread tunnels over several.
+The kasd address is https://host:8150/tunnel (TLS, ALPN h2) or http://… (h2c); wss://host:8150/tunnel
+(or ws://…) carries the tunnel over a WebSocket instead, for proxies that pass only HTTP/1.1; repeat --kas-address (or comma-separate AGENTD_KAS_ADDRESS) to spread tunnels over several.
 The token is read from the file at every dial and is never logged.
 """
 
@@ -105,8 +105,9 @@ def _kas_addresses(value: Any) -> tuple[str, ...]:
 
 def _kas_url(url: str) -> str:
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise Problem(f"kasd address must be http://host:port/tunnel or https://host:port/tunnel, got {shown_url(url)}")
+    if parts.scheme not in ("http", "https", "ws", "wss") or not parts.hostname:
+        raise Problem("kasd address must be https://host:port/tunnel (HTTP/2), wss://host:port/tunnel (WebSocket), "
+                      f"or http:// / ws:// without TLS, got {shown_url(url)}")
     try:
         parts.port  # noqa: B018 — raises ValueError for a bad port
     except ValueError:
@@ -294,7 +295,7 @@ _NO_TOKEN = "no agent token: pass --token-file PATH (or set AGENTD_TOKEN_FILE)"
 class AgentdConfig:
     kas_addresses: tuple[str, ...] = setting(
         (), key="kas_address", parse=_kas_addresses, env="AGENTD_KAS_ADDRESS", env_split=",", flag="--kas-address",
-        flag_action="append", metavar="URL", help="kasd tunnel URL, http://host:8150/tunnel or https://…; repeatable",
+        flag_action="append", metavar="URL", help="kasd tunnel URL, https://host:8150/tunnel (HTTP/2) or wss://… (WebSocket); http:// and ws:// in plain text; repeatable",
         missing=_NO_KAS,
     )
     token_file: Path = setting(

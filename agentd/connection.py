@@ -14,7 +14,8 @@ on the home). A slot whose tunnel is elsewhere dials its replica first and only 
 tunnel (make-before-break); a replica it cannot reach, or whose tunnel broke, is passed over for
 ``PLACEMENT_SKIP`` seconds or until the next placement, and the slot fails over to the next replica
 within ``FAILOVER_JITTER`` instead of backing off (the configured addresses remain the fallback). A placement never moves a tunnel from https to http,
-and an https one is verified with the same CA as the configured addresses.
+and an https one is verified with the same CA as the configured addresses. An agentd with a ``ws://`` or ``wss://``
+address dials placements over a WebSocket (kasd names them by their HTTP/2 URLs; both carriers share port and path).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from wire.frames import Metadata
 from wire.h2carrier import open_h2_session
 from wire.notices import parse_placement
 from wire.session import MuxStream, Session, SessionClosedError
+from wire.wscarrier import open_ws_session
 
 log = logging.getLogger("agentd.connection")
 #: a stream whose handler failed unexpectedly (a bug a request reached): one line per kind a minute
@@ -49,6 +51,8 @@ Dial = Callable[[str, str, Metadata], AbstractAsyncContextManager[Session]]
 StreamHandler = Callable[[MuxStream], Awaitable[None]]
 Sleep = Callable[[float], Awaitable[None]]
 
+#: a placement URL's scheme as an agentd that dials kasd over a WebSocket dials it
+_WEBSOCKET_SCHEMES = {"https": "wss", "http": "ws"}
 #: seconds a placement's replica that could not be reached is passed over (or until a new placement)
 PLACEMENT_SKIP = 30.0
 
@@ -148,8 +152,13 @@ class ConnectionManager:
         #: set (and replaced) at every tunnel up or down
         self._tunnels_changed = trio.Event()
         schemes = {urlsplit(u).scheme for u in self.urls}
-        #: a placement may name only these schemes (never http when https is configured)
-        self._placement_schemes = {"https"} if "https" in schemes else schemes
+        #: kasd names its replicas by their HTTP/2 URLs; an agentd configured with a WebSocket address
+        #: (ws:// or wss://, any of its addresses) dials them over a WebSocket (the same port and path)
+        self._placement_carrier = _WEBSOCKET_SCHEMES if schemes & {"ws", "wss"} else {}
+        schemes = {self._placement_carrier.get(s, s) for s in schemes}
+        tls = "wss" if self._placement_carrier else "https"
+        #: a placement may name only these schemes (never plaintext when TLS is configured)
+        self._placement_schemes = {tls} if tls in schemes else schemes
 
     # ---- introspection
 
@@ -243,7 +252,9 @@ class ConnectionManager:
         if replicas is None:
             return  # not a placement, or not one this agentd understands
         urls = []
-        for _name, url in replicas:
+        for _name, given in replicas:
+            parts = urlsplit(given)
+            url = parts._replace(scheme=self._placement_carrier.get(parts.scheme, parts.scheme)).geturl()
             if urlsplit(url).scheme not in self._placement_schemes:
                 log.warning("ignored a placement URL with another scheme than the configured addresses url=%s", url)
                 continue
@@ -400,8 +411,10 @@ class ConnectionManager:
                                             url, index, failures, failure_reason(exc, host=urlsplit(url).hostname), delay)
 
     def _dial_h2(self, url: str, token: str, metadata: Metadata) -> AbstractAsyncContextManager[Session]:
-        ctx = self._kas_ssl if url.startswith("https://") else None
-        return open_h2_session(url, token=token, ssl_context=ctx, metadata=metadata, **self._session_kwargs)
+        ctx = self._kas_ssl if url.startswith(("https://", "wss://")) else None
+        # The scheme picks the carrier: ws:// and wss:// a WebSocket, http:// and https:// HTTP/2.
+        open_carrier = open_ws_session if url.startswith(("ws://", "wss://")) else open_h2_session
+        return open_carrier(url, token=token, ssl_context=ctx, metadata=metadata, **self._session_kwargs)
 
     async def _run_tunnel(self, url: str, index: int, ended: trio.Event, *,
                           task_status: trio.TaskStatus[Tunnel] = trio.TASK_STATUS_IGNORED) -> None:

@@ -12,9 +12,11 @@ two ends use both cores, as agentd and kasd would), over 127.0.0.1:
   mux/tcp    a mux session straight over TCP
   mux/h2c    a mux session over one h2c stream, 1 and 64 streams
   mux/tls    a mux session over one TLS (ALPN h2) stream, 1 and 64 streams
+  mux/ws     a mux session over one WebSocket (ws://, binary messages), 1 and 64 streams
+  mux/wss    a mux session over one WebSocket over TLS (wss://, ALPN http/1.1), 1 and 64 streams
 
 Memory: tracemalloc over 1,000 idle sessions (handshake done, nothing open): the mux session alone
-(over in-memory streams) and whole h2c tunnels on loopback (client and server ends).
+(over in-memory streams) and whole h2c and ws tunnels on loopback (client and server ends).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from wire.h2carrier import dial_h2_tunnel, run_h2_reader, serve_h2_tunnels, server_ssl_context
 from wire.session import Session, connect_session
+from wire.wscarrier import dial_ws_tunnel
 
 WRITE = 64 * 1024
 TOKEN = "bench-token"
@@ -115,14 +118,16 @@ async def serve(mode: str, port_file: str, cert_dir: str | None) -> None:
             await nursery.start(trio.serve_listeners, bare, listeners)
         else:
             ctx = None
-            if mode == "mux-tls":
+            websocket = mode in ("mux-ws", "mux-wss")  # kasd's agent port: both carriers
+            if mode in ("mux-tls", "mux-wss"):
                 assert cert_dir
                 ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
                 ctx.load_cert_chain(os.path.join(cert_dir, "server.pem"))
-                server_ssl_context(ctx)
+                server_ssl_context(ctx, websocket=websocket)
             await nursery.start(
                 lambda task_status: serve_h2_tunnels(
-                    on_session, listeners, authenticate=auth, ssl_context=ctx, task_status=task_status
+                    on_session, listeners, authenticate=auth, ssl_context=ctx, websocket=websocket,
+                    task_status=task_status,
                 )
             )
         await trio.Path(port_file).write_text(str(port))
@@ -218,6 +223,16 @@ async def run_mux_h2(port: int, nbytes: int, streams: int, ctx: ssl.SSLContext |
         nursery.cancel_scope.cancel()
 
 
+async def run_mux_ws(port: int, nbytes: int, streams: int, ctx: ssl.SSLContext | None) -> None:
+    url = f"wss://localhost:{port}/tunnel" if ctx else f"ws://127.0.0.1:{port}/tunnel"
+    transport = await dial_ws_tunnel(url, token=TOKEN, ssl_context=ctx)
+    async with trio.open_nursery() as nursery:
+        session = await connect_session(nursery, transport, client=True)
+        await _mux_streams(session, nbytes, streams)
+        await session.aclose()
+        nursery.cancel_scope.cancel()
+
+
 def measure(label: str, fn: Any, nbytes: int, repeat: int) -> float:
     best = 0.0
     for _ in range(repeat):
@@ -265,8 +280,8 @@ async def _idle_mux_sessions(count: int) -> tuple[int, int]:
     return grown[0], grown[0] // (2 * count)
 
 
-async def _idle_h2c_tunnels(count: int) -> tuple[int, int]:
-    """Bytes per tunnel end for whole h2c tunnels on loopback (client and server in this process)."""
+async def _idle_tunnels(count: int, carrier: str = "h2c") -> tuple[int, int]:
+    """Bytes per tunnel end for whole h2c (or ws) tunnels on loopback (client and server in this process)."""
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1", backlog=count)
     port = listeners[0].socket.getsockname()[1]
     ready = trio.Semaphore(0)
@@ -280,12 +295,17 @@ async def _idle_h2c_tunnels(count: int) -> tuple[int, int]:
 
     async with trio.open_nursery() as nursery:
         await nursery.start(
-            lambda task_status: serve_h2_tunnels(on_session, listeners, authenticate=auth, task_status=task_status)
+            lambda task_status: serve_h2_tunnels(on_session, listeners, authenticate=auth, websocket=True,
+                                                 task_status=task_status)
         )
         async with _traced() as grown:
             for _ in range(count):
-                transport = await dial_h2_tunnel(f"http://127.0.0.1:{port}/tunnel", token=TOKEN)
-                nursery.start_soon(run_h2_reader, transport)
+                transport: trio.abc.Stream
+                if carrier == "ws":
+                    transport = await dial_ws_tunnel(f"ws://127.0.0.1:{port}/tunnel", token=TOKEN)
+                else:
+                    transport = h2 = await dial_h2_tunnel(f"http://127.0.0.1:{port}/tunnel", token=TOKEN)
+                    nursery.start_soon(run_h2_reader, h2)
                 await connect_session(nursery, transport, client=True)
                 await ready.acquire()
         nursery.cancel_scope.cancel()
@@ -346,6 +366,10 @@ def main() -> None:
         ("mux/h2c 64 streams", "mux-h2c", lambda p: lambda: run_mux_h2(p, nbytes, 64, None)),
         ("mux/tls 1 stream", "mux-tls", lambda p: lambda: run_mux_h2(p, nbytes, 1, client_ctx)),
         ("mux/tls 64 streams", "mux-tls", lambda p: lambda: run_mux_h2(p, nbytes, 64, client_ctx)),
+        ("mux/ws 1 stream", "mux-ws", lambda p: lambda: run_mux_ws(p, nbytes, 1, None)),
+        ("mux/ws 64 streams", "mux-ws", lambda p: lambda: run_mux_ws(p, nbytes, 64, None)),
+        ("mux/wss 1 stream", "mux-wss", lambda p: lambda: run_mux_ws(p, nbytes, 1, client_ctx)),
+        ("mux/wss 64 streams", "mux-wss", lambda p: lambda: run_mux_ws(p, nbytes, 64, client_ctx)),
     ]
     for label, mode, make in plan:
         sink = Sink(mode, cert_dir)
@@ -359,13 +383,18 @@ def main() -> None:
         print(f"  {label:<22} {results[label] / results['h2']:.2f} x bare h2   {results[label] / results['tcp']:.2f} x TCP")
     for label in ("mux/tls 1 stream", "mux/tls 64 streams"):
         print(f"  {label:<22} {results[label] / results['mux/h2c 1 stream']:.2f} x mux/h2c 1 stream")
+    for label in ("mux/ws 1 stream", "mux/ws 64 streams", "mux/wss 1 stream", "mux/wss 64 streams"):
+        h2_label = label.replace("mux/wss", "mux/tls").replace("mux/ws", "mux/h2c")
+        print(f"  {label:<22} {results[label] / results[h2_label]:.2f} x {h2_label}")
     print(f"  {'mux/tcp 1 stream':<22} {results['mux/tcp 1 stream'] / results['tcp']:.2f} x TCP")
 
     total, per = trio.run(_idle_mux_sessions, args.sessions)
     print(f"memory, {args.sessions} idle sessions (tracemalloc):")
     print(f"  mux session alone      {per / 1024:8.1f} KiB per session end ({total / 2**20:.1f} MiB for {2 * args.sessions} ends)")
-    total, per = trio.run(_idle_h2c_tunnels, args.sessions)
-    print(f"  whole h2c tunnel       {per / 1024:8.1f} KiB per tunnel end ({total / 2**20:.1f} MiB for {2 * args.sessions} ends)")
+    for carrier in ("h2c", "ws"):
+        total, per = trio.run(_idle_tunnels, args.sessions, carrier)
+        print(f"  whole {carrier} tunnel {'':<{6 - len(carrier)}}{per / 1024:8.1f} KiB per tunnel end "
+              f"({total / 2**20:.1f} MiB for {2 * args.sessions} ends)")
     targets_ok = results["mux/h2c 1 stream"] >= 150 and results["mux/h2c 64 streams"] >= 150
     print(f"targets: h2c >= 150 MB/s for 1 and 64 streams: {'met' if targets_ok else 'NOT met'}")
 

@@ -232,13 +232,15 @@ class Stack:
         extra_users: Sequence[Mapping[str, Any]] = (),
         agentd_settings: Mapping[str, Any] | None = None,
         receptive: str | None = None,
+        carrier: str = "h2",
     ) -> None:
         """``replicas`` > 1 (or ``redis_url``): that many kasd replicas sharing a Redis (started here
         unless ``redis_url`` names one), each agentd dialling every replica (or only the replicas
         ``agentd_targets`` lists, by index) with one connection per replica (or ``agentd_connections``). ``kasd_settings`` are merged into
         each replica's ``routing`` section; ``extra_users`` join the directory's users (the demo's
         Developer and Reporter) as ``users:`` entries; ``agentd_settings`` are merged into agentd's
-        configuration file (its ``services:``, its ``events:`` handlers). ``receptive`` (``jwt`` or
+        configuration file (its ``services:``, its ``events:`` handlers). ``carrier`` is how agentd
+        carries its tunnels: ``h2`` (HTTP/2, ``http://``) or ``ws`` (a WebSocket, ``ws://``). ``receptive`` (``jwt`` or
         ``mtls``): the agent is a receptive one, kasd dials agentd (docs/agentd.md, "Receptive agents")."""
         if receptive not in (None, "jwt", "mtls"):
             raise StackError(f"receptive must be jwt or mtls, got {receptive!r}")
@@ -247,7 +249,10 @@ class Stack:
         self.receptive_address = ""
         if replicas < 1 or agentd_replicas < 1:
             raise StackError("a stack needs at least one kasd and one agentd")
+        if carrier not in ("h2", "ws"):
+            raise StackError(f"carrier must be h2 or ws, not {carrier!r}")
         self.dir = workdir.resolve()
+        self.carrier = carrier
         self.python = python
         self.agent_wait_timeout = agent_wait_timeout
         self.agentd_shutdown_grace = agentd_shutdown_grace
@@ -514,7 +519,8 @@ class Stack:
         self.replica_addresses[replica] = json.loads(_wait_for_file(ready, process, timeout))
 
     def agent_url_of(self, replica: int) -> str:
-        return f"http://{self.replica_addresses[replica]['agent']}/tunnel"
+        scheme = "ws" if self.carrier == "ws" else "http"
+        return f"{scheme}://{self.replica_addresses[replica]['agent']}/tunnel"
 
     def start_agentd(self, timeout: float = 30.0, *, index: int = 0) -> None:
         name = "agentd" if self.agentd_replicas == 1 else f"agentd-{index + 1}"

@@ -375,11 +375,12 @@ async def _serve_agents(config: Config, sessions: AgentSessions, authority: CiAu
         listeners,
         authenticate=AgentAuthenticator(lambda: authority.loaded.agents),
         path=config.agent.path,
-        ssl_context=server_ssl_context(tls) if tls else None,
+        ssl_context=server_ssl_context(tls, websocket=True) if tls else None,
         handshake_timeout=config.agent.handshake_timeout,
         reset_limit=config.agent.http2.reset_limit,
         session_kwargs=config.agent.session_keepalive,
         unexpected=metrics.unexpected_errors("agent", logging.getLogger("wire.h2carrier")),
+        websocket=True,  # agentd's tunnel over HTTP/2 or, by upgrade on the same path, a WebSocket
         task_status=task_status,
     )
 

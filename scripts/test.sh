@@ -20,6 +20,7 @@ have_nginx() { command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; }
 
 have_chromium() { [ -x /usr/bin/chromium ]; }
 have_prometheus() { command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ]; }
+have_systemd_analyze() { command -v systemd-analyze >/dev/null 2>&1; }
 have_playwright() { python -c 'import playwright.sync_api' >/dev/null 2>&1; }
 
 # Installs Debian packages ($2...) without letting any start a service: a policy-rc.d that refuses
@@ -94,6 +95,18 @@ if ! have_prometheus; then
     fi
 fi
 
+# `systemd-analyze verify` of examples/*.service (tests/deploy/test_manifests.py): Debian's systemd
+# package (about 10 MB; nothing is started, as for the others).
+systemd_note=""
+if ! have_systemd_analyze; then
+    if [ "$installing" = 1 ]; then
+        packages+=(systemd) purposes+=("systemd (for systemd-analyze verify of the example units; nothing is started)")
+    else
+        echo "== no systemd-analyze: the systemd unit check will be skipped (KASD_TEST_INSTALL=1 installs it)"
+        systemd_note="the systemd unit check (no systemd-analyze; KASD_TEST_INSTALL=1 installs it)"
+    fi
+fi
+
 if [ "${#packages[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         for purpose in "${purposes[@]}"; do echo "== installing $purpose"; done
@@ -141,6 +154,7 @@ logs=() notes=()
 [ -n "$nginx_note" ] && notes+=("$nginx_note")
 [ -n "$browser_note" ] && notes+=("$browser_note")
 [ -n "$prometheus_note" ] && notes+=("$prometheus_note")
+[ -n "$systemd_note" ] && notes+=("$systemd_note")
 trap 'rm -f "${logs[@]}"' EXIT
 
 echo "== ruff"

@@ -1,10 +1,10 @@
-"""What every carrier of a tunnel session shares, whatever carries it (HTTP/2 today, WebSocket next).
+"""What every carrier of a tunnel session shares, whatever carries it (HTTP/2, or a WebSocket).
 
 A carrier is one long-lived request from agentd to kasd whose two directions become the session's
 byte stream. The contract, independent of the carrier's framing:
 
 - the client asks with ``Authorization: Bearer <agent token>`` on the tunnel path (``POST`` over
-  HTTP/2; a WebSocket carrier would ask with its own method, ``GET``), announcing
+  HTTP/2, ``GET`` with ``Upgrade: websocket`` over HTTP/1.1: ``wire.wscarrier``), announcing
   ``content-type: application/x-kasd-tunnel``;
 - the server checks path, method and token *before* anything else (``check_tunnel_request``), asks
   its ``Authenticate`` callback for the principal, and answers a bad request with an HTTP status and

@@ -15,6 +15,10 @@ of at most 16 KiB, at most ``_MAX_REJECTIONS`` rejected tunnel requests per conn
 ENHANCE_YOUR_CALM), and ``handshake_timeout`` as a hard deadline for TLS, preface and tunnel request
 (no frame extends it). The rejections are logged at most once per ten seconds per source address,
 with a count.
+
+With ``websocket=True`` (kasd's agent port) a connection whose first bytes are an HTTP/1.1 request
+rather than the preface goes to the WebSocket carrier (``wire.wscarrier``) under the same deadline;
+the HTTP/2 path is unchanged (the same first read, no extra copy or task).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from wire.carrier import (
     tunnel_request_headers,
 )
 from wire.session import Session, connect_session, open_session
+from wire.wscarrier import WebSocketTransport, accept_ws_tunnel, looks_like_http1
 
 __all__ = [
     "TUNNEL_CONTENT_TYPE",
@@ -260,9 +265,9 @@ async def open_h2_session(
 SessionHandler = Callable[[Session, Any], Awaitable[None]]
 
 
-def server_ssl_context(ssl_context: ssl.SSLContext) -> ssl.SSLContext:
-    """Make a server context offer ALPN h2 (call before listening)."""
-    ssl_context.set_alpn_protocols(["h2"])
+def server_ssl_context(ssl_context: ssl.SSLContext, *, websocket: bool = False) -> ssl.SSLContext:
+    """Make a server context offer ALPN h2, and http/1.1 too for ``websocket`` (call before listening)."""
+    ssl_context.set_alpn_protocols(["h2", "http/1.1"] if websocket else ["h2"])
     return ssl_context
 
 
@@ -277,6 +282,7 @@ async def serve_h2_tunnels(
     reset_limit: ResetLimit = DEFAULT_RESET_LIMIT,
     session_kwargs: dict[str, Any] | None = None,
     unexpected: UnexpectedErrors | None = None,
+    websocket: bool = False,
     task_status: trio.TaskStatus[Sequence[trio.abc.Listener[Any]]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Accept tunnel connections on ``listeners`` and run ``handler(session, principal)`` for each.
@@ -285,6 +291,8 @@ async def serve_h2_tunnels(
     ``authenticate(token, headers)`` returns the principal, None (401), or raises
     TunnelRejectedError (see ``wire.carrier``). ``handshake_timeout`` bounds TLS, preface and the
     tunnel request together; ``reset_limit`` the streams a connection may reset or have refused.
+    With ``websocket``, an HTTP/1.1 request on the same path is served by the WebSocket carrier
+    (``wire.wscarrier``; give ``ssl_context`` through ``server_ssl_context(…, websocket=True)``).
     """
 
     async def on_connection(stream: trio.abc.Stream) -> None:
@@ -298,6 +306,7 @@ async def serve_h2_tunnels(
             reset_limit=reset_limit,
             session_kwargs=session_kwargs or {},
             unexpected=unexpected,
+            websocket=websocket,
         )
 
     await trio.serve_listeners(on_connection, list(listeners), task_status=task_status)
@@ -357,6 +366,7 @@ async def _serve_connection(
     reset_limit: ResetLimit,
     session_kwargs: dict[str, Any],
     unexpected: UnexpectedErrors | None = None,
+    websocket: bool = False,
 ) -> None:
     stream = fast_stream(stream)
     peer = peer_name(stream)
@@ -370,7 +380,8 @@ async def _serve_connection(
                     await tls.do_handshake()
                     stream = tls
                 accepted = await _accept_tunnel(
-                    stream, authenticate=authenticate, path=path, peer=peer, reset_limit=reset_limit
+                    stream, authenticate=authenticate, path=path, peer=peer, reset_limit=reset_limit,
+                    websocket=websocket,
                 )
             if deadline.cancelled_caught:
                 _strangers.warning(
@@ -380,7 +391,8 @@ async def _serve_connection(
             if accepted is None:
                 return
             transport, principal = accepted
-            nursery.start_soon(run_h2_reader, transport)
+            if isinstance(transport, H2StreamTransport):  # a WebSocket reads in the session's reader
+                nursery.start_soon(run_h2_reader, transport)
             session = await connect_session(nursery, transport, client=False, **session_kwargs)
             try:
                 await handler(session, principal)
@@ -414,14 +426,15 @@ async def _accept_tunnel(
     path: str,
     peer: str,
     reset_limit: ResetLimit = DEFAULT_RESET_LIMIT,
-) -> tuple[H2StreamTransport, Any] | None:
+    websocket: bool = False,
+) -> tuple[H2StreamTransport | WebSocketTransport, Any] | None:
     """Speak HTTP/2 until a valid tunnel request arrives; answer bad ones; None if the peer quits
     (or had ``_MAX_REJECTIONS`` requests rejected: GOAWAY ENHANCE_YOUR_CALM).
 
     Nothing is read while a request is being authenticated, so before a peer has authenticated it
     costs at most one read's worth of buffered bytes."""
     alpn = getattr(stream, "selected_alpn_protocol", None)  # over TLS (ours or Trio's SSLStream)
-    if alpn is not None and alpn() != "h2":
+    if alpn is not None and alpn() != "h2" and not websocket:
         _strangers.warning((peer_host(peer), "alpn"), "tunnel client did not offer ALPN h2 peer=%s", peer)
     driver = _new_driver(stream, server=True, reset_limit=reset_limit)
     requests: deque[H2Stream] = deque()
@@ -433,7 +446,9 @@ async def _accept_tunnel(
         return None
     if not data:
         return None
-    if not data.startswith(b"PRI * HTTP/2.0") and data[:8].split(b" ")[0].isalpha():
+    if looks_like_http1(data):
+        if websocket:
+            return await accept_ws_tunnel(stream, data, authenticate=authenticate, path=path, peer=peer)
         # An HTTP/1.1 client (curl without --http2-prior-knowledge, a browser): say what we speak.
         await stream.send_all(_HTTP1_HINT % (len(_HTTP1_MESSAGE), _HTTP1_MESSAGE))
         _strangers.info((peer_host(peer), "http1"), "rejected HTTP/1.x request on tunnel port peer=%s", peer)

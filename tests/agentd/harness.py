@@ -35,10 +35,13 @@ class FakeKasd:
         self._changed = trio.Event()
         self.reject_status: int | None = None
         self.scheme = "http"
+        #: how agentd is told to dial it: "h2" (http(s)://) or "ws" (ws(s)://); it serves both
+        self.carrier = "h2"
 
     @property
     def url(self) -> str:
-        return f"{self.scheme}://127.0.0.1:{self.port}/tunnel"
+        scheme = self.scheme if self.carrier == "h2" else {"http": "ws", "https": "wss"}[self.scheme]
+        return f"{scheme}://127.0.0.1:{self.port}/tunnel"
 
     async def authenticate(self, token: str, headers: dict[str, str]) -> Any:
         self.tokens.append(token)
@@ -77,7 +80,7 @@ async def start_fake_kasd(nursery: trio.Nursery, ssl_context: ssl.SSLContext | N
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     await nursery.start(
         lambda task_status: serve_h2_tunnels(kasd.handler, listeners, authenticate=kasd.authenticate,
-                                             ssl_context=ssl_context, task_status=task_status)
+                                             ssl_context=ssl_context, websocket=True, task_status=task_status)
     )
     kasd.port = listeners[0].socket.getsockname()[1]
     if ssl_context is not None:

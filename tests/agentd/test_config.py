@@ -91,6 +91,13 @@ def test_example_config_file_loads(files: Path) -> None:
                                                                      ("*", "annotate")]
 
 
+def test_websocket_addresses_mixed_with_http2_ones(files: Path) -> None:
+    # The scheme picks the carrier per address: wss:// (ws://) a WebSocket, https:// (http://) HTTP/2.
+    config = load_config(["--kas-address", "wss://kas-a:8150", "--kas-address", "https://kas-b:8150/tunnel",
+                          "--kas-address", "ws://127.0.0.1:8150/tunnel", *base_flags(files)], {})
+    assert config.kas_addresses == ("wss://kas-a:8150/tunnel", "https://kas-b:8150/tunnel", "ws://127.0.0.1:8150/tunnel")
+
+
 def test_in_cluster_is_the_default_inside_a_pod(files: Path) -> None:
     config = load_config(["--kas-address", "http://k/tunnel", "--token-file", str(files / "token")],
                          {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"})
@@ -101,7 +108,7 @@ def test_in_cluster_is_the_default_inside_a_pod(files: Path) -> None:
     ("args", "message"),
     [
         ([], "no kasd address"),
-        (["--kas-address", "ftp://kas/tunnel"], "must be http://host:port/tunnel"),
+        (["--kas-address", "ftp://kas/tunnel"], "must be https://host:port/tunnel .HTTP/2., wss://host:port/tunnel"),
         (["--kas-address", "http://kas:99999/tunnel"], "bad port"),
         (["--connections", "many"], "--connections: expected a whole number, got 'many'"),
         (["--connections", "0"], "--connections: must be between 1 and 64"),

@@ -37,6 +37,12 @@ from tunnelhttp.head import RequestHead, ResponseHead, TunnelCode
 from wire.h2carrier import server_ssl_context
 from wire.session import StreamResetError
 
+
+@pytest.fixture(params=["h2", "ws"])
+def carrier(request: pytest.FixtureRequest) -> str:
+    """How agentd dials the fake kasd (which, as kasd's agent port, serves both carriers)."""
+    return str(request.param)
+
 pytestmark = pytest.mark.timeout(20)
 
 
@@ -109,10 +115,12 @@ async def test_upgrade_becomes_a_raw_pipe_both_ways(nursery: trio.Nursery, tmp_p
     assert sent.startswith("post /api/v1/namespaces/default/pods/p/exec?command=sh&stdin=true http/1.1")
 
 
-async def test_goaway_dials_replacement_before_old_session_ends(nursery: trio.Nursery, tmp_path: Path) -> None:
+async def test_goaway_dials_replacement_before_old_session_ends(nursery: trio.Nursery, tmp_path: Path,
+                                                                carrier: str) -> None:
     async with open_kubesim(objects=TRUSTED, token=SIM_TOKEN, bookmark_interval=3600) as sim:
         sim.write_kubeconfig(tmp_path / "kubeconfig")
         kasd = await start_fake_kasd(nursery)
+        kasd.carrier = carrier
         config = agent_config(tmp_path, kasd.url)
         async with running_agent(nursery, config, kubeconfig_target(config.kubeconfig)) as agent:
             old = await kasd.session(0)
@@ -233,9 +241,10 @@ async def test_readiness_says_when_the_api_server_is_unreachable(nursery: trio.N
 
 
 async def test_rejected_token_is_logged_and_backed_off(nursery: trio.Nursery, tmp_path: Path,
-                                                       caplog: pytest.LogCaptureFixture) -> None:
+                                                       caplog: pytest.LogCaptureFixture, carrier: str) -> None:
     write_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:1")
     kasd = await start_fake_kasd(nursery)
+    kasd.carrier = carrier
     kasd.reject_status = 403
     sleep = GatedSleep()
     config = agent_config(tmp_path, kasd.url)
@@ -332,14 +341,15 @@ async def test_stop_grace_bounds_the_drain(nursery: trio.Nursery, tmp_path: Path
             await finished.wait()  # the upload never ends by itself; the grace does
 
 
-async def test_kasd_over_tls_with_ca_file(nursery: trio.Nursery, tmp_path: Path) -> None:
+async def test_kasd_over_tls_with_ca_file(nursery: trio.Nursery, tmp_path: Path, carrier: str) -> None:
     ca = trustme.CA()
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1").configure_cert(server)
     ca.cert_pem.write_to_path(str(tmp_path / "kas-ca.pem"))
     async with open_kubesim(objects=TRUSTED, token=SIM_TOKEN) as sim:
         sim.write_kubeconfig(tmp_path / "kubeconfig")
-        kasd = await start_fake_kasd(nursery, server_ssl_context(server))
+        kasd = await start_fake_kasd(nursery, server_ssl_context(server, websocket=True))
+        kasd.carrier = carrier  # agentd's one CA context (ALPN h2) serves wss:// too
         config = agent_config(tmp_path, kasd.url, kas_ca_file=tmp_path / "kas-ca.pem", connections=2)
         async with running_agent(nursery, config, kubeconfig_target(config.kubeconfig)) as agent:
             session = await kasd.session(1)

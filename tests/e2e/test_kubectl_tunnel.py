@@ -1,4 +1,5 @@
-"""Real kubectl (every version found) → kasd → tunnel → agentd → kubesim, all real processes."""
+"""Real kubectl (every version found) → kasd → tunnel → agentd → kubesim, all real processes; the
+whole battery over each carrier of the tunnel (HTTP/2, and a WebSocket with the newest kubectl)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,20 @@ import trio
 import yaml
 
 from kasctl.stack import AGENT_ID, OFFLINE_AGENT_ID, Stack
-from tests.e2e.conftest import KUBECTL_CAP, KUBECTLS, LineReader, kubectl, write_manifest
+from tests.e2e.conftest import (
+    KUBECTL_CAP,
+    KUBECTLS,
+    LineReader,
+    kubectl,
+    module_stack,
+    write_manifest,
+)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, carrier: str) -> Iterator[Stack]:
+    """The module's stack, once per carrier (``carrier`` is parametrised in conftest)."""
+    yield from module_stack(tmp_path_factory, carrier=carrier)
 
 
 def _suffix(kubectl_bin: str) -> str:

@@ -139,10 +139,10 @@ async def test_agent_port_refuses_beyond_its_caps_while_the_connected_agent_keep
         await _wait_open(kasd, "agent", 1)
         await _assert_refused(kasd.port("agent"))
         assert _refused_count(kasd, "agent", "max_connections_per_source") == 1
-        # another source is served (an HTTP/1.1 request there gets the port's 505 hint)
+        # another source is served (an HTTP/1.1 request there is a WebSocket tunnel's, without a token)
         other = await trio.open_tcp_stream("127.0.0.1", kasd.port("agent"), local_address=OTHER_SOURCE)
         await other.send_all(b"GET /tunnel HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert (await read_until_closed(other)).startswith(b"HTTP/1.1 505")
+        assert (await read_until_closed(other)).startswith(b"HTTP/1.1 401")
         assert (await http_request(kasd.port("kubernetes_api"), "GET", "/api", [bearer(CI_TOKEN)])).status == 200
 
 

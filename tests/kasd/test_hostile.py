@@ -85,14 +85,18 @@ async def test_agent_port_hostile_clients_are_closed_while_the_agent_keeps_worki
         await garbage.send_all(b"\x00\xff" * 64)
         await read_until_closed(garbage)
 
-        http1 = await trio.open_tcp_stream("127.0.0.1", port)
+        http1 = await trio.open_tcp_stream("127.0.0.1", port)  # a WebSocket tunnel's request, no token
         await http1.send_all(b"GET /tunnel HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert (await read_until_closed(http1)).startswith(b"HTTP/1.1 505")
+        assert (await read_until_closed(http1)).startswith(b"HTTP/1.1 401")
+
+        slow_upgrade = await trio.open_tcp_stream("127.0.0.1", port)  # a head that never ends
+        await slow_upgrade.send_all(b"GET /tunnel HTTP/1.1\r\nHost: x\r\n")
 
         good = await http_request(kasd.port("kubernetes_api"), "GET", "/api", [bearer(CI_TOKEN)])
         assert good.status == 200
 
         await read_until_closed(slow)  # the handshake timeout closes it
+        assert await read_until_closed(slow_upgrade) == b""  # and this one, unanswered
         assert kasd.registry.statistics().sessions == 1
         good = await http_request(kasd.port("kubernetes_api"), "GET", "/api", [bearer(CI_TOKEN)])
         assert good.status == 200

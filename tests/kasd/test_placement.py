@@ -128,3 +128,13 @@ def test_a_placement_never_downgrades_https_to_http(tmp_path: Path) -> None:
     manager.on_notice({"type": "something-newer", "whatever": 1})  # ignored
     manager.on_notice({"type": "placement", "replicas": "not a list"})  # malformed: ignored
     assert manager.placement == ("https://kasd-b.example:8150/tunnel",)
+
+
+def test_a_placement_keeps_a_websocket_agent_on_its_carrier(tmp_path: Path) -> None:
+    # kasd names replicas by their HTTP/2 URLs; agentd behind a WebSocket-only proxy dials them as
+    # wss:// (the same port and path), and still never downgrades to plaintext.
+    manager = _manager(tmp_path, ["wss://kasd.example:8150/tunnel", "https://kasd-c.example:8150/tunnel"])
+    manager.on_notice({"type": "placement", "replica": "x", "home": "b:1",
+                       "replicas": [{"name": "evil:1", "url": "http://evil.example:8150/tunnel"},
+                                    {"name": "b:1", "url": "https://kasd-b.example:8150/tunnel"}]})
+    assert manager.placement == ("wss://kasd-b.example:8150/tunnel",)

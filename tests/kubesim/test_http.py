@@ -121,6 +121,28 @@ async def test_lists_tables_and_strict_validation() -> None:
         assert status == 415 and "server-side apply" in ssa["message"]
 
 
+async def test_a_dry_run_stores_nothing_and_only_all_is_a_dry_run() -> None:
+    async with open_kubesim(token=TOKEN) as sim:
+        path = "/apis/policy/v1/namespaces/default/poddisruptionbudgets"
+        pdb = {"metadata": {"name": "web"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}}
+        before = sim.store.statistics()
+        status, _, created = await get(sim, path + "?dryRun=All", method="POST", body=pdb)
+        assert status == 201 and created["kind"] == "PodDisruptionBudget" and created["metadata"]["uid"]
+        assert created["metadata"]["resourceVersion"] == ""
+        assert sim.store.statistics() == before
+        status, _, missing = await get(sim, path + "/web")
+        assert status == 404 and missing["reason"] == "NotFound"
+        for value in ("all", ""):
+            status, _, refused = await get(sim, path + f"?dryRun={value}", method="POST", body=pdb)
+            assert status == 422 and refused["reason"] == "Invalid", refused
+            assert refused["message"] == (f'CreateOptions.meta.k8s.io "" is invalid: dryRun: Unsupported value: '
+                                          f'[]string{{"{value}"}}: supported values: "All"')
+            assert refused["details"]["causes"] == [
+                {"reason": "FieldValueNotSupported", "field": "dryRun",
+                 "message": f'Unsupported value: []string{{"{value}"}}: supported values: "All"'}]
+        assert sim.store.statistics() == before
+
+
 async def test_watch_stream_with_bookmarks_and_initial_events() -> None:
     async with open_kubesim(token=TOKEN, bookmark_interval=0.05) as sim:
         kind = sim.store.kind("", "configmaps")

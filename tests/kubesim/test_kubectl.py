@@ -58,6 +58,8 @@ EXPECTED_COLUMNS = {
     "jobs": (["NAME", "STATUS", "COMPLETIONS", "DURATION", "AGE"], "once"),
     "cronjobs": (["NAME", "SCHEDULE", "TIMEZONE", "SUSPEND", "ACTIVE", "LAST SCHEDULE", "AGE"], "nightly"),
     "ingresses": (["NAME", "CLASS", "HOSTS", "ADDRESS", "PORTS", "AGE"], "app"),
+    "poddisruptionbudgets": (["NAME", "MIN AVAILABLE", "MAX UNAVAILABLE", "ALLOWED DISRUPTIONS", "AGE"], "app"),
+    "networkpolicies": (["NAME", "POD-SELECTOR", "AGE"], "app"),
     "horizontalpodautoscalers": (["NAME", "REFERENCE", "TARGETS", "MINPODS", "MAXPODS", "REPLICAS", "AGE"], "app"),
     "events": (["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"], ""),
 }
@@ -93,6 +95,8 @@ async def test_get_and_describe_every_kind(k: Kubectl) -> None:
     assert jobs["once"][1:3] == ["Complete", "1/1"]
     pvc = rows_by_name(await k.out("get", "pvc"))
     assert pvc["app-data"][1] == "Bound"
+    assert rows_by_name(await k.out("get", "pdb"))["app"][1:3] == ["1", "N/A"]
+    assert rows_by_name(await k.out("get", "netpol"))["app"][1] == "app=app"
 
 
 async def test_cluster_scoped_kinds(k: Kubectl) -> None:

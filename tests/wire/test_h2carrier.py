@@ -1,10 +1,12 @@
-"""The HTTP/2 carrier on real sockets on 127.0.0.1: h2c and TLS (ALPN h2, trustme certificates)."""
+"""The carriers on real sockets on 127.0.0.1: h2c and TLS (ALPN h2, trustme certificates), and what
+they share run over the WebSocket carrier too (``carrier``: the same server takes both)."""
 
 from __future__ import annotations
 
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import h2.config
@@ -16,11 +18,27 @@ import pytest
 import trio
 import trustme
 
+from daemonkit.logs import UnexpectedErrors
+from wire import h2carrier
 from wire.carrier import TunnelRejectedError
 from wire.h2carrier import open_h2_session, serve_h2_tunnels, server_ssl_context
 from wire.session import MuxStream, Session
+from wire.wscarrier import open_ws_session
 
 TOKEN = "agent-token-123"
+
+
+@pytest.fixture(params=["h2", "ws"])
+def carrier(request: pytest.FixtureRequest) -> str:
+    """Which carrier a test's client dials: HTTP/2, or a WebSocket on the same port and path."""
+    return str(request.param)
+
+
+def open_carrier(carrier: str, url: str, **kwargs: Any) -> AbstractAsyncContextManager[Session]:
+    """``open_h2_session(url)``, or ``open_ws_session`` with http(s):// read as ws(s)://."""
+    if carrier == "h2":
+        return open_h2_session(url, **kwargs)
+    return open_ws_session("ws" + url.removeprefix("http"), **kwargs)
 
 
 class TunnelServer:
@@ -62,7 +80,7 @@ async def _start(nursery: trio.Nursery, ssl_context: ssl.SSLContext | None = Non
             authenticate=server.authenticate,
             ssl_context=ssl_context,
             task_status=task_status,
-            **kwargs,
+            **{"websocket": True, **kwargs},
         )
     )
     server.port = listeners[0].socket.getsockname()[1]
@@ -85,10 +103,10 @@ async def _exchange(session: Session, payload: bytes) -> bytes:
     return bytes(got)
 
 
-async def test_h2c_session_round_trip_and_token_reaches_authenticator(nursery: trio.Nursery) -> None:
+async def test_h2c_session_round_trip_and_token_reaches_authenticator(nursery: trio.Nursery, carrier: str) -> None:
     server = await _start(nursery)
     url = f"http://127.0.0.1:{server.port}/tunnel"
-    async with open_h2_session(url, token=TOKEN, metadata={"agent_id": 42, "pod": "agentd-0"}) as session:
+    async with open_carrier(carrier, url, token=TOKEN, metadata={"agent_id": 42, "pod": "agentd-0"}) as session:
         payload = bytes(range(256)) * 4096  # 1 MiB
         assert await _exchange(session, payload) == payload.upper()
         server_session, principal = server.sessions[0]
@@ -97,19 +115,24 @@ async def test_h2c_session_round_trip_and_token_reaches_authenticator(nursery: t
     token, headers = server.auth_calls[0]
     assert token == TOKEN
     # The authenticator sees the request head, but the credential only as the token argument.
-    assert headers[":path"] == "/tunnel" and "authorization" not in headers
+    assert "authorization" not in headers
+    assert headers[":path"] == "/tunnel" if carrier == "h2" else headers["upgrade"] == "websocket"
 
 
-async def test_tls_with_alpn_h2(nursery: trio.Nursery) -> None:
+async def test_tls_with_alpn_h2(nursery: trio.Nursery, carrier: str) -> None:
     ca = trustme.CA()
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("localhost", "127.0.0.1").configure_cert(server_ctx)
-    server = await _start(nursery, server_ssl_context(server_ctx))
+    server = await _start(nursery, server_ssl_context(server_ctx, websocket=True))
     client_ctx = ssl.create_default_context()
     ca.configure_trust(client_ctx)
-    async with open_h2_session(f"https://localhost:{server.port}/tunnel", token=TOKEN, ssl_context=client_ctx) as session:
+    url = f"https://localhost:{server.port}/tunnel"
+    async with open_carrier(carrier, url, token=TOKEN, ssl_context=client_ctx) as session:
         assert await _exchange(session, b"secret payload") == b"SECRET PAYLOAD"
         transport = session.transport
+        if carrier == "ws":  # the same port, the same context: ALPN chose HTTP/1.1 for the upgrade
+            assert transport.stream.selected_alpn_protocol() == "http/1.1"  # type: ignore[attr-defined]
+            return
         assert transport.driver.stream.selected_alpn_protocol() == "h2"  # type: ignore[attr-defined]
         # h2 flow control is opened wide both ways: the mux credits are what limit a stream.
         conn = transport.driver.conn  # type: ignore[attr-defined]
@@ -117,13 +140,13 @@ async def test_tls_with_alpn_h2(nursery: trio.Nursery) -> None:
         assert conn.local_settings.initial_window_size == 2**31 - 1
 
 
-async def test_tls_client_that_does_not_trust_the_server_fails_clearly(nursery: trio.Nursery) -> None:
+async def test_tls_client_that_does_not_trust_the_server_fails_clearly(nursery: trio.Nursery, carrier: str) -> None:
     ca = trustme.CA()
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("localhost").configure_cert(server_ctx)
-    server = await _start(nursery, server_ssl_context(server_ctx))
+    server = await _start(nursery, server_ssl_context(server_ctx, websocket=True))
     with pytest.raises(trio.BrokenResourceError) as info:
-        async with open_h2_session(f"https://localhost:{server.port}/tunnel", token=TOKEN):
+        async with open_carrier(carrier, f"https://localhost:{server.port}/tunnel", token=TOKEN):
             pass  # pragma: no cover
     assert "CERTIFICATE_VERIFY_FAILED" in repr(info.value.__cause__)
 
@@ -137,11 +160,11 @@ async def test_tls_client_that_does_not_trust_the_server_fails_clearly(nursery: 
     ],
 )
 async def test_bad_requests_get_http_status_before_any_session(
-    nursery: trio.Nursery, path: str, token: str, status: int, message: str
+    nursery: trio.Nursery, carrier: str, path: str, token: str, status: int, message: str
 ) -> None:
     server = await _start(nursery)
     with pytest.raises(TunnelRejectedError) as info:
-        async with open_h2_session(f"http://127.0.0.1:{server.port}{path}", token=token):
+        async with open_carrier(carrier, f"http://127.0.0.1:{server.port}{path}", token=token):
             pass  # pragma: no cover
     assert info.value.status == status
     assert message in info.value.message
@@ -183,7 +206,7 @@ async def test_wrong_method_and_missing_token(nursery: trio.Nursery) -> None:
 
 
 async def test_http1_client_is_told_what_the_port_speaks(nursery: trio.Nursery) -> None:
-    server = await _start(nursery)
+    server = await _start(nursery, websocket=False)  # the private port: HTTP/2 only
     stream = await trio.open_tcp_stream("127.0.0.1", server.port)
     await stream.send_all(b"GET /tunnel HTTP/1.1\r\nHost: x\r\n\r\n")
     reply = b""
@@ -222,9 +245,10 @@ async def _slowloris(port: int) -> None:
 
 
 @pytest.mark.parametrize("hostile", [_garbage, _slowloris], ids=["garbage", "slowloris"])
-async def test_hostile_clients_are_dropped_while_others_are_served(nursery: trio.Nursery, hostile: HostileClient) -> None:
+async def test_hostile_clients_are_dropped_while_others_are_served(
+        nursery: trio.Nursery, carrier: str, hostile: HostileClient) -> None:
     server = await _start(nursery, handshake_timeout=0.5)
-    async with open_h2_session(f"http://127.0.0.1:{server.port}/tunnel", token=TOKEN) as session:
+    async with open_carrier(carrier, f"http://127.0.0.1:{server.port}/tunnel", token=TOKEN) as session:
         async with trio.open_nursery() as inner:
             inner.start_soon(hostile, server.port)
             assert await _exchange(session, b"still served") == b"STILL SERVED"
@@ -279,7 +303,7 @@ async def test_a_few_rejected_tunnel_requests_then_goaway(nursery: trio.Nursery)
 
 
 async def test_a_handler_that_fails_unexpectedly_ends_its_connection_in_one_line(
-        nursery: trio.Nursery, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+        nursery: trio.Nursery, carrier: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     failed = trio.Semaphore(0)
 
     async def broken(self: TunnelServer, session: Session, principal: Any) -> None:
@@ -287,9 +311,10 @@ async def test_a_handler_that_fails_unexpectedly_ends_its_connection_in_one_line
         raise RuntimeError(f"bug while serving {principal}")
 
     monkeypatch.setattr(TunnelServer, "handler", broken)
+    monkeypatch.setattr(h2carrier, "_unexpected", UnexpectedErrors(h2carrier.log))  # each run reports afresh
     server = await _start(nursery)
     for _ in range(3):
-        async with open_h2_session(f"http://127.0.0.1:{server.port}/tunnel", token=TOKEN) as session:
+        async with open_carrier(carrier, f"http://127.0.0.1:{server.port}/tunnel", token=TOKEN) as session:
             with trio.fail_after(5):
                 await failed.acquire()
                 await session.wait_closed()
@@ -300,7 +325,7 @@ async def test_a_handler_that_fails_unexpectedly_ends_its_connection_in_one_line
 
 
 async def test_a_peer_that_leaves_while_the_handler_touches_the_session_is_one_info_line(
-        nursery: trio.Nursery, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+        nursery: trio.Nursery, carrier: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     # agentd moving its tunnel to its placement: GOAWAY, then the connection closes, while a task of
     # kasd's handler (a placement NOTICE, say) still uses the session. The nursery wraps what that
     # task raises in an ExceptionGroup: still the peer leaving, not a bug.
@@ -331,7 +356,7 @@ async def test_a_peer_that_leaves_while_the_handler_touches_the_session_is_one_i
 
     monkeypatch.setattr(TunnelServer, "handler", handler)
     server = await _start(nursery)
-    async with open_h2_session(f"http://127.0.0.1:{server.port}/tunnel", token=TOKEN) as session:
+    async with open_carrier(carrier, f"http://127.0.0.1:{server.port}/tunnel", token=TOKEN) as session:
         await session.drain("agentd moves this tunnel to its placement")
     with trio.fail_after(5):
         await ended.wait()

@@ -9,6 +9,8 @@ import pytest
 import trio
 import trio.testing
 import trustme
+import wsproto
+import wsproto.connection
 
 from netio.fastio import every_call_yields
 from wire.codec import FrameDecoder, encode
@@ -26,10 +28,25 @@ from wire.session import (
     open_session,
 )
 from wire.settings import KiB, MiB, Settings
+from wire.wscarrier import WebSocketTransport
 
 
-async def _session_pair(nursery: trio.Nursery, **kwargs: object) -> tuple[Session, Session]:
-    left, right = trio.testing.memory_stream_pair()
+@pytest.fixture(params=["bytes", "ws"])
+def carrier(request: pytest.FixtureRequest) -> str:
+    """What the session pair runs over: a bare byte stream, or the WebSocket carrier's transport
+    (binary messages over that stream). HTTP/2's runs on real sockets in test_h2carrier.py."""
+    return str(request.param)
+
+
+def _carried(carrier: str, left: trio.abc.Stream, right: trio.abc.Stream) -> tuple[trio.abc.Stream, trio.abc.Stream]:
+    if carrier == "bytes":
+        return left, right
+    return (WebSocketTransport(left, wsproto.connection.Connection(wsproto.ConnectionType.CLIENT)),
+            WebSocketTransport(right, wsproto.connection.Connection(wsproto.ConnectionType.SERVER)))
+
+
+async def _session_pair(nursery: trio.Nursery, carrier: str = "bytes", **kwargs: object) -> tuple[Session, Session]:
+    left, right = _carried(carrier, *trio.testing.memory_stream_pair())
     results: dict[str, Session] = {}
 
     async def start(name: str, transport: trio.abc.Stream, client: bool) -> None:
@@ -47,9 +64,9 @@ async def _stream_pair(client: Session, server: Session) -> tuple[MuxStream, Mux
     return opened, accepted
 
 
-async def test_check_half_closeable_stream(nursery: trio.Nursery) -> None:
+async def test_check_half_closeable_stream(nursery: trio.Nursery, carrier: str) -> None:
     async def make() -> tuple[MuxStream, MuxStream]:
-        client, server = await _session_pair(nursery)
+        client, server = await _session_pair(nursery, carrier)
         return await _stream_pair(client, server)
 
     async def make_clogged() -> tuple[MuxStream, MuxStream]:
@@ -67,8 +84,8 @@ async def test_check_half_closeable_stream(nursery: trio.Nursery) -> None:
         await trio.testing.check_half_closeable_stream(make, make_clogged)
 
 
-async def test_metadata_round_trip_and_accept_answer(nursery: trio.Nursery) -> None:
-    client, server = await _session_pair(nursery)
+async def test_metadata_round_trip_and_accept_answer(nursery: trio.Nursery, carrier: str) -> None:
+    client, server = await _session_pair(nursery, carrier)
     assert client.peer_metadata == {} and server.peer_metadata == {}
     opened = await client.open_stream({"method": "GET", "path": "/api/v1/pods", "headers": [["accept", "json"]]})
     incoming = await server.accept_stream()
@@ -77,8 +94,8 @@ async def test_metadata_round_trip_and_accept_answer(nursery: trio.Nursery) -> N
     assert await opened.wait_accepted() == {"status": 200}
 
 
-async def test_refused_stream_raises_for_the_opener(nursery: trio.Nursery) -> None:
-    client, server = await _session_pair(nursery)
+async def test_refused_stream_raises_for_the_opener(nursery: trio.Nursery, carrier: str) -> None:
+    client, server = await _session_pair(nursery, carrier)
     opened = await client.open_stream({})
     incoming = await server.accept_stream()
     await incoming.refuse(0x101, "agent not allowed")
@@ -89,8 +106,8 @@ async def test_refused_stream_raises_for_the_opener(nursery: trio.Nursery) -> No
         await opened.receive_some()
 
 
-async def test_reset_reaches_the_peer_with_its_code(nursery: trio.Nursery) -> None:
-    client, server = await _session_pair(nursery)
+async def test_reset_reaches_the_peer_with_its_code(nursery: trio.Nursery, carrier: str) -> None:
+    client, server = await _session_pair(nursery, carrier)
     opened, incoming = await _stream_pair(client, server)
     await incoming.send_all(b"partial")
     await incoming.reset(0x102, "cluster unreachable")
@@ -100,8 +117,8 @@ async def test_reset_reaches_the_peer_with_its_code(nursery: trio.Nursery) -> No
     assert info.value.code == 0x102 and info.value.remote
 
 
-async def test_cancel_when_broken_cancels_work_once_the_peer_resets(nursery: trio.Nursery) -> None:
-    client, server = await _session_pair(nursery)
+async def test_cancel_when_broken_cancels_work_once_the_peer_resets(nursery: trio.Nursery, carrier: str) -> None:
+    client, server = await _session_pair(nursery, carrier)
     opened, incoming = await _stream_pair(client, server)
     await opened.send_eof()  # the request is complete; the peer now waits on something else
     with trio.CancelScope() as scope:
@@ -114,8 +131,8 @@ async def test_cancel_when_broken_cancels_work_once_the_peer_resets(nursery: tri
     assert late.cancel_called
 
 
-async def test_both_sides_open_streams_concurrently(nursery: trio.Nursery) -> None:
-    client, server = await _session_pair(nursery)
+async def test_both_sides_open_streams_concurrently(nursery: trio.Nursery, carrier: str) -> None:
+    client, server = await _session_pair(nursery, carrier)
     a = await client.open_stream({"from": "client"})
     b = await server.open_stream({"from": "server"})
     assert a.stream_id % 2 == 1 and b.stream_id % 2 == 0
@@ -128,8 +145,8 @@ async def test_both_sides_open_streams_concurrently(nursery: trio.Nursery) -> No
     assert await b_in.receive_some() == b"to client"
 
 
-async def test_thousand_concurrent_streams(nursery: trio.Nursery) -> None:
-    client, server = await _session_pair(nursery)
+async def test_thousand_concurrent_streams(nursery: trio.Nursery, carrier: str) -> None:
+    client, server = await _session_pair(nursery, carrier)
     count = 1000
     received: dict[int, bytes] = {}
 
@@ -167,9 +184,9 @@ async def test_thousand_concurrent_streams(nursery: trio.Nursery) -> None:
     assert server.statistics().open_streams == 0
 
 
-async def test_stalled_reader_does_not_stop_other_streams(nursery: trio.Nursery) -> None:
+async def test_stalled_reader_does_not_stop_other_streams(nursery: trio.Nursery, carrier: str) -> None:
     """One stream's consumer stops reading; another stream still moves 64 MiB on the same session."""
-    client, server = await _session_pair(nursery)
+    client, server = await _session_pair(nursery, carrier)
     stalled_out, stalled_in = await _stream_pair(client, server)
     busy_out, busy_in = await _stream_pair(client, server)
 
@@ -207,8 +224,8 @@ async def test_stalled_reader_does_not_stop_other_streams(nursery: trio.Nursery)
     assert (await stalled_in.receive_some(5)) == b"sssss"
 
 
-async def test_max_concurrent_streams_makes_open_wait(nursery: trio.Nursery) -> None:
-    client, server = await _session_pair(nursery, settings=Settings(max_concurrent_streams=2))
+async def test_max_concurrent_streams_makes_open_wait(nursery: trio.Nursery, carrier: str) -> None:
+    client, server = await _session_pair(nursery, carrier, settings=Settings(max_concurrent_streams=2))
     first, _ = await _stream_pair(client, server)
     await _stream_pair(client, server)
     third_opened = trio.Event()
@@ -226,8 +243,8 @@ async def test_max_concurrent_streams_makes_open_wait(nursery: trio.Nursery) -> 
     await third_opened.wait()
 
 
-async def test_open_stream_nowait_opens_at_once_and_refuses_when_draining(nursery: trio.Nursery) -> None:
-    client, server = await _session_pair(nursery)
+async def test_open_stream_nowait_opens_at_once_and_refuses_when_draining(nursery: trio.Nursery, carrier: str) -> None:
+    client, server = await _session_pair(nursery, carrier)
     stream = client.open_stream_nowait({"n": 1})
     await stream.send_all(b"hi")
     incoming = await server.accept_stream()
@@ -261,8 +278,8 @@ async def test_keepalive_timeout_tears_down_a_dead_session(autojump_clock: trio.
         assert client.closed
 
 
-async def test_idle_session_with_live_peer_stays_up(nursery: trio.Nursery, autojump_clock: trio.abc.Clock) -> None:
-    client, server = await _session_pair(nursery, keepalive_interval=5, keepalive_timeout=15)
+async def test_idle_session_with_live_peer_stays_up(nursery: trio.Nursery, autojump_clock: trio.abc.Clock, carrier: str) -> None:
+    client, server = await _session_pair(nursery, carrier, keepalive_interval=5, keepalive_timeout=15)
     await trio.sleep(120)  # virtual time: many keepalive periods with no application traffic
     assert not client.closed and not server.closed
     stream, incoming = await _stream_pair(client, server)
@@ -270,8 +287,8 @@ async def test_idle_session_with_live_peer_stays_up(nursery: trio.Nursery, autoj
     assert await incoming.receive_some() == b"still here"
 
 
-async def test_goaway_drains_in_flight_and_refuses_new(nursery: trio.Nursery) -> None:
-    client, server = await _session_pair(nursery)
+async def test_goaway_drains_in_flight_and_refuses_new(nursery: trio.Nursery, carrier: str) -> None:
+    client, server = await _session_pair(nursery, carrier)
     in_flight, incoming = await _stream_pair(client, server)
     drained = trio.Event()
 
@@ -377,8 +394,8 @@ async def _serve_tls(handler, ctx, *, task_status=trio.TASK_STATUS_IGNORED):  # 
     await trio.serve_listeners(handler, listeners, task_status=task_status)
 
 
-async def test_wait_broken_reports_a_reset_after_the_peer_half_closed(nursery: trio.Nursery) -> None:
-    client, server = await _session_pair(nursery)
+async def test_wait_broken_reports_a_reset_after_the_peer_half_closed(nursery: trio.Nursery, carrier: str) -> None:
+    client, server = await _session_pair(nursery, carrier)
     opened, incoming = await _stream_pair(client, server)
     await opened.send_eof()  # a GET: the request is complete, the response is long (a watch)
     assert await incoming.receive_some() == b""
@@ -398,10 +415,10 @@ async def test_wait_broken_reports_a_reset_after_the_peer_half_closed(nursery: t
     await broken.wait()
 
 
-async def test_accept_alone_reaches_the_peer_at_once(nursery: trio.Nursery) -> None:
+async def test_accept_alone_reaches_the_peer_at_once(nursery: trio.Nursery, carrier: str) -> None:
     # An acceptor that answers and then only listens (a 101 upgrade waiting for the client's first
     # bytes) must not leave its ACCEPT queued until some later frame happens to flush it.
-    client, server = await _session_pair(nursery)
+    client, server = await _session_pair(nursery, carrier)
     opened = await client.open_stream({"upgrade": True})
     incoming = await server.accept_stream()
     await incoming.accept({"status": 101})
@@ -418,8 +435,8 @@ async def test_open_session_raises_a_failed_handshake_plainly() -> None:
     assert info.value.code == ErrorCode.UNSUPPORTED_VERSION
 
 
-async def test_streams_handed_to_a_callback_as_they_open(nursery: trio.Nursery) -> None:
-    client, server = await _session_pair(nursery)
+async def test_streams_handed_to_a_callback_as_they_open(nursery: trio.Nursery, carrier: str) -> None:
+    client, server = await _session_pair(nursery, carrier)
     early = await client.open_stream({"n": 0})
     await early.send_all(b"queued before the callback")
     await trio.testing.wait_all_tasks_blocked()
@@ -443,8 +460,8 @@ async def test_streams_handed_to_a_callback_as_they_open(nursery: trio.Nursery) 
     assert await later[0].wait_accepted() == {"status": 200}
 
 
-async def test_a_stream_the_callback_cannot_take_is_refused_and_the_session_goes_on(nursery: trio.Nursery) -> None:
-    client, server = await _session_pair(nursery)
+async def test_a_stream_the_callback_cannot_take_is_refused_and_the_session_goes_on(nursery: trio.Nursery, carrier: str) -> None:
+    client, server = await _session_pair(nursery, carrier)
     taken: list[MuxStream] = []
 
     def on_stream(stream: MuxStream) -> None:
@@ -465,10 +482,10 @@ async def test_a_stream_the_callback_cannot_take_is_refused_and_the_session_goes
 
 
 async def test_only_the_dialling_side_keeps_an_idle_session_alive(nursery: trio.Nursery,
-                                                                  autojump_clock: trio.abc.Clock) -> None:
+                                                                  autojump_clock: trio.abc.Clock, carrier: str) -> None:
     """One PING/PONG per interval, not two: the accepting side hears the dialler's PINGs and never
     pings itself (both timers used to fire together after each exchange)."""
-    client, server = await _session_pair(nursery, keepalive_interval=5, keepalive_timeout=15)
+    client, server = await _session_pair(nursery, carrier, keepalive_interval=5, keepalive_timeout=15)
     await trio.sleep(0.5)  # the handshake's rtt PINGs are done
     pings = {"client": 0, "server": 0}
     for name, session in (("client", client), ("server", server)):
@@ -481,11 +498,11 @@ async def test_only_the_dialling_side_keeps_an_idle_session_alive(nursery: trio.
     assert not client.closed and not server.closed
 
 
-async def test_a_notice_read_before_its_receiver_is_set_is_handed_over_when_it_is(nursery: trio.Nursery) -> None:
+async def test_a_notice_read_before_its_receiver_is_set_is_handed_over_when_it_is(nursery: trio.Nursery, carrier: str) -> None:
     # kasd sends its placement right after the handshake; agentd sets on_notice only once its dial
     # returned the session. A NOTICE read in between must not be lost (it was: agentd then never
     # learned its home replica until the ring changed).
-    client, server = await _session_pair(nursery)
+    client, server = await _session_pair(nursery, carrier)
     assert await server.send_notice({"type": "placement", "n": 1})
     assert await server.send_notice({"type": "placement", "n": 2})
     await client.ping()  # the ping's answer follows both NOTICEs: they were read, with no receiver
@@ -497,8 +514,8 @@ async def test_a_notice_read_before_its_receiver_is_set_is_handed_over_when_it_i
     assert [m["n"] for m in seen] == [1, 2, 3]  # and later ones as they come
 
 
-async def test_early_notices_are_bounded_the_newest_kept(nursery: trio.Nursery) -> None:
-    client, server = await _session_pair(nursery)
+async def test_early_notices_are_bounded_the_newest_kept(nursery: trio.Nursery, carrier: str) -> None:
+    client, server = await _session_pair(nursery, carrier)
     for n in range(MAX_EARLY_NOTICES + 5):
         assert await server.send_notice({"type": "placement", "n": n})
     await client.ping()

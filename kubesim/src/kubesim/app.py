@@ -362,7 +362,7 @@ class KubeApp:
               body: bytes, accept: str, user: UserInfo) -> Reply:
         kind, ns, name, sub = target.kind, target.namespace, target.name, target.subresource
         store = self.store
-        dry_run = bool(query.get("dryRun"))
+        dry_run = dry_run_requested(method, query)
         if kind.namespaced and name is not None and not ns:
             raise errors.page_not_found()
         if name is None:
@@ -649,3 +649,23 @@ def _scale_of(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 __all__ = ["KubeApp", "RecordedRequest", "Reply", "ServerVersion", "json_reply"]
+
+
+#: the options each writing verb's query is decoded into; their validation errors name it
+_WRITE_OPTIONS = {"POST": "CreateOptions", "PUT": "UpdateOptions", "PATCH": "PatchOptions",
+                  "DELETE": "DeleteOptions"}
+
+
+def dry_run_requested(method: str, query: Query) -> bool:
+    """Whether a write is a dry run (validated, answered as if done, nothing stored): `dryRun=All`,
+    the only value the API server accepts. Any other (a typo, an empty value) is refused as
+    ValidateDryRun refuses it, 422 naming the options kind, rather than taken as a real write or
+    silently as a dry run."""
+    values = query.get("dryRun")
+    if not values or method not in _WRITE_OPTIONS:
+        return False
+    if any(value != "All" for value in values):
+        shown = "[]string{" + ", ".join(json.dumps(value) for value in values) + "}"
+        raise errors.invalid(_WRITE_OPTIONS[method], "meta.k8s.io", "",
+                             [("dryRun", f'Unsupported value: {shown}: supported values: "All"')])
+    return True

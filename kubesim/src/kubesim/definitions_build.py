@@ -34,6 +34,8 @@ TOP_LEVEL = [
     ("V1CronJob", "io.k8s.api.batch.v1.CronJob", "batch", "v1", "CronJob"),
     ("V1EndpointSlice", "io.k8s.api.discovery.v1.EndpointSlice", "discovery.k8s.io", "v1", "EndpointSlice"),
     ("V1Ingress", "io.k8s.api.networking.v1.Ingress", "networking.k8s.io", "v1", "Ingress"),
+    ("V1NetworkPolicy", "io.k8s.api.networking.v1.NetworkPolicy", "networking.k8s.io", "v1", "NetworkPolicy"),
+    ("V1PodDisruptionBudget", "io.k8s.api.policy.v1.PodDisruptionBudget", "policy", "v1", "PodDisruptionBudget"),
     ("V2HorizontalPodAutoscaler", "io.k8s.api.autoscaling.v2.HorizontalPodAutoscaler", "autoscaling", "v2", "HorizontalPodAutoscaler"),
     ("V1HorizontalPodAutoscaler", "io.k8s.api.autoscaling.v1.HorizontalPodAutoscaler", "autoscaling", "v1", "HorizontalPodAutoscaler"),
     ("V1CustomResourceDefinition", "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinition", "apiextensions.k8s.io", "v1", "CustomResourceDefinition"),
@@ -49,6 +51,7 @@ META = {"V1ObjectMeta", "V1ListMeta", "V1OwnerReference", "V1ManagedFieldsEntry"
         "V1DeleteOptions", "V1Preconditions", "V1Condition"}
 PACKAGES = {"": "io.k8s.api.core", "apps": "io.k8s.api.apps", "batch": "io.k8s.api.batch",
             "discovery.k8s.io": "io.k8s.api.discovery", "networking.k8s.io": "io.k8s.api.networking",
+            "policy": "io.k8s.api.policy",
             "autoscaling": "io.k8s.api.autoscaling", "rbac.authorization.k8s.io": "io.k8s.api.rbac",
             "apiextensions.k8s.io": "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions"}
 _PREFIX = re.compile(r"^(?:[A-Z][a-z]+)?(V\d+(?:alpha\d+|beta\d+)?)(.+)$")

@@ -134,6 +134,13 @@ BUILTIN_KINDS: tuple[Kind, ...] = (
     _k(group="networking.k8s.io", version="v1", kind="Ingress", plural="ingresses",
        singular="ingress", namespaced=True, short_names=("ing",), subresources=("status",),
        has_generation=True, definition="io.k8s.api.networking.v1.Ingress"),
+    _k(group="networking.k8s.io", version="v1", kind="NetworkPolicy", plural="networkpolicies",
+       singular="networkpolicy", namespaced=True, short_names=("netpol",), has_generation=True,
+       definition="io.k8s.api.networking.v1.NetworkPolicy"),
+    _k(group="policy", version="v1", kind="PodDisruptionBudget", plural="poddisruptionbudgets",
+       singular="poddisruptionbudget", namespaced=True, short_names=("pdb",),
+       subresources=("status",), has_generation=True,
+       definition="io.k8s.api.policy.v1.PodDisruptionBudget"),
     _k(group="autoscaling", version="v2", kind="HorizontalPodAutoscaler",
        plural="horizontalpodautoscalers", singular="horizontalpodautoscaler", namespaced=True,
        short_names=("hpa",), categories=("all",), subresources=("status",),
@@ -170,7 +177,8 @@ BUILTIN_KINDS: tuple[Kind, ...] = (
 # Preferred order of groups in discovery, as a real API server lists them.
 GROUP_ORDER = (
     "", "apps", "events.k8s.io", "authentication.k8s.io", "authorization.k8s.io", "autoscaling",
-    "batch", "networking.k8s.io", "discovery.k8s.io", "apiextensions.k8s.io",
+    "batch", "networking.k8s.io", "policy", "rbac.authorization.k8s.io", "discovery.k8s.io",
+    "apiextensions.k8s.io",
 )
 
 

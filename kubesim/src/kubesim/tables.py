@@ -264,6 +264,20 @@ def _ingress_row(ing: dict[str, Any], moment: datetime) -> list[Any]:
             ports, _age(ing, moment)]
 
 
+def _networkpolicy_row(policy: dict[str, Any], moment: datetime) -> list[Any]:
+    return [_meta(policy).get("name"), selector_string(_spec(policy).get("podSelector")),
+            _age(policy, moment)]
+
+
+def _pdb_row(pdb: dict[str, Any], moment: datetime) -> list[Any]:
+    spec = _spec(pdb)
+    # kubectl prints an unset bound as N/A (printPodDisruptionBudget)
+    bound = {key: "N/A" if spec.get(key) is None else str(spec[key])
+             for key in ("minAvailable", "maxUnavailable")}
+    return [_meta(pdb).get("name"), bound["minAvailable"], bound["maxUnavailable"],
+            _status(pdb).get("disruptionsAllowed", 0), _age(pdb, moment)]
+
+
 def _pvc_row(pvc: dict[str, Any], moment: datetime) -> list[Any]:
     spec, status = _spec(pvc), _status(pvc)
     phase = "Terminating" if _meta(pvc).get("deletionTimestamp") else status.get("phase", "Pending")
@@ -376,6 +390,10 @@ TABLES: dict[str, tuple[list[Column], Row]] = {
                 ("Count", "string", "", 1), ("Name", "string", "", 1)], _event_row),
     "ingresses": ([_NAME, ("Class", "string", "", 0), ("Hosts", "string", "", 0),
                    ("Address", "string", "", 0), ("Ports", "string", "", 0), _AGE], _ingress_row),
+    "networkpolicies": ([_NAME, ("Pod-Selector", "string", "", 0), _AGE], _networkpolicy_row),
+    "poddisruptionbudgets": ([_NAME, ("Min Available", "string", "", 0),
+                              ("Max Unavailable", "string", "", 0),
+                              ("Allowed Disruptions", "integer", "", 0), _AGE], _pdb_row),
     "persistentvolumeclaims": ([_NAME, ("Status", "string", "", 0), ("Volume", "string", "", 0),
                                 ("Capacity", "string", "", 0), ("Access Modes", "string", "", 0),
                                 ("StorageClass", "string", "", 0),
