@@ -36,9 +36,9 @@ from kasd.config.listeners import (
     KubernetesAPIListener,
     Listener,
     Listeners,
+    ListenerTLS,
     ObservabilityListener,
     PrivateListener,
-    TLSFiles,
 )
 from kasd.config.loading import (
     DESCRIPTION,
@@ -83,6 +83,7 @@ __all__ = [
     "Http2Limits",
     "KubernetesAPIListener",
     "Listener",
+    "ListenerTLS",
     "Listeners",
     "ObservabilityListener",
     "PrivateListener",
@@ -91,7 +92,6 @@ __all__ = [
     "Routing",
     "SecretFile",
     "StoreSettings",
-    "TLSFiles",
     "TokenSettings",
     "UserEntry",
     "WebConfig",

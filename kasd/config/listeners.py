@@ -117,7 +117,9 @@ class Http2Limits:
 
 
 @attrs.frozen(kw_only=True)
-class TLSFiles:
+class ListenerTLS:
+    """A listener's ``tls`` section: the files ``netio.tlsreload`` serves from (and reloads)."""
+
     cert: Path = setting(parse=parse_existing_file, missing=_TLS_MISSING)
     key: Path = setting(parse=parse_existing_file, missing=_TLS_MISSING)
     #: seconds between two looks at the files (and at client_ca): changed files are loaded without a
@@ -173,7 +175,7 @@ def _keepalive_timeout(value: Any) -> float:
 @attrs.frozen(kw_only=True)
 class Listener:
     address: HostPort = setting(HostPort("0.0.0.0", 0), parse=parse_address)
-    tls: TLSFiles | None = setting(None)
+    tls: ListenerTLS | None = setting(None)
     #: connections open at once; more are refused at accept (each listener declares its own default)
     max_connections: int = setting(1024, parse=parse_count)
     #: connections open at once from one source address (an IPv6 /64), at most ``max_connections``
@@ -227,7 +229,7 @@ class ObservabilityListener(Listener):
         flag="--observability-address", metavar="HOST:PORT", help="observability listener",
     )
     #: optional: HTTPS only (kubelet probes ``scheme: HTTPS``, Prometheus ``scheme: https``); none: plain HTTP
-    tls: TLSFiles | None = setting(None)
+    tls: ListenerTLS | None = setting(None)
     # Probes and scrapers need a handful; a runaway scraper keeps at most half.
     max_connections: int = _max_connections("observability", "observability", 64)
     max_connections_per_source: int = _max_per_source("observability", "observability", 32)
