@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import ssl
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from joserfc.jwk import OKPKey
 
 from daemonkit.settings import Problem, ca_bundle, setting
+from kasd.config.listeners import tls_pair_problem
 from kasd.config.values import expect_type, parse_existing_file, parse_string
 
 #: TLS schemes: GitLab's ``grpcs`` and ``https`` (both mean TLS to agentd's receptive listener)
@@ -104,11 +104,10 @@ class ReceptiveEntry:
         if mtls:
             if self.client_cert_file is None or self.client_key_file is None:
                 raise Problem("mutual TLS needs both client_cert_file and client_key_file")
-            try:
-                ssl.create_default_context().load_cert_chain(str(self.client_cert_file), str(self.client_key_file))
-            except (OSError, ssl.SSLError) as exc:
-                raise Problem(f"cannot load client certificate {str(self.client_cert_file)!r} with key "
-                              f"{str(self.client_key_file)!r}: {getattr(exc, 'strerror', None) or exc}") from None
+            # (as the listeners' pairs: an encrypted key is refused by name, never prompted for)
+            problem = tls_pair_problem(self.client_cert_file, self.client_key_file)
+            if problem is not None:
+                raise Problem(f"client_cert_file / client_key_file: {problem}")
         else:
             assert self.private_key_file is not None
             problem = None
