@@ -123,6 +123,9 @@ async def run_agent(
     health_tls = health_ssl_context(config)
     if reloadable is not None:
         reloadable += [receptive.ssl_context if receptive is not None else None, health_tls]
+    if kas_tls is None:
+        kas_tls = kas_ssl_context(config)
+    metrics.watch_tls([kas_tls, receptive.ssl_context if receptive is not None else None, health_tls])
     manager = (partial(receptive_manager, receptive) if receptive is not None
                else partial(ConnectionManager, config.kas_addresses))(
         token_file=config.token_file,
@@ -133,7 +136,7 @@ async def run_agent(
         connections=config.connections,
         quick_window=config.reconnect_quick_window,
         shutdown_grace=config.shutdown_grace,
-        kas_ssl_context=kas_tls if kas_tls is not None else kas_ssl_context(config),
+        kas_ssl_context=kas_tls,
         session_kwargs=config.session_keepalive,
         **dict(manager_kwargs or {}),
     )

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+import ssl
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 import trio
@@ -13,6 +14,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from daemonkit.logs import UnexpectedErrors
+from netio.tlsreload import reload_counts
 from routing.local import TunnelRegistry
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -127,6 +129,24 @@ class _TunnelsCollector(Collector):
             per_agent.add_metric([str(agent_id)], count)
             pods.add_metric([str(agent_id)], len(pod_ids[agent_id]))
         yield from (per_agent, pods, breaker, failures)
+
+
+class _TLSReloadsCollector(Collector):
+    """``kasd_tls_reloads_total{name,result}``: the TLS files read again since the start, per context
+    (a listener's, the peers', a receptive agent's), ``ok`` (a new certificate serves) or ``failed``
+    (changed files that did not load: the previous ones still serve). Read when scraped."""
+
+    def __init__(self, contexts: Callable[[], Iterable[ssl.SSLContext | None]]) -> None:
+        self._contexts = contexts
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily("kasd_tls_reloads", "TLS files read again since the start, by context name "
+                                     "and result (ok: new connections get them; failed: the previous ones stay)",
+                                     labels=["name", "result"])
+        for name, (ok, failed) in sorted(reload_counts(self._contexts()).items()):
+            family.add_metric([name, "ok"], ok)
+            family.add_metric([name, "failed"], failed)
+        yield family
 
 
 class Metrics:
@@ -250,6 +270,10 @@ class Metrics:
         self.peer_sessions.labels(direction="in").set_function(peers_in)
         for metric in (self.redis_up, self.forwarded_requests, self.peer_sessions):
             self.registry.register(metric)
+
+    def enable_tls_reloads(self, contexts: Callable[[], Iterable[ssl.SSLContext | None]]) -> None:
+        """Export the reloads of the TLS contexts ``contexts()`` lists (``netio.tlsreload``)."""
+        self.registry.register(_TLSReloadsCollector(contexts))
 
     def enable_environment_views(self, statistics: Callable[[], ViewsFigures]) -> None:
         """Export the environments' live views (``kasd.environments.EnvironmentViews.statistics``):
