@@ -18,8 +18,6 @@ receptive agent's session lives is kasd's choice (the dialling replica is the ag
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
 import math
 import ssl
@@ -30,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from cryptography.hazmat.primitives.asymmetric import ed25519
 from joserfc.jwk import OKPKey
 
 from agentd.config import AgentdConfig
@@ -47,6 +44,7 @@ from wire.receptive import (
     MTLS_CREDENTIAL,
     OK,
     HandshakeRefused,
+    parse_ed25519_key,
     parse_hello,
     refusal,
     verify_token,
@@ -78,22 +76,10 @@ def load_public_key(path: Path) -> OKPKey:
         data = path.read_bytes()
     except OSError as exc:
         raise ReceptiveKeyError(f"cannot read the JWT public key file {path}: {exc.strerror or exc}") from None
-    text = data.strip()
-    if text.startswith(b"-----BEGIN"):
-        try:
-            key = OKPKey.import_key(text)
-        except Exception:
-            raise ReceptiveKeyError(f"JWT public key file {path} holds no Ed25519 public key") from None
-        if key.is_private or key.curve_name != "Ed25519":
-            raise ReceptiveKeyError(f"JWT public key file {path} must hold an Ed25519 public key only")
-        return key
     try:
-        raw = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raw = b""
-    if len(raw) != 32:
-        raise ReceptiveKeyError(f"JWT public key file {path} is neither PEM nor the base64 of 32 bytes of an Ed25519 key")
-    return OKPKey.import_key(ed25519.Ed25519PublicKey.from_public_bytes(raw))
+        return parse_ed25519_key(data, private=False)
+    except ValueError as exc:
+        raise ReceptiveKeyError(f"JWT public key file {path} {exc}") from None
 
 
 def listener_files(config: AgentdConfig) -> TLSFiles:
