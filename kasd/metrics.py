@@ -108,23 +108,27 @@ class _TunnelsCollector(Collector):
                                       "(one per agentd connection)", labels=["agent"])
         pods = GaugeMetricFamily("kasd_connected_pods", "Distinct agentd pods with at least one live tunnel "
                                  "session to this replica, per agent", labels=["agent"])
+        # ``session``: the session's place among its pod's sessions here, oldest first ("0", "1", …):
+        # agentd keeps several (``connections``), and each has a breaker of its own.
         breaker = GaugeMetricFamily("kasd_tunnel_breaker_open", "1 while the session's breaker holds it back (its "
-                                    "agent refused a stream: API server unreachable), else 0", labels=["agent", "pod"])
+                                    "agent refused a stream: API server unreachable), else 0",
+                                    labels=["agent", "pod", "session"])
         failures = GaugeMetricFamily("kasd_tunnel_breaker_failures", "Refusals for an unreachable API server since "
                                      "the session last took a stream (what the breaker's hold doubles with)",
-                                     labels=["agent", "pod"])
+                                     labels=["agent", "pod", "session"])
         sessions: dict[int, int] = {}
         pod_ids: dict[int, set[str]] = {}
-        for tunnel in self._tunnels.tunnels():
-            if tunnel.session.closed:
-                continue
+        of_pod: dict[tuple[str, str], int] = {}
+        live = [tunnel for tunnel in self._tunnels.tunnels() if not tunnel.session.closed]
+        for tunnel in sorted(live, key=lambda t: t.connected_at):
             agent = str(tunnel.agent_id)
             sessions[tunnel.agent_id] = sessions.get(tunnel.agent_id, 0) + 1
             pod_ids.setdefault(tunnel.agent_id, set()).add(tunnel.pod_uid or tunnel.pod_name or str(id(tunnel)))
             held = tunnel.held(now) if now is not None else tunnel.failures > 0
             pod = tunnel.pod_name[:63] or "-"
-            breaker.add_metric([agent, pod], 1.0 if held else 0.0)
-            failures.add_metric([agent, pod], tunnel.failures)
+            index = of_pod[agent, pod] = of_pod.get((agent, pod), -1) + 1
+            breaker.add_metric([agent, pod, str(index)], 1.0 if held else 0.0)
+            failures.add_metric([agent, pod, str(index)], tunnel.failures)
         for agent_id, count in sorted(sessions.items()):
             per_agent.add_metric([str(agent_id)], count)
             pods.add_metric([str(agent_id)], len(pod_ids[agent_id]))

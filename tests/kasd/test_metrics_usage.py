@@ -75,11 +75,16 @@ async def test_tunnels_pods_and_each_sessions_breaker_are_read_when_scraped() ->
         registry.upstream_unreachable(three, now=trio.current_time(), cause="connection refused")
         assert sample(metrics, "kasd_agent_tunnels", agent="7") == 3
         assert sample(metrics, "kasd_connected_pods", agent="7") == 2
-        assert sample(metrics, "kasd_tunnel_breaker_open", agent="7", pod="agentd-b") == 1
-        assert sample(metrics, "kasd_tunnel_breaker_failures", agent="7", pod="agentd-b") == 1
-        assert sample(metrics, "kasd_tunnel_breaker_open", agent="7", pod="agentd-a") == 0
+        assert sample(metrics, "kasd_tunnel_breaker_open", agent="7", pod="agentd-b", session="0") == 1
+        assert sample(metrics, "kasd_tunnel_breaker_failures", agent="7", pod="agentd-b", session="0") == 1
+        # agentd-a's two sessions (agentd's `connections`) are two series, not one label set twice
+        # (which Prometheus would drop as a duplicate)
+        scraped = metrics.render().decode()
+        assert scraped.count('kasd_tunnel_breaker_open{agent="7",pod="agentd-a",session="0"} 0.0') == 1
+        assert scraped.count('kasd_tunnel_breaker_open{agent="7",pod="agentd-a",session="1"} 0.0') == 1
         registry.took_stream(three)  # the agent answered again: the breaker resets
-        assert sample(metrics, "kasd_tunnel_breaker_open", agent="7", pod="agentd-b") == 0
+        assert sample(metrics, "kasd_tunnel_breaker_open", agent="7", pod="agentd-b", session="0") == 0
         registry.unregister(held)
         assert sample(metrics, "kasd_connected_pods", agent="7") == 1
-        assert metrics.registry.get_sample_value("kasd_tunnel_breaker_open", {"agent": "7", "pod": "agentd-b"}) is None
+        assert metrics.registry.get_sample_value("kasd_tunnel_breaker_open",
+                                                 {"agent": "7", "pod": "agentd-b", "session": "0"}) is None
