@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import attrs
 import trio
@@ -29,6 +30,7 @@ from agentd.streams import StreamKinds
 from agentd.upstream import UpstreamPool
 from daemonkit.health import HealthResponse
 from daemonkit.notify import sd_notify, write_ready_file
+from netio.fastio import is_loopback_host
 from netio.tlsreload import ReloadingContext, TLSFiles
 from tunnelhttp.kinds import KIND_EVENT, KIND_K8S_API, KIND_SERVICE
 
@@ -90,6 +92,21 @@ def kas_ssl_context(config: AgentdConfig) -> ssl.SSLContext | None:
     return context
 
 
+def plaintext_kas_addresses(config: AgentdConfig) -> list[str]:
+    """The ``kas_address`` URLs agentd would dial in plain text over a network: ``http://`` or
+    ``ws://`` to a host that is not loopback."""
+    return [url for url in config.kas_addresses
+            if urlsplit(url).scheme in ("http", "ws") and not is_loopback_host(urlsplit(url).hostname or "")]
+
+
+def warn_plaintext(config: AgentdConfig) -> None:
+    """One WARNING at start for each address agentd dials in plain text beyond loopback (plain text
+    is configured explicitly, by the URL's scheme; this says what it costs)."""
+    for url in plaintext_kas_addresses(config):
+        log.warning("agentd dials kasd in plain text beyond loopback url=%s: whoever is on the network reads and "
+                    "alters the agent token and every request to this cluster; use https:// or wss://", url)
+
+
 async def run_agent(
     config: AgentdConfig,
     *,
@@ -123,6 +140,9 @@ async def run_agent(
     health_tls = health_ssl_context(config)
     if reloadable is not None:
         reloadable += [receptive.ssl_context if receptive is not None else None, health_tls]
+    if kas_tls is None:
+        kas_tls = kas_ssl_context(config)
+    metrics.watch_tls([kas_tls, receptive.ssl_context if receptive is not None else None, health_tls])
     manager = (partial(receptive_manager, receptive) if receptive is not None
                else partial(ConnectionManager, config.kas_addresses))(
         token_file=config.token_file,
@@ -133,7 +153,7 @@ async def run_agent(
         connections=config.connections,
         quick_window=config.reconnect_quick_window,
         shutdown_grace=config.shutdown_grace,
-        kas_ssl_context=kas_tls if kas_tls is not None else kas_ssl_context(config),
+        kas_ssl_context=kas_tls,
         session_kwargs=config.session_keepalive,
         **dict(manager_kwargs or {}),
     )
@@ -150,6 +170,8 @@ async def run_agent(
             reasons.append(f"the API server is unreachable: {api_server.unreachable}")
         return "; ".join(reasons) or None
 
+    if receptive is None:
+        warn_plaintext(config)
     log.info("agentd starting version=%s kas=%s api=%s connections=%d agent_id=%s pod=%s services=%s",
              __version__, receptive.url if receptive is not None else ",".join(config.kas_addresses), target.url, config.connections,
              config.agent_id or "-", config.pod_name or "-", describe_services(config.services))

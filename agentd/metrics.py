@@ -3,12 +3,13 @@ to kasd, the requests it proxied (to the API server and to each allow-listed ser
 events it acted on. Its own registry, never the process-wide default one.
 
 May import: ``agentd.connection`` (the manager's statistics), ``agentd.proxy``/``agentd.events``
-records, prometheus-client.
+records, ``netio.tlsreload`` (the reload counts), prometheus-client.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import ssl
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, Metric
@@ -17,6 +18,7 @@ from prometheus_client.registry import Collector
 from agentd.connection import ManagerStatistics
 from agentd.events.handler import EventRecord
 from agentd.proxy import UpstreamRequestRecord
+from netio.tlsreload import reload_counts
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -40,6 +42,24 @@ class _ManagerCollector(Collector):
             family = CounterMetricFamily(name, text)
             family.add_metric([], value)
             yield family
+
+
+class _TLSReloadsCollector(Collector):
+    """``agentd_tls_reloads_total{name,result}``: the TLS files read again since the start, per context
+    (``kas_ca_file``, the receptive listener's, the health address's), ``ok`` or ``failed`` (changed
+    files that did not load: the previous ones stay). Read when scraped."""
+
+    def __init__(self, contexts: Sequence[ssl.SSLContext | None]) -> None:
+        self._contexts = contexts
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily("agentd_tls_reloads", "TLS files read again since the start, by context name "
+                                     "and result (ok: the next handshake uses them; failed: the previous ones stay)",
+                                     labels=["name", "result"])
+        for name, (ok, failed) in sorted(reload_counts(self._contexts).items()):
+            family.add_metric([name, "ok"], ok)
+            family.add_metric([name, "failed"], failed)
+        yield family
 
 
 class AgentMetrics:
@@ -70,6 +90,10 @@ class AgentMetrics:
         self.registry.register(_ManagerCollector(statistics))
         self.tunnels_up.set_function(lambda: statistics().tunnels_up)
         self.streams_active.set_function(lambda: statistics().streams_active)
+
+    def watch_tls(self, contexts: Sequence[ssl.SSLContext | None]) -> None:
+        """Export the reloads of ``contexts`` (those that read their files again: ``netio.tlsreload``)."""
+        self.registry.register(_TLSReloadsCollector(contexts))
 
     def requests(self, record: UpstreamRequestRecord) -> None:
         if record.service is None:

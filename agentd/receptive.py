@@ -5,8 +5,8 @@ authenticated, by the receptive hello's JWT (``receptive_jwt_file``: kasd's Ed25
 its TLS client certificate (``receptive_ca_cert_file``), as ``wire.receptive`` describes. Every file
 is read again when it changes, without a restart: the TLS files every ``tls_reload_interval`` (and
 on SIGHUP) for the next handshake, the public key at the next hello. Until then
-it costs little: at most ``MAX_PENDING`` connections are in their handshake at once (more are closed
-at accept), each has ``HANDSHAKE_TIMEOUT`` from accept for TLS and the hello together, and the hello
+it costs little: at most ``MAX_PENDING`` connections are in their handshake at once, and
+``MAX_PENDING_PER_SOURCE`` from one source (more are closed at accept), each has ``HANDSHAKE_TIMEOUT`` from accept for TLS and the hello together, and the hello
 is read ``MAX_HELLO`` bytes at most and refused at its first wrong byte.
 
 An authenticated connection is handed to a slot of the ordinary ``ConnectionManager`` as if the slot
@@ -18,8 +18,6 @@ receptive agent's session lives is kasd's choice (the dialling replica is the ag
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
 import math
 import ssl
@@ -30,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from cryptography.hazmat.primitives.asymmetric import ed25519
 from joserfc.jwk import OKPKey
 
 from agentd.config import AgentdConfig
 from agentd.connection import ConnectionManager
 from daemonkit.logs import BurstLimitedLog
+from netio.admission import source_of
 from netio.fastio import fast_stream, peer_host, peer_name, tls_stream
 from netio.tlsreload import ReloadingContext, TLSFiles, TLSLoadError, build_context, file_identity
 from wire.carrier import DEFAULT_PATH
@@ -47,6 +45,7 @@ from wire.receptive import (
     MTLS_CREDENTIAL,
     OK,
     HandshakeRefused,
+    parse_ed25519_key,
     parse_hello,
     refusal,
     verify_token,
@@ -59,6 +58,9 @@ _refusals = BurstLimitedLog(log, interval=10.0)
 
 #: connections in their handshake (TLS and hello, not yet authenticated) at once; more are closed
 MAX_PENDING = 16
+#: ... and from one source (an IPv4 address, an IPv6 /64): one stranger cannot take every handshake
+#: slot and so keep kasd (another source) out
+MAX_PENDING_PER_SOURCE = 4
 #: from accept to an authenticated hello, whatever the peer sends meanwhile
 HANDSHAKE_TIMEOUT = 10.0
 #: the longest a slot pauses between one session's end and waiting for kasd's next connection
@@ -78,22 +80,10 @@ def load_public_key(path: Path) -> OKPKey:
         data = path.read_bytes()
     except OSError as exc:
         raise ReceptiveKeyError(f"cannot read the JWT public key file {path}: {exc.strerror or exc}") from None
-    text = data.strip()
-    if text.startswith(b"-----BEGIN"):
-        try:
-            key = OKPKey.import_key(text)
-        except Exception:
-            raise ReceptiveKeyError(f"JWT public key file {path} holds no Ed25519 public key") from None
-        if key.is_private or key.curve_name != "Ed25519":
-            raise ReceptiveKeyError(f"JWT public key file {path} must hold an Ed25519 public key only")
-        return key
     try:
-        raw = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raw = b""
-    if len(raw) != 32:
-        raise ReceptiveKeyError(f"JWT public key file {path} is neither PEM nor the base64 of 32 bytes of an Ed25519 key")
-    return OKPKey.import_key(ed25519.Ed25519PublicKey.from_public_bytes(raw))
+        return parse_ed25519_key(data, private=False)
+    except ValueError as exc:
+        raise ReceptiveKeyError(f"JWT public key file {path} {exc}") from None
 
 
 def listener_files(config: AgentdConfig) -> TLSFiles:
@@ -206,6 +196,8 @@ class ReceptiveListener:
         self.handshake_timeout = HANDSHAKE_TIMEOUT
         self._send, self._receive = trio.open_memory_channel[trio.abc.Stream](0)
         self._pending = 0
+        #: the connections in their handshake, per source (only sources with one)
+        self._pending_from: dict[str, int] = {}
         #: where it listens (``host:port``), once it does
         self.bound = ""
         #: connections kasd authenticated on, and refused ones
@@ -227,12 +219,14 @@ class ReceptiveListener:
         """One connection: budget, handshake, then handed to a slot (which then owns it)."""
         stream = fast_stream(stream)
         peer = peer_name(stream)
-        if self._pending >= MAX_PENDING:
-            self._refuse(peer, "too many connections in their handshake")
+        source = source_of(peer_host(peer))
+        if self._pending >= MAX_PENDING or self._pending_from.get(source, 0) >= MAX_PENDING_PER_SOURCE:
+            self._refuse(peer, "too many connections in their handshake" +
+                         ("" if self._pending >= MAX_PENDING else " from this source"))
             with trio.move_on_after(1, shield=True):
                 await stream.aclose()
             return
-        self._pending += 1
+        self._hold(source)
         handed = False
         try:
             with trio.move_on_after(self.handshake_timeout) as deadline:
@@ -246,7 +240,7 @@ class ReceptiveListener:
                     await tls.send_all(refusal(exc.reason))
                     return
                 await tls.send_all(OK)
-                self._pending -= 1
+                self._release(source)
                 handed = True  # from here the bytes come from kasd: no more handshake budget
                 self.accepted += 1
                 log.info("kasd dialled in peer=%s", peer)
@@ -261,10 +255,22 @@ class ReceptiveListener:
             self._refuse(peer, f"TLS or connection failed: {type(exc).__name__}")
         finally:
             if not handed:
-                self._pending -= 1
+                self._release(source)
             if stream is not None:
                 with trio.move_on_after(1, shield=True):
                     await stream.aclose()
+
+    def _hold(self, source: str) -> None:
+        self._pending += 1
+        self._pending_from[source] = self._pending_from.get(source, 0) + 1
+
+    def _release(self, source: str) -> None:
+        self._pending -= 1
+        left = self._pending_from[source] - 1
+        if left:
+            self._pending_from[source] = left
+        else:
+            del self._pending_from[source]
 
     def _refuse(self, peer: str, reason: str) -> None:
         self.refused += 1

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+import ssl
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 import trio
@@ -13,6 +14,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from daemonkit.logs import UnexpectedErrors
+from netio.tlsreload import reload_counts
 from routing.local import TunnelRegistry
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -106,27 +108,49 @@ class _TunnelsCollector(Collector):
                                       "(one per agentd connection)", labels=["agent"])
         pods = GaugeMetricFamily("kasd_connected_pods", "Distinct agentd pods with at least one live tunnel "
                                  "session to this replica, per agent", labels=["agent"])
+        # ``session``: the session's place among its pod's sessions here, oldest first ("0", "1", …):
+        # agentd keeps several (``connections``), and each has a breaker of its own.
         breaker = GaugeMetricFamily("kasd_tunnel_breaker_open", "1 while the session's breaker holds it back (its "
-                                    "agent refused a stream: API server unreachable), else 0", labels=["agent", "pod"])
+                                    "agent refused a stream: API server unreachable), else 0",
+                                    labels=["agent", "pod", "session"])
         failures = GaugeMetricFamily("kasd_tunnel_breaker_failures", "Refusals for an unreachable API server since "
                                      "the session last took a stream (what the breaker's hold doubles with)",
-                                     labels=["agent", "pod"])
+                                     labels=["agent", "pod", "session"])
         sessions: dict[int, int] = {}
         pod_ids: dict[int, set[str]] = {}
-        for tunnel in self._tunnels.tunnels():
-            if tunnel.session.closed:
-                continue
+        of_pod: dict[tuple[str, str], int] = {}
+        live = [tunnel for tunnel in self._tunnels.tunnels() if not tunnel.session.closed]
+        for tunnel in sorted(live, key=lambda t: t.connected_at):
             agent = str(tunnel.agent_id)
             sessions[tunnel.agent_id] = sessions.get(tunnel.agent_id, 0) + 1
             pod_ids.setdefault(tunnel.agent_id, set()).add(tunnel.pod_uid or tunnel.pod_name or str(id(tunnel)))
             held = tunnel.held(now) if now is not None else tunnel.failures > 0
             pod = tunnel.pod_name[:63] or "-"
-            breaker.add_metric([agent, pod], 1.0 if held else 0.0)
-            failures.add_metric([agent, pod], tunnel.failures)
+            index = of_pod[agent, pod] = of_pod.get((agent, pod), -1) + 1
+            breaker.add_metric([agent, pod, str(index)], 1.0 if held else 0.0)
+            failures.add_metric([agent, pod, str(index)], tunnel.failures)
         for agent_id, count in sorted(sessions.items()):
             per_agent.add_metric([str(agent_id)], count)
             pods.add_metric([str(agent_id)], len(pod_ids[agent_id]))
         yield from (per_agent, pods, breaker, failures)
+
+
+class _TLSReloadsCollector(Collector):
+    """``kasd_tls_reloads_total{name,result}``: the TLS files read again since the start, per context
+    (a listener's, the peers', a receptive agent's), ``ok`` (a new certificate serves) or ``failed``
+    (changed files that did not load: the previous ones still serve). Read when scraped."""
+
+    def __init__(self, contexts: Callable[[], Iterable[ssl.SSLContext | None]]) -> None:
+        self._contexts = contexts
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily("kasd_tls_reloads", "TLS files read again since the start, by context name "
+                                     "and result (ok: new connections get them; failed: the previous ones stay)",
+                                     labels=["name", "result"])
+        for name, (ok, failed) in sorted(reload_counts(self._contexts()).items()):
+            family.add_metric([name, "ok"], ok)
+            family.add_metric([name, "failed"], failed)
+        yield family
 
 
 class Metrics:
@@ -250,6 +274,10 @@ class Metrics:
         self.peer_sessions.labels(direction="in").set_function(peers_in)
         for metric in (self.redis_up, self.forwarded_requests, self.peer_sessions):
             self.registry.register(metric)
+
+    def enable_tls_reloads(self, contexts: Callable[[], Iterable[ssl.SSLContext | None]]) -> None:
+        """Export the reloads of the TLS contexts ``contexts()`` lists (``netio.tlsreload``)."""
+        self.registry.register(_TLSReloadsCollector(contexts))
 
     def enable_environment_views(self, statistics: Callable[[], ViewsFigures]) -> None:
         """Export the environments' live views (``kasd.environments.EnvironmentViews.statistics``):

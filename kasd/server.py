@@ -136,6 +136,11 @@ class Runtime:
         if self.receptive is not None:
             self.receptive.reload()
 
+    def tls_contexts(self) -> list[ssl.SSLContext | None]:
+        """Every TLS context that reads its files again: the listeners', the peers', the receptive agents'."""
+        receptive = self.receptive.credentials.values() if self.receptive is not None else ()
+        return [*self.tls, *(credentials.tls for credentials in receptive)]
+
     def port(self, name: str) -> int:
         return int(self.addresses[name].rsplit(":", 1)[1])
 
@@ -253,6 +258,7 @@ async def serve_kasd(config: Config, *, replication: ReplicationFactory | None =
                 membership=replicas.membership if replicas is not None else None, stop=stop,
                 handshake_timeout=config.agent.handshake_timeout, session_kwargs=config.agent.session_keepalive)
             nursery.start_soon(runtime.receptive.run)
+            metrics.enable_tls_reloads(runtime.tls_contexts)
             await nursery.start(trio.serve_listeners, proxy.handle_connection, stoppable("kubernetes_api"))
             nursery.start_soon(authority.watch)
             refresh = authority.refresh  # (among replicas: here and, through Redis, on the others)

@@ -39,6 +39,7 @@ of these classes yields, ``fast_stream``/``tls_stream`` hand out Trio's own ``So
 from __future__ import annotations
 
 import errno
+import ipaddress
 import socket
 import ssl
 from collections.abc import Callable, Iterator, Sequence
@@ -55,6 +56,7 @@ __all__ = [
     "cancel_point",
     "every_call_yields",
     "fast_stream",
+    "is_loopback_host",
     "maybe_yield",
     "peer_host",
     "peer_name",
@@ -265,6 +267,18 @@ def peer_name(stream: trio.abc.Stream) -> str:
     except OSError:
         return "?"
     return f"{host}:{port}"
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) stays on this machine: what crosses no network.
+    A wildcard (``0.0.0.0``, ``::``, empty) is every interface, so no."""
+    host = host.strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: where it resolves is not ours to promise
 
 
 def peer_host(peer: str) -> str:

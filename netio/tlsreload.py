@@ -154,8 +154,9 @@ class ReloadingContext(ssl.SSLContext):
         self._seen = _identity(files.paths)
         self._current = build_context(files)
         self._next_check = clock() + check_interval
-        #: contexts built since the start (the first one included)
+        #: contexts built since the start (the first one included), and changed files refused
         self.loads = 1
+        self.failures = 0
         self._log_loaded("loaded")
 
     @property
@@ -175,6 +176,7 @@ class ReloadingContext(ssl.SSLContext):
         try:
             context = build_context(self.files)
         except TLSLoadError as exc:
+            self.failures += 1
             log.error("TLS files not reloaded name=%s: %s; connections keep the previous certificate", self.name, exc)
             return False
         if self._alpn is not None:
@@ -209,6 +211,17 @@ class ReloadingContext(ssl.SSLContext):
         return self.current.wrap_socket(*args, **kwargs)
 
 
+def reload_counts(contexts: Iterable[ssl.SSLContext | None]) -> dict[str, tuple[int, int]]:
+    """Per context name (``ReloadingContext.name``), the reloads since the start that took (a new
+    context built) and those refused (changed files that did not load): for a daemon's metrics."""
+    counts: dict[str, tuple[int, int]] = {}
+    for context in contexts:
+        if isinstance(context, ReloadingContext):
+            ok, failed = counts.get(context.name, (0, 0))
+            counts[context.name] = (ok + context.loads - 1, failed + context.failures)
+    return counts
+
+
 def reload_all(contexts: Iterable[ssl.SSLContext | None]) -> None:
     """``reload()`` each ``ReloadingContext`` among ``contexts`` (a SIGHUP)."""
     for context in contexts:
@@ -217,4 +230,4 @@ def reload_all(contexts: Iterable[ssl.SSLContext | None]) -> None:
 
 
 __all__ = ["CHECK_INTERVAL", "ReloadingContext", "TLSFiles", "TLSLoadError", "build_context", "describe_certificate",
-           "file_identity", "reload_all"]
+           "file_identity", "reload_all", "reload_counts"]

@@ -17,7 +17,6 @@ attrs, the standard library. Never ``kasd``.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import ssl
 from collections.abc import Callable, Mapping
@@ -29,6 +28,7 @@ import attrs
 import trio
 
 from daemonkit.logs import BurstLimitedLog, UnexpectedErrors, logfmt, request_context
+from netio.fastio import is_loopback_host
 from routing.errors import RouteError
 from routing.local import LocalRouter
 from routing.retry import repeatable
@@ -85,18 +85,6 @@ def forwarded_request(metadata: Metadata) -> tuple[int, str, Metadata]:
         raise RemoteProtocolError(exc.message) from None
     origin = forward.get("from", "")
     return agent_id, origin if isinstance(origin, str) else "", {k: v for k, v in metadata.items() if k != FORWARD_KEY}
-
-
-def is_loopback_host(host: str) -> bool:
-    """Whether ``host`` (an address or ``localhost``) stays on this machine: what crosses no network.
-    A wildcard (``0.0.0.0``, ``::``, empty) is every interface, so no."""
-    host = host.strip("[]")
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a name: where it resolves is not ours to promise
 
 
 def plaintext_crosses_network(url: str) -> bool:

@@ -40,9 +40,11 @@ def exported_series() -> set[str]:
     kasd = Metrics(TunnelRegistry())
     kasd.enable_replicas(redis_up=lambda: True, peers_out=lambda: 0, peers_in=lambda: 0)
     event_metrics(kasd)
+    kasd.enable_tls_reloads(list)
     agentd = AgentMetrics()
     agentd.watch_manager(lambda: ManagerStatistics(tunnels_up=0, tunnels_draining=0, dials=0, failures=0, rejected=0,
                                                    goaways=0, streams_active=0, streams_handled=0))
+    agentd.watch_tls([])
     names: set[str] = set()
     registry: CollectorRegistry
     for registry in (kasd.registry, agentd.registry):

@@ -12,7 +12,8 @@ project's one ``ProtocolError`` family. What an HTTP exchange means on a stream 
 ``tunnelhttp``; the byte streams underneath in ``netio``.
 
 May import: ``netio``, ``h2trio``, the standard library, attrs, msgpack, trio and h2 (adapters only),
-``daemonkit.logs`` (the adapters' lines a stranger can repeat), and joserfc (``receptive``'s JWT).
+``daemonkit.logs`` (the adapters' lines a stranger can repeat), and joserfc and cryptography
+(``receptive``'s JWT and Ed25519 keys).
 Never ``tunnelhttp``, ``routing``, ``kasd``, ``agentd`` or ``kubesim``.
 """
 

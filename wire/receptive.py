@@ -18,10 +18,13 @@ socket. The JWT is joserfc's (``alg: Ed25519``, RFC 9864's name for EdDSA over E
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import secrets
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric import ed25519
 from joserfc import jwt
 from joserfc.errors import JoseError
 from joserfc.jwk import OKPKey
@@ -111,6 +114,33 @@ def parse_reply(buffer: bytes | bytearray) -> str | None:
 
 
 # --------------------------------------------------------------------------- the JWT
+
+
+def parse_ed25519_key(data: bytes, *, private: bool) -> OKPKey:
+    """The Ed25519 key a file holds (kasd's private half, agentd's public half): PEM, or GitLab's
+    form, base64 of the raw bytes (a public key's 32; a private key's 32-byte seed, or seed + public
+    key as Go's ``ed25519.PrivateKey``). ``ValueError`` says what is wrong (after the file's name),
+    never the bytes."""
+    half = "private" if private else "public"
+    text = data.strip()
+    if text.startswith(b"-----BEGIN"):
+        try:
+            key = OKPKey.import_key(text)
+        except Exception:
+            raise ValueError(f"holds no Ed25519 {half} key") from None
+        if key.is_private != private or key.curve_name != "Ed25519":
+            raise ValueError(f"must hold an Ed25519 {half} key" + ("" if private else " only"))
+        return key
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raw = b""
+    if private and len(raw) in (32, 64):
+        return OKPKey.import_key(ed25519.Ed25519PrivateKey.from_private_bytes(raw[:32]))
+    if not private and len(raw) == 32:
+        return OKPKey.import_key(ed25519.Ed25519PublicKey.from_public_bytes(raw))
+    raise ValueError("is neither PEM nor the base64 of " + ("an Ed25519 private key" if private
+                                                             else "32 bytes of an Ed25519 key"))
 
 
 def mint_token(private_key: OKPKey, *, agent_id: int, now: float, ttl: int = TOKEN_TTL) -> str:

@@ -83,9 +83,18 @@ _ERROR_BODY_LIMIT = 4096
 _WS_CONNECTION = wsproto.connection.Connection | wsproto.WSConnection
 
 
+#: what every HTTP/2 connection begins with (RFC 9113 §3.4)
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
 def looks_like_http1(first: bytes | bytearray) -> bool:
-    """Whether the first bytes on a connection are an HTTP/1.x request (not the HTTP/2 preface)."""
-    return not first.startswith(b"PRI * HTTP/2.0") and first[:8].split(b" ")[0].isalpha()
+    """Whether the first bytes on a connection are an HTTP/1.x request (not the HTTP/2 preface). A
+    first read may hold only part of the preface (TCP delivers it in pieces at will): any prefix
+    of it is HTTP/2, however much it looks like the start of an HTTP/1.x method."""
+    n = min(len(first), len(_H2_PREFACE))
+    if first[:n] == _H2_PREFACE[:n]:
+        return False
+    return first[:8].split(b" ")[0].isalpha()
 
 
 class WebSocketTransport(trio.abc.Stream):

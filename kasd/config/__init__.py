@@ -23,8 +23,9 @@ The modules, one per section of the file:
 Everything importers need is named here: ``from kasd.config import Config, ConfigError, …``.
 
 May import: ``daemonkit`` (settings, yamldoc, notify), ``kasd.authz`` (pure), ``kasd.tokens``,
-``routing.peers`` (what crosses a network), ``h2trio.budget``, ``wire.ids``, attrs, joserfc and
-cryptography (a receptive agent's signing key, loaded to check it) and the standard library; never a server, a listener or a pipeline.
+``routing.peers`` (what crosses a network), ``h2trio.budget``, ``wire.ids``, ``wire.receptive`` (the
+key parser, sans-I/O), attrs, joserfc and cryptography (a receptive agent's signing key, loaded to
+check it) and the standard library; never a server, a listener or a pipeline.
 """
 
 from kasd.config.authorization import AuthorizationSettings, TokenSettings

@@ -62,7 +62,7 @@ def _no_passphrase() -> str:
     raise _EncryptedKeyError  # a daemon has no one to ask (OpenSSL would prompt on a terminal)
 
 
-def _tls_pair_problem(cert: Path, key: Path) -> str | None:
+def tls_pair_problem(cert: Path, key: Path) -> str | None:
     """Load the pair now: a bad file is a configuration error naming both files, not a failure
     once kasd is about to listen (OpenSSL's own "[SSL] PEM lib" names neither)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -128,7 +128,7 @@ class ListenerTLS:
     reload_interval: float = setting(10.0, parse=parse_seconds)
 
     def __attrs_post_init__(self) -> None:
-        problem = _tls_pair_problem(self.cert, self.key)
+        problem = tls_pair_problem(self.cert, self.key)
         if problem is not None:
             raise Problem(f"cannot load certificate {str(self.cert)!r} with key {str(self.key)!r}: {problem}")
 

@@ -8,19 +8,17 @@ authentication), as files: ``ca_cert_file``, ``client_cert_file``, ``client_key_
 
 from __future__ import annotations
 
-import base64
-import binascii
-import ssl
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import attrs
-from cryptography.hazmat.primitives.asymmetric import ed25519
 from joserfc.jwk import OKPKey
 
 from daemonkit.settings import Problem, ca_bundle, setting
+from kasd.config.listeners import tls_pair_problem
 from kasd.config.values import expect_type, parse_existing_file, parse_string
+from wire.receptive import parse_ed25519_key
 
 #: TLS schemes: GitLab's ``grpcs`` and ``https`` (both mean TLS to agentd's receptive listener)
 SCHEMES = ("grpcs", "https")
@@ -63,21 +61,10 @@ def load_private_key(path: Path) -> OKPKey:
         text = path.read_bytes().strip()
     except OSError as exc:
         raise Problem(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
-    if text.startswith(b"-----BEGIN"):
-        try:
-            key = OKPKey.import_key(text)
-        except Exception:
-            raise Problem(f"{str(path)!r} holds no Ed25519 private key") from None
-        if not key.is_private or key.curve_name != "Ed25519":
-            raise Problem(f"{str(path)!r} must hold an Ed25519 private key")
-        return key
     try:
-        raw = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raw = b""
-    if len(raw) not in (32, 64):  # the seed; or seed + public key, as Go's ed25519.PrivateKey
-        raise Problem(f"{str(path)!r} is neither PEM nor the base64 of an Ed25519 private key")
-    return OKPKey.import_key(ed25519.Ed25519PrivateKey.from_private_bytes(raw[:32]))
+        return parse_ed25519_key(text, private=True)
+    except ValueError as exc:
+        raise Problem(f"{str(path)!r} {exc}") from None
 
 
 @attrs.frozen(kw_only=True)
@@ -104,11 +91,10 @@ class ReceptiveEntry:
         if mtls:
             if self.client_cert_file is None or self.client_key_file is None:
                 raise Problem("mutual TLS needs both client_cert_file and client_key_file")
-            try:
-                ssl.create_default_context().load_cert_chain(str(self.client_cert_file), str(self.client_key_file))
-            except (OSError, ssl.SSLError) as exc:
-                raise Problem(f"cannot load client certificate {str(self.client_cert_file)!r} with key "
-                              f"{str(self.client_key_file)!r}: {getattr(exc, 'strerror', None) or exc}") from None
+            # (as the listeners' pairs: an encrypted key is refused by name, never prompted for)
+            problem = tls_pair_problem(self.client_cert_file, self.client_key_file)
+            if problem is not None:
+                raise Problem(f"client_cert_file / client_key_file: {problem}")
         else:
             assert self.private_key_file is not None
             problem = None

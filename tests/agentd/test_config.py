@@ -98,6 +98,20 @@ def test_websocket_addresses_mixed_with_http2_ones(files: Path) -> None:
     assert config.kas_addresses == ("wss://kas-a:8150/tunnel", "https://kas-b:8150/tunnel", "ws://127.0.0.1:8150/tunnel")
 
 
+def test_plain_text_to_kasd_beyond_loopback_is_a_warning_at_start(files: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Plain text is the URL's explicit choice; across a network it carries the agent token in clear.
+    from agentd.agent import warn_plaintext
+
+    config = load_config(["--kas-address", "http://10.0.0.7:8150/tunnel", "--kas-address", "ws://kasd.example/tunnel",
+                          "--kas-address", "wss://kasd.example/tunnel", "--kas-address", "http://127.0.0.1:8150",
+                          "--kas-address", "ws://localhost:8150", *base_flags(files)], {})
+    caplog.set_level("WARNING", logger="agentd")
+    warn_plaintext(config)
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert [line.split()[8] for line in lines] == ["url=http://10.0.0.7:8150/tunnel:", "url=ws://kasd.example/tunnel:"]
+    assert all("use https:// or wss://" in line for line in lines) and "secret-agent-token" not in caplog.text
+
+
 def test_in_cluster_is_the_default_inside_a_pod(files: Path) -> None:
     config = load_config(["--kas-address", "http://k/tunnel", "--token-file", str(files / "token")],
                          {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"})

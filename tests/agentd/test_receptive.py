@@ -14,12 +14,14 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trio.testing
 import trustme
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from joserfc.jwk import OKPKey
 
 from agentd.kubeapi import KubeTarget
+from agentd.receptive import MAX_PENDING, MAX_PENDING_PER_SOURCE
 from daemonkit.settings import HostPort
 from kasd.config.directory import AgentEntry
 from kasd.config.receptive import ReceptiveEntry
@@ -197,6 +199,30 @@ async def test_strangers_are_refused_at_the_hello(nursery: trio.Nursery, tmp_pat
         assert running.receptive.refused == len(cases)
         assert running.receptive.accepted == 0
         assert running.manager.tunnels_up == 0
+
+
+async def test_a_stranger_holding_handshakes_open_does_not_keep_kasd_out(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """Connections that never finish their handshake take at most MAX_PENDING_PER_SOURCE of the
+    handshake slots from one source: kasd, from another, still gets in at once."""
+    keys = Keys(tmp_path)
+    kasd = Kasd()
+    async with running_agent(nursery, _agentd_config(tmp_path, keys, "jwt"),
+                             KubeTarget(scheme="http", host="127.0.0.1", port=1)) as running:
+        assert running.receptive is not None
+        host, port = running.receptive.bound.rsplit(":", 1)
+        with trio.fail_after(5):
+            # 127.0.0.2: another source than kasd's 127.0.0.1 (Linux routes all of 127/8 to lo)
+            stalled = [await trio.open_tcp_stream(host, int(port), local_address="127.0.0.2")
+                       for _ in range(MAX_PENDING)]
+            await trio.testing.wait_all_tasks_blocked()  # agentd took them all and waits on each
+            assert running.receptive.refused == MAX_PENDING - MAX_PENDING_PER_SOURCE
+            stop = trio.Event()
+            nursery.start_soon(_dialer(kasd, keys, running.receptive.bound, "jwt", stop).run)
+            await kasd.session(0)  # well within the strangers' HANDSHAKE_TIMEOUT
+            await kasd.wait_for(lambda: running.manager.tunnels_up == 1)
+        stop.set()
+        for stream in stalled:
+            await stream.aclose()
 
 
 def _unsigned(agent_id: int, now: float) -> str:

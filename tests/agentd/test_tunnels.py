@@ -220,6 +220,8 @@ async def test_with_a_certificate_the_health_address_serves_https_only_and_a_rot
             rotated = files.rotate()
             reload_all(reloadable)  # what agentd's SIGHUP does
             assert (await https_get(port, "/liveness", files.ca_file)).serial == rotated != first
+            scraped = await https_get(port, "/metrics", files.ca_file)  # the reload is counted
+            assert b'agentd_tls_reloads_total{name="health",result="ok"} 1.0' in scraped.body
 
 
 async def test_readiness_says_when_the_api_server_is_unreachable(nursery: trio.Nursery, tmp_path: Path) -> None:

@@ -12,8 +12,14 @@ from kasd.k8sproxy.pipeline import RequestPipeline
 from kasd.metrics import Metrics
 from kasd.seams import AgentNotConnected
 from routing.local import AgentTunnel, TunnelRegistry
-from tests.kasd.test_pipeline import FakeAuthority, FakeExchange, FakeRouter, agent_session, request
-from tunnelhttp.head import ResponseHead
+from tests.kasd.test_pipeline import (
+    FakeAuthority,
+    FakeExchange,
+    FakeRouter,
+    agent_session,
+    request,
+    serve_refused_by_a_draining_agent,
+)
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -24,25 +30,8 @@ def sample(metrics: Metrics, name: str, **labels: str) -> float:
 
 async def test_a_request_retried_on_another_session_is_one_use_of_the_agent() -> None:
     metrics = Metrics(TunnelRegistry())
-    async with agent_session() as (first, first_agent), agent_session() as (second, second_agent), \
-            trio.open_nursery() as nursery:
-        router = FakeRouter(first)
-
-        async def draining_agent() -> None:
-            stream = await first_agent.accept_stream()
-            router.session = second
-            await stream.refuse()  # REFUSED_STREAM: the request goes to the other session
-
-        async def healthy_agent() -> None:
-            stream = await second_agent.accept_stream()
-            await stream.accept(ResponseHead(status=200, headers=(("content-length", "2"),)).to_metadata())
-            await stream.send_all(b"ok")
-            await stream.send_eof()
-
-        nursery.start_soon(draining_agent)
-        nursery.start_soon(healthy_agent)
-        ex = FakeExchange(request(), nursery)
-        await RequestPipeline(FakeAuthority(), router, metrics).serve(ex)
+    ex, router = await serve_refused_by_a_draining_agent(metrics)
+    async with trio.open_nursery() as nursery:
         refused = FakeExchange(request("ci:1:bad"), nursery)  # no grant: reaches no agent
         await RequestPipeline(FakeAuthority(), router, metrics).serve(refused)
     assert ex.status == 200 and len(router.opened) == 2 and refused.status == 401
@@ -86,11 +75,16 @@ async def test_tunnels_pods_and_each_sessions_breaker_are_read_when_scraped() ->
         registry.upstream_unreachable(three, now=trio.current_time(), cause="connection refused")
         assert sample(metrics, "kasd_agent_tunnels", agent="7") == 3
         assert sample(metrics, "kasd_connected_pods", agent="7") == 2
-        assert sample(metrics, "kasd_tunnel_breaker_open", agent="7", pod="agentd-b") == 1
-        assert sample(metrics, "kasd_tunnel_breaker_failures", agent="7", pod="agentd-b") == 1
-        assert sample(metrics, "kasd_tunnel_breaker_open", agent="7", pod="agentd-a") == 0
+        assert sample(metrics, "kasd_tunnel_breaker_open", agent="7", pod="agentd-b", session="0") == 1
+        assert sample(metrics, "kasd_tunnel_breaker_failures", agent="7", pod="agentd-b", session="0") == 1
+        # agentd-a's two sessions (agentd's `connections`) are two series, not one label set twice
+        # (which Prometheus would drop as a duplicate)
+        scraped = metrics.render().decode()
+        assert scraped.count('kasd_tunnel_breaker_open{agent="7",pod="agentd-a",session="0"} 0.0') == 1
+        assert scraped.count('kasd_tunnel_breaker_open{agent="7",pod="agentd-a",session="1"} 0.0') == 1
         registry.took_stream(three)  # the agent answered again: the breaker resets
-        assert sample(metrics, "kasd_tunnel_breaker_open", agent="7", pod="agentd-b") == 0
+        assert sample(metrics, "kasd_tunnel_breaker_open", agent="7", pod="agentd-b", session="0") == 0
         registry.unregister(held)
         assert sample(metrics, "kasd_connected_pods", agent="7") == 1
-        assert metrics.registry.get_sample_value("kasd_tunnel_breaker_open", {"agent": "7", "pod": "agentd-b"}) is None
+        assert metrics.registry.get_sample_value("kasd_tunnel_breaker_open",
+                                                 {"agent": "7", "pod": "agentd-b", "session": "0"}) is None

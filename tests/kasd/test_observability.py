@@ -119,4 +119,12 @@ async def test_with_tls_the_observability_port_serves_https_only_and_a_rotated_c
             assert not (await plain_get(obs, "/readiness")).startswith(b"HTTP/")
             rotated = files.rotate()
             kasd.reload_tls()  # what SIGHUP does
-            assert (await https_get(obs, "/metrics", files.ca_file)).serial == rotated != first
+            scraped = await https_get(obs, "/metrics", files.ca_file)
+            assert scraped.serial == rotated != first
+            # and the reload is counted, as is one of files that do not load (the old pair stays)
+            assert b'kasd_tls_reloads_total{name="listeners.observability",result="ok"} 1.0' in scraped.body
+            files.cert.write_bytes(b"-----BEGIN CERT")  # half written
+            kasd.reload_tls()
+            scraped = await https_get(obs, "/metrics", files.ca_file)
+            assert scraped.serial == rotated
+            assert b'kasd_tls_reloads_total{name="listeners.observability",result="failed"} 1.0' in scraped.body

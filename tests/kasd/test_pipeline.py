@@ -392,7 +392,9 @@ async def test_a_client_that_leaves_mid_answer_resets_the_agents_stream() -> Non
     assert bytes(ex.sent) == b"first event\n"
 
 
-async def test_a_bodiless_request_the_draining_agent_refused_goes_to_another_session() -> None:
+async def serve_refused_by_a_draining_agent(metrics: Metrics | None = None) -> tuple[FakeExchange, FakeRouter]:
+    """One bodiless request: the first session's agent refuses it (a GOAWAY crossed it), the other
+    session's agent answers ``200 ok``. (tests/kasd/test_metrics_usage.py counts the same request.)"""
     async with agent_session() as (first, first_agent), agent_session() as (second, second_agent), \
             trio.open_nursery() as nursery:
         router = FakeRouter(first)
@@ -411,7 +413,12 @@ async def test_a_bodiless_request_the_draining_agent_refused_goes_to_another_ses
         nursery.start_soon(draining_agent)
         nursery.start_soon(healthy_agent)
         ex = FakeExchange(request(), nursery)
-        await pipeline(router).serve(ex)
+        await RequestPipeline(FakeAuthority(), router, metrics or Metrics(TunnelRegistry())).serve(ex)
+    return ex, router
+
+
+async def test_a_bodiless_request_the_draining_agent_refused_goes_to_another_session() -> None:
+    ex, router = await serve_refused_by_a_draining_agent()
     assert [agent for agent, _ in router.opened] == [1, 1]
     assert ex.status == 200 and bytes(ex.sent) == b"ok" and ex.ended
 

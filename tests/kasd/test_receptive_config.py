@@ -36,6 +36,12 @@ def files(tmp_path: Path) -> Path:
     (tmp_path / "token").write_text("agent-token\n")
     (tmp_path / "kubeconfig").write_text("apiVersion: v1\n")
     (tmp_path / "not-a-key").write_text("hunter2 hunter2\n")
+    # a client key under a passphrase: refused by name, never prompted for on a terminal
+    client = ca.issue_cert("kasd")
+    client.cert_chain_pems[0].write_to_path(str(tmp_path / "client.pem"))
+    client_key = serialization.load_pem_private_key(client.private_key_pem.bytes(), password=None)
+    (tmp_path / "client-encrypted.key").write_bytes(client_key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.BestAvailableEncryption(b"hunter2")))
     return tmp_path
 
 
@@ -67,6 +73,8 @@ def test_kasd_loads_a_receptive_agent_either_way(files: Path) -> None:
     ({"url": "grpcs://10.0.0.7:8082", "private_key_file": "{d}/jwt.key", "ca_cert_file": "{d}/token"},
      "holds no PEM certificate"),
     ({"url": "grpcs://10.0.0.7:8082", "private_key_file": "{d}/jwt.key", "tls": {}}, "unknown"),
+    ({"url": "grpcs://10.0.0.7:8082", "client_cert_file": "{d}/client.pem",
+      "client_key_file": "{d}/client-encrypted.key"}, "the key is encrypted (kasd needs it without a passphrase)"),
 ])
 def test_kasd_names_what_is_wrong(files: Path, receptive: dict[str, Any], words: str) -> None:
     filled = {k: v.format(d=files) if isinstance(v, str) else v for k, v in receptive.items()}

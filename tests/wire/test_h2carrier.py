@@ -16,6 +16,7 @@ import h2.events
 import h2.exceptions
 import pytest
 import trio
+import trio.testing
 import trustme
 
 from daemonkit.logs import UnexpectedErrors
@@ -374,3 +375,32 @@ async def _remove_at_end(logger: logging.Logger, handler: logging.Handler) -> No
         await trio.sleep_forever()
     finally:
         logger.removeHandler(handler)
+
+
+@pytest.mark.parametrize("websocket", [True, False], ids=["agent-port", "http2-only"])
+async def test_a_preface_that_arrives_in_pieces_is_still_http2(websocket: bool) -> None:
+    # TCP may deliver the client's first bytes in pieces ("PRI *", then the rest): the first read
+    # is a prefix of the HTTP/2 preface, not an HTTP/1.1 request (whose method it would resemble).
+    client, server = trio.testing.memory_stream_pair()
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    conn.initiate_connection()
+    conn.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":authority", "127.0.0.1"),
+                          (":path", "/tunnel"), ("authorization", f"Bearer {TOKEN}")])
+    data = conn.data_to_send()
+    accepted: list[Any] = []
+
+    async def accept() -> None:
+        accepted.append(await h2carrier._accept_tunnel(server, authenticate=TunnelServer().authenticate,
+                                                       path="/tunnel", peer="127.0.0.1:1", websocket=websocket))
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(accept)
+            for piece in (data[:5], data[5:]):
+                await trio.testing.wait_all_tasks_blocked()  # the server reads each piece on its own
+                await client.send_all(piece)
+    assert accepted[0] is not None, "an HTTP/2 client was taken for an HTTP/1.1 one"
+    transport, principal = accepted[0]
+    assert isinstance(transport, h2carrier.H2StreamTransport) and principal == {"agent_id": 42}
+    reply = conn.receive_data(await client.receive_some())
+    assert any(isinstance(e, h2.events.ResponseReceived) and dict(e.headers)[":status"] == "200" for e in reply)

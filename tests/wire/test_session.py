@@ -625,28 +625,19 @@ async def test_a_session_torn_down_mid_write_still_writes_what_its_streams_sent(
         assert await _last_bytes(opened) == _CLOSE_FRAME
 
 
-class _WritesFail(trio.abc.Stream):
+class _WritesFail(_HeldTransport):
     """A transport that takes no more writes once ``broken`` is set (the peer closed as we wrote)
     while what the peer sent before is still there to read."""
 
     def __init__(self, inner: trio.abc.Stream) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.broken = False
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         if self.broken:
             await trio.lowlevel.checkpoint()
             raise trio.BrokenResourceError("peer sent HTTP/2 GOAWAY (code 0)")
-        await self.inner.send_all(data)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self.inner.wait_send_all_might_not_block()
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        return await self.inner.receive_some(max_bytes)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
+        await super().send_all(data)
 
 
 async def test_a_write_that_fails_as_the_peer_closes_loses_nothing_the_peer_sent_before(
