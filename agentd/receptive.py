@@ -5,9 +5,10 @@ authenticated, by the receptive hello's JWT (``receptive_jwt_file``: kasd's Ed25
 its TLS client certificate (``receptive_ca_cert_file``), as ``wire.receptive`` describes. Every file
 is read again when it changes, without a restart: the TLS files every ``tls_reload_interval`` (and
 on SIGHUP) for the next handshake, the public key at the next hello. Until then
-it costs little: at most ``MAX_PENDING`` connections are in their handshake at once (more are closed
-at accept), each has ``HANDSHAKE_TIMEOUT`` from accept for TLS and the hello together, and the hello
-is read ``MAX_HELLO`` bytes at most and refused at its first wrong byte.
+it costs little: at most ``MAX_PENDING`` connections are in their handshake at once (one more
+displaces the oldest, so peers that hold connections open and say nothing cannot keep kasd, whose
+handshake takes milliseconds, out), each has ``HANDSHAKE_TIMEOUT`` from accept for TLS and the hello
+together, and the hello is read ``MAX_HELLO`` bytes at most and refused at its first wrong byte.
 
 An authenticated connection is handed to a slot of the ordinary ``ConnectionManager`` as if the slot
 had dialled it: the slot speaks the client's side of the carrier on it (its tunnel request with the
@@ -57,7 +58,8 @@ log = logging.getLogger("agentd.receptive")
 #: refusals a stranger can repeat at will: one line per source address per 10 s, with a count
 _refusals = BurstLimitedLog(log, interval=10.0)
 
-#: connections in their handshake (TLS and hello, not yet authenticated) at once; more are closed
+#: connections in their handshake (TLS and hello, not yet authenticated) at once; one more displaces
+#: the oldest (closed: the one that had the most time)
 MAX_PENDING = 16
 #: from accept to an authenticated hello, whatever the peer sends meanwhile
 HANDSHAKE_TIMEOUT = 10.0
@@ -205,7 +207,8 @@ class ReceptiveListener:
         self.session_kwargs = session_kwargs or {}
         self.handshake_timeout = HANDSHAKE_TIMEOUT
         self._send, self._receive = trio.open_memory_channel[trio.abc.Stream](0)
-        self._pending = 0
+        #: the connections in their handshake, oldest first (each one's deadline scope)
+        self._handshakes: dict[object, trio.CancelScope] = {}
         #: where it listens (``host:port``), once it does
         self.bound = ""
         #: connections kasd authenticated on, and refused ones
@@ -223,19 +226,25 @@ class ReceptiveListener:
                  "jwt" if self.auth.public_key is not None else "mtls")
         await trio.serve_listeners(self.handle, listeners, task_status=task_status)
 
+    @property
+    def pending(self) -> int:
+        """Connections in their handshake now."""
+        return len(self._handshakes)
+
     async def handle(self, stream: trio.abc.Stream) -> None:
         """One connection: budget, handshake, then handed to a slot (which then owns it)."""
         stream = fast_stream(stream)
         peer = peer_name(stream)
-        if self._pending >= MAX_PENDING:
-            self._refuse(peer, "too many connections in their handshake")
-            with trio.move_on_after(1, shield=True):
-                await stream.aclose()
-            return
-        self._pending += 1
+        if len(self._handshakes) >= MAX_PENDING:
+            # Full: the oldest goes, not the newcomer. Refusing newcomers would let anyone who holds
+            # MAX_PENDING idle connections (renewed as each times out) keep kasd out for good.
+            oldest = next(iter(self._handshakes))
+            self._handshakes.pop(oldest).cancel()
+        key = object()
         handed = False
         try:
             with trio.move_on_after(self.handshake_timeout) as deadline:
+                self._handshakes[key] = deadline
                 tls = tls_stream(stream, self.ssl_context, server_side=True)
                 await tls.do_handshake()
                 stream = tls
@@ -246,12 +255,14 @@ class ReceptiveListener:
                     await tls.send_all(refusal(exc.reason))
                     return
                 await tls.send_all(OK)
-                self._pending -= 1
+                self._handshakes.pop(key, None)
                 handed = True  # from here the bytes come from kasd: no more handshake budget
                 self.accepted += 1
                 log.info("kasd dialled in peer=%s", peer)
             if deadline.cancelled_caught and not handed:
-                self._refuse(peer, "handshake timed out")
+                displaced = key not in self._handshakes
+                self._refuse(peer, f"{MAX_PENDING} newer connections in their handshake" if displaced
+                             else "handshake timed out")
                 return
             # A slot takes it (it may be draining the last session a moment): kasd waits meanwhile.
             with trio.move_on_after(self.handshake_timeout):
@@ -260,8 +271,7 @@ class ReceptiveListener:
         except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError) as exc:
             self._refuse(peer, f"TLS or connection failed: {type(exc).__name__}")
         finally:
-            if not handed:
-                self._pending -= 1
+            self._handshakes.pop(key, None)
             if stream is not None:
                 with trio.move_on_after(1, shield=True):
                     await stream.aclose()

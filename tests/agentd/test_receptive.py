@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from joserfc.jwk import OKPKey
 
 from agentd.kubeapi import KubeTarget
+from agentd.receptive import MAX_PENDING
 from daemonkit.settings import HostPort
 from kasd.config.directory import AgentEntry
 from kasd.config.receptive import ReceptiveEntry
@@ -244,3 +245,39 @@ async def test_mutual_tls_refuses_a_client_certificate_of_another_ca(nursery: tr
         assert running.receptive.accepted == 0
         assert running.manager.tunnels_up == 0
 
+
+
+async def _tls_to(address: str, keys: Keys) -> trio.SSLStream[trio.SocketStream]:
+    host, port = address.rsplit(":", 1)
+    context = ssl.create_default_context(cafile=str(keys.ca_file))
+    stream = trio.SSLStream(await trio.open_tcp_stream(host, int(port)), context, server_hostname=host)
+    await stream.do_handshake()  # (TLS 1.3: done once agentd has taken the connection into its handshake)
+    return stream
+
+
+async def test_strangers_holding_every_handshake_slot_do_not_keep_kasd_out(nursery: trio.Nursery,
+                                                                           tmp_path: Path) -> None:
+    """MAX_PENDING idle connections (a stranger renews each as it times out) and then kasd: kasd's
+    hello is answered, and the oldest idle connection is the one closed."""
+    keys = Keys(tmp_path)
+    async with running_agent(nursery, _agentd_config(tmp_path, keys, "jwt"),
+                             KubeTarget(scheme="http", host="127.0.0.1", port=1)) as running:
+        listener = running.receptive
+        assert listener is not None
+        with trio.fail_after(10):
+            idle = [await _tls_to(listener.bound, keys) for _ in range(MAX_PENDING)]
+            assert listener.pending == MAX_PENDING
+            kasd = await _tls_to(listener.bound, keys)
+            await kasd.send_all(hello(mint_token(keys.jwk, agent_id=AGENT_ID, now=time.time())))
+            answer = b""
+            while not answer.endswith(b"\n"):
+                chunk = await kasd.receive_some(1)
+                assert chunk, "agentd closed kasd's connection"
+                answer += chunk
+            assert answer == b"OK\n"
+            with pytest.raises(trio.BrokenResourceError):  # the oldest stranger was displaced
+                if await idle[0].receive_some(1) == b"":
+                    raise trio.BrokenResourceError("closed")
+        assert listener.accepted == 1
+        for stream in (*idle, kasd):
+            await stream.aclose()
