@@ -125,6 +125,9 @@ def receptive_settings_problem(config: AgentdConfig, where: Callable[[str], str]
         return (f"receptive mode authenticates kasd one way: set either {where('receptive_jwt_file')} (JWT) "
                 f"or {where('receptive_ca_cert_file')} (mutual TLS)")
     if config.receptive_jwt_file is not None:
+        if not config.agent_id:
+            return (f"{where('agent_id')} is needed with {where('receptive_jwt_file')}: agentd accepts only the "
+                    "tokens kasd signs for its agent id (a token for another agent that trusts the same key is refused)")
         try:
             load_public_key(config.receptive_jwt_file)
         except ReceptiveKeyError as exc:
