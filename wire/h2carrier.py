@@ -370,9 +370,9 @@ async def _serve_connection(
 ) -> None:
     stream = fast_stream(stream)
     peer = peer_name(stream)
+    accepted: tuple[H2StreamTransport | WebSocketTransport, Any] | None = None
     try:
         async with trio.open_nursery() as nursery:
-            accepted = None
             # A hard deadline from accept: nothing the peer sends (PING, SETTINGS…) moves it.
             with trio.move_on_after(handshake_timeout) as deadline:
                 if ssl_context is not None:
@@ -401,7 +401,12 @@ async def _serve_connection(
                 nursery.cancel_scope.cancel()
     except Exception as exc:  # one bad connection must never take the listener down
         ended = _connection_end(exc)
-        if ended is not None:
+        if ended is not None and accepted is None:
+            # Before authentication (a TLS handshake that failed, a peer that left): a stranger can
+            # repeat it at will, so one line per source address per 10 s, with a count.
+            _strangers.info((peer_host(peer), "ended"), "tunnel connection ended before authentication peer=%s "
+                            "error=%r", peer, ended)
+        elif ended is not None:
             log.info("tunnel connection ended peer=%s error=%r", peer, ended)
         else:
             (unexpected or _unexpected).report(exc, "tunnel connection failed unexpectedly peer=%s", peer)

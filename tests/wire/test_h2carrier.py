@@ -374,3 +374,22 @@ async def _remove_at_end(logger: logging.Logger, handler: logging.Handler) -> No
         await trio.sleep_forever()
     finally:
         logger.removeHandler(handler)
+
+
+async def test_strangers_failing_tls_cost_one_log_line_per_source(nursery: trio.Nursery,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """Connections whose TLS handshake fails (garbage instead of a ClientHello), repeated: before
+    authentication they are a stranger's, and are logged at most once per source per interval."""
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
+    server = await _start(nursery, server_ssl_context(server_ctx, websocket=True))
+    caplog.set_level(logging.INFO, logger="wire.h2carrier")
+    with trio.fail_after(10):
+        for _ in range(20):
+            stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+            await stream.send_all(b"\x16\x03\x01\x00\x05hello")  # a TLS record that is no ClientHello
+            await _read_until_closed(stream)
+            await stream.aclose()
+    lines = [r for r in caplog.records if r.name == "wire.h2carrier"]
+    assert len(lines) <= 1, [r.getMessage() for r in lines]
