@@ -162,6 +162,12 @@ class WebSocketTransport(trio.abc.Stream):
         elif isinstance(event, wsproto.events.Ping):
             await self._send_event(event.response())
         elif isinstance(event, wsproto.events.CloseConnection):
+            if self._ws.state is wsproto.connection.ConnectionState.OPEN:
+                # Not the peer's close: wsproto's verdict on bytes that break the protocol (an
+                # unmasked frame, a fragmented control frame, a bad close code...), which it hands
+                # over as a close without sending one. This side closes, with wsproto's code.
+                await self._fail(event.code, f"WebSocket protocol error: {event.reason}")
+                return
             if self._ws.state is wsproto.connection.ConnectionState.REMOTE_CLOSING:
                 try:
                     await self._send_event(event.response())
@@ -172,7 +178,7 @@ class WebSocketTransport(trio.abc.Stream):
             else:
                 self._ended = ConnectionError(f"WebSocket closed by the peer code={event.code} reason={event.reason!r}")
 
-    async def _fail(self, code: CloseReason, reason: str) -> None:
+    async def _fail(self, code: CloseReason | int, reason: str) -> None:
         self._ended = ConnectionError(reason)
         if self._ws.state is wsproto.connection.ConnectionState.OPEN:
             try:

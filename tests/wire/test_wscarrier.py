@@ -120,3 +120,35 @@ async def test_an_oversized_or_text_message_closes_the_websocket(message: wsprot
             with pytest.raises(trio.BrokenResourceError):
                 await transport.receive_some()
     assert codes == [code]
+
+
+_MASK = b"\x00\x00\x00\x00"  # a zero mask: the payload goes as it is
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"\x82\x03abc",  # a client's frame unmasked
+        b"\x09\x80" + _MASK,  # a fragmented control frame (PING without FIN)
+        b"\x88\x82" + _MASK + (999).to_bytes(2, "big"),  # a close with a code no one may send
+        b"\x83\x80" + _MASK,  # a reserved opcode
+    ],
+    ids=["unmasked", "fragmented-ping", "bad-close-code", "reserved-opcode"],
+)
+async def test_a_frame_breaking_the_protocol_is_answered_with_close_1002(frame: bytes) -> None:
+    """The server closes with 1002 (RFC 6455 7.4.1) and says it was the peer's protocol error, not
+    that the peer closed."""
+    transport, client, stream = await _server_transport(max_message=1024)
+    with trio.fail_after(5):
+        await stream.send_all(frame)
+        async with trio.open_nursery() as nursery:
+            codes: list[int] = []
+
+            async def read_close() -> None:
+                codes.append(await _close_code(client, stream))
+
+            nursery.start_soon(read_close)
+            with pytest.raises(trio.BrokenResourceError) as failed:
+                await transport.receive_some()
+    assert codes == [CloseReason.PROTOCOL_ERROR]
+    assert "protocol error" in str(failed.value) and "closed by the peer" not in str(failed.value)
