@@ -50,6 +50,7 @@ from wire.carrier import (
     Authenticate,
     TunnelRejectedError,
     authenticate_tunnel_request,
+    request_header_map,
     tunnel_request_headers,
 )
 from wire.session import Session, connect_session, open_session
@@ -416,12 +417,16 @@ async def _serve_connection(
 
 
 
-def _headers(raw: Any) -> dict[str, str]:
+def _header_pairs(raw: Any) -> list[tuple[str, str]]:
     """h2 hands headers as str (we ask for utf-8 decoding); be safe about bytes anyway."""
-    return {
-        (k.decode() if isinstance(k, bytes) else k): (v.decode(errors="replace") if isinstance(v, bytes) else v)
+    return [
+        (k.decode() if isinstance(k, bytes) else k, v.decode(errors="replace") if isinstance(v, bytes) else v)
         for k, v in raw
-    }
+    ]
+
+
+def _headers(raw: Any) -> dict[str, str]:
+    return dict(_header_pairs(raw))
 
 
 async def _accept_tunnel(
@@ -494,8 +499,8 @@ async def _accept_tunnel(
 async def _check_request(
     h2s: H2Stream, *, authenticate: Authenticate, path: str, peer: str
 ) -> tuple[H2StreamTransport, Any] | None:
-    headers = _headers(h2s.head or ())
     try:
+        headers = request_header_map(_header_pairs(h2s.head or ()))
         principal = await authenticate_tunnel_request(
             headers.get(":method", ""), headers.get(":path", ""), headers, path=path, authenticate=authenticate
         )

@@ -203,6 +203,11 @@ async def test_wrong_method_and_missing_token(nursery: trio.Nursery) -> None:
     assert head[":status"] == "405" and head["allow"] == "POST" and b"takes POST" in body
     head, body = await _raw_h2_request(server.port, [(":method", "POST"), *base])
     assert head[":status"] == "401" and head["www-authenticate"] == "Bearer" and b"missing bearer token" in body
+    for tokens in ([TOKEN, "wrong"], ["wrong", TOKEN]):  # which one a proxy in front checked is unknowable
+        head, body = await _raw_h2_request(server.port, [(":method", "POST"), *base,
+                                                         *(("authorization", f"Bearer {t}") for t in tokens)])
+        assert head[":status"] == "400" and b"more than one authorization header" in body
+    assert server.sessions == []
 
 
 async def test_http1_client_is_told_what_the_port_speaks(nursery: trio.Nursery) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 from typing import Any
 
 import pytest
@@ -50,10 +51,20 @@ async def _ask(port: int, head: bytes) -> bytes:
         (_upgrade_head().replace(b"\r\n\r\n", b"\r\nContent-Length: 3\r\n\r\nabc"), 400,
          b"a WebSocket upgrade request has no body", b""),
         (_upgrade_head().replace(b"HTTP/1.1", b"HTTP/1.0"), 400, b"a WebSocket upgrade needs HTTP/1.1", b""),
+        # Which of two a proxy in front looked at is unknowable: twice is refused, whatever the order.
+        (_upgrade_head().replace(b"Host:", b"Authorization: Bearer wrong\r\nHost:"), 400,
+         b"more than one authorization header", b""),
+        (_upgrade_head(token="wrong").replace(b"Host:", f"Authorization: Bearer {TOKEN}\r\nHost:".encode()), 400,
+         b"more than one authorization header", b""),
+        (_upgrade_head().replace(b"Host:", b"Sec-WebSocket-Key: AAAAAAAAAAAAAAAAAAAAAA==\r\nHost:"), 400,
+         b"more than one sec-websocket-key header", b""),
+        (re.sub(rb"Sec-WebSocket-Key: [^\r]*", b"Sec-WebSocket-Key: x", _upgrade_head()), 400,
+         b"Sec-WebSocket-Key is not the base64 of 16 bytes", b""),
         # A head larger than the bound is refused before it is read whole.
         (_upgrade_head() + b"X-Pad: " + b"a" * MAX_HEAD + b"\r\n\r\n", 431, b"request head too large", b""),
     ],
-    ids=["method", "path", "no-token", "bad-token", "no-upgrade", "body", "http-1.0", "huge-head"],
+    ids=["method", "path", "no-token", "bad-token", "no-upgrade", "body", "http-1.0", "two-tokens", "two-tokens-reversed",
+         "two-keys", "bad-key", "huge-head"],
 )
 async def test_bad_upgrade_requests_get_plain_http_answers_and_the_connection_closes(
         nursery: trio.Nursery, head: bytes, status: int, reason: bytes, header: bytes) -> None:
@@ -152,3 +163,17 @@ async def test_a_frame_breaking_the_protocol_is_answered_with_close_1002(frame: 
                 await transport.receive_some()
     assert codes == [CloseReason.PROTOCOL_ERROR]
     assert "protocol error" in str(failed.value) and "closed by the peer" not in str(failed.value)
+
+
+async def test_list_headers_given_twice_are_joined(nursery: trio.Nursery) -> None:
+    """``Connection: Upgrade`` then ``Connection: keep-alive`` say ``Upgrade, keep-alive`` (RFC 9110
+    5.3): the upgrade is taken whatever the order the client's library wrote them in."""
+    server = await _start(nursery)
+    stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+    await stream.send_all(_upgrade_head().replace(b"Connection: Upgrade\r\n", b"Connection: Upgrade\r\nConnection: keep-alive\r\n"))
+    with trio.fail_after(5):
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += await stream.receive_some()
+    assert answer.startswith(b"HTTP/1.1 101 ")
+    await stream.aclose()
