@@ -288,8 +288,14 @@ class ReceptiveListener:
         """A slot's "dial": the next connection kasd made, with the carrier's client side on it."""
         stream = await self._receive.receive()
         try:
-            transport = await request_h2_tunnel(stream, scheme="https", authority="kasd", path=DEFAULT_PATH,
-                                                token=token)
+            # The slot waits for kasd without limit, but not for kasd's answer once it said its hello:
+            # a replica whose host vanished then (no FIN) would hold the slot for good, and with every
+            # slot held, agentd could take no replica's dial again.
+            with trio.move_on_after(self.handshake_timeout) as waited:
+                transport = await request_h2_tunnel(stream, scheme="https", authority="kasd", path=DEFAULT_PATH,
+                                                    token=token)
+            if waited.cancelled_caught:
+                raise TimeoutError(f"kasd did not answer the tunnel request within {self.handshake_timeout:g}s")
         except BaseException:
             with trio.move_on_after(1, shield=True):
                 await stream.aclose()

@@ -281,3 +281,27 @@ async def test_strangers_holding_every_handshake_slot_do_not_keep_kasd_out(nurse
         assert listener.accepted == 1
         for stream in (*idle, kasd):
             await stream.aclose()
+
+
+async def test_kasd_going_silent_after_the_hello_does_not_keep_a_slot(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """kasd's host vanishes (no FIN) between agentd's OK and its answer to the tunnel request, on
+    every slot: each slot gives up after the handshake time, and the next replica's dial is served."""
+    keys = Keys(tmp_path)
+    async with running_agent(nursery, _agentd_config(tmp_path, keys, "jwt"),
+                             KubeTarget(scheme="http", host="127.0.0.1", port=1)) as running:
+        listener = running.receptive
+        assert listener is not None
+        listener.handshake_timeout = 0.5
+        with trio.fail_after(10):
+            silent = []
+            for _ in range(2):  # one per slot (connections=2): each says its hello, then nothing ever
+                stream = await _tls_to(listener.bound, keys)
+                await stream.send_all(hello(mint_token(keys.jwk, agent_id=AGENT_ID, now=time.time())))
+                silent.append(stream)
+            kasd = Kasd()
+            stop = trio.Event()
+            nursery.start_soon(_dialer(kasd, keys, listener.bound, "jwt", stop).run)
+            await kasd.session(0)
+            stop.set()
+        for stream in silent:
+            await stream.aclose()
