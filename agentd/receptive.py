@@ -124,6 +124,9 @@ def receptive_settings_problem(config: AgentdConfig, where: Callable[[str], str]
     if (config.receptive_jwt_file is None) == (config.receptive_ca_cert_file is None):
         return (f"receptive mode authenticates kasd one way: set either {where('receptive_jwt_file')} (JWT) "
                 f"or {where('receptive_ca_cert_file')} (mutual TLS)")
+    if config.receptive_ca_cert_file is not None and not config.receptive_client_name:
+        return (f"{where('receptive_client_name')} is needed with {where('receptive_ca_cert_file')}: the name kasd's "
+                "client certificate carries (any other certificate the CA signed, such as an agentd's own, is not kasd's)")
     if config.receptive_jwt_file is not None:
         if not config.agent_id:
             return (f"{where('agent_id')} is needed with {where('receptive_jwt_file')}: agentd accepts only the "
@@ -144,10 +147,12 @@ class KasdAuthenticator:
     client certificate the TLS handshake already verified."""
 
     def __init__(self, *, public_key: OKPKey | None, agent_id: str, clock: Callable[[], float],
-                 public_key_file: Path | None = None) -> None:
+                 public_key_file: Path | None = None, client_name: str = "") -> None:
         self.public_key = public_key
         self.agent_id = agent_id
         self.clock = clock
+        #: mutual TLS: the subject alternative name (DNS or URI) kasd's client certificate must carry
+        self.client_name = client_name
         #: the file ``public_key`` came from: looked at at each hello (a stat), read again when it
         #: changed (kasd's key rotated); one that does not load keeps the previous key, with one ERROR
         self.public_key_file = public_key_file
@@ -169,12 +174,20 @@ class KasdAuthenticator:
         self.public_key = key
         log.info("receptive JWT public key reloaded file=%s", path)
 
-    def check(self, credential: str) -> None:
-        """Raise ``HandshakeRefused`` unless ``credential`` authenticates kasd."""
+    def check(self, credential: str, peer_certificate: object = None) -> None:
+        """Raise ``HandshakeRefused`` unless ``credential`` (and, under mutual TLS, the client
+        certificate the TLS handshake verified: ``getpeercert()``) authenticates kasd."""
         self._reloaded()
         if self.public_key is None:
             if credential != MTLS_CREDENTIAL:
                 raise HandshakeRefused("this agentd authenticates kasd by its client certificate")
+            # The CA signs more than kasd's certificate (an agentd's own serving certificate, say):
+            # only the one with kasd's name is kasd.
+            sans = peer_certificate.get("subjectAltName", ()) if isinstance(peer_certificate, dict) else ()
+            names = {(kind, value.lower() if kind == "DNS" else value) for kind, value in sans if kind in ("DNS", "URI")}
+            want = self.client_name
+            if not want or not ({("DNS", want.lower()), ("URI", want)} & names):
+                raise HandshakeRefused("the client certificate is not kasd's")
             return
         if credential == MTLS_CREDENTIAL:
             raise HandshakeRefused("this agentd authenticates kasd by JWT")
@@ -206,7 +219,8 @@ class ReceptiveListener:
         self.ssl_context = listener_ssl_context(config)
         public_key = load_public_key(config.receptive_jwt_file) if config.receptive_jwt_file is not None else None
         self.auth = KasdAuthenticator(public_key=public_key, agent_id=config.agent_id,
-                                      clock=clock or _wall_clock, public_key_file=config.receptive_jwt_file)
+                                      clock=clock or _wall_clock, public_key_file=config.receptive_jwt_file,
+                                      client_name=config.receptive_client_name or "")
         self.session_kwargs = session_kwargs or {}
         self.handshake_timeout = HANDSHAKE_TIMEOUT
         self._send, self._receive = trio.open_memory_channel[trio.abc.Stream](0)
@@ -252,7 +266,7 @@ class ReceptiveListener:
                 await tls.do_handshake()
                 stream = tls
                 try:
-                    self.auth.check(await read_hello(tls))
+                    self.auth.check(await read_hello(tls), tls.getpeercert())
                 except HandshakeRefused as exc:
                     self._refuse(peer, exc.reason)
                     await tls.send_all(refusal(exc.reason))

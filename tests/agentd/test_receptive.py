@@ -59,7 +59,8 @@ class Keys:
 
 
 def _agentd_config(tmp_path: Path, keys: Keys, auth: str) -> Any:
-    by = {"receptive_jwt_file": keys.public} if auth == "jwt" else {"receptive_ca_cert_file": keys.ca_file}
+    by = {"receptive_jwt_file": keys.public} if auth == "jwt" else \
+        {"receptive_ca_cert_file": keys.ca_file, "receptive_client_name": "kasd.internal"}
     return agent_config(tmp_path, "http://127.0.0.1:1/tunnel", kas_addresses=(), connections=2,
                         agent_id=str(AGENT_ID), receptive_listen_address=HostPort("127.0.0.1", 0),
                         receptive_cert_file=keys.listener, receptive_key_file=keys.listener, **by)
@@ -305,3 +306,20 @@ async def test_kasd_going_silent_after_the_hello_does_not_keep_a_slot(nursery: t
             stop.set()
         for stream in silent:
             await stream.aclose()
+
+
+async def test_mutual_tls_refuses_another_certificate_of_kasds_ca(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """The CA that signs kasd's client certificate signed this agentd's own serving certificate too
+    (one internal CA, as often): that certificate (held by every agentd it was issued to) is not
+    kasd's, nor is one with no name, and the hello is refused; kasd's own is taken."""
+    keys = Keys(tmp_path)
+    keys.ca.issue_cert("KASD.internal.evil").private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "near.pem"))
+    async with running_agent(nursery, _agentd_config(tmp_path, keys, "mtls"),
+                             KubeTarget(scheme="http", host="127.0.0.1", port=1)) as running:
+        assert running.receptive is not None
+        with trio.fail_after(10):
+            for certificate in (keys.listener, tmp_path / "near.pem"):
+                keys.client = certificate
+                answer = await _hello_answer(running.receptive.bound, keys, hello(MTLS_CREDENTIAL), client_cert=True)
+                assert answer == b"NO the client certificate is not kasd's\n"
+        assert running.receptive.accepted == 0

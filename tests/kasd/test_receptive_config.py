@@ -87,7 +87,7 @@ def test_agentd_in_receptive_mode_needs_no_kasd_address(files: Path) -> None:
            "--receptive-key-file", str(files / "tls.pem")]
     for auth in (["--receptive-jwt-file", str(files / "jwt.pub"), "--agent-id", "42"],
                  ["--receptive-jwt-file", str(files / "jwt.pub.b64"), "--agent-id", "42"],
-                 ["--receptive-ca-cert-file", str(files / "ca.pem")]):
+                 ["--receptive-ca-cert-file", str(files / "ca.pem"), "--receptive-client-name", "kasd.internal"]):
         config = _agentd(files, *tls, *auth)
         assert config.kas_addresses == () and config.receptive_listen_address.port == 8082
     with pytest.raises(AgentdConfigError, match="no kasd address"):
@@ -102,6 +102,8 @@ def test_agentd_in_receptive_mode_needs_no_kasd_address(files: Path) -> None:
       "--receptive-jwt-file", "{d}/jwt.pub", "--receptive-ca-cert-file", "{d}/ca.pem"], "set either"),
     (["--receptive-cert-file", "{d}/tls.pem", "--receptive-key-file", "{d}/tls.pem",
       "--receptive-jwt-file", "{d}/jwt.pub"], "agent_id is needed with --receptive-jwt-file"),
+    (["--receptive-cert-file", "{d}/tls.pem", "--receptive-key-file", "{d}/tls.pem",
+      "--receptive-ca-cert-file", "{d}/ca.pem"], "receptive_client_name is needed with --receptive-ca-cert-file"),
     (["--receptive-cert-file", "{d}/tls.pem", "--receptive-key-file", "{d}/tls.pem",
       "--receptive-jwt-file", "{d}/not-a-key", "--agent-id", "42"], "neither PEM nor the base64 of 32 bytes"),
     (["--receptive-cert-file", "{d}/tls.pem", "--receptive-key-file", "{d}/tls.pem",
