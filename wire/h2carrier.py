@@ -334,6 +334,9 @@ async def serve_h2_connection(
     )
 
 
+#: what every HTTP/2 connection begins with (RFC 9113 3.4)
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
 _HTTP1_HINT = (
     b"HTTP/1.1 505 HTTP Version Not Supported\r\ncontent-type: text/plain\r\nconnection: close\r\n"
     b"content-length: %d\r\n\r\n%s"
@@ -456,6 +459,16 @@ async def _accept_tunnel(
         return None
     if not data:
         return None
+    while len(data) < len(_H2_PREFACE) and _H2_PREFACE.startswith(data):
+        # Only the start of the preface so far ("P" could still be "POST"): read on (at most 24
+        # bytes, within the handshake deadline) until the bytes tell HTTP/2 from HTTP/1.1.
+        try:
+            more = await stream.receive_some(_RECEIVE_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return None
+        if not more:
+            return None
+        data = bytes(data) + bytes(more)
     if looks_like_http1(data):
         if websocket:
             return await accept_ws_tunnel(stream, data, authenticate=authenticate, path=path, peer=peer)

@@ -6,8 +6,12 @@ from __future__ import annotations
 import base64
 import os
 import re
+from functools import partial
 from typing import Any
 
+import h2.config
+import h2.connection
+import h2.events
 import pytest
 import trio
 import trio.testing
@@ -16,7 +20,9 @@ import wsproto.connection
 import wsproto.events
 from wsproto.frame_protocol import CloseReason
 
+from h2trio.budget import DEFAULT_RESET_LIMIT
 from tests.wire.test_h2carrier import TOKEN, _exchange, _read_until_closed, _start
+from wire.h2carrier import _serve_connection
 from wire.wscarrier import MAX_HEAD, WebSocketTransport, open_ws_session
 
 
@@ -177,3 +183,40 @@ async def test_list_headers_given_twice_are_joined(nursery: trio.Nursery) -> Non
             answer += await stream.receive_some()
     assert answer.startswith(b"HTTP/1.1 101 ")
     await stream.aclose()
+
+
+
+@pytest.mark.parametrize("split", [1, 3, 16], ids=["P", "PRI", "PRI-line"])
+async def test_an_http2_preface_that_arrives_in_pieces_is_http2(split: int) -> None:
+    """An h2c client whose first segment holds only the start of the preface ("PRI" could begin an
+    HTTP/1.1 method) is still served HTTP/2, on the port that takes both carriers."""
+    client, server = trio.testing.memory_stream_pair()
+    principals: list[Any] = []
+
+    async def handler(session: Any, principal: Any) -> None:
+        principals.append(principal)
+
+    async def authenticate(token: str, headers: dict[str, str]) -> Any:
+        await trio.lowlevel.checkpoint()
+        return {"agent_id": 42} if token == TOKEN else None
+
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    conn.initiate_connection()
+    conn.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":authority", "x"), (":path", "/tunnel"),
+                          ("authorization", f"Bearer {TOKEN}")])
+    data = conn.data_to_send()
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(_serve_connection, server, handler=handler, authenticate=authenticate,
+                                       path="/tunnel", ssl_context=None, handshake_timeout=5, reset_limit=DEFAULT_RESET_LIMIT,
+                                       session_kwargs={}, websocket=True))
+            await client.send_all(data[:split])
+            await trio.testing.wait_all_tasks_blocked()  # the server has read only these
+            await client.send_all(data[split:])
+            response: dict[str, str] = {}
+            while not response:
+                for event in conn.receive_data(await client.receive_some()):
+                    if isinstance(event, h2.events.ResponseReceived):
+                        response = dict(event.headers)  # type: ignore[arg-type]
+            await client.aclose()
+    assert response[":status"] == "200"
