@@ -422,6 +422,11 @@ class AgentdConfig:
         None, parse=_kas_ca_file, env="AGENTD_RECEPTIVE_CA_CERT_FILE", flag="--receptive-ca-cert-file",
         metavar="PATH", help="kasd authenticates by mutual TLS: the PEM CA bundle that signs its client certificate",
     )
+    receptive_client_name: str | None = setting(
+        None, parse=_optional_text, env="AGENTD_RECEPTIVE_CLIENT_NAME", flag="--receptive-client-name", metavar="NAME",
+        help="with --receptive-ca-cert-file: the DNS or URI subject alternative name kasd's client certificate "
+             "carries (another certificate of the same CA is not kasd's)",
+    )
     ready_file: Path | None = setting(
         None, parse=_ready_file, flag="--ready-file", metavar="PATH",
         help='write {"health": "host:port"} as JSON here once listening and the first tunnel is up (for tests)',

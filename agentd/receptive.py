@@ -5,9 +5,12 @@ authenticated, by the receptive hello's JWT (``receptive_jwt_file``: kasd's Ed25
 its TLS client certificate (``receptive_ca_cert_file``), as ``wire.receptive`` describes. Every file
 is read again when it changes, without a restart: the TLS files every ``tls_reload_interval`` (and
 on SIGHUP) for the next handshake, the public key at the next hello. Until then
-it costs little: at most ``MAX_PENDING`` connections are in their handshake at once, and
-``MAX_PENDING_PER_SOURCE`` from one source (more are closed at accept), each has ``HANDSHAKE_TIMEOUT`` from accept for TLS and the hello together, and the hello
-is read ``MAX_HELLO`` bytes at most and refused at its first wrong byte.
+it costs little: at most ``MAX_PENDING`` connections are in their handshake at once (one more
+displaces the oldest, so peers that hold connections open and say nothing cannot keep kasd, whose
+handshake takes milliseconds, out) and ``MAX_PENDING_PER_SOURCE`` from one source (more from it are
+closed at accept, so one stranger cannot fill the table alone), each has ``HANDSHAKE_TIMEOUT`` from
+accept for TLS and the hello together, and the hello is read ``MAX_HELLO`` bytes at most and refused
+at its first wrong byte.
 
 An authenticated connection is handed to a slot of the ordinary ``ConnectionManager`` as if the slot
 had dialled it: the slot speaks the client's side of the carrier on it (its tunnel request with the
@@ -56,7 +59,8 @@ log = logging.getLogger("agentd.receptive")
 #: refusals a stranger can repeat at will: one line per source address per 10 s, with a count
 _refusals = BurstLimitedLog(log, interval=10.0)
 
-#: connections in their handshake (TLS and hello, not yet authenticated) at once; more are closed
+#: connections in their handshake (TLS and hello, not yet authenticated) at once; one more displaces
+#: the oldest (closed: the one that had the most time)
 MAX_PENDING = 16
 #: ... and from one source (an IPv4 address, an IPv6 /64): one stranger cannot take every handshake
 #: slot and so keep kasd (another source) out
@@ -112,7 +116,13 @@ def receptive_settings_problem(config: AgentdConfig, where: Callable[[str], str]
     if (config.receptive_jwt_file is None) == (config.receptive_ca_cert_file is None):
         return (f"receptive mode authenticates kasd one way: set either {where('receptive_jwt_file')} (JWT) "
                 f"or {where('receptive_ca_cert_file')} (mutual TLS)")
+    if config.receptive_ca_cert_file is not None and not config.receptive_client_name:
+        return (f"{where('receptive_client_name')} is needed with {where('receptive_ca_cert_file')}: the name kasd's "
+                "client certificate carries (any other certificate the CA signed, such as an agentd's own, is not kasd's)")
     if config.receptive_jwt_file is not None:
+        if not config.agent_id:
+            return (f"{where('agent_id')} is needed with {where('receptive_jwt_file')}: agentd accepts only the "
+                    "tokens kasd signs for its agent id (a token for another agent that trusts the same key is refused)")
         try:
             load_public_key(config.receptive_jwt_file)
         except ReceptiveKeyError as exc:
@@ -129,10 +139,12 @@ class KasdAuthenticator:
     client certificate the TLS handshake already verified."""
 
     def __init__(self, *, public_key: OKPKey | None, agent_id: str, clock: Callable[[], float],
-                 public_key_file: Path | None = None) -> None:
+                 public_key_file: Path | None = None, client_name: str = "") -> None:
         self.public_key = public_key
         self.agent_id = agent_id
         self.clock = clock
+        #: mutual TLS: the subject alternative name (DNS or URI) kasd's client certificate must carry
+        self.client_name = client_name
         #: the file ``public_key`` came from: looked at at each hello (a stat), read again when it
         #: changed (kasd's key rotated); one that does not load keeps the previous key, with one ERROR
         self.public_key_file = public_key_file
@@ -154,12 +166,20 @@ class KasdAuthenticator:
         self.public_key = key
         log.info("receptive JWT public key reloaded file=%s", path)
 
-    def check(self, credential: str) -> None:
-        """Raise ``HandshakeRefused`` unless ``credential`` authenticates kasd."""
+    def check(self, credential: str, peer_certificate: object = None) -> None:
+        """Raise ``HandshakeRefused`` unless ``credential`` (and, under mutual TLS, the client
+        certificate the TLS handshake verified: ``getpeercert()``) authenticates kasd."""
         self._reloaded()
         if self.public_key is None:
             if credential != MTLS_CREDENTIAL:
                 raise HandshakeRefused("this agentd authenticates kasd by its client certificate")
+            # The CA signs more than kasd's certificate (an agentd's own serving certificate, say):
+            # only the one with kasd's name is kasd.
+            sans = peer_certificate.get("subjectAltName", ()) if isinstance(peer_certificate, dict) else ()
+            names = {(kind, value.lower() if kind == "DNS" else value) for kind, value in sans if kind in ("DNS", "URI")}
+            want = self.client_name
+            if not want or not ({("DNS", want.lower()), ("URI", want)} & names):
+                raise HandshakeRefused("the client certificate is not kasd's")
             return
         if credential == MTLS_CREDENTIAL:
             raise HandshakeRefused("this agentd authenticates kasd by JWT")
@@ -191,11 +211,13 @@ class ReceptiveListener:
         self.ssl_context = listener_ssl_context(config)
         public_key = load_public_key(config.receptive_jwt_file) if config.receptive_jwt_file is not None else None
         self.auth = KasdAuthenticator(public_key=public_key, agent_id=config.agent_id,
-                                      clock=clock or _wall_clock, public_key_file=config.receptive_jwt_file)
+                                      clock=clock or _wall_clock, public_key_file=config.receptive_jwt_file,
+                                      client_name=config.receptive_client_name or "")
         self.session_kwargs = session_kwargs or {}
         self.handshake_timeout = HANDSHAKE_TIMEOUT
         self._send, self._receive = trio.open_memory_channel[trio.abc.Stream](0)
-        self._pending = 0
+        #: the connections in their handshake, oldest first (each one's deadline scope)
+        self._handshakes: dict[object, trio.CancelScope] = {}
         #: the connections in their handshake, per source (only sources with one)
         self._pending_from: dict[str, int] = {}
         #: where it listens (``host:port``), once it does
@@ -215,37 +237,53 @@ class ReceptiveListener:
                  "jwt" if self.auth.public_key is not None else "mtls")
         await trio.serve_listeners(self.handle, listeners, task_status=task_status)
 
+    @property
+    def pending(self) -> int:
+        """Connections in their handshake now."""
+        return len(self._handshakes)
+
     async def handle(self, stream: trio.abc.Stream) -> None:
         """One connection: budget, handshake, then handed to a slot (which then owns it)."""
         stream = fast_stream(stream)
         peer = peer_name(stream)
         source = source_of(peer_host(peer))
-        if self._pending >= MAX_PENDING or self._pending_from.get(source, 0) >= MAX_PENDING_PER_SOURCE:
-            self._refuse(peer, "too many connections in their handshake" +
-                         ("" if self._pending >= MAX_PENDING else " from this source"))
+        if self._pending_from.get(source, 0) >= MAX_PENDING_PER_SOURCE:
+            self._refuse(peer, "too many connections in their handshake from this source")
             with trio.move_on_after(1, shield=True):
                 await stream.aclose()
             return
+        if len(self._handshakes) >= MAX_PENDING:
+            # Full: the oldest goes, not the newcomer. Refusing newcomers would let anyone who holds
+            # MAX_PENDING idle connections (renewed as each times out) keep kasd out for good.
+            oldest = next(iter(self._handshakes))
+            self._handshakes.pop(oldest).cancel()
+        key = object()
         self._hold(source)
+        held = True
         handed = False
         try:
             with trio.move_on_after(self.handshake_timeout) as deadline:
+                self._handshakes[key] = deadline
                 tls = tls_stream(stream, self.ssl_context, server_side=True)
                 await tls.do_handshake()
                 stream = tls
                 try:
-                    self.auth.check(await read_hello(tls))
+                    self.auth.check(await read_hello(tls), tls.getpeercert())
                 except HandshakeRefused as exc:
                     self._refuse(peer, exc.reason)
                     await tls.send_all(refusal(exc.reason))
                     return
                 await tls.send_all(OK)
+                self._handshakes.pop(key, None)
                 self._release(source)
+                held = False
                 handed = True  # from here the bytes come from kasd: no more handshake budget
                 self.accepted += 1
                 log.info("kasd dialled in peer=%s", peer)
             if deadline.cancelled_caught and not handed:
-                self._refuse(peer, "handshake timed out")
+                displaced = key not in self._handshakes
+                self._refuse(peer, f"{MAX_PENDING} newer connections in their handshake" if displaced
+                             else "handshake timed out")
                 return
             # A slot takes it (it may be draining the last session a moment): kasd waits meanwhile.
             with trio.move_on_after(self.handshake_timeout):
@@ -254,18 +292,17 @@ class ReceptiveListener:
         except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError) as exc:
             self._refuse(peer, f"TLS or connection failed: {type(exc).__name__}")
         finally:
-            if not handed:
+            self._handshakes.pop(key, None)
+            if held:
                 self._release(source)
             if stream is not None:
                 with trio.move_on_after(1, shield=True):
                     await stream.aclose()
 
     def _hold(self, source: str) -> None:
-        self._pending += 1
         self._pending_from[source] = self._pending_from.get(source, 0) + 1
 
     def _release(self, source: str) -> None:
-        self._pending -= 1
         left = self._pending_from[source] - 1
         if left:
             self._pending_from[source] = left
@@ -281,8 +318,14 @@ class ReceptiveListener:
         """A slot's "dial": the next connection kasd made, with the carrier's client side on it."""
         stream = await self._receive.receive()
         try:
-            transport = await request_h2_tunnel(stream, scheme="https", authority="kasd", path=DEFAULT_PATH,
-                                                token=token)
+            # The slot waits for kasd without limit, but not for kasd's answer once it said its hello:
+            # a replica whose host vanished then (no FIN) would hold the slot for good, and with every
+            # slot held, agentd could take no replica's dial again.
+            with trio.move_on_after(self.handshake_timeout) as waited:
+                transport = await request_h2_tunnel(stream, scheme="https", authority="kasd", path=DEFAULT_PATH,
+                                                    token=token)
+            if waited.cancelled_caught:
+                raise TimeoutError(f"kasd did not answer the tunnel request within {self.handshake_timeout:g}s")
         except BaseException:
             with trio.move_on_after(1, shield=True):
                 await stream.aclose()

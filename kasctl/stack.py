@@ -486,7 +486,8 @@ class Stack:
 
     def _receptive_flags(self) -> list[str]:
         listener = str(self.dir / "receptive-listener.pem")
-        auth = (["--receptive-ca-cert-file", str(self.ca_file)] if self.receptive == "mtls"
+        auth = (["--receptive-ca-cert-file", str(self.ca_file), "--receptive-client-name", "kasd.internal"]
+                if self.receptive == "mtls"
                 else ["--receptive-jwt-file", str(self.dir / "receptive-jwt.pub")])
         return ["--receptive-listen-address", self.receptive_address, "--receptive-cert-file", listener,
                 "--receptive-key-file", listener, *auth]

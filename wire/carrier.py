@@ -19,7 +19,7 @@ Sans-I/O (no trio, no h2): a carrier imports this and speaks its own framing aro
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "TunnelRejectedError",
     "authenticate_tunnel_request",
     "check_tunnel_request",
+    "request_header_map",
     "tunnel_request_headers",
 ]
 
@@ -59,6 +60,26 @@ class TunnelRejectedError(Exception):
 def tunnel_request_headers(token: str, *, extra: Sequence[tuple[str, str]] = ()) -> list[tuple[str, str]]:
     """The non-pseudo headers a client sends with its tunnel request."""
     return [("authorization", f"Bearer {token}"), ("content-type", TUNNEL_CONTENT_TYPE), *extra]
+
+
+#: headers a tunnel request may hold once only (which of two a proxy in front looked at is unknowable)
+_SINGLE = frozenset({"authorization", "sec-websocket-key", "sec-websocket-version"})
+
+
+def request_header_map(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """A tunnel request's headers (names lower-case) by name, for both carriers alike: a name given
+    more than once has its values joined by ", " (RFC 9110 5.3: ``Connection: keep-alive`` and
+    ``Connection: Upgrade`` say ``keep-alive, Upgrade``), except the headers a request may hold once
+    (``Authorization``, ``Sec-WebSocket-Key``, ``Sec-WebSocket-Version``): twice is 400."""
+    headers: dict[str, str] = {}
+    for name, value in pairs:
+        if name in headers:
+            if name in _SINGLE:
+                raise TunnelRejectedError(400, f"more than one {name} header")
+            headers[name] += ", " + value
+        else:
+            headers[name] = value
+    return headers
 
 
 def check_tunnel_request(

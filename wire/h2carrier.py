@@ -50,6 +50,7 @@ from wire.carrier import (
     Authenticate,
     TunnelRejectedError,
     authenticate_tunnel_request,
+    request_header_map,
     tunnel_request_headers,
 )
 from wire.session import Session, connect_session, open_session
@@ -333,6 +334,9 @@ async def serve_h2_connection(
     )
 
 
+#: what every HTTP/2 connection begins with (RFC 9113 3.4)
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
 _HTTP1_HINT = (
     b"HTTP/1.1 505 HTTP Version Not Supported\r\ncontent-type: text/plain\r\nconnection: close\r\n"
     b"content-length: %d\r\n\r\n%s"
@@ -370,9 +374,9 @@ async def _serve_connection(
 ) -> None:
     stream = fast_stream(stream)
     peer = peer_name(stream)
+    accepted: tuple[H2StreamTransport | WebSocketTransport, Any] | None = None
     try:
         async with trio.open_nursery() as nursery:
-            accepted = None
             # A hard deadline from accept: nothing the peer sends (PING, SETTINGS…) moves it.
             with trio.move_on_after(handshake_timeout) as deadline:
                 if ssl_context is not None:
@@ -401,7 +405,12 @@ async def _serve_connection(
                 nursery.cancel_scope.cancel()
     except Exception as exc:  # one bad connection must never take the listener down
         ended = _connection_end(exc)
-        if ended is not None:
+        if ended is not None and accepted is None:
+            # Before authentication (a TLS handshake that failed, a peer that left): a stranger can
+            # repeat it at will, so one line per source address per 10 s, with a count.
+            _strangers.info((peer_host(peer), "ended"), "tunnel connection ended before authentication peer=%s "
+                            "error=%r", peer, ended)
+        elif ended is not None:
             log.info("tunnel connection ended peer=%s error=%r", peer, ended)
         else:
             (unexpected or _unexpected).report(exc, "tunnel connection failed unexpectedly peer=%s", peer)
@@ -411,12 +420,16 @@ async def _serve_connection(
 
 
 
-def _headers(raw: Any) -> dict[str, str]:
+def _header_pairs(raw: Any) -> list[tuple[str, str]]:
     """h2 hands headers as str (we ask for utf-8 decoding); be safe about bytes anyway."""
-    return {
-        (k.decode() if isinstance(k, bytes) else k): (v.decode(errors="replace") if isinstance(v, bytes) else v)
+    return [
+        (k.decode() if isinstance(k, bytes) else k, v.decode(errors="replace") if isinstance(v, bytes) else v)
         for k, v in raw
-    }
+    ]
+
+
+def _headers(raw: Any) -> dict[str, str]:
+    return dict(_header_pairs(raw))
 
 
 async def _accept_tunnel(
@@ -446,6 +459,16 @@ async def _accept_tunnel(
         return None
     if not data:
         return None
+    while len(data) < len(_H2_PREFACE) and _H2_PREFACE.startswith(data):
+        # Only the start of the preface so far ("P" could still be "POST"): read on (at most 24
+        # bytes, within the handshake deadline) until the bytes tell HTTP/2 from HTTP/1.1.
+        try:
+            more = await stream.receive_some(_RECEIVE_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return None
+        if not more:
+            return None
+        data = bytes(data) + bytes(more)
     if looks_like_http1(data):
         if websocket:
             return await accept_ws_tunnel(stream, data, authenticate=authenticate, path=path, peer=peer)
@@ -489,8 +512,8 @@ async def _accept_tunnel(
 async def _check_request(
     h2s: H2Stream, *, authenticate: Authenticate, path: str, peer: str
 ) -> tuple[H2StreamTransport, Any] | None:
-    headers = _headers(h2s.head or ())
     try:
+        headers = request_header_map(_header_pairs(h2s.head or ()))
         principal = await authenticate_tunnel_request(
             headers.get(":method", ""), headers.get(":path", ""), headers, path=path, authenticate=authenticate
         )

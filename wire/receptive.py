@@ -151,9 +151,14 @@ def mint_token(private_key: OKPKey, *, agent_id: int, now: float, ttl: int = TOK
     return jwt.encode({"alg": "Ed25519", "typ": "JWT"}, claims, private_key, algorithms=_ALGORITHMS)
 
 
-def verify_token(token: str, public_key: OKPKey, *, now: float, agent_id: str = "") -> None:
+def verify_token(token: str, public_key: OKPKey, *, now: float, agent_id: str) -> None:
     """Raise ``HandshakeRefused`` unless ``token`` is a JWT kasd signed with ``public_key``'s private
-    half, for this agent (when ``agent_id`` is known), valid at ``now`` and short-lived."""
+    half, for agent ``agent_id`` (its ``sub``), valid at ``now`` and short-lived: every instant it
+    claims to be valid at (``iat`` and ``nbf`` to ``exp``) lies within ``MAX_TOKEN_LIFETIME``, and it
+    was not issued in the future. The subject is always checked: a token kasd minted for another
+    agent (one that trusts the same key) is refused, so that agent cannot pose as kasd here."""
+    if not agent_id:
+        raise HandshakeRefused("this agentd has no agent id to check the token's subject against")
     try:
         decoded = jwt.decode(token, public_key, algorithms=_ALGORITHMS)
     except (JoseError, ValueError, TypeError, json.JSONDecodeError):
@@ -166,11 +171,11 @@ def verify_token(token: str, public_key: OKPKey, *, now: float, agent_id: str = 
     assert isinstance(exp, int) and isinstance(iat, int) and isinstance(nbf, int)
     if claims.get("aud") != AUDIENCE or claims.get("iss") != ISSUER:
         raise HandshakeRefused("token is not for agentd")
-    if exp - iat > MAX_TOKEN_LIFETIME:
+    if exp - min(iat, nbf) > MAX_TOKEN_LIFETIME:
         raise HandshakeRefused("token lives too long")
     if now > exp + CLOCK_SKEW:
         raise HandshakeRefused("token expired")
-    if now + CLOCK_SKEW < nbf:
+    if now + CLOCK_SKEW < max(nbf, iat):
         raise HandshakeRefused("token not yet valid")
-    if agent_id and claims.get("sub") != agent_id:
+    if claims.get("sub") != agent_id:
         raise HandshakeRefused("token is for another agent")

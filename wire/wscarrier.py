@@ -31,6 +31,8 @@ than messages, and no reader task or message queue of its own.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 import ssl
 from collections import deque
@@ -54,6 +56,7 @@ from wire.carrier import (
     Authenticate,
     TunnelRejectedError,
     check_tunnel_request,
+    request_header_map,
     tunnel_request_headers,
 )
 from wire.session import Session, open_session
@@ -171,6 +174,12 @@ class WebSocketTransport(trio.abc.Stream):
         elif isinstance(event, wsproto.events.Ping):
             await self._send_event(event.response())
         elif isinstance(event, wsproto.events.CloseConnection):
+            if self._ws.state is wsproto.connection.ConnectionState.OPEN:
+                # Not the peer's close: wsproto's verdict on bytes that break the protocol (an
+                # unmasked frame, a fragmented control frame, a bad close code...), which it hands
+                # over as a close without sending one. This side closes, with wsproto's code.
+                await self._fail(event.code, f"WebSocket protocol error: {event.reason}")
+                return
             if self._ws.state is wsproto.connection.ConnectionState.REMOTE_CLOSING:
                 try:
                     await self._send_event(event.response())
@@ -181,7 +190,7 @@ class WebSocketTransport(trio.abc.Stream):
             else:
                 self._ended = ConnectionError(f"WebSocket closed by the peer code={event.code} reason={event.reason!r}")
 
-    async def _fail(self, code: CloseReason, reason: str) -> None:
+    async def _fail(self, code: CloseReason | int, reason: str) -> None:
         self._ended = ConnectionError(reason)
         if self._ws.state is wsproto.connection.ConnectionState.OPEN:
             try:
@@ -340,11 +349,10 @@ async def accept_ws_tunnel(
     request = await _next_event(stream, conn, peer)
     if not isinstance(request, h11.Request):
         return None  # the peer left before a whole head, or its head was refused
-    headers: dict[str, str] = {}
-    for name, value in request.headers:
-        headers[name.decode("latin-1").lower()] = value.decode("latin-1")
     method, target = request.method.decode("latin-1"), request.target.decode("latin-1")
     try:
+        headers = request_header_map((name.decode("latin-1").lower(), value.decode("latin-1"))
+                                     for name, value in request.headers)
         token, public = check_tunnel_request(method, target, headers, path=path, expected_method="GET")
         key = _upgrade_key(headers)
         if request.http_version != b"1.1":
@@ -417,6 +425,12 @@ def _upgrade_key(headers: dict[str, str]) -> str:
     key = headers.get("sec-websocket-key", "").strip()
     if not key:
         raise TunnelRejectedError(400, "missing Sec-WebSocket-Key")
+    try:
+        nonce = base64.b64decode(key, validate=True)
+    except (binascii.Error, ValueError):
+        nonce = b""
+    if len(nonce) != 16:  # RFC 6455 4.1: the base64 of 16 random bytes
+        raise TunnelRejectedError(400, "Sec-WebSocket-Key is not the base64 of 16 bytes")
     return key
 
 

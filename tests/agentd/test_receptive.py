@@ -60,7 +60,8 @@ class Keys:
 
 
 def _agentd_config(tmp_path: Path, keys: Keys, auth: str) -> Any:
-    by = {"receptive_jwt_file": keys.public} if auth == "jwt" else {"receptive_ca_cert_file": keys.ca_file}
+    by = {"receptive_jwt_file": keys.public} if auth == "jwt" else \
+        {"receptive_ca_cert_file": keys.ca_file, "receptive_client_name": "kasd.internal"}
     return agent_config(tmp_path, "http://127.0.0.1:1/tunnel", kas_addresses=(), connections=2,
                         agent_id=str(AGENT_ID), receptive_listen_address=HostPort("127.0.0.1", 0),
                         receptive_cert_file=keys.listener, receptive_key_file=keys.listener, **by)
@@ -270,3 +271,84 @@ async def test_mutual_tls_refuses_a_client_certificate_of_another_ca(nursery: tr
         assert running.receptive.accepted == 0
         assert running.manager.tunnels_up == 0
 
+
+
+async def _tls_to(address: str, keys: Keys, *, source: str | None = None) -> trio.SSLStream[trio.SocketStream]:
+    host, port = address.rsplit(":", 1)
+    context = ssl.create_default_context(cafile=str(keys.ca_file))
+    stream = trio.SSLStream(await trio.open_tcp_stream(host, int(port), local_address=source), context,
+                            server_hostname=host)
+    await stream.do_handshake()  # (TLS 1.3: done once agentd has taken the connection into its handshake)
+    return stream
+
+
+async def test_strangers_holding_every_handshake_slot_do_not_keep_kasd_out(nursery: trio.Nursery,
+                                                                           tmp_path: Path) -> None:
+    """MAX_PENDING idle connections (strangers on several hosts, each within its per-source cap,
+    renewing each as it times out) and then kasd: kasd's hello is answered, and the oldest idle
+    connection is the one closed."""
+    keys = Keys(tmp_path)
+    async with running_agent(nursery, _agentd_config(tmp_path, keys, "jwt"),
+                             KubeTarget(scheme="http", host="127.0.0.1", port=1)) as running:
+        listener = running.receptive
+        assert listener is not None
+        with trio.fail_after(10):
+            # 127.0.0.2, .3, …: other sources than kasd's 127.0.0.1 (Linux routes all of 127/8 to lo)
+            idle = [await _tls_to(listener.bound, keys, source=f"127.0.0.{2 + n // MAX_PENDING_PER_SOURCE}")
+                    for n in range(MAX_PENDING)]
+            assert listener.pending == MAX_PENDING
+            kasd = await _tls_to(listener.bound, keys)
+            await kasd.send_all(hello(mint_token(keys.jwk, agent_id=AGENT_ID, now=time.time())))
+            answer = b""
+            while not answer.endswith(b"\n"):
+                chunk = await kasd.receive_some(1)
+                assert chunk, "agentd closed kasd's connection"
+                answer += chunk
+            assert answer == b"OK\n"
+            with pytest.raises(trio.BrokenResourceError):  # the oldest stranger was displaced
+                if await idle[0].receive_some(1) == b"":
+                    raise trio.BrokenResourceError("closed")
+        assert listener.accepted == 1
+        for stream in (*idle, kasd):
+            await stream.aclose()
+
+
+async def test_kasd_going_silent_after_the_hello_does_not_keep_a_slot(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """kasd's host vanishes (no FIN) between agentd's OK and its answer to the tunnel request, on
+    every slot: each slot gives up after the handshake time, and the next replica's dial is served."""
+    keys = Keys(tmp_path)
+    async with running_agent(nursery, _agentd_config(tmp_path, keys, "jwt"),
+                             KubeTarget(scheme="http", host="127.0.0.1", port=1)) as running:
+        listener = running.receptive
+        assert listener is not None
+        listener.handshake_timeout = 0.5
+        with trio.fail_after(10):
+            silent = []
+            for _ in range(2):  # one per slot (connections=2): each says its hello, then nothing ever
+                stream = await _tls_to(listener.bound, keys)
+                await stream.send_all(hello(mint_token(keys.jwk, agent_id=AGENT_ID, now=time.time())))
+                silent.append(stream)
+            kasd = Kasd()
+            stop = trio.Event()
+            nursery.start_soon(_dialer(kasd, keys, listener.bound, "jwt", stop).run)
+            await kasd.session(0)
+            stop.set()
+        for stream in silent:
+            await stream.aclose()
+
+
+async def test_mutual_tls_refuses_another_certificate_of_kasds_ca(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """The CA that signs kasd's client certificate signed this agentd's own serving certificate too
+    (one internal CA, as often): that certificate (held by every agentd it was issued to) is not
+    kasd's, nor is one with no name, and the hello is refused; kasd's own is taken."""
+    keys = Keys(tmp_path)
+    keys.ca.issue_cert("KASD.internal.evil").private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "near.pem"))
+    async with running_agent(nursery, _agentd_config(tmp_path, keys, "mtls"),
+                             KubeTarget(scheme="http", host="127.0.0.1", port=1)) as running:
+        assert running.receptive is not None
+        with trio.fail_after(10):
+            for certificate in (keys.listener, tmp_path / "near.pem"):
+                keys.client = certificate
+                answer = await _hello_answer(running.receptive.bound, keys, hello(MTLS_CREDENTIAL), client_cert=True)
+                assert answer == b"NO the client certificate is not kasd's\n"
+        assert running.receptive.accepted == 0

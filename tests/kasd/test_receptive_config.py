@@ -93,8 +93,9 @@ def _agentd(files: Path, *flags: str) -> Any:
 def test_agentd_in_receptive_mode_needs_no_kasd_address(files: Path) -> None:
     tls = ["--receptive-listen-address", "0.0.0.0:8082", "--receptive-cert-file", str(files / "tls.pem"),
            "--receptive-key-file", str(files / "tls.pem")]
-    for auth in (["--receptive-jwt-file", str(files / "jwt.pub")], ["--receptive-jwt-file", str(files / "jwt.pub.b64")],
-                 ["--receptive-ca-cert-file", str(files / "ca.pem")]):
+    for auth in (["--receptive-jwt-file", str(files / "jwt.pub"), "--agent-id", "42"],
+                 ["--receptive-jwt-file", str(files / "jwt.pub.b64"), "--agent-id", "42"],
+                 ["--receptive-ca-cert-file", str(files / "ca.pem"), "--receptive-client-name", "kasd.internal"]):
         config = _agentd(files, *tls, *auth)
         assert config.kas_addresses == () and config.receptive_listen_address.port == 8082
     with pytest.raises(AgentdConfigError, match="no kasd address"):
@@ -108,11 +109,15 @@ def test_agentd_in_receptive_mode_needs_no_kasd_address(files: Path) -> None:
     (["--receptive-cert-file", "{d}/tls.pem", "--receptive-key-file", "{d}/tls.pem",
       "--receptive-jwt-file", "{d}/jwt.pub", "--receptive-ca-cert-file", "{d}/ca.pem"], "set either"),
     (["--receptive-cert-file", "{d}/tls.pem", "--receptive-key-file", "{d}/tls.pem",
-      "--receptive-jwt-file", "{d}/not-a-key"], "neither PEM nor the base64 of 32 bytes"),
+      "--receptive-jwt-file", "{d}/jwt.pub"], "agent_id is needed with --receptive-jwt-file"),
     (["--receptive-cert-file", "{d}/tls.pem", "--receptive-key-file", "{d}/tls.pem",
-      "--receptive-jwt-file", "{d}/jwt.key"], "must hold an Ed25519 public key only"),
+      "--receptive-ca-cert-file", "{d}/ca.pem"], "receptive_client_name is needed with --receptive-ca-cert-file"),
+    (["--receptive-cert-file", "{d}/tls.pem", "--receptive-key-file", "{d}/tls.pem",
+      "--receptive-jwt-file", "{d}/not-a-key", "--agent-id", "42"], "neither PEM nor the base64 of 32 bytes"),
+    (["--receptive-cert-file", "{d}/tls.pem", "--receptive-key-file", "{d}/tls.pem",
+      "--receptive-jwt-file", "{d}/jwt.key", "--agent-id", "42"], "must hold an Ed25519 public key only"),
     (["--receptive-cert-file", "{d}/token", "--receptive-key-file", "{d}/tls.pem",
-      "--receptive-jwt-file", "{d}/jwt.pub"], "--receptive-cert-file / --receptive-key-file: no PEM certificate in"),
+      "--receptive-jwt-file", "{d}/jwt.pub", "--agent-id", "42"], "--receptive-cert-file / --receptive-key-file: no PEM certificate in"),
 ])
 def test_agentd_names_what_is_wrong(files: Path, extra: list[str], words: str) -> None:
     with pytest.raises(AgentdConfigError) as error:

@@ -204,6 +204,11 @@ async def test_wrong_method_and_missing_token(nursery: trio.Nursery) -> None:
     assert head[":status"] == "405" and head["allow"] == "POST" and b"takes POST" in body
     head, body = await _raw_h2_request(server.port, [(":method", "POST"), *base])
     assert head[":status"] == "401" and head["www-authenticate"] == "Bearer" and b"missing bearer token" in body
+    for tokens in ([TOKEN, "wrong"], ["wrong", TOKEN]):  # which one a proxy in front checked is unknowable
+        head, body = await _raw_h2_request(server.port, [(":method", "POST"), *base,
+                                                         *(("authorization", f"Bearer {t}") for t in tokens)])
+        assert head[":status"] == "400" and b"more than one authorization header" in body
+    assert server.sessions == []
 
 
 async def test_http1_client_is_told_what_the_port_speaks(nursery: trio.Nursery) -> None:
@@ -404,3 +409,22 @@ async def test_a_preface_that_arrives_in_pieces_is_still_http2(websocket: bool) 
     assert isinstance(transport, h2carrier.H2StreamTransport) and principal == {"agent_id": 42}
     reply = conn.receive_data(await client.receive_some())
     assert any(isinstance(e, h2.events.ResponseReceived) and dict(e.headers)[":status"] == "200" for e in reply)
+
+
+async def test_strangers_failing_tls_cost_one_log_line_per_source(nursery: trio.Nursery,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """Connections whose TLS handshake fails (garbage instead of a ClientHello), repeated: before
+    authentication they are a stranger's, and are logged at most once per source per interval."""
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
+    server = await _start(nursery, server_ssl_context(server_ctx, websocket=True))
+    caplog.set_level(logging.INFO, logger="wire.h2carrier")
+    with trio.fail_after(10):
+        for _ in range(20):
+            stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+            await stream.send_all(b"\x16\x03\x01\x00\x05hello")  # a TLS record that is no ClientHello
+            await _read_until_closed(stream)
+            await stream.aclose()
+    lines = [r for r in caplog.records if r.name == "wire.h2carrier"]
+    assert len(lines) <= 1, [r.getMessage() for r in lines]

@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import base64
 import os
+import re
+from functools import partial
 from typing import Any
 
+import h2.config
+import h2.connection
+import h2.events
 import pytest
 import trio
 import trio.testing
@@ -15,7 +20,9 @@ import wsproto.connection
 import wsproto.events
 from wsproto.frame_protocol import CloseReason
 
+from h2trio.budget import DEFAULT_RESET_LIMIT
 from tests.wire.test_h2carrier import TOKEN, _exchange, _read_until_closed, _start
+from wire.h2carrier import _serve_connection
 from wire.wscarrier import MAX_HEAD, WebSocketTransport, open_ws_session
 
 
@@ -50,10 +57,20 @@ async def _ask(port: int, head: bytes) -> bytes:
         (_upgrade_head().replace(b"\r\n\r\n", b"\r\nContent-Length: 3\r\n\r\nabc"), 400,
          b"a WebSocket upgrade request has no body", b""),
         (_upgrade_head().replace(b"HTTP/1.1", b"HTTP/1.0"), 400, b"a WebSocket upgrade needs HTTP/1.1", b""),
+        # Which of two a proxy in front looked at is unknowable: twice is refused, whatever the order.
+        (_upgrade_head().replace(b"Host:", b"Authorization: Bearer wrong\r\nHost:"), 400,
+         b"more than one authorization header", b""),
+        (_upgrade_head(token="wrong").replace(b"Host:", f"Authorization: Bearer {TOKEN}\r\nHost:".encode()), 400,
+         b"more than one authorization header", b""),
+        (_upgrade_head().replace(b"Host:", b"Sec-WebSocket-Key: AAAAAAAAAAAAAAAAAAAAAA==\r\nHost:"), 400,
+         b"more than one sec-websocket-key header", b""),
+        (re.sub(rb"Sec-WebSocket-Key: [^\r]*", b"Sec-WebSocket-Key: x", _upgrade_head()), 400,
+         b"Sec-WebSocket-Key is not the base64 of 16 bytes", b""),
         # A head larger than the bound is refused before it is read whole.
         (_upgrade_head() + b"X-Pad: " + b"a" * MAX_HEAD + b"\r\n\r\n", 431, b"request head too large", b""),
     ],
-    ids=["method", "path", "no-token", "bad-token", "no-upgrade", "body", "http-1.0", "huge-head"],
+    ids=["method", "path", "no-token", "bad-token", "no-upgrade", "body", "http-1.0", "two-tokens", "two-tokens-reversed",
+         "two-keys", "bad-key", "huge-head"],
 )
 async def test_bad_upgrade_requests_get_plain_http_answers_and_the_connection_closes(
         nursery: trio.Nursery, head: bytes, status: int, reason: bytes, header: bytes) -> None:
@@ -120,3 +137,86 @@ async def test_an_oversized_or_text_message_closes_the_websocket(message: wsprot
             with pytest.raises(trio.BrokenResourceError):
                 await transport.receive_some()
     assert codes == [code]
+
+
+_MASK = b"\x00\x00\x00\x00"  # a zero mask: the payload goes as it is
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"\x82\x03abc",  # a client's frame unmasked
+        b"\x09\x80" + _MASK,  # a fragmented control frame (PING without FIN)
+        b"\x88\x82" + _MASK + (999).to_bytes(2, "big"),  # a close with a code no one may send
+        b"\x83\x80" + _MASK,  # a reserved opcode
+    ],
+    ids=["unmasked", "fragmented-ping", "bad-close-code", "reserved-opcode"],
+)
+async def test_a_frame_breaking_the_protocol_is_answered_with_close_1002(frame: bytes) -> None:
+    """The server closes with 1002 (RFC 6455 7.4.1) and says it was the peer's protocol error, not
+    that the peer closed."""
+    transport, client, stream = await _server_transport(max_message=1024)
+    with trio.fail_after(5):
+        await stream.send_all(frame)
+        async with trio.open_nursery() as nursery:
+            codes: list[int] = []
+
+            async def read_close() -> None:
+                codes.append(await _close_code(client, stream))
+
+            nursery.start_soon(read_close)
+            with pytest.raises(trio.BrokenResourceError) as failed:
+                await transport.receive_some()
+    assert codes == [CloseReason.PROTOCOL_ERROR]
+    assert "protocol error" in str(failed.value) and "closed by the peer" not in str(failed.value)
+
+
+async def test_list_headers_given_twice_are_joined(nursery: trio.Nursery) -> None:
+    """``Connection: Upgrade`` then ``Connection: keep-alive`` say ``Upgrade, keep-alive`` (RFC 9110
+    5.3): the upgrade is taken whatever the order the client's library wrote them in."""
+    server = await _start(nursery)
+    stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+    await stream.send_all(_upgrade_head().replace(b"Connection: Upgrade\r\n", b"Connection: Upgrade\r\nConnection: keep-alive\r\n"))
+    with trio.fail_after(5):
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += await stream.receive_some()
+    assert answer.startswith(b"HTTP/1.1 101 ")
+    await stream.aclose()
+
+
+
+@pytest.mark.parametrize("split", [1, 3, 16], ids=["P", "PRI", "PRI-line"])
+async def test_an_http2_preface_that_arrives_in_pieces_is_http2(split: int) -> None:
+    """An h2c client whose first segment holds only the start of the preface ("PRI" could begin an
+    HTTP/1.1 method) is still served HTTP/2, on the port that takes both carriers."""
+    client, server = trio.testing.memory_stream_pair()
+    principals: list[Any] = []
+
+    async def handler(session: Any, principal: Any) -> None:
+        principals.append(principal)
+
+    async def authenticate(token: str, headers: dict[str, str]) -> Any:
+        await trio.lowlevel.checkpoint()
+        return {"agent_id": 42} if token == TOKEN else None
+
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    conn.initiate_connection()
+    conn.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":authority", "x"), (":path", "/tunnel"),
+                          ("authorization", f"Bearer {TOKEN}")])
+    data = conn.data_to_send()
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(_serve_connection, server, handler=handler, authenticate=authenticate,
+                                       path="/tunnel", ssl_context=None, handshake_timeout=5, reset_limit=DEFAULT_RESET_LIMIT,
+                                       session_kwargs={}, websocket=True))
+            await client.send_all(data[:split])
+            await trio.testing.wait_all_tasks_blocked()  # the server has read only these
+            await client.send_all(data[split:])
+            response: dict[str, str] = {}
+            while not response:
+                for event in conn.receive_data(await client.receive_some()):
+                    if isinstance(event, h2.events.ResponseReceived):
+                        response = dict(event.headers)  # type: ignore[arg-type]
+            await client.aclose()
+    assert response[":status"] == "200"
