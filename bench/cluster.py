@@ -475,7 +475,7 @@ class Watchers:
                     data = await stream.receive_some(65536)
                     if not data:
                         raise ConnectionError("the watch ended")
-                    conn.receive_data(data)
+                    conn.receive_data(bytes(data))
                 elif isinstance(event, h11.Response):
                     if event.status_code != 200:
                         raise RuntimeError(f"watch answered {event.status_code}")
@@ -529,7 +529,7 @@ async def _watch_round(n: int, events: int, target: tuple[str, int, ssl.SSLConte
         for k in range(events):
             name = f"ev-{k}"
             watchers.all_seen[name] = trio.Event()
-            body = {"metadata": {"name": name}, "data": {"t": repr(time.perf_counter())}}
+            body: dict[str, object] = {"metadata": {"name": name}, "data": {"t": repr(time.perf_counter())}}
             await trio.to_thread.run_sync(post, f"/api/v1/namespaces/{namespace}/configmaps", body)
             with trio.fail_after(60):
                 await watchers.all_seen[name].wait()
@@ -543,7 +543,7 @@ def bench_watches(quick: bool, count: int | None) -> None:
     n = count or (50 if quick else 1000)
     events = 5 if quick else 20
     _raise_fd_limit(4 * n + 1024)
-    big = {"max_connections": n + 100, "max_connections_per_source": n + 100}
+    big = {"max_connections": n + 100, "max_connections_per_source": n + 100, "max_requests_per_principal": n + 100}
     stack = Stack(Path(tempfile.mkdtemp(prefix="bench-watches-")), listener_settings={"kubernetes_api": big})
     stack.start()
     try:
