@@ -401,47 +401,56 @@ def _raise_fd_limit(n: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, n)), hard))
 
 
-def bench_agents(quick: bool, counts: list[int], requests: int | None) -> None:
-    """req/s at concurrency 64 through the tunnel while 1, 100, 1,000 agents are connected to kasd
-    (the demo's agentd serves the requests; the others hold idle sessions), against direct."""
-    requests = requests or (600 if quick else 4000)
-    most = max(counts)
-    _raise_fd_limit(4 * most + 1024)
-    stack = Stack(Path(tempfile.mkdtemp(prefix="bench-agents-")), extra_agents=_extra_agents(most - 1),
-                  listener_settings={"agent": {"max_connections": most + 100, "max_connections_per_source": most + 100}})
+def scaling_stack(agents: int, watches: int) -> Stack:
+    """The stack of the agents and watches sections (one for both when both run): ``agents - 1``
+    more agents in kasd's directory and its listeners' limits raised for them and for ``watches``."""
+    _raise_fd_limit(4 * max(agents, watches) + 1024)
+    many = {"max_connections": agents + 100, "max_connections_per_source": agents + 100}
+    big = {"max_connections": watches + 100, "max_connections_per_source": watches + 100,
+           "max_requests_per_principal": watches + 100}  # fmt: skip
+    stack = Stack(Path(tempfile.mkdtemp(prefix="bench-scaling-")), extra_agents=_extra_agents(agents - 1),
+                  listener_settings={"agent": many, "kubernetes_api": big})
     stack.start()
     try:
         _seed(stack)
-        ctx = _ctx(stack)
-        host, port = stack.addresses["kubernetes_api"].rsplit(":", 1)
-        headers = [("authorization", f"Bearer {stack.ci_token}"), ("accept", "application/json")]
-        cluster = yaml.safe_load((stack.dir / "cluster.kubeconfig").read_text())["clusters"][0]["cluster"]
-        sim_host, sim_port = cluster["server"].removeprefix("https://").rsplit(":", 1)
-        sim_ctx = ssl.create_default_context()
-        sim_ctx.load_verify_locations(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
-        sim_ctx.check_hostname = False
-        sim_headers = [("authorization", f"Bearer {stack.cluster_token}"), ("accept", "application/json")]
-
-        def load(h: str, p: int, hs: list[tuple[str, str]], c: ssl.SSLContext) -> float:
-            return trio.run(lambda: run_load(h, p, SMALL, concurrency=64, requests=requests, headers=hs, ssl_context=c)).rps
-
-        print(f"agents: small GET at concurrency 64 through the tunnel, {requests} requests, with n agents connected:")
-        direct = load(sim_host, int(sim_port), sim_headers, sim_ctx)
-        print(f"  direct (no tunnel)   {direct:8.0f} req/s", flush=True)
-        figures: dict[int, float] = {}
-        for n in sorted(counts):
-            sessions = AgentSessions(f"http://{stack.addresses['agent']}/tunnel", n - 1)
-            try:
-                connected = _metric(stack, 0, "kasd_agent_sessions")
-                figures[n] = load(host, int(port), headers, ctx)
-                print(f"  {n:>5} agents ({connected:.0f} sessions) {figures[n]:8.0f} req/s   {figures[n] / direct:.2f} × direct",
-                      flush=True)  # fmt: skip
-            finally:
-                sessions.close()
-        one = figures[min(figures)]
-        print("  ratio to the fewest agents: " + "  ".join(f"{n}: {rps / one:.2f}" for n, rps in figures.items()))
-    finally:
+    except BaseException:
         stack.stop()
+        raise
+    return stack
+
+
+def bench_agents(stack: Stack, quick: bool, counts: list[int], requests: int | None) -> None:
+    """req/s at concurrency 64 through the tunnel while 1, 100, 1,000 agents are connected to kasd
+    (the demo's agentd serves the requests; the others hold idle sessions), against direct."""
+    requests = requests or (600 if quick else 4000)
+    ctx = _ctx(stack)
+    host, port = stack.addresses["kubernetes_api"].rsplit(":", 1)
+    headers = [("authorization", f"Bearer {stack.ci_token}"), ("accept", "application/json")]
+    cluster = yaml.safe_load((stack.dir / "cluster.kubeconfig").read_text())["clusters"][0]["cluster"]
+    sim_host, sim_port = cluster["server"].removeprefix("https://").rsplit(":", 1)
+    sim_ctx = ssl.create_default_context()
+    sim_ctx.load_verify_locations(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
+    sim_ctx.check_hostname = False
+    sim_headers = [("authorization", f"Bearer {stack.cluster_token}"), ("accept", "application/json")]
+
+    def load(h: str, p: int, hs: list[tuple[str, str]], c: ssl.SSLContext) -> float:
+        return trio.run(lambda: run_load(h, p, SMALL, concurrency=64, requests=requests, headers=hs, ssl_context=c)).rps
+
+    print(f"agents: small GET at concurrency 64 through the tunnel, {requests} requests, with n agents connected:")
+    direct = load(sim_host, int(sim_port), sim_headers, sim_ctx)
+    print(f"  direct (no tunnel)   {direct:8.0f} req/s", flush=True)
+    figures: dict[int, float] = {}
+    for n in sorted(counts):
+        sessions = AgentSessions(f"http://{stack.addresses['agent']}/tunnel", n - 1)
+        try:
+            connected = _metric(stack, 0, "kasd_agent_sessions")
+            figures[n] = load(host, int(port), headers, ctx)
+            print(f"  {n:>5} agents ({connected:.0f} sessions) {figures[n]:8.0f} req/s   {figures[n] / direct:.2f} × direct",
+                  flush=True)  # fmt: skip
+        finally:
+            sessions.close()
+    one = figures[min(figures)]
+    print("  ratio to the fewest agents: " + "  ".join(f"{n}: {rps / one:.2f}" for n, rps in figures.items()))
 
 
 # --------------------------------------------------------------------------- watches
@@ -537,59 +546,51 @@ async def _watch_round(n: int, events: int, target: tuple[str, int, ssl.SSLConte
     return watchers
 
 
-def bench_watches(quick: bool, count: int | None) -> None:
+def bench_watches(stack: Stack, quick: bool, n: int) -> None:
     """``n`` concurrent watches through one kasd (and agentd) vs straight at kubesim: kasd's and
     agentd's memory per watch, and the latency from a write to each watcher seeing its event."""
-    n = count or (50 if quick else 1000)
     events = 5 if quick else 20
-    _raise_fd_limit(4 * n + 1024)
-    big = {"max_connections": n + 100, "max_connections_per_source": n + 100, "max_requests_per_principal": n + 100}
-    stack = Stack(Path(tempfile.mkdtemp(prefix="bench-watches-")), listener_settings={"kubernetes_api": big})
-    stack.start()
-    try:
-        cluster = yaml.safe_load((stack.dir / "cluster.kubeconfig").read_text())["clusters"][0]["cluster"]
-        sim_ctx = ssl.create_default_context()
-        sim_ctx.load_verify_locations(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
-        sim_ctx.check_hostname = False
+    cluster = yaml.safe_load((stack.dir / "cluster.kubeconfig").read_text())["clusters"][0]["cluster"]
+    sim_ctx = ssl.create_default_context()
+    sim_ctx.load_verify_locations(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
+    sim_ctx.check_hostname = False
 
-        def post(path: str, body: dict[str, object]) -> None:
-            request = urllib.request.Request(
-                cluster["server"] + path, method="POST", data=json.dumps(body).encode(),
-                headers={"Authorization": f"Bearer {stack.cluster_token}", "Content-Type": "application/json"},
-            )  # fmt: skip
-            with urllib.request.urlopen(request, context=sim_ctx, timeout=30) as response:
-                response.read()
+    def post(path: str, body: dict[str, object]) -> None:
+        request = urllib.request.Request(
+            cluster["server"] + path, method="POST", data=json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {stack.cluster_token}", "Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request, context=sim_ctx, timeout=30) as response:
+            response.read()
 
-        for ns in ("watch-direct", "watch-tunnel"):
-            post("/api/v1/namespaces", {"metadata": {"name": ns}})
-        sim_host, sim_port = cluster["server"].removeprefix("https://").rsplit(":", 1)
-        host, port = stack.addresses["kubernetes_api"].rsplit(":", 1)
-        direct = (sim_host, int(sim_port), sim_ctx, [("authorization", f"Bearer {stack.cluster_token}")])
-        tunnel = (host, int(port), _ctx(stack), [("authorization", f"Bearer {stack.ci_token}")])
-        pids = {name: p.proc.pid for name, p in (("kasd", stack.kasd), ("agentd", stack.agentd), ("kubesim", stack.kubesim))
-                if p is not None and p.proc is not None}  # fmt: skip
-        before = {name: _rss_kib(pid) for name, pid in pids.items()}
-        after: dict[str, int] = {}
+    for ns in ("watch-direct", "watch-tunnel"):
+        post("/api/v1/namespaces", {"metadata": {"name": ns}})
+    sim_host, sim_port = cluster["server"].removeprefix("https://").rsplit(":", 1)
+    host, port = stack.addresses["kubernetes_api"].rsplit(":", 1)
+    direct = (sim_host, int(sim_port), sim_ctx, [("authorization", f"Bearer {stack.cluster_token}")])
+    tunnel = (host, int(port), _ctx(stack), [("authorization", f"Bearer {stack.ci_token}")])
+    pids = {name: p.proc.pid for name, p in (("kasd", stack.kasd), ("agentd", stack.agentd), ("kubesim", stack.kubesim))
+            if p is not None and p.proc is not None}  # fmt: skip
+    before = {name: _rss_kib(pid) for name, pid in pids.items()}
+    after: dict[str, int] = {}
 
-        def measure() -> None:
-            after.update({name: _rss_kib(pid) for name, pid in pids.items()})
+    def measure() -> None:
+        after.update({name: _rss_kib(pid) for name, pid in pids.items()})
 
-        print(f"watches: {n} concurrent watches of a namespace's ConfigMaps, {events} writes, each seen by every watch:")
-        seen_direct = trio.run(_watch_round, n, events, direct, "watch-direct", post)
-        seen_tunnel = trio.run(_watch_round, n, events, tunnel, "watch-tunnel", post, measure)
-        for name, w in (("direct", seen_direct), ("tunnel", seen_tunnel)):
-            print(f"  {name:<7} write → watcher: p50 {ms(pct(w.latencies, 50))}  p99 {ms(pct(w.latencies, 99))}"
-                  f"  ({len(w.latencies)} events seen)")  # fmt: skip
-        added = pct(seen_tunnel.latencies, 50) - pct(seen_direct.latencies, 50)
-        print(f"  the tunnel adds {added * 1e3:+.2f} ms p50 (both include the write's own HTTPS request)")
-        print(f"  tunnel ÷ direct: p50 {pct(seen_tunnel.latencies, 50) / pct(seen_direct.latencies, 50):.2f}×"
-              f"  p99 {pct(seen_tunnel.latencies, 99) / pct(seen_direct.latencies, 99):.2f}×")  # fmt: skip
-        for name in ("kasd", "agentd"):
-            print(f"  {name} RSS {before[name] / 1024:.0f} MiB → {after[name] / 1024:.0f} MiB with the tunnel's watches open:"
-                  f" {(after[name] - before[name]) / n:.1f} KiB per watch")  # fmt: skip
-        print(f"  (kubesim, serving both rounds: {before['kubesim'] / 1024:.0f} → {after['kubesim'] / 1024:.0f} MiB)", flush=True)
-    finally:
-        stack.stop()
+    print(f"watches: {n} concurrent watches of a namespace's ConfigMaps, {events} writes, each seen by every watch:")
+    seen_direct = trio.run(_watch_round, n, events, direct, "watch-direct", post)
+    seen_tunnel = trio.run(_watch_round, n, events, tunnel, "watch-tunnel", post, measure)
+    for name, w in (("direct", seen_direct), ("tunnel", seen_tunnel)):
+        print(f"  {name:<7} write → watcher: p50 {ms(pct(w.latencies, 50))}  p99 {ms(pct(w.latencies, 99))}"
+              f"  ({len(w.latencies)} events seen)")  # fmt: skip
+    added = pct(seen_tunnel.latencies, 50) - pct(seen_direct.latencies, 50)
+    print(f"  the tunnel adds {added * 1e3:+.2f} ms p50 (both include the write's own HTTPS request)")
+    print(f"  tunnel ÷ direct: p50 {pct(seen_tunnel.latencies, 50) / pct(seen_direct.latencies, 50):.2f}×"
+          f"  p99 {pct(seen_tunnel.latencies, 99) / pct(seen_direct.latencies, 99):.2f}×")  # fmt: skip
+    for name in ("kasd", "agentd"):
+        print(f"  {name} RSS {before[name] / 1024:.0f} MiB → {after[name] / 1024:.0f} MiB with the tunnel's watches open:"
+              f" {(after[name] - before[name]) / n:.1f} KiB per watch")  # fmt: skip
+    print(f"  (kubesim, serving both rounds: {before['kubesim'] / 1024:.0f} → {after['kubesim'] / 1024:.0f} MiB)", flush=True)
 
 
 def main() -> None:
@@ -619,10 +620,16 @@ def main() -> None:
         bench_failover(args.quick)
     if "idle" in sections:
         bench_idle(args.quick, args.sessions)
-    if "agents" in sections:
-        bench_agents(args.quick, counts, args.requests)
-    if "watches" in sections:
-        bench_watches(args.quick, args.watches)
+    if "agents" in sections or "watches" in sections:
+        watches = args.watches or (50 if args.quick else 1000)
+        stack = scaling_stack(max(counts) if "agents" in sections else 1, watches if "watches" in sections else 1)
+        try:
+            if "agents" in sections:
+                bench_agents(stack, args.quick, counts, args.requests)
+            if "watches" in sections:
+                bench_watches(stack, args.quick, watches)
+        finally:
+            stack.stop()
 
 
 if __name__ == "__main__":
