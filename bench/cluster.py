@@ -3,7 +3,7 @@
 
     python bench/cluster.py              # every section, ~4 minutes
     python bench/cluster.py --quick      # smaller counts, noisier figures (~1 minute)
-    python bench/cluster.py --only idle  # one section: hop, notice, failover, idle
+    python bench/cluster.py --only idle  # one section: hop, notice, failover, idle, agents, watches
 
 Real processes on 127.0.0.1: redis-server, kasd replicas, agentd, kubesim (kasctl's Stack).
 
@@ -19,6 +19,13 @@ idle      one kasd process holding N idle agent sessions, opened from a separate
           lightweight sessions (the real mux and HTTP/2 carrier, no kubectl): kasd's RSS per
           session and its CPU per idle session per minute (keepalives) (target: 10,000 agents at
           ≤ 32 KiB each and < 1 % of a core)
+agents    req/s of a small GET at concurrency 64 through the tunnel with 1, 100 and 1,000 agents
+          connected (``--agents``): n - 1 more agents in kasd's directory, each with its own token,
+          held connected from a separate process with the real carrier and mux (kasd authenticates
+          and registers each); the demo's agentd serves the requests; against direct in the same run
+watches   1,000 concurrent watches (``--watches``) of a namespace's ConfigMaps straight at kubesim,
+          then through kasd and agentd: the latency from a write to each watcher reading its event
+          (p50/p99, tunnel ÷ direct) and kasd's and agentd's RSS per watch
 """
 
 from __future__ import annotations
