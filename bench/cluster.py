@@ -3,7 +3,7 @@
 
     python bench/cluster.py              # every section, ~4 minutes
     python bench/cluster.py --quick      # smaller counts, noisier figures (~1 minute)
-    python bench/cluster.py --only idle  # one section: hop, notice, failover, idle
+    python bench/cluster.py --only idle  # one section: hop, notice, failover, idle, agents, watches
 
 Real processes on 127.0.0.1: redis-server, kasd replicas, agentd, kubesim (kasctl's Stack).
 
@@ -19,11 +19,19 @@ idle      one kasd process holding N idle agent sessions, opened from a separate
           lightweight sessions (the real mux and HTTP/2 carrier, no kubectl): kasd's RSS per
           session and its CPU per idle session per minute (keepalives) (target: 10,000 agents at
           ≤ 32 KiB each and < 1 % of a core)
+agents    req/s of a small GET at concurrency 64 through the tunnel with 1, 100 and 1,000 agents
+          connected (``--agents``): n - 1 more agents in kasd's directory, each with its own token,
+          held connected from a separate process with the real carrier and mux (kasd authenticates
+          and registers each); the demo's agentd serves the requests; against direct in the same run
+watches   1,000 concurrent watches (``--watches``) of a namespace's ConfigMaps straight at kubesim,
+          then through kasd and agentd: the latency from a write to each watcher reading its event
+          (p50/p99, tunnel ÷ direct) and kasd's and agentd's RSS per watch
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import json
 import os
@@ -35,6 +43,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -48,6 +57,7 @@ from wire_throughput import describe_machine
 from kasctl.stack import Stack
 
 SMALL = "/api/v1/namespaces/default/configmaps/bench-small"
+SECTIONS = ["hop", "notice", "failover", "idle", "agents", "watches"]
 
 
 def pct(values: list[float], p: float) -> float:
@@ -271,8 +281,9 @@ _DRIVER = r'''
 import sys, trio
 from wire.h2carrier import open_h2_session
 url, n, token_prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+first = int(sys.argv[4]) if len(sys.argv) > 4 else 1  # the first agent's id; token i is agent first + i's
 async def one(i, ready, stop):
-    async with open_h2_session(url, token=f"{token_prefix}{i}", metadata={"agent_id": i + 1, "pod_name": f"idle-{i}"}):
+    async with open_h2_session(url, token=f"{token_prefix}{i}", metadata={"agent_id": first + i, "pod_name": f"idle-{i}"}):
         ready()
         await stop.wait()
 async def main():
@@ -355,15 +366,259 @@ def bench_idle(quick: bool, sessions: int | None) -> None:
             kasd.kill()
 
 
+# --------------------------------------------------------------------------- agents
+
+#: the many-agents sections' extra agents' ids: from here up (the demo's are 1 and 2)
+FIRST_EXTRA_AGENT = 1001
+
+
+def _extra_agents(n: int) -> list[dict[str, object]]:
+    """kasd's directory entries of ``n`` more agents, each with a token of its own (``extra-token-i``), their
+    config projects the demo's offline one (no config.yaml of theirs there: no ci_access)."""
+    return [{"id": FIRST_EXTRA_AGENT + i, "name": f"extra{i}", "config_project": "group/offline",
+             "token_sha256": hashlib.sha256(f"extra-token-{i}".encode()).hexdigest()} for i in range(n)]
+
+
+class AgentSessions:
+    """``n`` agent sessions held open from a separate process (the real HTTP/2 carrier and mux, one per
+    agent id with its own token; kasd authenticates and registers each), until ``close()``."""
+
+    def __init__(self, agent_url: str, n: int) -> None:
+        self.n = n
+        self.process: subprocess.Popen[str] | None = None
+        if n == 0:
+            return
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _DRIVER, agent_url, str(n), "extra-token-", str(FIRST_EXTRA_AGENT)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent,
+        )  # fmt: skip
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line.startswith("UP"):
+            raise RuntimeError(f"agent sessions driver: {line!r}")
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def _raise_fd_limit(n: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, n)), hard))
+
+
+def scaling_stack(agents: int, watches: int) -> Stack:
+    """The stack of the agents and watches sections (one for both when both run): ``agents - 1``
+    more agents in kasd's directory and its listeners' limits raised for them and for ``watches``."""
+    _raise_fd_limit(4 * max(agents, watches) + 1024)
+    many = {"max_connections": agents + 100, "max_connections_per_source": agents + 100}
+    big = {"max_connections": watches + 100, "max_connections_per_source": watches + 100,
+           "max_requests_per_principal": watches + 100}  # fmt: skip
+    stack = Stack(Path(tempfile.mkdtemp(prefix="bench-scaling-")), extra_agents=_extra_agents(agents - 1),
+                  listener_settings={"agent": many, "kubernetes_api": big})
+    stack.start()
+    try:
+        _seed(stack)
+    except BaseException:
+        stack.stop()
+        raise
+    return stack
+
+
+def bench_agents(stack: Stack, quick: bool, counts: list[int], requests: int | None) -> None:
+    """req/s at concurrency 64 through the tunnel while 1, 100, 1,000 agents are connected to kasd
+    (the demo's agentd serves the requests; the others hold idle sessions), against direct."""
+    requests = requests or (600 if quick else 4000)
+    ctx = _ctx(stack)
+    host, port = stack.addresses["kubernetes_api"].rsplit(":", 1)
+    headers = [("authorization", f"Bearer {stack.ci_token}"), ("accept", "application/json")]
+    cluster = yaml.safe_load((stack.dir / "cluster.kubeconfig").read_text())["clusters"][0]["cluster"]
+    sim_host, sim_port = cluster["server"].removeprefix("https://").rsplit(":", 1)
+    sim_ctx = ssl.create_default_context()
+    sim_ctx.load_verify_locations(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
+    sim_ctx.check_hostname = False
+    sim_headers = [("authorization", f"Bearer {stack.cluster_token}"), ("accept", "application/json")]
+
+    def load(h: str, p: int, hs: list[tuple[str, str]], c: ssl.SSLContext) -> float:
+        return trio.run(lambda: run_load(h, p, SMALL, concurrency=64, requests=requests, headers=hs, ssl_context=c)).rps
+
+    print(f"agents: small GET at concurrency 64 through the tunnel, {requests} requests, with n agents connected:")
+    direct = load(sim_host, int(sim_port), sim_headers, sim_ctx)
+    print(f"  direct (no tunnel)   {direct:8.0f} req/s", flush=True)
+    figures: dict[int, float] = {}
+    for n in sorted(counts):
+        sessions = AgentSessions(f"http://{stack.addresses['agent']}/tunnel", n - 1)
+        try:
+            connected = _metric(stack, 0, "kasd_agent_sessions")
+            figures[n] = load(host, int(port), headers, ctx)
+            print(f"  {n:>5} agents ({connected:.0f} sessions) {figures[n]:8.0f} req/s   {figures[n] / direct:.2f} × direct",
+                  flush=True)  # fmt: skip
+        finally:
+            sessions.close()
+    one = figures[min(figures)]
+    print("  ratio to the fewest agents: " + "  ".join(f"{n}: {rps / one:.2f}" for n, rps in figures.items()))
+
+
+# --------------------------------------------------------------------------- watches
+
+
+class Watchers:
+    """``n`` watches of one namespace's ConfigMaps, one HTTP/1.1 keep-alive connection each, in one trio
+    task group; each event's latency is the time from the write (its ``data.t``, this process's
+    ``perf_counter``) to the watcher reading it."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.up = 0
+        self.all_up = trio.Event()
+        self.latencies: list[float] = []
+        self.seen: dict[str, int] = {}
+        self.all_seen: dict[str, trio.Event] = {}
+
+    async def watch(self, host: str, port: int, ctx: ssl.SSLContext, headers: list[tuple[str, str]], path: str) -> None:
+        import h11
+
+        stream = await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ctx, https_compatible=True)
+        conn = h11.Connection(h11.CLIENT)
+        await stream.send_all(conn.send(h11.Request(method="GET", target=path, headers=[("host", host), *headers]))
+                              + conn.send(h11.EndOfMessage()))  # fmt: skip
+        buffered = b""
+        async with stream:
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        raise ConnectionError("the watch ended")
+                    conn.receive_data(bytes(data))
+                elif isinstance(event, h11.Response):
+                    if event.status_code != 200:
+                        raise RuntimeError(f"watch answered {event.status_code}")
+                    self.up += 1
+                    if self.up == self.n:
+                        self.all_up.set()
+                elif isinstance(event, h11.Data):
+                    now = time.perf_counter()
+                    buffered += bytes(event.data)
+                    *lines, buffered = buffered.split(b"\n")
+                    for line in lines:
+                        if line.strip():
+                            self._saw(json.loads(line), now)
+                elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+                    raise ConnectionError("the watch ended")
+
+    def _saw(self, event: dict[str, object], now: float) -> None:
+        obj = event.get("object")
+        if event.get("type") != "ADDED" or not isinstance(obj, dict) or "t" not in obj.get("data", {}):
+            return  # not one of ours (kube-root-ca.crt, which every namespace gets)
+        name, sent = obj["metadata"]["name"], float(obj["data"]["t"])
+        self.latencies.append(now - sent)
+        self.seen[name] = self.seen.get(name, 0) + 1
+        if self.seen[name] == self.n:
+            self.all_seen[name].set()
+
+
+async def _watch_round(n: int, events: int, target: tuple[str, int, ssl.SSLContext, list[tuple[str, str]]],
+                       namespace: str, post: Callable[[str, dict[str, object]], None],
+                       measure: Callable[[], None] | None = None) -> Watchers:  # fmt: skip
+    """Open ``n`` watches on ``target``, then write ``events`` ConfigMaps one after another (each once
+    every watcher saw the previous), and return what the watchers saw."""
+    watchers = Watchers(n)
+    host, port, ctx, headers = target
+    path = f"/api/v1/namespaces/{namespace}/configmaps?watch=true"
+    async with trio.open_nursery() as nursery:
+        limit = trio.CapacityLimiter(32)  # handshakes in flight at once
+
+        async def open_one() -> None:
+            async with limit:
+                nursery.start_soon(watchers.watch, host, port, ctx, headers, path)
+                await trio.lowlevel.checkpoint()
+
+        for _ in range(n):
+            await open_one()
+        with trio.fail_after(120):
+            await watchers.all_up.wait()
+        await trio.sleep(1.0)  # the last watches settle in the daemons before their memory is read
+        if measure is not None:
+            measure()
+        for k in range(events):
+            name = f"ev-{k}"
+            watchers.all_seen[name] = trio.Event()
+            body: dict[str, object] = {"metadata": {"name": name}, "data": {"t": repr(time.perf_counter())}}
+            await trio.to_thread.run_sync(post, f"/api/v1/namespaces/{namespace}/configmaps", body)
+            with trio.fail_after(60):
+                await watchers.all_seen[name].wait()
+        nursery.cancel_scope.cancel()
+    return watchers
+
+
+def bench_watches(stack: Stack, quick: bool, n: int) -> None:
+    """``n`` concurrent watches through one kasd (and agentd) vs straight at kubesim: kasd's and
+    agentd's memory per watch, and the latency from a write to each watcher seeing its event."""
+    events = 5 if quick else 20
+    cluster = yaml.safe_load((stack.dir / "cluster.kubeconfig").read_text())["clusters"][0]["cluster"]
+    sim_ctx = ssl.create_default_context()
+    sim_ctx.load_verify_locations(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
+    sim_ctx.check_hostname = False
+
+    def post(path: str, body: dict[str, object]) -> None:
+        request = urllib.request.Request(
+            cluster["server"] + path, method="POST", data=json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {stack.cluster_token}", "Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request, context=sim_ctx, timeout=30) as response:
+            response.read()
+
+    for ns in ("watch-direct", "watch-tunnel"):
+        post("/api/v1/namespaces", {"metadata": {"name": ns}})
+    sim_host, sim_port = cluster["server"].removeprefix("https://").rsplit(":", 1)
+    host, port = stack.addresses["kubernetes_api"].rsplit(":", 1)
+    direct = (sim_host, int(sim_port), sim_ctx, [("authorization", f"Bearer {stack.cluster_token}")])
+    tunnel = (host, int(port), _ctx(stack), [("authorization", f"Bearer {stack.ci_token}")])
+    pids = {name: p.proc.pid for name, p in (("kasd", stack.kasd), ("agentd", stack.agentd), ("kubesim", stack.kubesim))
+            if p is not None and p.proc is not None}  # fmt: skip
+    before = {name: _rss_kib(pid) for name, pid in pids.items()}
+    after: dict[str, int] = {}
+
+    def measure() -> None:
+        after.update({name: _rss_kib(pid) for name, pid in pids.items()})
+
+    print(f"watches: {n} concurrent watches of a namespace's ConfigMaps, {events} writes, each seen by every watch:")
+    seen_direct = trio.run(_watch_round, n, events, direct, "watch-direct", post)
+    seen_tunnel = trio.run(_watch_round, n, events, tunnel, "watch-tunnel", post, measure)
+    for name, w in (("direct", seen_direct), ("tunnel", seen_tunnel)):
+        print(f"  {name:<7} write → watcher: p50 {ms(pct(w.latencies, 50))}  p99 {ms(pct(w.latencies, 99))}"
+              f"  ({len(w.latencies)} events seen)")  # fmt: skip
+    added = pct(seen_tunnel.latencies, 50) - pct(seen_direct.latencies, 50)
+    print(f"  the tunnel adds {added * 1e3:+.2f} ms p50 (both include the write's own HTTPS request)")
+    print(f"  tunnel ÷ direct: p50 {pct(seen_tunnel.latencies, 50) / pct(seen_direct.latencies, 50):.2f}×"
+          f"  p99 {pct(seen_tunnel.latencies, 99) / pct(seen_direct.latencies, 99):.2f}×")  # fmt: skip
+    for name in ("kasd", "agentd"):
+        print(f"  {name} RSS {before[name] / 1024:.0f} MiB → {after[name] / 1024:.0f} MiB with the tunnel's watches open:"
+              f" {(after[name] - before[name]) / n:.1f} KiB per watch")  # fmt: skip
+    print(f"  (kubesim, serving both rounds: {before['kubesim'] / 1024:.0f} → {after['kubesim'] / 1024:.0f} MiB)", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller counts (noisier figures)")
-    parser.add_argument("--only", choices=["hop", "notice", "failover", "idle"], action="append",
+    parser.add_argument("--only", choices=SECTIONS, action="append",
                         help="run only this section (repeatable)")
     parser.add_argument("--sessions", type=int, default=None, help="idle: how many agent sessions (default 10,000)")
+    parser.add_argument("--agents", default=None,
+                        help="agents: how many agents connected, comma-separated (default 1,100,1000; --quick 1,10)")
+    parser.add_argument("--requests", type=int, default=None, help="agents: requests per figure (default 4,000; --quick 600)")
+    parser.add_argument("--watches", type=int, default=None, help="watches: how many concurrent watches (default 1,000)")
     args = parser.parse_args()
+    try:
+        counts = [int(n) for n in (args.agents or ("1,10" if args.quick else "1,100,1000")).split(",")]
+    except ValueError:
+        parser.error(f"--agents must be comma-separated counts, got {args.agents!r}")
+    if any(n < 1 for n in counts) or any(v is not None and v < 1 for v in (args.watches, args.requests)):
+        parser.error("--agents counts, --requests and --watches must be at least 1")
     print(f"machine: {describe_machine()}", flush=True)
-    sections = args.only or ["hop", "notice", "failover", "idle"]
+    sections = args.only or SECTIONS
     if "hop" in sections:
         bench_hop(args.quick)
     if "notice" in sections:
@@ -372,6 +627,16 @@ def main() -> None:
         bench_failover(args.quick)
     if "idle" in sections:
         bench_idle(args.quick, args.sessions)
+    if "agents" in sections or "watches" in sections:
+        watches = args.watches or (50 if args.quick else 1000)
+        stack = scaling_stack(max(counts) if "agents" in sections else 1, watches if "watches" in sections else 1)
+        try:
+            if "agents" in sections:
+                bench_agents(stack, args.quick, counts, args.requests)
+            if "watches" in sections:
+                bench_watches(stack, args.quick, watches)
+        finally:
+            stack.stop()
 
 
 if __name__ == "__main__":

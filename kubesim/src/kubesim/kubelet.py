@@ -325,9 +325,30 @@ def _sync_processes(ctl: Cluster, pod: dict[str, Any],
     ctl.set_status("pods", pod, status)
 
 
+#: the most writable layer a container's ephemeral-storage limit buys (kubesim holds it in memory)
+MAX_LAYER = 4 * 1024**3
+_QUANTITY = re.compile(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?")
+_SUFFIX = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}  # fmt: skip
+
+
+def layer_capacity(container: dict[str, Any]) -> int:
+    """Bytes of file data the container's writable layer holds: its ``resources.limits``
+    ``ephemeral-storage`` when it names one (at most ``MAX_LAYER``), else the FileSystem default.
+
+    A departure: a real kubelet lets the layer fill the node's disk and evicts the pod past its
+    limit; kubesim refuses the write past it with ENOSPC (a full disk), and without a limit keeps its
+    own small default, as it holds every byte in memory. A quantity it cannot read is ignored."""
+    limits = ((container.get("resources") or {}).get("limits") or {})
+    match = _QUANTITY.fullmatch(str(limits.get("ephemeral-storage", "")).strip())
+    if match is None:
+        return FileSystem().capacity
+    return min(MAX_LAYER, int(float(match.group(1)) * _SUFFIX[match.group(2)]))
+
+
 def _new_filesystem(ctl: Cluster, pod: dict[str, Any], container: dict[str, Any], pod_ip: str) -> FileSystem:
     meta = pod["metadata"]
-    filesystem = container_tree(FileSystem(), image=str(container.get("image") or ""),
+    filesystem = container_tree(FileSystem(capacity=layer_capacity(container)), image=str(container.get("image") or ""),
                                 hostname=(pod.get("spec") or {}).get("hostname") or meta["name"],
                                 namespace=meta["namespace"], pod_ip=pod_ip, commands=tuple(command_names()))
     _mount_volumes(ctl, pod, container, filesystem)
