@@ -183,11 +183,12 @@ else
     # The same tests against the hot path compiled with mypyc (setup.py's COMPILED), in a copy of
     # the tree with the extensions beside their sources (built once per source hash, cached under
     # build/mypyc/); KASD_EXPECT_COMPILED=1 makes tests/conftest.py refuse to run them as Python.
+    # tests/netio and tests/h2trio are not in it: those packages import none of the compiled modules.
     echo "== pytest, compiled: the wire and proxy tests with the hot path built by mypyc"
     if tree=$(python scripts/compiled.py); then
         pytest_step "pytest (compiled)" -C "$tree" KASD_EXPECT_COMPILED=1 PYTHONPATH="$tree" -- "${PARALLEL[@]}" "$@" \
-            tests/wire tests/netio tests/h2trio tests/http11 tests/tunnelhttp tests/kasd/test_proxy.py \
-            tests/kasd/test_http2_tls.py tests/agentd
+            tests/wire tests/http11 tests/tunnelhttp tests/kasd/test_proxy.py tests/kasd/test_http2_tls.py \
+            tests/agentd
     else
         record "pytest (compiled)" 1 "mypyc could not build the hot path"
     fi
