@@ -5,7 +5,7 @@
 
 The modules are the ones ``setup.py`` lists in ``COMPILED`` (the one list). They are built with
 ``python -m mypyc`` in a scratch copy of their packages, and the extension files are cached under
-``build/mypyc/<hash>/``: the hash covers the sources of the packages they are in, setup.py, mypy's
+``build/mypyc/<hash>/`` (the newest only): the hash covers the sources of the packages they are in, setup.py, mypy's
 version and the Python's, so an unchanged hot path is not built again (a build takes ~40 s of CPU on
 one core; docs/dependencies.md). TREE is then the working tree as it is now (uncommitted edits too,
 without .git, .venv and build/) with the extensions beside their sources; run Python with TREE as the
@@ -84,8 +84,8 @@ def build(modules: list[str]) -> Path:
         if done.returncode != 0:
             sys.stderr.write(done.stdout + done.stderr)
             raise SystemExit(f"scripts/compiled.py: mypyc failed (exit status {done.returncode})")
-        if cache.exists():
-            shutil.rmtree(cache)
+        if cache.parent.exists():  # older sources' builds: only the newest is kept
+            shutil.rmtree(cache.parent)
         cache.mkdir(parents=True)
         suffix = sysconfig.get_config_var("EXT_SUFFIX")
         for built in work.rglob(f"*{suffix}"):
