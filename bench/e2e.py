@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import ssl
 import subprocess
 import sys
@@ -86,6 +87,15 @@ def _seed(url: str, ctx: ssl.SSLContext, token: str, bulk_mib: int) -> None:
     post("/api/v1/namespaces", {"metadata": {"name": BULK_NS}})
     for i in range(bulk_mib):
         post(f"/api/v1/namespaces/{BULK_NS}/configmaps", {"metadata": {"name": f"blob-{i}"}, "data": {"blob": "x" * (1 << 20)}})
+
+
+def _cpu_seconds(process: object) -> float:
+    """utime + stime of a ``kasctl.stack`` process so far, from ``/proc/<pid>/stat``."""
+    proc = getattr(process, "proc", None)
+    if proc is None:
+        return 0.0
+    fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _row(name: str, result: LoadResult) -> str:
@@ -167,8 +177,14 @@ def main() -> None:
         for concurrency, count in ((1, n1), (64, n64)):
             print(f"small GET ({SMALL}), concurrency {concurrency}, {count} requests:", flush=True)
             for t in targets + ([relay] if concurrency == 1 else []):
+                daemons = [p for p in (*stack.kasds, *stack.agentds, stack.kubesim) if p is not None]
+                before = [_cpu_seconds(p) for p in daemons]
                 results[(t.name, f"c{concurrency}")] = r = t.load(SMALL, concurrency, count)
                 print(_row(t.name, r), flush=True)
+                if t.name == "tunnel":
+                    cpu = [(_cpu_seconds(p) - b) / count * 1e3 for p, b in zip(daemons, before, strict=True)]
+                    print("    CPU per request (/proc): " + ", ".join(
+                        f"{p.name} {ms:.3f} ms" for p, ms in zip(daemons, cpu, strict=True)), flush=True)
         print(f"bulk GET of a {args.bulk_mib} MiB list, {bulk_rounds} rounds, 1 connection:", flush=True)
         for t in targets:
             started = time.perf_counter()

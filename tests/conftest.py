@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +18,20 @@ E2E_FIXTURES = frozenset({
     "stack", "own_stack",  # kasctl.stack: kubesim, kasd and agentd as processes
     "kubectl_bin", "k",  # a real kubectl (each version found), the slowest thing a test can run
 })
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under ``KASD_EXPECT_COMPILED=1`` (scripts/test.sh's compiled pass) every module setup.py
+    compiles must run as a mypyc extension, so the pass cannot quietly test the Python instead."""
+    if os.environ.get("KASD_EXPECT_COMPILED") != "1":
+        return
+    spec = importlib.util.spec_from_file_location("_compiled", TESTS.parent / "scripts" / "compiled.py")
+    assert spec is not None and spec.loader is not None
+    helper = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helper)
+    interpreted = [name for name in helper.module_names(TESTS.parent) if not helper.runs_compiled(name)]
+    if interpreted:
+        raise pytest.UsageError(f"KASD_EXPECT_COMPILED=1 but these run as Python: {', '.join(interpreted)}")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
