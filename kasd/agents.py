@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from daemonkit.logs import BurstLimitedLog
 from kasd.config import AgentEntry
 from kasd.tokens import digest_matches, hash_token
-from routing.directory import TunnelDirectory
 from routing.local import AgentTunnel, TunnelRegistry
 from routing.placement import PlacementHook
 from tunnelhttp.dispatch import refuse_unknown_kind
 from tunnelhttp.head import TunnelCode
 from wire.session import MuxStream, Session
+
+if TYPE_CHECKING:  # (routing.directory pulls in coredis: only a kasd with routing.redis.url loads it)
+    from routing.directory import TunnelDirectory
 
 log = logging.getLogger("kasd.agents")
 

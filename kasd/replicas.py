@@ -12,14 +12,17 @@ from __future__ import annotations
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import TYPE_CHECKING
 
 import attrs
 
 from kasd.config import Config, ConfigError
 from netio.tlsreload import CHECK_INTERVAL, ReloadingContext, TLSFiles, TLSLoadError, build_context
-from routing.directory import TunnelDirectory
-from routing.membership import Member, Membership
 from routing.peers import PEER_PATH
+
+if TYPE_CHECKING:  # (both pull in coredis: a lone kasd never loads them, see the module's docstring)
+    from routing.directory import TunnelDirectory
+    from routing.membership import Member, Membership
 
 #: the bearer token a replica sends when mutual TLS (not a secret) authenticates it
 MTLS_TOKEN = "mutual-tls"
@@ -38,7 +41,7 @@ class Replication:
 #: builds this replica's membership and directory once its listeners are bound (its identity, the
 #: ``Member`` it is to the others, known): the pair itself, or an async context manager holding them
 #: (and their Redis connection) open
-ReplicationFactory = Callable[[Member], "Replication | AbstractAsyncContextManager[Replication]"]
+ReplicationFactory = Callable[["Member"], "Replication | AbstractAsyncContextManager[Replication]"]
 
 
 def redis_replication(config: Config) -> ReplicationFactory:
@@ -67,6 +70,8 @@ def redis_replication(config: Config) -> ReplicationFactory:
 def identity(config: Config, addresses: Mapping[str, str], agent_url: str) -> Member:
     """This replica as the others see it: its name and URLs as configured, else from the bound
     listeners."""
+    from routing.membership import Member
+
     routing = config.routing
     private_scheme = "https" if config.private.tls is not None else "http"
     return Member(

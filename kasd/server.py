@@ -74,7 +74,6 @@ from kasd.web.wiring import api_app
 from netio.admission import Admission
 from netio.tlsreload import reload_all
 from routing.local import BreakerPolicy, LocalRouter, TunnelRegistry
-from routing.membership import Member
 from routing.peers import PEER_LIMITS, PEER_PATH, PeerForwarder, PeerPool, peer_authenticator
 from routing.placement import PlacementHook, PlacementNotices
 from routing.router import ReplicatedRouter
@@ -82,8 +81,9 @@ from tunnelhttp.kinds import KIND_CLUSTER_INFO
 from wire.h2carrier import serve_h2_tunnels, server_ssl_context
 from wire.session import MuxStream
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (routing.membership pulls in coredis: only a kasd with routing.redis.url loads it)
     from kasd.gitrefresh import RefreshFanout
+    from routing.membership import Member
 
 log = logging.getLogger("kasd")
 

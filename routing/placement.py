@@ -14,11 +14,13 @@ May import: ``routing.membership``, ``routing.ring``, ``wire``, the standard lib
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from routing.membership import Member, Membership
 from wire.notices import PLACEMENT
 from wire.session import Session, SessionClosedError
+
+if TYPE_CHECKING:  # (routing.membership pulls in coredis: only a kasd with routing.redis.url loads it)
+    from routing.membership import Member, Membership
 
 
 def placement_notice(agent_id: int, members: Mapping[str, Member], ring: Any, *, sender: str,

@@ -28,17 +28,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import trio
 
 from daemonkit.logs import BurstLimitedLog
-from routing.directory import TunnelDirectory
 from routing.errors import PeerUnreachable, RouteError
 from routing.local import LocalRouter, RemoteLook
-from routing.membership import Membership
 from routing.peers import PeerDialError, PeerPool, forward_metadata
 from wire.frames import Metadata
 from wire.session import MuxStream, Session, SessionClosedError, StreamRefusedError
+
+if TYPE_CHECKING:  # (both pull in coredis: only a kasd with routing.redis.url loads them)
+    from routing.directory import TunnelDirectory
+    from routing.membership import Membership
 
 log = logging.getLogger("routing.router")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 from starlette.routing import BaseRoute
@@ -19,8 +19,10 @@ from kasd.restapi import RestApi
 from kasd.web.app import WebApp, WebSettings, mount
 from kasd.web.seams import EnvironmentStore, Views
 from kasd.web.session import session_key
-from routing.directory import TunnelDirectory
 from routing.local import TunnelRegistry
+
+if TYPE_CHECKING:  # (routing.directory pulls in coredis: only a kasd with routing.redis.url loads it)
+    from routing.directory import TunnelDirectory
 
 
 class RegistryAgents:

@@ -228,7 +228,7 @@ _frames = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(frames=st.lists(_frames, max_size=12), data=st.data())
 def test_every_frame_type_round_trips_under_any_chunking(
     frames: list[spdy.Frame], data: st.DataObject
@@ -245,7 +245,7 @@ def test_every_frame_type_round_trips_under_any_chunking(
     assert decoded == frames
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(blocks=st.lists(_headers, min_size=1, max_size=8))
 def test_header_blocks_round_trip_through_one_shared_zlib_context(
     blocks: list[spdy.Headers],

@@ -121,7 +121,7 @@ def test_the_strategy_covers_every_kind() -> None:
 
 
 @given(batch=st.lists(frames, max_size=12), data=st.data())
-@settings(max_examples=300)
+@settings(max_examples=120)
 def test_round_trip_under_any_chunking(batch: list[Frame], data: st.DataObject) -> None:
     stream = b"".join(encode(f) for f in batch)
     cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=40), label="cuts")
@@ -208,7 +208,7 @@ def mutated_streams(draw: st.DrawFn) -> bytes:
 
 
 @given(stream=mutated_streams(), data=st.data(), tight=st.booleans())
-@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, suppress_health_check=[HealthCheck.too_slow])
 def test_mutated_frames_raise_only_remote_protocol_error(
     stream: bytes, data: st.DataObject, tight: bool
 ) -> None:

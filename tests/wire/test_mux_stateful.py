@@ -331,7 +331,7 @@ class TwoPeers(RuleBasedStateMachine):
 
 
 TwoPeers.TestCase.settings = settings(
-    max_examples=400,
+    max_examples=200,
     stateful_step_count=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

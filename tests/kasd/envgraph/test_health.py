@@ -216,7 +216,7 @@ _kinds = st.sampled_from([
     ("kustomize.toolkit.fluxcd.io/v1", "Kustomization"), ("example.com/v1", "Widget")])
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(kind=_kinds, body=st.dictionaries(st.sampled_from(["metadata", "spec", "status"]), _json))
 def test_health_of_any_object_is_a_verdict(kind: tuple[str, str], body: dict[str, Any]) -> None:
     health = health_of({"apiVersion": kind[0], "kind": kind[1], **body})
