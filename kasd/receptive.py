@@ -24,7 +24,7 @@ import random
 import ssl
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 from joserfc.jwk import OKPKey
@@ -42,7 +42,6 @@ from netio.tlsreload import (
     file_identity,
     reload_all,
 )
-from routing.membership import Membership
 from wire.carrier import DEFAULT_PATH, Authenticate, TunnelRejectedError
 from wire.h2carrier import SessionHandler, serve_h2_connection
 from wire.receptive import (
@@ -53,6 +52,9 @@ from wire.receptive import (
     parse_reply,
 )
 from wire.session import Session
+
+if TYPE_CHECKING:  # (it pulls in coredis: a lone kasd never loads it)
+    from routing.membership import Membership
 
 log = logging.getLogger("kasd.receptive")
 
