@@ -36,14 +36,19 @@ COMPILED = [
 ]
 
 
+#: the setup.py commands that build extensions (a wheel, or by hand)
+_BUILDS = {"bdist_wheel", "build", "build_ext"}
+
+
 def _why_not_compiled() -> str | None:
     """None when mypyc can build here, else the reason the wheel is pure Python."""
     if os.environ.get("KASD_NO_COMPILE"):
         return "KASD_NO_COMPILE is set"
-    if "editable_wheel" in sys.argv:
-        # An editable install builds extensions into the source tree, where they would shadow the
-        # sources for every later run; scripts/compiled.py builds a compiled copy for tests instead.
-        return "an editable install runs the sources"
+    if "editable_wheel" in sys.argv or not _BUILDS.intersection(sys.argv):
+        # An editable install (and pip's questions before any build: egg_info, dist_info) runs the
+        # sources: extensions built into the source tree would shadow them for every later run;
+        # scripts/compiled.py builds a compiled copy for the tests instead.
+        return "an editable install, or no build, runs the sources"
     try:
         import mypyc.build  # noqa: F401
     except ImportError:
