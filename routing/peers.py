@@ -35,7 +35,7 @@ from routing.retry import repeatable
 from tunnelhttp.drain import Drain, answer_boundary
 from tunnelhttp.head import RequestHead, ResponseHead, TunnelCode
 from tunnelhttp.requestid import received_request_id
-from tunnelhttp.watchbounds import EventBoundary
+from tunnelhttp.watchbounds import EventBoundary, is_endless
 from wire.carrier import TunnelRejectedError
 from wire.errors import ErrorCode, RemoteProtocolError, UnsendableFrameError
 from wire.frames import Metadata
@@ -547,6 +547,11 @@ def _method(metadata: Mapping[str, Any]) -> str:
 
 
 def _boundary(request: Metadata, accepted: Metadata) -> EventBoundary | None:
+    """Where a drain may cut the answer (``answer_boundary``); the heads are read only for a request
+    that asks for an endless answer (a watch, logs -f), not again for every request."""
+    target = request.get("target")
+    if not isinstance(target, str) or not is_endless(target):
+        return None
     try:
         return answer_boundary(RequestHead.from_metadata(request), ResponseHead.from_metadata(accepted))
     except RemoteProtocolError:
