@@ -209,6 +209,37 @@ async def test_the_clients_disconnect_resets_the_agents_stream(tmp_path: Path) -
     assert getattr(broken[0], "code", None) == TunnelCode.CLIENT_GONE, broken
 
 
+async def test_a_forwarded_watch_ends_at_an_event_boundary_when_the_holder_drains(tmp_path: Path) -> None:
+    """The splice keeps the drain's cut: a watch whose holder begins to drain mid-event gets the
+    rest of that event, then a clean end (no reset), and the agent's stream is closed."""
+    world = MemoryWorld()
+    half_sent, go = trio.Event(), trio.Event()
+    closed: list[BaseException] = []
+    ended = trio.Event()
+
+    async def watch(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        await accept(stream, ResponseHead(status=200, headers=(("content-type", "application/json"),)))
+        await stream.send_all(b'{"type":"ADDED"')
+        half_sent.set()
+        await go.wait()
+        await stream.send_all(b"}\n")
+        closed.append(await stream.wait_broken())
+        ended.set()
+
+    with trio.fail_after(10):
+        async with running_replicas(world, [replica_config(tmp_path)] * 2) as (a, b), fake_agent(a, watch):
+            client = await H1Client.connect(b.port("kubernetes_api"))
+            await client.request("GET", "/api/v1/pods?watch=true", [bearer(CI_TOKEN)], None)
+            assert (await client.response()).status_code == 200
+            await half_sent.wait()
+            assert a.forwarder is not None
+            a.forwarder.drain.begin()
+            go.set()
+            assert await client.body() == b'{"type":"ADDED"}\n'  # the whole event, then the end
+            await ended.wait()
+    assert closed
+
+
 async def test_an_upgraded_stream_is_one_pipe_across_the_hop(tmp_path: Path) -> None:
     """exec/attach/port-forward: a 101, then bytes both ways (and the client's half-close)."""
     world = MemoryWorld()
