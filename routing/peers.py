@@ -427,10 +427,10 @@ class PeerForwarder:
         """The two streams as one, until both directions ended or one side broke (``fate``: what
         became of the request, and the agent's status).
 
-        A splice, in the task that opened the agent stream: what of the client's request is here
-        already (all of a bodiless one: its end) goes with the agent stream's OPEN, in one write;
-        the agent's head and what of its answer is here go back in one write; a task of its own
-        carries the client's bytes only while more may come (a body, an upgraded stream). A reset
+        A splice, in the task that opened the agent stream: a bodiless request's end goes with the
+        agent stream's OPEN, in one write; the agent's head and what of its answer is here go back
+        in one write; a task of its own carries the client's bytes only while more may come (a
+        body, an upgraded stream: never waited on by the answer, whatever the agent reads). A reset
         on either side resets the other with the same code: each stream cancels the splice when it
         breaks, no task waits for it. The client's bytes go to the agent from the start, before its
         answer: an agent that reads the whole body before it answers (an apply, an upload) must
@@ -438,14 +438,18 @@ class PeerForwarder:
         with trio.CancelScope() as client_gone:
             peer.cancel_when_broken(client_gone)  # the client's disconnect reaches the agent
             try:
-                sent_all = await _pass_early(peer, agent)
-            except _MUX_ERRORS:
-                sent_all = True  # the agent's stream broke: waiting for its answer says how
-            if sent_all:
+                first = peer.receive_nowait(_CHUNK)
+            except (trio.WouldBlock, *_MUX_ERRORS):  # (a broken stream: its scope is cancelled)
+                first = None
+            if first == b"":  # a bodiless request: its end goes with the OPEN, in the same write
+                try:
+                    await agent.send_eof()
+                except _MUX_ERRORS:
+                    pass  # the agent's stream broke: waiting for its answer says how
                 await self._splice(peer, agent, metadata, fate, None)
-            else:
+            else:  # a body or an upgraded stream: its bytes in a task of their own, never waited on here
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(_pass_up, peer, agent)
+                    nursery.start_soon(_pass_up, peer, agent, first)
                     await self._splice(peer, agent, metadata, fate, nursery)
         if client_gone.cancel_called:
             code, message = _reset_of(await peer.wait_broken())
@@ -507,23 +511,12 @@ class PeerForwarder:
             await peer.send_all(data)
 
 
-async def _pass_early(peer: MuxStream, agent: MuxStream) -> bool:
-    """What the client sent already, to the agent at once (with the OPEN, in the same write); True
-    if that was all of it (its end passed on too)."""
-    while True:
-        try:
-            data = peer.receive_nowait(_CHUNK)
-        except trio.WouldBlock:
-            return False
-        if not data:
-            await agent.send_eof()
-            return True
-        await agent.send_all(data)
-
-
-async def _pass_up(peer: MuxStream, agent: MuxStream) -> None:
-    """The client's bytes (a body, an upgraded stream) to the agent, and its end."""
+async def _pass_up(peer: MuxStream, agent: MuxStream, first: bytes | None) -> None:
+    """The client's bytes (a body, an upgraded stream; ``first``, taken already) to the agent, and
+    its end."""
     try:
+        if first:
+            await agent.send_all(first)
         while data := await peer.receive_some(_CHUNK):
             await agent.send_all(data)
         await agent.send_eof()
