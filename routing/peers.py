@@ -35,7 +35,7 @@ from routing.retry import repeatable
 from tunnelhttp.drain import Drain, answer_boundary
 from tunnelhttp.head import RequestHead, ResponseHead, TunnelCode
 from tunnelhttp.requestid import received_request_id
-from tunnelhttp.watchbounds import EventBoundary
+from tunnelhttp.watchbounds import EventBoundary, is_endless
 from wire.carrier import TunnelRejectedError
 from wire.errors import ErrorCode, RemoteProtocolError, UnsendableFrameError
 from wire.frames import Metadata
@@ -415,79 +415,101 @@ class PeerForwarder:
         """The two streams as one, until both directions ended or one side broke (``fate``: what
         became of the request, and the agent's status).
 
-        The client's bytes go to the agent from the start, before its answer: an agent that reads
-        the whole body before it answers (an apply, an upload) must get it, and the EOF too."""
-        finished = 0
-
-        async with trio.open_nursery() as nursery:
-
-            def one_done() -> None:
-                nonlocal finished
-                finished += 1
-                if finished == 2:
-                    nursery.cancel_scope.cancel()
-
-            async def up() -> None:  # the client's bytes (a body, an upgraded stream) to the agent
+        A splice, in the task that opened the agent stream: a bodiless request's end goes with the
+        agent stream's OPEN, in one write; the agent's head and what of its answer is here go back
+        in one write; a task of its own carries the client's bytes only while more may come (a
+        body, an upgraded stream: never waited on by the answer, whatever the agent reads). A reset
+        on either side resets the other with the same code: each stream cancels the splice when it
+        breaks, no task waits for it. The client's bytes go to the agent from the start, before its
+        answer: an agent that reads the whole body before it answers (an apply, an upload) must
+        get it, and the EOF too."""
+        with trio.CancelScope() as client_gone:
+            peer.cancel_when_broken(client_gone)  # the client's disconnect reaches the agent
+            try:
+                first = peer.receive_nowait(_CHUNK)
+            except (trio.WouldBlock, *_MUX_ERRORS):  # (a broken stream: its scope is cancelled)
+                first = None
+            if first == b"":  # a bodiless request: its end goes with the OPEN, in the same write
                 try:
-                    while data := await peer.receive_some(_CHUNK):
-                        await agent.send_all(data)
                     await agent.send_eof()
                 except _MUX_ERRORS:
-                    return  # the watcher of the stream that broke passes the reset on
-                one_done()
+                    pass  # the agent's stream broke: waiting for its answer says how
+                await self._splice(peer, agent, metadata, fate, None)
+            else:  # a body or an upgraded stream: its bytes in a task of their own, never waited on here
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_pass_up, peer, agent, first)
+                    await self._splice(peer, agent, metadata, fate, nursery)
+        if client_gone.cancel_called:
+            code, message = _reset_of(await peer.wait_broken())
+            await agent.reset(code, message)
 
-            async def down(boundary: EventBoundary | None) -> None:  # the agent's answer to the client
-                receive = partial(agent.receive_some, _CHUNK)
-                try:
-                    while True:
-                        data = await self.drain.next_chunk(receive, boundary)
-                        if data is None:  # draining: a watch or logs -f ends between two events
-                            await peer.send_eof()
-                            nursery.cancel_scope.cancel()
-                            return
-                        if not data:
-                            await peer.send_eof()
-                            break
-                        await peer.send_all(data)
-                except _MUX_ERRORS:
-                    return
-                one_done()
-
-            async def pass_reset(broken: MuxStream, other: MuxStream) -> None:
-                code, message = _reset_of(await broken.wait_broken())
-                await other.reset(code, message)
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(up)
-            nursery.start_soon(pass_reset, peer, agent)  # the client's disconnect reaches the agent
-            try:
-                accepted = await agent.wait_accepted()
-            except StreamRefusedError as exc:
-                fate.outcome = "refused"
-                self.local.report(agent, exc)
-                await _quietly(peer.refuse(exc.code, exc.message))
-                nursery.cancel_scope.cancel()
-                return
-            except _MUX_ERRORS as exc:
-                fate.outcome = "agent-lost"
-                code, message = _reset_of(exc)
-                if repeatable(_method(metadata), exc):  # refused as not processed: the other side may retry
-                    await _quietly(peer.refuse(ErrorCode.REFUSED_STREAM, f"agent session ended: {message}"))
-                else:
-                    await _quietly(peer.reset(code, message))
-                nursery.cancel_scope.cancel()
-                return
+    async def _splice(self, peer: MuxStream, agent: MuxStream, metadata: Metadata, fate: _Forwarded,
+                      up: trio.Nursery | None) -> None:
+        """The agent's answer to the client; ``up`` (the client's bytes still coming) is stopped
+        when the exchange stops before both ends (refused, lost, broken, drained)."""
+        ended = False
+        try:
+            accepted = await agent.wait_accepted()
+        except StreamRefusedError as exc:
+            fate.outcome = "refused"
+            self.local.report(agent, exc)
+            await _quietly(peer.refuse(exc.code, exc.message))
+        except _MUX_ERRORS as exc:
+            fate.outcome = "agent-lost"
+            code, message = _reset_of(exc)
+            if repeatable(_method(metadata), exc):  # refused as not processed: the other side may retry
+                await _quietly(peer.refuse(ErrorCode.REFUSED_STREAM, f"agent session ended: {message}"))
+            else:
+                await _quietly(peer.reset(code, message))
+        else:
             self.local.report(agent, None)
             status = accepted.get("status")
             fate.outcome, fate.status = "ok", str(status) if isinstance(status, int) else "-"
-            try:
-                await peer.accept(accepted)
-            except _MUX_ERRORS:
-                fate.outcome = "client-gone"
-                nursery.cancel_scope.cancel()
-                return
-            nursery.start_soon(down, _boundary(metadata, accepted))
-            nursery.start_soon(pass_reset, agent, peer)
+            with trio.CancelScope() as agent_gone:
+                agent.cancel_when_broken(agent_gone)
+                try:
+                    ended = await self._answer(peer, agent, _boundary(metadata, accepted), accepted, fate)
+                except _MUX_ERRORS:
+                    pass  # a side broke: its scope says which
+            if agent_gone.cancel_called:
+                code, message = _reset_of(await agent.wait_broken())
+                await peer.reset(code, message)
+        if not ended and up is not None:
+            up.cancel_scope.cancel()
+
+    async def _answer(self, peer: MuxStream, agent: MuxStream, boundary: EventBoundary | None,
+                      accepted: Metadata, fate: _Forwarded) -> bool:
+        """The head and body of the agent's answer to the client: True once it ended, False when a
+        drain ended it between two events."""
+        try:
+            await peer.accept(accepted)
+        except _MUX_ERRORS:
+            fate.outcome = "client-gone"
+            raise
+        # No wait between the head and the chunks already here: they leave in one write.
+        receive = partial(agent.receive_some, _CHUNK)
+        while True:
+            data = await self.drain.next_chunk(receive, boundary)
+            if data is None:  # draining: a watch or logs -f ends between two events
+                await peer.send_eof()
+                return False
+            if not data:
+                await peer.send_eof()
+                return True
+            await peer.send_all(data)
+
+
+async def _pass_up(peer: MuxStream, agent: MuxStream, first: bytes | None) -> None:
+    """The client's bytes (a body, an upgraded stream; ``first``, taken already) to the agent, and
+    its end."""
+    try:
+        if first:
+            await agent.send_all(first)
+        while data := await peer.receive_some(_CHUNK):
+            await agent.send_all(data)
+        await agent.send_eof()
+    except _MUX_ERRORS:
+        return  # the stream that broke cancels the splice (and its reset is passed on)
 
 
 @attrs.define
@@ -506,6 +528,11 @@ def _method(metadata: Mapping[str, Any]) -> str:
 
 
 def _boundary(request: Metadata, accepted: Metadata) -> EventBoundary | None:
+    """Where a drain may cut the answer (``answer_boundary``); the heads are read only for a request
+    that asks for an endless answer (a watch, logs -f), not again for every request."""
+    target = request.get("target")
+    if not isinstance(target, str) or not is_endless(target):
+        return None
     try:
         return answer_boundary(RequestHead.from_metadata(request), ResponseHead.from_metadata(accepted))
     except RemoteProtocolError:

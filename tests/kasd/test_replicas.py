@@ -27,6 +27,7 @@ from tests.kasd.helpers import (
     bearer,
     fake_agent,
     http_request,
+    json_handler,
     reply,
 )
 from tests.kasd.replicas_helpers import PEER_SECRET, name_of, replica_config, running_replicas
@@ -71,6 +72,70 @@ async def test_a_request_on_the_other_replica_crosses_one_hop(tmp_path: Path, ca
             direct = await http_request(a.port("kubernetes_api"), "GET", "/api/v1/pods", [bearer(CI_TOKEN)])
             assert direct.status == 200
             assert _metric(a, 'kasd_forwarded_requests_total{direction="out"}') == 0
+
+
+class _Spawned(trio.abc.Instrument):
+    """The names of the tasks spawned while it is installed."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        self.names.append(task.name)
+
+
+async def test_the_hop_is_a_splice_one_task_on_the_holder_for_a_small_get(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The holder splices a forwarded request's stream to the agent's: a small GET is answered as
+    over no hop (status, body, one request id in both replicas' logs) and costs the holder one
+    task, the stream's own (it took five: a relay task each way and a reset watcher each way)."""
+    caplog.set_level("INFO")
+    world = MemoryWorld()
+    with trio.fail_after(10):
+        async with running_replicas(world, [replica_config(tmp_path)] * 2) as (a, b), fake_agent(a):
+            warm = await http_request(b.port("kubernetes_api"), "GET", "/api/v1/pods", [bearer(CI_TOKEN)])
+            assert warm.status == 200  # the peer session is up
+            spawned = _Spawned()
+            trio.lowlevel.add_instrument(spawned)
+            try:
+                reply_ = await http_request(b.port("kubernetes_api"), "GET", "/api/v1/pods?limit=1",
+                                            [bearer(CI_TOKEN), ("X-Request-Id", "splice-1")])
+            finally:
+                trio.lowlevel.remove_instrument(spawned)
+    assert reply_.status == 200 and reply_.json()["target"] == "/api/v1/pods?limit=1"
+    assert reply_.headers["x-request-id"] == "splice-1"
+    lines = {r.name: r.getMessage() for r in caplog.records if "request_id=splice-1" in r.getMessage()}
+    assert lines["kasd.access"].startswith("request request_id=splice-1 method=GET")
+    assert "status=200 outcome=ok" in lines["routing.peers"]
+    assert [name for name in spawned.names if name.startswith("routing.peers")] == \
+        ["routing.peers.PeerForwarder._serve"], spawned.names
+
+
+async def test_a_peer_that_sends_its_end_after_the_open_is_served_as_before(tmp_path: Path) -> None:
+    """The splice changes no frame on the hop: a peer session dialled as any kasd does (an older one
+    included) whose forwarded GET ends in a later write than its OPEN gets the answer, the end
+    passed on once it comes."""
+    world = MemoryWorld()
+    opened = trio.Event()
+
+    async def handler(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        opened.set()
+        await json_handler(stream, head, session)
+
+    with trio.fail_after(10):
+        async with running_replicas(world, [replica_config(tmp_path)] * 2) as (a, _), \
+                fake_agent(a, handler) as agent:
+            head = RequestHead(method="GET", target="/api/v1/pods", headers=(), impersonate=None, request_id="old-1")
+            async with open_h2_session(f"http://{a.addresses['private']}{PEER_PATH}", token=PEER_SECRET) as session:
+                stream = await session.open_stream(forward_metadata(head.to_metadata(), agent_id=1, origin="older"))
+                await opened.wait()  # the OPEN alone reached the agent through the holder
+                await stream.send_eof()
+                accepted = await stream.wait_accepted()
+                body = b""
+                while chunk := await stream.receive_some():
+                    body += chunk
+    assert accepted["status"] == 200 and json.loads(body)["target"] == "/api/v1/pods"
+    assert agent.heads[0].request_id == "old-1" and "forward" not in agent.metadata[0]
 
 
 async def test_the_directory_hears_the_first_and_last_session_of_an_agent(tmp_path: Path) -> None:
@@ -142,6 +207,37 @@ async def test_the_clients_disconnect_resets_the_agents_stream(tmp_path: Path) -
             await client.aclose()
             await gone.wait()
     assert getattr(broken[0], "code", None) == TunnelCode.CLIENT_GONE, broken
+
+
+async def test_a_forwarded_watch_ends_at_an_event_boundary_when_the_holder_drains(tmp_path: Path) -> None:
+    """The splice keeps the drain's cut: a watch whose holder begins to drain mid-event gets the
+    rest of that event, then a clean end (no reset), and the agent's stream is closed."""
+    world = MemoryWorld()
+    half_sent, go = trio.Event(), trio.Event()
+    closed: list[BaseException] = []
+    ended = trio.Event()
+
+    async def watch(stream: MuxStream, head: RequestHead, session: Session) -> None:
+        await accept(stream, ResponseHead(status=200, headers=(("content-type", "application/json"),)))
+        await stream.send_all(b'{"type":"ADDED"')
+        half_sent.set()
+        await go.wait()
+        await stream.send_all(b"}\n")
+        closed.append(await stream.wait_broken())
+        ended.set()
+
+    with trio.fail_after(10):
+        async with running_replicas(world, [replica_config(tmp_path)] * 2) as (a, b), fake_agent(a, watch):
+            client = await H1Client.connect(b.port("kubernetes_api"))
+            await client.request("GET", "/api/v1/pods?watch=true", [bearer(CI_TOKEN)], None)
+            assert (await client.response()).status_code == 200
+            await half_sent.wait()
+            assert a.forwarder is not None
+            a.forwarder.drain.begin()
+            go.set()
+            assert await client.body() == b'{"type":"ADDED"}\n'  # the whole event, then the end
+            await ended.wait()
+    assert closed
 
 
 async def test_an_upgraded_stream_is_one_pipe_across_the_hop(tmp_path: Path) -> None:
