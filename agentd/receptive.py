@@ -215,7 +215,10 @@ class ReceptiveListener:
                                       client_name=config.receptive_client_name or "")
         self.session_kwargs = session_kwargs or {}
         self.handshake_timeout = HANDSHAKE_TIMEOUT
-        self._send, self._receive = trio.open_memory_channel[trio.abc.Stream](0)
+        #: an authenticated connection, and the event its slot sets once done with it (the handler
+        #: lives until then: trio.serve_listeners closes a handler's stream when it returns, and
+        #: under KASD_SAFE_MODE that stream is the very socket the slot speaks on)
+        self._send, self._receive = trio.open_memory_channel[tuple[trio.abc.Stream, trio.Event]](0)
         #: the connections in their handshake, oldest first (each one's deadline scope)
         self._handshakes: dict[object, trio.CancelScope] = {}
         #: the connections in their handshake, per source (only sources with one)
@@ -286,9 +289,12 @@ class ReceptiveListener:
                              else "handshake timed out")
                 return
             # A slot takes it (it may be draining the last session a moment): kasd waits meanwhile.
+            done = trio.Event()
             with trio.move_on_after(self.handshake_timeout):
-                await self._send.send(stream)
+                await self._send.send((stream, done))
                 stream = None  # type: ignore[assignment]
+            if stream is None:
+                await done.wait()
         except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError) as exc:
             self._refuse(peer, f"TLS or connection failed: {type(exc).__name__}")
         finally:
@@ -316,7 +322,15 @@ class ReceptiveListener:
     @asynccontextmanager
     async def dial(self, url: str, token: str, metadata: Metadata) -> AsyncIterator[Session]:
         """A slot's "dial": the next connection kasd made, with the carrier's client side on it."""
-        stream = await self._receive.receive()
+        stream, done = await self._receive.receive()
+        try:
+            async with self._speak(stream, token, metadata) as session:
+                yield session
+        finally:
+            done.set()
+
+    @asynccontextmanager
+    async def _speak(self, stream: trio.abc.Stream, token: str, metadata: Metadata) -> AsyncIterator[Session]:
         try:
             # The slot waits for kasd without limit, but not for kasd's answer once it said its hello:
             # a replica whose host vanished then (no FIN) would hold the slot for good, and with every
