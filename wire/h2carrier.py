@@ -28,6 +28,7 @@ import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -110,15 +111,9 @@ class H2StreamTransport(trio.abc.HalfCloseableStream):
         self._closed = False
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        """The tunnel stream's next bytes. The connection carries nothing else, so the caller's
-        task (the session's reader) reads the connection itself: no reader task of its own, and no
-        task switch between the socket and the session."""
         if self._closed:
             raise trio.ClosedResourceError("transport closed")
-        h2s, driver = self.h2s, self.driver
-        while not (h2s.buffered or h2s.ended_by_peer or h2s.broken):
-            await driver.pump()
-        return await h2s.receive_data(max_bytes)
+        return await self.h2s.receive_data(max_bytes)
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         if self._closed:
@@ -168,8 +163,7 @@ async def dial_h2_tunnel(
     """Dial ``url`` (``https://`` with ALPN h2, or ``http://`` as h2c prior knowledge) and open the
     tunnel stream. Raises TunnelRejectedError for a non-200 answer, OSError when nothing listens.
 
-    The connection makes progress as the transport is read (``receive_some``): keep reading it
-    (a session's reader does) for the peer's window updates and pings to be seen.
+    The returned transport needs ``run_h2_reader(transport)`` running in a task to make progress.
     """
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -219,9 +213,8 @@ async def request_h2_tunnel(
 
 
 async def run_h2_reader(transport: H2StreamTransport) -> None:
-    """Nothing, now: whoever receives from ``transport`` (the session's reader) reads its connection.
-    Kept for callers that still start it as a task; it returns at once."""
-    await trio.lowlevel.checkpoint()
+    """The reader task of a tunnel connection, either side; returns when the connection ends."""
+    await transport.driver.run_reader()
 
 
 async def _await_response(h2s: H2Stream) -> tuple[int, str]:
@@ -261,7 +254,9 @@ async def open_h2_session(
     themselves, before the nursery exists, so callers can catch them plainly.
     """
     transport = await dial_h2_tunnel(url, token=token, ssl_context=ssl_context, headers=headers)
-    async with open_session(transport, client=True, **session_kwargs) as session:
+    async with open_session(
+        transport, client=True, transport_task=partial(run_h2_reader, transport), **session_kwargs
+    ) as session:
         yield session
 
 
@@ -396,6 +391,8 @@ async def _serve_connection(
             if accepted is None:
                 return
             transport, principal = accepted
+            if isinstance(transport, H2StreamTransport):  # a WebSocket reads in the session's reader
+                nursery.start_soon(run_h2_reader, transport)
             session = await connect_session(nursery, transport, client=False, **session_kwargs)
             try:
                 await handler(session, principal)

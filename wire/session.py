@@ -772,8 +772,12 @@ class Session(trio.abc.AsyncResource):
 
     def _start_writer(self) -> None:
         if not self._writer_started and self._nursery is not None:
+            try:
+                self._nursery.start_soon(self._writer)
+            except RuntimeError:  # its tasks are all over (the session ended): nothing is written now
+                self._nursery = None
+                return
             self._writer_started = True
-            self._nursery.start_soon(self._writer)
 
     async def _read_what_is_left(self, failed: SessionClosedError) -> None:
         """The transport took no more writes: the peer closed (a tunnel moved, a restart) as we
