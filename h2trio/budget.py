@@ -96,7 +96,8 @@ class ResetBucket:
         self._tokens = self.capacity
         self._last = now
         #: when ``spend`` last failed, the latest ``STRIKES`` times
-        self.emptied: deque[float] = deque(maxlen=STRIKES)
+        #: (None until the first time: a deque takes ~0.7 KiB, and idle connections are many)
+        self.emptied: deque[float] | None = None
 
     def _level(self, now: float) -> float:
         """Tokens at ``now``: what was left, refilled since, at most ``capacity``."""
@@ -114,6 +115,8 @@ class ResetBucket:
         self._last = now
         if tokens < 1.0:
             self._tokens = tokens
+            if self.emptied is None:
+                self.emptied = deque(maxlen=STRIKES)
             self.emptied.append(now)
             return False
         self._tokens = tokens - 1.0
@@ -124,7 +127,7 @@ class ResetBucket:
         more at once after each GOAWAY (a rapid-reset attacker that dials again)."""
         emptied = self.emptied
         return (
-            len(emptied) == STRIKES and now - emptied[0] <= self.window and self.available(now) < 1
+            emptied is not None and len(emptied) == STRIKES and now - emptied[0] <= self.window and self.available(now) < 1
         )
 
 
@@ -187,7 +190,8 @@ class FrameScanner:
         #: largest header block (HEADERS/PUSH_PROMISE + CONTINUATION payloads) accepted
         self.header_block_limit = header_block_limit
         #: MAX_FRAME_SIZE in force once each SETTINGS frame sent is acknowledged, oldest first
-        self._pending: deque[int] = deque()
+        # a list, not a deque: SETTINGS this side sent are few, and an idle connection small
+        self._pending: list[int] = []
         #: bytes of the client preface still to come (a server's side only)
         self._preface = len(PREFACE) if server else 0
         #: bytes of the current frame's body still to come
@@ -295,7 +299,7 @@ class FrameScanner:
             return False
         if kind == _SETTINGS and flags & _ACK and self._pending:
             before = self.max_frame_size
-            self.max_frame_size = self._pending.popleft()
+            self.max_frame_size = self._pending.pop(0)
             return self.max_frame_size != before
         return False
 

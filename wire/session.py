@@ -130,18 +130,20 @@ class MuxStream(trio.abc.HalfCloseableStream):
     async def accept(self, metadata: Metadata | None = None) -> None:
         """Accept an incoming stream, answering with ``metadata`` (sent automatically on first send)."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        self._accept_now(metadata)
+        if self._accept_now(metadata):
+            # The ACCEPT must go out now even if nothing follows it (a 101 waits for the client).
+            self.session._wake_writer()
         await maybe_yield()
 
-    def _accept_now(self, metadata: Metadata | None = None) -> None:
+    def _accept_now(self, metadata: Metadata | None = None) -> bool:
+        """Queue the ACCEPT of an incoming stream not yet accepted (True); the caller writes it."""
         if self.local or self._accepted.is_set():
-            return
+            return False
         self._check_usable()
         self.session._call(self.session.connection.accept_stream, self.stream_id, metadata)
         self.accept_metadata = dict(metadata or {})
         self._accepted.set()
-        # The ACCEPT must go out now even if nothing follows it (a 101 waits for the client).
-        self.session._wake_writer()
+        return True
 
     async def refuse(self, code: int = ErrorCode.REFUSED_STREAM, message: str = "") -> None:
         if self.local or self._accepted.is_set():
@@ -173,7 +175,7 @@ class MuxStream(trio.abc.HalfCloseableStream):
             if self._eof_sent:
                 raise trio.ClosedResourceError("send_eof was called on this stream")
             await trio.lowlevel.checkpoint_if_cancelled()
-            self._accept_now()
+            accepting = self._accept_now()  # written with the data
             view = memoryview(data).cast("B")
             session = self.session
             sent_any = False
@@ -188,6 +190,9 @@ class MuxStream(trio.abc.HalfCloseableStream):
                     if taken:
                         sent_any = True
                         view = view[taken:]
+                        # Left to the writer task, not written from here: a sender returns at once
+                        # below the high-water mark, and what several sends queue meanwhile goes
+                        # out in one write (writing through cost more CPU per request, measured).
                         session._wake_writer()
                     else:
                         await self._lot.park()
@@ -195,6 +200,8 @@ class MuxStream(trio.abc.HalfCloseableStream):
                 if sent_any:
                     self._send_error = trio.BrokenResourceError("an earlier send_all was cancelled midway")
                 raise
+            if accepting and not sent_any:
+                session._wake_writer()  # the ACCEPT alone
             await maybe_yield()
 
     async def wait_send_all_might_not_block(self) -> None:
@@ -218,10 +225,13 @@ class MuxStream(trio.abc.HalfCloseableStream):
                 return
             if self._send_error is not None:
                 raise self._send_error
-            self._accept_now()
+            self._accept_now()  # written with the END
             self._eof_sent = True
-            self.session._call(self.session.connection.end_stream, self.stream_id)
-            self.session._after_local_change(self.stream_id)
+            session = self.session
+            session._call(session.connection.end_stream, self.stream_id)
+            if session.connection.stream_state(self.stream_id) is StreamState.CLOSED:
+                session._forget(self.stream_id, wake=False)
+            session._wake_writer()
 
     # ---- receiving
 
@@ -357,8 +367,11 @@ class Session(trio.abc.AsyncResource):
         self._on_notice: Callable[[Metadata], None] | None = None
         # NOTICEs read before anyone set ``on_notice`` (a peer may send one right after the
         # handshake, before its receiver got the session): handed over when it is set
-        self._early_notices: deque[Metadata] = deque(maxlen=MAX_EARLY_NOTICES)
+        self._early_notices: deque[Metadata] | None = None  # made on the first one (idle sessions are many)
         self._writer_wakeup = trio.Event()
+        #: the session's tasks; the writer task is started there the first time it is needed
+        self._nursery: trio.Nursery | None = None
+        self._writer_started = False
         self._drained = trio.lowlevel.ParkingLot()
         self._slots = trio.lowlevel.ParkingLot()
         self._handshake = trio.Event()
@@ -575,23 +588,32 @@ class Session(trio.abc.AsyncResource):
             self._cancel_scope = scope
             try:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._writer)
+                    self._nursery = nursery
                     nursery.start_soon(self._reader)
-                    nursery.start_soon(self._bound_last_writes)
-                    with trio.move_on_after(self.handshake_timeout) as hs:
-                        await self._handshake.wait()
-                    if hs.cancelled_caught:
-                        self._shutdown(SessionClosedError("no HELLO from the peer in time", ErrorCode.PROTOCOL_ERROR))
-                    if not self.closed:
-                        # A first ping gives the flow-control auto-tuning its round-trip time.
-                        self._call_quiet(self.connection.ping, trio.current_time())
-                        self._wake_writer()
-                        nursery.start_soon(self._keepalive)
-                        started = True
-                        task_status.started(self)
+                    # This task is the keepalive timer and bounds the last writes: an idle session
+                    # runs two tasks (this and the reader), and the writer only once it is needed.
+                    try:
+                        no_hello = SessionClosedError("no HELLO from the peer in time", ErrorCode.PROTOCOL_ERROR)
+                        await self._write_through(trio.current_time() + self.handshake_timeout, no_hello)  # the HELLO
+                        with trio.move_on_after(self.handshake_timeout) as hs:
+                            await self._handshake.wait()
+                        if hs.cancelled_caught:
+                            self._shutdown(no_hello)
+                        if not self.closed:
+                            # A first ping gives the flow-control auto-tuning its round-trip time.
+                            self._call_quiet(self.connection.ping, trio.current_time())
+                            await self._write_through(*self._keepalive_deadline())
+                            started = True
+                            task_status.started(self)
+                            await self._keepalive()
+                    finally:
+                        # Torn down (cancelled, or ``_shutdown``): the writer's last sends get
+                        # ``_CLOSE_TIMEOUT``.
+                        self._cut_writes(trio.current_time() + _CLOSE_TIMEOUT)
             finally:
                 if not self.closed:
                     self._shutdown(SessionClosedError("session task cancelled"))
+                self._nursery = None
                 with trio.move_on_after(_CLOSE_TIMEOUT, shield=True):
                     await self.transport.aclose()
         if not started:
@@ -675,38 +697,87 @@ class Session(trio.abc.AsyncResource):
                 stream_id: int | None = getattr(event, "stream_id", None)
                 if stream_id is not None and conn.stream_state(stream_id) is StreamState.CLOSED:
                     self._forget(stream_id)
-            self._wake_writer()
+            if not conn.outbound_size:
+                continue
+            if self._streams:
+                # Not while streams run: a reader blocked in a write stops reading, and two peers
+                # whose readers both wait on full sockets would wait for ever.
+                self._wake_writer()
+            else:
+                # An idle session's answers (a PONG above all) go out from here: no other task wakes.
+                await self._write_through()
 
     async def _writer(self) -> None:
-        """Hand the core's frames to the transport. Once the session is torn down (cancelled, or
+        """Hand the core's frames to the transport when the task that queued them could not (a write
+        was in progress, or it cannot wait). Once the session is torn down (cancelled, or
         ``_shutdown``), it still writes what was queued before it stops — the last DATA and
         END_STREAM of streams that finished, the GOAWAY — within ``_CLOSE_TIMEOUT``: a frame is only
         lost with a transport that cannot take it. It stops at its next wait for more."""
         conn = self.connection
         while True:
-            data = conn.data_to_send()
-            if not data:
-                self._drained.unpark_all()
-                await self._writer_wakeup.wait()
-                self._writer_wakeup = trio.Event()
-                continue
-            self._writing = True
-            with trio.CancelScope(shield=True, deadline=self._last_write_by) as sending:
-                self._send_scope = sending
-                try:
-                    await self.transport.send_all(data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    self._writes_failed = self._transport_failed(exc)
-                finally:
-                    self._writing = False
-                    self._send_scope = None
             if self._writes_failed is not None:
                 await self._read_what_is_left(self._writes_failed)
                 return
-            if sending.cancelled_caught:  # torn down, and the peer did not take the frames in time
-                self._shutdown(SessionClosedError("transport took no more frames at close", ErrorCode.INTERNAL_ERROR))
+            if self._writing or not conn.outbound_size:
+                if not self._writing:
+                    self._drained.unpark_all()
+                await self._writer_wakeup.wait()
+                self._writer_wakeup = trio.Event()
+                continue
+            if not await self._write_out() and self._writes_failed is None:
                 return
-            self._drained.unpark_all()
+
+    async def _write_through(self, deadline: float = math.inf, late: SessionClosedError | None = None) -> None:
+        """Write what is queued in the calling task when no write is in progress (no task switch);
+        otherwise leave it to the write in progress or the writer task. One write at a time, in
+        the order queued; shielded as the writer's, within the same close-time bound.
+
+        The task that keeps the session's deadlines (handshake, keepalive) must not wait past them
+        in a write: it gives ``deadline``, past which the session ends with ``late``."""
+        if self._writing or self._writes_failed is not None or self.closed or not self.connection.outbound_size:
+            self._wake_writer()
+            return
+        await self._write_out(deadline, late)
+        self._wake_writer()  # what was queued meanwhile
+
+    async def _write_out(self, deadline: float = math.inf, late: SessionClosedError | None = None) -> bool:
+        """One write of everything queued (the caller saw none in progress); False once the session
+        writes no more (the transport failed: the writer task then reads what is left; or the
+        close-time bound or ``deadline`` passed)."""
+        data = self.connection.data_to_send()
+        if not data:
+            return True
+        self._writing = True
+        with trio.CancelScope(shield=True, deadline=min(deadline, self._last_write_by)) as sending:
+            self._send_scope = sending
+            try:
+                await self.transport.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                self._writes_failed = self._transport_failed(exc)
+            finally:
+                self._writing = False
+                self._send_scope = None
+        if self._writes_failed is not None:
+            self._start_writer()
+            self._writer_wakeup.set()  # the writer task reads what is left
+            return False
+        if sending.cancelled_caught:  # torn down, and the peer did not take the frames in time
+            if late is not None and deadline < self._last_write_by:
+                self._shutdown(late)
+            else:
+                self._shutdown(SessionClosedError("transport took no more frames at close", ErrorCode.INTERNAL_ERROR))
+            return False
+        self._drained.unpark_all()
+        return True
+
+    def _start_writer(self) -> None:
+        if not self._writer_started and self._nursery is not None:
+            try:
+                self._nursery.start_soon(self._writer)
+            except RuntimeError:  # its tasks are all over (the session ended): nothing is written now
+                self._nursery = None
+                return
+            self._writer_started = True
 
     async def _read_what_is_left(self, failed: SessionClosedError) -> None:
         """The transport took no more writes: the peer closed (a tunnel moved, a restart) as we
@@ -722,17 +793,16 @@ class Session(trio.abc.AsyncResource):
             await self._closed_event.wait()
         self._shutdown(failed)
 
-    async def _bound_last_writes(self) -> None:
-        """Once the session's tasks are cancelled, give the writer's last sends ``_CLOSE_TIMEOUT``."""
-        try:
-            await trio.sleep_forever()
-        finally:
-            self._cut_writes(trio.current_time() + _CLOSE_TIMEOUT)
-
     def _cut_writes(self, when: float) -> None:
         self._last_write_by = min(self._last_write_by, when)
         if self._send_scope is not None:
             self._send_scope.deadline = self._last_write_by
+
+    def _keepalive_deadline(self) -> tuple[float, SessionClosedError]:
+        """When, and why, the session ends if a PING cannot be written (the peer neither reads nor
+        sends: the keepalive timeout, as if nothing were written)."""
+        return self._last_received + self.keepalive_timeout, SessionClosedError(
+            f"no data from peer for {self.keepalive_timeout:.1f}s (keepalive timeout)", ErrorCode.KEEPALIVE_TIMEOUT)
 
     async def _keepalive(self) -> None:
         pinged_at: float | None = None
@@ -749,8 +819,8 @@ class Session(trio.abc.AsyncResource):
                 return
             if idle >= self._ping_after and (pinged_at is None or pinged_at <= self._last_received):
                 self._call_quiet(self.connection.ping, now)
-                self._wake_writer()
                 pinged_at = now
+                await self._write_through(*self._keepalive_deadline())
             wake = self._last_received + self.keepalive_timeout
             if pinged_at is None or pinged_at <= self._last_received:
                 wake = min(wake, self._last_received + self._ping_after)
@@ -816,6 +886,8 @@ class Session(trio.abc.AsyncResource):
                 if self._on_notice is not None:
                     self._notify(self._on_notice, metadata)
                 else:
+                    if self._early_notices is None:
+                        self._early_notices = deque(maxlen=MAX_EARLY_NOTICES)
                     self._early_notices.append(metadata)
             case HandshakeCompleted(version=version):
                 log.debug("handshake done name=%s version=%d.%d", self.name, *version)
@@ -826,10 +898,11 @@ class Session(trio.abc.AsyncResource):
         if self.connection.stream_state(stream_id) is StreamState.CLOSED:
             self._forget(stream_id)
 
-    def _forget(self, stream_id: int) -> None:
+    def _forget(self, stream_id: int, *, wake: bool = True) -> None:
         if self._streams.pop(stream_id, None) is not None:
             self._slots.unpark_all()
-        self._wake_writer()
+        if wake:
+            self._wake_writer()
 
     def _close_stream(self, stream: MuxStream) -> None:
         conn = self.connection
@@ -869,6 +942,7 @@ class Session(trio.abc.AsyncResource):
 
     def _wake_writer(self) -> None:
         if self.connection.outbound_size:  # a wakeup with nothing to send costs a task switch
+            self._start_writer()
             self._writer_wakeup.set()
 
     async def _wait_outbound_room(self) -> None:

@@ -673,3 +673,49 @@ async def test_a_write_that_fails_as_the_peer_closes_loses_nothing_the_peer_sent
         assert await _last_bytes(opened) == body
         with pytest.raises(trio.BrokenResourceError):  # never taken: its opener may retry elsewhere
             await crossed.wait_accepted()
+
+
+def _tasks_of(session: Session) -> list[str]:
+    """The names of the running tasks whose code is the session's own (its methods)."""
+    found: list[str] = []
+
+    def walk(task: trio.lowlevel.Task) -> None:
+        frame = getattr(task.coro, "cr_frame", None)
+        if frame is not None and frame.f_locals.get("self") is session:
+            found.append(task.coro.__qualname__)
+        for child in task.child_nurseries:
+            for sub in child.child_tasks:
+                walk(sub)
+
+    walk(trio.lowlevel.current_root_task())
+    return sorted(found)
+
+
+async def test_an_idle_session_runs_two_tasks_and_its_reader_answers_pings(
+        nursery: trio.Nursery, carrier: str) -> None:
+    """10,000 idle agents are 10,000 sessions on kasd: each runs only its keepalive timer and its
+    reader; a PING is answered by the reader itself, without waking a writer task."""
+    client, server = await _session_pair(nursery, carrier)
+    for _ in range(3):
+        await client.ping()
+    await trio.testing.wait_all_tasks_blocked()
+    assert _tasks_of(server) == ["Session._reader", "Session.run"]
+
+
+async def test_keepalive_timeout_ends_a_session_whose_peer_neither_reads_nor_writes(
+        autojump_clock: trio.abc.Clock) -> None:
+    """The keepalive timer writes its PING itself: a write the peer never takes must not keep it
+    from ending the session at the keepalive timeout."""
+    left, right = trio.testing.memory_stream_pair()
+    held = _HeldTransport(left)
+    frozen = MuxConnection(client=False)
+    frozen.initiate()
+    await right.send_all(frozen.data_to_send())
+    async with trio.open_nursery() as nursery:
+        client = await connect_session(nursery, held, client=True, keepalive_interval=5, keepalive_timeout=15)
+        held.hold = trio.Event()  # from here on no write completes
+        with trio.fail_after(30):
+            await client.wait_closed()
+        assert client.close_reason is not None
+        assert client.close_reason.code == ErrorCode.KEEPALIVE_TIMEOUT
+        assert trio.current_time() < 17
