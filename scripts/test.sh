@@ -187,7 +187,7 @@ else
     # The whole suite on every core (pytest-xdist), each test file on one worker.
     PARALLEL=(-n "${KASD_TEST_WORKERS:-auto}" --dist loadfile)
     echo "== pytest"
-    pytest_step pytest -- "${PARALLEL[@]}" "$@"
+    pytest_step pytest -- "${PARALLEL[@]}" --durations=25 "$@"  # (the slowest 25: where the budget goes)
     # One more pass proves the wire and proxy tests the other way on both counts: the hot path
     # compiled with mypyc (setup.py's COMPILED, in a copy of the tree with the extensions beside their
     # sources, built in the background above and cached under build/mypyc/ by source hash;
