@@ -16,6 +16,10 @@
 # so, and never stops or kills a process it did not start.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# Python's own default: compiled bytecode is kept in __pycache__ (ignored by git). A machine that
+# sets PYTHONDONTWRITEBYTECODE would have every kubesim, kasd and agentd the suite starts (hundreds)
+# compile its modules from source again, and every pytest worker rewrite every test module's asserts.
+unset PYTHONDONTWRITEBYTECODE
 . scripts/venv.sh
 
 have_nginx() { command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; }
