@@ -160,7 +160,16 @@ def test_a_query_through_the_tunnel_is_the_same_as_directly(world: World) -> Non
 def test_a_large_range_query_comes_through_whole(world: World) -> None:
     end = time.time()
     # every series of kasd's scrapes, at a 3 ms step (10,000 points each): far beyond the API port's 64 KiB
-    selector = urllib.parse.quote(f'{{instance="{world.stack.addresses["observability"]}"}}', safe="")
+    instance = world.stack.addresses["observability"]
+    selector = urllib.parse.quote(f'{{instance="{instance}"}}', safe="")
+    # A scrape under way at `end` would add its samples (stamped when it began) between the two
+    # queries, and the answers would differ for that reason alone: ask once a later scrape is in
+    # (Prometheus scrapes a target one scrape after another, so every earlier one is in too).
+    deadline = time.monotonic() + 20
+    while not any(float(r["value"][1]) > end for r in prometheus_query(
+            world.prometheus_url, f'timestamp(up{{instance="{instance}"}})')["data"]["result"]):
+        assert time.monotonic() < deadline, "Prometheus scraped kasd no more"
+        time.sleep(0.2)
     query = f"query={selector}&start={end - 30:.3f}&end={end:.3f}&step=0.003"
     direct = world.direct(f"/api/v1/query_range?{query}")
     started = time.monotonic()
