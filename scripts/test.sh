@@ -22,6 +22,21 @@ cd "$(dirname "$0")/.."
 unset PYTHONDONTWRITEBYTECODE
 . scripts/venv.sh
 
+selection=0
+for arg in "$@"; do
+    if [[ "$arg" != -* && -e "${arg%%::*}" ]]; then selection=1; fi
+done
+
+# A whole run builds the compiled hot path (mypyc, one core, ~40 s of CPU when its cache is cold)
+# now, in the background, while system packages install and ruff and mypy run; the compiled pass
+# waits for it.
+if [ "$selection" = 0 ]; then
+    compiled_tree=$(mktemp /tmp/kasd-test-compiled.XXXXXX) compiled_log=$(mktemp /tmp/kasd-test-compiled-log.XXXXXX)
+    echo "== building the compiled hot path in the background (scripts/compiled.py)"
+    python scripts/compiled.py >"$compiled_tree" 2>"$compiled_log" &
+    compiled_pid=$!
+fi
+
 have_nginx() { command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; }
 
 have_chromium() { [ -x /usr/bin/chromium ]; }
@@ -157,26 +172,12 @@ counts_of() {
 }
 
 logs=() notes=()
+[ "$selection" = 0 ] && logs+=("$compiled_tree" "$compiled_log")
 [ -n "$nginx_note" ] && notes+=("$nginx_note")
 [ -n "$browser_note" ] && notes+=("$browser_note")
 [ -n "$prometheus_note" ] && notes+=("$prometheus_note")
 [ -n "$systemd_note" ] && notes+=("$systemd_note")
 trap 'rm -f "${logs[@]}"' EXIT
-
-selection=0
-for arg in "$@"; do
-    if [[ "$arg" != -* && -e "${arg%%::*}" ]]; then selection=1; fi
-done
-
-# A whole run builds the compiled hot path (mypyc, one core, ~40 s of CPU when its cache is cold)
-# now, in the background, while ruff and mypy use the other core; the compiled pass waits for it.
-if [ "$selection" = 0 ]; then
-    compiled_tree=$(mktemp /tmp/kasd-test-compiled.XXXXXX) compiled_log=$(mktemp /tmp/kasd-test-compiled-log.XXXXXX)
-    logs+=("$compiled_tree" "$compiled_log")
-    echo "== building the compiled hot path in the background (scripts/compiled.py)"
-    python scripts/compiled.py >"$compiled_tree" 2>"$compiled_log" &
-    compiled_pid=$!
-fi
 
 echo "== ruff"
 step ruff ruff check .
