@@ -97,17 +97,22 @@ class _Deliverer:
 
     wakeup: trio.Event = attrs.field(factory=trio.Event)
     handed: QueuedEvent | None = None
+    #: the newest event this deliverer took (from the store, or handed): an event handed at or
+    #: before it was taken already (the POST that hands it over may finish after a take found it)
+    taken_seq: int = 0
 
     def took(self, taken: tuple[QueuedEvent | None, int]) -> tuple[QueuedEvent | None, int]:
         """A take from the store: what it found (an event handed is dropped once a take found it
         or one after it in the store — it was taken there), else the event handed."""
         event, expired = taken
         handed = self.handed
-        if handed is not None and (event is None or handed.seq <= event.seq):
+        if handed is not None and (handed.seq <= self.taken_seq or event is None or handed.seq <= event.seq):
             self.handed = None
-            if event is None:
-                return handed, expired
-        return taken
+            if event is None and handed.seq > self.taken_seq:
+                event = handed
+        if event is not None:
+            self.taken_seq = max(self.taken_seq, event.seq)
+        return event, expired
 
 
 class EventDelivery:
