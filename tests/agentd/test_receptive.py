@@ -94,7 +94,8 @@ async def test_kasd_dials_in_and_dials_again_when_the_session_ends(nursery: trio
         nursery.start_soon(dialer.run)
         with trio.fail_after(10):
             first = await kasd.session(0)
-            assert running.manager.tunnels_up == 1
+            # (kasd's end of the session is up; agentd counts its tunnel once its own end is)
+            await kasd.wait_for(lambda: running.manager.tunnels_up == 1)
             await first.aclose()  # the session is lost (the dialling replica died, say)
             await kasd.session(1)  # ... and kasd dials again; agentd takes it
             await kasd.wait_for(lambda: running.manager.tunnels_up == 1)
@@ -210,8 +211,9 @@ async def test_a_stranger_holding_handshakes_open_does_not_keep_kasd_out(nursery
     async with running_agent(nursery, _agentd_config(tmp_path, keys, "jwt"),
                              KubeTarget(scheme="http", host="127.0.0.1", port=1)) as running:
         assert running.receptive is not None
+        running.receptive.handshake_timeout = 60  # the strangers hold their slots all through the test
         host, port = running.receptive.bound.rsplit(":", 1)
-        with trio.fail_after(5):
+        with trio.fail_after(15):
             # 127.0.0.2: another source than kasd's 127.0.0.1 (Linux routes all of 127/8 to lo)
             stalled = [await trio.open_tcp_stream(host, int(port), local_address="127.0.0.2")
                        for _ in range(MAX_PENDING)]
@@ -219,7 +221,7 @@ async def test_a_stranger_holding_handshakes_open_does_not_keep_kasd_out(nursery
             assert running.receptive.refused == MAX_PENDING - MAX_PENDING_PER_SOURCE
             stop = trio.Event()
             nursery.start_soon(_dialer(kasd, keys, running.receptive.bound, "jwt", stop).run)
-            await kasd.session(0)  # well within the strangers' HANDSHAKE_TIMEOUT
+            await kasd.session(0)  # while the strangers still hold theirs
             await kasd.wait_for(lambda: running.manager.tunnels_up == 1)
         stop.set()
         for stream in stalled:
