@@ -72,6 +72,12 @@ class Kasd(FakeKasd):
         return Principal(AGENT_ID) if token == AGENT_TOKEN else None
 
 
+async def _tunnels_up(manager: Any, count: int) -> None:
+    """Until agentd counts ``count`` tunnels up (its own end of each session: kasd's may be up first)."""
+    while manager.tunnels_up != count:
+        await manager.wait_tunnels_changed()
+
+
 def _dialer(kasd: Kasd, keys: Keys, address: str, auth: str, stop: trio.Event) -> ReceptiveDialer:
     by: dict[str, Any] = {"private_key_file": keys.private} if auth == "jwt" else \
         {"client_cert_file": keys.client, "client_key_file": keys.client}
@@ -95,10 +101,10 @@ async def test_kasd_dials_in_and_dials_again_when_the_session_ends(nursery: trio
         with trio.fail_after(10):
             first = await kasd.session(0)
             # (kasd's end of the session is up; agentd counts its tunnel once its own end is)
-            await kasd.wait_for(lambda: running.manager.tunnels_up == 1)
+            await _tunnels_up(running.manager, 1)
             await first.aclose()  # the session is lost (the dialling replica died, say)
             await kasd.session(1)  # ... and kasd dials again; agentd takes it
-            await kasd.wait_for(lambda: running.manager.tunnels_up == 1)
+            await _tunnels_up(running.manager, 1)
         assert kasd.tokens == []  # (the fake's token list: only its own authenticate would fill it)
         assert running.receptive.refused == 0
         stop.set()
@@ -132,7 +138,7 @@ async def test_rotated_certificates_serve_kasds_next_dial(nursery: trio.Nursery,
             assert kasd.events == ["up 0"] and running.manager.tunnels_up == 1  # the session up is untouched
             await first.aclose()
             await kasd.session(1)  # kasd dialled again, and the handshake verified under the new CA
-            await kasd.wait_for(lambda: running.manager.tunnels_up == 1)
+            await _tunnels_up(running.manager, 1)
         assert isinstance(running.receptive.ssl_context, ReloadingContext)
         assert running.receptive.ssl_context.loads == 2
         stop.set()
@@ -222,7 +228,7 @@ async def test_a_stranger_holding_handshakes_open_does_not_keep_kasd_out(nursery
             stop = trio.Event()
             nursery.start_soon(_dialer(kasd, keys, running.receptive.bound, "jwt", stop).run)
             await kasd.session(0)  # while the strangers still hold theirs
-            await kasd.wait_for(lambda: running.manager.tunnels_up == 1)
+            await _tunnels_up(running.manager, 1)
         stop.set()
         for stream in stalled:
             await stream.aclose()
