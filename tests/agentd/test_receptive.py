@@ -127,6 +127,7 @@ async def test_rotated_certificates_serve_kasds_next_dial(nursery: trio.Nursery,
         nursery.start_soon(dialer.run)
         with trio.fail_after(10):
             first = await kasd.session(0)
+            await _tunnels_up(running.manager, 1)  # (agentd's end too, before the files change)
             (tmp_path / "new").mkdir()
             new = Keys(tmp_path / "new")
             for old_path, new_path in ((keys.ca_file, new.ca_file), (keys.listener, new.listener),
