@@ -8,7 +8,8 @@ words), ``proxy`` (one logical stream → one upstream exchange), ``services`` (
 in-cluster services and its path check, sans-I/O), ``serviceproxy`` (streams of kind ``service``
 → one exchange with an allowed service), ``connection`` (the tunnel manager:
 dialing, placement, GOAWAY replacement), ``receptive`` (receptive mode: kasd dials in, its
-handshake checked, the connection handed to a slot), ``redial`` (when a slot dials next: the reconnect
+handshake checked, the connection handed to a slot), ``receptivefiles`` (its key and TLS files, and
+the check of its settings, below ``config`` and ``receptive``), ``redial`` (when a slot dials next: the reconnect
 schedule, sans-I/O), ``health``
 (``/liveness``, ``/readiness``), ``agent`` (run_agent wiring it together), ``__main__`` (the
 ``agentd`` console script).

@@ -21,6 +21,7 @@ import attrs
 from agentd import __version__
 from agentd.events.settings import EventActions, parse_events
 from agentd.kubeapi import shown_url
+from agentd.receptivefiles import receptive_settings_problem
 from agentd.services import ServiceSettings, parse_services
 from agentd.upstream import DEFAULT_RESPONSE_HEADER_TIMEOUT
 from daemonkit import yamldoc
@@ -561,8 +562,6 @@ def _check(loaded: Loaded[AgentdConfig]) -> AgentdConfig:
     if config.receptive_listen_address is None and not config.kas_addresses:
         raise ConfigError(_NO_KAS)
     if config.receptive_listen_address is not None:
-        from agentd.receptive import receptive_settings_problem  # (it imports this module's names)
-
         problem = receptive_settings_problem(config, loaded.where)
         if problem is not None:
             raise ConfigError(problem)

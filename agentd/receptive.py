@@ -35,10 +35,11 @@ from joserfc.jwk import OKPKey
 
 from agentd.config import AgentdConfig
 from agentd.connection import ConnectionManager
+from agentd.receptivefiles import ReceptiveKeyError, listener_files, load_public_key
 from daemonkit.logs import BurstLimitedLog
 from netio.admission import source_of
 from netio.fastio import fast_stream, peer_host, peer_name, tls_stream
-from netio.tlsreload import ReloadingContext, TLSFiles, TLSLoadError, build_context, file_identity
+from netio.tlsreload import ReloadingContext, file_identity
 from wire.carrier import DEFAULT_PATH
 from wire.frames import Metadata
 from wire.h2carrier import request_h2_tunnel, run_h2_reader
@@ -48,7 +49,6 @@ from wire.receptive import (
     MTLS_CREDENTIAL,
     OK,
     HandshakeRefused,
-    parse_ed25519_key,
     parse_hello,
     refusal,
     verify_token,
@@ -73,31 +73,6 @@ MAX_PAUSE = 1.0
 SCHEME = "receptive"
 
 
-class ReceptiveKeyError(Exception):
-    """The JWT public key file cannot be used; the message names the file (never its bytes)."""
-
-
-def load_public_key(path: Path) -> OKPKey:
-    """kasd's Ed25519 public key: PEM (SubjectPublicKeyInfo) or GitLab's form, base64 of the 32 raw
-    bytes (what its URL configuration API returns as ``public_key``)."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ReceptiveKeyError(f"cannot read the JWT public key file {path}: {exc.strerror or exc}") from None
-    try:
-        return parse_ed25519_key(data, private=False)
-    except ValueError as exc:
-        raise ReceptiveKeyError(f"JWT public key file {path} {exc}") from None
-
-
-def listener_files(config: AgentdConfig) -> TLSFiles:
-    """The receptive listener's TLS files: its certificate and key, and (mutual TLS) the CA that signs
-    kasd's client certificate."""
-    assert config.receptive_cert_file is not None and config.receptive_key_file is not None
-    return TLSFiles(server=True, cert=config.receptive_cert_file, key=config.receptive_key_file,
-                    ca=config.receptive_ca_cert_file)
-
-
 def listener_ssl_context(config: AgentdConfig) -> ReloadingContext:
     """The receptive listener's TLS: its certificate, and kasd's client certificate required when
     mutual TLS authenticates kasd. The files are read again when they change (every
@@ -106,32 +81,6 @@ def listener_ssl_context(config: AgentdConfig) -> ReloadingContext:
     # The hello comes first, then HTTP/2 (kasd's side checks the ALPN as on its agent port).
     context.set_alpn_protocols(["h2"])
     return context
-
-
-def receptive_settings_problem(config: AgentdConfig, where: Callable[[str], str]) -> str | None:
-    """What is wrong with the receptive settings as a whole (the listen address is set), or None."""
-    for key in ("receptive_cert_file", "receptive_key_file"):
-        if getattr(config, key) is None:
-            return f"{where(key)} is needed with {where('receptive_listen_address')}: kasd dials agentd over TLS"
-    if (config.receptive_jwt_file is None) == (config.receptive_ca_cert_file is None):
-        return (f"receptive mode authenticates kasd one way: set either {where('receptive_jwt_file')} (JWT) "
-                f"or {where('receptive_ca_cert_file')} (mutual TLS)")
-    if config.receptive_ca_cert_file is not None and not config.receptive_client_name:
-        return (f"{where('receptive_client_name')} is needed with {where('receptive_ca_cert_file')}: the name kasd's "
-                "client certificate carries (any other certificate the CA signed, such as an agentd's own, is not kasd's)")
-    if config.receptive_jwt_file is not None:
-        if not config.agent_id:
-            return (f"{where('agent_id')} is needed with {where('receptive_jwt_file')}: agentd accepts only the "
-                    "tokens kasd signs for its agent id (a token for another agent that trusts the same key is refused)")
-        try:
-            load_public_key(config.receptive_jwt_file)
-        except ReceptiveKeyError as exc:
-            return f"{where('receptive_jwt_file')}: {exc}"
-    try:
-        build_context(listener_files(config))
-    except TLSLoadError as exc:
-        return f"{where('receptive_cert_file')} / {where('receptive_key_file')}: {exc}"
-    return None
 
 
 class KasdAuthenticator:
