@@ -265,7 +265,11 @@ def test_a_killed_port_forward_behind_a_tls_front_frees_its_stream(stack: Stack,
         kubeconfig = tmp_path / "front.kubeconfig"
         kubeconfig.write_text(yaml.safe_dump(config))
         kubeconfig.chmod(0o600)
-        before = _active_streams(stack)
+        # (the module's stack is shared: a stream an earlier test let go of may still be ending —
+        # its count would leave while this one's arrives; polled, bounded, another process's metric)
+        settled = time.monotonic()
+        while (before := _active_streams(stack)) != 0 and time.monotonic() - settled < 10:
+            time.sleep(0.05)
         forward = LineReader([kubectl_bin, "--kubeconfig", str(kubeconfig), "port-forward", f"pod/{name}", ":7",
                               "--address", "127.0.0.1"])
         try:
