@@ -2,7 +2,7 @@
 """The CPU the kasd-to-kasd hop adds to a small GET, in one process (issue 30, "the hop").
 
     PYTHONPATH=. python bench/hop_cpu.py            # 300 GETs per round, 4 rounds, ~30 s
-    PYTHONPATH=. python bench/hop_cpu.py 1000
+    PYTHONPATH=. python bench/hop_cpu.py 1000 --rounds 6
     PYTHONPATH=. python bench/hop_cpu.py --profile  # where the added CPU goes, by package
 
 Two kasd runtimes (real sockets, the real private listener and peer sessions over HTTP/2) and a
@@ -20,6 +20,7 @@ call counts, not the absolute times).
 
 from __future__ import annotations
 
+import argparse
 import collections
 import cProfile
 import logging
@@ -30,6 +31,10 @@ import time
 from pathlib import Path
 
 import trio
+
+# (run as ``python bench/hop_cpu.py`` without PYTHONPATH: this file's own tree, after whatever
+# PYTHONPATH names, so that comparing two trees by PYTHONPATH still runs the named one)
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from tests.kasd.helpers import CI_TOKEN, H1Client, bearer, fake_agent
 from tests.kasd.replicas_helpers import replica_config, running_replicas
@@ -100,6 +105,17 @@ async def main(n: int, rounds: int, profile: bool) -> None:
             await hop.aclose()
 
 
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("requests", nargs="?", type=int, default=300, help="small GETs per round and side (default 300)")
+    parser.add_argument("--rounds", type=int, default=4, help="alternated rounds (default 4); the median is printed")
+    parser.add_argument("--profile", action="store_true", help="one cProfile'd pass per side instead of timed rounds")
+    args = parser.parse_args()
+    if args.requests < 1 or args.rounds < 1:
+        parser.error("requests and --rounds must be at least 1")
+    return args
+
+
 if __name__ == "__main__":
-    numbers = [int(arg) for arg in sys.argv[1:] if arg.isdigit()]
-    trio.run(main, numbers[0] if numbers else 300, 4, "--profile" in sys.argv)
+    arguments = _arguments()
+    trio.run(main, arguments.requests, arguments.rounds, arguments.profile)
