@@ -278,7 +278,7 @@ class UpstreamPool:
         first = b""
         has_body = False
         if body is not None and not head.wants_upgrade:
-            if any(k == "content-length" for k, _ in headers):
+            if "content-length" in dict(headers):
                 has_body = True
             else:
                 # No length given: look at the first chunk to choose between no body and chunked.
