@@ -154,9 +154,9 @@ class StreamProxy:
                     if response.raw is not None:
                         await _relay(stream, response.raw, response.trailing, counters)
                         return
-                    for chunk in early:
-                        counters.bytes_out += len(chunk)
-                        await stream.send_all(chunk)
+                    for piece in early:
+                        counters.bytes_out += len(piece)
+                        await stream.send_all(piece)
                     if early_error is not None:
                         raise early_error
                     while chunk := await self.drain.next_chunk(response.receive_some, boundary):

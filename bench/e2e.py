@@ -128,11 +128,12 @@ def _package(filename: str) -> str:
         if marker in parts:
             rest = parts[parts.index(marker) + 1 :]
             return rest[0].removesuffix(".py") if rest else marker
-    root = Path(__file__).resolve().parent.parent
-    try:
-        return Path(filename).resolve().relative_to(root).parts[0].removesuffix(".py")
-    except ValueError:
-        return "stdlib" if "python3" in filename else "other"
+    for root in (Path.cwd().resolve(), Path(__file__).resolve().parent.parent):  # the daemons' tree first
+        try:
+            return Path(filename).resolve().relative_to(root).parts[0].removesuffix(".py")
+        except ValueError:
+            pass
+    return "stdlib" if "python3" in filename else "other"
 
 
 def _calls_by_package(files: list[Path], requests: int) -> tuple[int, list[tuple[str, int]]]:
@@ -145,7 +146,7 @@ def _calls_by_package(files: list[Path], requests: int) -> tuple[int, list[tuple
     return round(total / requests), [(name, round(n / requests)) for name, n in by_package.most_common()]
 
 
-def _profile_load(stack: Stack, target: "Target", count: int, directory: Path) -> None:
+def _profile_load(stack: Stack, target: Target, count: int, directory: Path) -> None:
     daemons = [p for p in (*stack.kasds, *stack.agentds) if p is not None and p.proc is not None]
     for p in daemons:
         p.proc.send_signal(signal.SIGUSR2)  # type: ignore[union-attr]
@@ -221,7 +222,7 @@ def main() -> None:
     if args.profile:
         profile_dir.mkdir()
         os.environ["BENCH_PROFILE_DIR"] = str(profile_dir)
-    stack = Stack(workdir / "stack", **({"python": _profiled_python(workdir)} if args.profile else {}))
+    stack = Stack(workdir / "stack", python=_profiled_python(workdir)) if args.profile else Stack(workdir / "stack")
     stack.start()
     tunnel: ReverseTunnel | None = None
     relays = RelayChain()

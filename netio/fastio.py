@@ -181,8 +181,7 @@ class FastSocketStream(trio.abc.HalfCloseableStream):
                     await self._wait(trio.lowlevel.wait_writable)
                     continue
                 except OSError as exc:
-                    if self._closed:
-                        raise trio.ClosedResourceError("stream was closed")
+                    self._check_open()
                     raise trio.BrokenResourceError(f"socket send failed: {exc}") from exc
                 while sent:
                     size = len(pending[start])
@@ -220,8 +219,7 @@ class FastSocketStream(trio.abc.HalfCloseableStream):
                     _waited()
                     continue
                 except OSError as exc:
-                    if self._closed:
-                        raise trio.ClosedResourceError("stream was closed")
+                    self._check_open()
                     raise trio.BrokenResourceError(f"socket receive failed: {exc}") from exc
                 await maybe_yield()
                 return data

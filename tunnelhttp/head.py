@@ -194,7 +194,7 @@ def _percent_encode(key: str) -> str:
 def _strings(values: object) -> bool:
     if not isinstance(values, list):
         return False
-    for v in values:  # a loop, not all(generator): a generator is a Python call per item
+    for v in values:  # noqa: SIM110 (a loop, not all(generator): a generator is a Python call per item)
         if not isinstance(v, str):
             return False
     return True
@@ -215,7 +215,7 @@ class RequestHead:
 
     @property
     def wants_upgrade(self) -> bool:
-        for name, _ in self.headers:
+        for name, _ in self.headers:  # noqa: SIM110 (not any(generator): a Python call per header)
             if name == "upgrade":
                 return True
         return False
