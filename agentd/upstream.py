@@ -278,7 +278,7 @@ class UpstreamPool:
         first = b""
         has_body = False
         if body is not None and not head.wants_upgrade:
-            if any(k == "content-length" for k, _ in headers):
+            if "content-length" in dict(headers):
                 has_body = True
             else:
                 # No length given: look at the first chunk to choose between no body and chunked.
@@ -299,19 +299,18 @@ class UpstreamPool:
                 raise InvalidRequest(f"request cannot be sent as HTTP/1.1: {exc}") from None
             conn.parser.expect(head.method)
             timer = _HeadTimer(self.response_header_timeout, self.target.peer_title)
+            if not has_body:
+                # Nothing to send beside the response: no body task, no nursery, and one deadline
+                # scope (the timer's) for sending the head and waiting for the answer's.
+                yield await self._bodiless_exchange(conn, request, timer)
+                return
             try:
                 with trio.move_on_after(timer.timeout) as sending:
                     await conn.send(request)
-                conn.request_done = not has_body and not sending.cancelled_caught
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 raise UpstreamUnreachable(f"cannot reach {self.target.url}: {failure_reason(exc)}") from exc
             if sending.cancelled_caught:
                 raise timer.expired(conn)
-            if not has_body:
-                # Nothing to send beside the response: no body task, no nursery.
-                timer.waiting_on_server()
-                yield await self._response_head(conn, timer)
-                return
             failure: BaseException | None = None
             caller_error: BaseException | None = None
             async with trio.open_nursery() as nursery:
@@ -385,6 +384,25 @@ class UpstreamPool:
             state.finished = True
             state.finished_event.set()
             timer.waiting_on_server()  # all sent (or the API server stopped reading): its answer is due
+
+    async def _bodiless_exchange(self, conn: _Connection, request: bytes, timer: _HeadTimer) -> UpstreamResponse:
+        """Send a request without a body and read its answer's head, both within the timer's bound
+        (as a request with a body sends its head, and then waits for the answer's)."""
+        response = None
+        with timer.scope:
+            try:
+                await conn.send(request)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                raise UpstreamUnreachable(f"cannot reach {self.target.url}: {failure_reason(exc)}") from exc
+            conn.request_done = True
+            timer.waiting_on_server()
+            try:
+                response = await self._read_response_head(conn)
+            except UpstreamLost as exc:
+                raise UpstreamUnreachable(f"cannot reach {self.target.url}: {exc}") from None
+        if response is None:
+            raise timer.expired(conn)
+        return response
 
     async def _response_head(self, conn: _Connection, timer: _HeadTimer) -> UpstreamResponse:
         """The response head (after any 1xx but 101); UpstreamUnreachable when none came,

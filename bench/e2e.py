@@ -17,14 +17,24 @@ measures, in the same run, three ways to reach the same kubesim:
 
 Small GET: one ~300-byte ConfigMap, at concurrency 1 and 64, keep-alive connections, p50/p99 and
 requests/s. Bulk: a ~64 MiB ConfigMap list. Prints ratios against direct and ssh -R.
+
+    python bench/e2e.py --quick --profile   # and, after the timed loads, one more c1 tunnel load
+                                            # with kasd and agentd under cProfile: Python calls
+                                            # per request in each daemon, by package
+
+``--profile`` starts the daemons through ``bench/profiled.py`` (cProfile switched on and off by
+SIGUSR2, so start-up is not counted); the timed figures above it are taken without a profile running.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import collections
 import json
 import os
+import pstats
+import signal
 import ssl
 import subprocess
 import sys
@@ -98,6 +108,63 @@ def _cpu_seconds(process: object) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _profiled_python(workdir: Path) -> str:
+    """An executable that runs ``python -m MODULE`` through ``bench/profiled.py``."""
+    wrapper = workdir / "python-profiled"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{Path(__file__).with_name("profiled.py")}" "$@"\n')
+    wrapper.chmod(0o700)
+    return str(wrapper)
+
+
+def _package(filename: str) -> str:
+    if filename == "~":
+        return "builtins"
+    if filename.startswith("<attrs generated"):
+        return "attrs"  # the __init__/__eq__/… attrs writes for each class
+    if filename.startswith("<"):
+        return "stdlib"  # <frozen …>, <string>
+    parts = Path(filename).parts
+    for marker in ("site-packages", "kubesim"):
+        if marker in parts:
+            rest = parts[parts.index(marker) + 1 :]
+            return rest[0].removesuffix(".py") if rest else marker
+    for root in (Path.cwd().resolve(), Path(__file__).resolve().parent.parent):  # the daemons' tree first
+        try:
+            return Path(filename).resolve().relative_to(root).parts[0].removesuffix(".py")
+        except ValueError:
+            pass
+    return "stdlib" if "python3" in filename else "other"
+
+
+def _calls_by_package(files: list[Path], requests: int) -> tuple[int, list[tuple[str, int]]]:
+    """Python calls per request in all of ``files`` (pstats), and per package, most first."""
+    by_package: collections.Counter[str] = collections.Counter()
+    for f in files:
+        for (filename, _line, _name), (_cc, calls, _tt, _ct, _callers) in pstats.Stats(str(f)).stats.items():  # type: ignore[attr-defined]
+            by_package[_package(filename)] += calls
+    total = sum(by_package.values())
+    return round(total / requests), [(name, round(n / requests)) for name, n in by_package.most_common()]
+
+
+def _profile_load(stack: Stack, target: Target, count: int, directory: Path) -> None:
+    daemons = [p for p in (*stack.kasds, *stack.agentds) if p is not None and p.proc is not None]
+    for p in daemons:
+        p.proc.send_signal(signal.SIGUSR2)  # type: ignore[union-attr]
+    time.sleep(0.5)  # the handlers run at the daemons' next bytecode; a load of seconds dwarfs this
+    target.load(SMALL, 1, count)
+    for p in daemons:
+        p.proc.send_signal(signal.SIGUSR2)  # type: ignore[union-attr]
+    time.sleep(2.0)  # the dumps
+    print(f"Python calls per request under cProfile (c1, {count} requests through the tunnel):")
+    for p in daemons:
+        files = sorted(directory.glob(f"*-{p.proc.pid}-*.prof"))  # type: ignore[union-attr]
+        if not files:
+            print(f"  {p.name}: no profile written")
+            continue
+        total, packages = _calls_by_package(files, count)
+        print(f"  {p.name}: {total} calls per request: " + ", ".join(f"{name} {n}" for name, n in packages[:14] if n))
+
+
 def _row(name: str, result: LoadResult) -> str:
     return (
         f"  {name:<8} p50 {result.percentile(50) * 1e3:7.2f} ms   p99 {result.percentile(99) * 1e3:7.2f} ms"
@@ -144,11 +211,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer requests (noisier figures)")
     parser.add_argument("--bulk-mib", type=int, default=64, help="size of the bulk list in MiB (default 64)")
+    parser.add_argument("--profile", action="store_true",
+                        help="then one more c1 tunnel load with kasd and agentd under cProfile: calls per request")
     args = parser.parse_args()
     n1, n64, bulk_rounds = (200, 1000, 2) if args.quick else (1000, 6400, 4)
 
     print(f"machine: {describe_machine()}")
-    stack = Stack(Path(tempfile.mkdtemp(prefix="bench-e2e-")))
+    workdir = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
+    profile_dir = workdir / "profiles"
+    if args.profile:
+        profile_dir.mkdir()
+        os.environ["BENCH_PROFILE_DIR"] = str(profile_dir)
+    stack = Stack(workdir / "stack", python=_profiled_python(workdir)) if args.profile else Stack(workdir / "stack")
     stack.start()
     tunnel: ReverseTunnel | None = None
     relays = RelayChain()
@@ -205,6 +279,8 @@ def main() -> None:
             ratio = results[("tunnel", "bulk")].mb_per_s / results[("ssh -R", "bulk")].mb_per_s
             print(f"  bulk: {ratio:.2f} × ssh -R (target ≥ 1.0)")
             print(f"  requests/s at concurrency 64 vs ssh -R: {results[('tunnel', 'c64')].rps / results[('ssh -R', 'c64')].rps:.2f}")
+        if args.profile:
+            _profile_load(stack, targets[1], n1, profile_dir)
     finally:
         relays.stop()
         if tunnel is not None:

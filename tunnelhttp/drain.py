@@ -26,7 +26,11 @@ def answer_boundary(request: RequestHead, head: ResponseHead) -> EventBoundary |
     events, and it ends when its ends do."""
     if head.status == 101:
         return None
-    content_type = next((value for name, value in head.headers if name.lower() == "content-type"), None)
+    content_type = None
+    for name, value in head.headers:  # a loop, not next(generator): no Python call per header
+        if name.lower() == "content-type":
+            content_type = value
+            break
     return EventBoundary.for_response(request.target, content_type)
 
 

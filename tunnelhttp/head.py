@@ -84,20 +84,28 @@ class Impersonation:
 
     def headers(self) -> Headers:
         """The ``Impersonate-*`` headers agentd adds to the upstream request."""
+        # Loops, not comprehensions: each comprehension is a Python call, and this runs per request.
         out: list[tuple[str, str]] = [("impersonate-user", self.user)]
-        out += [("impersonate-group", g) for g in self.groups]
+        for g in self.groups:
+            out.append(("impersonate-group", g))
         if self.uid:
             out.append(("impersonate-uid", self.uid))
         for key, values in self.extra:
-            out += [(f"impersonate-extra-{_percent_encode(key)}", v) for v in values]
+            name = f"impersonate-extra-{_percent_encode(key)}"
+            for v in values:
+                out.append((name, v))
         return tuple(out)
 
     def bounds(self) -> tuple[int, int, int, int]:
         """Characters in all its strings; strings and containers in all; the longest string; the
         largest container: enough to tell whether an OPEN carrying it could come near a limit."""
         strings = [self.user, self.uid or "", *self.groups]
-        strings += [key for key, _ in self.extra] + [value for _, values in self.extra for value in values]
-        largest = max([len(self.groups), len(self.extra), *(len(values) for _, values in self.extra)])
+        largest = max(len(self.groups), len(self.extra))
+        for key, values in self.extra:  # a loop, not comprehensions: this runs on every request
+            strings.append(key)
+            strings += values
+            if len(values) > largest:
+                largest = len(values)
         return sum(map(len, strings)), len(strings) + 3 + len(self.extra), max(map(len, strings)), largest
 
     def to_metadata(self) -> dict[str, Any]:
@@ -184,7 +192,12 @@ def _percent_encode(key: str) -> str:
 
 
 def _strings(values: object) -> bool:
-    return isinstance(values, list) and all(isinstance(v, str) for v in values)
+    if not isinstance(values, list):
+        return False
+    for v in values:  # noqa: SIM110 (a loop, not all(generator): a generator is a Python call per item)
+        if not isinstance(v, str):
+            return False
+    return True
 
 
 @attrs.frozen(kw_only=True)
@@ -202,7 +215,10 @@ class RequestHead:
 
     @property
     def wants_upgrade(self) -> bool:
-        return any(name == "upgrade" for name, _ in self.headers)
+        for name, _ in self.headers:  # noqa: SIM110 (not any(generator): a Python call per header)
+            if name == "upgrade":
+                return True
+        return False
 
     def to_metadata(self, limits: Limits = TUNNEL_LIMITS) -> Metadata:
         """The OPEN metadata; ``HeadOverLimitError`` if an OPEN carrying it would break ``limits``."""
@@ -316,9 +332,11 @@ def parse_headers(raw: object) -> Headers:
         raise RemoteProtocolError("headers must be a list of [name, value] pairs")
     out = []
     for item in raw:
-        if not (isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item)):
+        if not (isinstance(item, list) and len(item) == 2):
             raise RemoteProtocolError("each header must be a [name, value] pair of strings")
         name, value = item
+        if not (isinstance(name, str) and isinstance(value, str)):
+            raise RemoteProtocolError("each header must be a [name, value] pair of strings")
         if not name or "\n" in value or "\r" in value or "\n" in name or ":" in name.lstrip(":"):
             raise RemoteProtocolError(f"invalid header {name!r}")
         out.append((name.lower(), value))
@@ -332,6 +350,8 @@ def strip_hop_by_hop(headers: Iterable[tuple[str, str]], *, keep_upgrade: bool =
     (exec/attach/port-forward) can be re-issued upstream.
     """
     items = [(k.lower(), v) for k, v in headers]
+    if HOP_BY_HOP.isdisjoint(dict(items)):
+        return tuple(items)  # the common case: nothing hop-by-hop, and no Connection to name any
     named = {t.strip().lower() for k, v in items if k == "connection" for t in v.split(",") if t.strip()}
     upgrade = keep_upgrade and "upgrade" in named and any(k == "upgrade" for k, _ in items)
     out = [(k, v) for k, v in items if k not in HOP_BY_HOP and k not in named]

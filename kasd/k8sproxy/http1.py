@@ -39,7 +39,10 @@ _MUX_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
 def _host_problem(request: http11.Request) -> str | None:
     """RFC 9112, 3.2: a server MUST answer 400 to an HTTP/1.1 request without a Host header, and to
     any request with more than one (a front proxy and kasd could each take another)."""
-    hosts = sum(1 for name, _ in request.headers if name == "host")
+    hosts = 0
+    for name, _ in request.headers:  # a loop, not sum(generator): no Python call per header
+        if name == "host":
+            hosts += 1
     if hosts > 1:
         return "malformed HTTP/1.1 request: more than one Host header"
     if hosts == 0 and request.http_version == "1.1":
@@ -194,7 +197,7 @@ class Http1Connection:
         keep_alive = (request.keep_alive and not close and self.clock.takes_requests(self.port.draining)
                       and ex.keep_alive)
         no_body = request.method == "HEAD" or status in (204, 304)
-        if not no_body and not any(name == "content-length" for name, _ in headers):
+        if not no_body and "content-length" not in dict(headers):
             if request.http_version == "1.1":
                 headers.append(("transfer-encoding", "chunked"))
             else:

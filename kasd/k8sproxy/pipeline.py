@@ -157,8 +157,8 @@ def clean_request_headers(
     names, prefixes = dropped.names, dropped.prefixes
     # (compared with "_" read as "-": CGI, WSGI and Rack servers fold both to the same variable, so
     # "Private_Token" or "Impersonate_User" is "Private-Token" or "Impersonate-User" to them)
-    return tuple((k, v) for k, v in kept
-                 if (n := k.replace("_", "-")) not in names and not n.startswith(prefixes) and n != REQUEST_ID_HEADER)
+    return tuple([(k, v) for k, v in kept
+                  if (n := k.replace("_", "-")) not in names and not n.startswith(prefixes) and n != REQUEST_ID_HEADER])
 
 
 def clean_response_headers(headers: Sequence[tuple[str, str]], *, switching: bool = False) -> list[tuple[str, str]]:

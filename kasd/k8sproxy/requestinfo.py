@@ -46,7 +46,7 @@ class RequestInfo:
 
 def request_info(method: str, target: str) -> RequestInfo:
     path, _, query = target.partition("?")
-    parts = [unquote(p) for p in path.strip("/").split("/")] if path.strip("/") else []
+    parts = [unquote(p) if "%" in p else p for p in path.strip("/").split("/")] if path.strip("/") else []
     # /api/{version}/… and /apis/{group}/{version}/…; discovery (/api/v1, /apis/apps/v1) is not a resource
     if len(parts) >= 4 and parts[0] == "apis":
         rest = parts[3:]

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 import trustme
 from wsproto.connection import Connection, ConnectionType
 from wsproto.events import BytesMessage, CloseConnection
@@ -157,3 +158,34 @@ async def test_kasds_half_close_closes_a_tls_api_servers_upgraded_connection_wit
         assert closed[0] - ended_at < grace + 1.0
         assert requests.outcomes() == [(101, "client-gone")]
         assert agent.proxy.active == 0
+
+
+async def test_a_small_answer_whose_body_comes_after_its_head_reaches_kasd_with_it(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    """An answer of known, small length goes to kasd as one: its head with its body and end (kasd
+    relays such an answer in one write to its client; a head alone sends it down its long-answer path)."""
+    accepted: list[bool] = []
+    seen_at_head_only: list[bool] = []
+
+    async def api_server(tcp: trio.SocketStream) -> None:
+        assert await read_http_head(tcp) is not None
+        await tcp.send_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n")
+        await trio.testing.wait_all_tasks_blocked()  # agentd has read the head and done what it does
+        seen_at_head_only.append(bool(accepted))
+        await tcp.send_all(b"{}")
+        await tcp.receive_some(65536)  # until agentd closes or sends another request
+
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, api_server, 0, host="127.0.0.1"))
+    port = listeners[0].socket.getsockname()[1]
+    write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}")
+    kasd = await start_fake_kasd(nursery)
+    config = agent_config(tmp_path, kasd.url)
+    async with running_agent(nursery, config, KubeTarget(scheme="http", host="127.0.0.1", port=port)):
+        session = await kasd.session()
+        with trio.fail_after(10):
+            stream, response = await open_request(session, head("GET", "/api/v1/namespaces/default"))
+            accepted.append(True)
+            assert stream.receive_nowait(65536) == b"{}"  # here with the head
+            assert await stream.receive_some() == b""
+        assert response.status == 200
+        assert seen_at_head_only == [False]
