@@ -3,6 +3,7 @@
 
     python bench/wire_throughput.py            # full run (~1 minute on 2 cores)
     python bench/wire_throughput.py --mib 64   # quicker, noisier
+    python bench/wire_throughput.py --only tcp,h2,mux/h2c,mux/tls --sessions 0   # some rows, no memory
 
 Each throughput figure moves ``--mib`` MiB from this process to a sink in a second process (so the
 two ends use both cores, as agentd and kasd would), over 127.0.0.1:
@@ -15,6 +16,9 @@ two ends use both cores, as agentd and kasd would), over 127.0.0.1:
   mux/ws     a mux session over one WebSocket (ws://, binary messages), 1 and 64 streams
   mux/wss    a mux session over one WebSocket over TLS (wss://, ALPN http/1.1), 1 and 64 streams
 
+Each row also gives the least CPU per MiB each end spent (/proc, 10 ms ticks: use ``--mib`` 256 or
+more), a steadier figure than MB/s on a shared machine.
+
 Memory: tracemalloc over 1,000 idle sessions (handshake done, nothing open): the mux session alone
 (over in-memory streams) and whole h2c and ws tunnels on loopback (client and server ends).
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import os
 import platform
 import ssl
@@ -233,14 +238,31 @@ async def run_mux_ws(port: int, nbytes: int, streams: int, ctx: ssl.SSLContext |
         nursery.cancel_scope.cancel()
 
 
-def measure(label: str, fn: Any, nbytes: int, repeat: int) -> float:
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of process ``pid`` so far (/proc; 0 where there is none)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(label: str, fn: Any, nbytes: int, repeat: int, sink_pid: int) -> float:
+    """Best MB/s of ``repeat`` runs; also the least CPU per MiB each end spent (this process sends,
+    the sink receives): on a shared machine a steadier figure than MB/s, and the throughput of one
+    stream is bounded by the busier end's."""
     best = 0.0
+    send_cpu = receive_cpu = math.inf
+    mib = nbytes / 2**20
     for _ in range(repeat):
+        sink_before, before = _cpu_seconds(sink_pid), time.process_time()
         start = time.perf_counter()
         trio.run(fn)
         elapsed = time.perf_counter() - start
+        send_cpu = min(send_cpu, (time.process_time() - before) * 1000 / mib)
+        receive_cpu = min(receive_cpu, (_cpu_seconds(sink_pid) - sink_before) * 1000 / mib)
         best = max(best, nbytes / elapsed / 1e6)
-    print(f"  {label:<22} {best:8.1f} MB/s", flush=True)
+    print(f"  {label:<22} {best:8.1f} MB/s   CPU ms/MiB: sender {send_cpu:5.2f}  receiver {receive_cpu:5.2f}", flush=True)
     return best
 
 
@@ -337,7 +359,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mib", type=int, default=256, help="MiB moved per throughput run (default 256)")
     parser.add_argument("--repeat", type=int, default=2, help="runs per figure; the best is reported (default 2)")
-    parser.add_argument("--sessions", type=int, default=1000, help="idle sessions for the memory figure")
+    parser.add_argument("--sessions", type=int, default=1000, help="idle sessions for the memory figure (0: none)")
+    parser.add_argument("--only", help="comma-separated rows to run, each a row's label or its start "
+                        "(tcp,h2,mux/h2c runs those five rows); ratios are printed for the rows run")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--port-file", help=argparse.SUPPRESS)
     parser.add_argument("--cert-dir", help=argparse.SUPPRESS)
@@ -371,22 +395,35 @@ def main() -> None:
         ("mux/wss 1 stream", "mux-wss", lambda p: lambda: run_mux_ws(p, nbytes, 1, client_ctx)),
         ("mux/wss 64 streams", "mux-wss", lambda p: lambda: run_mux_ws(p, nbytes, 64, client_ctx)),
     ]
+    if args.only:
+        wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+        plan = [row for row in plan if any(row[0] == w or row[0].startswith(w + " ") for w in wanted)]
     for label, mode, make in plan:
         sink = Sink(mode, cert_dir)
         try:
-            results[label] = measure(label, make(sink.port), nbytes, args.repeat)
+            results[label] = measure(label, make(sink.port), nbytes, args.repeat, sink.proc.pid)
         finally:
             sink.close()
 
     print("ratios:")
+
+    def ratio(label: str, base: str) -> str:
+        return f"{results[label] / results[base]:.2f} x {base}" if label in results and base in results else ""
+
     for label in ("mux/h2c 1 stream", "mux/h2c 64 streams"):
-        print(f"  {label:<22} {results[label] / results['h2']:.2f} x bare h2   {results[label] / results['tcp']:.2f} x TCP")
+        if label in results:
+            print(f"  {label:<22} {ratio(label, 'h2').replace('x h2', 'x bare h2'):<18}  {ratio(label, 'tcp').replace('tcp', 'TCP')}".rstrip())
     for label in ("mux/tls 1 stream", "mux/tls 64 streams"):
-        print(f"  {label:<22} {results[label] / results['mux/h2c 1 stream']:.2f} x mux/h2c 1 stream")
+        if label in results:
+            print(f"  {label:<22} {ratio(label, 'mux/h2c 1 stream')}")
     for label in ("mux/ws 1 stream", "mux/ws 64 streams", "mux/wss 1 stream", "mux/wss 64 streams"):
         h2_label = label.replace("mux/wss", "mux/tls").replace("mux/ws", "mux/h2c")
-        print(f"  {label:<22} {results[label] / results[h2_label]:.2f} x {h2_label}")
-    print(f"  {'mux/tcp 1 stream':<22} {results['mux/tcp 1 stream'] / results['tcp']:.2f} x TCP")
+        if label in results:
+            print(f"  {label:<22} {ratio(label, h2_label)}")
+    if "mux/tcp 1 stream" in results:
+        print(f"  {'mux/tcp 1 stream':<22} {ratio('mux/tcp 1 stream', 'tcp').replace('tcp', 'TCP')}")
+    if not args.sessions or "mux/h2c 1 stream" not in results or "mux/h2c 64 streams" not in results:
+        return
 
     total, per = trio.run(_idle_mux_sessions, args.sessions)
     print(f"memory, {args.sessions} idle sessions (tracemalloc):")

@@ -245,6 +245,13 @@ class FrameDecoder:
         self._base = 0  # stream offset where the current unpacker started
         self._consumed = 0  # stream offset of the end of the last whole frame
         self._fed = 0  # stream offset of the end of the bytes fed so far
+        # A DATA frame whose header was read and whose payload is partly here (bulk transfers cut
+        # frames at every read): its stream, the payload bytes still to come, and those so far.
+        self._data_sid = 0
+        self._data_left = 0
+        self._data_pieces: list[bytes | bytearray | memoryview] = []
+        #: the start of a DATA frame's header, held back until the rest of the header is here
+        self._carry = b""
 
     def _new_unpacker(self) -> msgpack.Unpacker:
         # A partial frame never holds more than max_frame_bytes (see _drain), so it plus one slice
@@ -257,14 +264,14 @@ class FrameDecoder:
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         frames: list[Frame] = []
         view = byte_view(data)
-        if self._unpacker is None:
-            # Nothing partial: whole DATA frames at the front are cut out directly (bulk transfers
-            # are nearly all DATA); whatever follows takes the general path.
-            taken = _take_data_frames(view, self.limits.max_frame_payload, frames)
-            if taken:
-                self._fed += taken
-                self._consumed += taken
-                view = view[taken:]
+        if self._carry:
+            view = self._finish_header(view, frames)
+        if self._data_left and view:
+            view = self._continue_data(view, frames)
+        if self._unpacker is None and not self._data_left and view:
+            # Nothing partial: DATA frames are cut out directly (bulk transfers are nearly all
+            # DATA), whole or, the last one, partly; whatever else follows takes the general path.
+            view = self._take_data(view, frames)
         # Feed a slice at a time and check the partial frame after each, so the unpacker buffer
         # (partial frame + slice) stays bounded however large ``data`` is.
         for start in range(0, len(view), self._slice):
@@ -282,6 +289,89 @@ class FrameDecoder:
         if self._fed == self._consumed:
             self._unpacker = None  # nothing partial: let go of the parse stack and buffer
         return frames
+
+    def _take_data(self, view: memoryview, frames: list[Frame]) -> memoryview:
+        """Cut the DATA frames at the start of ``view`` out of it (``_take_data_frames``); a last one
+        whose payload is not all here yet is begun, and the start of a header is held back. Returns
+        what is left for the general decoder."""
+        max_payload = self.limits.max_frame_payload
+        taken = _take_data_frames(view, max_payload, frames)
+        self._fed += taken
+        self._consumed += taken
+        end = len(view)
+        if taken == end:
+            return view[end:]
+        sid, length, start = _data_frame_header(view, taken, max_payload)
+        if start > 0:  # a header, and part of the payload: whole frames were all taken above
+            self._fed = self._consumed + (end - taken)
+            self._data_sid = sid
+            self._data_left = length - (end - start)
+            self._data_pieces = []
+            self._add_piece(view[start:])
+            return view[end:]
+        if start < 0:  # the start of a DATA header, nothing else: wait for the rest of it
+            self._carry = bytes(view[taken:])
+            return view[end:]
+        return view[taken:]
+
+    def _finish_header(self, view: memoryview, frames: list[Frame]) -> memoryview:
+        """The header held back, completed from ``view``: begin its frame; or, if it turns out not
+        to be one the fast path takes, hand it to the general decoder. Returns the rest of ``view``."""
+        carry = self._carry
+        head = carry + bytes(view[:_MAX_DATA_HEADER])
+        sid, length, start = _data_frame_header(memoryview(head), 0, self.limits.max_frame_payload)
+        if start < 0 and len(head) < _MAX_DATA_HEADER:
+            self._carry = head  # still only the start of a header
+            return view[len(view) :]
+        self._carry = b""
+        if start == 0 or start < 0:  # not a frame the fast path takes: the general decoder judges it
+            self._unpacker = self._new_unpacker()
+            self._unpacker.feed(carry)
+            self._fed += len(carry)
+            self._drain(self._unpacker, frames)
+            return view
+        used = start - len(carry)
+        self._fed += start
+        self._data_sid = sid
+        self._data_left = length
+        self._data_pieces = []
+        if not length:
+            self._end_data(frames)
+        return view[used:]
+
+    def _continue_data(self, view: memoryview, frames: list[Frame]) -> memoryview:
+        take = min(self._data_left, len(view))
+        self._add_piece(view[:take])
+        self._data_left -= take
+        self._fed += take
+        if not self._data_left:
+            self._end_data(frames)
+        return view[take:]
+
+    def _add_piece(self, piece: memoryview) -> None:
+        """Keep part of a DATA payload until the rest comes: a large part of an immutable buffer as
+        a view of it (copied once, when the frame is whole), anything else copied now, small parts
+        into one bytearray, so a peer's chunking cannot make the parts cost more than the payload."""
+        pieces = self._data_pieces
+        size = len(piece)
+        source = piece.obj
+        if size >= _VIEW_AT_LEAST and type(source) is bytes and 4 * size >= len(source):
+            pieces.append(piece)
+        elif size >= _VIEW_AT_LEAST:
+            pieces.append(bytes(piece))
+        else:
+            last = pieces[-1] if pieces else None
+            if isinstance(last, bytearray):
+                last.extend(piece)
+            else:
+                pieces.append(bytearray(piece))
+
+    def _end_data(self, frames: list[Frame]) -> None:
+        pieces = self._data_pieces
+        payload = pieces[0] if len(pieces) == 1 and type(pieces[0]) is bytes else b"".join(pieces)
+        frames.append(Data(stream_id=self._data_sid, payload=bytes(payload)))
+        self._data_pieces = []
+        self._consumed = self._fed
 
     def _drain(self, unpacker: msgpack.Unpacker, frames: list[Frame]) -> None:
         while True:
@@ -304,37 +394,69 @@ class FrameDecoder:
             frames.append(_validate(obj, size, self.limits))
 
 
+#: the kind of a DATA frame, as an int (an enum's ``.value`` is a property: slow in a loop per frame)
+_DATA_KIND = int(FrameKind.DATA.value)
+#: longest DATA frame header the fast path reads: fixarray, kind, uint32 stream id, bin32 length
+_MAX_DATA_HEADER = 2 + 5 + 5
+#: parts of a DATA payload at least this long are kept as they came (see ``_add_piece``)
+_VIEW_AT_LEAST = 4 * 1024
+
+
+def _data_frame_header(view: memoryview, pos: int, max_payload: int) -> tuple[int, int, int]:
+    """The DATA frame header at ``pos``: (stream id, payload length, offset of the payload) when it
+    is whole and one the fast path takes; (0, 0, -1) when what is there is only the start of such a
+    header; (0, 0, 0) when it is not one (another kind, a partial frame of msgpack's other forms, an
+    oversized payload …: the general decoder decides)."""
+    end = len(view)
+    if pos >= end or view[pos] != 0x93:
+        return 0, 0, 0
+    if pos + 1 >= end:
+        return 0, 0, -1
+    if view[pos + 1] != _DATA_KIND:
+        return 0, 0, 0
+    i = pos + 2
+    if i >= end:
+        return 0, 0, -1
+    marker = view[i]
+    if marker <= 0x7F:
+        stream_id = marker
+        i += 1
+    else:
+        width = _UINT_WIDTHS.get(marker, 0)
+        if not width:
+            return 0, 0, 0
+        if end - i < 1 + width:
+            return 0, 0, -1
+        stream_id = int.from_bytes(view[i + 1 : i + 1 + width], "big")
+        i += 1 + width
+    if stream_id == 0 or stream_id > MAX_STREAM_ID:
+        return 0, 0, 0
+    if i >= end:
+        return 0, 0, -1
+    width = _BIN_WIDTHS.get(view[i], 0)
+    if not width:
+        return 0, 0, 0
+    if end - i < 1 + width:
+        return 0, 0, -1
+    length = int.from_bytes(view[i + 1 : i + 1 + width], "big")
+    if length > max_payload:
+        return 0, 0, 0
+    return stream_id, length, i + 1 + width
+
+
 def _take_data_frames(view: memoryview, max_payload: int, frames: list[Frame]) -> int:
     """Decode the DATA frames that lie whole at the start of ``view``, as msgpack would but without
     its buffer copies; returns the bytes consumed. Stops at anything else — another kind, a partial
-    frame, a non-canonical encoding, an oversized payload — for the general decoder to handle (and,
-    if it must, reject), so this path accepts exactly what the general one does."""
+    frame, a non-canonical encoding, an oversized payload — for the caller to handle (and, if it
+    must, the general decoder to reject), so this path accepts exactly what the general one does."""
     pos = 0
     end = len(view)
-    while end - pos >= 4 and view[pos : pos + 2] == _DATA_PREFIX:
-        i = pos + 2
-        marker = view[i]
-        if marker <= 0x7F:
-            stream_id = marker
-            i += 1
-        else:
-            width = _UINT_WIDTHS.get(marker, 0)
-            if not width or end - i < 1 + width:
-                break
-            stream_id = int.from_bytes(view[i + 1 : i + 1 + width], "big")
-            i += 1 + width
-        if stream_id == 0 or stream_id > MAX_STREAM_ID or i >= end:
-            break
-        width = _BIN_WIDTHS.get(view[i], 0)
-        if not width or end - i < 1 + width:
-            break
-        length = int.from_bytes(view[i + 1 : i + 1 + width], "big")
-        start = i + 1 + width
-        if length > max_payload or end - start < length:
-            break
+    while True:
+        stream_id, length, start = _data_frame_header(view, pos, max_payload)
+        if start <= 0 or end - start < length:
+            return pos
         frames.append(Data(stream_id=stream_id, payload=bytes(view[start : start + length])))
         pos = start + length
-    return pos
 
 
 def _validate(obj: object, size: int, limits: Limits) -> Frame:

@@ -118,6 +118,9 @@ class MuxConnection:
         self._outbound: list[bytes | memoryview] = []
         self._outbound_size = 0
         self._streams: dict[int, _Stream] = {}
+        # How many of ``_streams`` this side opened: each OPEN checks a limit against it, and
+        # counting the table each time cost a pass over every stream per stream opened.
+        self._local_count = 0
         self._next_local_id = 1 if client else 2
         self._last_peer_id = 0
         self._pings: dict[int, float | None] = {}
@@ -136,14 +139,29 @@ class MuxConnection:
         )
         self._hello_sent = True
 
-    def data_to_send(self) -> bytes:
-        """Everything queued so far, and forget it."""
-        if not self._outbound:
+    def data_to_send(self, max_bytes: int | None = None) -> bytes:
+        """What is queued, oldest first, and forget it: everything, or with ``max_bytes`` the
+        queued pieces (whole frames, or a DATA frame's header or payload) up to about that many
+        bytes — at least one piece, past ``max_bytes`` only by the last one taken. A writer that
+        takes its bytes this way keeps each write small enough to stay in the CPU cache: one
+        large join costs more, per byte, than the several writes it saves (measured)."""
+        outbound = self._outbound
+        if not outbound:
             return b""
-        first = self._outbound[0]
-        data = first if len(self._outbound) == 1 and isinstance(first, bytes) else b"".join(self._outbound)
-        self._outbound.clear()
-        self._outbound_size = 0
+        count = len(outbound)
+        size = self._outbound_size
+        if max_bytes is not None and size > max_bytes:
+            size = count = 0
+            while size < max_bytes:
+                size += len(outbound[count])
+                count += 1
+        first = outbound[0]
+        data = first if count == 1 and isinstance(first, bytes) else b"".join(outbound[:count])
+        if count == len(outbound):
+            outbound.clear()
+        else:
+            del outbound[:count]
+        self._outbound_size -= size
         return data
 
     @property
@@ -198,7 +216,12 @@ class MuxConnection:
         if new is not None:
             stream.state = new
         if stream.state is StreamState.CLOSED:
-            del self._streams[stream_id]
+            self._untrack(stream_id, stream)
+
+    def _untrack(self, stream_id: int, stream: _Stream) -> None:
+        del self._streams[stream_id]
+        if stream.local:
+            self._local_count -= 1
 
     def can_open_stream(self) -> bool:
         """Whether ``open_stream`` would succeed now (else wait for a stream to close)."""
@@ -221,6 +244,7 @@ class MuxConnection:
             raise LocalProtocolError("stream ids exhausted; open a new session", ErrorCode.LIMIT_EXCEEDED)
         self._queue_checked(Open(stream_id=stream_id, metadata=dict(metadata or {})))
         self._next_local_id += 2
+        self._local_count += 1
         self._streams[stream_id] = _Stream(
             state=StreamState.OPEN_SENT,
             local=True,
@@ -335,11 +359,11 @@ class MuxConnection:
 
     @property
     def local_stream_count(self) -> int:
-        return sum(1 for s in self._streams.values() if s.local)
+        return self._local_count
 
     @property
     def peer_stream_count(self) -> int:
-        return sum(1 for s in self._streams.values() if not s.local)
+        return len(self._streams) - self._local_count
 
     @property
     def open_stream_ids(self) -> list[int]:
@@ -396,6 +420,7 @@ class MuxConnection:
             self.goaway_sent = frame
             self._queue(frame)
         self._streams.clear()
+        self._local_count = 0
 
     def _receive_frame(self, frame: Frame, now: float, events: list[Event]) -> None:
         if self.state is ConnectionState.AWAITING_HELLO:
@@ -556,7 +581,7 @@ class MuxConnection:
         self.goaway_received = frame
         # Streams this side opened above last_stream_id were never processed: safe to retry elsewhere.
         for stream_id in [s for s, st in self._streams.items() if st.local and s > frame.last_stream_id]:
-            del self._streams[stream_id]
+            self._untrack(stream_id, self._streams[stream_id])
             events.append(
                 StreamRefused(stream_id=stream_id, code=ErrorCode.REFUSED_STREAM, message="not processed before GOAWAY")
             )

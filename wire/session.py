@@ -43,6 +43,11 @@ from wire.streamstate import StreamState
 log = logging.getLogger("wire.session")
 
 _RECEIVE_SIZE = 256 * KiB
+#: bytes handed to the transport in one write, about (``MuxConnection.data_to_send``): three DATA
+#: frames of 64 KiB. One join of all that is queued (up to the high-water mark and more) cost more
+#: per byte than the writes it saved; and a write under ``_RECEIVE_SIZE`` reaches the peer's reader
+#: over h2 as one HTTP/2 frame it need not cut (a copy). Measured: docs/benchmarks.md, issue 30.
+_WRITE_SIZE = 192 * KiB
 #: largest slice of one send_all queued before re-checking the outbound high-water mark
 _SEND_CHUNK = 256 * KiB
 _CLOSE_TIMEOUT = 5.0
@@ -741,17 +746,23 @@ class Session(trio.abc.AsyncResource):
         self._wake_writer()  # what was queued meanwhile
 
     async def _write_out(self, deadline: float = math.inf, late: SessionClosedError | None = None) -> bool:
-        """One write of everything queued (the caller saw none in progress); False once the session
-        writes no more (the transport failed: the writer task then reads what is left; or the
-        close-time bound or ``deadline`` passed)."""
-        data = self.connection.data_to_send()
-        if not data:
+        """Write everything queued (the caller saw no write in progress), in writes of about
+        ``_WRITE_SIZE``; False once the session writes no more (the transport failed: the writer
+        task then reads what is left; or the close-time bound or ``deadline`` passed)."""
+        conn = self.connection
+        left = conn.outbound_size
+        if not left:
             return True
         self._writing = True
         with trio.CancelScope(shield=True, deadline=min(deadline, self._last_write_by)) as sending:
             self._send_scope = sending
             try:
-                await self.transport.send_all(data)
+                while left > 0:
+                    data = conn.data_to_send(_WRITE_SIZE)
+                    if not data:
+                        break
+                    left -= len(data)
+                    await self.transport.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 self._writes_failed = self._transport_failed(exc)
             finally:

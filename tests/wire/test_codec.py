@@ -615,3 +615,56 @@ def test_encode_checked_refuses_exactly_what_the_peer_would(frame: Frame, limits
     except LocalProtocolError:
         we_send = False
     assert we_send == peer_accepts
+
+
+# ---------------------------------------------------------------------------------------------- bulk DATA
+
+
+def _bulk() -> tuple[list[Frame], bytes, list[int]]:
+    frames: list[Frame] = [Data(stream_id=sid, payload=bytes([sid % 251]) * size)
+                           for sid, size in ((1, 64 * KiB), (3, 0), (300, 70), (70_000, 5000), (codec.MAX_STREAM_ID, 64 * KiB))]
+    encoded = [encode(f) for f in frames]
+    starts = [sum(len(e) for e in encoded[:i]) for i in range(len(encoded))]
+    return frames, b"".join(encoded), starts
+
+
+def test_data_frames_cut_anywhere_never_take_the_general_decoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A bulk transfer's reads cut DATA frames anywhere, in the header too: each such frame used to
+    # make a msgpack unpacker (~40 KiB, and a copy of every byte through its buffer) that then
+    # decoded the rest of the read and often the next ones.
+    made: list[object] = []
+    real = msgpack.Unpacker
+
+    def counted(*args: Any, **kwargs: Any) -> msgpack.Unpacker:
+        made.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(msgpack, "Unpacker", counted)
+    frames, stream, starts = _bulk()
+    cuttings = [[start + k] for start in starts for k in range(14)]
+    cuttings += [list(range(0, len(stream), size)) for size in (1000, 4096, 65536 + 7, 100_000)]
+    cuttings.append([5, 6, 7, 9, 11, 20, 4096, 70_000, 70_003])
+    for cuts in cuttings:
+        assert feed_in_chunks(FrameDecoder(), stream, cuts) == frames, cuts
+    assert not made
+
+
+def test_a_data_frame_fed_in_tiny_pieces_holds_little_more_than_its_payload() -> None:
+    frames, stream, _ = _bulk()
+    small = encode(Data(stream_id=5, payload=b"s" * 8 * KiB))
+    for chunk, big, source in ((1, small, small), (1000, encode(frames[0]), encode(frames[0])),
+                               (5000, encode(frames[0]), encode(frames[0]) * 8)):
+        tracemalloc.start()
+        try:
+            decoder = FrameDecoder()
+            tracemalloc.reset_peak()
+            view = memoryview(source)
+            out: list[Frame] = []
+            for i in range(0, len(big) - 1, chunk):  # all of it but its last byte: still partial
+                out += decoder.feed(view[i : min(i + chunk, len(big) - 1)])
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert out == []
+        assert peak <= len(big) + 16 * KiB, (chunk, peak)
+        assert decoder.feed(big[-1:] + stream) == [FrameDecoder().feed(big)[0], *frames]

@@ -989,3 +989,26 @@ def test_a_notice_over_the_control_frame_limit_fails_only_the_call() -> None:
     with pytest.raises(UnsendableFrameError):
         pair.server.notice({"type": "placement", "pad": "x" * (pair.server.limits.max_control_frame + 1)})
     assert pair.server.notice({"type": "ok"}) is True
+
+
+def test_data_to_send_in_bounded_parts_gives_the_same_bytes_in_order() -> None:
+    # A writer takes the queue a few frames at a time (one join of all of it cost more per byte).
+    def loaded() -> MuxConnection:
+        pair = ConnectionPair(server_settings=Settings(initial_window=2 * 2**20, max_window=2**24))
+        sid = pair.client.open_stream({"n": 1})
+        pair.exchange()
+        pair.client.send_data(sid, bytes(range(256)) * 4096)  # 1 MiB: 16 frames of 64 KiB
+        pair.client.ping(0.0)
+        pair.client.send_data(sid, bytearray(b"tail"))
+        return pair.client
+
+    whole = loaded().data_to_send()
+    conn = loaded()
+    parts = []
+    while conn.outbound_size:
+        before = conn.outbound_size
+        parts.append(conn.data_to_send(100_000))
+        assert conn.outbound_size == before - len(parts[-1])
+        assert 0 < len(parts[-1]) < 100_000 + 64 * 1024 + 16
+    assert len(parts) > 5 and b"".join(parts) == whole
+    assert conn.data_to_send(100_000) == b""

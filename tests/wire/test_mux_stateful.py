@@ -299,6 +299,14 @@ class TwoPeers(RuleBasedStateMachine):
                 assert info.buffered == self.unconsumed[(side, info.stream_id)]
 
     @invariant()
+    def stream_counts_match_the_table(self) -> None:
+        # kept as counters (every OPEN checks a limit against them), so they must follow every way
+        # a stream ends: close, reset, refuse, GOAWAY
+        for conn in self.conns:
+            local = sum(1 for info in conn.streams() if info.local)
+            assert (conn.local_stream_count, conn.peer_stream_count) == (local, len(conn.open_stream_ids) - local)
+
+    @invariant()
     def bytes_arrive_in_order(self) -> None:
         for (side, sid), got in self.received.items():
             assert self.sent[(1 - side, sid)].startswith(got)

@@ -719,3 +719,43 @@ async def test_keepalive_timeout_ends_a_session_whose_peer_neither_reads_nor_wri
         assert client.close_reason is not None
         assert client.close_reason.code == ErrorCode.KEEPALIVE_TIMEOUT
         assert trio.current_time() < 17
+
+
+async def test_a_large_send_reaches_the_transport_in_writes_of_a_few_frames(nursery: trio.Nursery) -> None:
+    # One write of all that was queued (a MiB and more) cost more per byte than several writes of a
+    # few frames each (issue 30); the peer receives the same bytes, in order.
+    left, right = trio.testing.memory_stream_pair()
+    writes: list[int] = []
+    real_send_all = left.send_all
+
+    async def recording_send_all(data: bytes | bytearray | memoryview) -> None:
+        writes.append(len(data))
+        await real_send_all(data)
+
+    left.send_all = recording_send_all  # type: ignore[method-assign]
+    sessions: dict[str, Session] = {}
+
+    async def start(name: str, transport: trio.abc.Stream, client: bool) -> None:
+        # the receiver grants credit for all of it at once, so the sender queues it all at once
+        settings = None if client else Settings(initial_window=4 * MiB, max_window=16 * MiB)
+        sessions[name] = await connect_session(nursery, transport, client=client, settings=settings)
+
+    async with trio.open_nursery() as starter:
+        starter.start_soon(start, "client", left, True)
+        starter.start_soon(start, "server", right, False)
+    sender, receiver = await _stream_pair(sessions["client"], sessions["server"])
+    payload = bytes(range(256)) * (8 * 1024)  # 2 MiB
+    writes.clear()
+    received = bytearray()
+
+    async def read() -> None:
+        while chunk := await receiver.receive_some():
+            received.extend(chunk)
+
+    async with trio.open_nursery() as both:
+        both.start_soon(read)
+        await sender.send_all(payload)
+        await sender.send_eof()
+    assert received == payload
+    assert len(writes) >= 8
+    assert max(writes) <= 256 * KiB, writes
