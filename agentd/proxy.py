@@ -291,16 +291,20 @@ async def _read_small_body(response: UpstreamResponse, length: int) -> tuple[byt
     list of the reads would cost a Python object per read, ~40 times the body for one trickled a byte
     at a time); and the error that stopped it, if one did (for the caller to raise once the head went
     out)."""
-    body = bytearray()
+    buffer: bytearray | None = None
     try:
-        while len(body) < length:
+        first = await response.receive_some()
+        if not first or len(first) >= length:
+            return first, None  # the usual answer: its body in one read, kept as it came
+        buffer = bytearray(first)
+        while len(buffer) < length:
             chunk = await response.receive_some()
             if not chunk:
                 break
-            body += chunk
+            buffer += chunk
     except Exception as exc:
-        return bytes(body), exc
-    return bytes(body), None
+        return bytes(buffer or b""), exc
+    return bytes(buffer), None
 
 
 def _content_type(headers: Sequence[tuple[str, str]]) -> str | None:
