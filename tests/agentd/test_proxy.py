@@ -211,3 +211,32 @@ async def test_reset_during_upload_abandons_the_upstream_request(setup: Setup) -
     assert record.status is None
     stats = setup.agent.pool.statistics()  # type: ignore[attr-defined]
     assert stats.active == 0 and stats.idle == 0 and stats.discarded == 1
+
+
+async def test_a_small_answer_trickled_in_tiny_reads_costs_about_its_length() -> None:
+    """A small answer is read whole before its head goes to kasd; a hostile API server or service
+    that sends its 64 KiB two bytes a read must not make agentd hold a Python object per read (a
+    list of 32768 reads was ~1.4 MB for one stream, times every stream it answers slowly)."""
+    import tracemalloc
+
+    from agentd.proxy import _read_small_body
+
+    length = 64 * 1024
+
+    class Trickle:
+        sent = 0
+
+        async def receive_some(self) -> bytes:
+            if self.sent == length:
+                return b""
+            self.sent += 2
+            return bytes((self.sent % 256, 0))  # a new object each read, as a socket read is
+
+    tracemalloc.start()
+    try:
+        body, error = await _read_small_body(Trickle(), length)  # type: ignore[arg-type]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert error is None and len(body) == length
+    assert peak < 3 * length, peak
