@@ -728,17 +728,21 @@ class Session(trio.abc.AsyncResource):
                 return
 
     async def _write_through(self, deadline: float = math.inf, late: SessionClosedError | None = None) -> None:
-        """Write what is queued in the calling task when no write is in progress (no task switch);
-        otherwise leave it to the write in progress or the writer task. One write at a time, in
+        """Write what is queued in the calling task when no write is in progress (no task switch),
+        and what is queued meanwhile; otherwise leave it to the write in progress (the writer task's
+        or another's ``_write_through``: each goes on until nothing is left). One write at a time, in
         the order queued; shielded as the writer's, within the same close-time bound.
 
         The task that keeps the session's deadlines (handshake, keepalive) must not wait past them
         in a write: it gives ``deadline``, past which the session ends with ``late``."""
-        if self._writing or self._writes_failed is not None or self.closed or not self.connection.outbound_size:
+        if self._writes_failed is not None or self.closed:
             self._wake_writer()
             return
-        await self._write_out(deadline, late)
-        self._wake_writer()  # what was queued meanwhile
+        if self._writing:
+            return  # the write in progress takes these too: each writer goes on until none is left
+        while self.connection.outbound_size and not self._writing:
+            if not await self._write_out(deadline, late):
+                return
 
     async def _write_out(self, deadline: float = math.inf, late: SessionClosedError | None = None) -> bool:
         """One write of everything queued (the caller saw none in progress); False once the session
