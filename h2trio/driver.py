@@ -66,6 +66,7 @@ A server front end with many concurrent requests (kasd's HTTP/2 proxy port)::
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -259,41 +260,61 @@ class H2Driver:
             self._read_lot.unpark_all()
             self._window_lot.unpark_all()
 
-    async def read_for(self, h2s: H2Stream) -> None:
+    async def read_for(self, h2s: H2Stream, deadline: float = math.inf) -> None:
         """Without a reader task: read until ``h2s`` has something to take (data, its end, its
-        error) or the connection ended. One task reads at a time; another that needs the reader
-        meanwhile (a second stream's consumer, a sender waiting for a WINDOW_UPDATE) waits for it
-        and reads itself once that one stopped. A connection read this way answers its own frames
-        (SETTINGS, PING, WINDOW_UPDATE) only while some task waits in here or in ``send_data``."""
+        error) or the connection ended, or ``deadline`` passed (only the wait for bytes is cut:
+        what was read is always fed to h2 and answered). One task reads at a time; another that
+        needs the reader meanwhile (a second stream's consumer, a sender waiting for a
+        WINDOW_UPDATE) waits for it and reads itself once that one stopped. A connection read this
+        way answers its own frames (SETTINGS, PING, WINDOW_UPDATE) only while some task waits in
+        here or in ``send_data``."""
         while not h2s._buffer and not h2s._eof and h2s._error is None and not self.closed:
-            if self._reader_task:
-                await h2s._lot.park()  # ``run_reader`` reads: it wakes the stream as data arrives
-            elif self._reading:
-                await self._read_lot.park()
-            else:
-                await self._read_once()
+            if self._reading:
+                with trio.move_on_at(deadline):
+                    # ``run_reader`` wakes the stream as data arrives; another reader, its waiters
+                    await (h2s._lot if self._reader_task else self._read_lot).park()
+            elif not await self._read_once(deadline):
+                return
+            if trio.current_time() >= deadline:
+                return
 
-    async def _read_once(self) -> None:
+    async def _read_once(self, deadline: float = math.inf) -> bool:
+        """One read and its dispatch; False when ``deadline`` passed with nothing read."""
         self._reading = True
         try:
-            await self.pump()
+            if deadline == math.inf:
+                await self.pump()
+                return True
+            with trio.move_on_at(deadline):
+                data = await self._receive()
+            if data is None:
+                return False
+            await self.pump(data)
+            return True
         finally:
             self._reading = False
             # whoever waited for this read (its data, or for the reading to be theirs) looks again
             self._read_lot.unpark_all()
             self._window_lot.unpark_all()
 
+    async def _receive(self) -> bytes | bytearray | None:
+        """One read from the stream; None (``closed`` set) once the connection is gone."""
+        try:
+            data = await self.stream.receive_some(self.receive_size)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self.fail(f"connection lost: {exc!r}")
+            return None
+        if not data:
+            self.fail("peer closed the connection")
+            return None
+        return data
+
     async def pump(self, data: bytes | bytearray | None = None) -> None:
         """Read once from the stream (or take ``data``), feed h2, dispatch its events, flush its
         answers. Never raises for the connection's end: that sets ``closed``."""
         if data is None:
-            try:
-                data = await self.stream.receive_some(self.receive_size)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                self.fail(f"connection lost: {exc!r}")
-                return
-            if not data:
-                self.fail("peer closed the connection")
+            data = await self._receive()
+            if data is None:
                 return
         scanner = self._scanner
         try:
@@ -629,13 +650,15 @@ class H2Stream:
         assert self._error is not None
         raise self._error
 
-    async def read_data(self, max_bytes: int | None = None) -> bytes:
+    async def read_data(self, max_bytes: int | None = None, *, deadline: float = math.inf) -> bytes | None:
         """``receive_data`` on a connection with no reader task: this reads the connection until
-        the stream has something (``H2Driver.read_for``)."""
+        the stream has something (``H2Driver.read_for``); None once ``deadline`` passed first."""
         if not self._buffer and not self._eof and self._error is None:
             driver = self.driver
-            await driver.read_for(self)
+            await driver.read_for(self, deadline)
             if not self._buffer and not self._eof and self._error is None:
+                if not driver.closed:
+                    return None  # the deadline passed
                 # the connection ended after this side closed the stream (no longer told of it)
                 raise trio.BrokenResourceError(driver.close_reason)
         return await self.receive_data(max_bytes)

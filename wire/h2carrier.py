@@ -117,7 +117,17 @@ class H2StreamTransport(trio.abc.HalfCloseableStream):
         h2 connection's own frames are answered as they are read."""
         if self._closed:
             raise trio.ClosedResourceError("transport closed")
-        return await self.h2s.read_data(max_bytes)
+        data = await self.h2s.read_data(max_bytes)
+        assert data is not None
+        return data
+
+    async def receive_before(self, deadline: float, max_bytes: int | None = None) -> bytes | None:
+        """``receive_some``, or None once ``deadline`` passed with nothing received: only the wait
+        for bytes is cut (what was read is fed to h2 and answered whole), so a session's reader can
+        keep its timers without a task of their own (``wire.session``)."""
+        if self._closed:
+            raise trio.ClosedResourceError("transport closed")
+        return await self.h2s.read_data(max_bytes, deadline=deadline)
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         if self._closed:
