@@ -285,9 +285,10 @@ class H2Driver:
             if deadline == math.inf:
                 await self.pump()
                 return True
+            data = None
             with trio.move_on_at(deadline):
                 data = await self._receive()
-            if data is None:
+            if data is None:  # the deadline passed (or the connection ended: ``closed`` says)
                 return False
             await self.pump(data)
             return True

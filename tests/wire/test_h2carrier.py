@@ -446,9 +446,10 @@ def _tasks_below(name: str) -> list[str]:
     return sorted(found)
 
 
-async def test_an_idle_h2_tunnel_end_runs_only_its_session(nursery: trio.Nursery) -> None:
+async def test_an_idle_h2_tunnel_end_runs_only_its_session(nursery: trio.Nursery, autojump_clock: trio.abc.Clock) -> None:
     """Either end of an idle HTTP/2 tunnel (kasd holds thousands) runs the session's one task and no
-    reader task of the carrier's: the session's reader reads the HTTP/2 connection itself."""
+    reader task of the carrier's: the session's reader reads the HTTP/2 connection itself, and its
+    wait for bytes ends at each keepalive PING (written, answered) without harm to the tunnel."""
     server = TunnelServer()
     left, right = trio.testing.memory_stream_pair()
     nursery.start_soon(
@@ -474,3 +475,8 @@ async def test_an_idle_h2_tunnel_end_runs_only_its_session(nursery: trio.Nursery
             await client[0].ping()  # answered by the server's reader
         await trio.testing.wait_all_tasks_blocked()
     assert _tasks_below("serve_h2_connection") == ["Session.run", "serve_h2_connection"]
+    received = client[0].statistics().bytes_received
+    await trio.sleep(3 * client[0].keepalive_interval)  # (virtual time) three keepalive PINGs
+    assert client[0].statistics().bytes_received > received
+    assert not client[0].closed and not server.sessions[0][0].closed
+    assert await _exchange(client[0], b"still there") == b"STILL THERE"
