@@ -117,7 +117,7 @@ async def cpu_per_keepalive(exchanges: int, interval: float = 0.002) -> float:
                 reached.set()
             return ping(*args)
 
-        conn.ping = counting_ping  # type: ignore[method-assign]
+        conn.ping = counting_ping  # type: ignore[method-assign,assignment]
         await reached.wait()
         gc.collect()
         first = counted[0]
