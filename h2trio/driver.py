@@ -277,8 +277,8 @@ class H2Driver:
                     await (h2s._lot if self._reader_task else self._read_lot).park()
             elif not await self._read_once(deadline):
                 return
-            if trio.current_time() >= deadline:
-                return
+            # (a read that brought nothing for this stream: the next one's scope ends at a passed
+            # deadline at once, so no clock is read here)
 
     async def _read_once(self, deadline: float = math.inf) -> bool:
         """One read and its dispatch; False when ``deadline`` passed with nothing read."""
@@ -297,8 +297,10 @@ class H2Driver:
         finally:
             self._reading = False
             # whoever waited for this read (its data, or for the reading to be theirs) looks again
-            self._read_lot.unpark_all()
-            self._window_lot.unpark_all()
+            if self._read_lot:
+                self._read_lot.unpark_all()
+            if self._window_lot:
+                self._window_lot.unpark_all()
 
     async def _receive(self) -> bytes | bytearray | None:
         """One read from the stream; None (``closed`` set) once the connection is gone."""

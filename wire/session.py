@@ -669,12 +669,12 @@ class Session(trio.abc.AsyncResource):
         # pong): if such a write never completes, ``bound`` ends the session, as the keepalive
         # timer did when it ran in a task of its own: at the handshake timeout, then between one
         # and two keepalive timeouts after the last bytes read (moved rarely: moving it costs).
+        now = 0.0  # the clock, read again at the top of the loop unless bytes were just read
         with trio.CancelScope(deadline=handshake_by) as bound:
             while not self.closed:
-                now = trio.current_time()
+                if now <= 0.0:
+                    now = trio.current_time()
                 if started:
-                    if heard is not None and (last := heard()) > self._last_received:
-                        self._last_received = last
                     idle = now - self._last_received
                     if idle >= self.keepalive_timeout:
                         self._call_quiet(conn.goaway, ErrorCode.KEEPALIVE_TIMEOUT, "keepalive timeout")
@@ -694,6 +694,7 @@ class Session(trio.abc.AsyncResource):
                         else:
                             self._call_quiet(conn.ping, now)
                             await self._write_through(*self._keepalive_deadline())
+                        now = 0.0
                         continue
                     wake = self._last_received + self.keepalive_timeout
                     if bound.deadline < wake:  # moved rarely (a deadline moved costs): with slack
@@ -717,6 +718,7 @@ class Session(trio.abc.AsyncResource):
                         break
                     started = self._started = True
                     task_status.started(self)
+                    now = 0.0
                     continue
                 elif now >= handshake_by:
                     self._shutdown(no_hello)
@@ -730,22 +732,25 @@ class Session(trio.abc.AsyncResource):
                             await self._wait_outbound_room()
                         except SessionClosedError:
                             break
+                    now = 0.0
                     continue
                 try:
                     data = await receive_before(wake, _RECEIVE_SIZE)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     self._shutdown(self._transport_failed(exc))
                     break
-                if data is None:
-                    continue  # a timer is due
+                now = 0.0
+                if data is None:  # a timer is due; and what the carrier alone read counts as heard
+                    if heard is not None and (last := heard()) > self._last_received:
+                        self._last_received = last
+                    continue
                 if not data:
                     reason = "peer closed the connection"
                     if conn.goaway_received is not None:
                         reason += f" after GOAWAY ({ErrorCode.describe(conn.goaway_received.code)})"
                     self._shutdown(SessionClosedError(reason))
                     break
-                now = trio.current_time()
-                self._last_received = now
+                self._last_received = now = trio.current_time()
                 try:
                     events = conn.receive_data(data, now)
                 except RemoteProtocolError as exc:
