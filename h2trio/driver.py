@@ -150,8 +150,6 @@ class H2Driver:
         #: no reader task: the connection is read by whoever waits on it (``H2Stream.read_data``,
         #: and a ``send_data`` waiting for the peer's window); set by the owner (the tunnel carrier)
         self.reads_on_demand = False
-        #: when the stream last gave bytes (``trio.current_time()``), on the reads the driver makes
-        self.last_read = 0.0
         self._reading = False
         self._reader_task = False
         self._read_lot = trio.lowlevel.ParkingLot()
@@ -272,9 +270,11 @@ class H2Driver:
         here or in ``send_data``."""
         while not h2s._buffer and not h2s._eof and h2s._error is None and not self.closed:
             if self._reading:
-                with trio.move_on_at(deadline):
+                with trio.move_on_at(deadline) as waited:
                     # ``run_reader`` wakes the stream as data arrives; another reader, its waiters
                     await (h2s._lot if self._reader_task else self._read_lot).park()
+                if waited.cancelled_caught:
+                    return
             elif not await self._read_once(deadline):
                 return
             # (a read that brought nothing for this stream: the next one's scope ends at a passed
@@ -312,7 +312,6 @@ class H2Driver:
         if not data:
             self.fail("peer closed the connection")
             return None
-        self.last_read = trio.current_time()
         return data
 
     async def pump(self, data: bytes | bytearray | None = None) -> None:
@@ -430,14 +429,6 @@ class H2Driver:
         elif isinstance(event, h2.events.ConnectionTerminated):
             code = event.error_code
             self.fail(f"peer sent HTTP/2 GOAWAY (code {code})", clean=code == h2.errors.ErrorCodes.NO_ERROR)
-
-    async def ping(self) -> None:
-        """Send an HTTP/2 PING (the peer's h2 acknowledges it as it reads it: a keepalive that
-        costs the peer no more than its read)."""
-        if self.closed:
-            raise trio.BrokenResourceError(self.close_reason)
-        self.conn.ping(b"\0" * 8)
-        await self.flush()
 
     def refuse(self, h2s: H2Stream, code: h2.errors.ErrorCodes = h2.errors.ErrorCodes.REFUSED_STREAM) -> None:
         """Refuse a request stream before its handling began (RST_STREAM ``code``, sent with the

@@ -129,16 +129,6 @@ class H2StreamTransport(trio.abc.HalfCloseableStream):
             raise trio.ClosedResourceError("transport closed")
         return await self.h2s.read_data(max_bytes, deadline=deadline)
 
-    def last_heard(self) -> float:
-        """When the connection last gave bytes (any frame: an HTTP/2 PING's acknowledgement too)."""
-        return self.driver.last_read
-
-    async def send_carrier_ping(self) -> None:
-        """A keepalive below the session (an HTTP/2 PING): the peer's h2 answers it in its read."""
-        if self._closed:
-            raise trio.ClosedResourceError("transport closed")
-        await self.driver.ping()
-
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         if self._closed:
             raise trio.ClosedResourceError("transport closed")

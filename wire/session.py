@@ -37,7 +37,7 @@ from wire.events import (
 )
 from wire.frames import Metadata
 from wire.mux import MuxConnection, StreamInfo
-from wire.settings import CARRIER_PING_VERSION, KiB, Limits, MiB, Settings
+from wire.settings import KiB, Limits, MiB, Settings
 from wire.streamstate import StreamState
 
 log = logging.getLogger("wire.session")
@@ -655,11 +655,6 @@ class Session(trio.abc.AsyncResource):
         written from here, the keepalive timeout)."""
         conn = self.connection
         receive_before = getattr(self.transport, "receive_before", None) or self._receive_before
-        # Over HTTP/2: any frame the carrier read counts as hearing from the peer (an HTTP/2 PING's
-        # acknowledgement, or, on the other end, the PING), and a 1.2 peer is kept alive with
-        # HTTP/2 PINGs, answered by its h2 as it reads them (protocol.md §8).
-        heard: Callable[[], float] | None = getattr(self.transport, "last_heard", None)
-        carrier_ping: Callable[[], Awaitable[None]] | None = getattr(self.transport, "send_carrier_ping", None)
         no_hello = SessionClosedError("no HELLO from the peer in time", ErrorCode.PROTOCOL_ERROR)
         handshake_by = trio.current_time() + self.handshake_timeout
         await self._write_through(handshake_by, no_hello)  # the HELLO
@@ -683,28 +678,19 @@ class Session(trio.abc.AsyncResource):
                         self._shutdown(SessionClosedError(
                             f"no data from peer for {idle:.1f}s (keepalive timeout)", ErrorCode.KEEPALIVE_TIMEOUT))
                         break
-                    answered = pinged_at is None or pinged_at <= self._last_received
-                    # (an answered PING's interval runs from when it was sent: its answer, read
-                    # below the session, wakes nothing, so the next is due without a wake between)
-                    if answered and (idle >= self._ping_after or (
-                            pinged_at is not None and now >= pinged_at + self._ping_after)):
+                    if idle >= self._ping_after and (pinged_at is None or pinged_at <= self._last_received):
+                        self._call_quiet(conn.ping, now)
                         pinged_at = now
-                        if carrier_ping is not None and (conn.version or (0, 0)) >= CARRIER_PING_VERSION:
-                            await self._carrier_ping_out(carrier_ping)
-                        else:
-                            self._call_quiet(conn.ping, now)
-                            await self._write_through(*self._keepalive_deadline())
+                        await self._write_through(*self._keepalive_deadline())
                         now = 0.0
                         continue
                     wake = self._last_received + self.keepalive_timeout
                     if bound.deadline < wake:  # moved rarely (a deadline moved costs): with slack
                         bound.deadline = wake + self.keepalive_timeout
-                    if answered:
-                        due = self._last_received + self._ping_after
-                        wake = min(wake, due if pinged_at is None else min(due, pinged_at + self._ping_after))
+                    if pinged_at is None or pinged_at <= self._last_received:
+                        wake = min(wake, self._last_received + self._ping_after)
                     else:  # look again an interval after the PING (its PONG sets when the next one
                         # is due), or, that moment passed without a PONG, an interval from now
-                        assert pinged_at is not None
                         again = pinged_at + self._ping_after
                         wake = min(wake, again if again > now else now + self._ping_after)
                 elif self._handshake.is_set():  # (also set by a shutdown: the loop ends then)
@@ -740,10 +726,8 @@ class Session(trio.abc.AsyncResource):
                     self._shutdown(self._transport_failed(exc))
                     break
                 now = 0.0
-                if data is None:  # a timer is due; and what the carrier alone read counts as heard
-                    if heard is not None and (last := heard()) > self._last_received:
-                        self._last_received = last
-                    continue
+                if data is None:
+                    continue  # a timer is due
                 if not data:
                     reason = "peer closed the connection"
                     if conn.goaway_received is not None:
@@ -778,19 +762,6 @@ class Session(trio.abc.AsyncResource):
         if bound.cancelled_caught and not self.closed:  # a transport's write never completed
             self._shutdown(no_hello if not started else SessionClosedError(
                 f"no data from peer for {self.keepalive_timeout:.1f}s (keepalive timeout)", ErrorCode.KEEPALIVE_TIMEOUT))
-
-    async def _carrier_ping_out(self, carrier_ping: Callable[[], Awaitable[None]]) -> None:
-        """The keepalive PING below the session, bounded as the timer's own writes are (shielded:
-        a frame is never cut midway; by the keepalive timeout, past which the session ends)."""
-        deadline, late = self._keepalive_deadline()
-        with trio.CancelScope(shield=True, deadline=min(deadline, self._last_write_by)) as sending:
-            try:
-                await carrier_ping()
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                self._shutdown(self._transport_failed(exc))
-                return
-        if sending.cancelled_caught:
-            self._shutdown(late)
 
     async def _receive_before(self, deadline: float, max_bytes: int) -> bytes | bytearray | None:
         """A transport with no ``receive_before`` of its own (a plain byte stream, whose

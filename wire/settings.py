@@ -10,13 +10,9 @@ from wire.errors import RemoteProtocolError
 
 #: (major, minor). Peers with a different major refuse each other; minors negotiate down.
 #: 1.1 added NOTICE (a one-way control message: kasd's placement of an agent's connections).
-#: 1.2: over HTTP/2, the dialler's keepalive may be an HTTP/2 PING, and any bytes the carrier reads
-#: count as hearing from the peer (no new frame: protocol.md §8).
-PROTOCOL_VERSION: tuple[int, int] = (1, 2)
+PROTOCOL_VERSION: tuple[int, int] = (1, 1)
 #: the first version with NOTICE
 NOTICE_VERSION: tuple[int, int] = (1, 1)
-#: the first version whose peers count the carrier's own frames (an HTTP/2 PING) as hearing
-CARRIER_PING_VERSION: tuple[int, int] = (1, 2)
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -970,7 +970,7 @@ def test_send_data_counts_bytes_of_any_buffer() -> None:
 
 def test_a_notice_reaches_a_1_1_peer_as_an_event() -> None:
     pair = ConnectionPair()
-    assert pair.server.version >= (1, 1)  # (1.1 or later: NOTICE)
+    assert pair.server.version == (1, 1)
     assert pair.server.notice({"type": "placement", "home": "a:1"}) is True
     assert pair.send(pair.server) == [NoticeReceived(metadata={"type": "placement", "home": "a:1"})]
 
