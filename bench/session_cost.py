@@ -115,18 +115,9 @@ async def cpu_per_keepalive(exchanges: int, interval: float = 0.002) -> float:
             counted[0] += 1
             if counted[0] >= target[0]:
                 reached.set()
-            return ping(*args) if args else None
+            return ping(*args)
 
         conn.ping = counting_ping  # type: ignore[method-assign,assignment]
-        driver = getattr(client.transport, "driver", None)
-        if driver is not None and hasattr(driver, "ping"):  # protocol 1.2: the keepalive is an HTTP/2 PING
-            h2_ping = driver.ping
-
-            async def counting_h2_ping() -> None:
-                counting_ping()
-                await h2_ping()
-
-            driver.ping = counting_h2_ping
         await reached.wait()
         gc.collect()
         first = counted[0]
