@@ -26,7 +26,6 @@ import math
 import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +41,7 @@ from netio.fastio import fast_stream, peer_host, peer_name, tls_stream
 from netio.tlsreload import ReloadingContext, file_identity
 from wire.carrier import DEFAULT_PATH
 from wire.frames import Metadata
-from wire.h2carrier import request_h2_tunnel, run_h2_reader
+from wire.h2carrier import request_h2_tunnel
 from wire.notices import parse_placement
 from wire.receptive import (
     MAX_HELLO,
@@ -293,8 +292,7 @@ class ReceptiveListener:
             with trio.move_on_after(1, shield=True):
                 await stream.aclose()
             raise
-        async with open_session(transport, client=True, transport_task=partial(run_h2_reader, transport),
-                                metadata=metadata, **self.session_kwargs) as session:
+        async with open_session(transport, client=True, metadata=metadata, **self.session_kwargs) as session:
             yield session
 
 

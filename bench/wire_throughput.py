@@ -46,7 +46,7 @@ import trio.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from wire.h2carrier import dial_h2_tunnel, run_h2_reader, serve_h2_tunnels, server_ssl_context
+from wire.h2carrier import dial_h2_tunnel, serve_h2_tunnels, server_ssl_context
 from wire.session import Session, connect_session
 from wire.wscarrier import dial_ws_tunnel
 
@@ -114,11 +114,9 @@ async def serve(mode: str, port_file: str, cert_dir: str | None) -> None:
                 if accepted is None:
                     return
                 transport, _ = accepted
-                async with trio.open_nursery() as inner:
-                    inner.start_soon(h2carrier.run_h2_reader, transport)
-                    await _sink_stream(transport)
-                    await trio.sleep(1)
-                    inner.cancel_scope.cancel()
+                await _sink_stream(transport)
+                with trio.move_on_after(1):
+                    await trio.sleep_forever()
 
             await nursery.start(trio.serve_listeners, bare, listeners)
         else:
@@ -188,12 +186,8 @@ async def run_tcp(port: int, nbytes: int) -> None:
 
 async def run_h2(port: int, nbytes: int) -> None:
     transport = await dial_h2_tunnel(f"http://127.0.0.1:{port}/tunnel", token=TOKEN)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(run_h2_reader, transport)
-
-        await _send_and_confirm(transport, nbytes, transport.send_eof)
-        await transport.aclose()
-        nursery.cancel_scope.cancel()
+    await _send_and_confirm(transport, nbytes, transport.send_eof)
+    await transport.aclose()
 
 
 async def _mux_streams(session: Session, nbytes: int, streams: int) -> None:
@@ -221,7 +215,6 @@ async def run_mux_h2(port: int, nbytes: int, streams: int, ctx: ssl.SSLContext |
     host = "localhost" if ctx else "127.0.0.1"
     transport = await dial_h2_tunnel(f"{scheme}://{host}:{port}/tunnel", token=TOKEN, ssl_context=ctx)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(run_h2_reader, transport)
         session = await connect_session(nursery, transport, client=True)
         await _mux_streams(session, nbytes, streams)
         await session.aclose()
@@ -326,8 +319,7 @@ async def _idle_tunnels(count: int, carrier: str = "h2c") -> tuple[int, int]:
                 if carrier == "ws":
                     transport = await dial_ws_tunnel(f"ws://127.0.0.1:{port}/tunnel", token=TOKEN)
                 else:
-                    transport = h2 = await dial_h2_tunnel(f"http://127.0.0.1:{port}/tunnel", token=TOKEN)
-                    nursery.start_soon(run_h2_reader, h2)
+                    transport = await dial_h2_tunnel(f"http://127.0.0.1:{port}/tunnel", token=TOKEN)
                 await connect_session(nursery, transport, client=True)
                 await ready.acquire()
         nursery.cancel_scope.cancel()

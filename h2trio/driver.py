@@ -1,7 +1,9 @@
 """The one driver of h2 over Trio: an ``H2Connection`` over a ``trio.abc.Stream``, either side.
 
 ``H2Driver`` owns the connection: one reader (``run_reader``, or ``pump`` one read at a time while a
-handshake is decided) that feeds h2 and dispatches its events, and one writer path (``flush``) that
+handshake is decided, or — ``reads_on_demand``, the tunnel's way, no task of its own — whoever
+waits on the connection: ``H2Stream.read_data``, and a ``send_data`` waiting for the peer's window,
+one at a time) that feeds h2 and dispatches its events, and one writer path (``flush``) that
 moves what h2 queued to the stream in order, vectored where the stream can. Each HTTP/2 stream is an
 ``H2Stream``: its head, an inbound body queue acknowledged to the peer only as the consumer takes
 the bytes (flow control *is* the backpressure, as in hypercorn), and ``send_data`` that sends at
@@ -64,6 +66,7 @@ A server front end with many concurrent requests (kasd's HTTP/2 proxy port)::
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -142,6 +145,14 @@ class H2Driver:
         self._sending = False
         self._drained = trio.lowlevel.ParkingLot()
         self._window_lot = trio.lowlevel.ParkingLot()
+        #: a task is reading the stream (``run_reader``, or ``read_for``/a sender's ``_read_once``):
+        #: no other may, and whoever waits for what the reader brings parks on ``_read_lot``
+        #: no reader task: the connection is read by whoever waits on it (``H2Stream.read_data``,
+        #: and a ``send_data`` waiting for the peer's window); set by the owner (the tunnel carrier)
+        self.reads_on_demand = False
+        self._reading = False
+        self._reader_task = False
+        self._read_lot = trio.lowlevel.ParkingLot()
         self.reset_limit = reset_limit
         #: the connection's own, or one shared by the connections of its source (``ResetBuckets``)
         self._resets = reset_bucket if reset_bucket is not None else ResetBucket(reset_limit, trio.current_time())
@@ -238,22 +249,77 @@ class H2Driver:
     async def run_reader(self, *, initial: bytes | bytearray = b"") -> None:
         """The connection's one reader: returns when the connection has ended (see ``close_reason``).
         ``initial``: bytes already read from the stream (a preface sniffed by the caller)."""
-        if initial:
-            await self.pump(initial)
-        while not self.closed:
-            await self.pump()
+        self._reading = self._reader_task = True
+        try:
+            if initial:
+                await self.pump(initial)
+            while not self.closed:
+                await self.pump()
+        finally:
+            self._reading = self._reader_task = False
+            self._read_lot.unpark_all()
+            self._window_lot.unpark_all()
+
+    async def read_for(self, h2s: H2Stream, deadline: float = math.inf) -> None:
+        """Without a reader task: read until ``h2s`` has something to take (data, its end, its
+        error) or the connection ended, or ``deadline`` passed (only the wait for bytes is cut:
+        what was read is always fed to h2 and answered). One task reads at a time; another that
+        needs the reader meanwhile (a second stream's consumer, a sender waiting for a
+        WINDOW_UPDATE) waits for it and reads itself once that one stopped. A connection read this
+        way answers its own frames (SETTINGS, PING, WINDOW_UPDATE) only while some task waits in
+        here or in ``send_data``."""
+        while not h2s._buffer and not h2s._eof and h2s._error is None and not self.closed:
+            if self._reading:
+                with trio.move_on_at(deadline) as waited:
+                    # ``run_reader`` wakes the stream as data arrives; another reader, its waiters
+                    await (h2s._lot if self._reader_task else self._read_lot).park()
+                if waited.cancelled_caught:
+                    return
+            elif not await self._read_once(deadline):
+                return
+            # (a read that brought nothing for this stream: the next one's scope ends at a passed
+            # deadline at once, so no clock is read here)
+
+    async def _read_once(self, deadline: float = math.inf) -> bool:
+        """One read and its dispatch; False when ``deadline`` passed with nothing read."""
+        self._reading = True
+        try:
+            if deadline == math.inf:
+                await self.pump()
+                return True
+            data = None
+            with trio.move_on_at(deadline):
+                data = await self._receive()
+            if data is None:  # the deadline passed (or the connection ended: ``closed`` says)
+                return False
+            await self.pump(data)
+            return True
+        finally:
+            self._reading = False
+            # whoever waited for this read (its data, or for the reading to be theirs) looks again
+            if self._read_lot:
+                self._read_lot.unpark_all()
+            if self._window_lot:
+                self._window_lot.unpark_all()
+
+    async def _receive(self) -> bytes | bytearray | None:
+        """One read from the stream; None (``closed`` set) once the connection is gone."""
+        try:
+            data = await self.stream.receive_some(self.receive_size)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self.fail(f"connection lost: {exc!r}")
+            return None
+        if not data:
+            self.fail("peer closed the connection")
+            return None
+        return data
 
     async def pump(self, data: bytes | bytearray | None = None) -> None:
         """Read once from the stream (or take ``data``), feed h2, dispatch its events, flush its
         answers. Never raises for the connection's end: that sets ``closed``."""
         if data is None:
-            try:
-                data = await self.stream.receive_some(self.receive_size)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                self.fail(f"connection lost: {exc!r}")
-                return
-            if not data:
-                self.fail("peer closed the connection")
+            data = await self._receive()
+            if data is None:
                 return
         scanner = self._scanner
         try:
@@ -429,6 +495,7 @@ class H2Driver:
         for h2s in list(self.streams.values()):
             h2s._on_connection_end(reason, clean=clean)
         self._window_lot.unpark_all()
+        self._read_lot.unpark_all()
 
     async def aclose(self) -> None:
         """GOAWAY (if the connection still stands), then close the stream; always closes, even when
@@ -588,6 +655,19 @@ class H2Stream:
         assert self._error is not None
         raise self._error
 
+    async def read_data(self, max_bytes: int | None = None, *, deadline: float = math.inf) -> bytes | None:
+        """``receive_data`` on a connection with no reader task: this reads the connection until
+        the stream has something (``H2Driver.read_for``); None once ``deadline`` passed first."""
+        if not self._buffer and not self._eof and self._error is None:
+            driver = self.driver
+            await driver.read_for(self, deadline)
+            if not self._buffer and not self._eof and self._error is None:
+                if not driver.closed:
+                    return None  # the deadline passed
+                # the connection ended after this side closed the stream (no longer told of it)
+                raise trio.BrokenResourceError(driver.close_reason)
+        return await self.receive_data(max_bytes)
+
     async def send_headers(self, headers: Headers, *, end_stream: bool = False) -> None:
         driver = self.driver
         self._check_sendable()
@@ -609,7 +689,13 @@ class H2Stream:
             window = min(conn.local_flow_control_window(self.stream_id), conn.max_outbound_frame_size)
             if window <= 0:
                 await driver.flush()
-                await driver._window_lot.park()
+                if driver._reading or not driver.reads_on_demand:
+                    await driver._window_lot.park()
+                else:
+                    # No task reads (the tunnel's consumer reads only when it wants data, and may
+                    # itself wait for this send): the WINDOW_UPDATE that opens the window must
+                    # still be read, so this sender reads meanwhile.
+                    await driver._read_once()
                 continue
             if window >= len(view) and isinstance(data, bytes) and len(view) == len(data):
                 chunk, view = data, view[:0]  # the common case: all of it in one frame, no copy

@@ -39,7 +39,7 @@ from tunnelhttp.watchbounds import EventBoundary, is_endless
 from wire.carrier import TunnelRejectedError
 from wire.errors import ErrorCode, RemoteProtocolError, UnsendableFrameError
 from wire.frames import Metadata
-from wire.h2carrier import dial_h2_tunnel, run_h2_reader
+from wire.h2carrier import dial_h2_tunnel
 from wire.ids import InvalidNumber, check_id
 from wire.session import (
     MuxStream,
@@ -243,7 +243,6 @@ class PeerPool:
                 except trio.BrokenResourceError as exc:
                     raise PeerDialError(peer.name, f"connection to {url} broke: {exc}") from None
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(run_h2_reader, transport)
                     try:
                         with trio.fail_after(self.dial_timeout):
                             session = await connect_session(nursery, transport, client=True, **self._session_kwargs)

@@ -28,7 +28,6 @@ import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -107,14 +106,28 @@ class H2StreamTransport(trio.abc.HalfCloseableStream):
         h2s.head = None  # checked already; an idle tunnel end (there are thousands) need not keep it
         self.h2s = h2s
         self.driver = h2s.driver
+        self.driver.reads_on_demand = True  # no reader task: the session's reader reads it
         self.stream_id = h2s.stream_id
         self._owns_connection = owns_connection
         self._closed = False
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        """The next bytes of the tunnel stream. The connection has no reader task: this reads it
+        (``H2Driver.read_for``), so the session's reader is the connection's reader too, and the
+        h2 connection's own frames are answered as they are read."""
         if self._closed:
             raise trio.ClosedResourceError("transport closed")
-        return await self.h2s.receive_data(max_bytes)
+        data = await self.h2s.read_data(max_bytes)
+        assert data is not None
+        return data
+
+    async def receive_before(self, deadline: float, max_bytes: int | None = None) -> bytes | None:
+        """``receive_some``, or None once ``deadline`` passed with nothing received: only the wait
+        for bytes is cut (what was read is fed to h2 and answered whole), so a session's reader can
+        keep its timers without a task of their own (``wire.session``)."""
+        if self._closed:
+            raise trio.ClosedResourceError("transport closed")
+        return await self.h2s.read_data(max_bytes, deadline=deadline)
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         if self._closed:
@@ -164,7 +177,8 @@ async def dial_h2_tunnel(
     """Dial ``url`` (``https://`` with ALPN h2, or ``http://`` as h2c prior knowledge) and open the
     tunnel stream. Raises TunnelRejectedError for a non-200 answer, OSError when nothing listens.
 
-    The returned transport needs ``run_h2_reader(transport)`` running in a task to make progress.
+    The returned transport needs no task of its own: whoever receives from it (the session's
+    reader) reads the connection, and a send that waits for the peer's window reads meanwhile.
     """
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -214,7 +228,10 @@ async def request_h2_tunnel(
 
 
 async def run_h2_reader(transport: H2StreamTransport) -> None:
-    """The reader task of a tunnel connection, either side; returns when the connection ends."""
+    """A reader task for a tunnel connection, either side; returns when the connection ends. Not
+    needed (a session's reader reads the connection itself, saving a task switch per inbound
+    message and the task): only for a transport whose consumer may stop receiving for long while
+    the connection's own frames must still be answered."""
     await transport.driver.run_reader()
 
 
@@ -255,9 +272,7 @@ async def open_h2_session(
     themselves, before the nursery exists, so callers can catch them plainly.
     """
     transport = await dial_h2_tunnel(url, token=token, ssl_context=ssl_context, headers=headers)
-    async with open_session(
-        transport, client=True, transport_task=partial(run_h2_reader, transport), **session_kwargs
-    ) as session:
+    async with open_session(transport, client=True, **session_kwargs) as session:
         yield session
 
 
@@ -395,8 +410,7 @@ async def _serve_connection(
             if accepted is None:
                 return
             transport, principal = accepted
-            if isinstance(transport, H2StreamTransport):  # a WebSocket reads in the session's reader
-                nursery.start_soon(run_h2_reader, transport)
+            # Either carrier is read by the session's reader: no task of the carrier's own.
             session = await connect_session(nursery, transport, client=False, **session_kwargs)
             try:
                 await handler(session, principal)

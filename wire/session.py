@@ -377,6 +377,8 @@ class Session(trio.abc.AsyncResource):
         #: the session's tasks; the writer task is started there the first time it is needed
         self._nursery: trio.Nursery | None = None
         self._writer_started = False
+        #: the handshake is done (``run``'s ``started`` fired)
+        self._started = False
         self._drained = trio.lowlevel.ParkingLot()
         self._slots = trio.lowlevel.ParkingLot()
         self._handshake = trio.Event()
@@ -588,29 +590,15 @@ class Session(trio.abc.AsyncResource):
         """
         self.connection.initiate()
         self._last_received = trio.current_time()
-        started = False
         with trio.CancelScope() as scope:
             self._cancel_scope = scope
             try:
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
-                    nursery.start_soon(self._reader)
-                    # This task is the keepalive timer and bounds the last writes: an idle session
-                    # runs two tasks (this and the reader), and the writer only once it is needed.
+                    # This task is the reader, the keepalive timer and the bound of the last
+                    # writes: an idle session runs one task, and the writer only once it is needed.
                     try:
-                        no_hello = SessionClosedError("no HELLO from the peer in time", ErrorCode.PROTOCOL_ERROR)
-                        await self._write_through(trio.current_time() + self.handshake_timeout, no_hello)  # the HELLO
-                        with trio.move_on_after(self.handshake_timeout) as hs:
-                            await self._handshake.wait()
-                        if hs.cancelled_caught:
-                            self._shutdown(no_hello)
-                        if not self.closed:
-                            # A first ping gives the flow-control auto-tuning its round-trip time.
-                            self._call_quiet(self.connection.ping, trio.current_time())
-                            await self._write_through(*self._keepalive_deadline())
-                            started = True
-                            task_status.started(self)
-                            await self._keepalive()
+                        await self._serve(task_status)
                     finally:
                         # Torn down (cancelled, or ``_shutdown``): the writer's last sends get
                         # ``_CLOSE_TIMEOUT``.
@@ -621,7 +609,7 @@ class Session(trio.abc.AsyncResource):
                 self._nursery = None
                 with trio.move_on_after(_CLOSE_TIMEOUT, shield=True):
                     await self.transport.aclose()
-        if not started:
+        if not self._started:
             # The handshake failed: say why to whoever is waiting in nursery.start().
             raise self.close_reason or SessionClosedError("session ended before its handshake")
 
@@ -666,51 +654,126 @@ class Session(trio.abc.AsyncResource):
 
     # ------------------------------------------------------------------ tasks
 
-    async def _reader(self) -> None:
+    async def _serve(self, task_status: trio.TaskStatus[Session]) -> None:
+        """The session's one task while it is idle: the HELLO, then the reader, whose wait for
+        bytes is bounded by the next timer due (the handshake's, then the keepalive's: a PING
+        written from here, the keepalive timeout)."""
         conn = self.connection
-        while True:
-            # Stop reading from a peer that does not read what we owe it (pongs, window updates).
-            try:
-                await self._wait_outbound_room()
-            except SessionClosedError:
-                return  # shut down while this task had nothing to wait for
-            try:
-                data = await self.transport.receive_some(_RECEIVE_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                self._shutdown(self._transport_failed(exc))
-                return
-            if not data:
-                reason = "peer closed the connection"
-                if conn.goaway_received is not None:
-                    reason += f" after GOAWAY ({ErrorCode.describe(conn.goaway_received.code)})"
-                self._shutdown(SessionClosedError(reason))
-                return
-            now = trio.current_time()
-            self._last_received = now
-            try:
-                events = conn.receive_data(data, now)
-            except RemoteProtocolError as exc:
-                log.warning("protocol error from peer name=%s code=%s error=%r", self.name, exc.code.name, exc.message)
-                with trio.move_on_after(_CLOSE_TIMEOUT, shield=True):
-                    await self._flush()  # the GOAWAY that names the error
-                self._shutdown(SessionClosedError(f"peer broke the protocol: {exc.message}", exc.code))
-                return
-            for event in events:
-                self._dispatch(event)
-            # Only after the whole batch: a stream may close within it, after events still to deliver.
-            for event in events:
-                stream_id: int | None = getattr(event, "stream_id", None)
-                if stream_id is not None and conn.stream_state(stream_id) is StreamState.CLOSED:
-                    self._forget(stream_id)
-            if not conn.outbound_size:
-                continue
-            if self._streams:
-                # Not while streams run: a reader blocked in a write stops reading, and two peers
-                # whose readers both wait on full sockets would wait for ever.
-                self._wake_writer()
-            else:
-                # An idle session's answers (a PONG above all) go out from here: no other task wakes.
-                await self._write_through()
+        receive_before = getattr(self.transport, "receive_before", None) or self._receive_before
+        no_hello = SessionClosedError("no HELLO from the peer in time", ErrorCode.PROTOCOL_ERROR)
+        handshake_by = trio.current_time() + self.handshake_timeout
+        await self._write_through(handshake_by, no_hello)  # the HELLO
+        started = False
+        pinged_at: float | None = None
+        # A transport may write while it reads (an h2 connection's own answers, a WebSocket's
+        # pong): if such a write never completes, ``bound`` ends the session, as the keepalive
+        # timer did when it ran in a task of its own: at the handshake timeout, then between one
+        # and two keepalive timeouts after the last bytes read (moved rarely: moving it costs).
+        now = 0.0  # the clock, read again at the top of the loop unless bytes were just read
+        with trio.CancelScope(deadline=handshake_by) as bound:
+            while not self.closed:
+                if now <= 0.0:
+                    now = trio.current_time()
+                if started:
+                    idle = now - self._last_received
+                    if idle >= self.keepalive_timeout:
+                        self._call_quiet(conn.goaway, ErrorCode.KEEPALIVE_TIMEOUT, "keepalive timeout")
+                        with trio.move_on_after(1.0, shield=True):
+                            await self._flush()
+                        self._shutdown(SessionClosedError(
+                            f"no data from peer for {idle:.1f}s (keepalive timeout)", ErrorCode.KEEPALIVE_TIMEOUT))
+                        break
+                    if idle >= self._ping_after and (pinged_at is None or pinged_at <= self._last_received):
+                        self._call_quiet(conn.ping, now)
+                        pinged_at = now
+                        await self._write_through(*self._keepalive_deadline())
+                        now = 0.0
+                        continue
+                    wake = self._last_received + self.keepalive_timeout
+                    if bound.deadline < wake:  # moved rarely (a deadline moved costs): with slack
+                        bound.deadline = wake + self.keepalive_timeout
+                    if pinged_at is None or pinged_at <= self._last_received:
+                        wake = min(wake, self._last_received + self._ping_after)
+                    else:  # look again an interval after the PING (its PONG sets when the next one
+                        # is due), or, that moment passed without a PONG, an interval from now
+                        again = pinged_at + self._ping_after
+                        wake = min(wake, again if again > now else now + self._ping_after)
+                elif self._handshake.is_set():  # (also set by a shutdown: the loop ends then)
+                    if self.closed:
+                        break
+                    bound.deadline = math.inf
+                    # A first ping gives the flow-control auto-tuning its round-trip time.
+                    self._call_quiet(conn.ping, now)
+                    await self._write_through(*self._keepalive_deadline())
+                    if self.closed:
+                        break
+                    started = self._started = True
+                    task_status.started(self)
+                    now = 0.0
+                    continue
+                elif now >= handshake_by:
+                    self._shutdown(no_hello)
+                    break
+                else:
+                    wake = handshake_by
+                # Stop reading from a peer that does not read what we owe it (pongs, window updates).
+                if conn.outbound_size >= self._high_water and self._writes_failed is None:
+                    with trio.move_on_at(wake):
+                        try:
+                            await self._wait_outbound_room()
+                        except SessionClosedError:
+                            break
+                    now = 0.0
+                    continue
+                try:
+                    data = await receive_before(wake, _RECEIVE_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    self._shutdown(self._transport_failed(exc))
+                    break
+                now = 0.0
+                if data is None:
+                    continue  # a timer is due
+                if not data:
+                    reason = "peer closed the connection"
+                    if conn.goaway_received is not None:
+                        reason += f" after GOAWAY ({ErrorCode.describe(conn.goaway_received.code)})"
+                    self._shutdown(SessionClosedError(reason))
+                    break
+                self._last_received = now = trio.current_time()
+                try:
+                    events = conn.receive_data(data, now)
+                except RemoteProtocolError as exc:
+                    log.warning("protocol error from peer name=%s code=%s error=%r", self.name, exc.code.name, exc.message)
+                    with trio.move_on_after(_CLOSE_TIMEOUT, shield=True):
+                        await self._flush()  # the GOAWAY that names the error
+                    self._shutdown(SessionClosedError(f"peer broke the protocol: {exc.message}", exc.code))
+                    break
+                for event in events:
+                    self._dispatch(event)
+                # Only after the whole batch: a stream may close within it, after events still to deliver.
+                for event in events:
+                    stream_id: int | None = getattr(event, "stream_id", None)
+                    if stream_id is not None and conn.stream_state(stream_id) is StreamState.CLOSED:
+                        self._forget(stream_id)
+                if not conn.outbound_size:
+                    continue
+                if self._streams:
+                    # Not while streams run: a reader blocked in a write stops reading, and two peers
+                    # whose readers both wait on full sockets would wait for ever.
+                    self._wake_writer()
+                else:
+                    # An idle session's answers (a PONG above all) go out from here: no other task wakes.
+                    await self._write_through()
+        if bound.cancelled_caught and not self.closed:  # a transport's write never completed
+            self._shutdown(no_hello if not started else SessionClosedError(
+                f"no data from peer for {self.keepalive_timeout:.1f}s (keepalive timeout)", ErrorCode.KEEPALIVE_TIMEOUT))
+
+    async def _receive_before(self, deadline: float, max_bytes: int) -> bytes | bytearray | None:
+        """A transport with no ``receive_before`` of its own (a plain byte stream, whose
+        ``receive_some`` loses nothing when cancelled while it waits)."""
+        with trio.move_on_at(deadline):
+            return await self.transport.receive_some(max_bytes)
+        return None
 
     async def _writer(self) -> None:
         """Hand the core's frames to the transport when the task that queued them could not (a write
@@ -733,17 +796,21 @@ class Session(trio.abc.AsyncResource):
                 return
 
     async def _write_through(self, deadline: float = math.inf, late: SessionClosedError | None = None) -> None:
-        """Write what is queued in the calling task when no write is in progress (no task switch);
-        otherwise leave it to the write in progress or the writer task. One write at a time, in
+        """Write what is queued in the calling task when no write is in progress (no task switch),
+        and what is queued meanwhile; otherwise leave it to the write in progress (the writer task's
+        or another's ``_write_through``: each goes on until nothing is left). One write at a time, in
         the order queued; shielded as the writer's, within the same close-time bound.
 
         The task that keeps the session's deadlines (handshake, keepalive) must not wait past them
         in a write: it gives ``deadline``, past which the session ends with ``late``."""
-        if self._writing or self._writes_failed is not None or self.closed or not self.connection.outbound_size:
+        if self._writes_failed is not None or self.closed:
             self._wake_writer()
             return
-        await self._write_out(deadline, late)
-        self._wake_writer()  # what was queued meanwhile
+        if self._writing:
+            return  # the write in progress takes these too: each writer goes on until none is left
+        while self.connection.outbound_size and not self._writing:
+            if not await self._write_out(deadline, late):
+                return
 
     async def _write_out(self, deadline: float = math.inf, late: SessionClosedError | None = None) -> bool:
         """Write everything queued (the caller saw no write in progress), in writes of about
@@ -814,32 +881,6 @@ class Session(trio.abc.AsyncResource):
         sends: the keepalive timeout, as if nothing were written)."""
         return self._last_received + self.keepalive_timeout, SessionClosedError(
             f"no data from peer for {self.keepalive_timeout:.1f}s (keepalive timeout)", ErrorCode.KEEPALIVE_TIMEOUT)
-
-    async def _keepalive(self) -> None:
-        pinged_at: float | None = None
-        while True:
-            now = trio.current_time()
-            idle = now - self._last_received
-            if idle >= self.keepalive_timeout:
-                self._call_quiet(self.connection.goaway, ErrorCode.KEEPALIVE_TIMEOUT, "keepalive timeout")
-                with trio.move_on_after(1.0, shield=True):
-                    await self._flush()
-                self._shutdown(
-                    SessionClosedError(f"no data from peer for {idle:.1f}s (keepalive timeout)", ErrorCode.KEEPALIVE_TIMEOUT)
-                )
-                return
-            if idle >= self._ping_after and (pinged_at is None or pinged_at <= self._last_received):
-                self._call_quiet(self.connection.ping, now)
-                pinged_at = now
-                await self._write_through(*self._keepalive_deadline())
-            wake = self._last_received + self.keepalive_timeout
-            if pinged_at is None or pinged_at <= self._last_received:
-                wake = min(wake, self._last_received + self._ping_after)
-            else:  # look again an interval after the PING (its PONG sets when the next one is due),
-                # or, that moment passed without a PONG, an interval from now: never a busy loop
-                again = pinged_at + self._ping_after
-                wake = min(wake, again if again > now else now + self._ping_after)
-            await trio.sleep_until(wake)
 
     # ------------------------------------------------------------------ helpers
 

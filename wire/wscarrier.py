@@ -34,6 +34,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import math
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -117,6 +118,14 @@ class WebSocketTransport(trio.abc.Stream):
         self._closed = False
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        data = await self.receive_before(math.inf, max_bytes)
+        assert data is not None
+        return data
+
+    async def receive_before(self, deadline: float, max_bytes: int | None = None) -> bytes | bytearray | None:
+        """``receive_some``, or None once ``deadline`` passed with nothing received: only the wait
+        for bytes from the connection is cut, never a message half taken or an answer half sent
+        (a session's reader keeps its timers this way, without a task of their own)."""
         if self._closed:
             raise trio.ClosedResourceError("transport closed")
         while True:
@@ -139,7 +148,15 @@ class WebSocketTransport(trio.abc.Stream):
                 await self._handle_events()
             if self._received or self._ended is not None:
                 continue
-            data = await self.stream.receive_some(_RECEIVE_SIZE)
+            if deadline == math.inf:
+                data = await self.stream.receive_some(_RECEIVE_SIZE)
+            else:
+                # (what a read brings goes to wsproto at once: a message half read stays there)
+                data = None
+                with trio.move_on_at(deadline):
+                    data = await self.stream.receive_some(_RECEIVE_SIZE)
+                if data is None:
+                    return None
             if not data:
                 self._ended = ConnectionError("connection closed without a WebSocket close")
                 continue

@@ -270,6 +270,45 @@ async def test_a_driver_on_both_ends() -> None:
         assert server.closed and client.closed
 
 
+async def test_a_connection_with_no_reader_task_is_read_by_whoever_waits_on_it() -> None:
+    """The tunnel's way (no ``run_reader``): a send that waits for the peer's window reads the
+    connection itself (the WINDOW_UPDATE that opens it must be read, though nobody receives), and
+    a consumer and a sender waiting at once take turns to read, each woken by what the other read."""
+    client_end, server_end = trio.testing.memory_stream_pair()
+    server = _server_driver(server_end)
+    conn = new_connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    client = H2Driver(client_end, conn)
+    client.reads_on_demand = True
+    head = [(":method", "POST"), (":scheme", "http"), (":authority", "x"), (":path", "/none")]
+
+    async def body_of(h2s: H2Stream, into: list[bytes]) -> None:
+        while data := await h2s.read_data():
+            into.append(data)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            server.on_request = lambda h2s: nursery.start_soon(_echo_upper, h2s)
+            nursery.start_soon(server.run_reader)
+            # alone: nothing reads the client's connection but the sender, beyond 65,535 bytes
+            h2s = await client.open_stream(head)
+            await h2s.send_data(b"hello " * 30000, end_stream=True)
+            first: list[bytes] = []
+            await body_of(h2s, first)
+            assert b"".join(first) == b"HELLO " * 30000
+            # together: a consumer waiting on one stream while another's send waits for its window
+            waiting = await client.open_stream(head)
+            second: list[bytes] = []
+            nursery.start_soon(body_of, waiting, second)
+            h2s = await client.open_stream(head)
+            await h2s.send_data(b"again " * 30000, end_stream=True)
+            await waiting.end_stream()
+            third: list[bytes] = []
+            await body_of(h2s, third)
+            assert b"".join(third) == b"AGAIN " * 30000
+            await client.aclose()
+        assert second == [] and client.closed
+
+
 # --------------------------------------------------------------------------- what a peer may cost
 
 

@@ -23,7 +23,7 @@ from daemonkit.logs import UnexpectedErrors
 from wire import h2carrier
 from wire.carrier import TunnelRejectedError
 from wire.h2carrier import open_h2_session, serve_h2_tunnels, server_ssl_context
-from wire.session import MuxStream, Session
+from wire.session import MuxStream, Session, open_session
 from wire.wscarrier import open_ws_session
 
 TOKEN = "agent-token-123"
@@ -428,3 +428,55 @@ async def test_strangers_failing_tls_cost_one_log_line_per_source(nursery: trio.
             await stream.aclose()
     lines = [r for r in caplog.records if r.name == "wire.h2carrier"]
     assert len(lines) <= 1, [r.getMessage() for r in lines]
+
+
+def _tasks_below(name: str) -> list[str]:
+    """The names of the tasks that run below the task whose coroutine is ``name`` (and that one)."""
+    found: list[str] = []
+
+    def walk(task: trio.lowlevel.Task, inside: bool) -> None:
+        inside = inside or task.coro.cr_code.co_name == name
+        if inside:
+            found.append(task.coro.__qualname__)
+        for child in task.child_nurseries:
+            for sub in child.child_tasks:
+                walk(sub, inside)
+
+    walk(trio.lowlevel.current_root_task(), False)
+    return sorted(found)
+
+
+async def test_an_idle_h2_tunnel_end_runs_only_its_session(nursery: trio.Nursery, autojump_clock: trio.abc.Clock) -> None:
+    """Either end of an idle HTTP/2 tunnel (kasd holds thousands) runs the session's one task and no
+    reader task of the carrier's: the session's reader reads the HTTP/2 connection itself, and its
+    wait for bytes ends at each keepalive PING (written, answered) without harm to the tunnel."""
+    server = TunnelServer()
+    left, right = trio.testing.memory_stream_pair()
+    nursery.start_soon(
+        lambda: h2carrier.serve_h2_connection(right, server.handler, authenticate=server.authenticate))
+    transport = await h2carrier.request_h2_tunnel(left, scheme="http", authority="kasd", path="/tunnel", token=TOKEN)
+    up = trio.Event()
+    client: list[Session] = []
+
+    async def client_end() -> None:
+        async with open_session(transport, client=True) as session:
+            client.append(session)
+            up.set()
+            await trio.sleep_forever()
+
+    nursery.start_soon(client_end)
+    with trio.fail_after(10):
+        await up.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        assert server.sessions
+        assert _tasks_below("client_end") == [
+            "Session.run", "test_an_idle_h2_tunnel_end_runs_only_its_session.<locals>.client_end"]
+        for _ in range(3):
+            await client[0].ping()  # answered by the server's reader
+        await trio.testing.wait_all_tasks_blocked()
+    assert _tasks_below("serve_h2_connection") == ["Session.run", "serve_h2_connection"]
+    received = client[0].statistics().bytes_received
+    await trio.sleep(3 * client[0].keepalive_interval)  # (virtual time) three keepalive PINGs
+    assert client[0].statistics().bytes_received > received
+    assert not client[0].closed and not server.sessions[0][0].closed
+    assert await _exchange(client[0], b"still there") == b"STILL THERE"
