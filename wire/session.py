@@ -763,7 +763,12 @@ class Session(trio.abc.AsyncResource):
                     self._wake_writer()
                 else:
                     # An idle session's answers (a PONG above all) go out from here: no other task wakes.
-                    await self._write_through()
+                    # This task is the session's timer too, and the write is shielded: a peer that
+                    # sends and never reads must not hold it past the timer (the keepalive timeout).
+                    if started:
+                        await self._write_through(*self._keepalive_deadline())
+                    else:
+                        await self._write_through(handshake_by, no_hello)
         if bound.cancelled_caught and not self.closed:  # a transport's write never completed
             self._shutdown(no_hello if not started else SessionClosedError(
                 f"no data from peer for {self.keepalive_timeout:.1f}s (keepalive timeout)", ErrorCode.KEEPALIVE_TIMEOUT))

@@ -765,3 +765,29 @@ async def test_a_large_send_reaches_the_transport_in_writes_of_a_few_frames(nurs
     assert received == payload
     assert len(writes) >= 8
     assert max(writes) <= 256 * KiB, writes
+
+
+async def test_keepalive_timeout_ends_an_idle_session_stuck_answering_a_peer_that_sends_but_never_reads(
+        autojump_clock: trio.abc.Clock) -> None:
+    """An idle session's reader writes its answers (PONGs) itself, and is its keepalive timer too: a
+    peer that sends PINGs and never reads must not hold that write — and the session — for ever;
+    the session ends at the keepalive timeout, as when the timer ran in a task of its own."""
+    left, right = trio.testing.memory_stream_pair()
+    held = _HeldTransport(left)
+    frozen = MuxConnection(client=False)
+    frozen.initiate()
+    await right.send_all(frozen.data_to_send())
+    async with trio.open_nursery() as nursery:
+        client = await connect_session(nursery, held, client=True, keepalive_interval=5, keepalive_timeout=15)
+        await trio.testing.wait_all_tasks_blocked()
+        held.hold = trio.Event()  # from here on no write completes
+        frozen.ping(0.0)
+        await right.send_all(frozen.data_to_send())  # a PING: its PONG is written by the reader
+        try:
+            with trio.fail_after(60):
+                await client.wait_closed()
+        finally:
+            held.hold.set()  # (a failed test must not hang on the write it checks)
+        assert client.close_reason is not None
+        assert client.close_reason.code == ErrorCode.KEEPALIVE_TIMEOUT
+        assert trio.current_time() < 35
