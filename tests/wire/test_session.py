@@ -708,10 +708,13 @@ async def test_an_idle_session_runs_one_task_and_it_answers_pings(
     assert _tasks_of(server) == ["Session.run"]
 
 
-async def test_keepalive_timeout_ends_a_session_whose_peer_neither_reads_nor_writes(
-        autojump_clock: trio.abc.Clock) -> None:
-    """The keepalive timer writes its PING itself: a write the peer never takes must not keep it
-    from ending the session at the keepalive timeout."""
+@pytest.mark.parametrize("peer_pings", [False, True], ids=["silent-peer", "peer-pings-but-never-reads"])
+async def test_keepalive_timeout_ends_a_session_stuck_in_a_write_the_peer_never_takes(
+        autojump_clock: trio.abc.Clock, peer_pings: bool) -> None:
+    """An idle session's one task is its keepalive timer and its reader, and writes its PING and its
+    answers (PONGs) itself: a write the peer never takes must not keep it from ending the session at
+    the keepalive timeout, whether the peer is silent or sends PINGs and never reads (as when the
+    timer ran in a task of its own)."""
     left, right = trio.testing.memory_stream_pair()
     held = _HeldTransport(left)
     frozen = MuxConnection(client=False)
@@ -719,12 +722,21 @@ async def test_keepalive_timeout_ends_a_session_whose_peer_neither_reads_nor_wri
     await right.send_all(frozen.data_to_send())
     async with trio.open_nursery() as nursery:
         client = await connect_session(nursery, held, client=True, keepalive_interval=5, keepalive_timeout=15)
+        if peer_pings:
+            await trio.testing.wait_all_tasks_blocked()
         held.hold = trio.Event()  # from here on no write completes
-        with trio.fail_after(30):
-            await client.wait_closed()
+        if peer_pings:
+            frozen.ping(0.0)
+            await right.send_all(frozen.data_to_send())  # a PING: its PONG is written by the reader
+        try:
+            with trio.fail_after(60):
+                await client.wait_closed()
+        finally:
+            held.hold.set()  # (a failed test must not hang on the write it checks)
         assert client.close_reason is not None
         assert client.close_reason.code == ErrorCode.KEEPALIVE_TIMEOUT
-        assert trio.current_time() < 17
+        # the silent peer: at the keepalive timeout; the PINGing one: its PING counted as heard
+        assert trio.current_time() < (35 if peer_pings else 17)
 
 
 async def test_a_large_send_reaches_the_transport_in_writes_of_a_few_frames(nursery: trio.Nursery) -> None:
@@ -765,29 +777,3 @@ async def test_a_large_send_reaches_the_transport_in_writes_of_a_few_frames(nurs
     assert received == payload
     assert len(writes) >= 8
     assert max(writes) <= 256 * KiB, writes
-
-
-async def test_keepalive_timeout_ends_an_idle_session_stuck_answering_a_peer_that_sends_but_never_reads(
-        autojump_clock: trio.abc.Clock) -> None:
-    """An idle session's reader writes its answers (PONGs) itself, and is its keepalive timer too: a
-    peer that sends PINGs and never reads must not hold that write — and the session — for ever;
-    the session ends at the keepalive timeout, as when the timer ran in a task of its own."""
-    left, right = trio.testing.memory_stream_pair()
-    held = _HeldTransport(left)
-    frozen = MuxConnection(client=False)
-    frozen.initiate()
-    await right.send_all(frozen.data_to_send())
-    async with trio.open_nursery() as nursery:
-        client = await connect_session(nursery, held, client=True, keepalive_interval=5, keepalive_timeout=15)
-        await trio.testing.wait_all_tasks_blocked()
-        held.hold = trio.Event()  # from here on no write completes
-        frozen.ping(0.0)
-        await right.send_all(frozen.data_to_send())  # a PING: its PONG is written by the reader
-        try:
-            with trio.fail_after(60):
-                await client.wait_closed()
-        finally:
-            held.hold.set()  # (a failed test must not hang on the write it checks)
-        assert client.close_reason is not None
-        assert client.close_reason.code == ErrorCode.KEEPALIVE_TIMEOUT
-        assert trio.current_time() < 35
