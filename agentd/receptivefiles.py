@@ -2,23 +2,38 @@
 ``agentd.config`` (which checks the settings at load) and ``agentd.receptive`` (which serves them),
 so neither imports the other.
 
-May import: ``netio.tlsreload``, ``wire.receptive``, joserfc and the standard library
-(``agentd.config`` for annotations only).
+May import: ``netio.tlsreload``, ``wire.receptive``, joserfc and the standard library. It reads
+agentd's settings through ``ReceptiveSettings`` (the fields it needs), not ``agentd.config``'s class,
+so the two modules do not name each other even for annotations.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from joserfc.jwk import OKPKey
 
 from netio.tlsreload import TLSFiles, TLSLoadError, build_context
 from wire.receptive import parse_ed25519_key
 
-if TYPE_CHECKING:
-    from agentd.config import AgentdConfig
+
+class ReceptiveSettings(Protocol):
+    """The settings receptive mode reads (``agentd.config.AgentdConfig`` has them)."""
+
+    @property
+    def agent_id(self) -> str: ...
+    @property
+    def receptive_cert_file(self) -> Path | None: ...
+    @property
+    def receptive_key_file(self) -> Path | None: ...
+    @property
+    def receptive_jwt_file(self) -> Path | None: ...
+    @property
+    def receptive_ca_cert_file(self) -> Path | None: ...
+    @property
+    def receptive_client_name(self) -> str | None: ...
 
 
 class ReceptiveKeyError(Exception):
@@ -38,7 +53,7 @@ def load_public_key(path: Path) -> OKPKey:
         raise ReceptiveKeyError(f"JWT public key file {path} {exc}") from None
 
 
-def listener_files(config: AgentdConfig) -> TLSFiles:
+def listener_files(config: ReceptiveSettings) -> TLSFiles:
     """The receptive listener's TLS files: its certificate and key, and (mutual TLS) the CA that signs
     kasd's client certificate."""
     assert config.receptive_cert_file is not None and config.receptive_key_file is not None
@@ -46,7 +61,7 @@ def listener_files(config: AgentdConfig) -> TLSFiles:
                     ca=config.receptive_ca_cert_file)
 
 
-def receptive_settings_problem(config: AgentdConfig, where: Callable[[str], str]) -> str | None:
+def receptive_settings_problem(config: ReceptiveSettings, where: Callable[[str], str]) -> str | None:
     """What is wrong with the receptive settings as a whole (the listen address is set), or None."""
     for key in ("receptive_cert_file", "receptive_key_file"):
         if getattr(config, key) is None:
