@@ -610,6 +610,12 @@ class H2Stream:
         return bool(self._buffer)
 
     @property
+    def buffered_bytes(self) -> int:
+        """Body bytes received and not taken yet: at most the stream's receive window (what
+        this side announced), since they are acknowledged only as they are taken."""
+        return sum(len(data) for data, _ in self._buffer)
+
+    @property
     def broken(self) -> bool:
         """Reset by the peer, or its connection is gone."""
         return self._error is not None or (self.driver.closed and not self._eof)
@@ -644,8 +650,12 @@ class H2Stream:
         if self._buffer:
             data, flow_length = self._buffer.popleft()
             if max_bytes is not None and len(data) > max_bytes:
-                self._buffer.appendleft((data[max_bytes:], 0))
-                data = data[:max_bytes]
+                # Only what is taken is acknowledged (with the frame's padding); the rest when it is
+                # taken, so the peer never has more than the window unconsumed here.
+                rest = data[max_bytes:]
+                rest_flow = min(flow_length, len(rest))
+                self._buffer.appendleft((rest, rest_flow))
+                data, flow_length = data[:max_bytes], flow_length - rest_flow
             if flow_length and not self.driver.closed:
                 self.driver._acknowledge(flow_length, self.stream_id)
                 await self.driver.flush()

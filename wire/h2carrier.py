@@ -5,9 +5,14 @@ The client ``POST``s to the tunnel path with ``Authorization: Bearer <token>`` a
 a wrong method, path or token with the proper status before any session starts. What any carrier
 checks and raises is in ``wire.carrier``; HTTP/2 itself is driven by ``h2trio.driver``.
 
-h2's own flow control is opened wide (windows of 2**31-1): the mux credits are what bound memory, and
-h2 must never throttle below them. Received bytes are still acknowledged only once the session took
-them, so h2 keeps a true picture of what is in flight.
+The tunnel stream's HTTP/2 receive windows (the stream's and the connection's) are ``TUNNEL_WINDOW``
+(16 MiB) each way, and received bytes are acknowledged only once the session took them: so a peer
+never has more than that unconsumed on this side, even while a send waiting for the peer's window
+reads the connection and the session's reader does not take what arrives (a peer that keeps this
+side's window shut and floods session PINGs). The session reads the carrier continuously otherwise,
+so the window bounds only what is in flight on the path: h2 returns credit in halves, so at least
+8 MiB is always open to the peer, more than a loopback or LAN tunnel ever has in flight (the mux's
+per-stream credits are what bound each stream, as before).
 
 Before a peer has authenticated, the server's side costs little: frames of at most 16 KiB (the
 HTTP/2 default; raised to 1 MiB for the tunnel only once its request was accepted), header blocks
@@ -57,6 +62,7 @@ from wire.wscarrier import WebSocketTransport, accept_ws_tunnel, looks_like_http
 
 __all__ = [
     "TUNNEL_CONTENT_TYPE",
+    "TUNNEL_WINDOW",
     "Authenticate",
     "H2StreamTransport",
     "SessionHandler",
@@ -76,7 +82,8 @@ _strangers = BurstLimitedLog(log, interval=10.0)
 #: a connection that fails unexpectedly (a bug) when its server was given no reporter of its own
 _unexpected = UnexpectedErrors(log)
 
-_MAX_WINDOW = 2**31 - 1
+#: the tunnel's HTTP/2 receive window, stream and connection (see the module docstring)
+TUNNEL_WINDOW = 16 << 20
 _MAX_FRAME = 1 << 20  # fewer, larger DATA frames: per-frame Python overhead dominates on loopback
 _RECEIVE_SIZE = 256 * 1024
 _HEADER_LIST_LIMIT = 16 * 1024
@@ -88,13 +95,13 @@ _MAX_REJECTIONS = 3
 def _new_driver(stream: trio.abc.Stream, *, server: bool, reset_limit: ResetLimit = DEFAULT_RESET_LIMIT) -> H2Driver:
     conn = new_connection(h2.config.H2Configuration(client_side=not server, header_encoding="utf-8"))
     settings: dict[h2.settings.SettingCodes | int, int] = {
-        h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: _MAX_WINDOW,
+        h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: TUNNEL_WINDOW,
         h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: _HEADER_LIST_LIMIT,
         # The server takes large frames only once the tunnel request was accepted (_check_request).
         **({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 16} if server else {h2.settings.SettingCodes.MAX_FRAME_SIZE: _MAX_FRAME}),
     }
     return H2Driver(
-        stream, conn, settings=settings, connection_window=_MAX_WINDOW, receive_size=_RECEIVE_SIZE,
+        stream, conn, settings=settings, connection_window=TUNNEL_WINDOW, receive_size=_RECEIVE_SIZE,
         reset_limit=reset_limit,
     )
 

@@ -14,6 +14,7 @@ import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
+import h2.settings
 import pytest
 import trio
 import trio.testing
@@ -23,7 +24,8 @@ from daemonkit.logs import UnexpectedErrors
 from wire import h2carrier
 from wire.carrier import TunnelRejectedError
 from wire.h2carrier import open_h2_session, serve_h2_tunnels, server_ssl_context
-from wire.session import MuxStream, Session, open_session
+from wire.mux import MuxConnection
+from wire.session import MuxStream, Session, connect_session, open_session
 from wire.wscarrier import open_ws_session
 
 TOKEN = "agent-token-123"
@@ -135,10 +137,13 @@ async def test_tls_with_alpn_h2(nursery: trio.Nursery, carrier: str) -> None:
             assert transport.stream.selected_alpn_protocol() == "http/1.1"  # type: ignore[attr-defined]
             return
         assert transport.driver.stream.selected_alpn_protocol() == "h2"  # type: ignore[attr-defined]
-        # h2 flow control is opened wide both ways: the mux credits are what limit a stream.
+        # Both ends announce the tunnel's finite window, stream and connection (kasd's stream's
+        # window is this end's send window; the connection windows are the driver's increments).
         conn = transport.driver.conn  # type: ignore[attr-defined]
-        assert conn.remote_settings.initial_window_size == 2**31 - 1
-        assert conn.local_settings.initial_window_size == 2**31 - 1
+        assert conn.remote_settings.initial_window_size == h2carrier.TUNNEL_WINDOW
+        assert conn.local_settings.initial_window_size == h2carrier.TUNNEL_WINDOW
+        assert conn.inbound_flow_control_window <= h2carrier.TUNNEL_WINDOW
+        assert conn.outbound_flow_control_window <= h2carrier.TUNNEL_WINDOW
 
 
 async def test_tls_client_that_does_not_trust_the_server_fails_clearly(nursery: trio.Nursery, carrier: str) -> None:
@@ -480,3 +485,105 @@ async def test_an_idle_h2_tunnel_end_runs_only_its_session(nursery: trio.Nursery
     assert client[0].statistics().bytes_received > received
     assert not client[0].closed and not server.sessions[0][0].closed
     assert await _exchange(client[0], b"still there") == b"STILL THERE"
+
+
+class _HostilePeer:
+    """A hand-driven HTTP/2 end of a tunnel (either side) that shuts this side's send window
+    (SETTINGS INITIAL_WINDOW_SIZE 0, no WINDOW_UPDATE) and floods session PINGs, which the mux does
+    not flow-control: the session's reader answers them with PONGs it cannot send, so it stops
+    taking what arrives while its send reads the connection (the review's reproduction)."""
+
+    def __init__(self, stream: trio.abc.Stream, *, client: bool) -> None:
+        self.stream = stream
+        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=client, header_encoding="utf-8"))
+        self.mux = MuxConnection(client=client)
+        self.sent = 0
+        self.ready = trio.Event()
+
+    async def write(self) -> None:
+        await self.stream.send_all(self.h2.data_to_send())
+
+    async def read(self) -> list[h2.events.Event]:
+        return self.h2.receive_data(await self.stream.receive_some())
+
+    async def open_tunnel(self) -> None:
+        self.h2.initiate_connection()
+        if self.h2.config.client_side:
+            self.h2.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":authority", "kasd"),
+                                     (":path", "/tunnel"), ("authorization", f"Bearer {TOKEN}")])
+            await self.write()
+            while not any(isinstance(e, h2.events.ResponseReceived) for e in await self.read()):
+                pass
+        else:
+            while not any(isinstance(e, h2.events.RequestReceived) for e in await self.read()):
+                pass
+            self.h2.send_headers(1, [(":status", "200")])
+        self.mux.initiate()  # the HELLO
+        self.h2.send_data(1, self.mux.data_to_send())
+        await self.write()
+        while not any(isinstance(e, h2.events.DataReceived) for e in await self.read()):
+            pass  # the other side's HELLO: the session is up
+        self.h2.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+        await self.write()
+        self.ready.set()
+
+    async def flood(self, limit: int) -> None:
+        """Send PINGs while the window this side announced lets us, up to ``limit`` bytes, reading
+        what it sends meanwhile (a WINDOW_UPDATE would let us on); return once it stays shut."""
+        self.mux.ping(0.0)
+        ping = self.mux.data_to_send()
+        blob = ping * (self.h2.max_outbound_frame_size // len(ping) + 1)
+        while self.sent < limit:
+            room = min(self.h2.local_flow_control_window(1), self.h2.max_outbound_frame_size, limit - self.sent)
+            if room > 0:
+                self.h2.send_data(1, blob[:room])
+                self.sent += room
+                await self.write()
+                continue
+            with trio.move_on_after(5):
+                self.h2.receive_data(await self.stream.receive_some())
+                await self.write()
+                continue
+            return
+
+
+@pytest.mark.parametrize("end", ["client", "server"])
+async def test_a_peer_that_shuts_our_window_and_floods_pings_gets_no_more_than_the_tunnel_window_held(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock, end: str
+) -> None:
+    """Either end (agentd's, kasd's agent port; the peer sessions use the same two) never holds
+    more than ``TUNNEL_WINDOW`` of what the peer sent and the session did not take: the HTTP/2
+    receive window is finite and acknowledged only as the session consumes. Before, the send that
+    waits for the peer's window read on and queued whatever arrived (6 MB per virtual second)."""
+    ours, theirs = trio.testing.memory_stream_pair()
+    hostile = _HostilePeer(theirs, client=end == "server")
+    server = TunnelServer()
+    sessions: list[Session] = []
+    with trio.fail_after(120):
+        if end == "client":
+            nursery.start_soon(hostile.open_tunnel)
+            transport = await h2carrier.request_h2_tunnel(ours, scheme="http", authority="kasd", path="/tunnel",
+                                                          token=TOKEN)
+            sessions.append(await connect_session(nursery, transport, client=True, keepalive_interval=5,
+                                                  keepalive_timeout=15))
+        else:
+            nursery.start_soon(lambda: h2carrier.serve_h2_connection(
+                ours, server.handler, authenticate=server.authenticate,
+                session_kwargs={"keepalive_interval": 5, "keepalive_timeout": 15}))
+            await hostile.open_tunnel()
+        await hostile.ready.wait()
+        await hostile.flood(3 * h2carrier.TUNNEL_WINDOW)
+        if end == "server":
+            sessions.append(server.sessions[0][0])
+        (session,) = sessions
+        await trio.testing.wait_all_tasks_blocked()  # this side read all it will
+        transport = session.transport
+        assert isinstance(transport, h2carrier.H2StreamTransport)
+        held = transport.h2s.buffered_bytes
+        assert 0 < held <= h2carrier.TUNNEL_WINDOW
+        assert hostile.sent < 2 * h2carrier.TUNNEL_WINDOW  # the flood stopped at the window
+        assert hostile.h2.local_flow_control_window(1) == 0
+        # …and the session still ends at the keepalive timeout, as it did
+        while not session.closed:
+            await trio.sleep(1)
+        assert "keepalive timeout" in str(session.close_reason)
