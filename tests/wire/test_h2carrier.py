@@ -584,6 +584,31 @@ async def test_a_peer_that_shuts_our_window_and_floods_pings_gets_no_more_than_t
         assert hostile.sent < 2 * h2carrier.TUNNEL_WINDOW  # the flood stopped at the window
         assert hostile.h2.local_flow_control_window(1) == 0
         # …and the session still ends at the keepalive timeout, as it did
-        while not session.closed:
-            await trio.sleep(1)
+        await session.wait_closed()
         assert "keepalive timeout" in str(session.close_reason)
+
+
+async def test_streams_moving_more_than_the_tunnel_window_both_ways_at_once_keep_moving(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The window is given back as the session takes the bytes, whoever reads the connection (the
+    session's reader, or a send waiting for the window): streams moving many windows' worth both
+    ways at once never stall (a small window, so every send waits on it many times)."""
+    monkeypatch.setattr(h2carrier, "TUNNEL_WINDOW", 256 * 1024)
+    server = TunnelServer()
+    left, right = trio.testing.memory_stream_pair()
+    nursery.start_soon(lambda: h2carrier.serve_h2_connection(right, server.handler, authenticate=server.authenticate))
+    transport = await h2carrier.request_h2_tunnel(left, scheme="http", authority="kasd", path="/tunnel", token=TOKEN)
+    assert transport.driver.conn.local_settings.initial_window_size == 256 * 1024
+    payloads = [bytes([97 + i]) * (1 << 20) for i in range(4)]
+    with trio.fail_after(60):
+        async with open_session(transport, client=True) as session:
+            got: list[bytes] = [b""] * len(payloads)
+
+            async def one(i: int) -> None:
+                got[i] = await _exchange(session, payloads[i])
+
+            async with trio.open_nursery() as streams:
+                for i in range(len(payloads)):
+                    streams.start_soon(one, i)
+    assert got == [p.upper() for p in payloads]
