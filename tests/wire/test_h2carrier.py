@@ -577,9 +577,9 @@ async def test_a_peer_that_shuts_our_window_and_floods_pings_gets_no_more_than_t
             sessions.append(server.sessions[0][0])
         (session,) = sessions
         await trio.testing.wait_all_tasks_blocked()  # this side read all it will
-        transport = session.transport
-        assert isinstance(transport, h2carrier.H2StreamTransport)
-        held = transport.h2s.buffered_bytes
+        tunnel = session.transport
+        assert isinstance(tunnel, h2carrier.H2StreamTransport)
+        held = tunnel.h2s.buffered_bytes
         assert 0 < held <= h2carrier.TUNNEL_WINDOW
         assert hostile.sent < 2 * h2carrier.TUNNEL_WINDOW  # the flood stopped at the window
         assert hostile.h2.local_flow_control_window(1) == 0
