@@ -503,9 +503,10 @@ class FastTLSStream(trio.abc.Stream):
                     await self._flush()  # post-handshake replies (key update)
                 await self._read_transport()
                 read = True
-            if self._outgoing.pending:
-                await self._flush()
-            elif not read:
+            # Replies this read made (a KeyUpdate's answer) go out with the next send, or before the
+            # next wait for bytes (above), not here: a flush here could be cut by the caller's deadline
+            # (a session's keepalive timer cuts its reads) and take the data read with it.
+            if not read:
                 await maybe_yield()
             return data
         finally:

@@ -153,6 +153,24 @@ async def test_tls_receive_gathers_every_record_already_received(
     await server.aclose()
 
 
+async def test_tls_data_read_is_returned_without_waiting_to_flush_the_replies_the_read_made(
+    tls_contexts: tuple[ssl.SSLContext, ssl.SSLContext],
+) -> None:
+    """Replies a read makes (a TLS 1.3 KeyUpdate's answer) go out with the next send or before the
+    next wait for bytes, not before the data read is returned: a caller whose deadline cuts its
+    read (a session's keepalive timer) would otherwise cut that flush and lose the data with it."""
+    client, server = await _tls_pair_maker(tls_contexts, clogged=False)()
+    await client.send_all(b"hello")
+    await server._read_transport()  # the record is in (a read decrypts it) ...
+    server._outgoing.write(b"\x15")  # ... with a reply it made (Python cannot ask for a KeyUpdate)
+    _clog(server.transport_stream.socket)  # type: ignore[attr-defined]  # the server's next send waits
+    with trio.move_on_after(2) as waited:
+        data = await server.receive_some()
+    assert not waited.cancelled_caught, "the read waited to flush a reply before returning its data"
+    assert data == b"hello"
+    assert server._outgoing.pending  # still to go, with the next send or before the next wait
+
+
 async def test_tls_handshake_with_a_plain_text_peer_is_a_broken_stream(
     tls_contexts: tuple[ssl.SSLContext, ssl.SSLContext],
 ) -> None:
