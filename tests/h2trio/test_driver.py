@@ -3,6 +3,8 @@ each with a head, a body and an answer) against a plain h2 client, and a driver 
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import h2.config
@@ -113,10 +115,13 @@ async def test_server_front_end_answers_concurrent_requests() -> None:
         assert driver.closed and "GOAWAY" in driver.close_reason
 
 
-async def test_body_is_acknowledged_only_as_the_handler_takes_it() -> None:
-    # Flow control is the backpressure: a handler that does not read holds the client at its window.
+@asynccontextmanager
+async def _a_held_upload(window: int) -> AsyncIterator[tuple[Client, int, H2Stream, H2Driver]]:
+    """A server driver announcing ``window``, and a client whose request sent one frame of
+    ``window`` bytes that no handler has taken yet: (client, its stream id, the server's stream, the
+    driver)."""
     client_end, server_end = trio.testing.memory_stream_pair()
-    driver = _server_driver(server_end, window=1000)
+    driver = _server_driver(server_end, window=window)
     client = Client(client_end)
     taken: list[H2Stream] = []
     driver.on_request = taken.append
@@ -124,45 +129,35 @@ async def test_body_is_acknowledged_only_as_the_handler_takes_it() -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(driver.run_reader)
             await client.flush()
-            while client.conn.remote_settings.initial_window_size != 1000:
+            while client.conn.remote_settings.initial_window_size != window:
                 await client.read()
             stream_id = await client.request("/upload", end=False)
-            client.conn.send_data(stream_id, b"x" * 1000)
+            client.conn.send_data(stream_id, b"x" * window)  # one frame
             await client.flush()
             await trio.testing.wait_all_tasks_blocked()
-            assert client.conn.local_flow_control_window(stream_id) == 0
             (h2s,) = taken
-            assert await h2s.receive_data() == b"x" * 1000  # taking it opens the window again
-            while client.conn.local_flow_control_window(stream_id) == 0:
-                await client.read()
-            assert client.conn.local_flow_control_window(stream_id) == 1000
+            yield client, stream_id, h2s, driver
             nursery.cancel_scope.cancel()
+
+
+async def test_body_is_acknowledged_only_as_the_handler_takes_it() -> None:
+    # Flow control is the backpressure: a handler that does not read holds the client at its window.
+    async with _a_held_upload(1000) as (client, stream_id, h2s, _):
+        assert client.conn.local_flow_control_window(stream_id) == 0
+        assert await h2s.receive_data() == b"x" * 1000  # taking it opens the window again
+        while client.conn.local_flow_control_window(stream_id) == 0:
+            await client.read()
+        assert client.conn.local_flow_control_window(stream_id) == 1000
 
 
 async def test_a_body_taken_in_parts_smaller_than_its_frame_is_acknowledged_part_by_part() -> None:
     # (the tunnel's session takes at most 256 KiB at a time, the peer's frames are up to 1 MiB)
-    client_end, server_end = trio.testing.memory_stream_pair()
-    driver = _server_driver(server_end, window=1000)
-    client = Client(client_end)
-    taken: list[H2Stream] = []
-    driver.on_request = taken.append
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(driver.run_reader)
-            await client.flush()
-            while client.conn.remote_settings.initial_window_size != 1000:
-                await client.read()
-            stream_id = await client.request("/upload", end=False)
-            client.conn.send_data(stream_id, b"x" * 1000)  # one frame
-            await client.flush()
-            await trio.testing.wait_all_tasks_blocked()
-            (h2s,) = taken
-            assert await h2s.receive_data(100) == b"x" * 100
-            # the 900 bytes still held are still owed: the peer may not send more on their account
-            assert h2s.buffered_bytes == 900 and driver.conn.remote_flow_control_window(stream_id) == 0
-            assert await h2s.receive_data() == b"x" * 900
-            assert h2s.buffered_bytes == 0 and driver.conn.remote_flow_control_window(stream_id) == 1000
-            nursery.cancel_scope.cancel()
+    async with _a_held_upload(1000) as (_, stream_id, h2s, driver):
+        assert await h2s.receive_data(100) == b"x" * 100
+        # the 900 bytes still held are still owed: the peer may not send more on their account
+        assert h2s.buffered_bytes == 900 and driver.conn.remote_flow_control_window(stream_id) == 0
+        assert await h2s.receive_data() == b"x" * 900
+        assert h2s.buffered_bytes == 0 and driver.conn.remote_flow_control_window(stream_id) == 1000
 
 
 async def test_send_data_waits_for_the_clients_window() -> None:
