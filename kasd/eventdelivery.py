@@ -93,10 +93,14 @@ class _Deliverer:
     """One agent's delivery task on this replica; ``wakeup`` is set by each notice. ``handed``: an
     event posted here whose delivery the store started for this replica's lease (the queue's head
     then: ``post_event(deliverer=…)``), to send when its own take finds the queue empty, without
-    taking it from the store again."""
+    taking it from the store again. ``token``: this deliverer's name in the store's mark on an event
+    handed to it (``post_event(handed_to=…)``): its own first take finding that event before the
+    hand-off does not count a second attempt. Per deliverer, not per replica: one that follows it
+    here (the lease lost and taken again) may find an event its predecessor sent, and counts."""
 
     wakeup: trio.Event = attrs.field(factory=trio.Event)
     handed: QueuedEvent | None = None
+    token: str = attrs.field(factory=lambda: uuid.uuid4().hex)
     #: the newest event this deliverer took (from the store, or handed): an event handed at or
     #: before it was taken already (the POST that hands it over may finish after a take found it)
     taken_seq: int = 0
@@ -155,9 +159,11 @@ class EventDelivery:
         # lease and the event is the only one waiting: it is then the queue's head, handed over in
         # memory — the store has it first, so a replica that dies now loses nothing (the lease
         # lapses, another takes the event from the store)
+        deliverer = self._deliverers.get(agent_id)
         posted, new = await self.store.post_event(
             event, max_queued=s.max_queued_per_agent, ttl=s.ttl, keep_for=s.keep_for,
-            max_kept=s.max_kept_per_agent, deliverer=self.owner if agent_id in self._deliverers else None)
+            max_kept=s.max_kept_per_agent, deliverer=None if deliverer is None else self.owner,
+            handed_to=None if deliverer is None else deliverer.token)
         if not new:
             return posted, new
         if posted.state == "delivering":
@@ -272,7 +278,10 @@ class EventDelivery:
         while True:
             if taken is None:
                 me.wakeup = trio.Event()  # (before looking: a post after the look wakes it)
-                taken = await self.store.next_event(agent_id, self._clock(), self.settings.ttl, start=True)
+                # (a first take: an event a post started for this deliverer is the attempt it counted)
+                taken = await self.store.next_event(agent_id, self._clock(), self.settings.ttl, start=True,
+                                                    handed_to=me.token)
+            handed = me.handed
             (event, expired), taken = me.took(taken), None
             if expired:
                 self._counts.event_expired(expired)
@@ -285,11 +294,13 @@ class EventDelivery:
                 elif not me.wakeup.is_set():
                     return
                 continue
-            taken = await self._deliver_event(event, me)
+            taken = await self._deliver_event(event, me, marked=event is handed)
 
-    async def _deliver_event(self, event: QueuedEvent, me: _Deliverer) -> tuple[QueuedEvent | None, int] | None:
+    async def _deliver_event(self, event: QueuedEvent, me: _Deliverer, *, marked: bool = False
+                             ) -> tuple[QueuedEvent | None, int] | None:
         """Until agentd answers for ``event`` (or it expires; then None); its delivery started
-        (``next_event(start=True)``). The next event, taken in the step that records the answer."""
+        (``next_event(start=True)``). The next event, taken in the step that records the answer.
+        ``marked``: ``event`` is the copy a post handed over, still marked for ``me`` in the store."""
         backoff = FIRST_BACKOFF
         while True:
             try:
@@ -307,8 +318,15 @@ class EventDelivery:
                 with trio.move_on_after(backoff - FIRST_BACKOFF):
                     await me.wakeup.wait()
                 backoff = min(backoff * 2, MAX_BACKOFF)
-                current, expired = await self.store.next_event(event.agent_id, self._clock(), self.settings.ttl,
-                                                               start=True)
+                # A send again: another attempt. An event still marked for this deliverer is not this
+                # one then (taken, its mark went; sent from memory, it still has it: no handed_to) but
+                # the next, handed over since this one expired: its first send. Through took(), as
+                # any take: a copy of it handed over is dropped, or given when the take came first
+                handed = me.handed
+                current, expired = me.took(await self.store.next_event(
+                    event.agent_id, self._clock(), self.settings.ttl, start=True,
+                    handed_to=None if marked else me.token))
+                marked = current is not None and current is handed
                 if expired:
                     self._counts.event_expired(expired)
                 if current is None:
@@ -326,7 +344,7 @@ class EventDelivery:
             taken = await self.store.end_delivery(
                 event.agent_id, event.id, state=ended_state(text), outcome=text,
                 detail=str(detail)[:MAX_DETAIL] if detail is not None else None, pod=pod, at=now,
-                next_ttl=self.settings.ttl)
+                next_ttl=self.settings.ttl, handed_to=me.token)
             self._counts.event_delivered(text, max(0.0, now - event.posted_at))
             log.info("event delivered agent_id=%d id=%s seq=%d type=%s outcome=%s pod=%s", event.agent_id,
                      logfmt(event.id), event.seq, logfmt(event.type), text, logfmt(pod or "-"))

@@ -59,8 +59,8 @@ end
 
 # KEYS rec, q, seq, done, lease; ARGV id, event JSON, now, expiry cutoff, max queued, keep cutoff, max kept,
 # the notices' channel, the agent's id, the poster's lease owner ('' none: its delivery never starts
-# here). {0, existing} | {1, new} (announced; 'delivering' when that owner holds the lease and it is
-# the only event waiting) | {2} when full
+# here), the deliverer it is handed to (its mark). {0, existing} | {1, new} (announced; 'delivering',
+# marked 'handed', when that owner holds the lease and it is the only event waiting) | {2} when full
 _POST = _EXPIRE + """
 local old = redis.call('HGET', KEYS[1], ARGV[1])
 if old then return {0, old} end
@@ -70,7 +70,7 @@ local seq = redis.call('INCR', KEYS[3])
 local e = cjson.decode(ARGV[2])
 e.seq = seq
 if ARGV[10] ~= '' and redis.call('XLEN', KEYS[2]) == 0 and redis.call('GET', KEYS[5]) == ARGV[10] then
-  e.state, e.attempts = 'delivering', 1
+  e.state, e.attempts, e.handed = 'delivering', 1, ARGV[11]
 end
 local encoded = cjson.encode(e)
 redis.call('HSET', KEYS[1], ARGV[1], encoded)
@@ -88,17 +88,21 @@ redis.call('PUBLISH', ARGV[8], ARGV[9])
 return {1, encoded}
 """
 
-# KEYS rec, q, done; ARGV now, expiry cutoff, '1' to start its delivery. {expired} | {expired, the
-# oldest waiting event's JSON}
+# KEYS rec, q, done; ARGV now, expiry cutoff, '1' to start its delivery, the deliverer taking it
+# first ('' a take to send again). {expired} | {expired, the oldest waiting event's JSON}. Started,
+# one attempt more, unless a post started it for this deliverer (its mark: that attempt is this one)
 _TAKE = _EXPIRE + """
-local function take(rec, q, done, now, cutoff, start)
+local function take(rec, q, done, now, cutoff, start, taker)
   local n = expire(rec, q, done, now, cutoff)
   local first = redis.call('XRANGE', q, '-', '+', 'COUNT', 1)
   if #first == 0 then return {n} end
   local body = redis.call('HGET', rec, first[1][2][2])
   if body and start then
     local e = cjson.decode(body)
-    e.state, e.attempts = 'delivering', (tonumber(e.attempts) or 0) + 1
+    if not (taker and taker ~= '' and e.state == 'delivering' and e.handed == taker) then
+      e.attempts = (tonumber(e.attempts) or 0) + 1
+    end
+    e.state, e.handed = 'delivering', nil
     body = cjson.encode(e)
     redis.call('HSET', rec, first[1][2][2], body)
   end
@@ -106,7 +110,7 @@ local function take(rec, q, done, now, cutoff, start)
 end
 """
 _NEXT = _TAKE + """
-return take(KEYS[1], KEYS[2], KEYS[3], ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1')
+return take(KEYS[1], KEYS[2], KEYS[3], ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1', ARGV[4])
 """
 
 # KEYS rec; ARGV id
@@ -115,24 +119,24 @@ local body = redis.call('HGET', KEYS[1], ARGV[1])
 if not body then return 0 end
 local e = cjson.decode(body)
 if e.state ~= 'queued' and e.state ~= 'delivering' then return 0 end
-e.state, e.attempts = 'delivering', (tonumber(e.attempts) or 0) + 1
+e.state, e.attempts, e.handed = 'delivering', (tonumber(e.attempts) or 0) + 1, nil
 redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(e))
 return 1
 """
 
-# KEYS rec, q, done; ARGV id, state, outcome, detail, pod, at, then the next's expiry cutoff ('' none).
-# {0} | take()'s answer
+# KEYS rec, q, done; ARGV id, state, outcome, detail, pod, at, then the next's expiry cutoff ('' none),
+# the deliverer taking it. {0} | take()'s answer
 _END = _TAKE + """
 local function then_next()
   if ARGV[7] == '' then return {0} end
-  return take(KEYS[1], KEYS[2], KEYS[3], ARGV[6], tonumber(ARGV[7]), true)
+  return take(KEYS[1], KEYS[2], KEYS[3], ARGV[6], tonumber(ARGV[7]), true, ARGV[8])
 end
 local body = redis.call('HGET', KEYS[1], ARGV[1])
 if not body then return then_next() end
 local e = cjson.decode(body)
 if e.state ~= 'queued' and e.state ~= 'delivering' then return then_next() end
 e.state, e.outcome, e.detail, e.pod, e.delivered_at, e.ended_at = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[6]
-e.payload = ''
+e.payload, e.handed = '', nil
 redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(e))
 redis.call('XDEL', KEYS[2], e.seq .. '-1')
 redis.call('ZADD', KEYS[3], ARGV[6], ARGV[1])
@@ -199,7 +203,8 @@ class RedisEvents:
         return f"{self._events_prefix}:events"
 
     async def post_event(self, event: QueuedEvent, *, max_queued: int, ttl: float, keep_for: float,
-                         max_kept: int, deliverer: str | None = None) -> tuple[QueuedEvent, bool]:
+                         max_kept: int, deliverer: str | None = None, handed_to: str | None = None
+                         ) -> tuple[QueuedEvent, bool]:
         now = event.posted_at
         record = event_to_json(event)
         record.update(agent_id=str(event.agent_id), posted_at=repr(now), delivered_at="", outcome="", detail="",
@@ -207,7 +212,8 @@ class RedisEvents:
         script = self._script("post")(
             keys=self._keys(event.agent_id, "rec", "q", "seq", "done", "lease"),
             args=[event.id, json.dumps(record), repr(now), repr(now - ttl), max_queued, repr(now - keep_for),
-                  max_kept, self._events_channel, str(event.agent_id), deliverer or ""])
+                  max_kept, self._events_channel, str(event.agent_id), deliverer or "",
+                  handed_to or deliverer or ""])
         # the index of agents with events (another slot) at the same time: one round trip's wait
         # (named even when nothing was queued: the sweep drops an agent whose queue is empty)
         answer, _ = await self._both(script, self.client.sadd(self._agents_key, [str(event.agent_id)]))
@@ -253,10 +259,11 @@ class RedisEvents:
         found = [e for e in (_decoded(b) for b in bodies if b is not None) if state is None or e.state == state]
         return sorted(found, key=lambda e: e.seq, reverse=True)[:limit]
 
-    async def next_event(self, agent_id: int, now: float, ttl: float, *, start: bool = False
-                         ) -> tuple[QueuedEvent | None, int]:
+    async def next_event(self, agent_id: int, now: float, ttl: float, *, start: bool = False,
+                         handed_to: str | None = None) -> tuple[QueuedEvent | None, int]:
         answer = await self._call(self._script("next")(keys=self._keys(agent_id, "rec", "q", "done"),
-                                                       args=[repr(now), repr(now - ttl), "1" if start else "0"]))
+                                                       args=[repr(now), repr(now - ttl), "1" if start else "0",
+                                                             handed_to or ""]))
         body = answer[1] if len(answer) > 1 else None
         return (None if body is None else _decoded(body)), int(answer[0])
 
@@ -264,11 +271,12 @@ class RedisEvents:
         await self._call(self._script("start")(keys=self._keys(agent_id, "rec"), args=[event_id]))
 
     async def end_delivery(self, agent_id: int, event_id: str, *, state: str, outcome: str | None, detail: str | None,
-                           pod: str | None, at: float, next_ttl: float | None = None) -> tuple[QueuedEvent | None, int]:
+                           pod: str | None, at: float, next_ttl: float | None = None,
+                           handed_to: str | None = None) -> tuple[QueuedEvent | None, int]:
         answer = await self._call(self._script("end")(
             keys=self._keys(agent_id, "rec", "q", "done"),
             args=[event_id, state, outcome or "", detail or "", pod or "", repr(at),
-                  "" if next_ttl is None else repr(at - next_ttl)]))
+                  "" if next_ttl is None else repr(at - next_ttl), handed_to or ""]))
         body = answer[1] if len(answer) > 1 else None
         return (None if body is None else _decoded(body)), int(answer[0])
 

@@ -38,6 +38,7 @@ CREATE TABLE IF NOT EXISTS events (
     detail TEXT,
     pod TEXT,
     ended_at REAL,
+    handed TEXT,
     PRIMARY KEY (agent_id, id)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS events_seq ON events (agent_id, seq);
@@ -47,6 +48,8 @@ CREATE TABLE IF NOT EXISTS event_seq (
     seq INTEGER NOT NULL
 )
 """
+#: columns added since the table was first made: (name, type), each added to an older file's table
+_ADDED = (("handed", "TEXT"),)
 _COLUMNS = "agent_id, id, seq, type, payload, state, posted_at, delivered_at, attempts, outcome, detail, pod"
 _WAITING = f"state IN ({', '.join(repr(s) for s in UNDELIVERED)})"
 
@@ -63,15 +66,27 @@ def _expire(db: sqlite3.Connection, agent_id: int, now: float, ttl: float) -> in
                       "AND posted_at <= ?", (now, agent_id, now - ttl)).rowcount
 
 
-def _take(db: sqlite3.Connection, agent_id: int, now: float, ttl: float, start: bool) -> tuple[QueuedEvent | None, int]:
-    """``next_event``'s step, in one transaction."""
+def _migrate(db: sqlite3.Connection) -> None:
+    """An events table made by an older kasd gets the columns added since (``CREATE TABLE IF NOT
+    EXISTS`` keeps its old shape)."""
+    have = {str(row[1]) for row in db.execute("PRAGMA table_info(events)")}
+    for name, kind in _ADDED:
+        if name not in have:
+            db.execute(f"ALTER TABLE events ADD COLUMN {name} {kind}")
+
+
+def _take(db: sqlite3.Connection, agent_id: int, now: float, ttl: float, start: bool,
+          handed_to: str | None) -> tuple[QueuedEvent | None, int]:
+    """``next_event``'s step, in one transaction: started, one attempt more — unless a post started
+    it for ``handed_to`` (its mark ``handed``: that attempt is this one); the mark goes."""
     with transaction(db):
         expired = _expire(db, agent_id, now, ttl)
         row = db.execute(f"SELECT {_COLUMNS} FROM events WHERE agent_id = ? AND {_WAITING} ORDER BY seq LIMIT 1",
                          (agent_id,)).fetchone()
         if row is not None and start:
-            db.execute("UPDATE events SET state = 'delivering', attempts = attempts + 1 WHERE agent_id = ? AND id = ?",
-                       (agent_id, row[1]))
+            db.execute("UPDATE events SET state = 'delivering', attempts = attempts + (CASE WHEN state = 'delivering' "
+                       "AND handed IS NOT NULL AND handed = ? THEN 0 ELSE 1 END), handed = NULL "
+                       "WHERE agent_id = ? AND id = ?", (handed_to, agent_id, row[1]))
             row = db.execute(f"SELECT {_COLUMNS} FROM events WHERE agent_id = ? AND id = ?", (agent_id, row[1])).fetchone()
     return (None if row is None else _event(row)), expired
 
@@ -93,6 +108,7 @@ class SqliteEvents:
         def ready(db: sqlite3.Connection) -> _T:
             if not self._events_ready:
                 db.executescript(_SCHEMA)
+                _migrate(db)
                 self._events_ready = True
             # the events' writes do not wait for the disk (synchronous=NORMAL, in WAL mode): a
             # commit is in the write-ahead log file when it returns, so kasd's death (a crash, kill
@@ -109,7 +125,8 @@ class SqliteEvents:
         return await self._run(ready)
 
     async def post_event(self, event: QueuedEvent, *, max_queued: int, ttl: float, keep_for: float,
-                         max_kept: int, deliverer: str | None = None) -> tuple[QueuedEvent, bool]:
+                         max_kept: int, deliverer: str | None = None, handed_to: str | None = None
+                         ) -> tuple[QueuedEvent, bool]:
         now = event.posted_at
         # (the lease is this process's: looked at here, before the transaction's thread)
         holder = self._leases().get(event.agent_id)
@@ -131,9 +148,11 @@ class SqliteEvents:
                 (seq,) = db.execute("SELECT seq FROM event_seq WHERE agent_id = ?", (event.agent_id,)).fetchone()
                 # the deliverer's take in the same step: its lease holder, the only event waiting
                 state, attempts = ("delivering", 1) if held and waiting == 0 else ("queued", 0)
-                db.execute(f"INSERT INTO events ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, NULL, "
-                           "NULL, NULL)", (event.agent_id, event.id, seq, event.type, event.payload, state, now,
-                                           attempts))
+                # (marked with whom it is handed to: their first take does not count it again)
+                handed = (handed_to or deliverer) if state == "delivering" else None
+                db.execute(f"INSERT INTO events ({_COLUMNS}, handed) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, NULL, "
+                           "NULL, NULL, ?)", (event.agent_id, event.id, seq, event.type, event.payload, state, now,
+                                              attempts, handed))
                 # ended events: those past keep_for, and beyond the newest max_kept
                 db.execute(f"DELETE FROM events WHERE agent_id = ? AND NOT {_WAITING} AND ended_at <= ?",
                            (event.agent_id, now - keep_for))
@@ -160,22 +179,23 @@ class SqliteEvents:
             f"SELECT {_COLUMNS} FROM events WHERE agent_id = ? {where} ORDER BY seq DESC LIMIT ?", args).fetchall())
         return [_event(row) for row in rows]
 
-    async def next_event(self, agent_id: int, now: float, ttl: float, *, start: bool = False
-                         ) -> tuple[QueuedEvent | None, int]:
-        return await self._events(lambda db: _take(db, agent_id, now, ttl, start))
+    async def next_event(self, agent_id: int, now: float, ttl: float, *, start: bool = False,
+                         handed_to: str | None = None) -> tuple[QueuedEvent | None, int]:
+        return await self._events(lambda db: _take(db, agent_id, now, ttl, start, handed_to))
 
     async def start_delivery(self, agent_id: int, event_id: str) -> None:
         await self._events(lambda db: db.execute(
-            f"UPDATE events SET state = 'delivering', attempts = attempts + 1 WHERE agent_id = ? AND id = ? AND "
+            f"UPDATE events SET state = 'delivering', attempts = attempts + 1, handed = NULL WHERE agent_id = ? AND id = ? AND "
             f"{_WAITING}", (agent_id, event_id)))
 
     async def end_delivery(self, agent_id: int, event_id: str, *, state: str, outcome: str | None, detail: str | None,
-                           pod: str | None, at: float, next_ttl: float | None = None) -> tuple[QueuedEvent | None, int]:
+                           pod: str | None, at: float, next_ttl: float | None = None,
+                           handed_to: str | None = None) -> tuple[QueuedEvent | None, int]:
         def end(db: sqlite3.Connection) -> tuple[QueuedEvent | None, int]:
             db.execute(f"UPDATE events SET state = ?, outcome = ?, detail = ?, pod = ?, delivered_at = ?, ended_at = ?, "
-                       f"payload = '' WHERE agent_id = ? AND id = ? AND {_WAITING}",
+                       f"payload = '', handed = NULL WHERE agent_id = ? AND id = ? AND {_WAITING}",
                        (state, outcome, detail, pod, at, at, agent_id, event_id))
-            return (None, 0) if next_ttl is None else _take(db, agent_id, at, next_ttl, True)
+            return (None, 0) if next_ttl is None else _take(db, agent_id, at, next_ttl, True, handed_to)
 
         return await self._events(end)
 

@@ -156,14 +156,18 @@ class EventStore(Protocol):
     may raise ``StoreError``."""
 
     async def post_event(self, event: QueuedEvent, *, max_queued: int, ttl: float, keep_for: float,
-                         max_kept: int, deliverer: str | None = None) -> tuple[QueuedEvent, bool]:
+                         max_kept: int, deliverer: str | None = None, handed_to: str | None = None
+                         ) -> tuple[QueuedEvent, bool]:
         """Queue ``event`` (its ``seq`` given here) and announce it (``announce_events``): (the
         event, True); an id already known for its agent: (that event, False), nothing queued. ``QueueFull`` when ``max_queued`` wait undelivered
         (those older than ``ttl`` expire first); ended events beyond ``keep_for``/``max_kept`` go.
         ``deliverer``: a lease owner; when it holds the agent's lease and the new event is the only
         one waiting (the head of the queue), the event's delivery starts in the same step
         (``delivering``, one attempt: ``next_event(start=True)``'s work, done by the post) and the
-        answer says so — the poster hands it to that deliverer in memory, without another round trip."""
+        answer says so — the poster hands it to that deliverer in memory, without another round trip.
+        ``handed_to`` (default ``deliverer``): who it is handed to; the started event is marked with
+        it (never shown), so that this deliverer's own first take (``next_event(handed_to=…)``),
+        should it find the event before the hand-off, does not count a second attempt."""
         ...
 
     async def event(self, agent_id: int, event_id: str) -> QueuedEvent | None: ...
@@ -172,21 +176,26 @@ class EventStore(Protocol):
         """The agent's kept events in ``state`` (any), newest first, at most ``limit``."""
         ...
 
-    async def next_event(self, agent_id: int, now: float, ttl: float, *, start: bool = False
-                         ) -> tuple[QueuedEvent | None, int]:
+    async def next_event(self, agent_id: int, now: float, ttl: float, *, start: bool = False,
+                         handed_to: str | None = None) -> tuple[QueuedEvent | None, int]:
         """The agent's oldest undelivered event (after those older than ``ttl`` expired), and how
-        many expired now; ``start``: its delivery starts (``start_delivery``, in the same step)."""
+        many expired now; ``start``: its delivery starts (``start_delivery``, in the same step), one
+        attempt more — except for the deliverer ``handed_to`` finding the event a post started and
+        marked for it (``post_event(handed_to=…)``): that attempt was counted by the post, and it is
+        this one (not yet sent). Either way the mark goes. A take to send an event again after a
+        failed attempt passes no ``handed_to``: each send counts."""
         ...
 
     async def start_delivery(self, agent_id: int, event_id: str) -> None:
-        """The event is being delivered: ``delivering``, one more attempt."""
+        """The event is being delivered: ``delivering``, one more attempt (a post's mark goes)."""
         ...
 
     async def end_delivery(self, agent_id: int, event_id: str, *, state: str, outcome: str | None, detail: str | None,
-                           pod: str | None, at: float, next_ttl: float | None = None) -> tuple[QueuedEvent | None, int]:
+                           pod: str | None, at: float, next_ttl: float | None = None,
+                           handed_to: str | None = None) -> tuple[QueuedEvent | None, int]:
         """The event ended (``delivered``/``failed``): it leaves the queue, its status is kept. With
-        ``next_ttl``, in the same step: ``next_event(agent_id, at, next_ttl, start=True)``'s answer
-        (else ``(None, 0)``)."""
+        ``next_ttl``, in the same step: ``next_event(agent_id, at, next_ttl, start=True,
+        handed_to=handed_to)``'s answer (else ``(None, 0)``)."""
         ...
 
     async def pending_agents(self) -> dict[int, int]:

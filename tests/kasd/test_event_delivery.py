@@ -6,6 +6,7 @@ refusal, no agent, or a lost answer means the same event again, never the next o
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -218,9 +219,9 @@ async def test_an_event_posted_to_the_replica_delivering_its_agent_is_handed_ove
         take, end = store.next_event, store.end_delivery
         recorded, go_on = trio.Event(), trio.Event()
 
-        async def counted(agent_id: int, now: float, ttl: float, *, start: bool = False) -> Any:
+        async def counted(agent_id: int, now: float, ttl: float, **take_: Any) -> Any:
             takes.append(agent_id)
-            return await take(agent_id, now, ttl, start=start)
+            return await take(agent_id, now, ttl, **take_)
 
         async def held(agent_id: int, event_id: str, **record: Any) -> Any:
             found = await end(agent_id, event_id, **record)
@@ -242,6 +243,57 @@ async def test_an_event_posted_to_the_replica_delivering_its_agent_is_handed_ove
     assert takes == []
     assert agentd.acted == [("first", {}), ("second", {"n": 1}), ("third", {"n": 2}), ("fourth", {"n": 3})]
     assert [(e.state, e.attempts) for e in events] == [("delivered", 1)] * 3
+
+
+async def test_a_handed_over_event_its_deliverer_took_before_the_hand_off_counts_one_attempt() -> None:
+    # the race: the post's store step starts the event for the waiting deliverer, whose own take
+    # finds it before the POST hands it over in memory; sent once, so one attempt
+    agentd = FakeAgentd()
+    async with delivering(agentd) as (delivery, _router, _session):
+        store = delivery.store
+        await delivery.post(7, "push", "{}", event_id="first")
+        await settled(delivery, 7, ["first"])  # (its deliverer waits on the empty queue, the lease kept)
+        post, take = store.post_event, store.next_event
+        took = trio.Event()
+
+        async def taken(agent_id: int, now: float, ttl: float, **take_: Any) -> Any:
+            found = await take(agent_id, now, ttl, **take_)
+            took.set()
+            return found
+
+        async def posted_then_taken(event: QueuedEvent, **post_: Any) -> Any:
+            answer = await post(event, **post_)
+            delivery.wake(7)  # (its notice, before the POST goes on)
+            await took.wait()
+            return answer
+
+        store.next_event = taken  # type: ignore[method-assign]
+        store.post_event = posted_then_taken  # type: ignore[method-assign]
+        with trio.fail_after(5):
+            await delivery.post(7, "push", '{"n": 1}', event_id="second")
+        (second,) = await settled(delivery, 7, ["second"])
+    assert agentd.acted == [("first", {}), ("second", {"n": 1})]
+    assert (second.state, second.attempts) == ("delivered", 1)
+
+
+async def test_an_event_handed_over_while_the_one_retried_expired_is_sent_once_and_counted_once() -> None:
+    # the only waiting event, retried while agentd is away, expires in the step that posts the next:
+    # that one is handed over in memory, and the retry's take finds it in the store too
+    agentd = FakeAgentd()
+    async with delivering(agentd, connected=False) as (delivery, router, session):
+        await delivery.post(7, "push", "{}", event_id="stale")
+        with trio.fail_after(5):
+            while len(router.opened) < 2:  # tried, found no agent, waits for the next try
+                await router.tried.wait()
+        delivery._clock = lambda: time.time() + 2 * delivery.settings.ttl
+        router.session = session
+        await delivery.post(7, "push", '{"n": 1}', event_id="fresh")  # (its notice cuts the backoff)
+        (fresh,) = await settled(delivery, 7, ["fresh"])
+        await delivery.post(7, "push", '{"n": 2}', event_id="after")  # (behind whatever its deliverer does next)
+        await settled(delivery, 7, ["after"])
+        stale = await delivery.store.event(7, "stale")
+    assert [m["id"] for m in agentd.metadata] == ["fresh", "after"]
+    assert stale is not None and (stale.state, fresh.state, fresh.attempts) == ("expired", "delivered", 1)
 
 
 async def test_a_known_id_is_not_queued_again() -> None:

@@ -5,12 +5,14 @@ what one wrote), each test against both."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
+from kasd.store import events_sqlite
 from kasd.store.events import QueuedEvent, QueueFull
 from kasd.store.redis import RedisStore
 from kasd.store.sqlite import SqliteStore
@@ -113,6 +115,61 @@ async def test_a_post_starts_the_delivery_for_the_lease_holder_only_of_the_queue
         other, _ = await store.post_event(event(3), **LIMITS, deliverer="kasd-b")  # kasd-a's lease
         theirs, _ = await store.post_event(event(2, agent_id=6), **LIMITS, deliverer="kasd-a")  # kasd-b's
         assert [(e.state, e.attempts) for e in (other, theirs)] == [("queued", 0), ("queued", 0)]
+
+
+async def test_attempts_count_sends_not_the_take_that_finds_an_event_a_post_handed_over(opener: Opener) -> None:
+    async with opener() as store:
+        assert await store.take_lease(5, "kasd-a", 5.0)
+        posted, _ = await store.post_event(event(1), **LIMITS, deliverer="kasd-a", handed_to="d1")
+        assert (posted.state, posted.attempts) == ("delivering", 1)  # handed to d1 in memory
+        # d1's own first take found it before the hand-off: the same (first) send
+        found, _ = await store.next_event(5, NOW + 5, 3600.0, start=True, handed_to="d1")
+        assert found is not None and (found.id, found.state, found.attempts) == ("ev-1", "delivering", 1)
+        # sent, not answered: the take to send it again is another attempt; so is d1's next first
+        # take (the mark went with the first: it may have been sent since)
+        again, _ = await store.next_event(5, NOW + 6, 3600.0, start=True)
+        later, _ = await store.next_event(5, NOW + 7, 3600.0, start=True, handed_to="d1")
+        assert [e.attempts for e in (again, later) if e is not None] == [2, 3]
+        await store.end_delivery(5, "ev-1", state="delivered", outcome="done", detail=None, pod=None, at=NOW + 8)
+        # handed to d1, sent by d1 from memory, not answered: a take to send again counts
+        await store.post_event(event(2), **LIMITS, deliverer="kasd-a", handed_to="d1")
+        retried, _ = await store.next_event(5, NOW + 9, 3600.0, start=True)
+        assert retried is not None and (retried.id, retried.attempts) == ("ev-2", 2)
+        await store.end_delivery(5, "ev-2", state="delivered", outcome="done", detail=None, pod=None, at=NOW + 9)
+        # handed to d1; taken by another deliverer (d1 gone, the lease taken again): it may have been sent
+        await store.post_event(event(3), **LIMITS, deliverer="kasd-a", handed_to="d1")
+        other, _ = await store.next_event(5, NOW + 10, 3600.0, start=True, handed_to="d2")
+        assert other is not None and (other.id, other.attempts) == ("ev-3", 2)
+        await store.end_delivery(5, "ev-3", state="delivered", outcome="done", detail=None, pod=None, at=NOW + 10)
+        # the take in an end's step (an end of an event that had left the queue) is a first take too
+        await store.post_event(event(4), **LIMITS, deliverer="kasd-a", handed_to="d1")
+        following, _ = await store.end_delivery(5, "ev-3", state="delivered", outcome="done", detail=None, pod=None,
+                                                at=NOW + 11, next_ttl=3600.0, handed_to="d1")
+        assert following is not None and (following.id, following.attempts) == ("ev-4", 1)
+        assert [(e.id, e.attempts) for e in await store.events(5)] == [("ev-4", 1), ("ev-3", 2), ("ev-2", 2)]
+
+
+async def test_an_events_table_made_by_an_older_kasd_gets_the_columns_added_since(tmp_path: Path) -> None:
+    path = tmp_path / "kasd.sqlite3"
+    old = sqlite3.connect(path)
+    old.executescript(events_sqlite._SCHEMA.replace("    handed TEXT,\n", ""))  # (as it was before the mark)
+    old.execute("INSERT INTO events (agent_id, id, seq, type, payload, state, posted_at, attempts) "
+                "VALUES (5, 'ev-1', 1, 'push', '{}', 'queued', ?, 0)", (NOW,))
+    old.execute("INSERT INTO event_seq (agent_id, seq) VALUES (5, 1)")
+    old.commit()
+    old.close()
+    store = SqliteStore.open_sync(path, max_entries=10)
+    try:
+        assert await store.take_lease(5, "kasd-a", 5.0)
+        found, _ = await store.next_event(5, NOW + 1, 3600.0, start=True, handed_to="d1")
+        assert found is not None and (found.id, found.attempts) == ("ev-1", 1)
+        await store.end_delivery(5, "ev-1", state="delivered", outcome="done", detail=None, pod=None, at=NOW + 2)
+        posted, _ = await store.post_event(event(2), **LIMITS, deliverer="kasd-a", handed_to="d1")
+        assert (posted.seq, posted.state, posted.attempts) == (2, "delivering", 1)
+        taken, _ = await store.next_event(5, NOW + 3, 3600.0, start=True, handed_to="d1")
+        assert taken is not None and (taken.id, taken.attempts) == ("ev-2", 1)
+    finally:
+        await store.aclose()
 
 
 async def test_a_lone_kasds_event_commits_do_not_wait_for_the_disk_and_survive_its_restart(tmp_path: Path) -> None:
