@@ -34,7 +34,10 @@ tests/kubesim/test_spdy_serve.py::test_hypercorn_internals_hyperraw_relies_on na
    101: put in `H11Protocol.connection`, it hands the reader every byte (h11's unparsed
    `trailing_data` first); setting `H11Protocol.can_read` resumes a reader that h11 paused on
    the pending upgrade.
-4. `hypercorn.trio.run.worker_serve`'s order (lifespan, sockets, listeners, `serve_listeners`
+4. `TCPServer.run` serves one connection and closes it, raising what went wrong (an error raised
+   out of it ends the listener's `serve_listeners`: `RawUpgradeTCPServer.run` keeps it to that
+   connection).
+5. `hypercorn.trio.run.worker_serve`'s order (lifespan, sockets, listeners, `serve_listeners`
    with a `TCPServer` factory, graceful deadline): `serve` repeats it with kubesim's
    `TCPServer`, TCP only (no QUIC, no multiprocess workers).
 
@@ -270,7 +273,20 @@ class RawUpgradeH11Protocol(H11Protocol):
 
 
 class RawUpgradeTCPServer(TCPServer):
-    """hypercorn's Trio connection handler, speaking `RawUpgradeH11Protocol` for HTTP/1.1."""
+    """hypercorn's Trio connection handler, speaking `RawUpgradeH11Protocol` for HTTP/1.1; a
+    connection whose handling fails ends alone (see `run`)."""
+
+    async def run(self) -> None:
+        # An error in one connection ends that connection, not the server, as a real API server
+        # goes on serving its other clients: hypercorn 0.18's HTTP/2 protocol looks a DATA frame's
+        # stream up in its table without a check, so a client that sends a request's body after
+        # the answer came (kubectl's body after a refusal at the headers, an impersonation refused)
+        # raised KeyError out of here, through `trio.serve_listeners`, and stopped kubesim for
+        # every client. (Cancellation is a BaseException: it passes.)
+        try:
+            await super().run()
+        except Exception as exc:
+            log.warning("connection ended by an error in its handling: %r", exc)
 
     @property
     def protocol(self) -> ProtocolWrapper:
