@@ -145,11 +145,11 @@ class H2Driver:
         self._sending = False
         self._drained = trio.lowlevel.ParkingLot()
         self._window_lot = trio.lowlevel.ParkingLot()
-        #: a task is reading the stream (``run_reader``, or ``read_for``/a sender's ``_read_once``):
-        #: no other may, and whoever waits for what the reader brings parks on ``_read_lot``
         #: no reader task: the connection is read by whoever waits on it (``H2Stream.read_data``,
         #: and a ``send_data`` waiting for the peer's window); set by the owner (the tunnel carrier)
         self.reads_on_demand = False
+        #: a task is reading the stream (``run_reader``, or ``read_for``/a sender's ``_read_once``):
+        #: no other may, and whoever waits for what the reader brings parks on ``_read_lot``
         self._reading = False
         self._reader_task = False
         self._read_lot = trio.lowlevel.ParkingLot()

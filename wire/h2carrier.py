@@ -70,7 +70,6 @@ __all__ = [
     "dial_h2_tunnel",
     "open_h2_session",
     "request_h2_tunnel",
-    "run_h2_reader",
     "serve_h2_connection",
     "serve_h2_tunnels",
     "server_ssl_context",
@@ -232,14 +231,6 @@ async def request_h2_tunnel(
     if status != 200:
         raise TunnelRejectedError(status, body or f"HTTP {status}")
     return H2StreamTransport(h2s, owns_connection=True)
-
-
-async def run_h2_reader(transport: H2StreamTransport) -> None:
-    """A reader task for a tunnel connection, either side; returns when the connection ends. Not
-    needed (a session's reader reads the connection itself, saving a task switch per inbound
-    message and the task): only for a transport whose consumer may stop receiving for long while
-    the connection's own frames must still be answered."""
-    await transport.driver.run_reader()
 
 
 async def _await_response(h2s: H2Stream) -> tuple[int, str]:

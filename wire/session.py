@@ -12,7 +12,7 @@ import logging
 import math
 import operator
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -1034,19 +1034,15 @@ async def open_session(
     transport: trio.abc.Stream,
     *,
     client: bool,
-    transport_task: Callable[[], Awaitable[object]] | None = None,
     **kwargs: Any,
 ) -> AsyncIterator[Session]:
     """``async with open_session(stream, client=True) as session:`` — closed (GOAWAY) on exit.
 
     A handshake failure raises SessionClosedError as itself, not wrapped in an exception group.
-    ``transport_task``, if given, runs beside the session for its lifetime (a carrier's reader).
     """
     session = Session(transport, client=client, **kwargs)
     failure: SessionClosedError | None = None
     async with trio.open_nursery() as nursery:
-        if transport_task is not None:
-            nursery.start_soon(transport_task)
         try:
             await nursery.start(session.run)
         except SessionClosedError as exc:
